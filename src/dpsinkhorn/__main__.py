@@ -1,0 +1,5 @@
+import sys
+
+from dpsinkhorn.cli import main
+
+sys.exit(main())

@@ -1,0 +1,456 @@
+"""Privacy: the image-gradient Gaussian mechanism and its accountant.
+
+Mechanism (one training step), the version this project implements:
+
+* Data and adjacency. The private dataset holds N records (image, label).
+  Neighbouring datasets differ by adding or removing one record.
+* Sampling. Each step draws the real batch Y by Poisson sampling: every record
+  is included independently with probability q = B / N. The generated batch X
+  always has n + n' rows (n = B, n' = floor(n p)), whatever |Y| is, so its size
+  never depends on private data. |Y| = 0 is a legal draw.
+* Query. G = ∇_X S(X, Y) [n + n', D]. Only the block G[0:n] depends on Y; rows
+  [n:n+n'] enter S only through the debiasing term W(X[0:n], X[n':n+n']).
+* Clipping ``batch`` (default, paper Algorithm 1). G[0:n] is clipped as ONE
+  vector to L2 norm Δ. Adding or removing one record changes Y and hence the
+  clipped block by at most 2Δ in L2 norm: sensitivity s = 2Δ. The noise is
+  N(0, (2Δσ)²) per element, so the noise multiplier (noise std / sensitivity) is σ.
+* Clipping ``per_sample``. Each row of G[0:n] is clipped to Δ; the block norm is
+  at most Δ√n, so s = 2Δ√n and, with the same noise std 2Δσ, the noise
+  multiplier is σ/√n. The accountant must be given σ/√n. (The paper's appendix
+  instead composes n "per-row" mechanisms that share one Poisson sample, which
+  is not a valid analysis; we never do that.)
+* Rows [n:n+n'] are clipped to Δ (one vector in ``batch`` mode, per row in
+  ``per_sample`` mode) and receive no noise: they are a function of X alone.
+* Release. The generator update is post-processing of the sanitised gradient
+  (and of X, which does not depend on data), so each step is one Poisson
+  subsampled Gaussian mechanism with rate q and noise multiplier z (above);
+  T steps compose adaptively.
+
+Accounting (``PrivacyAccountant``): dp-accounting's RDP accountant (default) or
+PLD accountant on ``PoissonSampledDpEvent(q, GaussianDpEvent(z))`` composed once
+per step. ``paper_convention_epsilon`` reproduces the numbers the paper reports
+(classic TF-Privacy ``compute_rdp(q, σ, T·n)``) for comparison only: it is not a
+valid guarantee for this mechanism.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import json
+import math
+from collections.abc import Callable
+
+import dp_accounting
+import numpy as np
+import torch
+from dp_accounting.rdp import rdp_privacy_accountant as rdp_lib
+
+ACCOUNTANTS = ("rdp", "pld")
+CLIPPING_MODES = ("batch", "per_sample")
+
+# ---------------------------------------------------------------------------
+# Mechanism: clip + Gaussian noise on the gradient w.r.t. the generated images
+# ---------------------------------------------------------------------------
+
+
+def noise_multiplier(sigma: float, batch_size: int, clipping: str = "batch") -> float:
+    """Noise std divided by L2 sensitivity for the image-gradient mechanism.
+
+    batch: sensitivity 2Δ, noise std 2Δσ -> σ.
+    per_sample: sensitivity 2Δ√n (n = batch_size), noise std 2Δσ -> σ/√n.
+    """
+    check_positive("sigma", sigma)
+    if clipping == "batch":
+        return float(sigma)
+    if clipping == "per_sample":
+        return float(sigma) / math.sqrt(batch_size)
+    raise ValueError(f"clipping must be one of {CLIPPING_MODES}, got {clipping!r}")
+
+
+def sigma_from_noise_multiplier(z: float, batch_size: int, clipping: str = "batch") -> float:
+    """Inverse of :func:`noise_multiplier`."""
+    return z if clipping == "batch" else z * math.sqrt(batch_size)
+
+
+def _clip_block(block: torch.Tensor, clip: float, per_row: bool) -> torch.Tensor:
+    """Scale ``block`` [k, ...] so its L2 norm (or each row's) is at most ``clip``."""
+    if block.shape[0] == 0:
+        return block
+    if per_row:
+        norms = block.flatten(1).norm(dim=1).view(-1, *([1] * (block.ndim - 1)))
+    else:
+        norms = block.norm()
+    return block * (clip / (norms + 1e-12)).clamp(max=1.0)
+
+
+class ImageGradientSanitizer:
+    """Clips and noises G = ∇_X S, the gradient w.r.t. the generated batch [n + n', ...].
+
+    Gaussian mechanism on G[0:n] under add/remove-one adjacency; see the module
+    docstring for sensitivity (2Δ batch / 2Δ√n per_sample) and noise multiplier
+    (σ / σ/√n). Noise std per element: 2Δσ. ``generator`` makes the noise
+    reproducible (its state is checkpointed by the trainer).
+    """
+
+    def __init__(
+        self,
+        n: int,
+        n_prime: int,
+        clip: float,
+        sigma: float,
+        clipping: str = "batch",
+        generator: torch.Generator | None = None,
+    ):
+        check_positive("clip", clip)
+        self.noise_multiplier = noise_multiplier(sigma, n, clipping)
+        self.n, self.n_prime = n, n_prime
+        self.clip, self.sigma, self.clipping = float(clip), float(sigma), clipping
+        self.generator = generator
+
+    @property
+    def noise_std(self) -> float:
+        """Standard deviation of the noise added to each element of G[0:n]: 2Δσ."""
+        return 2.0 * self.clip * self.sigma
+
+    @property
+    def sensitivity(self) -> float:
+        """L2 sensitivity of the clipped block G[0:n] under add/remove-one adjacency."""
+        per_sample = self.clipping == "per_sample"
+        return 2.0 * self.clip * (math.sqrt(self.n) if per_sample else 1.0)
+
+    def __call__(self, grad: torch.Tensor) -> torch.Tensor:
+        """Return the sanitised gradient (same shape as ``grad`` [n + n', ...])."""
+        if grad.shape[0] != self.n + self.n_prime:
+            raise ValueError(f"expected {self.n + self.n_prime} rows, got {grad.shape[0]}")
+        per_row = self.clipping == "per_sample"
+        private = _clip_block(grad[: self.n], self.clip, per_row)
+        noise = torch.randn(
+            private.shape, generator=self.generator, device=grad.device, dtype=grad.dtype
+        )
+        debias = _clip_block(grad[self.n :], self.clip, per_row)
+        return torch.cat([private + self.noise_std * noise, debias])
+
+    def attach(self, images: torch.Tensor) -> None:
+        """Register on the generator output so its gradient is sanitised before backprop."""
+        images.register_hook(self)
+
+
+# ---------------------------------------------------------------------------
+# Accounting
+# ---------------------------------------------------------------------------
+
+
+def check_positive(name: str, value: float) -> None:
+    if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
+        raise ValueError(f"{name} must be a positive number, got {value!r}")
+
+
+def check_rate(q: float) -> None:
+    if not (isinstance(q, int | float) and 0.0 < q <= 1.0):
+        raise ValueError(f"sampling rate q must be in (0, 1], got {q!r}")
+
+
+def check_delta(delta: float) -> None:
+    if not (isinstance(delta, int | float) and 0.0 < delta < 1.0):
+        raise ValueError(f"delta must be in (0, 1), got {delta!r}")
+
+
+def _step_event(z: float, q: float) -> dp_accounting.DpEvent:
+    return dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(z))
+
+
+def _new_accountant(name: str) -> dp_accounting.PrivacyAccountant:
+    if name == "rdp":
+        return rdp_lib.RdpAccountant()
+    if name == "pld":
+        return dp_accounting.pld.PLDAccountant()
+    raise ValueError(f"accountant must be one of {ACCOUNTANTS}, got {name!r}")
+
+
+def compute_epsilon(z: float, q: float, steps: int, delta: float, accountant: str = "rdp") -> float:
+    """ε after ``steps`` Poisson-subsampled Gaussian steps (rate q, noise multiplier z)."""
+    check_positive("noise multiplier", z)
+    check_rate(q)
+    check_delta(delta)
+    if steps == 0:
+        return 0.0
+    acc = _new_accountant(accountant)
+    acc.compose(_step_event(z, q), int(steps))
+    return float(acc.get_epsilon(delta))
+
+
+def max_steps(
+    target_epsilon: float, z: float, q: float, delta: float, accountant: str = "rdp"
+) -> int:
+    """Largest T with ε(T) ≤ target_epsilon. Raises ValueError if even T = 1 exceeds it."""
+    check_positive("target epsilon", target_epsilon)
+
+    def eps(t: int) -> float:
+        return compute_epsilon(z, q, t, delta, accountant)
+
+    if eps(1) > target_epsilon:
+        raise ValueError(
+            f"target epsilon {target_epsilon} is unreachable: a single step already costs "
+            f"ε = {eps(1):.4g} (noise multiplier {z}, q = {q}, δ = {delta})"
+        )
+    lo, hi = 1, 2
+    while eps(hi) <= target_epsilon:
+        lo, hi = hi, hi * 2
+        if hi > 10**12:
+            raise ValueError("target epsilon allows more than 1e12 steps; check the inputs")
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if eps(mid) <= target_epsilon else (lo, mid)
+    return lo
+
+
+def solve_noise_multiplier(
+    target_epsilon: float, q: float, steps: int, delta: float, accountant: str = "rdp"
+) -> float:
+    """Smallest noise multiplier z (to 1e-4 relative) with ε(z, T) ≤ target_epsilon."""
+    check_positive("target epsilon", target_epsilon)
+    check_positive("steps", steps)
+    return _bisect_noise(lambda z: compute_epsilon(z, q, steps, delta, accountant), target_epsilon)
+
+
+def _bisect_noise(eps_of: Callable[[float], float], target: float) -> float:
+    lo, hi = 1e-3, 1.0
+    while eps_of(hi) > target:
+        lo, hi = hi, hi * 2
+        if hi > 1e4:
+            raise ValueError(f"target epsilon {target} is unreachable with noise multiplier ≤ 1e4")
+    if eps_of(lo) <= target:
+        return lo
+    while (hi - lo) / hi > 1e-4:
+        mid = 0.5 * (lo + hi)
+        lo, hi = (lo, mid) if eps_of(mid) <= target else (mid, hi)
+    return hi
+
+
+# Orders of the classic TF-Privacy examples (paper convention).
+PAPER_ORDERS = np.array([1 + x / 10.0 for x in range(1, 100)] + list(range(12, 64)))
+
+
+def paper_convention_epsilon(q: float, sigma: float, steps: int, n: int, delta: float) -> float:
+    """What the paper's numbers correspond to. NOT a valid guarantee for this mechanism.
+
+    compute_rdp(q, σ, steps·n) over PAPER_ORDERS (σ used as the noise multiplier,
+    composed steps·n times), then ε = min over orders of rdp − log(δ)/(order − 1).
+    """
+    check_rate(q)
+    check_positive("sigma", sigma)
+    check_delta(delta)
+    rdp = rdp_lib._compute_rdp_poisson_subsampled_gaussian(q, sigma, PAPER_ORDERS) * steps * n
+    return float(np.min(rdp - math.log(delta) / (PAPER_ORDERS - 1)))
+
+
+class PrivacyAccountant:
+    """Ledger of the privacy spent by training; ``state_dict`` travels in checkpoints.
+
+    Every call to ``step()`` records one Poisson-subsampled Gaussian mechanism
+    with this accountant's rate q and noise multiplier z. Segments with other
+    (q, z) (e.g. a resume with another σ) are kept separately and composed.
+    """
+
+    def __init__(
+        self, sample_rate: float, noise_multiplier: float, delta: float, kind: str = "rdp"
+    ):
+        check_rate(sample_rate)
+        check_positive("noise multiplier", noise_multiplier)
+        check_delta(delta)
+        if kind not in ACCOUNTANTS:
+            raise ValueError(f"accountant must be one of {ACCOUNTANTS}, got {kind!r}")
+        self.sample_rate, self.noise_multiplier = float(sample_rate), float(noise_multiplier)
+        self.delta, self.kind = float(delta), kind
+        self.segments: list[list[float]] = []  # [q, z, steps]
+
+    def step(self, num_steps: int = 1) -> None:
+        """Record ``num_steps`` more steps of the current mechanism."""
+        seg = self.segments[-1] if self.segments else None
+        if seg and seg[0] == self.sample_rate and seg[1] == self.noise_multiplier:
+            seg[2] += num_steps
+        else:
+            self.segments.append([self.sample_rate, self.noise_multiplier, num_steps])
+
+    @property
+    def steps(self) -> int:
+        return int(sum(s[2] for s in self.segments))
+
+    def epsilon(self, delta: float | None = None) -> float:
+        """ε of everything recorded so far at ``delta`` (default: the accountant's δ)."""
+        if self.steps == 0:
+            return 0.0
+        acc = _new_accountant(self.kind)
+        for q, z, t in self.segments:
+            acc.compose(_step_event(z, q), int(t))
+        return float(acc.get_epsilon(self.delta if delta is None else delta))
+
+    def state_dict(self) -> dict:
+        return {
+            "kind": self.kind,
+            "delta": self.delta,
+            "sample_rate": self.sample_rate,
+            "noise_multiplier": self.noise_multiplier,
+            "segments": [list(s) for s in self.segments],
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        if state["kind"] != self.kind or state["delta"] != self.delta:
+            raise ValueError(
+                f"checkpoint ledger uses accountant {state['kind']} at δ={state['delta']}, "
+                f"this run uses {self.kind} at δ={self.delta}"
+            )
+        self.segments = [list(s) for s in state["segments"]]
+
+    @staticmethod
+    def describe() -> str:
+        return f"dp-accounting {importlib.metadata.version('dp-accounting')}"
+
+
+# ---------------------------------------------------------------------------
+# Resolving a training configuration: σ and steps from a target ε
+# ---------------------------------------------------------------------------
+
+
+def resolve_budget(
+    *,
+    sigma: float | None,
+    steps: int | None,
+    target_epsilon: float | None,
+    q: float,
+    batch_size: int,
+    delta: float,
+    clipping: str = "batch",
+    accountant: str = "rdp",
+) -> tuple[float, int]:
+    """Return (σ, steps) from any two of σ, steps, target ε (sound accounting).
+
+    σ and steps given: used as they are (if a target ε is also given, it must hold).
+    σ and target ε: the most steps within it. steps and target ε: the σ reaching it.
+    """
+    if sigma is not None:
+        z = noise_multiplier(sigma, batch_size, clipping)
+        if steps is None:
+            if target_epsilon is None:
+                raise ValueError("give steps or target_epsilon together with sigma")
+            steps = max_steps(target_epsilon, z, q, delta, accountant)
+        elif target_epsilon is not None:
+            eps = compute_epsilon(z, q, steps, delta, accountant)
+            if eps > target_epsilon * (1 + 1e-9):
+                raise ValueError(
+                    f"target epsilon {target_epsilon} is unreachable: sigma={sigma} for "
+                    f"{steps} steps gives ε={eps:.4g}"
+                )
+        return float(sigma), int(steps)
+    if steps is None or target_epsilon is None:
+        raise ValueError("sigma is null: give both steps and target_epsilon to solve for it")
+    z = solve_noise_multiplier(target_epsilon, q, steps, delta, accountant)
+    return sigma_from_noise_multiplier(z, batch_size, clipping), int(steps)
+
+
+# ---------------------------------------------------------------------------
+# CLI
+# ---------------------------------------------------------------------------
+
+
+def privacy_report(
+    *,
+    q: float,
+    delta: float,
+    batch_size: int,
+    sigma: float | None = None,
+    steps: int | None = None,
+    epsilon: float | None = None,
+    convention: str = "sound",
+    accountant: str = "rdp",
+    clipping: str = "batch",
+) -> dict:
+    """The numbers printed by ``dpsinkhorn privacy`` (see its --help)."""
+    check_rate(q)
+    check_delta(delta)
+    if sigma is not None:
+        check_positive("sigma", sigma)
+    if convention == "sound":
+        sigma, steps = resolve_budget(
+            sigma=sigma, steps=steps, target_epsilon=epsilon, q=q, batch_size=batch_size,
+            delta=delta, clipping=clipping, accountant=accountant,
+        )  # fmt: skip
+        z = noise_multiplier(sigma, batch_size, clipping)
+        eps = compute_epsilon(z, q, steps, delta, accountant)
+        method = (
+            f"Poisson-subsampled Gaussian, {accountant.upper()} ({PrivacyAccountant.describe()})"
+        )
+    elif convention == "paper":
+
+        def eps_of(s: float, t: int) -> float:
+            return paper_convention_epsilon(q, s, t, batch_size, delta)
+
+        if sigma is None:
+            if steps is None or epsilon is None:
+                raise ValueError("without --sigma give both --steps and --epsilon")
+            sigma = _bisect_noise(lambda s: eps_of(s, steps), epsilon)
+        elif steps is None:
+            if epsilon is None:
+                raise ValueError("give --steps or --epsilon")
+            steps = _max_steps_paper(eps_of, sigma, epsilon)
+        z, eps = sigma, eps_of(sigma, steps)
+        method = "paper convention: compute_rdp(q, sigma, steps*n), classic conversion"
+    else:
+        raise ValueError(f"convention must be 'sound' or 'paper', got {convention!r}")
+    return {
+        "epsilon": eps,
+        "delta": delta,
+        "steps": int(steps),
+        "sigma": float(sigma),
+        "noise_multiplier": float(z),
+        "q": q,
+        "batch_size": batch_size,
+        "clipping": clipping,
+        "convention": convention,
+        "valid_guarantee": convention == "sound",
+        "accounting": method,
+    }
+
+
+def _max_steps_paper(eps_of: Callable[[float, int], float], sigma: float, target: float) -> int:
+    if eps_of(sigma, 1) > target:
+        raise ValueError(f"target epsilon {target} is unreachable: one step exceeds it")
+    lo, hi = 1, 2
+    while eps_of(sigma, hi) <= target:
+        lo, hi = hi, hi * 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if eps_of(sigma, mid) <= target else (lo, mid)
+    return lo
+
+
+def register_cli(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "privacy",
+        help="(ε, δ) of DP-Sinkhorn training, or the steps / σ for a target ε",
+        description="Prints one JSON object. Give --sigma with --steps (ε), --sigma with "
+        "--epsilon (most steps), or --steps with --epsilon (solve σ).",
+    )
+    p.add_argument("--q", type=float, required=True, help="Poisson sampling rate B/N")
+    p.add_argument("--sigma", type=float, help="noise scale σ (noise std 2Δσ)")
+    p.add_argument("--delta", type=float, required=True)
+    p.add_argument("--batch-size", type=int, required=True, help="n = B generated cross rows")
+    p.add_argument("--steps", type=int)
+    p.add_argument("--epsilon", type=float, help="target ε")
+    p.add_argument("--convention", choices=["sound", "paper"], default="sound")
+    p.add_argument("--accountant", choices=ACCOUNTANTS, default="rdp")
+    p.add_argument("--clipping", choices=CLIPPING_MODES, default="batch")
+    p.set_defaults(handler=_cli)
+
+
+def _cli(args: argparse.Namespace) -> int:
+    if args.steps is None and args.epsilon is None:
+        raise ValueError("give --steps, --epsilon, or both")
+    report = privacy_report(
+        q=args.q, delta=args.delta, batch_size=args.batch_size, sigma=args.sigma,
+        steps=args.steps, epsilon=args.epsilon, convention=args.convention,
+        accountant=args.accountant, clipping=args.clipping,
+    )  # fmt: skip
+    print(json.dumps(report))
+    return 0

@@ -1,0 +1,412 @@
+"""DP-Sinkhorn training (paper Algorithm 1): config in, checkpoints and generator out.
+
+One step:
+    1. draw n + n' latent codes and uniform labels; X = g(z, label)
+    2. draw the real batch Y by Poisson sampling (rate q = B / N) as a fixed-shape
+       buffer of ``capacity`` rows with 0/1 weights (see ``PoissonSampler``)
+    3. S = 2 W(X[0:n], Y) − W(X[0:n], X[n':n+n'])  on [image, α_c · onehot]
+    4. backward; a hook on X clips and noises ∇_X S (``privacy.ImageGradientSanitizer``)
+    5. optimiser step on the generator; the accountant records one step
+
+Everything the step touches lives on the device; the step has fixed shapes and
+never synchronises with the host (losses are read only every ``log_every`` steps).
+A checkpoint (model, optimiser, RNG, privacy ledger, log) is written atomically
+every ``checkpoint_every`` steps and on SIGTERM / SIGUSR1; rerunning resumes from
+it, bit-identical on CPU to an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import hashlib
+import io as _io
+import json
+import math
+import signal
+import time
+from pathlib import Path
+
+import torch
+from scipy.stats import binom
+from tqdm import tqdm
+
+from dpsinkhorn import config as config_lib
+from dpsinkhorn import data
+from dpsinkhorn.io import atomic_path, write_json, write_text
+from dpsinkhorn.loss import (
+    conditional_features,
+    debias_size,
+    feature_diameter,
+    semi_debiased_sinkhorn,
+)
+from dpsinkhorn.models import ConditionalDCGAN, GeneratorConfig
+from dpsinkhorn.privacy import (
+    ImageGradientSanitizer,
+    PrivacyAccountant,
+    paper_convention_epsilon,
+    resolve_budget,
+)
+
+PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: checkpoint written, rerun to resume
+LOG_COLUMNS = ["step", "loss", "epsilon", "steps_per_s", "elapsed_s"]
+# Keys that do not change what is computed; a checkpoint stays valid if they change.
+NON_SEMANTIC_KEYS = {"checkpoint_every", "log_every", "table1_row", "name"}
+
+
+def resolve_device(name: str = "auto") -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+class PoissonSampler:
+    """Poisson sampling (each record independently with probability q) in fixed shape.
+
+    One vectorised draw u ~ U(0,1)^N selects the records with u < q. The
+    ``capacity`` smallest u are returned with weight 1 where u < q, else 0, so
+    the real batch is exactly the Poisson sample as long as it has at most
+    ``capacity`` records. Capacity is the (1 − 1e-12) binomial quantile; an
+    overflow is counted on the device and ``check()`` refuses to go on (the
+    trainer calls it before every checkpoint and at the end), so no released
+    model ever saw a truncated sample.
+    """
+
+    def __init__(self, num_records: int, rate: float, device: torch.device, tail: float = 1e-12):
+        self.num_records, self.rate = num_records, rate
+        self.capacity = int(min(num_records, binom.isf(tail, num_records, rate) + 1))
+        self.overflows = torch.zeros((), dtype=torch.long, device=device)
+        self.device = device
+
+    def sample(self, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """Return (indices [capacity] int64, weights [capacity] float 0/1)."""
+        u = torch.rand(self.num_records, generator=generator, device=self.device)
+        values, indices = torch.topk(u, self.capacity, largest=False, sorted=True)
+        self.overflows += ((u < self.rate).sum() > self.capacity).long()
+        return indices, (values < self.rate).float()
+
+    def check(self) -> None:
+        if int(self.overflows) > 0:
+            raise RuntimeError(
+                f"a Poisson sample exceeded the buffer capacity {self.capacity} "
+                f"(probability < 1e-12 per step); results since the last checkpoint are "
+                "discarded. Rerun to continue from the checkpoint."
+            )
+
+
+class Trainer:
+    """Holds the state of one training run and performs single steps."""
+
+    def __init__(self, spec: dict, train_images, train_labels, device: torch.device):
+        self.spec, self.device = spec, device
+        self.n = int(spec["batch_size"])
+        self.n_prime = debias_size(self.n, float(spec["p"]))
+        num_records = len(train_labels)
+        self.q = self.n / num_records
+        self.num_classes = int(max(train_labels.max() + 1, 2))
+        self.private = spec["method"] == "dp_sinkhorn"
+
+        # Real data: conditional features resident on the device.
+        images = data.to_unit_range(train_images).to(device)
+        labels = torch.as_tensor(train_labels, device=device)
+        self.image_shape = tuple(images.shape[1:])
+        self.real = conditional_features(images, labels, self.num_classes, spec["alpha_c"])
+        self.diameter = feature_diameter(images[0].numel(), spec["alpha_c"])
+
+        torch.manual_seed(int(spec["seed"]))
+        self.model_config = GeneratorConfig(
+            num_classes=self.num_classes,
+            latent_dim=int(spec["latent_dim"]),
+            embed_dim=int(spec["embed_dim"]),
+            channels=tuple(spec["channels"]),
+            out_channels=self.image_shape[0],
+        )
+        self.model = ConditionalDCGAN(self.model_config).to(device)
+        if spec["optimizer"] == "adam":
+            self.optimizer = torch.optim.Adam(
+                self.model.parameters(),
+                lr=spec["lr"],
+                betas=tuple(spec["betas"]),
+                weight_decay=spec["weight_decay"],
+            )
+        else:
+            self.optimizer = torch.optim.SGD(
+                self.model.parameters(), lr=spec["lr"], weight_decay=spec["weight_decay"]
+            )
+        self.rng = torch.Generator(device=device).manual_seed(int(spec["seed"]) + 1)
+        self.sampler = PoissonSampler(num_records, self.q, device)
+
+        if self.private:
+            sigma, self.total_steps = resolve_budget(
+                sigma=spec["sigma"],
+                steps=spec["steps"],
+                target_epsilon=spec["target_epsilon"],
+                q=self.q,
+                batch_size=self.n,
+                delta=spec["delta"],
+                clipping=spec["clipping"],
+                accountant=spec["accountant"],
+            )
+            self.sanitizer = ImageGradientSanitizer(
+                self.n, self.n_prime, spec["clip"], sigma, spec["clipping"], self.rng
+            )
+            self.accountant = PrivacyAccountant(
+                self.q, self.sanitizer.noise_multiplier, spec["delta"], spec["accountant"]
+            )
+        else:
+            if spec["steps"] is None:
+                raise ValueError(f"experiment {spec['name']}: non-private training needs steps")
+            self.total_steps, self.sanitizer, self.accountant = int(spec["steps"]), None, None
+        self.step_count = 0
+
+    def step(self) -> torch.Tensor:
+        """One training step; returns the loss as a device tensor (no host sync)."""
+        spec = self.spec
+        z, labels = self.model.sample_inputs(self.n + self.n_prime, self.rng, self.device)
+        images = self.model(z, labels)
+        if self.sanitizer is not None:
+            self.sanitizer.attach(images)
+        x = conditional_features(images, labels, self.num_classes, spec["alpha_c"])
+        indices, weights = self.sampler.sample(self.rng)
+        loss = semi_debiased_sinkhorn(
+            x,
+            self.real[indices],
+            self.n,
+            spec["p"],
+            spec["entropy_reg"],
+            spec["m"],
+            y_weights=weights,
+            scaling=spec["sinkhorn_scaling"],
+            diameter=self.diameter,
+        )
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.optimizer.step()
+        if self.accountant is not None:
+            self.accountant.step()
+        self.step_count += 1
+        return loss.detach()
+
+    def epsilon(self) -> float:
+        return self.accountant.epsilon() if self.accountant is not None else math.inf
+
+    def state_dict(self) -> dict:
+        return {
+            "step": self.step_count,
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "rng": self.rng.get_state(),
+            "accountant": self.accountant.state_dict() if self.accountant else None,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.step_count = int(state["step"])
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.rng.set_state(state["rng"])
+        if self.accountant is not None:
+            self.accountant.load_state_dict(state["accountant"])
+            if self.accountant.steps != self.step_count:
+                raise ValueError(
+                    f"checkpoint ledger counts {self.accountant.steps} steps "
+                    f"but the model has taken {self.step_count}"
+                )
+
+    def privacy_record(self) -> dict:
+        """Content of privacy.json."""
+        base = {
+            "experiment": self.spec["name"],
+            "method": self.spec["method"],
+            "q": self.q,
+            "batch_size": self.n,
+            "n_prime": self.n_prime,
+            "steps": self.step_count,
+            "poisson_capacity": self.sampler.capacity,
+        }
+        if self.sanitizer is None:
+            return {**base, "private": False, "epsilon": None, "epsilon_paper_convention": None}
+        s = self.sanitizer
+        return {
+            **base,
+            "private": True,
+            "mechanism": "Gaussian mechanism on the gradient w.r.t. generated images "
+            "(rows 0:n clipped and noised; rows n:n+n' clipped only), Poisson sampling, "
+            "add/remove-one adjacency",
+            "clipping": s.clipping,
+            "clip": s.clip,
+            "sigma": s.sigma,
+            "noise_std": s.noise_std,
+            "sensitivity": s.sensitivity,
+            "noise_multiplier": s.noise_multiplier,
+            "delta": self.accountant.delta,
+            "target_epsilon": self.spec["target_epsilon"],
+            "epsilon": self.epsilon(),
+            "epsilon_paper_convention": paper_convention_epsilon(
+                self.q, s.sigma, self.step_count, self.n, self.accountant.delta
+            ),
+            "epsilon_paper_convention_note": "compute_rdp(q, sigma, steps*n) as in the paper; "
+            "not a valid guarantee for this mechanism",
+            "accountant": f"{self.accountant.kind} ({PrivacyAccountant.describe()})",
+        }
+
+
+def spec_hash(spec: dict) -> str:
+    semantic = {k: v for k, v in spec.items() if k not in NON_SEMANTIC_KEYS}
+    return hashlib.sha256(json.dumps(semantic, sort_keys=True).encode()).hexdigest()[:16]
+
+
+class _StopSignal:
+    """Turns SIGTERM / SIGUSR1 into a flag checked between steps."""
+
+    def __init__(self):
+        self.received: int | None = None
+
+    def __enter__(self):
+        self.previous = {
+            s: signal.signal(s, self._handle) for s in (signal.SIGTERM, signal.SIGUSR1)
+        }
+        return self
+
+    def _handle(self, signum, frame):
+        self.received = signum
+
+    def __exit__(self, *exc):
+        for s, handler in self.previous.items():
+            signal.signal(s, handler)
+
+
+class Preempted(Exception):
+    """Training stopped early (signal or ``stop_after``) after writing a checkpoint."""
+
+
+def _save_checkpoint(path: Path, trainer: Trainer, log_rows: list[dict], digest: str) -> None:
+    trainer.sampler.check()
+    state = {**trainer.state_dict(), "log": log_rows, "spec_hash": digest}
+    with atomic_path(path) as tmp:
+        torch.save(state, tmp)
+
+
+def _write_log(path: Path, rows: list[dict]) -> None:
+    buf = _io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=LOG_COLUMNS)
+    writer.writeheader()
+    writer.writerows(rows)
+    write_text(path, buf.getvalue())
+
+
+def train(
+    spec: dict,
+    out_dir: Path,
+    data_dir: Path,
+    device: str = "auto",
+    stop_after: int | None = None,
+    progress: bool = True,
+) -> dict:
+    """Train one experiment into ``out_dir``; returns the privacy record.
+
+    Writes generator.pt, privacy.json and train_log.csv; keeps checkpoint.pt while
+    running. ``stop_after`` ends this process after that many new steps (with a
+    checkpoint), as a preemption would; it raises ``Preempted``.
+    """
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    images, labels = data.load_split(Path(data_dir), spec["dataset"], "train")
+    trainer = Trainer(spec, images, labels, resolve_device(device))
+    ckpt_path, digest = out_dir / "checkpoint.pt", spec_hash(spec)
+    log_rows: list[dict] = []
+    if ckpt_path.exists():
+        state = torch.load(ckpt_path, map_location=trainer.device, weights_only=False)
+        if state.get("spec_hash") == digest:
+            trainer.load_state_dict(state)
+            log_rows = state["log"]
+        else:
+            print(f"ignoring {ckpt_path}: it belongs to other settings; starting afresh")
+
+    every_ckpt, every_log = int(spec["checkpoint_every"]), int(spec["log_every"])
+    start_step, t0 = trainer.step_count, time.perf_counter()
+    bar = tqdm(
+        total=trainer.total_steps,
+        initial=start_step,
+        desc=spec["name"],
+        disable=not progress,
+        mininterval=1.0,
+    )
+    with _StopSignal() as stop:
+        while trainer.step_count < trainer.total_steps:
+            loss = trainer.step()
+            bar.update(1)
+            step = trainer.step_count
+            if step % every_log == 0 or step == trainer.total_steps:
+                elapsed = time.perf_counter() - t0
+                eps = trainer.epsilon()
+                log_rows.append(
+                    {
+                        "step": step,
+                        "loss": float(loss),
+                        "epsilon": eps,
+                        "steps_per_s": (step - start_step) / max(elapsed, 1e-9),
+                        "elapsed_s": elapsed,
+                    }
+                )
+                bar.set_postfix(loss=f"{float(loss):.4g}", eps=f"{eps:.3g}")
+            interrupted = stop.received is not None
+            stopping = interrupted or (stop_after is not None and step - start_step >= stop_after)
+            if step % every_ckpt == 0 or (stopping and step < trainer.total_steps):
+                _save_checkpoint(ckpt_path, trainer, log_rows, digest)
+                _write_log(out_dir / "train_log.csv", log_rows)
+            if stopping and step < trainer.total_steps:
+                bar.close()
+                why = f"signal {stop.received}" if interrupted else f"stop_after={stop_after}"
+                raise Preempted(f"{why}: checkpoint at step {step} in {ckpt_path}; rerun to resume")
+    bar.close()
+
+    trainer.sampler.check()
+    generator = {
+        "state_dict": trainer.model.state_dict(),
+        "model_config": trainer.model_config.to_dict(),
+        "dataset": spec["dataset"],
+        "num_classes": trainer.num_classes,
+        "image_shape": list(trainer.image_shape),
+        "experiment": spec["name"],
+        "steps": trainer.step_count,
+    }
+    with atomic_path(out_dir / "generator.pt") as tmp:
+        torch.save(generator, tmp)
+    record = trainer.privacy_record()
+    write_json(out_dir / "privacy.json", record)
+    _write_log(out_dir / "train_log.csv", log_rows)
+    ckpt_path.unlink(missing_ok=True)
+    return record
+
+
+def register_cli(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("train", help="train one experiment of a config")
+    p.add_argument("--config", nargs="+", required=True, help="config YAML file(s)")
+    p.add_argument("--experiment", required=True)
+    p.add_argument("--out", required=True, help="output folder (results/<run>/<experiment>)")
+    p.add_argument("--device", help="override the config's device (auto, cpu, cuda, cuda:N)")
+    p.add_argument("--data-dir", help="override the config's data_dir")
+    p.add_argument("--stop-after", type=int, help="checkpoint and exit after this many steps")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(handler=_cli)
+
+
+def _cli(args: argparse.Namespace) -> int:
+    cfg = config_lib.load_config(args.config)
+    spec = config_lib.experiment(cfg, args.experiment)
+    if spec["method"] == "real_data":
+        raise ValueError(f"experiment {args.experiment} uses real data: nothing to train")
+    try:
+        record = train(
+            spec,
+            Path(args.out),
+            Path(args.data_dir or cfg["data_dir"]),
+            device=args.device or cfg["device"],
+            stop_after=args.stop_after,
+            progress=not args.no_progress,
+        )
+    except Preempted as stop:
+        print(f"dpsinkhorn train: {stop}")
+        return PREEMPTED_EXIT_CODE
+    print(json.dumps({k: record.get(k) for k in ("experiment", "steps", "epsilon")}))
+    return 0

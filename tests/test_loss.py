@@ -1,0 +1,153 @@
+"""Entropic OT against an independent solver (POT, float64) and the semi-debiased identity."""
+
+from __future__ import annotations
+
+import numpy as np
+import ot
+import pytest
+import torch
+
+from dpsinkhorn.loss import (
+    conditional_features,
+    debias_size,
+    entropic_ot,
+    feature_diameter,
+    mixed_cost,
+    semi_debiased_sinkhorn,
+)
+
+LAMBDA = 0.05
+
+
+def _points(n: int, d: int, seed: int, scale: float = 0.3) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return scale * torch.randn(n, d, generator=g, dtype=torch.float64)
+
+
+def _pot_entropic_ot(x: torch.Tensor, y: torch.Tensor, lam: float, m: float):
+    """<C,P> + λ KL(P | a⊗b) and the plan P from POT's log-domain Sinkhorn (float64)."""
+    xn, yn = x.numpy(), y.numpy()
+    cost = ot.dist(xn, yn, metric="sqeuclidean") + m * ot.dist(xn, yn, metric="cityblock")
+    a, b = ot.unif(len(xn)), ot.unif(len(yn))
+    plan = ot.sinkhorn(a, b, cost, lam, method="sinkhorn_log", numItermax=200000, stopThr=1e-13)
+    positive = plan > 0
+    kl = np.sum(plan[positive] * np.log(plan[positive] / np.outer(a, b)[positive]))
+    return float(np.sum(cost * plan) + lam * kl), plan
+
+
+@pytest.mark.parametrize("m", [0.0, 1.0, 3.0])
+def test_entropic_ot_matches_pot_value_and_gradient(m):
+    x, y = _points(12, 5, 0), _points(9, 5, 1) + 0.2
+    value_pot, plan = _pot_entropic_ot(x, y, LAMBDA, m)
+    xg = x.clone().requires_grad_(True)
+    value = entropic_ot(xg, y, LAMBDA, m, scaling=0.999)  # slow annealing: converged
+    value.backward()
+    assert value.item() == pytest.approx(value_pot, rel=1e-5)
+    # Envelope theorem: dW/dx_i = sum_j P_ij dC(x_i, y_j)/dx_i.
+    diff = x[:, None, :] - y[None, :, :]
+    dcost = 2 * diff + m * torch.sign(diff)
+    grad_pot = (torch.as_tensor(plan)[:, :, None] * dcost).sum(1)
+    assert ((xg.grad - grad_pot).norm() / grad_pot.norm()).item() < 1e-2
+
+
+def test_default_schedule_approximates_the_optimum():
+    """geomloss's default ε-scaling (0.5, what the paper ran) stops annealing early: its value
+    undershoots W_λ by a few percent here; the error shrinks as the annealing slows. The
+    README's loss section gives the measured value and gradient gaps."""
+    x, y = _points(20, 6, 2), _points(15, 6, 3)
+    value_pot, _ = _pot_entropic_ot(x, y, LAMBDA, 1.0)
+    errors = [
+        abs(entropic_ot(x, y, LAMBDA, 1.0, scaling=s).item() / value_pot - 1)
+        for s in (0.5, 0.9, 0.99)
+    ]
+    assert errors[0] < 0.05
+    assert errors[0] > errors[1] > errors[2]
+    assert errors[2] < 1e-4
+
+
+def test_mixed_cost_has_no_half_factor():
+    x = torch.tensor([[[0.0, 0.0]]])
+    y = torch.tensor([[[1.0, 2.0]]])
+    assert mixed_cost(x, y, m=0).item() == pytest.approx(5.0)  # ||x-y||², not ½||x-y||²
+    assert mixed_cost(x, y, m=2).item() == pytest.approx(5.0 + 2 * 3.0)
+
+
+def test_weights_ignore_zero_rows():
+    """Rows of weight 0 (padding of the Poisson buffer) do not change W."""
+    x, y = _points(10, 4, 4), _points(7, 4, 5)
+    pad = torch.cat([y, 100 + _points(3, 4, 6)])
+    weights = torch.tensor([1 / 7] * 7 + [0.0] * 3, dtype=torch.float64)
+    a = entropic_ot(x, y, LAMBDA, 1.0, diameter=10.0)
+    b = entropic_ot(x, pad, LAMBDA, 1.0, y_weights=weights, diameter=10.0)
+    assert b.item() == pytest.approx(a.item(), rel=1e-9)
+
+
+def test_debias_size():
+    assert [debias_size(50, p) for p in (0, 0.2, 0.4, 1)] == [0, 10, 20, 50]
+    assert debias_size(7, 0.5) == 3  # floor
+    with pytest.raises(ValueError, match="p must be in"):
+        debias_size(10, 1.5)
+
+
+@pytest.mark.parametrize("p", [0.0, 0.4, 1.0])
+def test_semi_debiased_identity(p):
+    n = 10
+    n_prime = debias_size(n, p)
+    x, y = _points(n + n_prime, 4, 7), _points(8, 4, 8)
+    expected = 2 * entropic_ot(x[:n], y, LAMBDA, 1.0) - entropic_ot(
+        x[:n], x[n_prime : n + n_prime], LAMBDA, 1.0
+    )
+    got = semi_debiased_sinkhorn(x, y, n, p, LAMBDA, 1.0)
+    assert got.item() == pytest.approx(expected.item(), rel=1e-12)
+
+
+def test_p0_is_biased_and_p1_fully_debiased():
+    n = 10
+    x, y = _points(2 * n, 4, 9), _points(8, 4, 10)
+    biased = 2 * entropic_ot(x[:n], y, LAMBDA, 1.0) - entropic_ot(x[:n], x[:n], LAMBDA, 1.0)
+    assert semi_debiased_sinkhorn(x[:n], y, n, 0.0, LAMBDA, 1.0).item() == pytest.approx(
+        biased.item(), rel=1e-12
+    )
+    debiased = 2 * entropic_ot(x[:n], y, LAMBDA, 1.0) - entropic_ot(x[:n], x[n:], LAMBDA, 1.0)
+    assert semi_debiased_sinkhorn(x, y, n, 1.0, LAMBDA, 1.0).item() == pytest.approx(
+        debiased.item(), rel=1e-12
+    )
+
+
+def test_debiasing_rows_do_not_depend_on_real_data():
+    n, p = 10, 0.4
+    x = _points(n + debias_size(n, p), 4, 11).requires_grad_(True)
+    grads = []
+    for seed in (12, 13):
+        x.grad = None
+        semi_debiased_sinkhorn(x, _points(9, 4, seed), n, p, LAMBDA, 1.0).backward()
+        grads.append(x.grad.clone())
+    assert torch.equal(grads[0][n:], grads[1][n:])  # rows n:n+n' never see Y
+    assert not torch.allclose(grads[0][:n], grads[1][:n])  # rows 0:n do
+
+
+def test_empty_real_batch_contributes_no_gradient():
+    n, p = 10, 0.4
+    x = _points(n + debias_size(n, p), 4, 14).requires_grad_(True)
+    y = _points(6, 4, 15)
+    loss = semi_debiased_sinkhorn(x, y, n, p, LAMBDA, 1.0, y_weights=torch.zeros(6, dtype=x.dtype))
+    loss.backward()
+    grad_empty = x.grad.clone()
+    x.grad = None
+    self_only = -entropic_ot(x[:n], x[debias_size(n, p) :], LAMBDA, 1.0)
+    self_only.backward()
+    assert torch.isfinite(grad_empty).all()
+    assert loss.item() == pytest.approx(self_only.item(), rel=1e-12)
+    torch.testing.assert_close(grad_empty, x.grad)
+
+
+def test_conditional_features_and_diameter_bound():
+    images = torch.rand(5, 1, 28, 28) * 2 - 1
+    labels = torch.tensor([0, 3, 9, 3, 1])
+    feats = conditional_features(images, labels, 10, 15.0)
+    assert feats.shape == (5, 784 + 10)
+    assert torch.equal(feats[:, 784:].argmax(1), labels)
+    assert feats[:, 784:].max() == 15.0
+    worst = conditional_features(-torch.ones(1, 1, 28, 28), torch.tensor([0]), 10, 15.0)
+    other = conditional_features(torch.ones(1, 1, 28, 28), torch.tensor([1]), 10, 15.0)
+    assert (worst - other).norm().item() == pytest.approx(feature_diameter(784, 15.0))

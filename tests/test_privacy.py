@@ -1,0 +1,253 @@
+"""The image-gradient mechanism (clip, noise, sensitivity) and the accountant, checked numerically."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+from scipy import integrate
+from scipy.stats import norm
+
+from dpsinkhorn.cli import main
+from dpsinkhorn.loss import semi_debiased_sinkhorn
+from dpsinkhorn.privacy import (
+    ImageGradientSanitizer,
+    PrivacyAccountant,
+    compute_epsilon,
+    max_steps,
+    noise_multiplier,
+    paper_convention_epsilon,
+    privacy_report,
+    resolve_budget,
+    solve_noise_multiplier,
+)
+
+N, N_PRIME, CLIP, SIGMA = 50, 20, 0.5, 1.5
+
+
+def _grad(rows: int = N + N_PRIME, scale: float = 10.0, seed: int = 0) -> torch.Tensor:
+    return scale * torch.randn(rows, 1, 28, 28, generator=torch.Generator().manual_seed(seed))
+
+
+def _noise_free(sanitizer: ImageGradientSanitizer, grad: torch.Tensor) -> torch.Tensor:
+    """Sanitised gradient minus the exact noise it drew (replayed from the same seed)."""
+    sanitizer.generator = torch.Generator().manual_seed(1)
+    out = sanitizer(grad)
+    replay = torch.randn(grad[:N].shape, generator=torch.Generator().manual_seed(1))
+    out[:N] -= sanitizer.noise_std * replay
+    return out
+
+
+def test_batch_clipping_bounds_each_block_as_one_vector():
+    s = ImageGradientSanitizer(N, N_PRIME, CLIP, SIGMA, "batch")
+    clipped = _noise_free(s, _grad())
+    assert clipped[:N].norm().item() == pytest.approx(CLIP, rel=1e-5)
+    assert clipped[N:].norm().item() == pytest.approx(CLIP, rel=1e-5)
+    small = _grad(scale=1e-4)  # below the bound: unchanged
+    torch.testing.assert_close(_noise_free(s, small), small)
+
+
+def test_per_sample_clipping_bounds_each_row():
+    s = ImageGradientSanitizer(N, N_PRIME, CLIP, SIGMA, "per_sample")
+    row_norms = _noise_free(s, _grad()).flatten(1).norm(dim=1)
+    assert torch.all(row_norms <= CLIP * (1 + 1e-5))
+    assert row_norms.min().item() == pytest.approx(CLIP, rel=1e-5)
+
+
+@pytest.mark.parametrize("clipping", ["batch", "per_sample"])
+def test_noise_std_is_two_clip_sigma_and_only_on_private_rows(clipping):
+    s = ImageGradientSanitizer(400, 100, CLIP, SIGMA, clipping, torch.Generator().manual_seed(0))
+    out = s(torch.zeros(500, 1, 28, 28))
+    assert s.noise_std == 2 * CLIP * SIGMA
+    assert out[:400].std().item() == pytest.approx(2 * CLIP * SIGMA, rel=0.01)
+    assert out[:400].mean().item() == pytest.approx(0.0, abs=0.01)
+    assert torch.count_nonzero(out[400:]) == 0  # debiasing rows: no noise
+
+
+def test_noise_multiplier_and_sensitivity():
+    batch = ImageGradientSanitizer(N, N_PRIME, CLIP, SIGMA, "batch")
+    per_sample = ImageGradientSanitizer(N, N_PRIME, CLIP, SIGMA, "per_sample")
+    assert batch.sensitivity == 2 * CLIP and batch.noise_multiplier == SIGMA
+    assert per_sample.sensitivity == pytest.approx(2 * CLIP * math.sqrt(N))
+    assert per_sample.noise_multiplier == pytest.approx(SIGMA / math.sqrt(N))
+    for s in (batch, per_sample):  # multiplier = noise std / sensitivity
+        assert s.noise_multiplier == pytest.approx(s.noise_std / s.sensitivity)
+
+
+def test_sensitivity_holds_for_neighbouring_real_batches():
+    """Adding one real record moves the clipped block G[0:n] by at most 2Δ (the real loss)."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(N + N_PRIME, 30, generator=g, dtype=torch.float64)
+    y = torch.randn(40, 30, generator=g, dtype=torch.float64)
+    s = ImageGradientSanitizer(N, N_PRIME, CLIP, SIGMA)
+    worst = 0.0
+    for extra in range(10):
+        blocks = []
+        for real in (y, torch.cat([y, 3 * torch.randn(1, 30, generator=g, dtype=x.dtype)])):
+            xg = x.clone().requires_grad_(True)
+            semi_debiased_sinkhorn(xg, real, N, 0.4, 0.05, 1.0).backward()
+            blocks.append(_noise_free(s, xg.grad.float())[:N])
+        worst = max(worst, (blocks[0] - blocks[1]).norm().item())
+    assert 0 < worst <= 2 * CLIP * (1 + 1e-6)
+
+
+def test_empty_batch_still_gets_noise():
+    s = ImageGradientSanitizer(N, N_PRIME, CLIP, SIGMA, generator=torch.Generator().manual_seed(0))
+    out = s(torch.zeros(N + N_PRIME, 1, 28, 28))
+    assert out[:N].abs().sum() > 0
+
+
+def test_sanitizer_rejects_wrong_batch():
+    with pytest.raises(ValueError, match="expected 70 rows"):
+        ImageGradientSanitizer(N, N_PRIME, CLIP, SIGMA)(torch.zeros(60, 4))
+
+
+@pytest.mark.parametrize("bad", [0.0, -1.0, float("nan")])
+def test_sigma_must_be_positive(bad):
+    with pytest.raises(ValueError, match="sigma must be a positive number"):
+        noise_multiplier(bad, 50)
+
+
+@pytest.mark.parametrize("q", [0.0, -0.1, 1.5])
+def test_sampling_rate_must_be_in_unit_interval(q):
+    with pytest.raises(ValueError, match=r"q must be in \(0, 1\]"):
+        compute_epsilon(1.0, q, 10, 1e-5)
+
+
+# --- accountant ------------------------------------------------------------
+
+
+def _gaussian_delta(eps: float, mu: float) -> float:
+    """Exact δ(ε) of the Gaussian mechanism with sensitivity/std = mu (Balle & Wang 2018)."""
+    return norm.cdf(-eps / mu + mu / 2) - math.exp(eps) * norm.cdf(-eps / mu - mu / 2)
+
+
+def test_pld_matches_exact_gaussian_composition_without_subsampling():
+    """q = 1: T Gaussian steps with multiplier z are one Gaussian with multiplier z/√T."""
+    z, steps, delta = 2.0, 16, 1e-5
+    eps = compute_epsilon(z, 1.0, steps, delta, accountant="pld")
+    assert _gaussian_delta(eps, math.sqrt(steps) / z) == pytest.approx(delta, rel=0.05)
+    eps_rdp = compute_epsilon(z, 1.0, steps, delta, accountant="rdp")
+    assert eps < eps_rdp < 1.3 * eps  # RDP is an upper bound, and not a loose one
+
+
+@pytest.mark.parametrize("order", [2, 3, 8])
+def test_rdp_of_subsampled_gaussian_matches_numerical_integration(order):
+    """A_α = E_{x~N(0,z²)}[((1−q) + q·N(1,z²)(x)/N(0,z²)(x))^α]; RDP = log(A_α)/(α−1)."""
+    from dp_accounting.rdp import rdp_privacy_accountant as rdp_lib
+
+    q, z = 0.05, 1.2
+
+    def integrand(x: float) -> float:
+        ratio = math.exp((2 * x - 1) / (2 * z * z))
+        return norm.pdf(x, scale=z) * ((1 - q) + q * ratio) ** order
+
+    a_alpha, _ = integrate.quad(integrand, -40 * z, 40 * z, epsabs=1e-13, epsrel=1e-12, limit=200)
+    expected = math.log(a_alpha) / (order - 1)
+    got = rdp_lib._compute_rdp_poisson_subsampled_gaussian(q, z, np.array([order]))[0]
+    assert got == pytest.approx(expected, rel=1e-6)
+
+
+def test_paper_convention_reproduces_the_papers_epsilon():
+    """Appendix D.4: ε = 10 at δ = 1e-5 after ~160k (MNIST, σ 1.5) / ~280k (FMNIST, σ 1.9) steps."""
+    q = 50 / 60000
+    assert paper_convention_epsilon(q, 1.5, 160_000, 50, 1e-5) == pytest.approx(10.0, abs=0.1)
+    assert paper_convention_epsilon(q, 1.9, 280_000, 50, 1e-5) == pytest.approx(10.0, abs=0.1)
+
+
+def test_sound_epsilon_of_the_paper_setting():
+    eps = compute_epsilon(1.5, 50 / 60000, 160_000, 1e-5)
+    assert 0.9 < eps < 1.1  # the mechanism as specified spends ≈ 1.0, not 10
+
+
+def test_max_steps_and_solved_sigma_are_tight():
+    q, delta = 50 / 60000, 1e-5
+    steps = max_steps(2.0, 1.5, q, delta)
+    assert compute_epsilon(1.5, q, steps, delta) <= 2.0 < compute_epsilon(1.5, q, steps + 1, delta)
+    z = solve_noise_multiplier(10.0, q, 160_000, delta)
+    assert compute_epsilon(z, q, 160_000, delta) <= 10.0
+    assert compute_epsilon(z * 0.999, q, 160_000, delta) > 10.0
+
+
+def test_unreachable_target_is_an_error():
+    with pytest.raises(ValueError, match="unreachable"):
+        max_steps(1e-4, 0.5, 0.5, 1e-5)
+    with pytest.raises(ValueError, match="unreachable"):
+        resolve_budget(
+            sigma=0.5, steps=10**6, target_epsilon=1.0, q=0.01, batch_size=50, delta=1e-5
+        )
+
+
+def test_per_sample_budget_uses_sigma_over_sqrt_n():
+    q, delta = 50 / 60000, 1e-5
+    sigma, _ = resolve_budget(
+        sigma=None, steps=1000, target_epsilon=5.0, q=q, batch_size=50, delta=delta,
+        clipping="per_sample",
+    )  # fmt: skip
+    assert compute_epsilon(sigma / math.sqrt(50), q, 1000, delta) == pytest.approx(5.0, rel=1e-3)
+
+
+def test_accountant_ledger_and_state_dict():
+    acc = PrivacyAccountant(0.01, 1.0, 1e-5)
+    for _ in range(30):
+        acc.step()
+    assert acc.steps == 30
+    assert acc.epsilon() == pytest.approx(compute_epsilon(1.0, 0.01, 30, 1e-5))
+    resumed = PrivacyAccountant(0.01, 1.0, 1e-5)
+    resumed.load_state_dict(json.loads(json.dumps(acc.state_dict())))
+    resumed.step(20)
+    assert resumed.steps == 50
+    assert resumed.epsilon() == pytest.approx(compute_epsilon(1.0, 0.01, 50, 1e-5))
+    resumed.noise_multiplier = 2.0  # a later segment with another mechanism is composed too
+    resumed.step(10)
+    assert resumed.state_dict()["segments"] == [[0.01, 1.0, 50], [0.01, 2.0, 10]]
+    assert resumed.epsilon() > compute_epsilon(1.0, 0.01, 50, 1e-5)
+    with pytest.raises(ValueError, match="accountant"):
+        PrivacyAccountant(0.01, 1.0, 1e-6).load_state_dict(acc.state_dict())
+
+
+# --- CLI ------------------------------------------------------------------
+
+
+def _run(capsys, *args: str) -> tuple[int, dict | str]:
+    code = main(["privacy", *args])
+    out, err = capsys.readouterr()
+    return code, (json.loads(out) if code == 0 else err)
+
+
+def test_cli_epsilon_steps_and_sigma(capsys):
+    base = ["--q", str(1 / 1200), "--delta", "1e-5", "--batch-size", "50"]
+    code, r = _run(capsys, *base, "--sigma", "1.5", "--steps", "160000")
+    assert code == 0 and r["valid_guarantee"] and 0.9 < r["epsilon"] < 1.1
+    assert {"epsilon", "steps", "sigma", "noise_multiplier"} <= r.keys()
+    code, r = _run(capsys, *base, "--sigma", "1.5", "--steps", "160000", "--convention", "paper")
+    assert code == 0 and not r["valid_guarantee"] and r["epsilon"] == pytest.approx(10, abs=0.1)
+    code, r = _run(capsys, *base, "--steps", "160000", "--epsilon", "10")
+    assert code == 0 and r["epsilon"] <= 10 and 0.5 < r["sigma"] < 0.6
+    code, r = _run(capsys, *base, "--sigma", "1.5", "--epsilon", "1.0")
+    assert code == 0 and r["epsilon"] <= 1.0 and 100_000 < r["steps"] < 160_000
+    code, r = _run(capsys, *base, "--sigma", "1.5", "--steps", "100", "--accountant", "pld",
+                   "--clipping", "per_sample")  # fmt: skip
+    assert code == 0 and r["noise_multiplier"] == pytest.approx(1.5 / math.sqrt(50))
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--q", "0.01", "--sigma", "0", "--steps", "10"], "sigma"),
+        (["--q", "1.5", "--sigma", "1", "--steps", "10"], "q must be in"),
+        (["--q", "0.5", "--sigma", "0.5", "--epsilon", "0.0001"], "unreachable"),
+        (["--q", "0.01", "--sigma", "1"], "give --steps, --epsilon"),
+    ],
+)
+def test_cli_bad_input(capsys, args, message):
+    code, err = _run(capsys, *args, "--delta", "1e-5", "--batch-size", "50")
+    assert code == 2 and message in err
+
+
+def test_privacy_report_keys():
+    r = privacy_report(q=0.01, delta=1e-5, batch_size=10, sigma=1.0, steps=10)
+    assert r["noise_multiplier"] == 1.0 and r["steps"] == 10

@@ -1,0 +1,193 @@
+"""Training loop: fixed shapes, Poisson sampling, privacy ledger, checkpoint/resume, sampling."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from dpsinkhorn import config as config_lib
+from dpsinkhorn import data
+from dpsinkhorn.privacy import compute_epsilon
+from dpsinkhorn.sample import load_generator, sample_generator, sample_real
+from dpsinkhorn.train import PREEMPTED_EXIT_CODE, PoissonSampler, Preempted, Trainer, train
+
+TINY = {"channels": [16, 8, 4], "steps": 12, "checkpoint_every": 4, "log_every": 2}
+
+
+def make_config(tmp_path: Path, data_dir: Path, **experiment) -> Path:
+    """A config file with one MNIST experiment ``e`` (tiny generator) written to tmp_path."""
+    cfg = {
+        "run_name": "test",
+        "data_dir": str(data_dir),
+        "device": "cpu",
+        "training_defaults": dict(TINY),
+        "experiments": {"e": {"dataset": "mnist", "table1_row": "paper", **experiment}},
+    }
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def spec_of(path: Path) -> dict:
+    return config_lib.experiment(config_lib.load_config(path), "e")
+
+
+@pytest.fixture(scope="module")
+def mnist(prepared_data):
+    return data.load_split(prepared_data, "mnist", "train")
+
+
+def test_generated_batch_has_fixed_size_whatever_the_poisson_draw(tmp_path, prepared_data, mnist):
+    spec = spec_of(make_config(tmp_path, prepared_data, batch_size=20, p=0.4))
+    trainer = Trainer(spec, *mnist, torch.device("cpu"))
+    shapes, counts = set(), []
+    original = trainer.model.forward
+
+    def recording_forward(z, labels):
+        out = original(z, labels)
+        shapes.add(tuple(out.shape))
+        return out
+
+    trainer.model.forward = recording_forward
+    sample = trainer.sampler.sample
+    trainer.sampler.sample = lambda g: (lambda r: (counts.append(int(r[1].sum())), r)[1])(sample(g))
+    for _ in range(6):
+        trainer.step()
+    assert shapes == {(20 + 8, 1, 28, 28)}
+    assert len(set(counts)) > 1  # the real batch size varies, the generated one does not
+
+
+def test_poisson_sampler_is_poisson():
+    sampler = PoissonSampler(1000, 0.05, torch.device("cpu"))
+    g = torch.Generator().manual_seed(0)
+    hits, counts = np.zeros(1000), []
+    for _ in range(2000):
+        idx, w = sampler.sample(g)
+        assert idx.shape == w.shape == (sampler.capacity,)
+        assert set(w.unique().tolist()) <= {0.0, 1.0}
+        hits[idx[w > 0].numpy()] += 1
+        counts.append(int(w.sum()))
+    assert np.mean(counts) == pytest.approx(50, rel=0.02)
+    assert np.var(counts) == pytest.approx(1000 * 0.05 * 0.95, rel=0.15)
+    assert hits.mean() / 2000 == pytest.approx(0.05, rel=0.02)
+    assert counts.count(0) == 0 and sampler.capacity < 1000
+    sampler.check()  # no overflow
+
+
+def test_poisson_overflow_refuses_to_release():
+    sampler = PoissonSampler(100, 0.5, torch.device("cpu"))
+    sampler.capacity = 10  # force overflows
+    sampler.sample(torch.Generator().manual_seed(0))
+    with pytest.raises(RuntimeError, match="exceeded the buffer capacity"):
+        sampler.check()
+
+
+def _log_rows(path: Path) -> list[tuple]:
+    with open(path) as fh:
+        return [(r["step"], r["loss"], r["epsilon"]) for r in csv.DictReader(fh)]
+
+
+def test_resume_is_bit_identical_and_counts_each_step_once(tmp_path, prepared_data):
+    spec = spec_of(make_config(tmp_path, prepared_data))
+    full = train(spec, tmp_path / "full", prepared_data, "cpu", progress=False)
+    with pytest.raises(Preempted):
+        train(spec, tmp_path / "resumed", prepared_data, "cpu", stop_after=5, progress=False)
+    state = torch.load(tmp_path / "resumed" / "checkpoint.pt", weights_only=False)
+    assert state["step"] == 5 and sum(s[2] for s in state["accountant"]["segments"]) == 5
+    with pytest.raises(Preempted):  # a second interruption, this time mid-interval
+        train(spec, tmp_path / "resumed", prepared_data, "cpu", stop_after=2, progress=False)
+    resumed = train(spec, tmp_path / "resumed", prepared_data, "cpu", progress=False)
+
+    a = torch.load(tmp_path / "full" / "generator.pt", weights_only=False)["state_dict"]
+    b = torch.load(tmp_path / "resumed" / "generator.pt", weights_only=False)["state_dict"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert resumed == full  # same privacy record: steps and ε identical
+    assert full["steps"] == 12
+    assert full["epsilon"] == pytest.approx(compute_epsilon(1.5, 50 / 60000, 12, 1e-5))
+    assert _log_rows(tmp_path / "full" / "train_log.csv") == _log_rows(
+        tmp_path / "resumed" / "train_log.csv"
+    )
+    assert not (tmp_path / "resumed" / "checkpoint.pt").exists()
+
+
+def test_checkpoint_of_other_settings_is_not_resumed(tmp_path, prepared_data):
+    spec = spec_of(make_config(tmp_path, prepared_data))
+    with pytest.raises(Preempted):
+        train(spec, tmp_path / "run", prepared_data, "cpu", stop_after=3, progress=False)
+    changed = {**spec, "lr": 1e-3}
+    record = train(changed, tmp_path / "run", prepared_data, "cpu", progress=False)
+    assert record["steps"] == 12
+
+
+def test_sigterm_checkpoints_and_exits_nonzero(tmp_path, prepared_data):
+    cfg = make_config(tmp_path, prepared_data, steps=100000, checkpoint_every=100000)
+    out = tmp_path / "run"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    cmd = [sys.executable, "-m", "dpsinkhorn", "train", "--config", str(cfg), "--experiment", "e"]
+    proc = subprocess.Popen(
+        [*cmd, "--out", str(out), "--no-progress"], env=env, stdout=subprocess.PIPE, text=True
+    )
+    deadline = time.time() + 120
+    while not (out / "train_log.csv").exists() and time.time() < deadline:
+        time.sleep(0.2)  # no file yet: no checkpoint yet (checkpoint_every is huge)
+        if proc.poll() is not None:
+            break
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGTERM)
+    stdout, _ = proc.communicate(timeout=120)
+    assert proc.returncode == PREEMPTED_EXIT_CODE, stdout
+    state = torch.load(out / "checkpoint.pt", weights_only=False)
+    assert state["step"] > 0
+    assert sum(s[2] for s in state["accountant"]["segments"]) == state["step"]
+    assert not (out / "generator.pt").exists()
+
+
+def test_train_from_target_epsilon_and_nonprivate(tmp_path, prepared_data):
+    spec = spec_of(make_config(tmp_path, prepared_data, sigma=None, target_epsilon=3.0, steps=6))
+    record = train(spec, tmp_path / "dp", prepared_data, "cpu", progress=False)
+    assert record["epsilon"] <= 3.0 and record["epsilon"] == pytest.approx(3.0, rel=1e-3)
+    assert record["epsilon_paper_convention"] > 0 and record["sigma"] > 0
+    on_disk = json.loads((tmp_path / "dp" / "privacy.json").read_text())
+    for key in ("mechanism", "clipping", "clip", "sigma", "noise_multiplier", "q", "batch_size",
+                "steps", "delta", "epsilon", "epsilon_paper_convention", "accountant"):  # fmt: skip
+        assert key in on_disk
+
+    spec = spec_of(
+        make_config(tmp_path, prepared_data, method="sinkhorn", table1_row="nonprivate", steps=3)
+    )
+    record = train(spec, tmp_path / "np", prepared_data, "cpu", progress=False)
+    assert record["private"] is False and record["epsilon"] is None
+
+
+def test_sampling_is_balanced_deterministic_and_uint8(tmp_path, prepared_data):
+    spec = spec_of(make_config(tmp_path, prepared_data, steps=2))
+    train(spec, tmp_path / "g", prepared_data, "cpu", progress=False)
+    model = load_generator(tmp_path / "g" / "generator.pt", torch.device("cpu"))
+    images, labels = sample_generator(model, 1003, seed=7, batch_size=400)
+    assert images.shape == (1003, 28, 28) and images.dtype == np.uint8
+    assert labels.dtype == np.int64
+    counts = np.bincount(labels, minlength=10)
+    assert counts.max() - counts.min() <= 1
+    again, _ = sample_generator(model, 1003, seed=7)
+    assert np.array_equal(images, again)
+    other, _ = sample_generator(model, 1003, seed=8)
+    assert not np.array_equal(images, other)
+
+
+def test_sample_real_is_a_seeded_subset(prepared_data):
+    images, labels = sample_real(prepared_data / "mnist" / "train.npz", 500, seed=1)
+    assert images.shape == (500, 28, 28) and len(labels) == 500
+    assert np.array_equal(images, sample_real(prepared_data / "mnist" / "train.npz", 500, 1)[0])
+    with pytest.raises(ValueError, match="fewer than --num"):
+        sample_real(prepared_data / "mnist" / "train.npz", 10**6, 0)
