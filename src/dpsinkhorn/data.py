@@ -1,0 +1,336 @@
+"""Datasets (MNIST, Fashion-MNIST): preparation, loading and pixel conversions.
+
+``dpsinkhorn data`` turns the official idx archives into the two files every later
+stage reads, ``<root>/<dataset>/{train,test}.npz`` (``images`` uint8 [N,28,28],
+``labels`` int64 [N]). The archives come through torchvision's dataset classes,
+with ``<root>/torchvision`` as their root: downloaded when online, or copied from a
+local mirror folder holding ``<FolderName>/raw/*.gz`` (e.g. ``../shared/data``) and
+only extracted by torchvision. Every archive's MD5 is checked against torchvision's
+own list.
+
+``to_unit_range`` / ``from_unit_range`` are the only pixel conversions in the
+package: uint8 [0, 255] <-> float32 [-1, 1], exact inverses on uint8 input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import hashlib
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from dpsinkhorn.io import atomic_path, load_samples, save_samples
+
+SPLITS = ("train", "test")
+
+
+@dataclass(frozen=True)
+class DatasetInfo:
+    """Static facts about one dataset; ``image_shape`` is (C, H, W) in pixels."""
+
+    key: str  # our name, e.g. "fmnist"
+    torchvision_class: str  # class name in torchvision.datasets
+    folder: str  # torchvision's folder under its root: <root>/<folder>/raw/*.gz
+    num_classes: int
+    image_shape: tuple[int, int, int]
+    class_names: tuple[str, ...]
+
+    def torchvision_dataset(self) -> type:
+        """The torchvision dataset class (imported lazily)."""
+        import torchvision.datasets
+
+        return getattr(torchvision.datasets, self.torchvision_class)
+
+    def archives(self) -> list[tuple[str, str]]:
+        """(archive file name, expected MD5) pairs, from torchvision's own ``resources``."""
+        # ``resources`` holds (url, md5) in older torchvision, (file name, md5) in newer.
+        return [(Path(src).name, md5) for src, md5 in self.torchvision_dataset().resources]
+
+
+DATASETS: dict[str, DatasetInfo] = {
+    "mnist": DatasetInfo(
+        key="mnist",
+        torchvision_class="MNIST",
+        folder="MNIST",
+        num_classes=10,
+        image_shape=(1, 28, 28),
+        class_names=tuple(str(d) for d in range(10)),
+    ),
+    "fmnist": DatasetInfo(
+        key="fmnist",
+        torchvision_class="FashionMNIST",
+        folder="FashionMNIST",
+        num_classes=10,
+        image_shape=(1, 28, 28),
+        class_names=(
+            "T-shirt/top",
+            "Trouser",
+            "Pullover",
+            "Dress",
+            "Coat",
+            "Sandal",
+            "Shirt",
+            "Sneaker",
+            "Bag",
+            "Ankle boot",
+        ),
+    ),
+}
+
+
+def dataset_info(name: str) -> DatasetInfo:
+    """Look up a dataset by our key; ``ValueError`` naming the valid keys otherwise."""
+    try:
+        return DATASETS[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown dataset {name!r}; valid datasets: {', '.join(sorted(DATASETS))}"
+        ) from None
+
+
+def split_path(root: Path, dataset: str, split: str) -> Path:
+    """Where ``prepare`` writes one split: ``<root>/<dataset>/<split>.npz``."""
+    dataset_info(dataset)
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}; valid splits: {', '.join(SPLITS)}")
+    return Path(root) / dataset / f"{split}.npz"
+
+
+# --------------------------------------------------------------------------- prepare
+
+
+def prepare(dataset: str, root: Path, mirror: Path | None = None) -> dict[str, Path]:
+    """Write ``<root>/<dataset>/{train,test}.npz``; return {split: path}.
+
+    With ``mirror`` (a folder holding ``<FolderName>/raw/*.gz``) nothing is downloaded:
+    the archives are copied into ``<root>/torchvision/<FolderName>/raw/`` and MD5-checked.
+    Without it torchvision downloads them. Reruns are safe and give identical files.
+    Raises ``FileNotFoundError`` (missing archive, or a needed download failed: offline)
+    or ``ValueError`` (corrupt archive), naming the file and how to provide it.
+    """
+    info = dataset_info(dataset)
+    root = Path(root)
+    tv_root = root / "torchvision"
+    raw = tv_root / info.folder / "raw"
+    if mirror is not None:
+        _copy_from_mirror(info, Path(mirror), raw)
+
+    arrays = _read_with_torchvision(info, tv_root, raw, offline_hint=mirror is None)
+
+    paths = {split: split_path(root, dataset, split) for split in SPLITS}
+    try:
+        for split in SPLITS:
+            save_samples(paths[split], *arrays[split])
+    except BaseException:
+        for path in paths.values():  # never leave one split without the other
+            path.unlink(missing_ok=True)
+        raise
+    return paths
+
+
+def _how_to_provide(info: DatasetInfo, archive: str, dest: Path) -> str:
+    return (
+        f"place the official file {archive} at {dest / archive}, or set data_mirror "
+        f"(make: DATA=) to a folder holding {info.folder}/raw/*.gz, or run online to download"
+    )
+
+
+def _md5(path: Path) -> str:
+    digest = hashlib.md5()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _copy_from_mirror(info: DatasetInfo, mirror: Path, raw: Path) -> None:
+    """Copy the archives from ``mirror/<folder>/raw`` to ``raw``, verifying each MD5.
+
+    Archives already in ``raw`` with the right MD5 are kept as they are.
+    """
+    src_dir = mirror / info.folder / "raw"
+    for archive, md5 in info.archives():
+        dest = raw / archive
+        if dest.is_file() and _md5(dest) == md5:
+            continue
+        src = src_dir / archive
+        if not src.is_file():
+            raise FileNotFoundError(
+                f"missing archive {src} (data mirror {mirror}); "
+                + _how_to_provide(info, archive, src_dir)
+            )
+        digest = hashlib.md5()
+        with atomic_path(dest) as tmp:  # a bad copy never appears under the real name
+            with open(src, "rb") as fin, open(tmp, "wb") as fout:
+                while chunk := fin.read(1 << 20):
+                    digest.update(chunk)
+                    fout.write(chunk)
+            if digest.hexdigest() != md5:
+                raise ValueError(
+                    f"corrupt archive {src}: MD5 {digest.hexdigest()}, expected {md5}; "
+                    + _how_to_provide(info, archive, src_dir)
+                )
+
+
+def _extracted(raw: Path, info: DatasetInfo) -> list[Path]:
+    """The files torchvision extracts from the archives (names without ``.gz``)."""
+    return [raw / Path(archive).stem for archive, _ in info.archives()]
+
+
+def _first_bad_gzip(raw: Path, info: DatasetInfo) -> Path | None:
+    """The first archive in ``raw`` that is missing or fails to decompress, if any."""
+    for archive, _ in info.archives():
+        path = raw / archive
+        try:
+            with gzip.open(path, "rb") as fh:
+                while fh.read(1 << 22):
+                    pass
+        except (OSError, EOFError, zlib.error):
+            return path
+    return None
+
+
+def _read_with_torchvision(
+    info: DatasetInfo, tv_root: Path, raw: Path, offline_hint: bool
+) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Load both splits through torchvision (download=True: extracts, downloads if needed).
+
+    If reading fails, the extracted files are removed (so no partial extraction is
+    ever reused) and the reason is raised as ``ValueError`` naming the bad archive;
+    if all archives decompress fine, the extracted files were stale and it retries once.
+    """
+    cls = info.torchvision_dataset()
+    for attempt in range(2):
+        try:
+            out = {}
+            for split in SPLITS:
+                ds = cls(str(tv_root), train=split == "train", download=True)
+                out[split] = (ds.data.numpy(), ds.targets.numpy().astype(np.int64))
+            return out
+        except (
+            RuntimeError,
+            AssertionError,
+            OSError,
+            EOFError,
+            zlib.error,
+            LookupError,
+            ValueError,
+        ) as err:
+            if isinstance(err, RuntimeError) and "Error downloading" in str(err):
+                first_line = str(err).strip().splitlines()[0]
+                hint = (
+                    "this machine seems to be offline; set data_mirror in the config (make: "
+                    f"DATA=, CLI: --mirror) to a folder holding {info.folder}/raw/*.gz"
+                    if offline_hint
+                    else f"check the archives in {raw}"
+                )
+                raise FileNotFoundError(
+                    f"{info.key}: download failed ({first_line}); {hint}"
+                ) from err
+            # reading or extraction failed (RuntimeError too: asserts vanish under -O)
+            for path in _extracted(raw, info):
+                path.unlink(missing_ok=True)
+            bad = _first_bad_gzip(raw, info)
+            if bad is not None:
+                raise ValueError(
+                    f"corrupt archive {bad}: cannot be extracted ({type(err).__name__}: {err}); "
+                    + _how_to_provide(info, bad.name, raw)
+                ) from err
+            if attempt == 1:
+                raise ValueError(
+                    f"{info.key}: cannot read the extracted files in {raw} "
+                    f"({type(err).__name__}: {err})"
+                ) from err
+    raise AssertionError("unreachable")
+
+
+# ----------------------------------------------------------------------------- load
+
+
+def load_split(root: Path, dataset: str, split: str) -> tuple[np.ndarray, np.ndarray]:
+    """Read ``<root>/<dataset>/<split>.npz``: (images uint8 [N,28,28], labels int64 [N])."""
+    path = split_path(root, dataset, split)
+    if not path.exists():
+        raise FileNotFoundError(
+            f"{path} not found; run `dpsinkhorn data --dataset {dataset} --root {root}` first"
+        )
+    return load_samples(path)
+
+
+# ------------------------------------------------------------------------ conversions
+
+
+def to_unit_range(images_uint8: np.ndarray | torch.Tensor) -> torch.Tensor:
+    """uint8 pixels in [0, 255] -> float32 tensor in [-1, 1] (``v / 127.5 - 1``).
+
+    Shapes: [N,H,W] -> [N,1,H,W]; [N,H,W,C] (channels last) -> [N,C,H,W].
+    """
+    x = torch.as_tensor(images_uint8)
+    if x.dtype != torch.uint8:
+        raise ValueError(f"to_unit_range expects uint8 images, got {x.dtype}")
+    if x.ndim == 3:
+        x = x.unsqueeze(1)
+    elif x.ndim == 4:
+        x = x.permute(0, 3, 1, 2)
+    else:
+        raise ValueError(f"to_unit_range expects [N,H,W] or [N,H,W,C], got {tuple(x.shape)}")
+    return (x.to(torch.float32) / 127.5 - 1.0).contiguous()
+
+
+def from_unit_range(x: torch.Tensor) -> np.ndarray:
+    """float tensor [N,C,H,W] in [-1, 1] -> uint8 array (clamped, rounded).
+
+    Shapes: C = 1 -> [N,H,W]; C = 3 -> [N,H,W,3]. Exact inverse of ``to_unit_range``.
+    """
+    if x.ndim != 4 or x.shape[1] not in (1, 3):
+        raise ValueError(
+            f"from_unit_range expects [N,C,H,W] with C in (1, 3), got {tuple(x.shape)}"
+        )
+    x = x.detach().to("cpu", torch.float32)
+    if not torch.isfinite(x).all():
+        raise ValueError("from_unit_range: images contain NaN or infinite values")
+    pixels = ((x.clamp(-1.0, 1.0) + 1.0) * 127.5).round().to(torch.uint8)
+    pixels = pixels[:, 0] if pixels.shape[1] == 1 else pixels.permute(0, 2, 3, 1)
+    return pixels.contiguous().numpy()
+
+
+# ------------------------------------------------------------------------------- CLI
+
+
+def register_cli(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``dpsinkhorn data``."""
+    parser = subparsers.add_parser(
+        "data",
+        help="prepare datasets as <root>/<dataset>/{train,test}.npz",
+        description="Download (or copy from a local mirror) MNIST / Fashion-MNIST and write "
+        "<root>/<dataset>/{train,test}.npz (images uint8 [N,28,28], labels int64 [N]).",
+    )
+    parser.add_argument(
+        "--dataset",
+        nargs="+",
+        action="extend",
+        choices=sorted(DATASETS),
+        required=True,
+        help="one or more datasets (repeatable: --dataset mnist fmnist)",
+    )
+    parser.add_argument("--root", type=Path, default=Path("data"), help="output folder")
+    parser.add_argument(
+        "--mirror",
+        type=Path,
+        default=None,
+        help="folder holding <FolderName>/raw/*.gz (e.g. ../shared/data); never downloads",
+    )
+    parser.set_defaults(handler=_cli_handler)
+
+
+def _cli_handler(args: argparse.Namespace) -> int:
+    for dataset in dict.fromkeys(args.dataset):  # de-duplicated, order kept
+        paths = prepare(dataset, args.root, mirror=args.mirror)
+        for split, path in paths.items():
+            print(f"{dataset} {split}: wrote {path}")
+    return 0

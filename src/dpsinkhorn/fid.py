@@ -1,0 +1,381 @@
+"""Fréchet Inception Distance (FID) with pytorch-fid's Inception network.
+
+Images are uint8 [N,H,W] or [N,H,W,C] (C in 1, 3). They are scaled to [0,1],
+grayscale is repeated to 3 channels, and pytorch-fid's ``InceptionV3`` resizes
+them to 299x299 (bilinear) and maps them to [-1,1]. Features are the 2048-d
+pool3 activations; FID compares their Gaussian statistics (mean ``mu`` [2048],
+covariance ``sigma`` [2048,2048], float64).
+
+Either side of a comparison may be a sample file (see ``dpsinkhorn.io``) or a
+statistics file (``mu``, ``sigma``, ``num_images``), so reference statistics of
+a real data set are computed once with ``dpsinkhorn fid-stats``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+from pytorch_fid import inception as pfi
+from pytorch_fid.fid_score import calculate_frechet_distance
+
+from dpsinkhorn import io
+
+POOL3_BLOCK = pfi.InceptionV3.BLOCK_INDEX_BY_DIM[2048]
+WEIGHTS_FILE_NAME = Path(pfi.FID_WEIGHTS_URL).name  # pt_inception-2015-12-05-6726825d.pth
+HOW_TO_PASS = (
+    f"pass pytorch-fid's {WEIGHTS_FILE_NAME} with --weights PATH (config key 'fid_weights', "
+    "make variable FID_WEIGHTS=PATH)"
+)
+
+_MODELS: dict[tuple[str | None, str], pfi.InceptionV3] = {}
+
+
+def resolve_device(device: str = "auto") -> torch.device:
+    """'auto' -> cuda if available else cpu; anything else is passed to ``torch.device``."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def hub_cache_file() -> Path:
+    """Where pytorch-fid's own download keeps the weights (``$TORCH_HOME/hub/checkpoints``)."""
+    return Path(torch.hub.get_dir()) / "checkpoints" / WEIGHTS_FILE_NAME
+
+
+def _local_inception(path: Path) -> pfi.InceptionV3:
+    """pytorch-fid's ``InceptionV3`` (pool3 block only) with weights read from ``path``.
+
+    ``InceptionV3(use_fid_inception=True)`` always fetches its weights through
+    ``torch.hub``; this builds the same network (``fid_inception_v3`` without the
+    download) and then assembles ``InceptionV3``'s blocks exactly as its
+    constructor does, so ``InceptionV3.forward`` (resize + normalise) is reused.
+    """
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"FID Inception weights not found: {path}; this must be pytorch-fid's "
+            f"{WEIGHTS_FILE_NAME}: {HOW_TO_PASS}"
+        )
+    try:
+        state_dict = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # torch raises several types for a bad file
+        raise ValueError(f"{path}: cannot read FID Inception weights ({err})") from err
+
+    net = pfi._inception_v3(num_classes=1008, aux_logits=False, weights=None)
+    net.Mixed_5b = pfi.FIDInceptionA(192, pool_features=32)
+    net.Mixed_5c = pfi.FIDInceptionA(256, pool_features=64)
+    net.Mixed_5d = pfi.FIDInceptionA(288, pool_features=64)
+    net.Mixed_6b = pfi.FIDInceptionC(768, channels_7x7=128)
+    net.Mixed_6c = pfi.FIDInceptionC(768, channels_7x7=160)
+    net.Mixed_6d = pfi.FIDInceptionC(768, channels_7x7=160)
+    net.Mixed_6e = pfi.FIDInceptionC(768, channels_7x7=192)
+    net.Mixed_7b = pfi.FIDInceptionE_1(1280)
+    net.Mixed_7c = pfi.FIDInceptionE_2(2048)
+    try:
+        net.load_state_dict(state_dict)
+    except (RuntimeError, TypeError, AttributeError) as err:
+        raise ValueError(
+            f"{path}: not pytorch-fid's Inception weights ({WEIGHTS_FILE_NAME}): {err}"
+        ) from err
+
+    model = pfi.InceptionV3.__new__(pfi.InceptionV3)
+    torch.nn.Module.__init__(model)
+    model.resize_input = True
+    model.normalize_input = True
+    model.output_blocks = [POOL3_BLOCK]
+    model.last_needed_block = POOL3_BLOCK
+    pool = torch.nn.MaxPool2d(kernel_size=3, stride=2)
+    model.blocks = torch.nn.ModuleList(
+        [
+            torch.nn.Sequential(net.Conv2d_1a_3x3, net.Conv2d_2a_3x3, net.Conv2d_2b_3x3, pool),
+            torch.nn.Sequential(net.Conv2d_3b_1x1, net.Conv2d_4a_3x3, pool),
+            torch.nn.Sequential(
+                net.Mixed_5b,
+                net.Mixed_5c,
+                net.Mixed_5d,
+                net.Mixed_6a,
+                net.Mixed_6b,
+                net.Mixed_6c,
+                net.Mixed_6d,
+                net.Mixed_6e,
+            ),
+            torch.nn.Sequential(
+                net.Mixed_7a, net.Mixed_7b, net.Mixed_7c, torch.nn.AdaptiveAvgPool2d((1, 1))
+            ),
+        ]
+    )
+    for param in model.parameters():
+        param.requires_grad = False
+    return model
+
+
+def _downloaded_inception() -> pfi.InceptionV3:
+    """pytorch-fid's own ``InceptionV3``: weights from the torch hub cache, else downloaded."""
+    cached = hub_cache_file()
+    try:
+        return pfi.InceptionV3([POOL3_BLOCK])
+    except OSError as err:  # urllib's URLError is an OSError
+        if cached.exists():
+            raise
+        raise FileNotFoundError(
+            f"FID Inception weights are not in the torch hub cache ({cached}) and downloading "
+            f"them from {pfi.FID_WEIGHTS_URL} failed ({err}); offline, {HOW_TO_PASS}, or copy "
+            f"the file to {cached}"
+        ) from err
+
+
+def load_inception(
+    weights: str | os.PathLike | None = None, device: str | torch.device = "auto"
+) -> pfi.InceptionV3:
+    """The FID network in eval mode on ``device``, cached per (weights path, device).
+
+    ``weights``: path to pytorch-fid's weights file, or None for pytorch-fid's own
+    download (torch hub cache).
+    """
+    device = resolve_device(device) if isinstance(device, str) else device
+    key = (None if weights is None else str(Path(weights).resolve()), str(device))
+    if key not in _MODELS:
+        model = _downloaded_inception() if weights is None else _local_inception(Path(weights))
+        _MODELS[key] = model.to(device).eval()
+    return _MODELS[key]
+
+
+def _check_images(images: np.ndarray, where: str = "images") -> np.ndarray:
+    """Validate uint8 [N,H,W] or [N,H,W,C]; return [N,H,W,C] with C in (1, 3)."""
+    images = np.asarray(images)
+    if images.dtype != np.uint8:
+        raise ValueError(f"{where}: FID needs uint8 images, got {images.dtype}")
+    if images.ndim == 3:
+        images = images[..., None]
+    if images.ndim != 4 or images.shape[-1] not in (1, 3):
+        raise ValueError(f"{where}: images must be [N,H,W] or [N,H,W,C], C in (1, 3)")
+    return images
+
+
+def activations(
+    images: np.ndarray,
+    weights: str | os.PathLike | None = None,
+    device: str | torch.device = "auto",
+    batch_size: int = 50,
+) -> np.ndarray:
+    """Pool3 features float64 [N,2048] of uint8 images [N,H,W] or [N,H,W,C]."""
+    images = _check_images(images)
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    model = load_inception(weights, device)
+    device = next(model.parameters()).device
+    out = np.empty((len(images), 2048), dtype=np.float64)
+    with torch.inference_mode():
+        for start in range(0, len(images), batch_size):
+            batch = torch.tensor(images[start : start + batch_size], device=device)
+            # [B,C,H,W] in [0,1], contiguous like torchvision ToTensor output (same conv path)
+            x = batch.permute(0, 3, 1, 2).contiguous().float() / 255.0
+            if x.shape[1] == 1:
+                x = x.repeat(1, 3, 1, 1)
+            pool3 = model(x)[0]  # [B,2048,1,1]
+            out[start : start + len(batch)] = pool3[:, :, 0, 0].double().cpu().numpy()
+    return out
+
+
+def statistics_of_activations(acts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Mean [D] and covariance [D,D] (float64, unbiased) of features [N,D], N >= 2."""
+    if acts.ndim != 2 or len(acts) < 2:
+        raise ValueError(f"FID statistics need at least 2 images, got {len(acts)}")
+    return acts.mean(axis=0), np.cov(acts, rowvar=False)
+
+
+def statistics(
+    images: np.ndarray,
+    weights: str | os.PathLike | None = None,
+    device: str | torch.device = "auto",
+    batch_size: int = 50,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(mu [2048], sigma [2048,2048]) of the pool3 features of uint8 images."""
+    return statistics_of_activations(activations(images, weights, device, batch_size))
+
+
+def fid_from_stats(mu1: np.ndarray, s1: np.ndarray, mu2: np.ndarray, s2: np.ndarray) -> float:
+    """Fréchet distance between Gaussians N(mu1, s1) and N(mu2, s2)."""
+    if mu1.shape != mu2.shape or s1.shape != s2.shape or s1.shape != mu1.shape * 2:
+        raise ValueError(
+            f"FID statistics do not match: mu {mu1.shape} vs {mu2.shape}, "
+            f"sigma {s1.shape} vs {s2.shape}"
+        )
+    return float(calculate_frechet_distance(mu1, s1, mu2, s2))
+
+
+def save_statistics(
+    path: str | os.PathLike, mu: np.ndarray, sigma: np.ndarray, num_images: int
+) -> None:
+    """Write a statistics file (``mu`` [D], ``sigma`` [D,D] float64, ``num_images``) atomically."""
+    with io.atomic_path(path) as tmp, open(tmp, "wb") as fh:
+        np.savez(
+            fh,
+            mu=np.asarray(mu, np.float64),
+            sigma=np.asarray(sigma, np.float64),
+            num_images=np.int64(num_images),
+        )
+
+
+def _is_statistics_file(path: Path) -> bool:
+    try:
+        obj = np.load(path, allow_pickle=False)
+    except (OSError, ValueError):
+        return False  # load_samples reports the problem
+    if not isinstance(obj, np.lib.npyio.NpzFile):
+        return False
+    with obj:
+        return {"mu", "sigma"} <= set(obj.files)
+
+
+def load_statistics(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray, int]:
+    """Read and validate a statistics file: (mu [D], sigma [D,D] float64, num_images)."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"FID statistics file not found: {path}")
+    with np.load(path, allow_pickle=False) as npz:
+        if "num_images" not in npz.files:
+            raise ValueError(f"{path}: statistics file lacks 'num_images'; found {npz.files}")
+        mu, sigma, num = npz["mu"], npz["sigma"], npz["num_images"]
+    if mu.ndim != 1 or sigma.shape != (len(mu), len(mu)) or num.shape != ():
+        raise ValueError(
+            f"{path}: statistics must be mu [D], sigma [D,D], num_images scalar; got "
+            f"{mu.shape}, {sigma.shape}, {num.shape}"
+        )
+    if not (np.isfinite(mu).all() and np.isfinite(sigma).all()):
+        raise ValueError(f"{path}: statistics contain NaN or inf")
+    return mu.astype(np.float64), sigma.astype(np.float64), int(num)
+
+
+def subsample(images: np.ndarray, num: int | None, seed: int, where: str = "images") -> np.ndarray:
+    """A seeded random subset of ``num`` images without replacement (all if ``num`` is None)."""
+    if num is None:
+        return images
+    if not 2 <= num <= len(images):
+        raise ValueError(f"{where}: cannot take {num} images out of {len(images)} (need >= 2)")
+    index = np.random.default_rng(seed).choice(len(images), size=num, replace=False)
+    return images[index]
+
+
+Statistics = tuple[np.ndarray, np.ndarray, int]  # (mu [D], sigma [D,D], num_images)
+
+
+def _read_input(path: Path, num: int | None, seed: int) -> Statistics | np.ndarray:
+    """Statistics of a statistics file, or the (subsampled) images [N,H,W,C] of a sample file."""
+    if _is_statistics_file(path):
+        if num is not None:
+            raise ValueError(f"{path}: a statistics file cannot be subsampled (num={num})")
+        return load_statistics(path)
+    images, _ = io.load_samples(path)
+    return subsample(_check_images(images, str(path)), num, seed, str(path))
+
+
+def _statistics_of_input(
+    loaded: Statistics | np.ndarray,
+    weights: str | os.PathLike | None,
+    device: str | torch.device,
+    batch_size: int,
+) -> Statistics:
+    if isinstance(loaded, tuple):
+        return loaded
+    return (*statistics(loaded, weights, device, batch_size), len(loaded))
+
+
+def input_statistics(
+    path: str | os.PathLike,
+    num: int | None = None,
+    seed: int = 0,
+    weights: str | os.PathLike | None = None,
+    device: str | torch.device = "auto",
+    batch_size: int = 50,
+) -> Statistics:
+    """(mu, sigma, num_images) of a sample file (optionally subsampled) or a statistics file."""
+    loaded = _read_input(Path(path), num, seed)
+    return _statistics_of_input(loaded, weights, device, batch_size)
+
+
+def fid_between(
+    a: str | os.PathLike,
+    b: str | os.PathLike,
+    weights: str | os.PathLike | None = None,
+    num_a: int | None = None,
+    num_b: int | None = None,
+    seed: int = 0,
+    device: str | torch.device = "auto",
+    batch_size: int = 50,
+) -> dict:
+    """FID between two sample/statistics files: {"fid", "num_images_a", "num_images_b", ...}.
+
+    Both inputs are read and validated before any feature is computed.
+    """
+    loaded = [_read_input(Path(a), num_a, seed), _read_input(Path(b), num_b, seed)]
+    (mu_a, s_a, n_a), (mu_b, s_b, n_b) = (
+        _statistics_of_input(x, weights, device, batch_size) for x in loaded
+    )
+    return {
+        "fid": fid_from_stats(mu_a, s_a, mu_b, s_b),
+        "num_images_a": n_a,
+        "num_images_b": n_b,
+        "weights": str(weights) if weights is not None else f"pytorch-fid ({hub_cache_file()})",
+        "a": str(a),
+        "b": str(b),
+        "seed": seed,
+    }
+
+
+# ----------------------------------------------------------------------------- CLI
+
+
+def _add_common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--weights", default=None, help=f"path to pytorch-fid's {WEIGHTS_FILE_NAME}")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random subsets")
+    p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, ...")
+    p.add_argument("--batch-size", type=int, default=50, help="images per Inception batch")
+
+
+def _cmd_fid(args: argparse.Namespace) -> int:
+    result = fid_between(
+        args.a,
+        args.b,
+        weights=args.weights,
+        num_a=args.num_a,
+        num_b=args.num_b,
+        seed=args.seed,
+        device=args.device,
+        batch_size=args.batch_size,
+    )
+    io.write_json(args.out, result)
+    print(f"FID {result['fid']:.3f} ({args.a} vs {args.b}) -> {args.out}")
+    return 0
+
+
+def _cmd_fid_stats(args: argparse.Namespace) -> int:
+    images = _read_input(Path(args.samples), args.num, args.seed)
+    if isinstance(images, tuple):
+        raise ValueError(f"{args.samples}: already a statistics file, not a sample file")
+    mu, sigma = statistics(images, args.weights, args.device, args.batch_size)
+    save_statistics(args.out, mu, sigma, len(images))
+    print(f"FID statistics of {len(images)} images from {args.samples} -> {args.out}")
+    return 0
+
+
+def register_cli(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``fid`` and ``fid-stats``."""
+    p = subparsers.add_parser("fid", help="FID between two sample or statistics files")
+    p.add_argument("--a", required=True, help="sample file or statistics file")
+    p.add_argument("--b", required=True, help="sample file or statistics file")
+    p.add_argument("--out", required=True, help="output JSON {'fid', ...}")
+    p.add_argument("--num-a", type=int, default=None, help="random subset size of A")
+    p.add_argument("--num-b", type=int, default=None, help="random subset size of B")
+    _add_common(p)
+    p.set_defaults(handler=_cmd_fid)
+
+    p = subparsers.add_parser("fid-stats", help="Inception statistics of a sample file")
+    p.add_argument("--samples", required=True, help="sample file")
+    p.add_argument("--out", required=True, help="output statistics .npz (mu, sigma, num_images)")
+    p.add_argument("--num", type=int, default=None, help="random subset size")
+    _add_common(p)
+    p.set_defaults(handler=_cmd_fid_stats)
