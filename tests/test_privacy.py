@@ -1,4 +1,4 @@
-"""The image-gradient mechanism (clip, noise, sensitivity) and the accountant, checked numerically."""
+"""The image-gradient mechanism (clip, noise, sensitivity) and the accountant, numerically."""
 
 from __future__ import annotations
 
@@ -84,7 +84,7 @@ def test_sensitivity_holds_for_neighbouring_real_batches():
     y = torch.randn(40, 30, generator=g, dtype=torch.float64)
     s = ImageGradientSanitizer(N, N_PRIME, CLIP, SIGMA)
     worst = 0.0
-    for extra in range(10):
+    for _ in range(10):
         blocks = []
         for real in (y, torch.cat([y, 3 * torch.randn(1, 30, generator=g, dtype=x.dtype)])):
             xg = x.clone().requires_grad_(True)

@@ -50,8 +50,6 @@ from dpsinkhorn.privacy import (
 
 PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: checkpoint written, rerun to resume
 LOG_COLUMNS = ["step", "loss", "epsilon", "steps_per_s", "elapsed_s"]
-# Keys that do not change what is computed; a checkpoint stays valid if they change.
-NON_SEMANTIC_KEYS = {"checkpoint_every", "log_every", "table1_row", "name"}
 
 
 def resolve_device(name: str = "auto") -> torch.device:
@@ -251,8 +249,8 @@ class Trainer:
 
 
 def spec_hash(spec: dict) -> str:
-    semantic = {k: v for k, v in spec.items() if k not in NON_SEMANTIC_KEYS}
-    return hashlib.sha256(json.dumps(semantic, sort_keys=True).encode()).hexdigest()[:16]
+    """Identifies what a checkpoint computes; bookkeeping keys (log/checkpoint intervals) aside."""
+    return hashlib.sha256(config_lib.experiment_spec_of(spec).encode()).hexdigest()[:16]
 
 
 class _StopSignal:

@@ -1,0 +1,34 @@
+# DP-Sinkhorn (Cao et al., NeurIPS 2021): Table 1 from raw data to tables and figures.
+#
+#   snakemake --profile profiles/default                                   # the paper
+#   snakemake --profile profiles/default --configfile config/quick.yaml    # 2-core CPU
+#   ... --config data_mirror=../shared/data fid_weights=PATH device=cuda   # the only overrides
+#
+# Each step is a `dpsinkhorn <command>` call; settings live in the config files, which
+# the steps read themselves. Outputs: results/<run_name>/ (see docs/CONTRACTS.md).
+
+from snakemake.utils import min_version
+
+min_version("8.0")
+
+
+# A --configfile replaces this default instead of being merged over it: a merge would
+# add the paper's experiments to every other run. (Found next to this Snakefile, also
+# when run with --directory elsewhere.)
+if not workflow.overwrite_configfiles:
+
+    configfile: f"{workflow.basedir}/config/config.yaml"
+
+
+include: "workflow/rules/common.smk"
+include: "workflow/rules/data.smk"
+include: "workflow/rules/train.smk"
+include: "workflow/rules/evaluate.smk"
+include: "workflow/rules/report.smk"
+
+
+rule all:
+    input:
+        rules.table1.output,
+        outside_table1_outputs(),
+    default_target: True

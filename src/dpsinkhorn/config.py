@@ -1,0 +1,396 @@
+"""Run configuration: load YAML, fill defaults, validate, and answer questions about it.
+
+One schema (``config.schema.json``, shipped with the package) describes a run. The CLI
+(``load_config``) and the Snakemake workflow (``validate`` on Snakemake's ``config``)
+both go through :func:`validate`, so both report a bad key the same way, e.g.::
+
+    config/quick.yaml: experiments.mnist_dpsinkhorn.sigam: unknown key (allowed: ...)
+
+The helpers below the validation part (experiment lists, datasets, Table 1 rows) are
+what the workflow rules use, so that the ``.smk`` files stay free of logic.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import json
+import os
+import re
+import shlex
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import yaml
+
+SCHEMA_PATH = Path(__file__).with_name("config.schema.json")
+
+#: Keys that may be overridden on the Snakemake command line (``--config key=value``).
+#: Every other setting is read by the CLI steps from the config files themselves, so
+#: an override of it would silently not reach them; :func:`check_overrides` refuses it.
+OVERRIDABLE = ("data_mirror", "fid_weights", "device")
+
+#: Table 1 rows this project fills, in table order, and the method each one needs.
+TABLE1_ROWS = {
+    "real": "real_data",
+    "nonprivate": "sinkhorn",
+    "paper": "dp_sinkhorn",
+    "sound10": "dp_sinkhorn",
+}
+
+PathLike = str | os.PathLike
+
+
+# --------------------------------------------------------------------------- loading
+
+
+@functools.cache
+def load_schema() -> dict:
+    """The JSON schema of a run configuration."""
+    return json.loads(SCHEMA_PATH.read_text())
+
+
+def read_yaml(path: PathLike) -> dict:
+    """Read one YAML config file; it must hold a mapping."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"config file not found: {path}")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise ValueError(f"{path}: not valid YAML ({err})") from err
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: must hold a mapping of keys, got {type(data).__name__}")
+    return data
+
+
+def deep_merge(base: Mapping, override: Mapping) -> dict:
+    """Return ``base`` updated with ``override``; nested mappings are merged, not replaced."""
+    merged = copy.deepcopy(dict(base))
+    for key, value in override.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
+            merged[key] = deep_merge(merged[key], value)
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged
+
+
+def _as_paths(paths: Sequence[PathLike] | PathLike) -> list[Path]:
+    if isinstance(paths, str | os.PathLike):
+        return [Path(paths)]
+    return [Path(p) for p in paths]
+
+
+def load_config(paths: Sequence[PathLike] | PathLike) -> dict:
+    """Read YAML file(s) (later ones override earlier ones), fill defaults, validate.
+
+    Raises ``ValueError`` naming the file, the key path and the bad value.
+    """
+    files = _as_paths(paths)
+    if not files:
+        raise ValueError("no config file given")
+    merged: dict = {}
+    for path in files:
+        merged = deep_merge(merged, read_yaml(path))
+    return validate(merged, files)
+
+
+# ------------------------------------------------------------------------ validation
+
+
+def validate(config: Mapping, source: str | Sequence[PathLike] = "config") -> dict:
+    """Fill schema defaults into a copy of ``config``, validate it, and return the copy.
+
+    ``source`` names where the config came from: a label, or the list of config files
+    (then each error names the file that set the offending key; keys set in no file
+    came from the command line and are reported as ``--config``).
+    """
+    filled = copy.deepcopy(dict(config))
+    _fill_defaults(filled, load_schema())
+    validator_cls = jsonschema.validators.validator_for(load_schema())
+    errors = sorted(
+        validator_cls(load_schema()).iter_errors(filled),
+        key=lambda e: [str(p) for p in e.absolute_path],
+    )
+    messages = [_describe(error) for error in errors]
+    if not messages:
+        messages = _semantic_errors(filled)
+    if messages:
+        lines = [f"{_source_of(path, source, filled)}: {msg}" for path, msg in messages]
+        raise ValueError("\n".join(lines))
+    return filled
+
+
+def _resolve(schema: dict, root: dict) -> dict:
+    """Follow a local ``$ref`` ("#/$defs/...") if there is one."""
+    ref = schema.get("$ref")
+    if not ref:
+        return schema
+    target: Any = root
+    for part in ref.removeprefix("#/").split("/"):
+        target = target[part]
+    return {**_resolve(target, root), **{k: v for k, v in schema.items() if k != "$ref"}}
+
+
+def _fill_defaults(instance: dict, schema: dict, root: dict | None = None) -> None:
+    """Set missing keys that have a schema ``default``, recursing into named properties.
+
+    Experiments (under ``patternProperties``) get no defaults: they are merged over
+    ``training_defaults`` by :func:`experiment`, and a filled default would win.
+    """
+    root = root or schema
+    schema = _resolve(schema, root)
+    for key, sub in schema.get("properties", {}).items():
+        sub = _resolve(sub, root)
+        empty_section = instance.get(key, 0) is None and isinstance(sub.get("default"), dict)
+        if (key not in instance or empty_section) and "default" in sub:
+            instance[key] = copy.deepcopy(sub["default"])  # also `evaluation:` left empty
+        if isinstance(instance.get(key), dict):
+            _fill_defaults(instance[key], sub, root)
+
+
+def _dotted(path: Iterable[Any]) -> str:
+    return ".".join(str(p) for p in path) or "<top level>"
+
+
+def _describe(error: jsonschema.ValidationError) -> tuple[list, str]:
+    """(key path, message) for one schema error, in words a user can act on."""
+    path = list(error.absolute_path)
+    schema, value, kind = error.schema, error.instance, error.validator
+    if kind == "additionalProperties" and isinstance(value, dict):
+        allowed = sorted(schema.get("properties", {}))
+        patterns = list(schema.get("patternProperties", {}))
+        bad = [k for k in value if k not in allowed and not any(re.match(p, k) for p in patterns)]
+        key = bad[0] if bad else "?"
+        if patterns and not allowed:
+            return path + [key], f"bad name {key!r} (must match {patterns[0]})"
+        return path + [key], f"unknown key (allowed: {', '.join(allowed)})"
+    if kind == "required":
+        missing = error.message.split("'")[1] if "'" in error.message else error.message
+        return path + [missing], "missing required key"
+    if kind == "type":
+        types = error.validator_value
+        types = " or ".join(types) if isinstance(types, list) else types
+        hint = ""
+        if isinstance(value, str) and re.fullmatch(r"[-+]?[0-9]+(\.[0-9]*)?[eE][-+]?[0-9]+", value):
+            hint = " (YAML reads 1e-5 as text; write 1.0e-5)"
+        return path, f"bad value {value!r}: must be of type {types}{hint}"
+    if kind == "enum":
+        options = ", ".join("null" if v is None else str(v) for v in error.validator_value)
+        return path, f"bad value {value!r}: must be one of {options}"
+    if kind in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
+        op = {"minimum": ">=", "maximum": "<=", "exclusiveMinimum": ">", "exclusiveMaximum": "<"}
+        return path, f"bad value {value!r}: must be {op[kind]} {error.validator_value}"
+    return path, f"bad value {value!r}: {error.message}"
+
+
+def _semantic_errors(config: dict) -> list[tuple[list, str]]:
+    """Checks across keys that the schema cannot express."""
+    errors: list[tuple[list, str]] = []
+    rows: dict[tuple[str, str], str] = {}
+    for name in experiment_names(config):
+        exp = experiment(config, name)
+        at = ["experiments", name]
+        method = exp["method"]
+        if method != "real_data":
+            if exp["sigma"] is None and exp["steps"] is None:
+                errors.append((at + ["sigma"], "sigma and steps are both null; give at least one"))
+            elif method == "sinkhorn" and exp["steps"] is None:
+                errors.append((at + ["steps"], "method sinkhorn (non-private) needs steps"))
+            elif method == "dp_sinkhorn" and None in (exp["sigma"], exp["steps"]):
+                if exp["target_epsilon"] is None:
+                    missing = "sigma" if exp["sigma"] is None else "steps"
+                    errors.append(
+                        (at + ["target_epsilon"], f"{missing} is null, so target_epsilon is needed")
+                    )
+        row = exp.get("table1_row")
+        if row is None:
+            continue
+        if TABLE1_ROWS[row] != method:
+            errors.append(
+                (at + ["table1_row"], f"row {row!r} needs method {TABLE1_ROWS[row]}, not {method}")
+            )
+        if row == "sound10" and not (
+            exp["target_epsilon"] == 10 and None in (exp["sigma"], exp["steps"])
+        ):
+            errors.append(
+                (
+                    at + ["table1_row"],
+                    "row 'sound10' needs target_epsilon: 10 with sigma or steps null "
+                    "(so that the target is what sets the noise or the length)",
+                )
+            )
+        other = rows.setdefault((exp["dataset"], row), name)
+        if other != name:
+            errors.append(
+                (at + ["table1_row"], f"{exp['dataset']} row {row!r} is already filled by {other}")
+            )
+    return errors
+
+
+_MISSING = object()
+
+
+def _lookup(node: Any, path: Sequence) -> Any:
+    for key in path:
+        if not isinstance(node, dict) or key not in node:
+            return _MISSING
+        node = node[key]
+    return node
+
+
+def _source_of(path: list, source: str | Sequence[PathLike], config: Mapping) -> str:
+    """``<file>: <key path>``, naming the last config file that set the key to its value.
+
+    A key in no file came from the command line (``--config``); a missing key is
+    reported in the last file that holds its parent.
+    """
+    where = _dotted(path)
+    if isinstance(source, str):
+        return f"{source}: {where}"
+    files = _as_paths(source)
+    loaded = []
+    for file in files:
+        try:
+            loaded.append((file, read_yaml(file)))
+        except (OSError, ValueError):
+            continue
+    value = _lookup(config, path)
+    for file, data in reversed(loaded):
+        if value is not _MISSING and _lookup(data, path) == value:
+            return f"{file}: {where}"
+    for file, data in reversed(loaded):
+        if value is _MISSING and path and isinstance(_lookup(data, path[:-1]), dict):
+            return f"{file}: {where}"
+    return f"{'--config' if files else 'config'}: {where}"
+
+
+# ---------------------------------------------------------------------------- queries
+
+
+def experiment_names(config: Mapping) -> list[str]:
+    """Experiment names in config order."""
+    return list(config.get("experiments") or {})
+
+
+def experiment(config: Mapping, name: str) -> dict:
+    """Settings of one experiment: ``training_defaults`` with its own keys on top, plus ``name``."""
+    experiments = config.get("experiments") or {}
+    if name not in experiments:
+        known = ", ".join(experiments) or "none"
+        raise ValueError(f"unknown experiment {name!r} (known: {known})")
+    spec = deep_merge(config.get("training_defaults") or {}, experiments[name])
+    spec.setdefault("table1_row", None)
+    spec["name"] = name
+    return spec
+
+
+#: Experiment keys that do not change what training computes (bookkeeping only).
+NON_SEMANTIC_KEYS = ("checkpoint_every", "log_every", "table1_row", "name")
+
+
+def experiment_spec(config: Mapping, name: str) -> str:
+    """The settings that define an experiment's generator, as canonical JSON.
+
+    A Snakemake param of the train rule: when it changes, the generator is retrained.
+    Bookkeeping keys (:data:`NON_SEMANTIC_KEYS`) are left out, so changing them does not.
+    """
+    return experiment_spec_of(experiment(config, name))
+
+
+def experiment_spec_of(spec: Mapping) -> str:
+    """Canonical JSON of a resolved experiment without its bookkeeping keys."""
+    return json.dumps({k: v for k, v in spec.items() if k not in NON_SEMANTIC_KEYS}, sort_keys=True)
+
+
+def dataset_of(config: Mapping, name: str) -> str:
+    return experiment(config, name)["dataset"]
+
+
+def needs_training(config: Mapping, name: str) -> bool:
+    """Whether the experiment trains a generator (everything but ``real_data``)."""
+    return experiment(config, name)["method"] != "real_data"
+
+
+def trained_experiments(config: Mapping) -> list[str]:
+    return [n for n in experiment_names(config) if needs_training(config, n)]
+
+
+def real_experiments(config: Mapping) -> list[str]:
+    return [n for n in experiment_names(config) if not needs_training(config, n)]
+
+
+def datasets(config: Mapping) -> list[str]:
+    """Datasets used by any experiment, in order of first use."""
+    return list(dict.fromkeys(dataset_of(config, n) for n in experiment_names(config)))
+
+
+def table1_experiments(config: Mapping) -> dict[tuple[str, str], str]:
+    """``{(dataset, row): experiment}`` for experiments that fill a Table 1 row, table order."""
+    found = {}
+    for name in experiment_names(config):
+        exp = experiment(config, name)
+        if exp["table1_row"] is not None:
+            found[(exp["dataset"], exp["table1_row"])] = name
+    order = {row: i for i, row in enumerate(TABLE1_ROWS)}
+    dataset_order = {d: i for i, d in enumerate(datasets(config))}
+    return dict(sorted(found.items(), key=lambda kv: (dataset_order[kv[0][0]], order[kv[0][1]])))
+
+
+def figure_experiment(config: Mapping, dataset: str) -> str | None:
+    """The dataset's main DP experiment, shown in the sample figure: ``paper``, else ``sound10``."""
+    rows = table1_experiments(config)
+    return rows.get((dataset, "paper")) or rows.get((dataset, "sound10"))
+
+
+def figure_datasets(config: Mapping) -> list[str]:
+    return [d for d in datasets(config) if figure_experiment(config, d) is not None]
+
+
+def train_runtime_minutes(config: Mapping, name: str) -> int:
+    """Generous wall-time estimate for a SLURM job (paper: ~1 step/s on a V100)."""
+    steps = experiment(config, name)["steps"]
+    return 3 * 24 * 60 if steps is None else max(30, int(steps / 60 * 1.5) + 30)
+
+
+def config_file_args(files: Iterable[PathLike]) -> str:
+    """Config files as CLI arguments: relative to the working directory when inside it.
+
+    A stable spelling keeps Snakemake from rerunning steps because ``config/quick.yaml``
+    was once given as ``./config/quick.yaml`` or as an absolute path.
+    """
+    args = []
+    for file in files:
+        path = os.path.abspath(file)
+        rel = os.path.relpath(path)
+        args.append(shlex.quote(path if rel.startswith("..") else rel))
+    return " ".join(args)
+
+
+def wildcard_regex(names: Iterable[str]) -> str:
+    """A regex matching exactly these names (one that never matches if there are none)."""
+    names = list(names)
+    return "|".join(re.escape(n) for n in names) if names else "(?!)"
+
+
+def check_overrides(config: Mapping, files: Sequence[PathLike]) -> None:
+    """Refuse ``--config`` overrides of keys that the CLI steps read from the files.
+
+    ``config`` is Snakemake's validated config; ``files`` are its ``--configfile`` files.
+    """
+    from_files = load_config(files)
+    changed = sorted(
+        key
+        for key in set(config) | set(from_files)
+        if key not in OVERRIDABLE and config.get(key) != from_files.get(key)
+    )
+    if changed:
+        raise ValueError(
+            f"--config may only override {', '.join(OVERRIDABLE)}; "
+            f"{', '.join(changed)} must be changed in a config file "
+            f"({', '.join(map(str, files))}): the steps read the files, not --config"
+        )

@@ -1,0 +1,300 @@
+"""Config loading and validation, and the workflow's dry run and lint on every shipped config."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dpsinkhorn import config as cfg
+
+REPO = Path(__file__).resolve().parents[1]
+SHIPPED = sorted((REPO / "config").glob("*.yaml"))
+SNAKEMAKE = Path(sys.executable).parent / "snakemake"
+
+
+def write(tmp_path: Path, text: str, name: str = "c.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def with_experiment(tmp_path: Path, body: str, defaults: str = "") -> Path:
+    """A config file with one experiment ``e`` whose keys are ``body`` (YAML flow map)."""
+    text = f"training_defaults: {{{defaults}}}\nexperiments:\n  e: {{dataset: mnist, {body}}}\n"
+    return write(tmp_path, text)
+
+
+def error_of(*paths: Path) -> str:
+    with pytest.raises(ValueError) as info:
+        cfg.load_config(list(paths))
+    return str(info.value)
+
+
+# ------------------------------------------------------------------------------ loading
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.name)
+def test_shipped_configs_load(path):
+    config = cfg.load_config(path)
+    assert config["run_name"] == path.stem.replace("config", "paper")
+    assert config["data_mirror"] is None and config["fid_weights"] is None
+    rows = cfg.table1_experiments(config)
+    for dataset in cfg.datasets(config):
+        assert rows[(dataset, "real")] == f"real_{dataset}"
+        assert rows[(dataset, "nonprivate")] == f"{dataset}_nonprivate"
+    assert "mnist_dpsinkhorn" in config["experiments"]
+
+
+def test_paper_config_matches_the_paper():
+    config = cfg.load_config(REPO / "config" / "config.yaml")
+    mnist = cfg.experiment(config, "mnist_dpsinkhorn")
+    assert (mnist["sigma"], mnist["clip"], mnist["batch_size"], mnist["steps"]) == (
+        1.5,
+        0.5,
+        50,
+        160000,
+    )
+    assert (mnist["lr"], mnist["p"], mnist["m"], mnist["delta"]) == (1e-4, 0.4, 1.0, 1e-5)
+    fmnist = cfg.experiment(config, "fmnist_dpsinkhorn")
+    assert (fmnist["sigma"], fmnist["lr"], fmnist["m"], fmnist["steps"]) == (1.9, 1e-5, 3.0, 280000)
+    assert cfg.experiment(config, "fmnist_nonprivate")["batch_size"] == 500
+    for name in ["mnist_dpsinkhorn_eps10", "fmnist_dpsinkhorn_eps10"]:
+        exp = cfg.experiment(config, name)
+        assert exp["sigma"] is None and exp["target_epsilon"] == 10
+    assert config["seeds"] == [0, 1, 2, 3, 4]
+    assert config["evaluation"]["num_samples"] == 60000
+
+
+def test_schema_defaults_are_the_paper_defaults():
+    """Defaults filled from the schema equal config.yaml's training_defaults."""
+    paper = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    filled = cfg.validate({"experiments": {"e": {"dataset": "mnist"}}})
+    assert filled["training_defaults"] == paper["training_defaults"]
+    assert filled["evaluation"] == paper["evaluation"]
+
+
+def test_experiment_keys_mirror_training_keys():
+    schema = cfg.load_schema()
+    training = set(schema["$defs"]["training"]["properties"])
+    experiment = set(schema["$defs"]["experiment"]["properties"])
+    assert experiment == training | {"dataset", "table1_row"}
+
+
+def test_later_files_override_earlier_ones(tmp_path):
+    base = with_experiment(tmp_path, "sigma: 2.0")
+    over = write(tmp_path, "seeds: [7]\nexperiments:\n  e: {steps: 5}\n", "over.yaml")
+    config = cfg.load_config([base, over])
+    assert config["seeds"] == [7]
+    exp = cfg.experiment(config, "e")
+    assert (exp["sigma"], exp["steps"], exp["name"]) == (2.0, 5, "e")
+    assert exp["lr"] == 1e-4  # from the schema defaults
+
+
+def test_empty_sections_take_defaults(tmp_path):
+    config = cfg.load_config(write(tmp_path, "evaluation:\nexperiments:\n  e: {dataset: mnist}\n"))
+    assert config["evaluation"]["num_samples"] == 60000
+
+
+# ---------------------------------------------------------------------------- errors
+
+
+def test_unknown_key_is_named(tmp_path):
+    path = with_experiment(tmp_path, "sigam: 1.0")
+    message = error_of(path)
+    assert message.startswith(f"{path}: experiments.e.sigam: unknown key (allowed: ")
+    assert "sigma" in message
+
+
+def test_unknown_top_level_and_evaluation_keys(tmp_path):
+    path = write(tmp_path, "evaluation: {num_sample: 5}\nexperiments:\n  e: {dataset: mnist}\n")
+    assert "evaluation.num_sample: unknown key" in error_of(path)
+    path = write(tmp_path, "seed: 1\nexperiments:\n  e: {dataset: mnist}\n")
+    assert f"{path}: seed: unknown key" in error_of(path)
+
+
+def test_wrong_type_names_key_and_value(tmp_path):
+    message = error_of(with_experiment(tmp_path, "steps: many"))
+    assert "experiments.e.steps: bad value 'many': must be of type integer or null" in message
+    message = error_of(with_experiment(tmp_path, "", defaults="delta: 1e-5"))
+    assert "training_defaults.delta: bad value '1e-5'" in message and "1.0e-5" in message
+    message = error_of(with_experiment(tmp_path, "dataset: cifar10"))
+    assert "experiments.e.dataset: bad value 'cifar10': must be one of mnist, fmnist" in message
+
+
+@pytest.mark.parametrize("sigma", [0, -1.5])
+def test_sigma_must_be_positive(tmp_path, sigma):
+    message = error_of(with_experiment(tmp_path, f"sigma: {sigma}"))
+    assert f"experiments.e.sigma: bad value {sigma}: must be > 0" in message
+
+
+@pytest.mark.parametrize(
+    ("body", "key", "text"),
+    [
+        ("sigma: null, steps: null", "sigma", "give at least one"),
+        ("sigma: null", "target_epsilon", "target_epsilon is needed"),
+        ("method: sinkhorn, steps: null", "steps", "needs steps"),
+        ("batch_size: 0", "batch_size", "must be >= 1"),
+        ("p: 1.5", "p", "must be <= 1"),
+        ("delta: 1.0", "delta", "must be < 1"),
+        ("table1_row: real", "table1_row", "needs method real_data"),
+        ("table1_row: sound10", "table1_row", "target_epsilon: 10"),
+    ],
+)
+def test_semantic_errors_name_the_key(tmp_path, body, key, text):
+    message = error_of(with_experiment(tmp_path, body))
+    assert f"experiments.e.{key}: " in message and text in message
+
+
+def test_real_data_needs_no_sigma_or_steps(tmp_path):
+    cfg.load_config(with_experiment(tmp_path, "method: real_data, sigma: null, steps: null"))
+
+
+def test_duplicate_table1_row(tmp_path):
+    text = "experiments:\n  a: {dataset: mnist, table1_row: paper}\n"
+    text += "  b: {dataset: mnist, table1_row: paper}\n"
+    assert "experiments.b.table1_row: mnist row 'paper' is already filled by a" in error_of(
+        write(tmp_path, text)
+    )
+
+
+def test_error_names_the_file_that_set_the_key(tmp_path):
+    base = with_experiment(tmp_path, "sigma: 1.0")
+    over = write(tmp_path, "experiments:\n  e: {sigma: -2}\n", "over.yaml")
+    assert error_of(base, over).startswith(f"{over}: experiments.e.sigma:")
+
+
+def test_validate_on_a_dict_names_command_line_values(tmp_path):
+    path = with_experiment(tmp_path, "sigma: 1.0")
+    config = cfg.deep_merge(yaml.safe_load(path.read_text()), {"device": "gpu"})
+    with pytest.raises(ValueError, match=r"^--config: device: bad value 'gpu'"):
+        cfg.validate(config, [path])
+
+
+def test_unknown_experiment_lists_known_ones():
+    config = cfg.load_config(REPO / "config" / "quick.yaml")
+    with pytest.raises(ValueError, match="unknown experiment 'nope' .*mnist_dpsinkhorn"):
+        cfg.experiment(config, "nope")
+
+
+def test_missing_file_is_named(tmp_path):
+    with pytest.raises(FileNotFoundError, match="nope.yaml"):
+        cfg.load_config(tmp_path / "nope.yaml")
+
+
+def test_check_overrides(tmp_path):
+    path = REPO / "config" / "quick.yaml"
+    config = cfg.load_config(path)
+    cfg.check_overrides({**config, "data_mirror": "/x", "device": "cpu"}, [path])
+    with pytest.raises(ValueError, match="seeds must be changed in a config file"):
+        cfg.check_overrides({**config, "seeds": [3]}, [path])
+
+
+def test_workflow_helpers():
+    config = cfg.load_config(REPO / "config" / "quick.yaml")
+    assert cfg.trained_experiments(config) == ["mnist_nonprivate", "mnist_dpsinkhorn"]
+    assert cfg.real_experiments(config) == ["real_mnist"]
+    assert cfg.figure_experiment(config, "mnist") == "mnist_dpsinkhorn"
+    assert re.fullmatch(cfg.wildcard_regex(["a_b", "c"]), "a_b")
+    assert not re.fullmatch(cfg.wildcard_regex([]), "")
+    assert cfg.config_file_args([Path.cwd() / "x.yaml", "./y.yaml"]) == "x.yaml y.yaml"
+
+
+# ------------------------------------------------------------------------- workflow
+
+
+def snakemake(workdir: Path, *args: str) -> subprocess.CompletedProcess:
+    """Run the repo's workflow in ``workdir`` (so the checkout gets no .snakemake/)."""
+    env = {**os.environ, "PATH": f"{SNAKEMAKE.parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    cmd = [str(SNAKEMAKE), "-s", str(REPO / "Snakefile"), "-d", str(workdir), *args]
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+
+
+def job_counts(output: str) -> dict[str, int]:
+    """The 'Job stats' table of a dry run as {rule: count}."""
+    table = output.split("Job stats:")[1].split("\n\n")[0]
+    return {m[1]: int(m[2]) for m in re.finditer(r"^(\w+)\s+(\d+)$", table, re.M)}
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.name)
+def test_dry_run_lists_every_job(tmp_path, path):
+    result = snakemake(tmp_path, "-n", "--configfile", str(path))
+    assert result.returncode == 0, result.stdout + result.stderr
+    config = cfg.load_config(path)
+    n_exp, n_seeds = len(config["experiments"]), len(config["seeds"])
+    n_trained = len(cfg.trained_experiments(config))
+    counts = job_counts(result.stdout)
+    assert counts == {
+        "data": len(cfg.datasets(config)),
+        "fid_reference": len(cfg.datasets(config)),
+        "train": n_trained,
+        "sample": n_trained * n_seeds,
+        "sample_real": (n_exp - n_trained) * n_seeds,
+        "fid": n_exp * n_seeds,
+        "classify": n_exp * n_seeds * len(config["evaluation"]["classifiers"]),
+        "table1": 1,
+        "all": 1,
+        "total": sum(counts.values()) - counts["total"],
+    }
+    files = " ".join(map(str, [path]))
+    assert f"dpsinkhorn train --config {files} --experiment mnist_dpsinkhorn" in result.stdout
+
+
+def test_dry_run_default_config_and_overrides(tmp_path):
+    """No --configfile: config/config.yaml; --config passes the mirror and weights on."""
+    overrides = ["data_mirror=../m", "fid_weights=w.pth", "device=cpu"]
+    result = snakemake(tmp_path, "-n", "--config", *overrides)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert job_counts(result.stdout)["train"] == 6
+    assert "dpsinkhorn data --dataset mnist --root data --mirror ../m" in result.stdout
+    assert "--weights w.pth --device cpu" in result.stdout
+    paper = REPO / "config" / "config.yaml"
+    assert f"--config {paper} --experiment fmnist_dpsinkhorn_eps10" in result.stdout
+
+
+def test_workflow_reports_config_errors_like_the_cli(tmp_path):
+    bad = write(tmp_path, (REPO / "config" / "quick.yaml").read_text() + "extra: 1\n")
+    result = snakemake(tmp_path, "-n", "--configfile", str(bad))
+    assert result.returncode != 0
+    assert error_of(bad) in result.stdout + result.stderr
+    result = snakemake(
+        tmp_path, "-n", "--configfile", str(REPO / "config" / "quick.yaml"), "--config", "seeds=[1]"
+    )
+    assert result.returncode != 0
+    assert "seeds" in result.stdout + result.stderr
+
+
+def test_single_cell_reruns_alone(tmp_path):
+    """With every file in place, --forcerun of one classifier cell is one job."""
+    quick = REPO / "config" / "quick.yaml"
+    plan = snakemake(tmp_path, "-n", "--configfile", str(quick))
+    outputs = re.findall(r"^    output: (.+)$", plan.stdout, re.M)
+    order = re.findall(r"^rule (\w+):$", plan.stdout, re.M)
+    assert len(outputs) == len(order) - 1  # `all` has no output
+    # Create outputs upstream first: data, train, sample*, fid_reference, then the rest.
+    rank = {"data": 0, "train": 1, "sample": 2, "sample_real": 2, "fid_reference": 2}
+    jobs = sorted(zip(order[: len(outputs)], outputs, strict=True), key=lambda j: rank.get(j[0], 3))
+    mtime = 1_700_000_000
+    for rule, files in jobs:
+        mtime += 10 if rule != "table1" else 100
+        for name in files.split(", "):
+            file = tmp_path / name
+            file.parent.mkdir(parents=True, exist_ok=True)
+            file.touch()
+            os.utime(file, (mtime, mtime))
+    uptodate = snakemake(tmp_path, "-n", "--configfile", str(quick))
+    assert "Nothing to be done" in uptodate.stdout + uptodate.stderr
+    target = "results/quick/mnist_dpsinkhorn/acc_cnn_seed0.json"
+    result = snakemake(tmp_path, target, "-n", "--forcerun", "classify", "--configfile", str(quick))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert job_counts(result.stdout) == {"classify": 1, "total": 1}
+
+
+def test_lint(tmp_path):
+    result = snakemake(tmp_path, "--lint")
+    assert result.returncode == 0, result.stdout + result.stderr

@@ -1,0 +1,191 @@
+"""Table 1 from hand-made result files: numbers in the right cells, units, files."""
+
+from __future__ import annotations
+
+import csv
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dpsinkhorn import io, report
+
+CONFIG = """
+run_name: fake
+seeds: [0, 1]
+evaluation:
+  num_samples: 40
+  classifiers: [logreg, mlp, cnn]
+experiments:
+  real_mnist: {dataset: mnist, table1_row: real, method: real_data}
+  mnist_nonprivate: {dataset: mnist, table1_row: nonprivate, method: sinkhorn, steps: 10}
+  mnist_dpsinkhorn: {dataset: mnist, table1_row: paper}
+  mnist_dpsinkhorn_eps10:
+    {dataset: mnist, table1_row: sound10, sigma: null, target_epsilon: 10.0, steps: 10}
+  fmnist_dpsinkhorn: {dataset: fmnist, table1_row: paper, sigma: 1.9, m: 3.0}
+"""
+# (fid, logreg, mlp, cnn) per seed; accuracies as fractions, as the json files store them
+RESULTS = {
+    "real_mnist": [(1.0, 0.90, 0.97, 0.99), (2.0, 0.92, 0.98, 0.99)],
+    "mnist_nonprivate": [(50.0, 0.88, 0.89, 0.90), (60.0, 0.90, 0.89, 0.92)],
+    "mnist_dpsinkhorn": [(40.0, 0.80, 0.81, 0.82), (44.0, 0.82, 0.83, 0.84)],
+    "mnist_dpsinkhorn_eps10": [(30.0, 0.85, 0.86, 0.87), (30.0, 0.85, 0.86, 0.87)],
+    "fmnist_dpsinkhorn": [(120.0, 0.70, 0.71, 0.72), (130.0, 0.74, 0.75, 0.76)],
+}
+PRIVACY = {
+    "mnist_nonprivate": {"epsilon": None, "epsilon_paper_convention": None},
+    "mnist_dpsinkhorn": {"epsilon": 1.0123, "epsilon_paper_convention": 10.02},
+    "mnist_dpsinkhorn_eps10": {"epsilon": 10.0, "epsilon_paper_convention": 60.5},
+    "fmnist_dpsinkhorn": {"epsilon": 1.2, "epsilon_paper_convention": 10.1},
+}
+
+
+@pytest.fixture
+def run(tmp_path: Path) -> tuple[Path, Path]:
+    """A config file and a results folder with every file Table 1 reads."""
+    config = tmp_path / "config.yaml"
+    config.write_text(CONFIG)
+    out = tmp_path / "results" / "fake"
+    for exp, per_seed in RESULTS.items():
+        for seed, (fid, *accs) in enumerate(per_seed):
+            io.write_json(out / exp / f"fid_seed{seed}.json", {"fid": fid})
+            for model, acc in zip(["logreg", "mlp", "cnn"], accs, strict=True):
+                io.write_json(out / exp / f"acc_{model}_seed{seed}.json", {"accuracy": acc})
+        if exp in PRIVACY:
+            io.write_json(out / exp / "privacy.json", {"mechanism": "x", **PRIVACY[exp]})
+    rng = np.random.default_rng(0)
+    for exp in ["mnist_dpsinkhorn", "fmnist_dpsinkhorn"]:
+        images = rng.integers(0, 256, size=(40, 28, 28), dtype=np.uint8)
+        io.save_samples(out / exp / "samples_seed0.npz", images, np.arange(40) % 10)
+    return config, out
+
+
+def read_csv(path: Path) -> dict[tuple[str, str], dict[str, str]]:
+    with open(path, newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    assert tuple(rows[0]) == report.CSV_COLUMNS
+    return {(r["method"], r["dataset"]): r for r in rows}
+
+
+def test_table1_numbers_land_in_the_right_cells(run):
+    config, out = run
+    written = report.table1([config], out)
+    assert {p.name for p in written} == {
+        "table1.md",
+        "table1.csv",
+        "table1.tex",
+        "samples_mnist.png",
+        "samples_fmnist.png",
+    }
+    rows = read_csv(out / "tables" / "table1.csv")
+
+    dp = rows[("DP-Sinkhorn (paper setting)", "mnist")]
+    assert float(dp["fid"]) == pytest.approx(42.0)
+    assert float(dp["fid_std"]) == pytest.approx(np.std([40.0, 44.0], ddof=1), abs=1e-4)
+    assert float(dp["acc_logreg"]) == pytest.approx(81.0)  # fractions -> %
+    assert float(dp["acc_cnn"]) == pytest.approx(83.0)
+    assert float(dp["acc_cnn_std"]) == pytest.approx(math.sqrt(2), abs=1e-4)
+    assert float(dp["epsilon"]) == pytest.approx(1.0123)
+    assert float(dp["epsilon_paper_convention"]) == pytest.approx(10.02)
+    assert dp["source"] == "this run"
+
+    sound = rows[("DP-Sinkhorn (sound ε=10)", "mnist")]
+    assert float(sound["fid"]) == 30.0 and float(sound["fid_std"]) == 0.0
+    assert float(sound["epsilon"]) == 10.0
+
+    for method in ["Real data", "Non-private Sinkhorn"]:
+        assert rows[(method, "mnist")]["epsilon"] == "inf"
+        assert rows[(method, "mnist")]["epsilon_paper_convention"] == "inf"
+    assert float(rows[("Real data", "mnist")]["acc_mlp"]) == pytest.approx(97.5)
+
+    fmnist = rows[("DP-Sinkhorn (paper setting)", "fmnist")]
+    assert float(fmnist["fid"]) == pytest.approx(125.0)
+
+
+def test_reported_baselines_copied_from_the_paper(run):
+    config, out = run
+    report.table1([config], out)
+    rows = read_csv(out / "tables" / "table1.csv")
+    for method in ["G-PATE", "DP-CGAN", "DataLens", "DP-MERF", "GS-WGAN"]:
+        for dataset in ["mnist", "fmnist"]:
+            assert rows[(method, dataset)]["source"] == "reported in paper"
+            assert float(rows[(method, dataset)]["epsilon"]) == 10.0
+    assert float(rows[("GS-WGAN", "mnist")]["fid"]) == 61.3
+    assert float(rows[("G-PATE", "mnist")]["acc_cnn"]) == 51.0  # first number of 51/80.9
+    assert float(rows[("G-PATE", "fmnist")]["acc_cnn"]) == 50.0
+    assert rows[("DataLens", "fmnist")]["acc_logreg"] == ""  # N/A stays empty
+    assert float(rows[("DataLens", "fmnist")]["acc_cnn"]) == 70.61
+    assert float(rows[("DP-MERF", "fmnist")]["acc_mlp"]) == 74.5
+    # Our rows come first within each dataset, datasets in config order.
+    methods = [key for key in rows]
+    assert methods[0] == ("Real data", "mnist")
+    assert methods.index(("GS-WGAN", "mnist")) < methods.index(
+        ("DP-Sinkhorn (paper setting)", "fmnist")
+    )
+
+
+def test_markdown_shows_paper_values_next_to_ours(run):
+    config, out = run
+    report.table1([config], out)
+    md = (out / "tables" / "table1.md").read_text()
+    assert "42.0 ± 2.8 (paper 48.4)" in md  # MNIST DP-Sinkhorn FID
+    assert "81.0 ± 1.4 (paper 82.8)" in md  # MNIST DP-Sinkhorn Log Reg
+    assert "1.5 ± 0.7 (paper 1.6)" in md  # MNIST real-data FID
+    assert "55.0 ± 7.1 (paper 54.2)" in md  # non-private, m = 1
+    assert "125.0 ± 7.1 (paper 128.3)" in md  # Fashion-MNIST DP-Sinkhorn FID
+    assert "10.02 (paper 10)" in md
+    assert "(paper" not in md.split("DP-Sinkhorn (sound ε=10)")[1].split("\n")[0]
+    assert "![MNIST](../figures/samples_mnist.png)" in md
+    assert "G-PATE¹" in md and "80.9" in md
+
+
+def test_latex_is_a_booktabs_tabular(run):
+    config, out = run
+    report.table1([config], out)
+    tex = (out / "tables" / "table1.tex").read_text()
+    assert "\\begin{tabular}{lrrrrrr}" in tex and "\\toprule" in tex and "\\bottomrule" in tex
+    assert "DP-Sinkhorn (sound $\\varepsilon$=10)" in tex
+    assert "42.0 $\\pm$ 2.8" in tex
+    assert "GS-WGAN\\textsuperscript{\\dag}" in tex
+    body = [line for line in tex.splitlines() if line.endswith("\\\\") and "&" in line]
+    assert all(line.count("&") == 6 for line in body)
+
+
+def test_figures_are_pngs_with_one_row_per_class(run):
+    config, out = run
+    report.table1([config], out)
+    from matplotlib.image import imread
+
+    image = imread(out / "figures" / "samples_mnist.png")
+    assert image.ndim == 3 and image.shape[0] > 100
+    grid = report.sample_grid(
+        np.arange(40 * 4, dtype=np.uint8).reshape(40, 2, 2) % 255, np.arange(40) % 10, 10, 3
+    )
+    assert grid.shape == (10 * 4 - 2, 3 * 4 - 2)
+
+
+def test_missing_result_file_is_named(run):
+    config, out = run
+    (out / "mnist_dpsinkhorn" / "acc_mlp_seed1.json").unlink()
+    with pytest.raises(FileNotFoundError, match="mnist_dpsinkhorn/acc_mlp_seed1.json"):
+        report.table1([config], out)
+    assert not (out / "tables" / "table1.csv").exists()
+
+
+def test_accuracy_in_percent_is_refused(run):
+    config, out = run
+    io.write_json(out / "real_mnist" / "acc_cnn_seed0.json", {"accuracy": 99.0})
+    with pytest.raises(ValueError, match="real_mnist/acc_cnn_seed0.json.*fraction"):
+        report.table1([config], out)
+
+
+def test_cli(run):
+    config, out = run
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    report.register_cli(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["report", "table1", "--config", str(config), "--out-dir", str(out)])
+    assert args.handler(args) == 0
+    assert (out / "tables" / "table1.md").is_file()

@@ -1,0 +1,148 @@
+"""End to end: the smoke workflow (config/smoke.yaml: every Table 1 row of both datasets, tiny).
+
+Isolation: the repo's Snakefile runs with ``--directory`` set to a fresh temporary folder,
+so prepared data, results/smoke/ and .snakemake/ all live there and the checkout is never
+touched (nor are results of a `make run` in it). Config files are passed by absolute path.
+
+Data and FID weights come from DPSINKHORN_DATA_MIRROR and DPSINKHORN_FID_WEIGHTS
+(``make test DATA=... FID_WEIGHTS=...``); unset means download, which needs internet.
+Takes minutes: marked ``slow`` (``pytest -m "not slow"`` skips it).
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[1]
+SMOKE = REPO / "config" / "smoke.yaml"
+SNAKEMAKE = Path(sys.executable).parent / "snakemake"
+OUR_ROWS = [
+    "Real data",
+    "Non-private Sinkhorn",
+    "DP-Sinkhorn (paper setting)",
+    "DP-Sinkhorn (sound ε=10)",
+]
+BASELINES = ["G-PATE", "DP-CGAN", "DataLens", "DP-MERF", "GS-WGAN"]
+
+
+def snakemake(workdir: Path, *args: str, timeout: int = 1800) -> subprocess.CompletedProcess:
+    """The repo's workflow on the smoke config, run in ``workdir``, inside this venv."""
+    overrides = [
+        f"{key}={os.environ[var]}"
+        for key, var in [
+            ("data_mirror", "DPSINKHORN_DATA_MIRROR"),
+            ("fid_weights", "DPSINKHORN_FID_WEIGHTS"),
+        ]
+        if os.environ.get(var)
+    ]
+    cmd = [str(SNAKEMAKE), "-s", str(REPO / "Snakefile"), "-d", str(workdir), *args]
+    cmd += ["--configfile", str(SMOKE)] + (["--config", *overrides] if overrides else [])
+    env = {**os.environ, "PATH": f"{SNAKEMAKE.parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    return subprocess.run(
+        cmd, capture_output=True, text=True, env=env, timeout=timeout, stdin=subprocess.DEVNULL
+    )
+
+
+def check(result: subprocess.CompletedProcess) -> str:
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-8000:]
+    return output
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory) -> Path:
+    """A working folder in which the whole smoke workflow has run."""
+    workdir = tmp_path_factory.mktemp("smoke")
+    check(snakemake(workdir))
+    return workdir
+
+
+@pytest.fixture(scope="module")
+def results(workdir) -> Path:
+    return workdir / "results" / "smoke"
+
+
+def test_table1_has_every_row_and_column(results):
+    with open(results / "tables" / "table1.csv", newline="") as fh:
+        reader = csv.DictReader(fh)
+        columns, rows = reader.fieldnames, list(reader)
+    assert columns == [
+        "method",
+        "dataset",
+        "epsilon",
+        "epsilon_paper_convention",
+        "fid",
+        "fid_std",
+        "acc_logreg",
+        "acc_logreg_std",
+        "acc_mlp",
+        "acc_mlp_std",
+        "acc_cnn",
+        "acc_cnn_std",
+        "source",
+    ]
+    keys = [(r["method"], r["dataset"]) for r in rows]
+    assert keys == [(m, d) for d in ["mnist", "fmnist"] for m in OUR_ROWS + BASELINES]
+    for row in rows:
+        if row["source"] != "this run":
+            continue
+        assert 0 < float(row["fid"]) < math.inf
+        for model in ["logreg", "mlp", "cnn"]:
+            assert 0 <= float(row[f"acc_{model}"]) <= 100
+            assert float(row[f"acc_{model}_std"]) == 0  # one seed
+        eps = float(row["epsilon"])
+        if row["method"] in OUR_ROWS[:2]:
+            assert math.isinf(eps) and math.isinf(float(row["epsilon_paper_convention"]))
+        elif row["method"] == OUR_ROWS[3]:
+            assert 0 < eps <= 10 * 1.001  # the sound target is met, not exceeded
+        else:
+            assert 0 < eps < math.inf and 0 < float(row["epsilon_paper_convention"])
+
+
+def test_markdown_and_latex_written(results):
+    md = (results / "tables" / "table1.md").read_text()
+    assert "(paper 48.4)" in md and "(paper 128.3)" in md
+    assert "../figures/samples_mnist.png" in md
+    tex = (results / "tables" / "table1.tex").read_text()
+    assert tex.count("\\multicolumn{7}") == 2
+
+
+@pytest.mark.parametrize("dataset", ["mnist", "fmnist"])
+def test_sample_figures_are_readable_pngs(results, dataset):
+    from matplotlib.image import imread
+
+    path = results / "figures" / f"samples_{dataset}.png"
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    image = imread(path)
+    assert image.ndim == 3 and image.shape[0] > 200 and image.shape[1] > 200
+
+
+def test_privacy_reports_and_logs(results):
+    import json
+
+    paper = json.loads((results / "mnist_dpsinkhorn" / "privacy.json").read_text())
+    assert paper["sigma"] == 1.5 and paper["steps"] == 20
+    assert (results / "logs" / "train_mnist_dpsinkhorn.log").is_file()
+    assert (results / "benchmarks" / "train_mnist_dpsinkhorn.tsv").is_file()
+
+
+def test_finished_workflow_has_nothing_to_do(workdir):
+    output = check(snakemake(workdir, "-n"))
+    assert "Nothing to be done" in output
+
+
+def test_single_cell_reruns_alone(workdir, results):
+    target = results / "mnist_dpsinkhorn" / "acc_cnn_seed0.json"
+    before = target.stat().st_mtime_ns
+    output = check(snakemake(workdir, str(target.relative_to(workdir)), "--forcerun", "classify"))
+    assert target.stat().st_mtime_ns > before
+    assert "1 of 1 steps (100%) done" in output

@@ -1,0 +1,97 @@
+# Shared settings, paths and input functions. All logic lives in dpsinkhorn.config.
+
+from pathlib import Path
+
+from dpsinkhorn.config import (
+    check_overrides,
+    config_file_args,
+    dataset_of,
+    datasets,
+    experiment_names,
+    experiment_spec,
+    figure_datasets,
+    figure_experiment,
+    real_experiments,
+    table1_experiments,
+    train_runtime_minutes,
+    trained_experiments,
+    validate,
+    wildcard_regex,
+)
+
+# Same schema and messages as the CLI: fills defaults, names the file and key of an error.
+config.update(validate(config, workflow.configfiles))
+check_overrides(config, workflow.configfiles)
+
+RESULTS = f"results/{config['run_name']}"
+DATA = config["data_dir"]
+LOGS = f"{RESULTS}/logs"
+BENCH = f"{RESULTS}/benchmarks"
+EVAL = config["evaluation"]
+SEEDS = config["seeds"]
+# The steps read their settings from these files (relative to the working directory).
+CONFIG_FILES = config_file_args(workflow.configfiles)
+DEVICE = f"--device {config['device']}"
+# FID reference statistics: the whole real test set, or a seeded random subset of it.
+FID_SIZE = EVAL["fid_reference_size"]
+FID_SUBSET = "" if FID_SIZE is None else f"--num {FID_SIZE} --seed 0"
+# Only used with --software-deployment-method conda (path relative to the rule files).
+CONDA_ENV = "../envs/dpsinkhorn.yaml"
+
+TRAINED = wildcard_regex(trained_experiments(config))
+REAL = wildcard_regex(real_experiments(config))
+
+
+wildcard_constraints:
+    dataset=wildcard_regex(datasets(config)),
+    exp=wildcard_regex(experiment_names(config)),
+    model=wildcard_regex(EVAL["classifiers"]),
+    seed=r"\d+",
+
+
+def flag(name, value):
+    """`name value` for an optional CLI flag, or nothing when value is None."""
+    return "" if value is None else f"{name} {value}"
+
+
+def dataset_file(split):
+    """Input function: the prepared <split>.npz of the experiment's dataset."""
+    return lambda w: f"{DATA}/{dataset_of(config, w.exp)}/{split}.npz"
+
+
+def fid_reference(w):
+    """Input function: the FID statistics of the experiment's real test set."""
+    return f"{RESULTS}/fid_ref_{dataset_of(config, w.exp)}.npz"
+
+
+def evaluation_outputs(experiments):
+    """FID and classifier results of every seed of these experiments."""
+    return [
+        f"{RESULTS}/{exp}/{name}_seed{seed}.json"
+        for exp in experiments
+        for name in ["fid"] + [f"acc_{model}" for model in EVAL["classifiers"]]
+        for seed in SEEDS
+    ]
+
+
+def table1_inputs(wildcards):
+    """Everything Table 1 reads: results, privacy reports, and samples for the figures."""
+    rows = table1_experiments(config)
+    return {
+        "results": evaluation_outputs(rows.values()),
+        "privacy": [
+            f"{RESULTS}/{exp}/privacy.json"
+            for exp in rows.values()
+            if exp in trained_experiments(config)
+        ],
+        "samples": [
+            f"{RESULTS}/{figure_experiment(config, d)}/samples_seed{SEEDS[0]}.npz"
+            for d in figure_datasets(config)
+        ],
+    }
+
+
+def outside_table1_outputs():
+    """Results of experiments that fill no Table 1 row (still run by `all`)."""
+    in_table = set(table1_experiments(config).values())
+    return evaluation_outputs(e for e in experiment_names(config) if e not in in_table)

@@ -1,0 +1,125 @@
+rule sample:
+    input:
+        generator=f"{RESULTS}/{{exp}}/generator.pt",
+    output:
+        f"{RESULTS}/{{exp}}/samples_seed{{seed}}.npz",
+    params:
+        num=EVAL["num_samples"],
+        device=DEVICE,
+    wildcard_constraints:
+        exp=TRAINED,
+    log:
+        f"{LOGS}/sample_{{exp}}_seed{{seed}}.log",
+    benchmark:
+        f"{BENCH}/sample_{{exp}}_seed{{seed}}.tsv"
+    threads: 2
+    resources:
+        mem_mb=8000,
+        runtime=60,
+    conda:
+        CONDA_ENV
+    shell:
+        "dpsinkhorn sample --generator {input.generator} --num {params.num}"
+        " --seed {wildcards.seed} --out {output} {params.device} > {log} 2>&1"
+
+
+# Real-data rows: the "samples" are a draw from the real training set.
+rule sample_real:
+    input:
+        data=dataset_file("train"),
+    output:
+        f"{RESULTS}/{{exp}}/samples_seed{{seed}}.npz",
+    params:
+        num=EVAL["num_samples"],
+    wildcard_constraints:
+        exp=REAL,
+    log:
+        f"{LOGS}/sample_{{exp}}_seed{{seed}}.log",
+    benchmark:
+        f"{BENCH}/sample_{{exp}}_seed{{seed}}.tsv"
+    threads: 1
+    resources:
+        mem_mb=4000,
+        runtime=30,
+    conda:
+        CONDA_ENV
+    shell:
+        "dpsinkhorn sample-real --data {input.data} --num {params.num}"
+        " --seed {wildcards.seed} --out {output} > {log} 2>&1"
+
+
+rule fid_reference:
+    input:
+        test=f"{DATA}/{{dataset}}/test.npz",
+    output:
+        f"{RESULTS}/fid_ref_{{dataset}}.npz",
+    params:
+        subset=FID_SUBSET,
+        weights=flag("--weights", config["fid_weights"]),
+        device=DEVICE,
+    log:
+        f"{LOGS}/fid_reference_{{dataset}}.log",
+    benchmark:
+        f"{BENCH}/fid_reference_{{dataset}}.tsv"
+    threads: 2
+    resources:
+        mem_mb=8000,
+        runtime=120,
+    conda:
+        CONDA_ENV
+    shell:
+        "dpsinkhorn fid-stats --samples {input.test} --out {output} {params.subset}"
+        " {params.weights} {params.device} > {log} 2>&1"
+
+
+rule fid:
+    input:
+        samples=f"{RESULTS}/{{exp}}/samples_seed{{seed}}.npz",
+        reference=fid_reference,
+    output:
+        f"{RESULTS}/{{exp}}/fid_seed{{seed}}.json",
+    params:
+        weights=flag("--weights", config["fid_weights"]),
+        device=DEVICE,
+    log:
+        f"{LOGS}/fid_{{exp}}_seed{{seed}}.log",
+    benchmark:
+        f"{BENCH}/fid_{{exp}}_seed{{seed}}.tsv"
+    threads: 2
+    resources:
+        mem_mb=8000,
+        runtime=120,
+    conda:
+        CONDA_ENV
+    shell:
+        "dpsinkhorn fid --a {input.samples} --b {input.reference} --out {output}"
+        " {params.weights} {params.device} > {log} 2>&1"
+
+
+rule classify:
+    input:
+        train=f"{RESULTS}/{{exp}}/samples_seed{{seed}}.npz",
+        test=dataset_file("test"),
+    output:
+        f"{RESULTS}/{{exp}}/acc_{{model}}_seed{{seed}}.json",
+    params:
+        max_epochs=EVAL["max_epochs"],
+        patience=EVAL["patience"],
+        batch_size=EVAL["batch_size"],
+        max_iter=EVAL["logreg_max_iter"],
+        device=DEVICE,
+    log:
+        f"{LOGS}/classify_{{exp}}_{{model}}_seed{{seed}}.log",
+    benchmark:
+        f"{BENCH}/classify_{{exp}}_{{model}}_seed{{seed}}.tsv"
+    threads: 2
+    resources:
+        mem_mb=8000,
+        runtime=240,
+    conda:
+        CONDA_ENV
+    shell:
+        "dpsinkhorn classify --model {wildcards.model} --train {input.train} --test {input.test}"
+        " --seed {wildcards.seed} --out {output} --max-epochs {params.max_epochs}"
+        " --patience {params.patience} --batch-size {params.batch_size}"
+        " --max-iter {params.max_iter} {params.device} > {log} 2>&1"

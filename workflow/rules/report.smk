@@ -1,0 +1,24 @@
+rule table1:
+    input:
+        unpack(table1_inputs),
+    output:
+        md=f"{RESULTS}/tables/table1.md",
+        csv=f"{RESULTS}/tables/table1.csv",
+        tex=f"{RESULTS}/tables/table1.tex",
+        figures=expand(f"{RESULTS}/figures/samples_{{dataset}}.png", dataset=figure_datasets(config)),
+    params:
+        config_files=CONFIG_FILES,
+        out_dir=lambda w, output: Path(output.md).parent.parent,
+    log:
+        f"{LOGS}/table1.log",
+    benchmark:
+        f"{BENCH}/table1.tsv"
+    threads: 1
+    resources:
+        mem_mb=4000,
+        runtime=30,
+    conda:
+        CONDA_ENV
+    shell:
+        "dpsinkhorn report table1 --config {params.config_files} --out-dir {params.out_dir}"
+        " > {log} 2>&1"
