@@ -1,4 +1,4 @@
-# make install | run | test | test-fast | lint        (optional: DATA=dir FID_WEIGHTS=file)
+# make install | run | test | test-fast | test-slurm | lint  (optional: DATA=dir FID_WEIGHTS=file)
 #
 # DATA        folder with MNIST/raw/*.gz and FashionMNIST/raw/*.gz (copied, never downloaded)
 # FID_WEIGHTS pt_inception-2015-12-05-6726825d.pth for pytorch-fid
@@ -20,7 +20,7 @@ SNAKEMAKE_CONFIG := $(if $(strip $(OVERRIDES)),--config $(strip $(OVERRIDES)))
 TEST_ENV := $(if $(DATA),DPSINKHORN_DATA_MIRROR=$(abspath $(DATA))) \
 	$(if $(FID_WEIGHTS),DPSINKHORN_FID_WEIGHTS=$(abspath $(FID_WEIGHTS)))
 
-.PHONY: install run test test-fast lint
+.PHONY: install run test test-fast test-slurm lint
 
 install: $(VENV)/.installed
 
@@ -40,6 +40,11 @@ test: install
 	$(IN_VENV) ruff check src tests
 	$(IN_VENV) ruff format --check src tests
 	$(IN_VENV) $(TEST_ENV) pytest
+
+# The workflow through profiles/slurm on a live one-node SLURM cluster started here
+# (tests/slurm/run_live_cluster.sh; root: installs slurm-wlm and munge; ~10 min).
+test-slurm: install
+	$(IN_VENV) $(TEST_ENV) tests/slurm/run_live_cluster.sh
 
 test-fast: install
 	$(IN_VENV) ruff check src tests

@@ -41,3 +41,9 @@ def prepared_data(tmp_path_factory: pytest.TempPathFactory, data_mirror: Path) -
     for name in ("mnist", "fmnist"):
         data.prepare(name, root, mirror=data_mirror)
     return root
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "slurm: live SLURM cluster test (make test-slurm; skipped without it)"
+    )

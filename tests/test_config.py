@@ -46,9 +46,31 @@ def test_shipped_configs_load(path):
     assert config["data_mirror"] is None and config["fid_weights"] is None
     rows = cfg.table1_experiments(config)
     for dataset in cfg.datasets(config):
+        if dataset == "celeba":  # Tables 3 and 6, not Table 1
+            rows = cfg.table_experiments(config, "table3")
+            assert cfg.table_experiments(config, "table6")[(dataset, "real")] == "real_celeba"
         assert rows[(dataset, "real")] == f"real_{dataset}"
         assert rows[(dataset, "nonprivate")] == f"{dataset}_nonprivate"
     assert "mnist_dpsinkhorn" in config["experiments"]
+
+
+def test_paper_config_matches_the_paper_on_celeba():
+    """Appendix D.3/D.4 and Table 6 ("under L2 loss"): the CelebA rows."""
+    config = cfg.load_config(REPO / "config" / "config.yaml")
+    assert cfg.classifiers_of(config, "celeba") == ["mlp", "cnn"]
+    assert cfg.classifiers_of(config, "mnist") == ["logreg", "mlp", "cnn"]
+    for name, generator in [("celeba_dpsinkhorn", "biggan"), ("celeba_dcgan", "dcgan")]:
+        exp = cfg.experiment(config, name)
+        assert exp["generator"] == generator and exp["method"] == "dp_sinkhorn"
+        settings = ("sigma", "clip", "batch_size", "steps", "delta", "lr", "entropy_reg", "m")
+        assert [exp[k] for k in settings] == [1.9, 0.5, 50, 1_700_000, 1e-6, 1e-5, 5.0, 0.0]
+        assert (exp["latent_dim"], exp["embed_dim"]) == (32, 4)
+    assert cfg.experiment(config, "celeba_dpsinkhorn")["channels"] == [256] * 4
+    assert cfg.table_experiments(config, "table6") == {
+        ("celeba", "real"): "real_celeba",
+        ("celeba", "dcgan"): "celeba_dcgan",
+        ("celeba", "biggan"): "celeba_dpsinkhorn",
+    }
 
 
 def test_paper_config_matches_the_paper():
@@ -83,7 +105,7 @@ def test_experiment_keys_mirror_training_keys():
     schema = cfg.load_schema()
     training = set(schema["$defs"]["training"]["properties"])
     experiment = set(schema["$defs"]["experiment"]["properties"])
-    assert experiment == training | {"dataset", "table1_row"}
+    assert experiment == training | {"dataset", "table1_row", "rows"}
 
 
 def test_later_files_override_earlier_ones(tmp_path):
@@ -228,6 +250,9 @@ def test_dry_run_lists_every_job(tmp_path, path):
     config = cfg.load_config(path)
     n_exp, n_seeds = len(config["experiments"]), len(config["seeds"])
     n_trained = len(cfg.trained_experiments(config))
+    n_classify = sum(
+        len(cfg.classifiers_of(config, cfg.dataset_of(config, e))) for e in config["experiments"]
+    )
     counts = job_counts(result.stdout)
     assert counts == {
         "data": len(cfg.datasets(config)),
@@ -236,8 +261,10 @@ def test_dry_run_lists_every_job(tmp_path, path):
         "sample": n_trained * n_seeds,
         "sample_real": (n_exp - n_trained) * n_seeds,
         "fid": n_exp * n_seeds,
-        "classify": n_exp * n_seeds * len(config["evaluation"]["classifiers"]),
+        "classify": n_classify * n_seeds,
         "table1": 1,
+        **dict.fromkeys(cfg.report_tables(config), 1),  # CelebA Tables 3 and 6
+        **({"celeba_fixture": 1} if config["celeba_fixture"] else {}),
         "all": 1,
         "total": sum(counts.values()) - counts["total"],
     }
@@ -250,7 +277,7 @@ def test_dry_run_default_config_and_overrides(tmp_path):
     overrides = ["data_mirror=../m", "fid_weights=w.pth", "device=cpu"]
     result = snakemake(tmp_path, "-n", "--config", *overrides)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert job_counts(result.stdout)["train"] == 6
+    assert job_counts(result.stdout)["train"] == 9  # 6 MNIST / Fashion-MNIST, 3 CelebA
     assert "dpsinkhorn data --dataset mnist --root data --mirror ../m" in result.stdout
     assert "--weights w.pth --device cpu" in result.stdout
     paper = REPO / "config" / "config.yaml"

@@ -130,7 +130,8 @@ def test_checkpoint_of_other_settings_is_not_resumed(tmp_path, prepared_data):
     assert record["steps"] == 12
 
 
-def test_sigterm_checkpoints_and_exits_nonzero(tmp_path, prepared_data):
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGUSR1, signal.SIGINT])
+def test_signal_checkpoints_and_exits_nonzero(tmp_path, prepared_data, signum):
     cfg = make_config(tmp_path, prepared_data, steps=100000, checkpoint_every=100000)
     out = tmp_path / "run"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -144,7 +145,7 @@ def test_sigterm_checkpoints_and_exits_nonzero(tmp_path, prepared_data):
         if proc.poll() is not None:
             break
     time.sleep(1.0)
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(signum)
     stdout, _ = proc.communicate(timeout=120)
     assert proc.returncode == PREEMPTED_EXIT_CODE, stdout
     state = torch.load(out / "checkpoint.pt", weights_only=False)
@@ -191,3 +192,19 @@ def test_sample_real_is_a_seeded_subset(prepared_data):
     assert np.array_equal(images, sample_real(prepared_data / "mnist" / "train.npz", 500, 1)[0])
     with pytest.raises(ValueError, match="fewer than --num"):
         sample_real(prepared_data / "mnist" / "train.npz", 10**6, 0)
+
+
+def test_python_api_on_own_arrays(tmp_path):
+    """Own data: uint8 arrays in, a private generator and its privacy record out."""
+    from dpsinkhorn.config import make_experiment
+
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, size=(600, 28, 28), dtype=np.uint8)
+    labels = rng.integers(0, 4, size=600).astype(np.int64)
+    spec = make_experiment("mine", **TINY | {"sigma": None, "target_epsilon": 2.0, "steps": 3})
+    record = train(spec, tmp_path / "mine", train_data=(images, labels), progress=False)
+    assert record["q"] == pytest.approx(50 / 600) and record["epsilon"] <= 2.0
+    model = load_generator(tmp_path / "mine" / "generator.pt", torch.device("cpu"))
+    assert model.config.num_classes == 4
+    with pytest.raises(ValueError, match="train_data"):
+        train(spec, tmp_path / "bad", train_data=(images.astype(np.float32), labels))

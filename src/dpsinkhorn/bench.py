@@ -1,8 +1,12 @@
 """Throughput of the training step: ``dpsinkhorn bench --config ... --experiment ...``.
 
-Builds the real trainer (same data, model, loss, privacy hook), runs warm-up
-steps, then times ``--steps`` steps with the device synchronised at both ends.
-Prints one JSON object.
+``--impl ours`` times ``train.Trainer.step`` (data resident on the device, fixed
+shapes, no host synchronisation). ``--impl reference`` times the straightforward
+step as the paper describes it (``ReferenceStep``): Poisson sample by boolean
+mask, real images converted every step, a tensor hook that clips and noises,
+geomloss with its defaults (diameter estimated from the points) called twice.
+Both run the same model, loss, mechanism and sizes, in one process, after
+warm-up, with the device synchronised around the timed loop. Prints one JSON object.
 """
 
 from __future__ import annotations
@@ -13,10 +17,80 @@ import time
 from pathlib import Path
 
 import torch
+from geomloss import SamplesLoss
 
 from dpsinkhorn import config as config_lib
 from dpsinkhorn import data
+from dpsinkhorn.loss import debias_size, mixed_cost
+from dpsinkhorn.models import ConditionalDCGAN, GeneratorConfig
+from dpsinkhorn.privacy import resolve_budget
 from dpsinkhorn.train import Trainer, resolve_device
+
+
+class ReferenceStep:
+    """The plain DP-Sinkhorn step of paper Algorithm 1, written the obvious way (benchmark only)."""
+
+    def __init__(self, spec: dict, images, labels, device: torch.device):
+        self.spec, self.device = spec, device
+        self.images = torch.as_tensor(images, device=device)  # uint8, converted every step
+        self.labels = torch.as_tensor(labels, device=device)
+        self.n = int(spec["batch_size"])
+        self.n_prime = debias_size(self.n, spec["p"])
+        self.q = self.n / len(self.labels)
+        self.num_classes = int(self.labels.max()) + 1
+        config = GeneratorConfig(
+            num_classes=self.num_classes,
+            latent_dim=spec["latent_dim"],
+            embed_dim=spec["embed_dim"],
+            channels=tuple(spec["channels"]),
+            out_channels=1 if self.images.ndim == 3 else self.images.shape[-1],
+        )
+        self.model = ConditionalDCGAN(config).to(device)
+        self.optimizer = torch.optim.Adam(
+            self.model.parameters(), lr=spec["lr"], weight_decay=spec["weight_decay"]
+        )
+        self.private = spec["method"] == "dp_sinkhorn"
+        if self.private:
+            self.sigma, _ = resolve_budget(
+                sigma=spec["sigma"], steps=spec["steps"], target_epsilon=spec["target_epsilon"],
+                q=self.q, batch_size=self.n, delta=spec["delta"],
+            )  # fmt: skip
+
+    def _features(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        onehot = torch.nn.functional.one_hot(labels, self.num_classes).float()
+        return torch.cat([images.flatten(1), self.spec["alpha_c"] * onehot], dim=1)
+
+    def _sanitize(self, grad: torch.Tensor) -> torch.Tensor:
+        clip, n = self.spec["clip"], self.n
+        head, tail = grad[:n], grad[n:]
+        head = head * min(1.0, clip / (head.norm().item() + 1e-12))
+        head = head + 2 * clip * self.sigma * torch.randn_like(head)
+        if len(tail):
+            tail = tail * min(1.0, clip / (tail.norm().item() + 1e-12))
+        return torch.cat([head, tail])
+
+    def step(self) -> torch.Tensor:
+        spec, n, n_prime = self.spec, self.n, self.n_prime
+        chosen = (torch.rand(len(self.labels), device=self.device) < self.q).nonzero().squeeze(1)
+        real = self.images[chosen].float() / 127.5 - 1.0
+        y = self._features(real, self.labels[chosen])
+        z = torch.rand(n + n_prime, spec["latent_dim"], device=self.device)
+        labels = torch.randint(0, self.num_classes, (n + n_prime,), device=self.device)
+        fake = self.model(z, labels)
+        if self.private:
+            fake.register_hook(self._sanitize)
+        x = self._features(fake, labels)
+        ot = SamplesLoss(
+            "sinkhorn", p=1, blur=spec["entropy_reg"], debias=False,
+            cost=lambda a, b: mixed_cost(a, b, spec["m"]),
+        )  # fmt: skip
+        self_term = ot(x[:n], x[n_prime : n + n_prime])
+        data_term = ot(x[:n], y) if len(chosen) else torch.zeros((), device=self.device)
+        loss = 2 * data_term - self_term
+        self.optimizer.zero_grad()
+        loss.backward()
+        self.optimizer.step()
+        return loss.detach()
 
 
 def _sync(device: torch.device) -> None:
@@ -24,39 +98,47 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def benchmark(spec: dict, data_dir: Path, device: str, steps: int, warmup: int) -> dict:
-    """Steps per second of ``Trainer.step`` after ``warmup`` untimed steps."""
-    images, labels = data.load_split(Path(data_dir), spec["dataset"], "train")
-    trainer = Trainer(spec, images, labels, resolve_device(device))
+def time_steps(step, device: torch.device, steps: int, warmup: int) -> float:
+    """Steps per second of ``step()`` over ``steps`` calls after ``warmup`` untimed ones."""
     for _ in range(warmup):
-        trainer.step()
-    _sync(trainer.device)
+        step()
+    _sync(device)
     start = time.perf_counter()
     for _ in range(steps):
-        trainer.step()
-    _sync(trainer.device)
-    seconds = time.perf_counter() - start
-    return {
-        "experiment": spec["name"],
-        "steps": steps,
-        "seconds": seconds,
-        "steps_per_s": steps / seconds,
-        "device": str(trainer.device)
-        + (
-            f" ({torch.cuda.get_device_name(trainer.device)})"
-            if trainer.device.type == "cuda"
-            else ""
-        ),
-        "threads": torch.get_num_threads(),
-        "torch": torch.__version__,
-    }
+        step()
+    _sync(device)
+    return steps / (time.perf_counter() - start)
+
+
+def benchmark(
+    spec: dict, data_dir: Path, device: str, steps: int, warmup: int, impl: str = "ours"
+) -> dict:
+    """Time the chosen implementation(s) of the training step on the experiment's data."""
+    images, labels = data.load_split(Path(data_dir), spec["dataset"], "train")
+    dev = resolve_device(device)
+    result: dict = {"experiment": spec["name"], "timed_steps": steps, "warmup_steps": warmup}
+    if impl in ("ours", "both"):
+        trainer = Trainer(spec, images, labels, dev)
+        result["ours_steps_per_s"] = time_steps(trainer.step, dev, steps, warmup)
+    if impl in ("reference", "both"):
+        reference = ReferenceStep(spec, images, labels, dev)
+        result["reference_steps_per_s"] = time_steps(reference.step, dev, steps, warmup)
+    if impl == "both":
+        result["ratio"] = result["ours_steps_per_s"] / result["reference_steps_per_s"]
+    result["steps_per_s"] = result.get("ours_steps_per_s", result.get("reference_steps_per_s"))
+    name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
+    result.update(
+        device=f"{dev} ({name})", threads=torch.get_num_threads(), torch=torch.__version__
+    )
+    return result
 
 
 def register_cli(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("bench", help="time the training step (steps/s)")
     p.add_argument("--config", nargs="+", required=True)
     p.add_argument("--experiment", required=True)
-    p.add_argument("--steps", type=int, default=50, help="timed steps")
+    p.add_argument("--impl", choices=["ours", "reference", "both"], default="ours")
+    p.add_argument("--steps", type=int, default=50, help="timed steps per implementation")
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--device", help="override the config's device")
     p.set_defaults(handler=_cli)
@@ -65,9 +147,9 @@ def register_cli(subparsers: argparse._SubParsersAction) -> None:
 def _cli(args: argparse.Namespace) -> int:
     cfg = config_lib.load_config(args.config)
     spec = config_lib.experiment(cfg, args.experiment)
-    print(
-        json.dumps(
-            benchmark(spec, cfg["data_dir"], args.device or cfg["device"], args.steps, args.warmup)
-        )
-    )
+    if spec["method"] == "real_data":
+        raise ValueError(f"experiment {args.experiment} uses real data: nothing to benchmark")
+    device = args.device or cfg["device"]
+    result = benchmark(spec, cfg["data_dir"], device, args.steps, args.warmup, args.impl)
+    print(json.dumps(result))
     return 0

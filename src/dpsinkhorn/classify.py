@@ -29,17 +29,11 @@ import torch
 from torch import nn
 
 from dpsinkhorn import io
+from dpsinkhorn.devices import resolve_device
 
 MODELS = ("logreg", "mlp", "cnn")
 HOLDOUT_FRACTION = 0.1
 EVAL_BATCH = 1024
-
-
-def resolve_device(device: str = "auto") -> torch.device:
-    """'auto' -> cuda if available else cpu; anything else is passed to ``torch.device``."""
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
 
 
 def to_float(images: np.ndarray, where: str = "images") -> np.ndarray:

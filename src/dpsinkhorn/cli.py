@@ -12,7 +12,17 @@ import importlib
 import sys
 
 # module name -> offers one or more sub-commands through register_cli()
-COMMAND_MODULES = ["data", "privacy", "train", "sample", "fid", "classify", "report", "bench"]
+COMMAND_MODULES = [
+    "data",
+    "celeba",
+    "privacy",
+    "train",
+    "sample",
+    "fid",
+    "classify",
+    "report",
+    "bench",
+]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -40,6 +40,19 @@ TABLE1_ROWS = {
     "sound10": "dp_sinkhorn",
 }
 
+#: The CelebA tables (paper Tables 3 and 6): each row and the method it needs.
+#: An experiment names its rows with ``rows: {table3: dp, table6: biggan}``.
+TABLE_ROWS = {
+    "table3": {"real": "real_data", "nonprivate": "sinkhorn", "dp": "dp_sinkhorn"},
+    "table6": {"real": "real_data", "dcgan": "dp_sinkhorn", "biggan": "dp_sinkhorn"},
+}
+#: Table 6 compares generators: its DP rows need this ``generator``.
+TABLE6_GENERATOR = {"dcgan": "dcgan", "biggan": "biggan"}
+#: Generator widths (``channels``) each architecture takes.
+GENERATOR_WIDTHS = {"dcgan": 3, "biggan": 4}
+#: Where the smoke run's synthetic CelebA source goes, under data_dir (``celeba_fixture``).
+FIXTURE_SOURCE = "celeba_source"
+
 PathLike = str | os.PathLike
 
 
@@ -192,10 +205,12 @@ def _semantic_errors(config: dict) -> list[tuple[list, str]]:
     """Checks across keys that the schema cannot express."""
     errors: list[tuple[list, str]] = []
     rows: dict[tuple[str, str], str] = {}
+    table_rows: dict[tuple[str, str, str], str] = {}
     for name in experiment_names(config):
         exp = experiment(config, name)
         at = ["experiments", name]
         method = exp["method"]
+        errors += _celeba_errors(config, exp, at, table_rows)
         if method != "real_data":
             if exp["sigma"] is None and exp["steps"] is None:
                 errors.append((at + ["sigma"], "sigma and steps are both null; give at least one"))
@@ -229,6 +244,33 @@ def _semantic_errors(config: dict) -> list[tuple[list, str]]:
             errors.append(
                 (at + ["table1_row"], f"{exp['dataset']} row {row!r} is already filled by {other}")
             )
+    return errors
+
+
+def _celeba_errors(config: dict, exp: dict, at: list, seen: dict) -> list[tuple[list, str]]:
+    """Generator widths, and the Table 3 / Table 6 rows of one experiment."""
+    errors = []
+    generator = exp.get("generator") or "dcgan"
+    widths = GENERATOR_WIDTHS[generator]
+    if exp["method"] != "real_data" and len(exp["channels"]) != widths:
+        errors.append(
+            (
+                at + ["channels"],
+                f"generator {generator} needs {widths} widths, got {exp['channels']}",
+            )
+        )
+    if generator == "biggan" and exp["dataset"] != "celeba":
+        errors.append((at + ["generator"], "biggan makes 32x32 RGB images: dataset celeba only"))
+    for table, row in (exp.get("rows") or {}).items():
+        where = at + ["rows", table]
+        needed = TABLE_ROWS[table][row]
+        if needed != exp["method"]:
+            errors.append((where, f"row {row!r} needs method {needed}, not {exp['method']}"))
+        if table == "table6" and row in TABLE6_GENERATOR and TABLE6_GENERATOR[row] != generator:
+            errors.append((where, f"row {row!r} needs generator: {TABLE6_GENERATOR[row]}"))
+        other = seen.setdefault((table, exp["dataset"], row), exp["name"])
+        if other != exp["name"]:
+            errors.append((where, f"{exp['dataset']} row {row!r} is already filled by {other}"))
     return errors
 
 
@@ -272,6 +314,17 @@ def _source_of(path: list, source: str | Sequence[PathLike], config: Mapping) ->
 # ---------------------------------------------------------------------------- queries
 
 
+def make_experiment(name: str = "custom", **settings: Any) -> dict:
+    """A validated experiment from keyword settings, for the Python API.
+
+    Keys are those of ``training_defaults`` (schema defaults fill the rest, i.e. the
+    paper's MNIST setting); e.g. ``make_experiment(sigma=None, target_epsilon=5.0,
+    steps=20000, delta=1e-6)``.
+    """
+    settings.setdefault("dataset", "mnist")
+    return experiment(validate({"experiments": {name: settings}}, "make_experiment"), name)
+
+
 def experiment_names(config: Mapping) -> list[str]:
     """Experiment names in config order."""
     return list(config.get("experiments") or {})
@@ -285,12 +338,13 @@ def experiment(config: Mapping, name: str) -> dict:
         raise ValueError(f"unknown experiment {name!r} (known: {known})")
     spec = deep_merge(config.get("training_defaults") or {}, experiments[name])
     spec.setdefault("table1_row", None)
+    spec.setdefault("rows", {})
     spec["name"] = name
     return spec
 
 
 #: Experiment keys that do not change what training computes (bookkeeping only).
-NON_SEMANTIC_KEYS = ("checkpoint_every", "log_every", "table1_row", "name")
+NON_SEMANTIC_KEYS = ("checkpoint_every", "log_every", "table1_row", "rows", "name")
 
 
 def experiment_spec(config: Mapping, name: str) -> str:
@@ -349,6 +403,103 @@ def figure_experiment(config: Mapping, dataset: str) -> str | None:
 
 def figure_datasets(config: Mapping) -> list[str]:
     return [d for d in datasets(config) if figure_experiment(config, d) is not None]
+
+
+def classifiers_of(config: Mapping, dataset: str) -> list[str]:
+    """The classifiers trained on this dataset's samples (``classifiers_by_dataset`` wins)."""
+    evaluation = config["evaluation"]
+    return list(
+        evaluation.get("classifiers_by_dataset", {}).get(dataset, evaluation["classifiers"])
+    )
+
+
+def all_classifiers(config: Mapping) -> list[str]:
+    """Every classifier used by any experiment (the ``model`` wildcard's values)."""
+    return list(dict.fromkeys(m for d in datasets(config) for m in classifiers_of(config, d)))
+
+
+def table_experiments(config: Mapping, table: str) -> dict[tuple[str, str], str]:
+    """``{(dataset, row): experiment}`` of one CelebA table (``rows:``), in table order."""
+    found = {}
+    for name in experiment_names(config):
+        exp = experiment(config, name)
+        row = exp["rows"].get(table)
+        if row is not None:
+            found[(exp["dataset"], row)] = name
+    order = {row: i for i, row in enumerate(TABLE_ROWS[table])}
+    dataset_order = {d: i for i, d in enumerate(datasets(config))}
+    return dict(sorted(found.items(), key=lambda kv: (dataset_order[kv[0][0]], order[kv[0][1]])))
+
+
+def report_tables(config: Mapping) -> list[str]:
+    """The CelebA tables (``table3``, ``table6``) that some experiment of the config fills."""
+    return [t for t in TABLE_ROWS if table_experiments(config, t)]
+
+
+#: The sample figure of each CelebA table: the rows whose samples it shows, top to bottom.
+TABLE_FIGURES = {"table3": ("fig3", ("dp",)), "table6": ("fig6", ("dcgan", "biggan"))}
+
+
+def table_figure_experiments(config: Mapping, table: str) -> list[str]:
+    """Experiments shown in the table's figure (fig3: the DP row; fig6: DCGAN, BigGAN)."""
+    rows = table_experiments(config, table)
+    _, kinds = TABLE_FIGURES[table]
+    return [name for (_, row), name in rows.items() if row in kinds]
+
+
+def table_files(config: Mapping, table: str, results: PathLike) -> dict[str, list[str]]:
+    """What a CelebA table reads: per-seed results, privacy reports, figure samples."""
+    results = Path(results)
+    rows = table_experiments(config, table)
+    seed = config["seeds"][0]
+    return {
+        "results": [
+            str(results / name / f"{metric}_seed{s}.json")
+            for (dataset, _), name in rows.items()
+            for metric in ["fid"] + [f"acc_{m}" for m in classifiers_of(config, dataset)]
+            for s in config["seeds"]
+        ],
+        "privacy": [
+            str(results / n / "privacy.json") for n in rows.values() if needs_training(config, n)
+        ],
+        "samples": [
+            str(results / name / f"samples_seed{seed}.npz")
+            for name in table_figure_experiments(config, table)
+        ],
+    }
+
+
+def table_outputs(config: Mapping, table: str, results: PathLike) -> dict[str, str]:
+    """The files ``dpsinkhorn report <table>`` writes (tables/<table>.{md,csv,tex}, figure)."""
+    results = Path(results)
+    figure, _ = TABLE_FIGURES[table]
+    out = {suffix: str(results / "tables" / f"{table}.{suffix}") for suffix in ("md", "csv", "tex")}
+    return {**out, "figure": str(results / "figures" / f"{figure}.png")}
+
+
+def report_targets(config: Mapping, results: PathLike) -> list[str]:
+    """Outputs of every CelebA table the config fills (for ``rule all``)."""
+    return [f for t in report_tables(config) for f in table_outputs(config, t, results).values()]
+
+
+def fixture_source(config: Mapping) -> str | None:
+    """``<data_dir>/celeba_source`` when CelebA comes from the synthetic fixture, else None."""
+    if config.get("celeba_fixture") is None:
+        return None
+    return str(Path(config["data_dir"]) / FIXTURE_SOURCE)
+
+
+def data_mirror_of(config: Mapping, dataset: str) -> str | None:
+    """The ``--mirror`` of ``dpsinkhorn data`` for a dataset (the fixture's folder for CelebA)."""
+    if dataset == "celeba" and fixture_source(config) is not None:
+        return fixture_source(config)
+    return config.get("data_mirror")
+
+
+def data_inputs(config: Mapping, dataset: str) -> list[str]:
+    """Inputs of the data rule: the fixture folder for a fixture CelebA, else nothing."""
+    source = fixture_source(config) if dataset == "celeba" else None
+    return [] if source is None else [source]
 
 
 def train_runtime_minutes(config: Mapping, name: str) -> int:

@@ -1,4 +1,6 @@
-"""Datasets (MNIST, Fashion-MNIST): preparation, loading and pixel conversions.
+"""Datasets (MNIST, Fashion-MNIST, CelebA): preparation, loading and pixel conversions.
+
+CelebA (JPEGs, 32x32 RGB, gender labels) is prepared by :mod:`dpsinkhorn.celeba`.
 
 ``dpsinkhorn data`` turns the official idx archives into the two files every later
 stage reads, ``<root>/<dataset>/{train,test}.npz`` (``images`` uint8 [N,28,28],
@@ -80,6 +82,15 @@ DATASETS: dict[str, DatasetInfo] = {
             "Ankle boot",
         ),
     ),
+    # CelebA at 32x32 RGB, label = the Male attribute (see dpsinkhorn.celeba).
+    "celeba": DatasetInfo(
+        key="celeba",
+        torchvision_class="CelebA",
+        folder="celeba",
+        num_classes=2,
+        image_shape=(3, 32, 32),
+        class_names=("female", "male"),
+    ),
 }
 
 
@@ -115,6 +126,10 @@ def prepare(dataset: str, root: Path, mirror: Path | None = None) -> dict[str, P
     """
     info = dataset_info(dataset)
     root = Path(root)
+    if dataset == "celeba":  # JPEGs + text files, not idx archives
+        from dpsinkhorn.celeba import prepare_celeba
+
+        return prepare_celeba(root, mirror)
     tv_root = root / "torchvision"
     raw = tv_root / info.folder / "raw"
     if mirror is not None:
@@ -253,7 +268,7 @@ def _read_with_torchvision(
 
 
 def load_split(root: Path, dataset: str, split: str) -> tuple[np.ndarray, np.ndarray]:
-    """Read ``<root>/<dataset>/<split>.npz``: (images uint8 [N,28,28], labels int64 [N])."""
+    """Read ``<root>/<dataset>/<split>.npz``: (images uint8 [N,H,W(,C)], labels int64 [N])."""
     path = split_path(root, dataset, split)
     if not path.exists():
         raise FileNotFoundError(
@@ -307,8 +322,9 @@ def register_cli(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "data",
         help="prepare datasets as <root>/<dataset>/{train,test}.npz",
-        description="Download (or copy from a local mirror) MNIST / Fashion-MNIST and write "
-        "<root>/<dataset>/{train,test}.npz (images uint8 [N,28,28], labels int64 [N]).",
+        description="Download (or copy from a local mirror) MNIST / Fashion-MNIST / CelebA and "
+        "write <root>/<dataset>/{train,test}.npz (images uint8 [N,28,28] or, for CelebA, "
+        "[N,32,32,3]; labels int64 [N]).",
     )
     parser.add_argument(
         "--dataset",
@@ -323,7 +339,8 @@ def register_cli(subparsers: argparse._SubParsersAction) -> None:
         "--mirror",
         type=Path,
         default=None,
-        help="folder holding <FolderName>/raw/*.gz (e.g. ../shared/data); never downloads",
+        help="folder holding <FolderName>/raw/*.gz (e.g. ../shared/data), or celeba/... in "
+        "torchvision's layout for CelebA; never downloads",
     )
     parser.set_defaults(handler=_cli_handler)
 

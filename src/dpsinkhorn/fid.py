@@ -23,6 +23,7 @@ from pytorch_fid import inception as pfi
 from pytorch_fid.fid_score import calculate_frechet_distance
 
 from dpsinkhorn import io
+from dpsinkhorn.devices import resolve_device
 
 POOL3_BLOCK = pfi.InceptionV3.BLOCK_INDEX_BY_DIM[2048]
 WEIGHTS_FILE_NAME = Path(pfi.FID_WEIGHTS_URL).name  # pt_inception-2015-12-05-6726825d.pth
@@ -32,13 +33,6 @@ HOW_TO_PASS = (
 )
 
 _MODELS: dict[tuple[str | None, str], pfi.InceptionV3] = {}
-
-
-def resolve_device(device: str = "auto") -> torch.device:
-    """'auto' -> cuda if available else cpu; anything else is passed to ``torch.device``."""
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
 
 
 def hub_cache_file() -> Path:

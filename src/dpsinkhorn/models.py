@@ -1,4 +1,12 @@
-"""Conditional DCGAN generator of the paper (appendix D.3).
+"""Generators of the paper (appendix D.3): conditional DCGAN and BigGAN-style.
+
+``build_generator(GeneratorConfig)`` picks the class from ``architecture`` and
+``image_size``: the DCGAN at 28x28 (MNIST, Fashion-MNIST, below), the DCGAN at 32x32
+(:class:`ConditionalDCGAN32`) and the BigGAN-style residual generator at 32x32
+(:class:`ConditionalBigGAN`, CelebA). ``GeneratorConfig.to_dict()`` is stored in
+generator.pt, so a saved generator names its own architecture.
+
+The 28x28 DCGAN:
 
 g(z, label): z ~ Uniform(0, 1)^latent_dim and a learned label embedding of size
 embed_dim are concatenated and fed, as a 1x1 feature map, to four transposed
@@ -29,6 +37,8 @@ class GeneratorConfig:
     embed_dim: int = 4
     channels: tuple[int, ...] = field(default=(256, 128, 64))
     out_channels: int = 1
+    architecture: str = "dcgan"  # dcgan | biggan (see GENERATORS)
+    image_size: int = 28  # output height = width
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -75,3 +85,124 @@ class ConditionalDCGAN(nn.Module):
             0, self.config.num_classes, (num,), generator=generator, device=device
         )
         return z, labels
+
+
+# ------------------------------------------------------------------ 32x32 RGB (CelebA)
+
+
+class ConditionalDCGAN32(ConditionalDCGAN):
+    """The DCGAN generator at 32x32 (CelebA, Table 6): four transposed convolutions.
+
+        ConvT(latent+embed -> c1, k4, s1, p0)   1x1   -> 4x4
+        ConvT(c1 -> c2, k4, s2, p1)             4x4   -> 8x8
+        ConvT(c2 -> c3, k4, s2, p1)             8x8   -> 16x16
+        ConvT(c3 -> C,  k4, s2, p1)             16x16 -> 32x32
+
+    ReLU between layers, tanh at the output; inputs, embedding and sampling as in
+    :class:`ConditionalDCGAN`.
+    """
+
+    def __init__(self, config: GeneratorConfig):
+        nn.Module.__init__(self)
+        if len(config.channels) != 3:
+            raise ValueError(f"channels must list 3 widths, got {list(config.channels)}")
+        self.config = config
+        c1, c2, c3 = config.channels
+        self.embedding = nn.Embedding(config.num_classes, config.embed_dim)
+        self.net = nn.Sequential(
+            nn.ConvTranspose2d(config.latent_dim + config.embed_dim, c1, 4, 1, 0),
+            nn.ReLU(),
+            nn.ConvTranspose2d(c1, c2, 4, 2, 1),
+            nn.ReLU(),
+            nn.ConvTranspose2d(c2, c3, 4, 2, 1),
+            nn.ReLU(),
+            nn.ConvTranspose2d(c3, config.out_channels, 4, 2, 1),
+            nn.Tanh(),
+        )
+
+
+def _sn(module: nn.Module) -> nn.Module:
+    return nn.utils.parametrizations.spectral_norm(module)
+
+
+class ResBlock(nn.Module):
+    """BigGAN-style residual block without batch norm, all layers spectrally normalised.
+
+    main:     ReLU -> [upsample x2] -> conv3x3 -> ReLU -> conv3x3 -> ReLU -> conv3x3
+    shortcut: [upsample x2] -> [conv1x1 when the width changes]
+    """
+
+    def __init__(self, c_in: int, c_out: int, upsample: bool):
+        super().__init__()
+        self.upsample = upsample
+        self.conv1 = _sn(nn.Conv2d(c_in, c_out, 3, 1, 1))
+        self.conv2 = _sn(nn.Conv2d(c_out, c_out, 3, 1, 1))
+        self.conv3 = _sn(nn.Conv2d(c_out, c_out, 3, 1, 1))
+        self.shortcut = _sn(nn.Conv2d(c_in, c_out, 1)) if c_in != c_out else nn.Identity()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.upsample:
+            x = nn.functional.interpolate(x, scale_factor=2, mode="nearest")
+        h = self.conv1(torch.relu(x))
+        h = self.conv2(torch.relu(h))
+        h = self.conv3(torch.relu(h))
+        return h + self.shortcut(x)
+
+
+class ConditionalBigGAN(nn.Module):
+    """BigGAN-style generator for 32x32 images (paper appendix D.3, CelebA).
+
+    [z (latent_dim) | embedding(label) (embed_dim)] -> SN-Linear -> c0 x 4 x 4, then four
+    residual blocks (:class:`ResBlock`, three SN 3x3 convolutions each: the paper's twelve
+    layers) with widths ``channels`` (paper: 256 each):
+
+        block 1: 4x4   -> 8x8   (upsample)
+        block 2: 8x8   -> 16x16 (upsample)
+        block 3: 16x16 -> 32x32 (upsample)
+        block 4: 32x32 -> 32x32
+
+    then ReLU -> SN conv3x3 -> C channels -> tanh. No batch norm (it would mix the samples
+    of a batch); the label enters through the embedding concatenated to z, as in the DCGAN.
+    """
+
+    def __init__(self, config: GeneratorConfig):
+        super().__init__()
+        if len(config.channels) != 4:
+            raise ValueError(f"biggan channels must list 4 block widths, got {config.channels}")
+        self.config = config
+        widths = list(config.channels)
+        self.embedding = nn.Embedding(config.num_classes, config.embed_dim)
+        self.linear = _sn(nn.Linear(config.latent_dim + config.embed_dim, widths[0] * 16))
+        self.blocks = nn.Sequential(
+            *(
+                ResBlock(c_in, c_out, upsample=i < 3)
+                for i, (c_in, c_out) in enumerate(
+                    zip([widths[0]] + widths[:-1], widths, strict=True)
+                )
+            )
+        )
+        self.out = _sn(nn.Conv2d(widths[-1], config.out_channels, 3, 1, 1))
+
+    def forward(self, z: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        h = self.linear(torch.cat([z, self.embedding(labels)], dim=1))
+        h = self.blocks(h.view(len(h), -1, 4, 4))
+        return torch.tanh(self.out(torch.relu(h)))
+
+    sample_inputs = ConditionalDCGAN.sample_inputs
+
+
+#: (architecture, image size) -> generator class.
+GENERATORS = {
+    ("dcgan", 28): ConditionalDCGAN,
+    ("dcgan", 32): ConditionalDCGAN32,
+    ("biggan", 32): ConditionalBigGAN,
+}
+
+
+def build_generator(config: GeneratorConfig) -> nn.Module:
+    """The generator a :class:`GeneratorConfig` describes (also rebuilds one from generator.pt)."""
+    key = (config.architecture, config.image_size)
+    if key not in GENERATORS:
+        valid = ", ".join(f"{a} at {s}x{s}" for a, s in GENERATORS)
+        raise ValueError(f"no {key[0]} generator for {key[1]}x{key[1]} images (have: {valid})")
+    return GENERATORS[key](config)

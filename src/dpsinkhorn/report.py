@@ -1,4 +1,4 @@
-"""Result tables and figures: ``dpsinkhorn report table1 --config FILES --out-dir results/<run>``.
+"""Result tables and figures: ``dpsinkhorn report {table1,table3,table6} --config FILES --out-dir``.
 
 Table 1 of the paper, rebuilt from the per-seed result files of a run:
 
@@ -10,6 +10,11 @@ Units are the paper's: accuracy in % (the json files hold fractions), ε = inf f
 non-private rows. Each cell is mean ± std over the seeds; std is the sample standard
 deviation (ddof=1), and 0 for a single seed. Writes ``tables/table1.{md,csv,tex}`` and
 ``figures/samples_<dataset>.png`` (one row of samples per class) under ``--out-dir``.
+
+Tables 3 and 6 (CelebA, :data:`CELEBA_TABLES`) follow the same conventions with the
+columns FID, MLP, CNN; their rows come from the experiments' ``rows:`` key, and they
+write ``tables/table{3,6}.{md,csv,tex}`` and ``figures/fig{3,6}.png``. A CelebA prepared
+from the synthetic fixture (``<data_dir>/celeba/FIXTURE``) is named in their captions.
 
 Another table is one more ``reports.add_parser(...)`` in :func:`register_cli`.
 """
@@ -27,7 +32,17 @@ from pathlib import Path
 import numpy as np
 
 from dpsinkhorn import io
-from dpsinkhorn.config import experiment, figure_experiment, load_config, table1_experiments
+from dpsinkhorn.config import (
+    TABLE_FIGURES,
+    classifiers_of,
+    experiment,
+    figure_experiment,
+    load_config,
+    table1_experiments,
+    table_experiments,
+    table_figure_experiments,
+    table_files,
+)
 
 METRICS = ("fid", "acc_logreg", "acc_mlp", "acc_cnn")
 CSV_COLUMNS = (
@@ -47,7 +62,7 @@ CSV_COLUMNS = (
 )
 THIS_RUN, REPORTED = "this run", "reported in paper"
 
-DATASET_TITLES = {"mnist": "MNIST", "fmnist": "Fashion-MNIST"}
+DATASET_TITLES = {"mnist": "MNIST", "fmnist": "Fashion-MNIST", "celeba": "CelebA 32×32"}
 CLASS_NAMES = {
     "mnist": [str(i) for i in range(10)],
     "fmnist": [
@@ -62,6 +77,7 @@ CLASS_NAMES = {
         "Bag",
         "Ankle boot",
     ],
+    "celeba": ["female", "male"],
 }
 ROW_LABELS = {
     "real": "Real data",
@@ -148,11 +164,11 @@ def _epsilon(value: object) -> float:
 def result_files(config: dict, results_dir: Path) -> list[Path]:
     """Every file Table 1 reads (results of each seed, privacy reports)."""
     files = []
-    for (_, row), name in table1_experiments(config).items():
+    for (dataset, row), name in table1_experiments(config).items():
         exp_dir = results_dir / name
         for seed in config["seeds"]:
             files.append(exp_dir / f"fid_seed{seed}.json")
-            for model in config["evaluation"]["classifiers"]:
+            for model in classifiers_of(config, dataset):
                 files.append(exp_dir / f"acc_{model}_seed{seed}.json")
         if row in ("paper", "sound10"):
             files.append(exp_dir / "privacy.json")
@@ -168,37 +184,56 @@ def _check_exist(paths: Iterable[Path]) -> None:
         )
 
 
+def measured_row(
+    config: dict,
+    results_dir: Path,
+    name: str,
+    label: str,
+    paper: Sequence[float | None],
+    metrics: Sequence[str] = METRICS,
+) -> Row:
+    """One row of this run: mean ± std over seeds of an experiment's result files.
+
+    ε is read from privacy.json for DP experiments, ∞ otherwise (non-private, real data);
+    ``paper`` holds the paper's values for ``metrics`` (None where it has none).
+    """
+    spec = experiment(config, name)
+    dataset, exp_dir, seeds = spec["dataset"], results_dir / name, config["seeds"]
+    row = Row(label, dataset, THIS_RUN, exp_name=name, seeds=len(seeds))
+    per_metric = {"fid": [_read_number(exp_dir / f"fid_seed{s}.json", "fid") for s in seeds]}
+    for model in classifiers_of(config, dataset):
+        per_metric[f"acc_{model}"] = [
+            _accuracy_percent(exp_dir / f"acc_{model}_seed{s}.json") for s in seeds
+        ]
+    for metric in metrics:
+        values = per_metric.get(metric)
+        row.mean[metric], row.std[metric] = mean_std(values) if values else (None, None)
+    if spec["method"] != "dp_sinkhorn":
+        row.epsilon = row.epsilon_paper = math.inf
+    else:
+        privacy = io.read_json(exp_dir / "privacy.json")
+        for key in ("epsilon", "epsilon_paper_convention"):
+            if key not in privacy:
+                raise ValueError(f"{exp_dir / 'privacy.json'}: missing key {key!r}")
+        row.epsilon = _epsilon(privacy["epsilon"])
+        row.epsilon_paper = _epsilon(privacy["epsilon_paper_convention"])
+    row.paper = dict(zip(metrics, paper, strict=True))
+    return row
+
+
 def our_rows(config: dict, results_dir: Path) -> list[Row]:
     """Rows measured in this run, one per Table 1 experiment of the config."""
     _check_exist(result_files(config, results_dir))
-    rows = []
-    for (dataset, kind), name in table1_experiments(config).items():
-        spec = experiment(config, name)
-        exp_dir = results_dir / name
-        row = Row(ROW_LABELS[kind], dataset, THIS_RUN, exp_name=name)
-        row.seeds = len(config["seeds"])
-        per_metric = {
-            "fid": [_read_number(exp_dir / f"fid_seed{s}.json", "fid") for s in config["seeds"]]
-        }
-        for model in config["evaluation"]["classifiers"]:
-            per_metric[f"acc_{model}"] = [
-                _accuracy_percent(exp_dir / f"acc_{model}_seed{s}.json") for s in config["seeds"]
-            ]
-        for metric in METRICS:
-            values = per_metric.get(metric)
-            row.mean[metric], row.std[metric] = mean_std(values) if values else (None, None)
-        if kind in ("real", "nonprivate"):
-            row.epsilon = row.epsilon_paper = math.inf
-        else:
-            privacy = io.read_json(exp_dir / "privacy.json")
-            for key in ("epsilon", "epsilon_paper_convention"):
-                if key not in privacy:
-                    raise ValueError(f"{exp_dir / 'privacy.json'}: missing key {key!r}")
-            row.epsilon = _epsilon(privacy["epsilon"])
-            row.epsilon_paper = _epsilon(privacy["epsilon_paper_convention"])
-        row.paper = dict(zip(METRICS, _paper_values(dataset, kind, spec), strict=True))
-        rows.append(row)
-    return rows
+    return [
+        measured_row(
+            config,
+            results_dir,
+            name,
+            ROW_LABELS[kind],
+            _paper_values(dataset, kind, experiment(config, name)),
+        )
+        for (dataset, kind), name in table1_experiments(config).items()
+    ]
 
 
 def _paper_values(dataset: str, kind: str, spec: dict) -> tuple:
@@ -254,14 +289,20 @@ def _num(value: float | None, digits: int = 4) -> str:
     return repr(round(value, digits))
 
 
-def to_csv(rows: Sequence[Row]) -> str:
-    """CSV with the columns of :data:`CSV_COLUMNS` (empty cell = not available)."""
+def csv_columns(metrics: Sequence[str] = METRICS) -> tuple[str, ...]:
+    """CSV header: method, dataset, both ε, then each metric and its std, then source."""
+    cells = [c for m in metrics for c in (m, f"{m}_std")]
+    return ("method", "dataset", "epsilon", "epsilon_paper_convention", *cells, "source")
+
+
+def to_csv(rows: Sequence[Row], metrics: Sequence[str] = METRICS) -> str:
+    """CSV with the columns of :func:`csv_columns` (empty cell = not available)."""
     buffer = _io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(CSV_COLUMNS)
+    writer.writerow(csv_columns(metrics))
     for row in rows:
         cells = [row.method, row.dataset, _num(row.epsilon), _num(row.epsilon_paper)]
-        for metric in METRICS:
+        for metric in metrics:
             cells += [_num(row.mean.get(metric)), _num(row.std.get(metric))]
         writer.writerow(cells + [row.source])
     return buffer.getvalue()
@@ -275,8 +316,13 @@ def _cell(row: Row, metric: str, pm: str = " ± ", latex: bool = False) -> str:
     if row.seeds > 1 and row.std.get(metric) is not None:
         text += f"{pm}{row.std[metric]:.1f}"
     if not latex and row.paper.get(metric) is not None:
-        text += f" (paper {row.paper[metric]:.1f})"
+        text += f" (paper {_paper_number(row.paper[metric])})"
     return text
+
+
+def _paper_number(value: float) -> str:
+    """A paper value as printed there: one decimal, or two where it has two (74.96)."""
+    return f"{value:.2f}" if round(value, 1) != value else f"{value:.1f}"
 
 
 def _eps(value: float | None, reported: bool, latex: bool = False) -> str:
@@ -311,19 +357,11 @@ def to_markdown(rows: Sequence[Row], config: dict, figures: dict[str, tuple[str,
         "Rows *reported in paper* are copied from the paper (– = N/A or not run).",
         "",
     ]
-    header = "| Method | ε (sound) | ε (paper conv.) | FID ↓ | Log Reg | MLP | CNN | Source |"
+    paper_eps = {ROW_LABELS["paper"]: PAPER_DP_EPSILON}
     for dataset in dict.fromkeys(r.dataset for r in rows):
-        lines += [f"## {DATASET_TITLES.get(dataset, dataset)}", "", header, "|" + "---|" * 8]
-        for row in (r for r in rows if r.dataset == dataset):
-            method = row.method + ("¹" if row.method == "G-PATE" else "")
-            reported = row.source == REPORTED
-            eps_paper = _eps(row.epsilon_paper, reported)
-            if row.source == THIS_RUN and row.method == ROW_LABELS["paper"]:
-                eps_paper += f" (paper {PAPER_DP_EPSILON:g})"
-            cells = [method, _eps(row.epsilon, reported), eps_paper]
-            cells += [_cell(row, m) for m in METRICS] + [row.source]
-            lines.append("| " + " | ".join(cells) + " |")
-        lines.append("")
+        lines += [f"## {DATASET_TITLES.get(dataset, dataset)}", ""]
+        in_dataset = [r for r in rows if r.dataset == dataset]
+        lines += _markdown_table(in_dataset, METRICS, paper_eps, {"G-PATE": "¹"}) + [""]
     lines.append(GPATE_NOTE)
     lines += ["", "## Experiments", ""]
     lines += [
@@ -348,6 +386,35 @@ def to_markdown(rows: Sequence[Row], config: dict, figures: dict[str, tuple[str,
     return "\n".join(lines).rstrip() + "\n"
 
 
+METRIC_TITLES = {"fid": "FID ↓", "acc_logreg": "Log Reg", "acc_mlp": "MLP", "acc_cnn": "CNN"}
+METRIC_TITLES_TEX = {"fid": "FID", "acc_logreg": "Log Reg", "acc_mlp": "MLP", "acc_cnn": "CNN"}
+
+
+def _markdown_table(
+    rows: Sequence[Row],
+    metrics: Sequence[str],
+    paper_eps: dict[str, float],
+    marks: dict[str, str] | None = None,
+) -> list[str]:
+    """Markdown lines of one table: ε columns, metrics, source.
+
+    ``paper_eps`` maps a method of this run to the ε the paper reports for it (shown as
+    ``(paper X)`` beside our paper-convention ε); ``marks`` adds footnote marks to methods.
+    """
+    header = ["Method", "ε (sound)", "ε (paper conv.)"] + [METRIC_TITLES[m] for m in metrics]
+    lines = ["| " + " | ".join(header + ["Source"]) + " |", "|" + "---|" * (len(header) + 1)]
+    for row in rows:
+        method = row.method + (marks or {}).get(row.method, "")
+        reported = row.source == REPORTED
+        eps_paper = _eps(row.epsilon_paper, reported)
+        if row.source == THIS_RUN and row.method in paper_eps:
+            eps_paper += f" (paper {paper_eps[row.method]:g})"
+        cells = [method, _eps(row.epsilon, reported), eps_paper]
+        cells += [_cell(row, m) for m in metrics] + [row.source]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
 def _latex_escape(text: str) -> str:
     for char, repl in [("\\", r"\textbackslash{}"), ("&", r"\&"), ("%", r"\%"), ("$", r"\$")]:
         text = text.replace(char, repl)
@@ -356,20 +423,28 @@ def _latex_escape(text: str) -> str:
     return text.replace("ε", "$\\varepsilon$")
 
 
-def to_latex(rows: Sequence[Row]) -> str:
+def to_latex(
+    rows: Sequence[Row],
+    metrics: Sequence[str] = METRICS,
+    table: str = "table1",
+    note: str = "",
+) -> str:
     """A booktabs tabular (needs \\usepackage{booktabs}); reported rows marked with †."""
+    title = f"Table {table.removeprefix('table')}"
+    ncols = 3 + len(metrics)
     lines = [
-        "% Table 1, written by `dpsinkhorn report table1`. Needs \\usepackage{booktabs}.",
+        f"% {title}, written by `dpsinkhorn report {table}`. Needs \\usepackage{{booktabs}}.",
         "% Rows marked \\dag are reported in the paper; the others come from this run",
-        "% (mean $\\pm$ std over seeds). Accuracy in %.",
-        "\\begin{tabular}{lrrrrrr}",
+        "% (mean $\\pm$ std over seeds). Accuracy in %." + (f" {note}" if note else ""),
+        "\\begin{tabular}{l" + "r" * (ncols - 1) + "}",
         "\\toprule",
-        "Method & $\\varepsilon$ & $\\varepsilon_{\\mathrm{paper}}$ & FID & Log Reg & MLP & CNN"
-        " \\\\",
+        "Method & $\\varepsilon$ & $\\varepsilon_{\\mathrm{paper}}$ & "
+        + " & ".join(METRIC_TITLES_TEX[m] for m in metrics)
+        + " \\\\",
     ]
     for dataset in dict.fromkeys(r.dataset for r in rows):
         title = DATASET_TITLES.get(dataset, dataset)
-        lines += ["\\midrule", f"\\multicolumn{{7}}{{l}}{{\\textit{{{title}}}}} \\\\"]
+        lines += ["\\midrule", f"\\multicolumn{{{ncols}}}{{l}}{{\\textit{{{title}}}}} \\\\"]
         for row in (r for r in rows if r.dataset == dataset):
             method = _latex_escape(row.method) + (
                 "\\textsuperscript{\\dag}" if row.source == REPORTED else ""
@@ -377,7 +452,7 @@ def to_latex(rows: Sequence[Row]) -> str:
             reported = row.source == REPORTED
             cells = [method, _eps(row.epsilon, reported, True)]
             cells.append(_eps(row.epsilon_paper, reported, True))
-            cells += [_cell(row, m, " $\\pm$ ", latex=True) for m in METRICS]
+            cells += [_cell(row, m, " $\\pm$ ", latex=True) for m in metrics]
             lines.append(" & ".join(cells) + " \\\\")
     lines += ["\\bottomrule", "\\end{tabular}"]
     return "\n".join(lines) + "\n"
@@ -407,12 +482,32 @@ def save_sample_figure(
     samples: Path, out: Path, dataset: str, title: str, per_class: int = 10
 ) -> None:
     """PNG of a sample file: one row per class with the class name as label (atomic)."""
-    from matplotlib.figure import Figure  # Agg via Figure.savefig; no pyplot state
-
     images, labels = io.load_samples(samples)
     names = CLASS_NAMES.get(dataset) or [str(c) for c in range(int(labels.max()) + 1)]
-    grid = sample_grid(images, labels, len(names), per_class)
-    h = images.shape[1] + 2
+    save_grid_figure([(images, labels, "")], names, out, title, per_class)
+
+
+def save_grid_figure(
+    panels: Sequence[tuple[np.ndarray, np.ndarray, str]],
+    class_names: Sequence[str],
+    out: Path,
+    title: str,
+    per_class: int = 10,
+) -> None:
+    """PNG of sample sets stacked top to bottom, one row per class of each (atomic).
+
+    ``panels`` holds (images, labels, row-label prefix) per sample set, e.g. the DCGAN's
+    then the BigGAN's samples for the paper's Figure 6.
+    """
+    from matplotlib.figure import Figure  # Agg via Figure.savefig; no pyplot state
+
+    grids, names = [], []
+    for images, labels, prefix in panels:
+        grids.append(sample_grid(images, labels, len(class_names), per_class))
+        names += [f"{prefix} {c}".strip() for c in class_names]
+    blank = np.full((2, *grids[0].shape[1:]), 255, dtype=np.uint8)  # the 2 px gap
+    grid = np.concatenate([g for grid in grids for g in (grid, blank)][:-1])
+    h = panels[0][0].shape[1] + 2
     fig = Figure(figsize=(1.0 + 0.45 * per_class, 0.5 + 0.45 * len(names)), dpi=100)
     ax = fig.add_subplot()
     ax.imshow(grid, cmap="gray" if grid.ndim == 2 else None, vmin=0, vmax=255)
@@ -448,19 +543,177 @@ def table1(config_files: Sequence[str | Path], out_dir: str | Path) -> list[Path
         save_sample_figure(samples, png, dataset, title)
         figures[dataset] = (f"../figures/{png.name}", name)
         written.append(png)
-    tables = out_dir / "tables"
-    for suffix, text in [
-        ("md", to_markdown(rows, config, figures)),
-        ("csv", to_csv(rows)),
-        ("tex", to_latex(rows)),
-    ]:
-        io.write_text(tables / f"table1.{suffix}", text)
-        written.append(tables / f"table1.{suffix}")
+    md, tex = to_markdown(rows, config, figures), to_latex(rows)
+    return written + _write_tables(out_dir, "table1", md, to_csv(rows), tex)
+
+
+def _write_tables(out_dir: Path, table: str, md: str, csv_text: str, tex: str) -> list[Path]:
+    written = []
+    for suffix, text in [("md", md), ("csv", csv_text), ("tex", tex)]:
+        io.write_text(out_dir / "tables" / f"{table}.{suffix}", text)
+        written.append(out_dir / "tables" / f"{table}.{suffix}")
     return written
 
 
 def _table1_cli(args: argparse.Namespace) -> int:
     for path in table1(args.config, args.out_dir):
+        print(path)
+    return 0
+
+
+# ---------------------------------------------------------------- CelebA: Tables 3, 6
+
+CELEBA_METRICS = ("fid", "acc_mlp", "acc_cnn")
+
+
+@dataclass(frozen=True)
+class CelebaTable:
+    """What the paper's Table 3 or 6 shows: our rows, its numbers, reported baselines."""
+
+    title: str
+    labels: dict[str, str]  # row key (config ``rows:``) -> method label
+    paper: dict[str, tuple[float | None, ...]]  # row key -> (FID, MLP, CNN) in the paper
+    paper_epsilon: dict[str, float]  # row key -> ε the paper reports (DP rows)
+    reported: dict[str, tuple[float, tuple[float | None, ...]]]  # method -> (ε, values)
+    notes: tuple[str, ...]
+    figure_caption: str
+
+
+CELEBA_TABLES = {
+    "table3": CelebaTable(
+        title="Table 3: DP image generation on CelebA 32×32 (gender-conditioned)",
+        labels={"real": "Real data", "nonprivate": "Sinkhorn (non-private)", "dp": "DP-Sinkhorn"},
+        paper={
+            "real": (1.1, 91.9, 95.0),
+            "nonprivate": (129.5, 80.8, 82.2),
+            "dp": (189.5, 76.2, 76.3),
+        },
+        paper_epsilon={"dp": 10.0},
+        reported={
+            "DP-MERF": (10.0, (274.0, 64.8, 65.0)),
+            "DataLens": (10.0, (320.8, None, 72.9)),
+        },
+        notes=(
+            "DataLens is reported at (10, 1e-5)-DP and 64×64 resolution (the paper's earlier "
+            "version, Table 3); DP-MERF was run by the paper's authors with the same generator.",
+        ),
+        figure_caption="DP-Sinkhorn samples (paper Fig. 3); rows: female, male",
+    ),
+    "table6": CelebaTable(
+        title="Table 6: generator architecture on CelebA 32×32 (DP-Sinkhorn, L2 cost)",
+        labels={"real": "Real data", "dcgan": "DCGAN+DP-Sinkhorn", "biggan": "BigGAN+DP-Sinkhorn"},
+        paper={
+            "real": (1.1, 91.9, 95.0),
+            "dcgan": (156.7, 74.96, 74.62),
+            "biggan": (168.4, 76.18, 75.79),
+        },
+        paper_epsilon={"dcgan": 10.0, "biggan": 10.0},
+        reported={},
+        notes=(),
+        figure_caption="DCGAN rows, then BigGAN rows (paper Fig. 6)",
+    ),
+}
+
+
+def celeba_rows(config: dict, table: str, results_dir: Path) -> list[Row]:
+    """Our rows of Table 3 or 6 (config ``rows:``), then the paper's reported baselines."""
+    spec = CELEBA_TABLES[table]
+    files = table_files(config, table, results_dir)
+    _check_exist(Path(f) for f in files["results"] + files["privacy"])
+    rows = [
+        measured_row(config, results_dir, name, spec.labels[kind], spec.paper[kind], CELEBA_METRICS)
+        for (_, kind), name in table_experiments(config, table).items()
+    ]
+    for dataset in dict.fromkeys(r.dataset for r in rows):
+        if dataset != "celeba":
+            continue
+        for method, (eps, values) in spec.reported.items():
+            mean = dict(zip(CELEBA_METRICS, values, strict=True))
+            rows.append(Row(method, dataset, REPORTED, eps, mean=mean, std={}))
+    return rows
+
+
+def _fixture_note(config: dict) -> str:
+    """The caption's warning when CelebA was prepared from the synthetic fixture."""
+    from dpsinkhorn.celeba import is_fixture
+
+    if not is_fixture(Path(config["data_dir"])):
+        return ""
+    return (
+        "**Data: the SYNTHETIC CelebA FIXTURE (dpsinkhorn celeba-fixture), not CelebA. "
+        "These numbers test the pipeline and say nothing about the paper.**"
+    )
+
+
+def celeba_table(table: str, config_files: Sequence[str | Path], out_dir: str | Path) -> list[Path]:
+    """Write Table 3 or 6 (md, csv, tex) and its figure (fig3 / fig6); return the paths."""
+    spec = CELEBA_TABLES[table]
+    config, out_dir = load_config(config_files), Path(out_dir)
+    rows = celeba_rows(config, table, out_dir)
+    seed = config["seeds"][0]
+    figure_name, _ = TABLE_FIGURES[table]
+    png = out_dir / "figures" / f"{figure_name}.png"
+    names = table_figure_experiments(config, table)
+    labels = {n: r.method.removesuffix("+DP-Sinkhorn") for r in rows if (n := r.exp_name)}
+    panels = []
+    for name in names:
+        samples = out_dir / name / f"samples_seed{seed}.npz"
+        _check_exist([samples])
+        images, sample_labels = io.load_samples(samples)
+        panels.append((images, sample_labels, labels[name] if len(names) > 1 else ""))
+    if panels:
+        title = f"{spec.figure_caption}: {', '.join(names)} (seed {seed})"
+        save_grid_figure(panels, CLASS_NAMES["celeba"], png, title)
+
+    fixture = _fixture_note(config)
+    seeds = len(config["seeds"])
+    specs = [experiment(config, r.exp_name) for r in rows if r.exp_name]
+    deltas = sorted({f"{e['delta']:g}" for e in specs if e["method"] == "dp_sinkhorn"})
+    lines = [f"# {spec.title}", ""] + ([fixture, ""] if fixture else [])
+    lines += [
+        f"Rows from *this run* are mean ± std over {seeds} seed(s) (sample std, ddof=1; no ± "
+        f"for one seed); each seed is one synthetic set of {config['evaluation']['num_samples']} "
+        "samples and one training of each classifier (MLP, CNN: the paper has no Log-Reg for "
+        "CelebA), evaluated on the real test set; FID against the test set. `(paper X)` is the "
+        "paper's value. ε (sound) is the accountant's ε; ε (paper conv.) is the same run under "
+        "the paper's convention, which the paper reports as ε = 10"
+        + (f" (δ = {', '.join(deltas)})" if deltas else "")
+        + ". Accuracy in %. Rows *reported in paper* are copied from the paper (– = N/A).",
+        "",
+    ]
+    paper_eps = {spec.labels[k]: v for k, v in spec.paper_epsilon.items()}
+    lines += _markdown_table(rows, CELEBA_METRICS, paper_eps) + [""]
+    lines += [f"Note: {n}" for n in spec.notes] + ([""] if spec.notes else [])
+    lines += [
+        "## Experiments",
+        "",
+        "| Row | Experiment | Method | generator | σ | steps | B | m | λ | lr |",
+    ]
+    lines.append("|" + "---|" * 10)
+    for row in (r for r in rows if r.exp_name):
+        exp = experiment(config, row.exp_name)
+        if exp["method"] == "real_data":
+            train = ["–"] * 7
+        else:
+            sigma = "solved" if exp["sigma"] is None else f"{exp['sigma']:g}"
+            train = [exp.get("generator") or "dcgan"]
+            train += [sigma if exp["method"] == "dp_sinkhorn" else "–", str(exp["steps"])]
+            train += [str(exp["batch_size"]), f"{exp['m']:g}", f"{exp['entropy_reg']:g}"]
+            train.append(f"{exp['lr']:g}")
+        cells = [row.method, f"`{row.exp_name}`", exp["method"], *train]
+        lines.append("| " + " | ".join(cells) + " |")
+    if panels:
+        lines += ["", "## Samples", "", f"{spec.figure_caption}:", ""]
+        lines += [f"![{figure_name}](../figures/{png.name})"]
+    md = "\n".join(lines).rstrip() + "\n"
+    note = "SYNTHETIC CelebA FIXTURE, not CelebA." if fixture else ""
+    tex = to_latex(rows, CELEBA_METRICS, table, note)
+    written = _write_tables(out_dir, table, md, to_csv(rows, CELEBA_METRICS), tex)
+    return written + ([png] if panels else [])
+
+
+def _celeba_cli(args: argparse.Namespace) -> int:
+    for path in celeba_table(args.report, args.config, args.out_dir):
         print(path)
     return 0
 
@@ -475,3 +728,11 @@ def register_cli(subparsers: argparse._SubParsersAction) -> None:
     t1.add_argument("--config", nargs="+", required=True, help="the run's config file(s)")
     t1.add_argument("--out-dir", required=True, help="the run's results folder (results/<run>)")
     t1.set_defaults(handler=_table1_cli)
+    for table, what in [
+        ("table3", "Table 3 (CelebA: DP-Sinkhorn, non-private, real data) + figures/fig3.png"),
+        ("table6", "Table 6 (CelebA: BigGAN vs DCGAN generator) + figures/fig6.png"),
+    ]:
+        sub = reports.add_parser(table, help=f"{what}; tables/{table}.{{md,csv,tex}}")
+        sub.add_argument("--config", nargs="+", required=True, help="the run's config file(s)")
+        sub.add_argument("--out-dir", required=True, help="the run's results folder")
+        sub.set_defaults(handler=_celeba_cli)

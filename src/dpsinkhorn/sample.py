@@ -14,17 +14,17 @@ import torch
 
 from dpsinkhorn import data
 from dpsinkhorn.io import load_samples, save_samples
-from dpsinkhorn.models import ConditionalDCGAN, GeneratorConfig
+from dpsinkhorn.models import GeneratorConfig, build_generator
 from dpsinkhorn.train import resolve_device
 
 
-def load_generator(path: Path, device: torch.device) -> ConditionalDCGAN:
-    """Load generator.pt written by ``dpsinkhorn train``."""
+def load_generator(path: Path, device: torch.device) -> torch.nn.Module:
+    """Load generator.pt written by ``dpsinkhorn train`` (any architecture of ``models``)."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"generator not found: {path} (train the experiment first)")
     state = torch.load(path, map_location=device, weights_only=False)
-    model = ConditionalDCGAN(GeneratorConfig.from_dict(state["model_config"])).to(device)
+    model = build_generator(GeneratorConfig.from_dict(state["model_config"])).to(device)
     model.load_state_dict(state["state_dict"])
     return model.eval()
 
@@ -38,7 +38,7 @@ def balanced_labels(num: int, num_classes: int, rng: np.random.Generator) -> np.
 
 @torch.no_grad()
 def sample_generator(
-    model: ConditionalDCGAN, num: int, seed: int, batch_size: int = 5000
+    model: torch.nn.Module, num: int, seed: int, batch_size: int = 5000
 ) -> tuple[np.ndarray, np.ndarray]:
     """Draw ``num`` samples with balanced labels: images uint8 [N,H,W(,C)], labels int64 [N]."""
     device = next(model.parameters()).device

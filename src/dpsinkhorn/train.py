@@ -11,7 +11,7 @@ One step:
 Everything the step touches lives on the device; the step has fixed shapes and
 never synchronises with the host (losses are read only every ``log_every`` steps).
 A checkpoint (model, optimiser, RNG, privacy ledger, log) is written atomically
-every ``checkpoint_every`` steps and on SIGTERM / SIGUSR1; rerunning resumes from
+every ``checkpoint_every`` steps and on SIGTERM / SIGUSR1 / SIGINT; rerunning resumes from
 it, bit-identical on CPU to an uninterrupted run.
 """
 
@@ -27,20 +27,22 @@ import signal
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 from scipy.stats import binom
 from tqdm import tqdm
 
 from dpsinkhorn import config as config_lib
 from dpsinkhorn import data
-from dpsinkhorn.io import atomic_path, write_json, write_text
+from dpsinkhorn.devices import resolve_device
+from dpsinkhorn.io import atomic_path, check_samples, write_json, write_text
 from dpsinkhorn.loss import (
     conditional_features,
     debias_size,
     feature_diameter,
     semi_debiased_sinkhorn,
 )
-from dpsinkhorn.models import ConditionalDCGAN, GeneratorConfig
+from dpsinkhorn.models import GeneratorConfig, build_generator
 from dpsinkhorn.privacy import (
     ImageGradientSanitizer,
     PrivacyAccountant,
@@ -50,12 +52,6 @@ from dpsinkhorn.privacy import (
 
 PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: checkpoint written, rerun to resume
 LOG_COLUMNS = ["step", "loss", "epsilon", "steps_per_s", "elapsed_s"]
-
-
-def resolve_device(name: str = "auto") -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
 
 
 class PoissonSampler:
@@ -118,8 +114,11 @@ class Trainer:
             embed_dim=int(spec["embed_dim"]),
             channels=tuple(spec["channels"]),
             out_channels=self.image_shape[0],
+            # CelebA (Table 3/6): generator kind from the config; size from the data.
+            architecture=spec.get("generator", "dcgan"),
+            image_size=self.image_shape[1],
         )
-        self.model = ConditionalDCGAN(self.model_config).to(device)
+        self.model = build_generator(self.model_config).to(device)
         if spec["optimizer"] == "adam":
             self.optimizer = torch.optim.Adam(
                 self.model.parameters(),
@@ -254,15 +253,16 @@ def spec_hash(spec: dict) -> str:
 
 
 class _StopSignal:
-    """Turns SIGTERM / SIGUSR1 into a flag checked between steps."""
+    """Turns SIGTERM, SIGUSR1 (SLURM's warning before a time limit) and SIGINT (Ctrl-C)
+    into a flag checked between steps, so the step in flight completes and is checkpointed."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 
     def __init__(self):
         self.received: int | None = None
 
     def __enter__(self):
-        self.previous = {
-            s: signal.signal(s, self._handle) for s in (signal.SIGTERM, signal.SIGUSR1)
-        }
+        self.previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
         return self
 
     def _handle(self, signum, frame):
@@ -295,20 +295,28 @@ def _write_log(path: Path, rows: list[dict]) -> None:
 def train(
     spec: dict,
     out_dir: Path,
-    data_dir: Path,
+    data_dir: Path | None = None,
     device: str = "auto",
     stop_after: int | None = None,
     progress: bool = True,
+    train_data: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> dict:
     """Train one experiment into ``out_dir``; returns the privacy record.
 
+    The private data is ``<data_dir>/<dataset>/train.npz``, or ``train_data`` =
+    (images uint8 [N,28,28] or [N,28,28,C], labels int64 [N]) for your own data.
     Writes generator.pt, privacy.json and train_log.csv; keeps checkpoint.pt while
     running. ``stop_after`` ends this process after that many new steps (with a
     checkpoint), as a preemption would; it raises ``Preempted``.
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    images, labels = data.load_split(Path(data_dir), spec["dataset"], "train")
+    if train_data is None:
+        if data_dir is None:
+            raise ValueError("give data_dir (prepared datasets) or train_data (arrays)")
+        train_data = data.load_split(Path(data_dir), spec["dataset"], "train")
+    images, labels = train_data
+    check_samples(np.asarray(images), np.asarray(labels), "train_data")
     trainer = Trainer(spec, images, labels, resolve_device(device))
     ckpt_path, digest = out_dir / "checkpoint.pt", spec_hash(spec)
     log_rows: list[dict] = []

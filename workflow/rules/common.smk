@@ -3,8 +3,12 @@
 from pathlib import Path
 
 from dpsinkhorn.config import (
+    all_classifiers,
     check_overrides,
+    classifiers_of,
     config_file_args,
+    data_inputs,
+    data_mirror_of,
     dataset_of,
     datasets,
     experiment_names,
@@ -12,7 +16,10 @@ from dpsinkhorn.config import (
     figure_datasets,
     figure_experiment,
     real_experiments,
+    report_targets,
     table1_experiments,
+    table_files,
+    table_outputs,
     train_runtime_minutes,
     trained_experiments,
     validate,
@@ -32,6 +39,10 @@ SEEDS = config["seeds"]
 # The steps read their settings from these files (relative to the working directory).
 CONFIG_FILES = config_file_args(workflow.configfiles)
 DEVICE = f"--device {config['device']}"
+# Steps that run a network ask for one GPU (the `gpu` resource), unless device is cpu.
+# --executor slurm turns it into --gpus=1; on one machine, profiles/default caps the total
+# at the number of local GPUs and dpsinkhorn.devices gives each step a GPU of its own.
+GPUS = 0 if config["device"] == "cpu" else 1
 # FID reference statistics: the whole real test set, or a seeded random subset of it.
 FID_SIZE = EVAL["fid_reference_size"]
 FID_SUBSET = "" if FID_SIZE is None else f"--num {FID_SIZE} --seed 0"
@@ -45,7 +56,7 @@ REAL = wildcard_regex(real_experiments(config))
 wildcard_constraints:
     dataset=wildcard_regex(datasets(config)),
     exp=wildcard_regex(experiment_names(config)),
-    model=wildcard_regex(EVAL["classifiers"]),
+    model=wildcard_regex(all_classifiers(config)),
     seed=r"\d+",
 
 
@@ -69,7 +80,7 @@ def evaluation_outputs(experiments):
     return [
         f"{RESULTS}/{exp}/{name}_seed{seed}.json"
         for exp in experiments
-        for name in ["fid"] + [f"acc_{model}" for model in EVAL["classifiers"]]
+        for name in ["fid"] + [f"acc_{m}" for m in classifiers_of(config, dataset_of(config, exp))]
         for seed in SEEDS
     ]
 

@@ -1,10 +1,12 @@
 rule data:
+    input:
+        lambda w: data_inputs(config, w.dataset),  # the synthetic CelebA, if configured
     output:
         train=f"{DATA}/{{dataset}}/train.npz",
         test=f"{DATA}/{{dataset}}/test.npz",
     params:
         root=lambda w, output: Path(output.train).parent.parent,
-        mirror=flag("--mirror", config["data_mirror"]),
+        mirror=lambda w: flag("--mirror", data_mirror_of(config, w.dataset)),
     log:
         f"{LOGS}/data_{{dataset}}.log",
     benchmark:
@@ -17,4 +19,27 @@ rule data:
         CONDA_ENV
     shell:
         "dpsinkhorn data --dataset {wildcards.dataset} --root {params.root} {params.mirror}"
+        " > {log} 2>&1"
+
+
+# Smoke/CI only (config key celeba_fixture): a small synthetic CelebA in torchvision's
+# layout, which the data rule then reads as its mirror for celeba.
+rule celeba_fixture:
+    output:
+        directory(f"{DATA}/celeba_source"),
+    params:
+        num=lambda w: config["celeba_fixture"]["num"],
+        seed=lambda w: config["celeba_fixture"]["seed"],
+    log:
+        f"{LOGS}/celeba_fixture.log",
+    benchmark:
+        f"{BENCH}/celeba_fixture.tsv"
+    threads: 1
+    resources:
+        mem_mb=2000,
+        runtime=10,
+    conda:
+        CONDA_ENV
+    shell:
+        "dpsinkhorn celeba-fixture --out {output} --num {params.num} --seed {params.seed}"
         " > {log} 2>&1"

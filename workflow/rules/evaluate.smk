@@ -14,6 +14,7 @@ rule sample:
         f"{BENCH}/sample_{{exp}}_seed{{seed}}.tsv"
     threads: 2
     resources:
+        gpu=GPUS,
         mem_mb=8000,
         runtime=60,
     conda:
@@ -63,6 +64,7 @@ rule fid_reference:
         f"{BENCH}/fid_reference_{{dataset}}.tsv"
     threads: 2
     resources:
+        gpu=GPUS,
         mem_mb=8000,
         runtime=120,
     conda:
@@ -87,6 +89,7 @@ rule fid:
         f"{BENCH}/fid_{{exp}}_seed{{seed}}.tsv"
     threads: 2
     resources:
+        gpu=GPUS,
         mem_mb=8000,
         runtime=120,
     conda:
@@ -114,6 +117,7 @@ rule classify:
         f"{BENCH}/classify_{{exp}}_{{model}}_seed{{seed}}.tsv"
     threads: 2
     resources:
+        gpu=GPUS,
         mem_mb=8000,
         runtime=240,
     conda:

@@ -1,0 +1,304 @@
+"""CelebA at 32x32, gender-conditioned (paper section 5.3, Tables 3 and 6).
+
+``dpsinkhorn data --dataset celeba`` reads CelebA in torchvision's on-disk layout::
+
+    <source>/celeba/img_align_celeba/000001.jpg ...   (178x218 aligned RGB JPEGs)
+    <source>/celeba/list_attr_celeba.txt             (count, 40 names, "-1/1" rows)
+    <source>/celeba/list_eval_partition.txt          ("000001.jpg 0" rows)
+
+where ``<source>`` is the data mirror (read in place, never downloaded), or
+``<root>/torchvision`` filled by torchvision's ``CelebA(download=True)``. Each image is
+downsampled ONCE: center crop 178x178 (rows 20..197 of the 218-pixel height), then
+PIL's antialiased bilinear resize to 32x32 (``Image.resize(..., BILINEAR)``, which
+widens the filter support when shrinking). Results go to ``<root>/celeba/{train,test}.npz``
+(``images`` uint8 [N,32,32,3], ``labels`` int64 [N] = the ``Male`` attribute: 1 male,
+0 female); train = partition 0 (162,770 images), test = partition 2 (19,962).
+The two text files are MD5-checked against torchvision's list, unless the source is
+the synthetic fixture.
+
+``dpsinkhorn celeba-fixture --out DIR`` writes a small synthetic CelebA in exactly these
+formats (plus the identity, bbox and landmark files torchvision's class also wants),
+with a ``SYNTHETIC_FIXTURE`` marker; preprocessing it writes ``<root>/celeba/FIXTURE``,
+and the report says so in every CelebA caption.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+from pathlib import Path
+
+import numpy as np
+
+from dpsinkhorn.io import save_samples, write_text
+
+IMAGE_DIR = "img_align_celeba"
+ATTR_FILE = "list_attr_celeba.txt"
+PARTITION_FILE = "list_eval_partition.txt"
+SOURCE_MARKER = "SYNTHETIC_FIXTURE"  # in <source>/celeba/: written by celeba-fixture
+FIXTURE_MARKER = "FIXTURE"  # in <root>/celeba/: the prepared arrays come from the fixture
+SIZE = 32
+WIDTH, HEIGHT = 178, 218
+SPLIT_PARTITIONS = {"train": 0, "test": 2}  # CelebA: 0 train, 1 valid, 2 test
+CHUNK = 2048  # images decoded per progress line
+
+#: CelebA's 40 attributes, in the order of list_attr_celeba.txt.
+ATTRIBUTES = (
+    "5_o_Clock_Shadow Arched_Eyebrows Attractive Bags_Under_Eyes Bald Bangs Big_Lips Big_Nose "
+    "Black_Hair Blond_Hair Blurry Brown_Hair Bushy_Eyebrows Chubby Double_Chin Eyeglasses "
+    "Goatee Gray_Hair Heavy_Makeup High_Cheekbones Male Mouth_Slightly_Open Mustache "
+    "Narrow_Eyes No_Beard Oval_Face Pale_Skin Pointy_Nose Receding_Hairline Rosy_Cheeks "
+    "Sideburns Smiling Straight_Hair Wavy_Hair Wearing_Earrings Wearing_Hat Wearing_Lipstick "
+    "Wearing_Necklace Wearing_Necktie Young"
+).split()
+LANDMARKS = (
+    "lefteye_x lefteye_y righteye_x righteye_y nose_x nose_y "
+    "leftmouth_x leftmouth_y rightmouth_x rightmouth_y"
+).split()
+
+HOW_TO_PLACE = (
+    "place CelebA by hand: from https://mmlab.ie.cuhk.edu.hk/projects/CelebA.html get "
+    "img_align_celeba.zip (unzip it), list_attr_celeba.txt and list_eval_partition.txt "
+    "(Anno/ and Eval/ folders) into <DIR>/celeba/ so that "
+    "<DIR>/celeba/img_align_celeba/000001.jpg exists, then set data_mirror to <DIR> "
+    "(make: DATA=, CLI: --mirror)"
+)
+
+
+def _md5(path: Path) -> str:
+    digest = hashlib.md5()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _torchvision_md5s() -> dict[str, str]:
+    """{file name: MD5} of CelebA's files, from torchvision's own list."""
+    from torchvision.datasets import CelebA
+
+    return {name: md5 for _, md5, name in CelebA.file_list}
+
+
+# --------------------------------------------------------------------------- source
+
+
+def _download(tv_root: Path) -> None:
+    """torchvision's Google-Drive download into ``tv_root/celeba``; clear errors."""
+    from torchvision.datasets import CelebA
+
+    try:
+        CelebA(str(tv_root), split="all", target_type=[], download=True)
+    except Exception as err:  # gdown raises its own types (FileURLRetrievalError, ...)
+        text = " ".join(str(err).split())
+        if "too many users" in text.lower() or "quota" in text.lower():
+            why = "Google Drive refused the download (quota: 'Too many users have viewed or "
+            why += "downloaded this file recently')"
+        else:
+            why = f"the download failed ({type(err).__name__}: {text[:300]})"
+        raise FileNotFoundError(
+            f"celeba: {why}; " + HOW_TO_PLACE + f", or put them into {tv_root / 'celeba'}/"
+        ) from err
+
+
+def find_source(root: Path, mirror: Path | None) -> Path:
+    """The folder holding ``celeba/``: the mirror, or ``<root>/torchvision`` (downloading)."""
+    if mirror is not None:
+        return Path(mirror)
+    tv_root = Path(root) / "torchvision"
+    folder = tv_root / "celeba"
+    if not all((folder / f).exists() for f in (ATTR_FILE, PARTITION_FILE, IMAGE_DIR)):
+        _download(tv_root)
+    return tv_root
+
+
+def _check_file(path: Path, expected_md5: str | None) -> None:
+    if not path.is_file():
+        raise FileNotFoundError(f"missing CelebA file {path}; " + HOW_TO_PLACE)
+    if expected_md5 is not None and _md5(path) != expected_md5:
+        raise ValueError(
+            f"corrupt CelebA file {path}: MD5 differs from torchvision's {expected_md5}; "
+            + HOW_TO_PLACE
+        )
+
+
+def read_annotations(folder: Path) -> tuple[list[str], np.ndarray, np.ndarray]:
+    """(file names, Male label 0/1 int64, partition int64) from the two text files."""
+    attr_path, part_path = folder / ATTR_FILE, folder / PARTITION_FILE
+    try:
+        lines = attr_path.read_text().splitlines()
+        count, names = int(lines[0].split()[0]), lines[1].split()
+        rows = [line.split() for line in lines[2:] if line.strip()]
+        male = names.index("Male")
+        files = [r[0] for r in rows]
+        labels = np.array([(int(r[1 + male]) + 1) // 2 for r in rows], dtype=np.int64)
+        if len(rows) != count or any(len(r) != len(names) + 1 for r in rows):
+            raise ValueError(f"expected {count} rows of a name and {len(names)} values")
+    except (IndexError, ValueError) as err:
+        raise ValueError(f"corrupt CelebA file {attr_path}: cannot parse it ({err})") from err
+    try:
+        parts = dict(line.split() for line in part_path.read_text().splitlines() if line.strip())
+        partition = np.array([int(parts[f]) for f in files], dtype=np.int64)
+    except (KeyError, ValueError) as err:
+        raise ValueError(
+            f"corrupt CelebA file {part_path}: cannot parse it or it lacks {err}"
+        ) from err
+    if not set(np.unique(labels)) <= {0, 1}:
+        raise ValueError(f"corrupt CelebA file {attr_path}: Male values must be -1 or 1")
+    return files, labels, partition
+
+
+def downsample(path: Path) -> np.ndarray:
+    """One aligned CelebA JPEG -> uint8 [32,32,3]: center square crop, antialiased bilinear."""
+    from PIL import Image, UnidentifiedImageError
+
+    if not path.is_file():
+        raise FileNotFoundError(f"missing CelebA image {path}; " + HOW_TO_PLACE)
+    try:
+        with Image.open(path) as img:
+            img = img.convert("RGB")
+            w, h = img.size
+            side = min(w, h)
+            left, top = (w - side) // 2, (h - side) // 2
+            img = img.crop((left, top, left + side, top + side))
+            small = img.resize((SIZE, SIZE), Image.Resampling.BILINEAR)
+            return np.asarray(small, dtype=np.uint8)
+    except (OSError, UnidentifiedImageError, SyntaxError) as err:
+        raise ValueError(f"corrupt CelebA image {path}: {err}") from err
+
+
+def prepare_celeba(root: Path, mirror: Path | None = None) -> dict[str, Path]:
+    """Write ``<root>/celeba/{train,test}.npz`` (and FIXTURE for the fixture); {split: path}."""
+    root = Path(root)
+    folder = find_source(root, mirror) / "celeba"
+    fixture = (folder / SOURCE_MARKER).is_file()
+    md5s = {} if fixture else _torchvision_md5s()
+    for name in (ATTR_FILE, PARTITION_FILE):
+        _check_file(folder / name, md5s.get(name))
+    if not (folder / IMAGE_DIR).is_dir():
+        raise FileNotFoundError(f"missing CelebA image folder {folder / IMAGE_DIR}; {HOW_TO_PLACE}")
+    files, labels, partition = read_annotations(folder)
+
+    out_dir = root / "celeba"
+    paths = {split: out_dir / f"{split}.npz" for split in SPLIT_PARTITIONS}
+    try:
+        for split, part in SPLIT_PARTITIONS.items():
+            index = np.flatnonzero(partition == part)
+            images = np.empty((len(index), SIZE, SIZE, 3), dtype=np.uint8)
+            for start in range(0, len(index), CHUNK):
+                for j in range(start, min(start + CHUNK, len(index))):
+                    images[j] = downsample(folder / IMAGE_DIR / files[index[j]])
+                print(f"celeba {split}: {min(start + CHUNK, len(index))}/{len(index)} images")
+            save_samples(paths[split], images, labels[index])
+            del images
+    except BaseException:
+        for path in paths.values():  # never leave one split without the other
+            path.unlink(missing_ok=True)
+        raise
+    marker = out_dir / FIXTURE_MARKER
+    if fixture:
+        write_text(marker, f"prepared from the synthetic fixture in {folder}\n")
+    else:
+        marker.unlink(missing_ok=True)
+    return paths
+
+
+def is_fixture(data_dir: Path) -> bool:
+    """Whether ``<data_dir>/celeba`` was prepared from the synthetic fixture."""
+    return (Path(data_dir) / "celeba" / FIXTURE_MARKER).is_file()
+
+
+# -------------------------------------------------------------------------- fixture
+
+
+def _fixture_image(rng: np.random.Generator, male: bool):
+    """A 178x218 face-like drawing; hair length, beard and colours depend on ``male``."""
+    from PIL import Image, ImageDraw
+
+    def colour(base, spread=25):
+        return tuple(int(np.clip(c + rng.integers(-spread, spread + 1), 0, 255)) for c in base)
+
+    img = Image.new("RGB", (WIDTH, HEIGHT), colour((150, 160, 175), 60))
+    draw = ImageDraw.Draw(img)
+    hair = colour((60, 45, 35) if male else (150, 110, 60), 40)
+    cx, cy = WIDTH // 2 + int(rng.integers(-6, 7)), 118 + int(rng.integers(-6, 7))
+    if not male:  # long hair behind the face, down to the shoulders
+        draw.ellipse((cx - 62, cy - 75, cx + 62, cy + 95), fill=hair)
+    face = colour((225, 180, 150) if not male else (200, 150, 120))
+    fw, fh = (48, 62) if not male else (54, 66)
+    draw.ellipse((cx - fw, cy - fh, cx + fw, cy + fh), fill=face)
+    draw.chord((cx - fw, cy - fh - 6, cx + fw, cy + 10), 180, 360, fill=hair)  # hair top
+    for dx in (-20, 20):  # eyes
+        draw.ellipse((cx + dx - 7, cy - 8, cx + dx + 7, cy + 2), fill=(40, 30, 30))
+    mouth = (190, 60, 70) if not male else (150, 80, 70)
+    draw.ellipse((cx - 16, cy + 28, cx + 16, cy + 38), fill=mouth)
+    if male and rng.random() < 0.6:  # beard
+        draw.chord((cx - fw + 6, cy + 5, cx + fw - 6, cy + fh), 0, 180, fill=hair)
+    pixels = np.asarray(img, dtype=np.int16) + rng.integers(-12, 13, (HEIGHT, WIDTH, 3))
+    return Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8))
+
+
+def make_fixture(out: Path, num: int = 300, seed: int = 0) -> Path:
+    """Write a synthetic CelebA of ``num`` images under ``out/celeba``; return that folder.
+
+    Formats as in the real files (and as torchvision's ``CelebA`` parses them); images
+    1..80% are partition 0 (train), the next 10% partition 1 (valid), the rest 2 (test),
+    like CelebA's consecutive ranges. About 42% are male, as in CelebA.
+    """
+    if num < 10:
+        raise ValueError(f"--num must be at least 10, got {num}")
+    rng = np.random.default_rng(seed)
+    folder = Path(out) / "celeba"
+    (folder / IMAGE_DIR).mkdir(parents=True, exist_ok=True)
+    names = [f"{i:06d}.jpg" for i in range(1, num + 1)]
+    attrs = np.where(rng.random((num, len(ATTRIBUTES))) < 0.3, 1, -1)
+    male = rng.random(num) < 0.42
+    attrs[:, ATTRIBUTES.index("Male")] = np.where(male, 1, -1)
+    n_train, n_valid = int(num * 0.8), int(num * 0.1)
+    partition = [0] * n_train + [1] * n_valid + [2] * (num - n_train - n_valid)
+    for name, is_male in zip(names, male, strict=True):
+        _fixture_image(rng, bool(is_male)).save(folder / IMAGE_DIR / name, quality=95)
+
+    def table(header: list[str] | None, rows: list[str]) -> str:
+        head = [str(num), " ".join(header) + " "] if header else []
+        return "\n".join(head + rows) + "\n"
+
+    values = [" ".join(f"{v:2d}" for v in row) for row in attrs]
+    write_text(
+        folder / ATTR_FILE,
+        table(ATTRIBUTES, [f"{n} {v}" for n, v in zip(names, values, strict=True)]),
+    )
+    write_text(
+        folder / PARTITION_FILE,
+        table(None, [f"{n} {p}" for n, p in zip(names, partition, strict=True)]),
+    )
+    ids = [f"{n} {int(i)}" for n, i in zip(names, rng.integers(1, 10178, num), strict=True)]
+    write_text(folder / "identity_CelebA.txt", table(None, ids))
+    boxes = [f"{n} {95:>5d} {71:>4d} {226:>4d} {313:>4d}" for n in names]
+    write_text(
+        folder / "list_bbox_celeba.txt", table("image_id x_1 y_1 width height".split(), boxes)
+    )
+    marks = " ".join(f"{v:>4d}" for v in (69, 109, 106, 113, 77, 142, 73, 152, 108, 154))
+    write_text(
+        folder / "list_landmarks_align_celeba.txt",
+        table(LANDMARKS, [f"{n} {marks}" for n in names]),
+    )
+    write_text(folder / SOURCE_MARKER, f"synthetic CelebA fixture: {num} images, seed {seed}\n")
+    return folder
+
+
+def register_cli(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "celeba-fixture",
+        help="write a small synthetic CelebA (torchvision layout) for tests and the smoke run",
+    )
+    p.add_argument("--out", type=Path, required=True, help="folder; writes OUT/celeba/...")
+    p.add_argument("--num", type=int, default=300, help="number of images")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(handler=_cli)
+
+
+def _cli(args: argparse.Namespace) -> int:
+    folder = make_fixture(args.out, args.num, args.seed)
+    print(f"wrote a synthetic CelebA of {args.num} images to {folder}")
+    return 0

@@ -1,0 +1,108 @@
+"""Which device a step runs on: with ``auto`` on a machine with several GPUs, a free one.
+
+Snakemake runs several steps at once, and ``auto`` would put them all on ``cuda:0``.
+So when more than one GPU is visible, ``auto`` claims the first GPU that no other process
+holds: an exclusive ``flock`` on ``<lock dir>/dpsinkhorn-gpu-<id>.lock``, held until the
+process exits (the kernel drops it then, also after a crash). With every GPU taken it
+waits for one. profiles/default caps the GPU steps running at once at the number of GPUs
+(``resources: gpu=N``), so in a workflow run it never has to wait.
+
+Under SLURM each job sees only the GPUs it was given (``CUDA_VISIBLE_DEVICES``), one for
+every step of this workflow, so nothing is claimed there.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import IO
+
+#: Lock files go here (default: the system's temporary folder).
+LOCK_DIR_ENV = "DPSINKHORN_GPU_LOCK_DIR"
+
+_claimed: tuple[int, IO] | None = None  # (index, open lock file) of this process
+
+
+def resolve_device(name: str = "auto"):
+    """``auto`` -> a free CUDA device (see module doc), else cpu; other names as given."""
+    import torch
+
+    if name != "auto":
+        return torch.device(name)
+    if not torch.cuda.is_available():
+        return torch.device("cpu")
+    count = torch.cuda.device_count()
+    if count == 1:
+        return torch.device("cuda")
+    return torch.device("cuda", claim_gpu(count))
+
+
+def lock_dir() -> Path:
+    return Path(os.environ.get(LOCK_DIR_ENV) or tempfile.gettempdir())
+
+
+def _gpu_ids(count: int) -> list[str]:
+    """Names of the visible GPUs 0..count-1 for lock files: physical ids where known."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    ids = [v.strip() for v in visible.split(",")] if visible else []
+    return [ids[i] if i < len(ids) and ids[i] else str(i) for i in range(count)]
+
+
+def claim_gpu(count: int, directory: Path | None = None, poll_s: float = 2.0) -> int:
+    """Index of a GPU (of ``count``) that this process now holds; waits if all are taken.
+
+    The same process gets the same GPU on every call.
+    """
+    global _claimed
+    if _claimed is not None:
+        return _claimed[0]
+    directory = Path(directory or lock_dir())
+    directory.mkdir(parents=True, exist_ok=True)
+    ids, waiting_since = _gpu_ids(count), None
+    while True:
+        for index, gpu in enumerate(ids):
+            handle = open(directory / f"dpsinkhorn-gpu-{gpu}.lock", "a")
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                handle.close()
+                continue
+            _claimed = (index, handle)
+            return index
+        if waiting_since is None:
+            waiting_since = time.monotonic()
+            print(f"dpsinkhorn: all {count} GPUs are in use; waiting for one", file=sys.stderr)
+        time.sleep(poll_s)
+
+
+def release_gpu() -> None:
+    """Give the claimed GPU back before the process ends (for tests)."""
+    global _claimed
+    if _claimed is not None:
+        _claimed[1].close()
+        _claimed = None
+
+
+def local_gpu_count() -> int:
+    """NVIDIA GPUs this machine shows to its processes, without importing torch.
+
+    For profiles/default (the cap on GPU steps running at once): ``CUDA_VISIBLE_DEVICES``
+    when set, else the GPUs that ``nvidia-smi -L`` lists, else 0.
+    """
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        ids = [v.strip() for v in visible.split(",") if v.strip()]
+        # A negative index hides that GPU and every one after it.
+        return next((i for i, v in enumerate(ids) if v.startswith("-")), len(ids))
+    try:
+        listing = subprocess.run(
+            ["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30, check=True
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    return sum(line.startswith("GPU ") for line in listing.splitlines())
