@@ -58,14 +58,9 @@ class ConditionalDCGAN(nn.Module):
         if len(config.channels) != 3:
             raise ValueError(f"channels must list 3 widths, got {list(config.channels)}")
         self.config = config
-        self.embedding = nn.Embedding(config.num_classes, config.embed_dim)
-        self.net = self.layers(config)
-
-    @staticmethod
-    def layers(config: GeneratorConfig) -> nn.Sequential:
-        """The transposed-convolution stack: 1x1 -> 7x7 -> 14x14 -> 28x28 -> 28x28."""
         c1, c2, c3 = config.channels
-        return nn.Sequential(
+        self.embedding = nn.Embedding(config.num_classes, config.embed_dim)
+        self.net = nn.Sequential(
             nn.ConvTranspose2d(config.latent_dim + config.embed_dim, c1, 7, 1, 0),
             nn.ReLU(),
             nn.ConvTranspose2d(c1, c2, 4, 2, 1),
@@ -107,10 +102,14 @@ class ConditionalDCGAN32(ConditionalDCGAN):
     :class:`ConditionalDCGAN`.
     """
 
-    @staticmethod
-    def layers(config: GeneratorConfig) -> nn.Sequential:
+    def __init__(self, config: GeneratorConfig):
+        nn.Module.__init__(self)
+        if len(config.channels) != 3:
+            raise ValueError(f"channels must list 3 widths, got {list(config.channels)}")
+        self.config = config
         c1, c2, c3 = config.channels
-        return nn.Sequential(
+        self.embedding = nn.Embedding(config.num_classes, config.embed_dim)
+        self.net = nn.Sequential(
             nn.ConvTranspose2d(config.latent_dim + config.embed_dim, c1, 4, 1, 0),
             nn.ReLU(),
             nn.ConvTranspose2d(c1, c2, 4, 2, 1),
