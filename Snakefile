@@ -26,6 +26,11 @@ include: "workflow/rules/data.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/evaluate.smk"
 include: "workflow/rules/report.smk"
+include: "workflow/rules/studies.smk"
+
+
+# snakemake --report results/<run>/report.html: every table and figure with its caption.
+report: "workflow/report/workflow.rst"
 
 
 # Quick steps that need no GPU run where Snakemake runs, also with --executor slurm
@@ -38,6 +43,9 @@ localrules:
     table1,
     table3,
     table6,
+    study_table,
+    study_figure,
+    reproduction,
 
 
 rule all:
@@ -45,4 +53,5 @@ rule all:
         rules.table1.output,
         outside_table1_outputs(),
         report_targets(config, RESULTS),  # CelebA Tables 3 and 6, when the config has them
+        plan.all_outputs(config, RESULTS),  # Tables 2/4/5, Figures 2/4/5/7, reproduction.md
     default_target: True

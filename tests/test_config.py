@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from dpsinkhorn import config as cfg
+from dpsinkhorn import plan, studies
 
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED = sorted((REPO / "config").glob("*.yaml"))
@@ -265,11 +266,28 @@ def test_dry_run_lists_every_job(tmp_path, path):
         "table1": 1,
         **dict.fromkeys(cfg.report_tables(config), 1),  # CelebA Tables 3 and 6
         **({"celeba_fixture": 1} if config["celeba_fixture"] else {}),
+        **study_job_counts(config),
         "all": 1,
         "total": sum(counts.values()) - counts["total"],
     }
+    # `dpsinkhorn plan` predicts the same number of jobs.
+    assert sum(plan.job_count(config).values()) == counts["total"]
     files = " ".join(map(str, [path]))
     assert f"dpsinkhorn train --config {files} --experiment mnist_dpsinkhorn" in result.stdout
+
+
+def study_job_counts(config: dict) -> dict[str, int]:
+    """Jobs of the rules in studies.smk: Tables 2/4/5, Figures 2/4/5/7, reproduction.md."""
+    names = plan.available(config)
+    counts = {
+        "study_table": len([n for n in names if n in studies.TABLE_STUDIES]),
+        "study_figure": len(
+            [n for n in names if n in studies.FIGURE_STUDIES + plan.SAMPLE_FIGURES]
+        ),
+        "grad_study": len(plan.cell_experiments(config, "fig4c")) if "fig4c" in names else 0,
+        "reproduction": 1,
+    }
+    return {k: v for k, v in counts.items() if v}
 
 
 def test_dry_run_default_config_and_overrides(tmp_path):
@@ -277,7 +295,8 @@ def test_dry_run_default_config_and_overrides(tmp_path):
     overrides = ["data_mirror=../m", "fid_weights=w.pth", "device=cpu"]
     result = snakemake(tmp_path, "-n", "--config", *overrides)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert job_counts(result.stdout)["train"] == 9  # 6 MNIST / Fashion-MNIST, 3 CelebA
+    # Table 1: 6 MNIST / Fashion-MNIST, Tables 3/6: 3 CelebA, studies: 43 more.
+    assert job_counts(result.stdout)["train"] == 9 + 43
     assert "dpsinkhorn data --dataset mnist --root data --mirror ../m" in result.stdout
     assert "--weights w.pth --device cpu" in result.stdout
     paper = REPO / "config" / "config.yaml"

@@ -1,7 +1,8 @@
 """FID on real MNIST with pytorch-fid's real Inception weights.
 
-On CPU the network runs at ~5-8 images/s and each FID value costs a 2048x2048
-matrix square root (~10-20 s), so the module uses ~310 images and 3 FID values.
+On CPU the network runs at ~5-8 images/s and each pytorch-fid FID value costs a
+2048x2048 matrix square root (~10-20 s), so the module uses ~310 images and 5
+pytorch-fid FID values (two of them on synthetic statistics, checking ``eigh``).
 """
 
 from __future__ import annotations
@@ -73,6 +74,131 @@ def test_real_vs_real_is_much_smaller_than_real_vs_shuffled_pixels(features):
     print(f"FID real/real {real:.2f}, real/shuffled pixels {shuffled:.2f}")
     assert real > 1.0  # two different finite samples
     assert real < 0.3 * shuffled
+    # eigh on real, rank-deficient (80 images) pool3 statistics: see EIGH_RTOL_RANK_DEFICIENT
+    (mu_a, s_a), (mu_b, s_b) = (
+        fid.statistics_of_activations(features[k]) for k in ("real_a", "real_b")
+    )
+    eigh = fid.fid_from_stats(mu_a, s_a, mu_b, s_b, method="eigh")
+    scale = np.trace(s_a) + np.trace(s_b)
+    print(
+        f"FID real/real eigh {eigh!r} vs pytorch_fid {real!r}: diff {eigh - real:.3g}, "
+        f"tr s_a + tr s_b {scale:.4g}"
+    )
+    assert abs(eigh - real) < EIGH_RTOL_RANK_DEFICIENT * scale
+
+
+# ----------------------------------------------------------------------------- eigh sqrtm
+
+D = 2048
+# Measured (numpy 2.4 / scipy 1.17, OpenBLAS): full-rank 2048-d pairs differ by ~1e-15
+# relative, i.e. both are exact to float64 rounding; 1e-10 leaves a wide margin.
+EIGH_RTOL_FULL_RANK = 1e-10
+# Rank-deficient covariances (n = 200 << D): the ~1850 zero eigenvalues of s1 s2 come out of
+# either solver as ~1e-13 instead of 0 and their square roots add ~1e-7 each to tr sqrt(s1 s2);
+# pytorch-fid's sqrtm does the same more so. The error is thus relative to the scale of the
+# covariances, not to the FID (which is a small difference of traces when the samples are
+# alike), so the tolerance is RTOL * (tr s1 + tr s2). Measured against the exact value (nuclear
+# norm of the n x n cross product), FID ~1340, tr s1 + tr s2 ~1700: pytorch_fid -8e-5, eigh
+# -3e-5, the methods differ by ~5e-5 (3e-8 of the traces); real MNIST pool3 statistics of 80
+# images, FID ~56: they differ by 1.6e-5. 1e-6 of the traces is >= 10x that and still far below
+# any FID difference that matters (FIDs are reported to 0.1).
+EIGH_RTOL_RANK_DEFICIENT = 1e-6
+
+
+@pytest.fixture(scope="module")
+def full_rank_stats() -> tuple[np.ndarray, ...]:
+    """(mu1, s1, mu2, s2): random full-rank 2048-d covariances (condition number ~400)."""
+    rng = np.random.default_rng(0)
+    a, b = rng.normal(size=(2, D, D)) / np.sqrt(D)
+    mu1, mu2 = rng.normal(size=(2, D))
+    return mu1, a @ a.T + 0.01 * np.eye(D), mu2, b @ b.T + 0.01 * np.eye(D)
+
+
+@pytest.fixture(scope="module")
+def rank_deficient_stats() -> tuple[tuple[np.ndarray, ...], float]:
+    """((mu1, s1, mu2, s2), exact FID) of two samples of 200 ReLU-like 2048-d features.
+
+    Like a small FID sample: the covariances have rank 199. The exact FID uses
+    tr sqrt(s1 s2) = nuclear norm of X1c X2c^T / (n - 1) (centred features, a 200x200 SVD).
+    """
+    n, rng = 200, np.random.default_rng(1)
+    x = np.maximum(rng.normal(size=(n, D)), 0)
+    y = np.maximum(rng.normal(0.2, 1.1, size=(n, D)), 0)
+    stats = fid.statistics_of_activations(x) + fid.statistics_of_activations(y)
+    xc, yc = x - x.mean(0), y - y.mean(0)
+    tr_covmean = np.linalg.svd(xc @ yc.T / (n - 1), compute_uv=False).sum()
+    diff = stats[0] - stats[2]
+    exact = diff @ diff + np.trace(stats[1]) + np.trace(stats[3]) - 2 * tr_covmean
+    return stats, float(exact)
+
+
+def test_eigh_matches_pytorch_fid_full_rank(full_rank_stats):
+    theirs = fid.fid_from_stats(*full_rank_stats)  # default: pytorch-fid
+    ours = fid.fid_from_stats(*full_rank_stats, method="eigh")
+    print(f"full rank: eigh {ours!r} pytorch_fid {theirs!r} diff {ours - theirs:.3g}")
+    assert theirs > 100
+    assert ours == pytest.approx(theirs, rel=EIGH_RTOL_FULL_RANK)
+
+
+def test_eigh_matches_pytorch_fid_rank_deficient(rank_deficient_stats):
+    stats, exact = rank_deficient_stats
+    assert np.linalg.matrix_rank(stats[1]) < D
+    theirs = fid.fid_from_stats(*stats, method="pytorch_fid")
+    ours = fid.fid_from_stats(*stats, method="eigh")
+    scale = np.trace(stats[1]) + np.trace(stats[3])
+    print(f"rank 199: exact {exact!r} eigh {ours!r} pytorch_fid {theirs!r} traces {scale:.4g}")
+    assert abs(ours - theirs) < EIGH_RTOL_RANK_DEFICIENT * scale
+    assert abs(ours - exact) < EIGH_RTOL_RANK_DEFICIENT * scale
+
+
+def test_eigh_of_identical_inputs_is_zero(full_rank_stats, rank_deficient_stats):
+    # measured: ~1e-12 (full rank, tr ~2100), -7e-5 (rank 199, tr ~700)
+    cases = [
+        (*full_rank_stats[:2], EIGH_RTOL_FULL_RANK),
+        (*rank_deficient_stats[0][:2], EIGH_RTOL_RANK_DEFICIENT),
+    ]
+    for mu, sigma, rtol in cases:
+        value = fid.fid_from_stats(mu, sigma, mu, sigma, method="eigh")
+        assert abs(value) < rtol * 2 * np.trace(sigma)
+
+
+def test_eigh_small_exact_case_and_bad_method():
+    """Diagonal covariances: tr sqrt(s1 s2) = sum sqrt(d1 d2), also with zero variances."""
+    d1, d2 = np.array([4.0, 1.0, 0.0, 2.0]), np.array([9.0, 0.0, 3.0, 8.0])
+    mu1, mu2 = np.array([1.0, 0.0, 0.0, 0.0]), np.zeros(4)
+    expected = 1.0 + d1.sum() + d2.sum() - 2 * np.sqrt(d1 * d2).sum()
+    q = np.linalg.qr(np.random.default_rng(2).normal(size=(4, 4)))[0]  # same rotation of both
+    s1, s2 = q @ np.diag(d1) @ q.T, q @ np.diag(d2) @ q.T
+    assert fid.fid_from_stats(mu1, s1, mu2, s2, method="eigh") == pytest.approx(expected)
+    with pytest.raises(ValueError, match="unknown FID sqrtm method 'sqrtm'"):
+        fid.fid_from_stats(mu1, s1, mu2, s2, method="sqrtm")
+
+
+def test_cli_sqrtm_option_is_accepted_and_recorded(tmp_path, run_cli, capsys):
+    """Two statistics files: no Inception network is needed."""
+    rng = np.random.default_rng(3)
+    for name, n in (("a", 30), ("b", 40)):
+        feats = rng.normal(size=(n, 16))
+        fid.save_statistics(tmp_path / f"{name}.npz", *fid.statistics_of_activations(feats), n)
+    results = {}
+    for sqrtm in ("pytorch_fid", "eigh", None):
+        out = tmp_path / f"{sqrtm}.json"
+        argv = ["fid", "--a", str(tmp_path / "a.npz"), "--b", str(tmp_path / "b.npz")]
+        argv += ["--out", str(out)] + ([] if sqrtm is None else ["--sqrtm", sqrtm])
+        assert run_cli(argv) == 0
+        results[sqrtm] = json.loads(out.read_text())
+    assert results[None] == results["pytorch_fid"]  # the default
+    assert results["pytorch_fid"]["sqrtm"] == "pytorch_fid"
+    assert results["eigh"]["sqrtm"] == "eigh"
+    assert results["eigh"]["num_images_a"] == 30 and results["eigh"]["num_images_b"] == 40
+    assert results["eigh"]["fid"] == pytest.approx(results["pytorch_fid"]["fid"], rel=1e-10)
+
+    out = tmp_path / "bad.json"
+    argv = ["fid", "--a", str(tmp_path / "a.npz"), "--b", str(tmp_path / "b.npz")]
+    with pytest.raises(SystemExit) as err:
+        run_cli([*argv, "--out", str(out), "--sqrtm", "scipy"])
+    assert err.value.code == 2 and not out.exists()
+    assert "invalid choice: 'scipy'" in capsys.readouterr().err
 
 
 def test_grayscale_and_rgb_inputs_agree(mnist_test, fid_weights):

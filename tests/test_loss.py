@@ -72,6 +72,45 @@ def test_mixed_cost_has_no_half_factor():
     assert mixed_cost(x, y, m=2).item() == pytest.approx(5.0 + 2 * 3.0)
 
 
+def test_l2_and_l1_costs_equal_direct_computation():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 7, 5, generator=g, dtype=torch.float64)
+    y = torch.randn(2, 4, 5, generator=g, dtype=torch.float64)
+    diff = x[:, :, None, :] - y[:, None, :, :]
+    l2 = (diff**2).sum(-1)
+    l1 = diff.abs().sum(-1)
+    torch.testing.assert_close(mixed_cost(x, y, m=3.0, cost="l2"), l2)  # m ignored
+    torch.testing.assert_close(mixed_cost(x, y, m=3.0, cost="l1"), l1)  # m ignored
+    torch.testing.assert_close(mixed_cost(x, y, m=3.0), l2 + 3.0 * l1)
+    torch.testing.assert_close(mixed_cost(x, y, m=0.0), mixed_cost(x, y, m=5.0, cost="l2"))
+    with pytest.raises(ValueError, match="cost must be one of"):
+        mixed_cost(x, y, 1.0, cost="l3")
+
+
+def test_l2_cost_is_mixed_with_m0_and_l1_matches_pot():
+    x, y = _points(12, 5, 0), _points(9, 5, 1) + 0.2
+    l2 = entropic_ot(x, y, LAMBDA, 2.0, cost="l2")
+    assert l2.item() == entropic_ot(x, y, LAMBDA, 0.0).item()
+    assert l2.item() == pytest.approx(_pot_entropic_ot(x, y, LAMBDA, 0.0)[0], rel=1e-2)
+    # l1 alone against POT's log-domain Sinkhorn on the cityblock cost
+    xn, yn = x.numpy(), y.numpy()
+    cost = ot.dist(xn, yn, metric="cityblock")
+    a, b = ot.unif(len(xn)), ot.unif(len(yn))
+    plan = ot.sinkhorn(a, b, cost, LAMBDA, method="sinkhorn_log", numItermax=200000, stopThr=1e-13)
+    kl = np.sum(plan * np.log(plan / np.outer(a, b)))
+    expected = float(np.sum(cost * plan) + LAMBDA * kl)
+    value = entropic_ot(x, y, LAMBDA, 2.0, cost="l1", scaling=0.999)
+    assert value.item() == pytest.approx(expected, rel=1e-5)
+    # the same cost through the semi-debiased loss
+    n, p = 8, 0.5
+    xs = _points(n + debias_size(n, p), 5, 2)
+    got = semi_debiased_sinkhorn(xs, y, n, p, LAMBDA, 2.0, cost="l1")
+    want = 2 * entropic_ot(xs[:n], y, LAMBDA, 0.0, cost="l1") - entropic_ot(
+        xs[:n], xs[debias_size(n, p) :], LAMBDA, 0.0, cost="l1"
+    )
+    assert got.item() == pytest.approx(want.item(), rel=1e-12)
+
+
 def test_weights_ignore_zero_rows():
     """Rows of weight 0 (padding of the Poisson buffer) do not change W."""
     x, y = _points(10, 4, 4), _points(7, 4, 5)
@@ -151,3 +190,8 @@ def test_conditional_features_and_diameter_bound():
     worst = conditional_features(-torch.ones(1, 1, 28, 28), torch.tensor([0]), 10, 15.0)
     other = conditional_features(torch.ones(1, 1, 28, 28), torch.tensor([1]), 10, 15.0)
     assert (worst - other).norm().item() == pytest.approx(feature_diameter(784, 15.0))
+    assert feature_diameter(784, 15.0, "l2") == feature_diameter(784, 15.0, "mixed")
+    # l1: the L1 diameter, also the largest value of the l1 cost
+    l1 = feature_diameter(784, 15.0, "l1")
+    assert (worst - other).abs().sum().item() == pytest.approx(l1) == 2 * 784 + 2 * 15.0
+    assert mixed_cost(worst[None], other[None], 0.0, cost="l1").item() == pytest.approx(l1)

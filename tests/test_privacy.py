@@ -15,6 +15,7 @@ from dpsinkhorn.cli import main
 from dpsinkhorn.loss import semi_debiased_sinkhorn
 from dpsinkhorn.privacy import (
     ImageGradientSanitizer,
+    ParameterGradientSanitizer,
     PrivacyAccountant,
     compute_epsilon,
     max_steps,
@@ -117,6 +118,80 @@ def test_sampling_rate_must_be_in_unit_interval(q):
         compute_epsilon(1.0, q, 10, 1e-5)
 
 
+# --- parameter-gradient baseline (Table 2) -----------------------------------
+
+
+def _param_noise_free(sanitizer: ParameterGradientSanitizer, grad: torch.Tensor) -> torch.Tensor:
+    """Sanitised vector minus the exact noise it drew (replayed from the same seed)."""
+    sanitizer.generator = torch.Generator().manual_seed(5)
+    out = sanitizer(grad)
+    replay = torch.randn(grad.shape, generator=torch.Generator().manual_seed(5))
+    return out - sanitizer.noise_std * replay
+
+
+def test_parameter_sanitizer_clips_the_whole_vector_to_delta():
+    s = ParameterGradientSanitizer(CLIP, SIGMA)
+    large = 10.0 * torch.randn(5000, generator=torch.Generator().manual_seed(0))
+    clipped = _param_noise_free(s, large)
+    assert clipped.norm().item() == pytest.approx(CLIP, rel=1e-5)
+    torch.testing.assert_close(clipped, large * (CLIP / large.norm()))  # direction kept
+    small = 1e-4 * torch.randn(5000, generator=torch.Generator().manual_seed(1))
+    assert small.norm().item() < CLIP
+    torch.testing.assert_close(_param_noise_free(s, small), small)  # below Δ: untouched
+
+
+def test_parameter_sanitizer_noise_std_and_multiplier():
+    s = ParameterGradientSanitizer(CLIP, SIGMA, torch.Generator().manual_seed(0))
+    out = s(torch.zeros(200_000))
+    assert s.noise_std == 2 * CLIP * SIGMA
+    assert out.std().item() == pytest.approx(2 * CLIP * SIGMA, rel=0.01)
+    assert out.mean().item() == pytest.approx(0.0, abs=0.01)
+    assert s.sensitivity == 2 * CLIP and s.noise_multiplier == SIGMA
+    assert s.noise_multiplier == pytest.approx(s.noise_std / s.sensitivity)
+    assert s.clipping == "batch"
+    with pytest.raises(ValueError, match="flat gradient vector"):
+        s(torch.zeros(3, 4))
+    with pytest.raises(ValueError, match="sigma must be a positive number"):
+        ParameterGradientSanitizer(CLIP, 0.0)
+
+
+def test_parameter_sanitizer_applies_to_all_parameters_as_one_vector():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.ReLU(), torch.nn.Linear(5, 3))
+    model(torch.randn(8, 6)).pow(2).sum().mul(100).backward()
+    before = torch.cat([p.grad.flatten() for p in model.parameters()])
+    assert before.norm() > CLIP  # so clipping acts on the concatenation
+    expected = ParameterGradientSanitizer(CLIP, SIGMA, torch.Generator().manual_seed(2))(before)
+    s = ParameterGradientSanitizer(CLIP, SIGMA, torch.Generator().manual_seed(2))
+    s.apply(model.parameters())
+    after = torch.cat([p.grad.flatten() for p in model.parameters()])
+    torch.testing.assert_close(after, expected)
+    # each parameter scaled by the same factor: per-parameter clipping would differ
+    noise_free = after - (expected - _param_noise_free(s, before))
+    ratios = noise_free / before
+    torch.testing.assert_close(ratios, torch.full_like(ratios, CLIP / before.norm().item()))
+
+
+def test_parameter_sanitizer_sensitivity_for_neighbouring_batches():
+    """The clipped parameter gradients of neighbouring real batches differ by at most 2Δ."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 30, dtype=torch.float64)
+    g = torch.Generator().manual_seed(3)
+    z = torch.randn(N + N_PRIME, 8, generator=g, dtype=torch.float64)
+    y = torch.randn(40, 30, generator=g, dtype=torch.float64)
+    s = ParameterGradientSanitizer(CLIP, SIGMA)
+    worst = 0.0
+    for _ in range(5):
+        clipped = []
+        for real in (y, torch.cat([y, 3 * torch.randn(1, 30, generator=g, dtype=y.dtype)])):
+            model.zero_grad()
+            semi_debiased_sinkhorn(model(z), real, N, 0.4, 0.05, 1.0).backward()
+            flat = torch.cat([p.grad.flatten() for p in model.parameters()])
+            clipped.append(_param_noise_free(s, flat.float()))
+        worst = max(worst, (clipped[0] - clipped[1]).norm().item())
+    assert 0 < worst <= 2 * CLIP * (1 + 1e-5)
+
+
 # --- accountant ------------------------------------------------------------
 
 
@@ -179,6 +254,48 @@ def test_unreachable_target_is_an_error():
         resolve_budget(
             sigma=0.5, steps=10**6, target_epsilon=1.0, q=0.01, batch_size=50, delta=1e-5
         )
+
+
+def test_resolve_budget_paper_convention_is_tight():
+    """σ given, steps solved: the most steps whose paper-convention ε stays within the target."""
+    q, delta, n = 50 / 60000, 1e-5, 50
+    sigma, steps = resolve_budget(
+        sigma=1.3, steps=None, target_epsilon=10.0, q=q, batch_size=n, delta=delta,
+        convention="paper",
+    )  # fmt: skip
+    assert sigma == 1.3
+    assert paper_convention_epsilon(q, 1.3, steps, n, delta) <= 10.0
+    assert paper_convention_epsilon(q, 1.3, steps + 1, n, delta) > 10.0
+    # far fewer steps than the sound accountant allows for the same target
+    _, sound_steps = resolve_budget(
+        sigma=1.3, steps=None, target_epsilon=10.0, q=q, batch_size=n, delta=delta
+    )
+    assert steps < sound_steps
+    assert compute_epsilon(1.3, q, steps, delta) < 10.0
+    # the paper's own setting: σ = 1.5 for ε = 10 runs ~160k steps (appendix D.4)
+    _, paper_steps = resolve_budget(
+        sigma=1.5, steps=None, target_epsilon=10.0, q=q, batch_size=n, delta=delta,
+        convention="paper",
+    )  # fmt: skip
+    assert 155_000 < paper_steps < 165_000
+    # steps given, σ solved: the smallest σ within the target
+    sigma, _ = resolve_budget(
+        sigma=None, steps=160_000, target_epsilon=10.0, q=q, batch_size=n, delta=delta,
+        convention="paper",
+    )  # fmt: skip
+    assert paper_convention_epsilon(q, sigma, 160_000, n, delta) <= 10.0
+    assert paper_convention_epsilon(q, sigma * 0.999, 160_000, n, delta) > 10.0
+    assert sigma == pytest.approx(1.5, rel=0.01)
+    with pytest.raises(ValueError, match="paper convention"):  # given both: target checked
+        resolve_budget(
+            sigma=1.5, steps=200_000, target_epsilon=10.0, q=q, batch_size=n, delta=delta,
+            convention="paper",
+        )  # fmt: skip
+    with pytest.raises(ValueError, match="convention must be one of"):
+        resolve_budget(
+            sigma=1.5, steps=10, target_epsilon=None, q=q, batch_size=n, delta=delta,
+            convention="other",
+        )  # fmt: skip
 
 
 def test_per_sample_budget_uses_sigma_over_sqrt_n():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import os
 import signal
 import subprocess
@@ -18,7 +19,12 @@ import yaml
 
 from dpsinkhorn import config as config_lib
 from dpsinkhorn import data
-from dpsinkhorn.privacy import compute_epsilon
+from dpsinkhorn.loss import feature_diameter
+from dpsinkhorn.privacy import (
+    ParameterGradientSanitizer,
+    compute_epsilon,
+    paper_convention_epsilon,
+)
 from dpsinkhorn.sample import load_generator, sample_generator, sample_real
 from dpsinkhorn.train import PREEMPTED_EXIT_CODE, PoissonSampler, Preempted, Trainer, train
 
@@ -208,3 +214,101 @@ def test_python_api_on_own_arrays(tmp_path):
     assert model.config.num_classes == 4
     with pytest.raises(ValueError, match="train_data"):
         train(spec, tmp_path / "bad", train_data=(images.astype(np.float32), labels))
+
+
+# --- Table 2 / Tables 4-5 settings: perturbation, cost, epsilon convention ------------
+
+
+def test_parameter_perturbation_resume_is_bit_identical(tmp_path, prepared_data):
+    spec = spec_of(make_config(tmp_path, prepared_data, perturbation="parameter"))
+    trainer = Trainer(spec, *data.load_split(prepared_data, "mnist", "train"), torch.device("cpu"))
+    assert isinstance(trainer.sanitizer, ParameterGradientSanitizer)
+    images = []
+    original = trainer.model.forward
+    trainer.model.forward = lambda z, labels: (lambda o: (images.append(o), o)[1])(
+        original(z, labels)
+    )
+    trainer.step()
+    assert not images[0]._backward_hooks  # no image hook in parameter mode
+
+    full = train(spec, tmp_path / "full", prepared_data, "cpu", progress=False)
+    with pytest.raises(Preempted):
+        train(spec, tmp_path / "resumed", prepared_data, "cpu", stop_after=5, progress=False)
+    resumed = train(spec, tmp_path / "resumed", prepared_data, "cpu", progress=False)
+    a = torch.load(tmp_path / "full" / "generator.pt", weights_only=False)["state_dict"]
+    b = torch.load(tmp_path / "resumed" / "generator.pt", weights_only=False)["state_dict"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert resumed == full
+    assert _log_rows(tmp_path / "full" / "train_log.csv") == _log_rows(
+        tmp_path / "resumed" / "train_log.csv"
+    )
+    assert all(
+        math.isfinite(float(loss)) for _, loss, _ in _log_rows(tmp_path / "full" / "train_log.csv")
+    )
+
+    on_disk = json.loads((tmp_path / "full" / "privacy.json").read_text())
+    assert on_disk == full
+    assert on_disk["perturbation"] == "parameter" and "parameter gradient" in on_disk["mechanism"]
+    assert on_disk["sensitivity"] == 2 * 0.5 and on_disk["noise_std"] == 2 * 0.5 * 1.5
+    assert on_disk["noise_multiplier"] == 1.5 and on_disk["clipping"] == "batch"
+    assert on_disk["epsilon"] == pytest.approx(compute_epsilon(1.5, 50 / 60000, 12, 1e-5))
+
+    image = train(spec_of(make_config(tmp_path, prepared_data)), tmp_path / "image",
+                  prepared_data, "cpu", progress=False)  # fmt: skip
+    assert image["perturbation"] == "image" and "generated images" in image["mechanism"]
+    c = torch.load(tmp_path / "image" / "generator.pt", weights_only=False)["state_dict"]
+    assert not all(torch.equal(a[k], c[k]) for k in a)  # a different mechanism was applied
+
+
+def test_l1_cost_trains_with_the_l1_diameter(tmp_path, prepared_data):
+    spec = spec_of(make_config(tmp_path, prepared_data, cost="l1", steps=4, log_every=1))
+    trainer = Trainer(spec, *data.load_split(prepared_data, "mnist", "train"), torch.device("cpu"))
+    assert trainer.diameter == feature_diameter(784, 15.0, "l1") == 2 * 784 + 2 * 15.0
+    losses = [trainer.step().item() for _ in range(2)]
+    assert all(math.isfinite(v) for v in losses)
+    record = train(spec, tmp_path / "l1", prepared_data, "cpu", progress=False)
+    rows = _log_rows(tmp_path / "l1" / "train_log.csv")
+    assert len(rows) == 4 and all(math.isfinite(float(loss)) for _, loss, _ in rows)
+    assert record["steps"] == 4 and record["perturbation"] == "image"
+    # a different cost trains a different generator from the same seed
+    train(spec_of(make_config(tmp_path, prepared_data, cost="l2", steps=4)), tmp_path / "l2",
+          prepared_data, "cpu", progress=False)  # fmt: skip
+    a = torch.load(tmp_path / "l1" / "generator.pt", weights_only=False)["state_dict"]
+    b = torch.load(tmp_path / "l2" / "generator.pt", weights_only=False)["state_dict"]
+    assert not all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_paper_epsilon_convention_solves_steps_and_sigma(tmp_path, prepared_data):
+    q, delta = 50 / 60000, 1e-5
+    target = paper_convention_epsilon(q, 1.5, 5, 50, delta)  # the paper's ε after 5 steps
+    spec = spec_of(
+        make_config(tmp_path, prepared_data, steps=None, target_epsilon=target,
+                    epsilon_convention="paper")
+    )  # fmt: skip
+    record = train(spec, tmp_path / "steps", prepared_data, "cpu", progress=False)
+    assert record["steps"] == 5 and record["sigma"] == 1.5
+    assert record["epsilon_convention"] == "paper"
+    assert record["epsilon"] == pytest.approx(compute_epsilon(1.5, q, 5, delta))  # sound ε
+    assert record["epsilon_paper_convention"] == pytest.approx(target)
+    on_disk = json.loads((tmp_path / "steps" / "privacy.json").read_text())
+    assert on_disk["epsilon_convention"] == "paper" and on_disk["target_epsilon"] == target
+
+    spec = spec_of(
+        make_config(tmp_path, prepared_data, sigma=None, steps=3, target_epsilon=2.0,
+                    epsilon_convention="paper")
+    )  # fmt: skip
+    record = train(spec, tmp_path / "sigma", prepared_data, "cpu", progress=False)
+    assert record["epsilon_paper_convention"] <= 2.0
+    assert record["epsilon_paper_convention"] == pytest.approx(2.0, rel=1e-3)
+    assert record["epsilon"] == pytest.approx(compute_epsilon(record["sigma"], q, 3, delta))
+    assert record["epsilon"] < 2.0  # the sound ε of the same run is smaller
+
+
+def test_parameter_perturbation_needs_batch_clipping(tmp_path, prepared_data):
+    path = make_config(tmp_path, prepared_data, perturbation="parameter", clipping="per_sample")
+    with pytest.raises(ValueError, match=r"config\.yaml: experiments\.e\.clipping: perturbation"):
+        config_lib.load_config(path)
+    spec = {**spec_of(make_config(tmp_path, prepared_data, perturbation="parameter")),
+            "clipping": "per_sample"}  # fmt: skip
+    with pytest.raises(ValueError, match="experiment e: perturbation parameter"):
+        Trainer(spec, *data.load_split(prepared_data, "mnist", "train"), torch.device("cpu"))

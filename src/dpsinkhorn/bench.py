@@ -3,8 +3,10 @@
 ``--impl ours`` times ``train.Trainer.step`` (data resident on the device, fixed
 shapes, no host synchronisation). ``--impl reference`` times the straightforward
 step as the paper describes it (``ReferenceStep``): Poisson sample by boolean
-mask, real images converted every step, a tensor hook that clips and noises,
-geomloss with its defaults (diameter estimated from the points) called twice.
+mask, real images converted every step, a tensor hook that clips and noises
+(or, with ``perturbation: parameter``, the parameter gradient clipped and noised
+after the backward pass), geomloss with its defaults (diameter estimated from the
+points) called twice.
 Both run the same model, loss, mechanism and sizes, in one process, after
 warm-up, with the device synchronised around the timed loop. Prints one JSON object.
 """
@@ -50,10 +52,12 @@ class ReferenceStep:
             self.model.parameters(), lr=spec["lr"], weight_decay=spec["weight_decay"]
         )
         self.private = spec["method"] == "dp_sinkhorn"
+        self.perturbation = spec.get("perturbation", "image")
         if self.private:
             self.sigma, _ = resolve_budget(
                 sigma=spec["sigma"], steps=spec["steps"], target_epsilon=spec["target_epsilon"],
                 q=self.q, batch_size=self.n, delta=spec["delta"],
+                convention=spec.get("epsilon_convention", "sound"),
             )  # fmt: skip
 
     def _features(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -69,6 +73,14 @@ class ReferenceStep:
             tail = tail * min(1.0, clip / (tail.norm().item() + 1e-12))
         return torch.cat([head, tail])
 
+    def _sanitize_parameters(self) -> None:
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        clip = self.spec["clip"]
+        norm = torch.cat([g.flatten() for g in grads]).norm().item()
+        for g in grads:
+            g.mul_(min(1.0, clip / (norm + 1e-12)))
+            g.add_(2 * clip * self.sigma * torch.randn_like(g))
+
     def step(self) -> torch.Tensor:
         spec, n, n_prime = self.spec, self.n, self.n_prime
         chosen = (torch.rand(len(self.labels), device=self.device) < self.q).nonzero().squeeze(1)
@@ -77,18 +89,20 @@ class ReferenceStep:
         z = torch.rand(n + n_prime, spec["latent_dim"], device=self.device)
         labels = torch.randint(0, self.num_classes, (n + n_prime,), device=self.device)
         fake = self.model(z, labels)
-        if self.private:
+        if self.private and self.perturbation == "image":
             fake.register_hook(self._sanitize)
         x = self._features(fake, labels)
         ot = SamplesLoss(
             "sinkhorn", p=1, blur=spec["entropy_reg"], debias=False,
-            cost=lambda a, b: mixed_cost(a, b, spec["m"]),
+            cost=lambda a, b: mixed_cost(a, b, spec["m"], spec.get("cost", "mixed")),
         )  # fmt: skip
         self_term = ot(x[:n], x[n_prime : n + n_prime])
         data_term = ot(x[:n], y) if len(chosen) else torch.zeros((), device=self.device)
         loss = 2 * data_term - self_term
         self.optimizer.zero_grad()
         loss.backward()
+        if self.private and self.perturbation == "parameter":
+            self._sanitize_parameters()
         self.optimizer.step()
         return loss.detach()
 

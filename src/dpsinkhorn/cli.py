@@ -22,6 +22,8 @@ COMMAND_MODULES = [
     "classify",
     "report",
     "bench",
+    "gradstudy",
+    "plan",
 ]
 
 

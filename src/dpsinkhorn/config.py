@@ -25,6 +25,8 @@ from typing import Any
 import jsonschema
 import yaml
 
+from dpsinkhorn import studies
+
 SCHEMA_PATH = Path(__file__).with_name("config.schema.json")
 
 #: Keys that may be overridden on the Snakemake command line (``--config key=value``).
@@ -124,18 +126,35 @@ def validate(config: Mapping, source: str | Sequence[PathLike] = "config") -> di
     """
     filled = copy.deepcopy(dict(config))
     _fill_defaults(filled, load_schema())
-    validator_cls = jsonschema.validators.validator_for(load_schema())
-    errors = sorted(
-        validator_cls(load_schema()).iter_errors(filled),
-        key=lambda e: [str(p) for p in e.absolute_path],
-    )
-    messages = [_describe(error) for error in errors]
+    messages = _schema_errors(filled)
+    if not messages and filled.get("studies"):
+        # Each study cell becomes an experiment, checked like any other (dpsinkhorn.studies).
+        try:
+            studies.expand(filled)
+        except ValueError as err:
+            where, _, message = str(err).partition(": ")
+            messages = [(where.split("."), message)]
+        if not messages:
+            messages = [
+                (path, f"{message} (an experiment made by studies)")
+                for path, message in _schema_errors(filled)
+            ]
     if not messages:
         messages = _semantic_errors(filled)
     if messages:
         lines = [f"{_source_of(path, source, filled)}: {msg}" for path, msg in messages]
         raise ValueError("\n".join(lines))
     return filled
+
+
+def _schema_errors(config: dict) -> list[tuple[list, str]]:
+    """(key path, message) of every schema violation, in key order."""
+    validator_cls = jsonschema.validators.validator_for(load_schema())
+    errors = sorted(
+        validator_cls(load_schema()).iter_errors(config),
+        key=lambda e: [str(p) for p in e.absolute_path],
+    )
+    return [_describe(error) for error in errors]
 
 
 def _resolve(schema: dict, root: dict) -> dict:
@@ -162,7 +181,9 @@ def _fill_defaults(instance: dict, schema: dict, root: dict | None = None) -> No
         empty_section = instance.get(key, 0) is None and isinstance(sub.get("default"), dict)
         if (key not in instance or empty_section) and "default" in sub:
             instance[key] = copy.deepcopy(sub["default"])  # also `evaluation:` left empty
-        if isinstance(instance.get(key), dict):
+        # Study settings and cells are changes to other experiments: filling defaults
+        # into them would overwrite those experiments' own values.
+        if isinstance(instance.get(key), dict) and key != "studies":
             _fill_defaults(instance[key], sub, root)
 
 
@@ -221,6 +242,15 @@ def _semantic_errors(config: dict) -> list[tuple[list, str]]:
                     missing = "sigma" if exp["sigma"] is None else "steps"
                     errors.append(
                         (at + ["target_epsilon"], f"{missing} is null, so target_epsilon is needed")
+                    )
+            if method == "dp_sinkhorn" and exp["perturbation"] == "parameter":
+                if exp["clipping"] != "batch":
+                    errors.append(
+                        (
+                            at + ["clipping"],
+                            f"perturbation parameter clips the whole parameter gradient as "
+                            f"one vector: clipping must be batch, not {exp['clipping']}",
+                        )
                     )
         row = exp.get("table1_row")
         if row is None:
@@ -346,6 +376,11 @@ def experiment(config: Mapping, name: str) -> dict:
 #: Experiment keys that do not change what training computes (bookkeeping only).
 NON_SEMANTIC_KEYS = ("checkpoint_every", "log_every", "table1_row", "rows", "name")
 
+#: Settings added after experiments had been trained, with the value that reproduces
+#: the earlier behaviour. At that value they are left out of :func:`experiment_spec_of`,
+#: so adding them changed neither the spec (no Snakemake retraining) nor checkpoint hashes.
+IMPLICIT_DEFAULTS = {"perturbation": "image", "cost": "mixed", "epsilon_convention": "sound"}
+
 
 def experiment_spec(config: Mapping, name: str) -> str:
     """The settings that define an experiment's generator, as canonical JSON.
@@ -357,8 +392,16 @@ def experiment_spec(config: Mapping, name: str) -> str:
 
 
 def experiment_spec_of(spec: Mapping) -> str:
-    """Canonical JSON of a resolved experiment without its bookkeeping keys."""
-    return json.dumps({k: v for k, v in spec.items() if k not in NON_SEMANTIC_KEYS}, sort_keys=True)
+    """Canonical JSON of a resolved experiment without its bookkeeping keys.
+
+    Keys of :data:`IMPLICIT_DEFAULTS` at their default value are left out too.
+    """
+    kept = {
+        k: v
+        for k, v in spec.items()
+        if k not in NON_SEMANTIC_KEYS and not (k in IMPLICIT_DEFAULTS and v == IMPLICIT_DEFAULTS[k])
+    }
+    return json.dumps(kept, sort_keys=True)
 
 
 def dataset_of(config: Mapping, name: str) -> str:

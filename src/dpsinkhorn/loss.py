@@ -4,7 +4,10 @@ Notation (per training step):
     X  generated samples, [n + n', D] rows, features = [image, α_c · onehot(label)]
     Y  Poisson-sampled real samples, [M, D] (M random; padded rows carry weight 0)
     W_λ(A, B) = min_P <C, P> + λ KL(P | a ⊗ b)  over couplings P of the uniform
-                empirical measures a, b, with cost C_ij = ||a_i − b_j||² + m ||a_i − b_j||₁
+                empirical measures a, b, with cost (``cost``, paper Table 2 ablation)
+                  mixed: C_ij = ||a_i − b_j||² + m ||a_i − b_j||₁   (default, the paper's)
+                  l2:    C_ij = ||a_i − b_j||²                       (m ignored)
+                  l1:    C_ij = ||a_i − b_j||₁                       (m ignored)
     S = 2 W_λ(X[0:n], Y) − W_λ(X[0:n], X[n':n+n']),   n' = floor(n · p)
 
 W_λ is computed with geomloss (``SamplesLoss("sinkhorn", p=1, blur=λ,
@@ -18,17 +21,34 @@ from __future__ import annotations
 import torch
 from geomloss import SamplesLoss
 
+COSTS = ("mixed", "l2", "l1")
 
-def mixed_cost(x: torch.Tensor, y: torch.Tensor, m: float) -> torch.Tensor:
-    """Cost matrix ||x_i − y_j||² + m ||x_i − y_j||₁ (no ½), for x [B,N,D], y [B,M,D] -> [B,N,M]."""
+
+def _check_cost(cost: str) -> None:
+    if cost not in COSTS:
+        raise ValueError(f"cost must be one of {COSTS}, got {cost!r}")
+
+
+def mixed_cost(x: torch.Tensor, y: torch.Tensor, m: float, cost: str = "mixed") -> torch.Tensor:
+    """Cost matrix for x [B,N,D], y [B,M,D] -> [B,N,M] (no ½ anywhere).
+
+    ``cost``: mixed ||x_i − y_j||² + m ||x_i − y_j||₁; l2 ||x_i − y_j||²; l1
+    ||x_i − y_j||₁ (``m`` is ignored by l2 and l1; l2 equals mixed with m = 0).
+    """
+    _check_cost(cost)
+    if cost == "l1":
+        return torch.cdist(x, y, p=1)
     sq = (x * x).sum(-1)[:, :, None] + (y * y).sum(-1)[:, None, :] - 2 * x @ y.transpose(1, 2)
-    cost = sq.clamp_min(0)
-    if m:
-        cost = cost + m * torch.cdist(x, y, p=1)
-    return cost
+    out = sq.clamp_min(0)
+    if cost == "mixed" and m:
+        out = out + m * torch.cdist(x, y, p=1)
+    return out
 
 
-def _solver(eps: float, m: float, scaling: float, diameter: float | None) -> SamplesLoss:
+def _solver(
+    eps: float, m: float, scaling: float, diameter: float | None, cost: str = "mixed"
+) -> SamplesLoss:
+    _check_cost(cost)
     return SamplesLoss(
         "sinkhorn",
         p=1,
@@ -37,18 +57,30 @@ def _solver(eps: float, m: float, scaling: float, diameter: float | None) -> Sam
         scaling=scaling,
         diameter=diameter,
         backend="tensorized",
-        cost=lambda a, b: mixed_cost(a, b, m),
+        cost=lambda a, b: mixed_cost(a, b, m, cost),
     )
 
 
-def feature_diameter(image_numel: int, alpha_c: float) -> float:
-    """Data-independent bound on the Euclidean diameter of conditional features.
+def feature_diameter(image_numel: int, alpha_c: float, cost: str = "mixed") -> float:
+    """Data-independent ``diameter`` for geomloss: a bound on the distances between features.
 
-    Pixels lie in [-1, 1] and two one-hot codes differ in two entries, so
-    ||u - v||_2 <= sqrt(4 * image_numel + 2 * alpha_c**2). Passing it to geomloss fixes
-    the ε-scaling schedule (and so the number of Sinkhorn iterations) in advance:
-    no host synchronisation, and an iteration count that never depends on the data.
+    Passing it to geomloss fixes the ε-scaling schedule (and so the number of Sinkhorn
+    iterations) in advance: no host synchronisation, and an iteration count that never
+    depends on the data. With p=1, geomloss anneals the temperature from ``diameter``
+    down to λ, i.e. it reads ``diameter`` as the largest distance between two points.
+
+    mixed, l2: the Euclidean diameter. Pixels lie in [-1, 1] and two one-hot codes
+    differ in two entries, so ||u - v||_2 <= sqrt(4 * image_numel + 2 * alpha_c**2).
+    This is what geomloss would estimate from the points itself (the paper's
+    setting); l2 is mixed with m = 0 and is handled identically.
+
+    l1: the L1 diameter, ||u - v||_1 <= 2 * image_numel + 2 * alpha_c, which is also
+    the largest value of the cost, so annealing starts at the cost's own scale (the
+    Euclidean bound would be up to √D times too small for an L1 cost).
     """
+    _check_cost(cost)
+    if cost == "l1":
+        return 2.0 * image_numel + 2.0 * alpha_c
     return (4.0 * image_numel + 2.0 * alpha_c**2) ** 0.5
 
 
@@ -62,12 +94,14 @@ def entropic_ot(
     y_weights: torch.Tensor | None = None,
     scaling: float = 0.5,
     diameter: float | None = None,
+    cost: str = "mixed",
 ) -> torch.Tensor:
     """W_λ between the empirical measures of the rows of x [N,D] and y [M,D] (λ = ``eps``).
 
     Weights default to uniform (1/N, 1/M); given weights must be non-negative and
     sum to 1 (rows of weight 0 are ignored). ``diameter`` starts geomloss's ε-scaling
-    (None: estimated from the points). Returns a scalar tensor.
+    (None: estimated from the points; see :func:`feature_diameter`). ``cost``: mixed,
+    l2 or l1 (see :func:`mixed_cost`). Returns a scalar tensor.
     """
     if x.ndim != 2 or y.ndim != 2 or x.shape[1] != y.shape[1]:
         raise ValueError(f"x and y must be [N,D] and [M,D], got {tuple(x.shape)}, {tuple(y.shape)}")
@@ -75,7 +109,7 @@ def entropic_ot(
         x_weights = torch.full((x.shape[0],), 1.0 / x.shape[0], dtype=x.dtype, device=x.device)
     if y_weights is None:
         y_weights = torch.full((y.shape[0],), 1.0 / y.shape[0], dtype=y.dtype, device=y.device)
-    return _solver(eps, m, scaling, diameter)(x_weights, x, y_weights, y)
+    return _solver(eps, m, scaling, diameter, cost)(x_weights, x, y_weights, y)
 
 
 def conditional_features(
@@ -104,6 +138,7 @@ def semi_debiased_sinkhorn(
     y_weights: torch.Tensor | None = None,
     scaling: float = 0.5,
     diameter: float | None = None,
+    cost: str = "mixed",
 ) -> torch.Tensor:
     """S = 2 W_λ(X[0:n], Y) − W_λ(X[0:n], X[n':n+n']) for x [n+n', D], y [M, D].
 
@@ -111,23 +146,21 @@ def semi_debiased_sinkhorn(
     weights, normalised here); all-zero weights mean an empty real batch, for
     which the data term is 0 (and contributes zero gradient). p = 0 gives the
     biased loss 2W(X,Y) − W(X,X); p = 1 the fully debiased one with independent X'.
+    ``cost``: mixed, l2 or l1 (see :func:`mixed_cost`).
     """
     n_prime = debias_size(n, p)
     if x.shape[0] != n + n_prime:
         raise ValueError(f"x must have n + n' = {n + n_prime} rows, got {x.shape[0]}")
     x_cross = x[:n]
-    self_term = entropic_ot(
-        x_cross, x[n_prime : n + n_prime], eps, m, scaling=scaling, diameter=diameter
-    )
+    solve = {"scaling": scaling, "diameter": diameter, "cost": cost}
+    self_term = entropic_ot(x_cross, x[n_prime : n + n_prime], eps, m, **solve)
     if y_weights is None:
-        return 2 * entropic_ot(x_cross, y, eps, m, scaling=scaling, diameter=diameter) - self_term
+        return 2 * entropic_ot(x_cross, y, eps, m, **solve) - self_term
     # Empty real batch: solve against uniform dummy weights (keeps the solver finite,
     # no host synchronisation) and multiply the data term by 0.
     total = y_weights.sum()
     has_data = (total > 0).to(x.dtype)
     uniform = torch.full_like(y_weights, 1.0 / y_weights.shape[0])
     weights = torch.where(total > 0, y_weights / total.clamp_min(1e-30), uniform)
-    data_term = entropic_ot(
-        x_cross, y, eps, m, y_weights=weights, scaling=scaling, diameter=diameter
-    )
+    data_term = entropic_ot(x_cross, y, eps, m, y_weights=weights, **solve)
     return 2 * has_data * data_term - self_term

@@ -1,4 +1,4 @@
-"""Privacy: the image-gradient Gaussian mechanism and its accountant.
+"""Privacy: the image-gradient Gaussian mechanism (and a parameter-gradient baseline), accounting.
 
 Mechanism (one training step), the version this project implements:
 
@@ -25,6 +25,15 @@ Mechanism (one training step), the version this project implements:
   (and of X, which does not depend on data), so each step is one Poisson
   subsampled Gaussian mechanism with rate q and noise multiplier z (above);
   T steps compose adaptively.
+
+Baseline ``perturbation: parameter`` (paper Table 2, ``ParameterGradientSanitizer``):
+noise on the generator's parameter gradient instead of the image gradient. The
+query is the whole parameter gradient g = ∇_θ S (all parameters, one vector),
+which depends on Y through every row of X. It is clipped as ONE vector to L2 norm
+Δ, so, under the same add/remove-one adjacency and Poisson sampling, neighbouring
+batches move the clipped vector by at most 2Δ: sensitivity 2Δ. Each element gets
+N(0, (2Δσ)²) noise: noise multiplier σ, the same accounting as above. Only
+``clipping: batch`` exists for it (there are no per-record rows to clip).
 
 Accounting (``PrivacyAccountant``): dp-accounting's RDP accountant (default) or
 PLD accountant on ``PoissonSampledDpEvent(q, GaussianDpEvent(z))`` composed once
@@ -134,6 +143,71 @@ class ImageGradientSanitizer:
     def attach(self, images: torch.Tensor) -> None:
         """Register on the generator output so its gradient is sanitised before backprop."""
         images.register_hook(self)
+
+
+PERTURBATIONS = ("image", "parameter")
+
+
+class ParameterGradientSanitizer:
+    """Clips and noises the generator's whole parameter gradient g = ∇_θ S (paper Table 2).
+
+    Gaussian mechanism on g, ALL parameters' gradients concatenated into one vector,
+    under add/remove-one adjacency with Poisson sampling. g is clipped as one vector
+    to L2 norm Δ (``clip``); the clipped vectors of neighbouring batches differ by at
+    most 2Δ, so the L2 sensitivity is 2Δ. Each element gets N(0, (2Δσ)²) noise, so
+    the noise multiplier (noise std / sensitivity) is σ and the accounting is that
+    of the image-gradient mechanism with ``clipping: batch`` (the only mode here).
+    ``generator`` makes the noise reproducible (its state is checkpointed by the
+    trainer). Call :meth:`apply` after ``loss.backward()`` and before the optimiser step.
+    """
+
+    clipping = "batch"
+
+    def __init__(self, clip: float, sigma: float, generator: torch.Generator | None = None):
+        check_positive("clip", clip)
+        check_positive("sigma", sigma)
+        self.clip, self.sigma = float(clip), float(sigma)
+        self.generator = generator
+
+    @property
+    def noise_std(self) -> float:
+        """Standard deviation of the noise added to each element of g: 2Δσ."""
+        return 2.0 * self.clip * self.sigma
+
+    @property
+    def sensitivity(self) -> float:
+        """L2 sensitivity of the clipped gradient vector under add/remove-one adjacency: 2Δ."""
+        return 2.0 * self.clip
+
+    @property
+    def noise_multiplier(self) -> float:
+        """Noise std / sensitivity = σ."""
+        return self.sigma
+
+    def __call__(self, grad: torch.Tensor) -> torch.Tensor:
+        """Return clip_Δ(grad) + N(0, (2Δσ)²) elementwise; ``grad`` is a flat vector [P]."""
+        if grad.ndim != 1:
+            raise ValueError(f"expected a flat gradient vector, got shape {tuple(grad.shape)}")
+        clipped = _clip_block(grad, self.clip, per_row=False)
+        noise = torch.randn(
+            clipped.shape, generator=self.generator, device=grad.device, dtype=grad.dtype
+        )
+        return clipped + self.noise_std * noise
+
+    def apply(self, parameters) -> None:
+        """Sanitise the ``.grad`` of ``parameters`` in place, as one concatenated vector.
+
+        A parameter without a gradient counts as a zero gradient and is noised too,
+        so that every released coordinate is covered by the mechanism.
+        """
+        params = [p for p in parameters if p.requires_grad]
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        flat = torch.cat([p.grad.reshape(-1) for p in params])
+        sanitised = self(flat)
+        for p, chunk in zip(params, sanitised.split([p.numel() for p in params]), strict=True):
+            p.grad.copy_(chunk.view_as(p.grad))
 
 
 # ---------------------------------------------------------------------------
@@ -313,6 +387,9 @@ class PrivacyAccountant:
 # ---------------------------------------------------------------------------
 
 
+CONVENTIONS = ("sound", "paper")
+
+
 def resolve_budget(
     *,
     sigma: float | None,
@@ -323,28 +400,52 @@ def resolve_budget(
     delta: float,
     clipping: str = "batch",
     accountant: str = "rdp",
+    convention: str = "sound",
 ) -> tuple[float, int]:
-    """Return (σ, steps) from any two of σ, steps, target ε (sound accounting).
+    """Return (σ, steps) from any two of σ, steps, target ε.
 
     σ and steps given: used as they are (if a target ε is also given, it must hold).
-    σ and target ε: the most steps within it. steps and target ε: the σ reaching it.
+    σ and target ε: the most steps within it. steps and target ε: the smallest σ
+    reaching it. ``convention`` says how the target ε is counted: ``sound`` (the
+    accountant of this mechanism, noise multiplier from σ and ``clipping``) or
+    ``paper`` (:func:`paper_convention_epsilon`, σ as the noise multiplier, steps·n
+    compositions; not a valid guarantee, for reproducing the paper's settings).
+    Training always records the sound ε, whichever convention solved the budget.
     """
+    if convention not in CONVENTIONS:
+        raise ValueError(f"convention must be one of {CONVENTIONS}, got {convention!r}")
     if sigma is not None:
-        z = noise_multiplier(sigma, batch_size, clipping)
+        noise_multiplier(sigma, batch_size, clipping)  # validates sigma and clipping
+
+    def eps_of(s: float, t: int) -> float:
+        if convention == "paper":
+            return paper_convention_epsilon(q, s, t, batch_size, delta)
+        return compute_epsilon(noise_multiplier(s, batch_size, clipping), q, t, delta, accountant)
+
+    if sigma is not None:
         if steps is None:
             if target_epsilon is None:
                 raise ValueError("give steps or target_epsilon together with sigma")
-            steps = max_steps(target_epsilon, z, q, delta, accountant)
+            check_positive("target epsilon", target_epsilon)
+            if convention == "paper":
+                steps = _max_steps_paper(eps_of, sigma, target_epsilon)
+            else:
+                z = noise_multiplier(sigma, batch_size, clipping)
+                steps = max_steps(target_epsilon, z, q, delta, accountant)
         elif target_epsilon is not None:
-            eps = compute_epsilon(z, q, steps, delta, accountant)
+            eps = eps_of(sigma, steps)
             if eps > target_epsilon * (1 + 1e-9):
                 raise ValueError(
-                    f"target epsilon {target_epsilon} is unreachable: sigma={sigma} for "
-                    f"{steps} steps gives ε={eps:.4g}"
+                    f"target epsilon {target_epsilon} ({convention} convention) is "
+                    f"unreachable: sigma={sigma} for {steps} steps gives ε={eps:.4g}"
                 )
         return float(sigma), int(steps)
     if steps is None or target_epsilon is None:
         raise ValueError("sigma is null: give both steps and target_epsilon to solve for it")
+    if convention == "paper":
+        check_positive("target epsilon", target_epsilon)
+        check_positive("steps", steps)
+        return _bisect_noise(lambda s: eps_of(s, steps), target_epsilon), int(steps)
     z = solve_noise_multiplier(target_epsilon, q, steps, delta, accountant)
     return sigma_from_noise_multiplier(z, batch_size, clipping), int(steps)
 
@@ -371,33 +472,21 @@ def privacy_report(
     check_delta(delta)
     if sigma is not None:
         check_positive("sigma", sigma)
+    if convention == "paper" and sigma is None and (steps is None or epsilon is None):
+        raise ValueError("without --sigma give both --steps and --epsilon")
+    sigma, steps = resolve_budget(
+        sigma=sigma, steps=steps, target_epsilon=epsilon, q=q, batch_size=batch_size,
+        delta=delta, clipping=clipping, accountant=accountant, convention=convention,
+    )  # fmt: skip
     if convention == "sound":
-        sigma, steps = resolve_budget(
-            sigma=sigma, steps=steps, target_epsilon=epsilon, q=q, batch_size=batch_size,
-            delta=delta, clipping=clipping, accountant=accountant,
-        )  # fmt: skip
         z = noise_multiplier(sigma, batch_size, clipping)
         eps = compute_epsilon(z, q, steps, delta, accountant)
         method = (
             f"Poisson-subsampled Gaussian, {accountant.upper()} ({PrivacyAccountant.describe()})"
         )
-    elif convention == "paper":
-
-        def eps_of(s: float, t: int) -> float:
-            return paper_convention_epsilon(q, s, t, batch_size, delta)
-
-        if sigma is None:
-            if steps is None or epsilon is None:
-                raise ValueError("without --sigma give both --steps and --epsilon")
-            sigma = _bisect_noise(lambda s: eps_of(s, steps), epsilon)
-        elif steps is None:
-            if epsilon is None:
-                raise ValueError("give --steps or --epsilon")
-            steps = _max_steps_paper(eps_of, sigma, epsilon)
-        z, eps = sigma, eps_of(sigma, steps)
-        method = "paper convention: compute_rdp(q, sigma, steps*n), classic conversion"
     else:
-        raise ValueError(f"convention must be 'sound' or 'paper', got {convention!r}")
+        z, eps = sigma, paper_convention_epsilon(q, sigma, steps, batch_size, delta)
+        method = "paper convention: compute_rdp(q, sigma, steps*n), classic conversion"
     return {
         "epsilon": eps,
         "delta": delta,
@@ -414,11 +503,17 @@ def privacy_report(
 
 
 def _max_steps_paper(eps_of: Callable[[float, int], float], sigma: float, target: float) -> int:
+    """Largest T with eps_of(σ, T) ≤ target (eps_of increasing in T)."""
     if eps_of(sigma, 1) > target:
-        raise ValueError(f"target epsilon {target} is unreachable: one step exceeds it")
+        raise ValueError(
+            f"target epsilon {target} is unreachable: a single step already costs "
+            f"ε = {eps_of(sigma, 1):.4g} (paper convention, sigma {sigma})"
+        )
     lo, hi = 1, 2
     while eps_of(sigma, hi) <= target:
         lo, hi = hi, hi * 2
+        if hi > 10**12:
+            raise ValueError("target epsilon allows more than 1e12 steps; check the inputs")
     while hi - lo > 1:
         mid = (lo + hi) // 2
         lo, hi = (mid, hi) if eps_of(sigma, mid) <= target else (lo, mid)

@@ -736,3 +736,7 @@ def register_cli(subparsers: argparse._SubParsersAction) -> None:
         sub.add_argument("--config", nargs="+", required=True, help="the run's config file(s)")
         sub.add_argument("--out-dir", required=True, help="the run's results folder")
         sub.set_defaults(handler=_celeba_cli)
+    # Tables 2/4/5, Figures 2/4a/4b/4c/5/7, reproduction.md (imported here: it imports us).
+    from dpsinkhorn import ablations
+
+    ablations.register_reports(reports)

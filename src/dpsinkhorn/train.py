@@ -5,7 +5,11 @@ One step:
     2. draw the real batch Y by Poisson sampling (rate q = B / N) as a fixed-shape
        buffer of ``capacity`` rows with 0/1 weights (see ``PoissonSampler``)
     3. S = 2 W(X[0:n], Y) − W(X[0:n], X[n':n+n'])  on [image, α_c · onehot]
-    4. backward; a hook on X clips and noises ∇_X S (``privacy.ImageGradientSanitizer``)
+       (cost ``mixed`` | ``l2`` | ``l1``, see ``loss.mixed_cost``)
+    4. backward; with ``perturbation: image`` (default) a hook on X clips and noises
+       ∇_X S (``privacy.ImageGradientSanitizer``); with ``perturbation: parameter`` the
+       whole parameter gradient ∇_θ S is clipped and noised after the backward pass
+       (``privacy.ParameterGradientSanitizer``, the paper's Table 2 baseline)
     5. optimiser step on the generator; the accountant records one step
 
 Everything the step touches lives on the device; the step has fixed shapes and
@@ -45,6 +49,7 @@ from dpsinkhorn.loss import (
 from dpsinkhorn.models import GeneratorConfig, build_generator
 from dpsinkhorn.privacy import (
     ImageGradientSanitizer,
+    ParameterGradientSanitizer,
     PrivacyAccountant,
     paper_convention_epsilon,
     resolve_budget,
@@ -105,7 +110,8 @@ class Trainer:
         labels = torch.as_tensor(train_labels, device=device)
         self.image_shape = tuple(images.shape[1:])
         self.real = conditional_features(images, labels, self.num_classes, spec["alpha_c"])
-        self.diameter = feature_diameter(images[0].numel(), spec["alpha_c"])
+        self.cost = spec.get("cost", "mixed")
+        self.diameter = feature_diameter(images[0].numel(), spec["alpha_c"], self.cost)
 
         torch.manual_seed(int(spec["seed"]))
         self.model_config = GeneratorConfig(
@@ -133,7 +139,15 @@ class Trainer:
         self.rng = torch.Generator(device=device).manual_seed(int(spec["seed"]) + 1)
         self.sampler = PoissonSampler(num_records, self.q, device)
 
+        self.perturbation = spec.get("perturbation", "image")
+        self.epsilon_convention = spec.get("epsilon_convention", "sound")
         if self.private:
+            if self.perturbation == "parameter" and spec["clipping"] != "batch":
+                raise ValueError(
+                    f"experiment {spec['name']}: perturbation parameter clips the whole "
+                    f"parameter gradient as one vector; clipping must be batch, "
+                    f"not {spec['clipping']}"
+                )
             sigma, self.total_steps = resolve_budget(
                 sigma=spec["sigma"],
                 steps=spec["steps"],
@@ -143,10 +157,19 @@ class Trainer:
                 delta=spec["delta"],
                 clipping=spec["clipping"],
                 accountant=spec["accountant"],
+                convention=self.epsilon_convention,
             )
-            self.sanitizer = ImageGradientSanitizer(
-                self.n, self.n_prime, spec["clip"], sigma, spec["clipping"], self.rng
-            )
+            if self.perturbation == "image":
+                self.sanitizer = ImageGradientSanitizer(
+                    self.n, self.n_prime, spec["clip"], sigma, spec["clipping"], self.rng
+                )
+            elif self.perturbation == "parameter":
+                self.sanitizer = ParameterGradientSanitizer(spec["clip"], sigma, self.rng)
+            else:
+                raise ValueError(
+                    f"experiment {spec['name']}: perturbation must be image or parameter, "
+                    f"got {self.perturbation!r}"
+                )
             self.accountant = PrivacyAccountant(
                 self.q, self.sanitizer.noise_multiplier, spec["delta"], spec["accountant"]
             )
@@ -161,7 +184,7 @@ class Trainer:
         spec = self.spec
         z, labels = self.model.sample_inputs(self.n + self.n_prime, self.rng, self.device)
         images = self.model(z, labels)
-        if self.sanitizer is not None:
+        if isinstance(self.sanitizer, ImageGradientSanitizer):
             self.sanitizer.attach(images)
         x = conditional_features(images, labels, self.num_classes, spec["alpha_c"])
         indices, weights = self.sampler.sample(self.rng)
@@ -175,9 +198,12 @@ class Trainer:
             y_weights=weights,
             scaling=spec["sinkhorn_scaling"],
             diameter=self.diameter,
+            cost=self.cost,
         )
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
+        if isinstance(self.sanitizer, ParameterGradientSanitizer):
+            self.sanitizer.apply(self.model.parameters())
         self.optimizer.step()
         if self.accountant is not None:
             self.accountant.step()
@@ -223,12 +249,23 @@ class Trainer:
         if self.sanitizer is None:
             return {**base, "private": False, "epsilon": None, "epsilon_paper_convention": None}
         s = self.sanitizer
+        if self.perturbation == "parameter":
+            mechanism = (
+                "Gaussian mechanism on the generator's parameter gradient (all parameters "
+                "as one vector, clipped to L2 norm clip and noised), Poisson sampling, "
+                "add/remove-one adjacency"
+            )
+        else:
+            mechanism = (
+                "Gaussian mechanism on the gradient w.r.t. generated images "
+                "(rows 0:n clipped and noised; rows n:n+n' clipped only), Poisson sampling, "
+                "add/remove-one adjacency"
+            )
         return {
             **base,
             "private": True,
-            "mechanism": "Gaussian mechanism on the gradient w.r.t. generated images "
-            "(rows 0:n clipped and noised; rows n:n+n' clipped only), Poisson sampling, "
-            "add/remove-one adjacency",
+            "perturbation": self.perturbation,
+            "mechanism": mechanism,
             "clipping": s.clipping,
             "clip": s.clip,
             "sigma": s.sigma,
@@ -237,6 +274,9 @@ class Trainer:
             "noise_multiplier": s.noise_multiplier,
             "delta": self.accountant.delta,
             "target_epsilon": self.spec["target_epsilon"],
+            "epsilon_convention": self.epsilon_convention,
+            "epsilon_convention_note": "convention under which target_epsilon solved sigma "
+            "or steps; epsilon is always the sound accountant's",
             "epsilon": self.epsilon(),
             "epsilon_paper_convention": paper_convention_epsilon(
                 self.q, s.sigma, self.step_count, self.n, self.accountant.delta

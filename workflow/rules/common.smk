@@ -25,6 +25,7 @@ from dpsinkhorn.config import (
     validate,
     wildcard_regex,
 )
+from dpsinkhorn import ablations, plan
 
 # Same schema and messages as the CLI: fills defaults, names the file and key of an error.
 config.update(validate(config, workflow.configfiles))
@@ -48,6 +49,9 @@ FID_SIZE = EVAL["fid_reference_size"]
 FID_SUBSET = "" if FID_SIZE is None else f"--num {FID_SIZE} --seed 0"
 # Only used with --software-deployment-method conda (path relative to the rule files).
 CONDA_ENV = "../envs/dpsinkhorn.yaml"
+# snakemake --report: each table/figure's caption is its rule's `caption` param, written
+# by dpsinkhorn.ablations.caption (what was run: config, steps, sigma, epsilon, seeds).
+CAPTION = "../report/output.rst"
 
 TRAINED = wildcard_regex(trained_experiments(config))
 REAL = wildcard_regex(real_experiments(config))
@@ -106,3 +110,22 @@ def outside_table1_outputs():
     """Results of experiments that fill no Table 1 row (still run by `all`)."""
     in_table = set(table1_experiments(config).values())
     return evaluation_outputs(e for e in experiment_names(config) if e not in in_table)
+
+
+def report_caption(name=None):
+    """Param function: the caption of output `name` (default: the {name} wildcard).
+
+    It reads privacy.json files when they exist (for ε), so it takes `output`: Snakemake
+    then treats it as derived and never reruns a step because its caption changed.
+    """
+    files = CONFIG_FILES.split()
+    return lambda w, output: ablations.caption(config, RESULTS, name or w.name, files)
+
+
+def in_report(outputs):
+    """Mark a table's Markdown and its figure for snakemake --report."""
+    category = {"md": "Tables", "figure": "Figures"}
+    return {
+        key: report(path, caption=CAPTION, category=category[key]) if key in category else path
+        for key, path in outputs.items()
+    }

@@ -83,6 +83,7 @@ rule fid:
     params:
         weights=flag("--weights", config["fid_weights"]),
         device=DEVICE,
+        sqrtm=EVAL["fid_sqrtm"],
     log:
         f"{LOGS}/fid_{{exp}}_seed{{seed}}.log",
     benchmark:
@@ -96,7 +97,7 @@ rule fid:
         CONDA_ENV
     shell:
         "dpsinkhorn fid --a {input.samples} --b {input.reference} --out {output}"
-        " {params.weights} {params.device} > {log} 2>&1"
+        " --sqrtm {params.sqrtm} {params.weights} {params.device} > {log} 2>&1"
 
 
 rule classify:

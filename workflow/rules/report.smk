@@ -2,12 +2,16 @@ rule table1:
     input:
         unpack(table1_inputs),
     output:
-        md=f"{RESULTS}/tables/table1.md",
+        md=report(f"{RESULTS}/tables/table1.md", caption=CAPTION, category="Tables"),
         csv=f"{RESULTS}/tables/table1.csv",
         tex=f"{RESULTS}/tables/table1.tex",
-        figures=expand(f"{RESULTS}/figures/samples_{{dataset}}.png", dataset=figure_datasets(config)),
+        figures=[
+            report(f"{RESULTS}/figures/samples_{d}.png", caption=CAPTION, category="Figures")
+            for d in figure_datasets(config)
+        ],
     params:
         config_files=CONFIG_FILES,
+        caption=report_caption("table1"),
         out_dir=lambda w, output: Path(output.md).parent.parent,
     log:
         f"{LOGS}/table1.log",
@@ -29,9 +33,10 @@ rule table3:
     input:
         unpack(lambda w: table_files(config, "table3", RESULTS)),
     output:
-        **table_outputs(config, "table3", RESULTS),
+        **in_report(table_outputs(config, "table3", RESULTS)),
     params:
         config_files=CONFIG_FILES,
+        caption=report_caption("table3"),
         out_dir=lambda w, output: Path(output.md).parent.parent,
     log:
         f"{LOGS}/table3.log",
@@ -53,9 +58,10 @@ rule table6:
     input:
         unpack(lambda w: table_files(config, "table6", RESULTS)),
     output:
-        **table_outputs(config, "table6", RESULTS),
+        **in_report(table_outputs(config, "table6", RESULTS)),
     params:
         config_files=CONFIG_FILES,
+        caption=report_caption("table6"),
         out_dir=lambda w, output: Path(output.md).parent.parent,
     log:
         f"{LOGS}/table6.log",

@@ -1,0 +1,184 @@
+"""Studies (config expansion), `dpsinkhorn targets` and `dpsinkhorn plan`."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dpsinkhorn import config as config_lib
+from dpsinkhorn import plan, studies
+from dpsinkhorn.privacy import compute_epsilon, resolve_budget
+
+ROOT = Path(__file__).resolve().parent.parent
+BASE = {
+    "seeds": [0, 1],
+    "training_defaults": {"steps": 20},
+    "experiments": {
+        "real_mnist": {"dataset": "mnist", "table1_row": "real", "method": "real_data"},
+        "mnist_dp": {"dataset": "mnist", "table1_row": "paper", "sigma": 1.5},
+    },
+}
+
+
+def write_config(tmp_path: Path, studies_section: dict, **extra) -> Path:
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump({**BASE, **extra, "studies": studies_section}))
+    return path
+
+
+def test_vary_cells_reuse_an_identical_experiment(tmp_path):
+    path = write_config(
+        tmp_path,
+        {"fig4a": {"bases": ["mnist_dp"], "vary": {"lr": [1.0e-3, 1.0e-4], "optimizer": ["adam"]}}},
+    )
+    config = config_lib.load_config([path])
+    cells = studies.study_cells(config, "fig4a")
+    # lr 1e-4 with adam is mnist_dp itself (the defaults): no second training.
+    assert [c.experiment for c in cells] == ["fig4a_lr0p001_adam", "mnist_dp"]
+    new = config_lib.experiment(config, "fig4a_lr0p001_adam")
+    assert new["lr"] == 1.0e-3 and new["sigma"] == 1.5 and new["table1_row"] is None
+    # Validating the expanded config again finds the same experiments (idempotent).
+    again = config_lib.validate(config)
+    assert config_lib.experiment_names(again) == config_lib.experiment_names(config)
+
+
+def test_named_cells_settings_and_experiment_references(tmp_path):
+    path = write_config(
+        tmp_path,
+        {
+            "table4": {
+                "bases": ["mnist_dp"],
+                "settings": {"steps": 30},
+                "cells": {"a": {"sigma": 1.1, "clip": 1.0}, "paper": {"experiment": "mnist_dp"}},
+            },
+            "fig5": {"bases": ["mnist_dp"], "vary": {"p": [0.4, 0.2]}},
+        },
+    )
+    config = config_lib.load_config([path])
+    cells = studies.study_cells(config, "table4")
+    assert [(c.label, c.experiment) for c in cells] == [("a", "table4_a"), ("paper", "mnist_dp")]
+    spec = config_lib.experiment(config, "table4_a")
+    assert (spec["sigma"], spec["clip"], spec["steps"]) == (1.1, 1.0, 30)
+    # fig5's p=0.4 differs from mnist_dp only in... nothing: reused; p=0.2 is new.
+    assert studies.study_experiments(config, "fig5") == ["mnist_dp", "fig5_p0p2"]
+
+
+def test_multiple_bases_label_cells_by_base(tmp_path):
+    experiments = {
+        **BASE["experiments"],
+        "fmnist_dp": {"dataset": "fmnist", "table1_row": "paper", "sigma": 1.9},
+    }
+    path = write_config(
+        tmp_path,
+        {"fig5": {"bases": ["mnist_dp", "fmnist_dp"], "vary": {"p": [0.0]}}},
+        experiments=experiments,
+    )
+    config = config_lib.load_config([path])
+    cells = studies.study_cells(config, "fig5")
+    assert [c.experiment for c in cells] == ["fig5_mnist_dp_p0", "fig5_fmnist_dp_p0"]
+    assert config_lib.dataset_of(config, "fig5_fmnist_dp_p0") == "fmnist"
+
+
+@pytest.mark.parametrize(
+    "section, message",
+    [
+        ({"fig5": {"bases": ["nope"], "vary": {"p": [0.0]}}}, "studies.fig5.bases: unknown"),
+        ({"fig5": {"bases": ["mnist_dp"], "vary": {"p": [2.0]}}}, "fig5_p2.p: bad value 2.0"),
+        ({"table2": {"bases": ["mnist_dp"], "cells": {"x": {"sigam": 1}}}}, "studies.table2"),
+        ({"fig9": {"bases": ["mnist_dp"], "vary": {"p": [0.0]}}}, "studies.fig9: unknown key"),
+        ({"fig5": {"bases": ["mnist_dp"]}}, "studies.fig5"),
+    ],
+)
+def test_bad_studies_are_named(tmp_path, section, message):
+    path = write_config(tmp_path, section)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        config_lib.load_config([path])
+
+
+def test_full_config_studies_and_fig4b_noise_scale():
+    config = config_lib.load_config([ROOT / "config" / "config.yaml"])
+    assert studies.configured_studies(config) == list(studies.STUDIES)
+    # Table 2's semi-debiased row and Tables 4/5's paper rows are the Table 1 DP rows.
+    assert studies.study_cells(config, "table2")[-1].experiment == "mnist_dpsinkhorn"
+    assert studies.study_cells(config, "table5")[-1].experiment == "fmnist_dpsinkhorn"
+    # Figure 4c analyses the generators Figure 5 trains on MNIST.
+    fig5 = studies.study_experiments(config, "fig5")
+    assert set(studies.study_experiments(config, "fig4c")) <= set(fig5)
+    # fig4b: fewer steps for smaller ε, σ solved so that each spends its sound ε.
+    for eps in (1.0, 10.0):
+        spec = config_lib.experiment(config, f"fig4b_m3_eps{eps:g}")
+        q = spec["batch_size"] / plan.TRAIN_SIZES["mnist"]
+        sigma, steps = resolve_budget(
+            sigma=None, steps=spec["steps"], target_epsilon=eps, q=q,
+            batch_size=spec["batch_size"], delta=spec["delta"],
+        )  # fmt: skip
+        assert (spec["m"], steps) == (3.0, 16000 * eps)
+        assert compute_epsilon(sigma, q, steps, spec["delta"]) == pytest.approx(eps, rel=1e-3)
+
+
+def test_paper_convention_steps_for_table4():
+    config = config_lib.load_config([ROOT / "config" / "config.yaml"])
+    spec = config_lib.experiment(config, "table4_s1p5_c0p5_p0p2_m1")
+    steps = plan.resolved_steps(spec)
+    # The paper: sigma 1.5 reaches its epsilon = 10 in ~160,000 steps.
+    assert 150000 < steps < 170000
+    _, sound_steps = resolve_budget(
+        sigma=1.5, steps=None, target_epsilon=10.0, q=spec["batch_size"] / 60000,
+        batch_size=spec["batch_size"], delta=spec["delta"],
+    )  # fmt: skip
+    assert sound_steps > 10 * steps  # the sound count allows far more steps
+
+
+def test_outputs_inputs_and_targets_cli(tmp_path):
+    path = write_config(
+        tmp_path,
+        {
+            "table4": {"bases": ["mnist_dp"], "cells": {"a": {"sigma": 1.1}}},
+            "fig4c": {"bases": ["mnist_dp"], "vary": {"p": [0.0, 1.0]}, "batches": 4},
+        },
+    )
+    config = config_lib.load_config([path])
+    results = Path("results") / config["run_name"]
+    assert plan.outputs(config, "table4", results)["csv"] == str(results / "tables/table4.csv")
+    inputs = plan.inputs(config, "fig4c", results)
+    assert inputs["gradients"] == [
+        str(results / e / "gradstudy.json") for e in ("fig4c_p0", "fig4c_p1")
+    ]
+    assert len(inputs["results"]) == 2 * 2 * 4  # 2 experiments x 2 seeds x (fid + 3 classifiers)
+    assert plan.gradient_settings(config) == {
+        "p_values": [0.0, 0.2, 0.4, 0.6, 0.8, 1.0],
+        "batches": 4,
+    }
+    with pytest.raises(ValueError, match="does not produce 'table2'"):
+        plan.outputs(config, "table2", results)
+    out = subprocess.run(
+        [sys.executable, "-m", "dpsinkhorn", "targets", "table4", "--config", str(path), "--cells"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert str(results / "tables/table4.md") in out.stdout
+    assert str(results / "table4_a" / "fid_seed1.json") in out.stdout
+
+
+def test_plan_with_given_rate(tmp_path):
+    path = write_config(tmp_path, {"fig5": {"bases": ["mnist_dp"], "vary": {"p": [0.0]}}})
+    config = config_lib.load_config([path])
+    result = plan.plan(config, "cpu", steps_per_s=4.0)
+    assert [r["experiment"] for r in result["training"]] == ["mnist_dp", "fig5_p0"]
+    assert result["training_hours"] == pytest.approx(2 * 20 / 4.0 / 3600)
+    jobs = result["jobs"]
+    assert jobs["train"] == 2 and jobs["fid"] == 3 * 2 and jobs["classify"] == 3 * 2 * 3
+
+
+def test_plan_measures_steps_per_s(tmp_path):
+    experiments = {"mnist_dp": {"dataset": "mnist", "sigma": 1.5, "channels": [8, 4, 2]}}
+    path = write_config(tmp_path, {}, experiments=experiments)
+    config = config_lib.load_config([path])
+    result = plan.plan(config, "cpu", bench_steps=2)
+    (row,) = result["training"]
+    assert row["steps_per_s"] > 0 and row["hours"] == pytest.approx(20 / row["steps_per_s"] / 3600)
+    assert result["steps_per_s_source"].startswith("measured")
