@@ -124,7 +124,16 @@ def test_resume_is_bit_identical_and_counts_each_step_once(tmp_path, prepared_da
     assert _log_rows(tmp_path / "full" / "train_log.csv") == _log_rows(
         tmp_path / "resumed" / "train_log.csv"
     )
-    assert not (tmp_path / "resumed" / "checkpoint.pt").exists()
+    # The final checkpoint is kept: a rerun (e.g. after the job was killed before its
+    # outputs were accepted) trains nothing and rewrites the same outputs.
+    assert torch.load(tmp_path / "resumed" / "checkpoint.pt", weights_only=False)["step"] == 12
+    (tmp_path / "resumed" / "generator.pt").unlink()
+    assert train(spec, tmp_path / "resumed", prepared_data, "cpu", progress=False) == full
+    c = torch.load(tmp_path / "resumed" / "generator.pt", weights_only=False)["state_dict"]
+    assert all(torch.equal(a[k], c[k]) for k in a)
+    assert _log_rows(tmp_path / "full" / "train_log.csv") == _log_rows(
+        tmp_path / "resumed" / "train_log.csv"
+    )
 
 
 def test_checkpoint_of_other_settings_is_not_resumed(tmp_path, prepared_data):

@@ -345,9 +345,10 @@ def train(
 
     The private data is ``<data_dir>/<dataset>/train.npz``, or ``train_data`` =
     (images uint8 [N,28,28] or [N,28,28,C], labels int64 [N]) for your own data.
-    Writes generator.pt, privacy.json and train_log.csv; keeps checkpoint.pt while
-    running. ``stop_after`` ends this process after that many new steps (with a
-    checkpoint), as a preemption would; it raises ``Preempted``.
+    Writes generator.pt, privacy.json and train_log.csv, and keeps checkpoint.pt (the
+    final one too, so a finished run reruns in seconds). ``stop_after`` ends this process
+    after that many new steps (with a checkpoint), as a preemption would; it raises
+    ``Preempted``.
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -406,7 +407,11 @@ def train(
                 raise Preempted(f"{why}: checkpoint at step {step} in {ckpt_path}; rerun to resume")
     bar.close()
 
-    trainer.sampler.check()
+    # The final state is checkpointed and kept: if this job is killed after training but
+    # before Snakemake accepts its outputs (a time-limit signal arriving just then), the
+    # rerun finds every step done and only rewrites the outputs instead of starting over.
+    if trainer.step_count != start_step or not ckpt_path.exists():
+        _save_checkpoint(ckpt_path, trainer, log_rows, digest)
     generator = {
         "state_dict": trainer.model.state_dict(),
         "model_config": trainer.model_config.to_dict(),
@@ -421,7 +426,6 @@ def train(
     record = trainer.privacy_record()
     write_json(out_dir / "privacy.json", record)
     _write_log(out_dir / "train_log.csv", log_rows)
-    ckpt_path.unlink(missing_ok=True)
     return record
 
 
