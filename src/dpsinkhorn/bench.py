@@ -160,9 +160,7 @@ def register_cli(subparsers: argparse._SubParsersAction) -> None:
 
 def _cli(args: argparse.Namespace) -> int:
     cfg = config_lib.load_config(args.config)
-    spec = config_lib.experiment(cfg, args.experiment)
-    if spec["method"] == "real_data":
-        raise ValueError(f"experiment {args.experiment} uses real data: nothing to benchmark")
+    spec = config_lib.trained_experiment(cfg, args.experiment, "nothing to benchmark")
     device = args.device or cfg["device"]
     result = benchmark(spec, cfg["data_dir"], device, args.steps, args.warmup, args.impl)
     print(json.dumps(result))

@@ -404,6 +404,14 @@ def experiment_spec_of(spec: Mapping) -> str:
     return json.dumps(kept, sort_keys=True)
 
 
+def trained_experiment(config: Mapping, name: str, refusal: str) -> dict:
+    """:func:`experiment`, refusing a ``real_data`` one with "uses real data: <refusal>"."""
+    spec = experiment(config, name)
+    if spec["method"] == "real_data":
+        raise ValueError(f"experiment {name} uses real data: {refusal}")
+    return spec
+
+
 def dataset_of(config: Mapping, name: str) -> str:
     return experiment(config, name)["dataset"]
 

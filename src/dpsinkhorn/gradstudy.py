@@ -289,9 +289,7 @@ def register_cli(subparsers: argparse._SubParsersAction) -> None:
 
 def _cli(args: argparse.Namespace) -> int:
     cfg = config_lib.load_config(args.config)
-    spec = config_lib.experiment(cfg, args.experiment)
-    if spec["method"] == "real_data":
-        raise ValueError(f"experiment {args.experiment} uses real data: it has no generator")
+    spec = config_lib.trained_experiment(cfg, args.experiment, "it has no generator")
     ps = _check_study_args(args.p, args.batches, args.seed)
     images, labels = load_samples(Path(args.data))
     device = resolve_device(args.device or cfg["device"])

@@ -140,14 +140,13 @@ def all_outputs(config: Mapping, results: str | Path) -> list[str]:
 
 
 def study_regex(config: Mapping, kind: str) -> str:
-    """Wildcard regex of the configured study tables (``kind='table'``) or figures."""
-    names = studies.TABLE_STUDIES if kind == "table" else studies.FIGURE_STUDIES
-    present = [n for n in studies.configured_studies(config) if n in names and n != "fig4c"]
-    if kind == "figure" and "fig4c" in studies.configured_studies(config):
-        present.append("fig4c")
-    if kind == "samples":
-        present = [n for n in SAMPLE_FIGURES if n in available(config)]
-    return config_lib.wildcard_regex(present)
+    """Wildcard regex of the configured outputs of one kind: table | figure | samples."""
+    names = {
+        "table": studies.TABLE_STUDIES,
+        "figure": studies.FIGURE_STUDIES,
+        "samples": SAMPLE_FIGURES,
+    }[kind]
+    return config_lib.wildcard_regex(n for n in available(config) if n in names)
 
 
 def gradient_settings(config: Mapping) -> dict:

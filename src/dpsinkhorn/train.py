@@ -443,9 +443,7 @@ def register_cli(subparsers: argparse._SubParsersAction) -> None:
 
 def _cli(args: argparse.Namespace) -> int:
     cfg = config_lib.load_config(args.config)
-    spec = config_lib.experiment(cfg, args.experiment)
-    if spec["method"] == "real_data":
-        raise ValueError(f"experiment {args.experiment} uses real data: nothing to train")
+    spec = config_lib.trained_experiment(cfg, args.experiment, "nothing to train")
     try:
         record = train(
             spec,

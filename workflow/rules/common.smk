@@ -5,7 +5,6 @@ from pathlib import Path
 from dpsinkhorn.config import (
     all_classifiers,
     check_overrides,
-    classifiers_of,
     config_file_args,
     data_inputs,
     data_mirror_of,
@@ -81,12 +80,7 @@ def fid_reference(w):
 
 def evaluation_outputs(experiments):
     """FID and classifier results of every seed of these experiments."""
-    return [
-        f"{RESULTS}/{exp}/{name}_seed{seed}.json"
-        for exp in experiments
-        for name in ["fid"] + [f"acc_{m}" for m in classifiers_of(config, dataset_of(config, exp))]
-        for seed in SEEDS
-    ]
+    return plan.evaluation_files(config, RESULTS, experiments)
 
 
 def table1_inputs(wildcards):
