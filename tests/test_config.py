@@ -276,6 +276,26 @@ def test_dry_run_lists_every_job(tmp_path, path):
     assert f"dpsinkhorn train --config {files} --experiment mnist_dpsinkhorn" in result.stdout
 
 
+def test_dry_run_with_sweeps_trains_each_experiment_once(tmp_path):
+    """--config sweep_runs=4: compatible experiments share one train-sweep job each."""
+    path = REPO / "config" / "smoke.yaml"
+    result = snakemake(tmp_path, "-n", "--configfile", str(path), "--config", "sweep_runs=4")
+    assert result.returncode == 0, result.stdout + result.stderr
+    config = {**cfg.load_config(path), "sweep_runs": 4}
+    alone, sweeps = plan.training_jobs(config)
+    assert sweeps and all(2 <= len(group) <= 4 for group in sweeps)
+    trained = [name for group in sweeps for name in group] + alone
+    assert sorted(trained) == sorted(cfg.trained_experiments(config))
+    counts = job_counts(result.stdout)
+    assert counts["train"] == len(alone)
+    assert {rule for rule in counts if rule.startswith("train_sweep_")} == {
+        f"train_sweep_{group[0]}" for group in sweeps
+    }
+    assert sum(plan.job_count(config).values()) == counts["total"]
+    for group in sweeps:
+        assert f"--experiments {' '.join(group)} --out-root results/smoke" in result.stdout
+
+
 def study_job_counts(config: dict) -> dict[str, int]:
     """Jobs of the rules in studies.smk: Tables 2/4/5, Figures 2/4/5/7, reproduction.md."""
     names = plan.available(config)

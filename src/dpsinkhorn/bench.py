@@ -26,6 +26,7 @@ from dpsinkhorn import data
 from dpsinkhorn.loss import debias_size, mixed_cost
 from dpsinkhorn.models import ConditionalDCGAN, GeneratorConfig
 from dpsinkhorn.privacy import resolve_budget
+from dpsinkhorn.sweep import SweepTrainer
 from dpsinkhorn.train import Trainer, resolve_device
 
 
@@ -125,9 +126,21 @@ def time_steps(step, device: torch.device, steps: int, warmup: int) -> float:
 
 
 def benchmark(
-    spec: dict, data_dir: Path, device: str, steps: int, warmup: int, impl: str = "ours"
+    spec: dict,
+    data_dir: Path,
+    device: str,
+    steps: int,
+    warmup: int,
+    impl: str = "ours",
+    sweep_runs: int = 0,
 ) -> dict:
-    """Time the chosen implementation(s) of the training step on the experiment's data."""
+    """Time the chosen implementation(s) of the training step on the experiment's data.
+
+    ``sweep_runs`` = K > 0 also times ``sweep.SweepTrainer`` on K copies of the experiment
+    (seeds seed..seed+K-1): ``sweep_steps_per_s`` counts sweep steps (each advances all K
+    runs) and ``sweep_per_run_ratio`` = sweep_steps_per_s / ours_steps_per_s (the
+    issue's target: >= 0.7 at K >= 8).
+    """
     images, labels = data.load_split(Path(data_dir), spec["dataset"], "train")
     dev = resolve_device(device)
     result: dict = {"experiment": spec["name"], "timed_steps": steps, "warmup_steps": warmup}
@@ -137,6 +150,18 @@ def benchmark(
     if impl in ("reference", "both"):
         reference = ReferenceStep(spec, images, labels, dev)
         result["reference_steps_per_s"] = time_steps(reference.step, dev, steps, warmup)
+    if sweep_runs:
+        specs = [
+            {**spec, "name": f"{spec['name']}_{k}", "seed": int(spec["seed"]) + k}
+            for k in range(sweep_runs)
+        ]
+        sweep = SweepTrainer(specs, images, labels, dev)
+        result["sweep_runs"] = sweep_runs
+        result["sweep_steps_per_s"] = time_steps(
+            lambda: sweep.step(sweep.trainers), dev, steps, warmup
+        )
+        if "ours_steps_per_s" in result:
+            result["sweep_per_run_ratio"] = result["sweep_steps_per_s"] / result["ours_steps_per_s"]
     if impl == "both":
         result["ratio"] = result["ours_steps_per_s"] / result["reference_steps_per_s"]
     result["steps_per_s"] = result.get("ours_steps_per_s", result.get("reference_steps_per_s"))
@@ -154,6 +179,13 @@ def register_cli(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--impl", choices=["ours", "reference", "both"], default="ours")
     p.add_argument("--steps", type=int, default=50, help="timed steps per implementation")
     p.add_argument("--warmup", type=int, default=5)
+    p.add_argument(
+        "--sweep",
+        type=int,
+        default=0,
+        metavar="K",
+        help="also time K seeds of the experiment trained together (dpsinkhorn.sweep)",
+    )
     p.add_argument("--device", help="override the config's device")
     p.set_defaults(handler=_cli)
 
@@ -162,6 +194,8 @@ def _cli(args: argparse.Namespace) -> int:
     cfg = config_lib.load_config(args.config)
     spec = config_lib.trained_experiment(cfg, args.experiment, "nothing to benchmark")
     device = args.device or cfg["device"]
-    result = benchmark(spec, cfg["data_dir"], device, args.steps, args.warmup, args.impl)
+    result = benchmark(
+        spec, cfg["data_dir"], device, args.steps, args.warmup, args.impl, args.sweep
+    )
     print(json.dumps(result))
     return 0

@@ -17,6 +17,7 @@ COMMAND_MODULES = [
     "celeba",
     "privacy",
     "train",
+    "sweep",
     "sample",
     "fid",
     "classify",

@@ -29,24 +29,29 @@ def _check_cost(cost: str) -> None:
         raise ValueError(f"cost must be one of {COSTS}, got {cost!r}")
 
 
-def mixed_cost(x: torch.Tensor, y: torch.Tensor, m: float, cost: str = "mixed") -> torch.Tensor:
+def mixed_cost(
+    x: torch.Tensor, y: torch.Tensor, m: float | torch.Tensor, cost: str = "mixed"
+) -> torch.Tensor:
     """Cost matrix for x [B,N,D], y [B,M,D] -> [B,N,M] (no ½ anywhere).
 
     ``cost``: mixed ||x_i − y_j||² + m ||x_i − y_j||₁; l2 ||x_i − y_j||²; l1
     ||x_i − y_j||₁ (``m`` is ignored by l2 and l1; l2 equals mixed with m = 0).
+    ``m`` is a number or a tensor [B] (one weight per batch entry, for sweeps).
     """
     _check_cost(cost)
     if cost == "l1":
         return torch.cdist(x, y, p=1)
     sq = (x * x).sum(-1)[:, :, None] + (y * y).sum(-1)[:, None, :] - 2 * x @ y.transpose(1, 2)
     out = sq.clamp_min(0)
-    if cost == "mixed" and m:
+    if cost == "mixed" and torch.is_tensor(m):
+        out = out + m.view(-1, 1, 1) * torch.cdist(x, y, p=1)
+    elif cost == "mixed" and m:
         out = out + m * torch.cdist(x, y, p=1)
     return out
 
 
 def _solver(
-    eps: float, m: float, scaling: float, diameter: float | None, cost: str = "mixed"
+    eps: float, m: float | torch.Tensor, scaling: float, diameter: float | None, cost: str = "mixed"
 ) -> SamplesLoss:
     _check_cost(cost)
     return SamplesLoss(
@@ -158,9 +163,54 @@ def semi_debiased_sinkhorn(
         return 2 * entropic_ot(x_cross, y, eps, m, **solve) - self_term
     # Empty real batch: solve against uniform dummy weights (keeps the solver finite,
     # no host synchronisation) and multiply the data term by 0.
-    total = y_weights.sum()
-    has_data = (total > 0).to(x.dtype)
-    uniform = torch.full_like(y_weights, 1.0 / y_weights.shape[0])
-    weights = torch.where(total > 0, y_weights / total.clamp_min(1e-30), uniform)
+    weights, has_data = _real_batch_weights(y_weights)
     data_term = entropic_ot(x_cross, y, eps, m, y_weights=weights, **solve)
+    return 2 * has_data * data_term - self_term
+
+
+def _real_batch_weights(y_weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Normalise 0/1 real-row weights [..., M] -> (weights, has_data [...]).
+
+    An empty real batch gets uniform dummy weights (keeps the solver finite, no host
+    synchronisation) and has_data = 0, which multiplies its data term away.
+    """
+    total = y_weights.sum(-1, keepdim=True)
+    uniform = torch.full_like(y_weights, 1.0 / y_weights.shape[-1])
+    weights = torch.where(total > 0, y_weights / total.clamp_min(1e-30), uniform)
+    return weights, (total[..., 0] > 0).to(y_weights.dtype)
+
+
+def semi_debiased_sinkhorn_runs(
+    x_cross: torch.Tensor,
+    x_self: torch.Tensor,
+    y: torch.Tensor,
+    y_weights: torch.Tensor,
+    eps: float,
+    m: torch.Tensor,
+    *,
+    scaling: float = 0.5,
+    diameter: float | None = None,
+    cost: str = "mixed",
+) -> torch.Tensor:
+    """S_k for K independent runs at once (sweeps) -> [K].
+
+    Run k: S_k = 2 W_λ(x_cross[k], Y_k) − W_λ(x_cross[k], x_self[k]), where
+    x_cross [K,n,D] = X_k[0:n], x_self [K,n,D] = X_k[n'_k:n'_k+n] (n'_k may differ
+    between runs), Y_k = the rows of y [K,M,D] with weight y_weights [K,M] (0/1,
+    normalised here; an empty batch gives a zero data term, as in
+    :func:`semi_debiased_sinkhorn`), and m [K] each run's L1 weight. One batched
+    geomloss solve per term; the runs never mix (each batch entry is its own problem).
+    """
+    k, n = x_cross.shape[:2]
+    if x_self.shape != x_cross.shape or y.shape[0] != k or y_weights.shape != y.shape[:2]:
+        raise ValueError(
+            f"expected x_cross and x_self [K,n,D], y [K,M,D], y_weights [K,M]; got "
+            f"{tuple(x_cross.shape)}, {tuple(x_self.shape)}, {tuple(y.shape)}, "
+            f"{tuple(y_weights.shape)}"
+        )
+    solver = _solver(eps, m, scaling, diameter, cost)
+    uniform = torch.full((k, n), 1.0 / n, dtype=x_cross.dtype, device=x_cross.device)
+    self_term = solver(uniform, x_cross, uniform, x_self)
+    weights, has_data = _real_batch_weights(y_weights)
+    data_term = solver(uniform, x_cross, weights, y)
     return 2 * has_data * data_term - self_term

@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from dpsinkhorn import config as config_lib
@@ -200,6 +200,56 @@ def measure_steps_per_s(spec: Mapping, device: str, steps: int) -> float:
     return time_steps(trainer.step, dev, steps, warmup=2)
 
 
+# Settings every run of one sweep must share: they fix the data, the generator's shapes,
+# the real batch's shape and the Sinkhorn problem (ε, schedule, cost family).
+SWEEP_SHARED_KEYS = (
+    "dataset",
+    "generator",
+    "latent_dim",
+    "embed_dim",
+    "channels",
+    "batch_size",
+    "alpha_c",
+    "entropy_reg",
+    "sinkhorn_scaling",
+    "cost",
+)
+
+
+def sweep_key(spec: Mapping) -> tuple:
+    """What must be equal for two experiments to train in one sweep."""
+    return tuple(
+        json.dumps(spec.get(key, "mixed" if key == "cost" else None)) for key in SWEEP_SHARED_KEYS
+    )
+
+
+def group_experiments(specs: Sequence[Mapping], max_runs: int) -> list[list[str]]:
+    """Split trained experiments into sweeps of at most ``max_runs`` compatible runs.
+
+    Deterministic: experiments keep their order; each group fills up in that order.
+    ``max_runs`` = 1 gives one group per experiment (no sweeps).
+    """
+    if max_runs < 1:
+        raise ValueError(f"sweep_runs must be at least 1, got {max_runs}")
+    by_key: dict[tuple, list[list[str]]] = {}
+    for spec in specs:
+        groups = by_key.setdefault(sweep_key(spec), [[]])
+        if len(groups[-1]) == max_runs:
+            groups.append([])
+        groups[-1].append(spec["name"])
+    return [group for groups in by_key.values() for group in groups]
+
+
+def training_jobs(config: Mapping) -> tuple[list[str], list[list[str]]]:
+    """(experiments trained by their own ``train`` job, groups trained by ``train_sweep``).
+
+    ``sweep_runs`` (config) = K > 1 puts up to K compatible experiments into one job.
+    """
+    specs = [config_lib.experiment(config, e) for e in config_lib.trained_experiments(config)]
+    groups = group_experiments(specs, int(config.get("sweep_runs", 1)))
+    return [g[0] for g in groups if len(g) == 1], [g for g in groups if len(g) > 1]
+
+
 def job_count(config: Mapping) -> dict[str, int]:
     """Jobs per workflow step for a full build from nothing (as ``snakemake -n`` counts them)."""
     exps = config_lib.experiment_names(config)
@@ -211,7 +261,8 @@ def job_count(config: Mapping) -> dict[str, int]:
         "celeba_fixture": int(config_lib.fixture_source(config) is not None
                               and "celeba" in config_lib.datasets(config)),
         "fid_reference": len(config_lib.datasets(config)),
-        "train": len(trained),
+        "train": len(training_jobs(config)[0]),
+        "train_sweep": len(training_jobs(config)[1]),
         "sample": len(trained) * seeds,
         "sample_real": (len(exps) - len(trained)) * seeds,
         "fid": len(exps) * seeds,

@@ -202,13 +202,18 @@ class Trainer:
         )
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
+        self.update()
+        return loss.detach()
+
+    def update(self) -> None:
+        """After backward: sanitise the parameter gradient (``perturbation: parameter``),
+        take the optimiser step and record the step in the privacy ledger."""
         if isinstance(self.sanitizer, ParameterGradientSanitizer):
             self.sanitizer.apply(self.model.parameters())
         self.optimizer.step()
         if self.accountant is not None:
             self.accountant.step()
         self.step_count += 1
-        return loss.detach()
 
     def epsilon(self) -> float:
         return self.accountant.epsilon() if self.accountant is not None else math.inf
@@ -308,6 +313,14 @@ class _StopSignal:
     def _handle(self, signum, frame):
         self.received = signum
 
+    def should_stop(self, new_steps: int, stop_after: int | None) -> bool:
+        """A signal arrived, or this process has taken ``stop_after`` new steps."""
+        return self.received is not None or (stop_after is not None and new_steps >= stop_after)
+
+    def reason(self, stop_after: int | None, ckpt_path: Path, step: int) -> str:
+        why = f"signal {self.received}" if self.received is not None else f"stop_after={stop_after}"
+        return f"{why}: checkpoint at step {step} in {ckpt_path}; rerun to resume"
+
     def __exit__(self, *exc):
         for s, handler in self.previous.items():
             signal.signal(s, handler)
@@ -332,6 +345,83 @@ def _write_log(path: Path, rows: list[dict]) -> None:
     write_text(path, buf.getvalue())
 
 
+class RunFiles:
+    """One run's files in ``out_dir``: resume from checkpoint.pt, log rows, checkpoints, outputs.
+
+    Shared by :func:`train` (one run) and ``dpsinkhorn.sweep`` (K runs in one process),
+    so a run writes the same files, and resumes from the same checkpoint, either way.
+    """
+
+    def __init__(self, trainer: Trainer, out_dir: Path):
+        self.trainer, self.spec = trainer, trainer.spec
+        self.out_dir = Path(out_dir)
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.ckpt_path, self.digest = self.out_dir / "checkpoint.pt", spec_hash(self.spec)
+        self.log_rows: list[dict] = []
+        if self.ckpt_path.exists():
+            state = torch.load(self.ckpt_path, map_location=trainer.device, weights_only=False)
+            if state.get("spec_hash") == self.digest:
+                trainer.load_state_dict(state)
+                self.log_rows = state["log"]
+            else:
+                print(f"ignoring {self.ckpt_path}: it belongs to other settings; starting afresh")
+        self.start_step, self.t0 = trainer.step_count, time.perf_counter()
+
+    @property
+    def done(self) -> bool:
+        return self.trainer.step_count >= self.trainer.total_steps
+
+    def after_step(self, loss: torch.Tensor) -> dict | None:
+        """Log every ``log_every`` steps (and the last), checkpoint every ``checkpoint_every``.
+
+        Returns the new log row, if one was written (reading ``loss`` syncs with the device).
+        """
+        step, row = self.trainer.step_count, None
+        if step % int(self.spec["log_every"]) == 0 or self.done:
+            elapsed = time.perf_counter() - self.t0
+            row = {
+                "step": step,
+                "loss": float(loss),
+                "epsilon": self.trainer.epsilon(),
+                "steps_per_s": (step - self.start_step) / max(elapsed, 1e-9),
+                "elapsed_s": elapsed,
+            }
+            self.log_rows.append(row)
+        if step % int(self.spec["checkpoint_every"]) == 0:
+            self.checkpoint()
+        return row
+
+    def checkpoint(self) -> None:
+        _save_checkpoint(self.ckpt_path, self.trainer, self.log_rows, self.digest)
+        _write_log(self.out_dir / "train_log.csv", self.log_rows)
+
+    def finish(self) -> dict:
+        """Write generator.pt, privacy.json, train_log.csv; returns the privacy record.
+
+        The final state is checkpointed and kept: if this job is killed after training
+        but before Snakemake accepts its outputs (a time-limit signal arriving just then),
+        the rerun finds every step done and only rewrites the outputs.
+        """
+        trainer = self.trainer
+        if trainer.step_count != self.start_step or not self.ckpt_path.exists():
+            _save_checkpoint(self.ckpt_path, trainer, self.log_rows, self.digest)
+        generator = {
+            "state_dict": trainer.model.state_dict(),
+            "model_config": trainer.model_config.to_dict(),
+            "dataset": self.spec["dataset"],
+            "num_classes": trainer.num_classes,
+            "image_shape": list(trainer.image_shape),
+            "experiment": self.spec["name"],
+            "steps": trainer.step_count,
+        }
+        with atomic_path(self.out_dir / "generator.pt") as tmp:
+            torch.save(generator, tmp)
+        record = trainer.privacy_record()
+        write_json(self.out_dir / "privacy.json", record)
+        _write_log(self.out_dir / "train_log.csv", self.log_rows)
+        return record
+
+
 def train(
     spec: dict,
     out_dir: Path,
@@ -350,111 +440,86 @@ def train(
     after that many new steps (with a checkpoint), as a preemption would; it raises
     ``Preempted``.
     """
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    images, labels = load_train_data(spec, data_dir, train_data)
+    trainer = Trainer(spec, images, labels, resolve_device(device))
+    run = RunFiles(trainer, out_dir)
+    bar = tqdm(
+        total=trainer.total_steps,
+        initial=run.start_step,
+        desc=spec["name"],
+        disable=not progress,
+        mininterval=1.0,
+    )
+    with _StopSignal() as stop:
+        while not run.done:
+            loss = trainer.step()
+            bar.update(1)
+            row = run.after_step(loss)
+            if row is not None:
+                bar.set_postfix(loss=f"{row['loss']:.4g}", eps=f"{row['epsilon']:.3g}")
+            new_steps = trainer.step_count - run.start_step
+            if not run.done and stop.should_stop(new_steps, stop_after):
+                run.checkpoint()
+                bar.close()
+                raise Preempted(stop.reason(stop_after, run.ckpt_path, trainer.step_count))
+    bar.close()
+    return run.finish()
+
+
+def load_train_data(
+    spec: dict, data_dir: Path | None, train_data: tuple[np.ndarray, np.ndarray] | None
+) -> tuple[np.ndarray, np.ndarray]:
+    """The experiment's private training split (prepared npz or given arrays), checked."""
     if train_data is None:
         if data_dir is None:
             raise ValueError("give data_dir (prepared datasets) or train_data (arrays)")
         train_data = data.load_split(Path(data_dir), spec["dataset"], "train")
     images, labels = train_data
     check_samples(np.asarray(images), np.asarray(labels), "train_data")
-    trainer = Trainer(spec, images, labels, resolve_device(device))
-    ckpt_path, digest = out_dir / "checkpoint.pt", spec_hash(spec)
-    log_rows: list[dict] = []
-    if ckpt_path.exists():
-        state = torch.load(ckpt_path, map_location=trainer.device, weights_only=False)
-        if state.get("spec_hash") == digest:
-            trainer.load_state_dict(state)
-            log_rows = state["log"]
-        else:
-            print(f"ignoring {ckpt_path}: it belongs to other settings; starting afresh")
-
-    every_ckpt, every_log = int(spec["checkpoint_every"]), int(spec["log_every"])
-    start_step, t0 = trainer.step_count, time.perf_counter()
-    bar = tqdm(
-        total=trainer.total_steps,
-        initial=start_step,
-        desc=spec["name"],
-        disable=not progress,
-        mininterval=1.0,
-    )
-    with _StopSignal() as stop:
-        while trainer.step_count < trainer.total_steps:
-            loss = trainer.step()
-            bar.update(1)
-            step = trainer.step_count
-            if step % every_log == 0 or step == trainer.total_steps:
-                elapsed = time.perf_counter() - t0
-                eps = trainer.epsilon()
-                log_rows.append(
-                    {
-                        "step": step,
-                        "loss": float(loss),
-                        "epsilon": eps,
-                        "steps_per_s": (step - start_step) / max(elapsed, 1e-9),
-                        "elapsed_s": elapsed,
-                    }
-                )
-                bar.set_postfix(loss=f"{float(loss):.4g}", eps=f"{eps:.3g}")
-            interrupted = stop.received is not None
-            stopping = interrupted or (stop_after is not None and step - start_step >= stop_after)
-            if step % every_ckpt == 0 or (stopping and step < trainer.total_steps):
-                _save_checkpoint(ckpt_path, trainer, log_rows, digest)
-                _write_log(out_dir / "train_log.csv", log_rows)
-            if stopping and step < trainer.total_steps:
-                bar.close()
-                why = f"signal {stop.received}" if interrupted else f"stop_after={stop_after}"
-                raise Preempted(f"{why}: checkpoint at step {step} in {ckpt_path}; rerun to resume")
-    bar.close()
-
-    # The final state is checkpointed and kept: if this job is killed after training but
-    # before Snakemake accepts its outputs (a time-limit signal arriving just then), the
-    # rerun finds every step done and only rewrites the outputs instead of starting over.
-    if trainer.step_count != start_step or not ckpt_path.exists():
-        _save_checkpoint(ckpt_path, trainer, log_rows, digest)
-    generator = {
-        "state_dict": trainer.model.state_dict(),
-        "model_config": trainer.model_config.to_dict(),
-        "dataset": spec["dataset"],
-        "num_classes": trainer.num_classes,
-        "image_shape": list(trainer.image_shape),
-        "experiment": spec["name"],
-        "steps": trainer.step_count,
-    }
-    with atomic_path(out_dir / "generator.pt") as tmp:
-        torch.save(generator, tmp)
-    record = trainer.privacy_record()
-    write_json(out_dir / "privacy.json", record)
-    _write_log(out_dir / "train_log.csv", log_rows)
-    return record
+    return images, labels
 
 
 def register_cli(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("train", help="train one experiment of a config")
-    p.add_argument("--config", nargs="+", required=True, help="config YAML file(s)")
     p.add_argument("--experiment", required=True)
     p.add_argument("--out", required=True, help="output folder (results/<run>/<experiment>)")
+    add_training_arguments(p)
+    p.set_defaults(handler=_cli)
+
+
+def add_training_arguments(p: argparse.ArgumentParser) -> None:
+    """Options shared by ``dpsinkhorn train`` and ``dpsinkhorn train-sweep``."""
+    p.add_argument("--config", nargs="+", required=True, help="config YAML file(s)")
     p.add_argument("--device", help="override the config's device (auto, cpu, cuda, cuda:N)")
     p.add_argument("--data-dir", help="override the config's data_dir")
     p.add_argument("--stop-after", type=int, help="checkpoint and exit after this many steps")
     p.add_argument("--no-progress", action="store_true")
-    p.set_defaults(handler=_cli)
 
 
-def _cli(args: argparse.Namespace) -> int:
+def run_training_cli(command: str, args: argparse.Namespace, train_fn, specs, outs) -> int:
+    """Call ``train_fn(specs, outs, data_dir, ...)`` with the CLI options; print each record.
+
+    Returns 0, or PREEMPTED_EXIT_CODE (75) after a signal or ``--stop-after`` checkpoint.
+    """
     cfg = config_lib.load_config(args.config)
-    spec = config_lib.trained_experiment(cfg, args.experiment, "nothing to train")
     try:
-        record = train(
-            spec,
-            Path(args.out),
+        records = train_fn(
+            specs,
+            outs,
             Path(args.data_dir or cfg["data_dir"]),
             device=args.device or cfg["device"],
             stop_after=args.stop_after,
             progress=not args.no_progress,
         )
     except Preempted as stop:
-        print(f"dpsinkhorn train: {stop}")
+        print(f"dpsinkhorn {command}: {stop}")
         return PREEMPTED_EXIT_CODE
-    print(json.dumps({k: record.get(k) for k in ("experiment", "steps", "epsilon")}))
+    for record in records if isinstance(records, list) else [records]:
+        print(json.dumps({k: record.get(k) for k in ("experiment", "steps", "epsilon")}))
     return 0
+
+
+def _cli(args: argparse.Namespace) -> int:
+    cfg = config_lib.load_config(args.config)
+    spec = config_lib.trained_experiment(cfg, args.experiment, "nothing to train")
+    return run_training_cli("train", args, train, spec, Path(args.out))

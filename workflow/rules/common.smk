@@ -53,6 +53,10 @@ CONDA_ENV = "../envs/dpsinkhorn.yaml"
 CAPTION = "../report/output.rst"
 
 TRAINED = wildcard_regex(trained_experiments(config))
+# sweep_runs > 1: SWEEPS lists the groups trained together (rule train_sweep_<first member>);
+# the others are trained one per job (rule train, constrained to TRAINED_ALONE).
+TRAINED_ALONE, SWEEPS = plan.training_jobs(config)
+TRAINED_ALONE = wildcard_regex(TRAINED_ALONE)
 REAL = wildcard_regex(real_experiments(config))
 
 

@@ -2,20 +2,23 @@
 # On SIGTERM/SIGUSR1 it checkpoints and exits 75: `exec` makes the shell that Snakemake
 # starts *be* the training, so a signal sent to the whole job (SLURM's time-limit
 # warning, a preemption) reaches it without first killing that shell.
+TRAINING_FILES = ("generator.pt", "privacy.json", "train_log.csv")
+
+
 rule train:
     input:
         train=dataset_file("train"),
     output:
         generator=f"{RESULTS}/{{exp}}/generator.pt",
         privacy=f"{RESULTS}/{{exp}}/privacy.json",
-        log_csv=f"{RESULTS}/{{exp}}/train_log.csv",
+        log_csv=f"{RESULTS}/{{exp}}/train_log.csv",  # = TRAINING_FILES
     params:
         config_files=CONFIG_FILES,
         out=lambda w, output: Path(output.generator).parent,
         spec=lambda w: experiment_spec(config, w.exp),  # changed settings -> retrain
         device=DEVICE,
     wildcard_constraints:
-        exp=TRAINED,
+        exp=TRAINED_ALONE,
     log:
         f"{LOGS}/train_{{exp}}.log",
     benchmark:
@@ -33,3 +36,36 @@ rule train:
     shell:
         "exec dpsinkhorn train --config {params.config_files} --experiment {wildcards.exp}"
         " --out {params.out} {params.device} > {log} 2>&1"
+
+
+# sweep_runs > 1: each group of compatible experiments trains in one process on one device
+# (dpsinkhorn.sweep), writing the same files, checkpoints and ledgers as `train` would.
+for members in SWEEPS:
+
+    rule:
+        name:
+            f"train_sweep_{members[0]}"
+        input:
+            train=f"{DATA}/{dataset_of(config, members[0])}/train.npz",
+        output:
+            [f"{RESULTS}/{e}/{f}" for e in members for f in TRAINING_FILES],
+        params:
+            config_files=CONFIG_FILES,
+            experiments=" ".join(members),
+            specs=[experiment_spec(config, e) for e in members],  # changed settings -> retrain
+            device=DEVICE,
+        log:
+            f"{LOGS}/train_sweep_{members[0]}.log",
+        benchmark:
+            f"{BENCH}/train_sweep_{members[0]}.tsv"
+        threads: 4
+        retries: 0 if workflow.remote_exec else 3
+        resources:
+            gpu=GPUS,
+            mem_mb=16000,
+            runtime=sum(train_runtime_minutes(config, e) for e in members),
+        conda:
+            CONDA_ENV
+        shell:
+            "exec dpsinkhorn train-sweep --config {params.config_files}"
+            " --experiments {params.experiments} --out-root {RESULTS} {params.device} > {log} 2>&1"

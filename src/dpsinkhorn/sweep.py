@@ -1,0 +1,211 @@
+"""Sweeps: K independent training runs in one process on one device.
+
+``dpsinkhorn train-sweep --config ... --experiments A B C --out-root results/<run>``
+trains each experiment into ``<out-root>/<name>/`` with exactly the files, checkpoints
+and privacy ledger of ``dpsinkhorn train`` (a sweep member can be resumed by either).
+
+What is shared and what is not, per step:
+    * each run keeps its own ``train.Trainer``: parameters, optimiser (its own lr,
+      betas, SGD/Adam), RNG stream, Poisson sampler, sanitiser (σ, Δ, clipping) and
+      accountant. Every random draw of run k (z, labels, Poisson sample, noise) comes
+      from run k's generator in the same order as a single run, so a sweep member
+      follows the single run's trajectory up to floating-point rounding.
+    * the generators run as one batched call: ``torch.func.vmap`` over the runs'
+      stacked parameters (a grouped convolution), rows padded to the largest
+      n + n'_k (padded rows get zero gradient and are never sanitised or released);
+    * the Sinkhorn loss is one batched geomloss solve per term (``loss.semi_debiased_
+      sinkhorn_runs``), with each run's m;
+    * privacy: ∇_X Σ_k S_k is computed once; its block k is ∇_{X_k} S_k (runs share no
+      term), and run k's own ``ImageGradientSanitizer`` clips and noises it before it
+      flows into run k's generator. ``perturbation: parameter`` runs are sanitised on
+      their own parameter gradient after the backward pass. The mechanism, sensitivity
+      and noise multiplier are those of the single run (``privacy`` module).
+
+Runs may differ in anything that keeps step shapes compatible (seed, lr, optimizer,
+σ, Δ, p, m, steps, ε target, clipping, perturbation); ``sweep_key`` lists what must be
+equal (``plan.sweep_key``). A finished run leaves the batch; the others go on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.func import functional_call, vmap
+from tqdm import tqdm
+
+from dpsinkhorn import config as config_lib
+from dpsinkhorn.devices import resolve_device
+from dpsinkhorn.loss import conditional_features, semi_debiased_sinkhorn_runs
+from dpsinkhorn.plan import SWEEP_SHARED_KEYS, sweep_key
+from dpsinkhorn.privacy import ImageGradientSanitizer
+from dpsinkhorn.train import (
+    Preempted,
+    RunFiles,
+    Trainer,
+    _StopSignal,
+    add_training_arguments,
+    load_train_data,
+    run_training_cli,
+)
+
+
+class SweepTrainer:
+    """K ``train.Trainer`` runs advanced together by one batched step."""
+
+    def __init__(self, specs: Sequence[dict], train_images, train_labels, device: torch.device):
+        if not specs:
+            raise ValueError("a sweep needs at least one experiment")
+        keys = {sweep_key(spec) for spec in specs}
+        if len(keys) > 1:
+            differing = [
+                k for k in SWEEP_SHARED_KEYS if len({json.dumps(s.get(k)) for s in specs}) > 1
+            ]
+            raise ValueError(
+                f"experiments {[s['name'] for s in specs]} cannot share a sweep: "
+                f"they differ in {differing}"
+            )
+        self.trainers: list[Trainer] = []
+        for spec in specs:
+            trainer = Trainer(spec, train_images, train_labels, device)
+            if self.trainers:  # one copy of the real features on the device
+                trainer.real = self.trainers[0].real
+            self.trainers.append(trainer)
+        self.device = device
+        self.template = self.trainers[0].model  # the module whose code all runs share
+
+    def _forward(self, params: dict, z: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return functional_call(self.template, params, (z, labels))
+
+    def step(self, runs: Sequence[Trainer]) -> list[torch.Tensor]:
+        """One training step of each trainer in ``runs``; returns their losses (device)."""
+        first = runs[0]
+        n, rows = first.n, max(t.n + t.n_prime for t in runs)
+        z, labels, indices, weights = [], [], [], []
+        for t in runs:  # per-run draws, in a single run's order: z, labels, Poisson
+            zk, lk = t.model.sample_inputs(t.n + t.n_prime, t.rng, self.device)
+            pad = rows - len(lk)
+            z.append(torch.nn.functional.pad(zk, (0, 0, 0, pad)))
+            labels.append(torch.nn.functional.pad(lk, (0, pad)))
+            ik, wk = t.sampler.sample(t.rng)
+            indices.append(ik)
+            weights.append(wk)
+        z, labels = torch.stack(z), torch.stack(labels)
+
+        names = [name for name, _ in first.model.named_parameters()]
+        per_run = [dict(t.model.named_parameters()) for t in runs]
+        params = {name: torch.stack([p[name] for p in per_run]) for name in names}
+        images = vmap(self._forward)(params, z, labels)  # [K, rows, C, H, W]
+
+        spec = first.spec
+        x = conditional_features(
+            images.flatten(0, 1), labels.flatten(), first.num_classes, spec["alpha_c"]
+        ).unflatten(0, (len(runs), rows))
+        x_self = torch.stack([x[k, t.n_prime : t.n_prime + n] for k, t in enumerate(runs)])
+        m = torch.tensor([float(t.spec["m"]) for t in runs], device=self.device)
+        losses = semi_debiased_sinkhorn_runs(
+            x[:, :n],
+            x_self,
+            first.real[torch.stack(indices)],
+            torch.stack(weights),
+            spec["entropy_reg"],
+            m,
+            scaling=spec["sinkhorn_scaling"],
+            diameter=first.diameter,
+            cost=first.cost,
+        )
+        # Block k of ∇_X Σ_j S_j is ∇_{X_k} S_k: S_j does not depend on X_k for j ≠ k.
+        (grad,) = torch.autograd.grad(losses.sum(), images)
+        sanitized = torch.zeros_like(grad)
+        for k, t in enumerate(runs):
+            g = grad[k, : t.n + t.n_prime]
+            if isinstance(t.sanitizer, ImageGradientSanitizer):
+                g = t.sanitizer(g)  # run k's mechanism, noise from run k's RNG
+            sanitized[k, : t.n + t.n_prime] = g
+        for t in runs:
+            t.optimizer.zero_grad(set_to_none=True)
+        images.backward(sanitized)
+        for t in runs:
+            t.update()
+        return list(losses.detach())
+
+
+def train_sweep(
+    specs: Sequence[dict],
+    out_dirs: Sequence[Path],
+    data_dir: Path | None = None,
+    device: str = "auto",
+    stop_after: int | None = None,
+    progress: bool = True,
+    train_data: tuple[np.ndarray, np.ndarray] | None = None,
+) -> list[dict]:
+    """Train ``specs`` together, run k into ``out_dirs[k]``; returns their privacy records.
+
+    Same files, resumption and ``stop_after`` / signal behaviour as ``train.train``;
+    each run's outputs are written as soon as that run finishes.
+    """
+    if len(specs) != len(out_dirs):
+        raise ValueError(f"{len(specs)} experiments but {len(out_dirs)} output folders")
+    datasets = {spec["dataset"] for spec in specs}
+    if len(datasets) > 1:
+        raise ValueError(f"a sweep trains on one dataset, got {sorted(datasets)}")
+    images, labels = load_train_data(specs[0], data_dir, train_data)
+    sweep = SweepTrainer(specs, images, labels, resolve_device(device))
+    runs = [RunFiles(t, out) for t, out in zip(sweep.trainers, out_dirs, strict=True)]
+    records: dict[int, dict] = {i: run.finish() for i, run in enumerate(runs) if run.done}
+    bar = tqdm(
+        total=sum(t.total_steps for t in sweep.trainers),
+        initial=sum(run.start_step for run in runs),
+        desc=f"sweep of {len(runs)}",
+        disable=not progress,
+        mininterval=1.0,
+    )
+    taken = 0
+    with _StopSignal() as stop:
+        while len(records) < len(runs):
+            active = [i for i in range(len(runs)) if i not in records]
+            losses = sweep.step([sweep.trainers[i] for i in active])
+            taken += 1
+            bar.update(len(active))
+            epsilons = []
+            for i, loss in zip(active, losses, strict=True):
+                row = runs[i].after_step(loss)
+                if row is not None:
+                    epsilons.append(row["epsilon"])
+                if runs[i].done:
+                    records[i] = runs[i].finish()
+            if epsilons:
+                bar.set_postfix(runs=len(active), eps_max=f"{max(epsilons):.3g}")
+            if len(records) < len(runs) and stop.should_stop(taken, stop_after):
+                for i in range(len(runs)):
+                    if i not in records:
+                        runs[i].checkpoint()
+                bar.close()
+                why = f"signal {stop.received}" if stop.received is not None else "stop_after"
+                raise Preempted(
+                    f"{why}: checkpoints after {taken} sweep steps in "
+                    f"{', '.join(str(runs[i].ckpt_path) for i in active)}; rerun to resume"
+                )
+    bar.close()
+    return [records[i] for i in range(len(runs))]
+
+
+def register_cli(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "train-sweep", help="train several experiments together in one process (one device)"
+    )
+    p.add_argument("--experiments", nargs="+", required=True)
+    p.add_argument("--out-root", required=True, help="run folder: <out-root>/<experiment>/")
+    add_training_arguments(p)
+    p.set_defaults(handler=_cli)
+
+
+def _cli(args: argparse.Namespace) -> int:
+    cfg = config_lib.load_config(args.config)
+    specs = [config_lib.trained_experiment(cfg, e, "nothing to train") for e in args.experiments]
+    outs = [Path(args.out_root) / spec["name"] for spec in specs]
+    return run_training_cli("train-sweep", args, train_sweep, specs, outs)
