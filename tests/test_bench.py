@@ -21,3 +21,22 @@ def test_bench_both_implementations(tmp_path, prepared_data, capsys):
         result["ours_steps_per_s"] / result["reference_steps_per_s"]
     )
     assert result["steps_per_s"] == result["ours_steps_per_s"] > 0
+
+
+def test_bench_sweep_and_layer_profile(tmp_path, prepared_data, capsys):
+    cfg = make_config(tmp_path, prepared_data)
+    args = ["bench", "--config", str(cfg), "--experiment", "e", "--steps", "2", "--warmup", "1"]
+    assert main([*args, "--sweep", "2", "--layers"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["sweep_runs"] == 2
+    assert result["sweep_per_run_ratio"] == pytest.approx(
+        result["sweep_steps_per_s"] / result["ours_steps_per_s"]
+    )
+    layers = result["generator_layers"]
+    assert [row["kind"] for row in layers] == ["ConvTranspose2d", "ReLU"] * 3 + [
+        "ConvTranspose2d",
+        "Tanh",
+    ]
+    assert layers[0]["input"] == [50 + 20, 16, 1, 1]  # n + n' rows, latent 12 + embedding 4
+    assert all(row["gflop_per_s"] > 0 for row in layers if row["kind"] == "ConvTranspose2d")
+    assert 0 < result["generator_share_of_step"]
