@@ -77,6 +77,17 @@ class SweepTrainer:
             self.trainers.append(trainer)
         self.device = device
         self.template = self.trainers[0].model  # the module whose code all runs share
+        self.param_names = [name for name, _ in self.template.named_parameters()]
+        self._m_runs: tuple = ()
+        self._m = torch.empty(0, device=device)
+
+    def _l1_weights(self, runs: Sequence[Trainer]) -> torch.Tensor:
+        """Each run's m [K] on the device; rebuilt only when the set of runs changes."""
+        key = tuple(id(t) for t in runs)
+        if key != self._m_runs:
+            self._m_runs = key
+            self._m = torch.tensor([float(t.spec["m"]) for t in runs], device=self.device)
+        return self._m
 
     def _forward(self, params: dict, z: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         return functional_call(self.template, params, (z, labels))
@@ -96,9 +107,8 @@ class SweepTrainer:
             weights.append(wk)
         z, labels = torch.stack(z), torch.stack(labels)
 
-        names = [name for name, _ in first.model.named_parameters()]
         per_run = [dict(t.model.named_parameters()) for t in runs]
-        params = {name: torch.stack([p[name] for p in per_run]) for name in names}
+        params = {name: torch.stack([p[name] for p in per_run]) for name in self.param_names}
         images = vmap(self._forward)(params, z, labels)  # [K, rows, C, H, W]
 
         spec = first.spec
@@ -106,14 +116,13 @@ class SweepTrainer:
             images.flatten(0, 1), labels.flatten(), first.num_classes, spec["alpha_c"]
         ).unflatten(0, (len(runs), rows))
         x_self = torch.stack([x[k, t.n_prime : t.n_prime + n] for k, t in enumerate(runs)])
-        m = torch.tensor([float(t.spec["m"]) for t in runs], device=self.device)
         losses = semi_debiased_sinkhorn_runs(
             x[:, :n],
             x_self,
             first.real[torch.stack(indices)],
             torch.stack(weights),
             spec["entropy_reg"],
-            m,
+            self._l1_weights(runs),
             scaling=spec["sinkhorn_scaling"],
             diameter=first.diameter,
             cost=first.cost,
@@ -180,15 +189,14 @@ def train_sweep(
                     records[i] = runs[i].finish()
             if epsilons:
                 bar.set_postfix(runs=len(active), eps_max=f"{max(epsilons):.3g}")
-            if len(records) < len(runs) and stop.should_stop(taken, stop_after):
-                for i in range(len(runs)):
-                    if i not in records:
-                        runs[i].checkpoint()
+            unfinished = [runs[i] for i in active if i not in records]
+            if unfinished and stop.should_stop(taken, stop_after):
+                for run in unfinished:
+                    run.checkpoint()
                 bar.close()
-                why = f"signal {stop.received}" if stop.received is not None else "stop_after"
+                paths = ", ".join(str(run.ckpt_path) for run in unfinished)
                 raise Preempted(
-                    f"{why}: checkpoints after {taken} sweep steps in "
-                    f"{', '.join(str(runs[i].ckpt_path) for i in active)}; rerun to resume"
+                    stop.reason(stop_after, f"checkpoints after {taken} steps in {paths}")
                 )
     bar.close()
     return [records[i] for i in range(len(runs))]

@@ -317,9 +317,10 @@ class _StopSignal:
         """A signal arrived, or this process has taken ``stop_after`` new steps."""
         return self.received is not None or (stop_after is not None and new_steps >= stop_after)
 
-    def reason(self, stop_after: int | None, ckpt_path: Path, step: int) -> str:
+    def reason(self, stop_after: int | None, where: str) -> str:
+        """Why training stopped, and ``where`` its checkpoints are (for ``Preempted``)."""
         why = f"signal {self.received}" if self.received is not None else f"stop_after={stop_after}"
-        return f"{why}: checkpoint at step {step} in {ckpt_path}; rerun to resume"
+        return f"{why}: {where}; rerun to resume"
 
     def __exit__(self, *exc):
         for s, handler in self.previous.items():
@@ -461,7 +462,8 @@ def train(
             if not run.done and stop.should_stop(new_steps, stop_after):
                 run.checkpoint()
                 bar.close()
-                raise Preempted(stop.reason(stop_after, run.ckpt_path, trainer.step_count))
+                where = f"checkpoint at step {trainer.step_count} in {run.ckpt_path}"
+                raise Preempted(stop.reason(stop_after, where))
     bar.close()
     return run.finish()
 
@@ -497,7 +499,8 @@ def add_training_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run_training_cli(command: str, args: argparse.Namespace, train_fn, specs, outs) -> int:
-    """Call ``train_fn(specs, outs, data_dir, ...)`` with the CLI options; print each record.
+    """Call ``train_fn(specs, outs, data_dir, ...)`` -> list of privacy records with the CLI
+    options; print each record.
 
     Returns 0, or PREEMPTED_EXIT_CODE (75) after a signal or ``--stop-after`` checkpoint.
     """
@@ -514,7 +517,7 @@ def run_training_cli(command: str, args: argparse.Namespace, train_fn, specs, ou
     except Preempted as stop:
         print(f"dpsinkhorn {command}: {stop}")
         return PREEMPTED_EXIT_CODE
-    for record in records if isinstance(records, list) else [records]:
+    for record in records:
         print(json.dumps({k: record.get(k) for k in ("experiment", "steps", "epsilon")}))
     return 0
 
@@ -522,4 +525,10 @@ def run_training_cli(command: str, args: argparse.Namespace, train_fn, specs, ou
 def _cli(args: argparse.Namespace) -> int:
     cfg = config_lib.load_config(args.config)
     spec = config_lib.trained_experiment(cfg, args.experiment, "nothing to train")
-    return run_training_cli("train", args, train, spec, Path(args.out))
+    return run_training_cli(
+        "train",
+        args,
+        lambda spec, out, *a, **kw: [train(spec, out, *a, **kw)],
+        spec,
+        Path(args.out),
+    )
