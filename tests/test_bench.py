@@ -21,6 +21,31 @@ def test_bench_both_implementations(tmp_path, prepared_data, capsys):
         result["ours_steps_per_s"] / result["reference_steps_per_s"]
     )
     assert result["steps_per_s"] == result["ours_steps_per_s"] > 0
+    # The fixed-shape step never reads a device value on the host; the plain step does
+    # (Poisson mask, geomloss's diameter, the clipping norms).
+    assert result["ours"]["host_syncs_per_step"] == 0
+    assert result["reference"]["host_syncs_per_step"] > 0
+    assert 0 < result["ours"]["ops_per_step"] < result["reference"]["ops_per_step"]
+
+
+@pytest.mark.parametrize("perturbation", ["image", "parameter"])
+@pytest.mark.parametrize("cost", ["mixed", "l1"])
+def test_training_step_never_synchronises(tmp_path, prepared_data, perturbation, cost):
+    """Counted on CPU: no .item() / nonzero anywhere in the step, for any mechanism or cost.
+
+    Such a read would stall a GPU every step and forbid CUDA graph capture.
+    """
+    import torch
+
+    from dpsinkhorn import config as config_lib
+    from dpsinkhorn import data
+    from dpsinkhorn.bench import count_ops
+    from dpsinkhorn.train import Trainer
+
+    cfg = make_config(tmp_path, prepared_data, perturbation=perturbation, cost=cost)
+    spec = config_lib.experiment(config_lib.load_config(cfg), "e")
+    trainer = Trainer(spec, *data.load_split(prepared_data, "mnist", "train"), torch.device("cpu"))
+    assert count_ops(trainer.step)["host_syncs_per_step"] == 0
 
 
 def test_bench_sweep_and_layer_profile(tmp_path, prepared_data, capsys):

@@ -97,7 +97,10 @@ def test_draw_matches_a_training_step_without_noise(records, cost):
     generator = torch.Generator().manual_seed(0)
     generator.set_state(rng_state)
     grad = GradientEstimator(model.eval(), spec, *records, CPU).gradient(0.5, generator)
-    torch.testing.assert_close(before - after, grad)  # SGD, lr 1: θ' = θ − G
+    # SGD, lr 1: θ' = θ − G. The step uses the fixed solver (ot), the study geomloss:
+    # equal up to float32 rounding, which the last bias (a sum of every pixel's
+    # gradient) magnifies to ~1e-4 relative.
+    torch.testing.assert_close(before - after, grad, rtol=1e-4, atol=1e-5)
 
 
 def test_spectral_norm_state_is_the_same_for_every_draw():

@@ -20,6 +20,11 @@ from pathlib import Path
 
 import torch
 from geomloss import SamplesLoss
+from torch.optim.optimizer import (
+    register_optimizer_step_post_hook,
+    register_optimizer_step_pre_hook,
+)
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from dpsinkhorn import config as config_lib
@@ -126,6 +131,55 @@ def time_steps(step, device: torch.device, steps: int, warmup: int) -> float:
     return steps / (time.perf_counter() - start)
 
 
+# Ops that make the host wait for the device on CUDA: .item() and data-dependent shapes.
+SYNCING_OPS = ("aten::_local_scalar_dense", "aten::nonzero")
+
+
+class OpCounter(TorchDispatchMode):
+    """Counts the ATen operations run below autograd (forward and backward), views excluded.
+
+    Each counted operation is at least one kernel launch on a GPU, so ``ops`` is the
+    launch count a CUDA graph would save per step; ``syncs`` counts those in
+    ``SYNCING_OPS``, except inside an optimiser step: there they read the optimiser's
+    step counter, which stays on the host on every device (unless ``capturable``),
+    so they never wait for a GPU.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.ops = self.syncs = 0
+        self._in_optimizer = False
+
+    def __enter__(self):
+        def flag(value):
+            return lambda *_: setattr(self, "_in_optimizer", value)
+
+        self._hooks = [
+            register_optimizer_step_pre_hook(flag(True)),
+            register_optimizer_step_post_hook(flag(False)),
+        ]
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        for hook in self._hooks:
+            hook.remove()
+        return super().__exit__(*exc)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if not func.is_view:
+            self.ops += 1
+        if func.name().split(".")[0] in SYNCING_OPS and not self._in_optimizer:
+            self.syncs += 1
+        return func(*args, **(kwargs or {}))
+
+
+def count_ops(step) -> dict:
+    """ATen operations and host synchronisations of one call of ``step``."""
+    with OpCounter() as counter:
+        step()
+    return {"ops_per_step": counter.ops, "host_syncs_per_step": counter.syncs}
+
+
 def benchmark(
     spec: dict,
     data_dir: Path,
@@ -134,29 +188,37 @@ def benchmark(
     warmup: int,
     impl: str = "ours",
     sweep_runs: int = 0,
+    cuda_graphs: bool = False,
+    compile_solver: bool = False,
 ) -> dict:
     """Time the chosen implementation(s) of the training step on the experiment's data.
 
     ``sweep_runs`` = K > 0 also times ``sweep.SweepTrainer`` on K copies of the experiment
     (seeds seed..seed+K-1): ``sweep_steps_per_s`` counts sweep steps (each advances all K
     runs) and ``sweep_per_run_ratio`` = sweep_steps_per_s / ours_steps_per_s (the
-    issue's target: >= 0.7 at K >= 8).
+    issue's target: >= 0.7 at K >= 8). ``cuda_graphs`` replays ``ours`` from a CUDA
+    graph (``train.CapturedStep``; CUDA only); ``compile_solver`` compiles its Sinkhorn
+    iterations (and the sweep's). ``ours`` / ``reference`` hold each
+    step's ATen operation and host-synchronisation counts (:func:`count_ops`, eager).
     """
     images, labels = data.load_split(Path(data_dir), spec["dataset"], "train")
     dev = resolve_device(device)
     result: dict = {"experiment": spec["name"], "timed_steps": steps, "warmup_steps": warmup}
     if impl in ("ours", "both"):
-        trainer = Trainer(spec, images, labels, dev)
+        trainer = Trainer(spec, images, labels, dev, cuda_graphs, compile_solver)
         result["ours_steps_per_s"] = time_steps(trainer.step, dev, steps, warmup)
+        result["ours"] = count_ops(trainer.device_step)
+        result["ours"].update(cuda_graphs=trainer.cuda_graphs, compile_solver=compile_solver)
     if impl in ("reference", "both"):
         reference = ReferenceStep(spec, images, labels, dev)
         result["reference_steps_per_s"] = time_steps(reference.step, dev, steps, warmup)
+        result["reference"] = count_ops(reference.step)
     if sweep_runs:
         specs = [
             {**spec, "name": f"{spec['name']}_{k}", "seed": int(spec["seed"]) + k}
             for k in range(sweep_runs)
         ]
-        sweep = SweepTrainer(specs, images, labels, dev)
+        sweep = SweepTrainer(specs, images, labels, dev, compile_solver)
         result["sweep_runs"] = sweep_runs
         result["sweep_steps_per_s"] = time_steps(
             lambda: sweep.step(sweep.trainers), dev, steps, warmup
@@ -227,6 +289,12 @@ def register_cli(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--device", help="override the config's device")
     p.add_argument(
+        "--cuda-graphs", action="store_true", help="replay ours from a CUDA graph (CUDA only)"
+    )
+    p.add_argument(
+        "--compile-solver", action="store_true", help="torch.compile ours' Sinkhorn iterations"
+    )
+    p.add_argument(
         "--layers",
         action="store_true",
         help="also time each generator layer (forward + backward, GFLOP/s of the convolutions)",
@@ -239,7 +307,15 @@ def _cli(args: argparse.Namespace) -> int:
     spec = config_lib.trained_experiment(cfg, args.experiment, "nothing to benchmark")
     device = args.device or cfg["device"]
     result = benchmark(
-        spec, cfg["data_dir"], device, args.steps, args.warmup, args.impl, args.sweep
+        spec,
+        cfg["data_dir"],
+        device,
+        args.steps,
+        args.warmup,
+        args.impl,
+        args.sweep,
+        args.cuda_graphs or cfg["cuda_graphs"],
+        args.compile_solver or cfg["compile_solver"],
     )
     if args.layers:
         result["generator_layers"] = generator_layer_profile(spec, device)

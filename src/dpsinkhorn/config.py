@@ -32,7 +32,14 @@ SCHEMA_PATH = Path(__file__).with_name("config.schema.json")
 #: Keys that may be overridden on the Snakemake command line (``--config key=value``).
 #: Every other setting is read by the CLI steps from the config files themselves, so
 #: an override of it would silently not reach them; :func:`check_overrides` refuses it.
-OVERRIDABLE = ("data_mirror", "fid_weights", "device", "sweep_runs")
+OVERRIDABLE = (
+    "data_mirror",
+    "fid_weights",
+    "device",
+    "sweep_runs",
+    "cuda_graphs",
+    "compile_solver",
+)
 
 #: Table 1 rows this project fills, in table order, and the method each one needs.
 TABLE1_ROWS = {

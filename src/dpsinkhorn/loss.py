@@ -21,33 +21,9 @@ from __future__ import annotations
 import torch
 from geomloss import SamplesLoss
 
-COSTS = ("mixed", "l2", "l1")
-
-
-def _check_cost(cost: str) -> None:
-    if cost not in COSTS:
-        raise ValueError(f"cost must be one of {COSTS}, got {cost!r}")
-
-
-def mixed_cost(
-    x: torch.Tensor, y: torch.Tensor, m: float | torch.Tensor, cost: str = "mixed"
-) -> torch.Tensor:
-    """Cost matrix for x [B,N,D], y [B,M,D] -> [B,N,M] (no ½ anywhere).
-
-    ``cost``: mixed ||x_i − y_j||² + m ||x_i − y_j||₁; l2 ||x_i − y_j||²; l1
-    ||x_i − y_j||₁ (``m`` is ignored by l2 and l1; l2 equals mixed with m = 0).
-    ``m`` is a number or a tensor [B] (one weight per batch entry, for sweeps).
-    """
-    _check_cost(cost)
-    if cost == "l1":
-        return torch.cdist(x, y, p=1)
-    sq = (x * x).sum(-1)[:, :, None] + (y * y).sum(-1)[:, None, :] - 2 * x @ y.transpose(1, 2)
-    out = sq.clamp_min(0)
-    if cost == "mixed" and torch.is_tensor(m):
-        out = out + m.view(-1, 1, 1) * torch.cdist(x, y, p=1)
-    elif cost == "mixed" and m:
-        out = out + m * torch.cdist(x, y, p=1)
-    return out
+from dpsinkhorn import ot
+from dpsinkhorn.ot import COSTS, mixed_cost  # noqa: F401  (re-exported: the loss's costs)
+from dpsinkhorn.ot import check_cost as _check_cost
 
 
 def _solver(
@@ -121,7 +97,9 @@ def conditional_features(
     images: torch.Tensor, labels: torch.Tensor, num_classes: int, alpha_c: float
 ) -> torch.Tensor:
     """Flatten images [N,...] and append α_c · onehot(label) -> [N, numel + num_classes]."""
-    onehot = torch.nn.functional.one_hot(labels, num_classes).to(images.dtype)
+    # A comparison rather than F.one_hot, whose range check reads the labels on the host.
+    classes = torch.arange(num_classes, device=labels.device)
+    onehot = (labels[:, None] == classes).to(images.dtype)
     return torch.cat([images.flatten(1), alpha_c * onehot], dim=1)
 
 
@@ -214,3 +192,99 @@ def semi_debiased_sinkhorn_runs(
     weights, has_data = _real_batch_weights(y_weights)
     data_term = solver(uniform, x_cross, weights, y)
     return 2 * has_data * data_term - self_term
+
+
+def semi_debiased_sinkhorn_with_grad_runs(
+    x_cross: torch.Tensor,
+    x_self: torch.Tensor,
+    y: torch.Tensor,
+    y_weights: torch.Tensor,
+    eps: float,
+    m: float | torch.Tensor,
+    *,
+    scaling: float,
+    diameter: float,
+    cost: str = "mixed",
+    compile: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """S_k of :func:`semi_debiased_sinkhorn_runs` and its gradients, by ``ot``'s fixed solver.
+
+    Same inputs (x_cross, x_self [K,n,D], y [K,M,D], y_weights [K,M] 0/1, m a number or
+    [K]), but ``diameter`` is required (it fixes the schedule); ``compile`` compiles the
+    iterations (``ot.entropic_ot_with_grad``). Both terms of all K runs are one batched
+    solve of 2K problems (the self term's second cloud is padded to M rows of weight 0,
+    or the real buffer to n rows if it is shorter). Returns (S [K], ∇_{x_cross} S [K,n,D], ∇_{x_self} S [K,n,D]);
+    nothing is recorded for autograd. Equals the geomloss path up to rounding.
+    """
+    _check_cost(cost)
+    k, n, d = x_cross.shape
+    if x_self.shape != x_cross.shape or y.shape[0] != k or y_weights.shape != y.shape[:2]:
+        raise ValueError(
+            f"expected x_cross and x_self [K,n,D], y [K,M,D], y_weights [K,M]; got "
+            f"{tuple(x_cross.shape)}, {tuple(x_self.shape)}, {tuple(y.shape)}, "
+            f"{tuple(y_weights.shape)}"
+        )
+    rows = max(y.shape[1], n)
+    weights, has_data = _real_batch_weights(y_weights)
+    uniform = torch.full((k, n), 1.0 / n, dtype=x_cross.dtype, device=x_cross.device)
+
+    def pad(t: torch.Tensor) -> torch.Tensor:  # [K, r, ...] -> [K, rows, ...], zeros appended
+        extra = rows - t.shape[1]
+        return torch.nn.functional.pad(t, (0, 0, 0, extra) if t.ndim == 3 else (0, extra))
+
+    if not torch.is_tensor(m):
+        m = torch.full((k,), float(m), dtype=x_cross.dtype, device=x_cross.device)
+    value, grad_x, grad_y = ot.entropic_ot_with_grad(
+        torch.cat([x_cross, x_cross]),  # problems 0..K-1: data terms; K..2K-1: self terms
+        torch.cat([pad(y), pad(x_self)]),
+        torch.cat([uniform, uniform]),
+        torch.cat([pad(weights), pad(uniform)]),
+        ot.epsilon_schedule(diameter, eps, scaling),
+        torch.cat([m, m]),
+        cost,
+        compile,
+    )
+    data_scale = 2 * has_data
+    loss = data_scale * value[:k] - value[k:]
+    grad_cross = data_scale[:, None, None] * grad_x[:k] - grad_x[k:]
+    return loss, grad_cross, -grad_y[k:, :n]
+
+
+def semi_debiased_sinkhorn_with_grad(
+    x: torch.Tensor,
+    y: torch.Tensor,
+    y_weights: torch.Tensor,
+    n: int,
+    p: float,
+    eps: float,
+    m: float | torch.Tensor,
+    *,
+    scaling: float,
+    diameter: float,
+    cost: str = "mixed",
+    compile: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """S of :func:`semi_debiased_sinkhorn` and ∇_x S [n + n', D] by the fixed solver.
+
+    x [n + n', D], y [M, D], y_weights [M] (0/1; all zero: empty real batch). Returns
+    (S scalar, ∇_x S); nothing is recorded for autograd.
+    """
+    n_prime = debias_size(n, p)
+    if x.shape[0] != n + n_prime:
+        raise ValueError(f"x must have n + n' = {n + n_prime} rows, got {x.shape[0]}")
+    loss, grad_cross, grad_self = semi_debiased_sinkhorn_with_grad_runs(
+        x[None, :n],
+        x[None, n_prime : n + n_prime],
+        y[None],
+        y_weights[None],
+        eps,
+        m,
+        scaling=scaling,
+        diameter=diameter,
+        cost=cost,
+        compile=compile,
+    )
+    grad = torch.zeros_like(x)
+    grad[:n] = grad_cross[0]
+    grad[n_prime : n + n_prime] += grad_self[0]
+    return loss[0], grad

@@ -13,13 +13,14 @@ What is shared and what is not, per step:
     * the generators run as one batched call: ``torch.func.vmap`` over the runs'
       stacked parameters (a grouped convolution), rows padded to the largest
       n + n'_k (padded rows get zero gradient and are never sanitised or released);
-    * the Sinkhorn loss is one batched geomloss solve per term (``loss.semi_debiased_
-      sinkhorn_runs``), with each run's m;
-    * privacy: ∇_X Σ_k S_k is computed once; its block k is ∇_{X_k} S_k (runs share no
-      term), and run k's own ``ImageGradientSanitizer`` clips and noises it before it
-      flows into run k's generator. ``perturbation: parameter`` runs are sanitised on
-      their own parameter gradient after the backward pass. The mechanism, sensitivity
-      and noise multiplier are those of the single run (``privacy`` module).
+    * the Sinkhorn loss of all runs, both terms, is one batched solve of the
+      fixed-schedule solver (``loss.semi_debiased_sinkhorn_with_grad_runs``), with
+      each run's m; it returns ∇_{X_k} S_k for every run (runs share no term);
+    * privacy: run k's own ``ImageGradientSanitizer`` clips and noises ∇_{X_k} S_k
+      before it flows into run k's generator. ``perturbation: parameter`` runs are
+      sanitised on their own parameter gradient after the backward pass. The
+      mechanism, sensitivity and noise multiplier are those of the single run
+      (``privacy`` module).
 
 Runs may differ in anything that keeps step shapes compatible (seed, lr, optimizer,
 σ, Δ, p, m, steps, ε target, clipping, perturbation); ``sweep_key`` lists what must be
@@ -40,7 +41,7 @@ from tqdm import tqdm
 
 from dpsinkhorn import config as config_lib
 from dpsinkhorn.devices import resolve_device
-from dpsinkhorn.loss import conditional_features, semi_debiased_sinkhorn_runs
+from dpsinkhorn.loss import conditional_features, semi_debiased_sinkhorn_with_grad_runs
 from dpsinkhorn.plan import SWEEP_SHARED_KEYS, sweep_key
 from dpsinkhorn.privacy import ImageGradientSanitizer
 from dpsinkhorn.train import (
@@ -57,7 +58,14 @@ from dpsinkhorn.train import (
 class SweepTrainer:
     """K ``train.Trainer`` runs advanced together by one batched step."""
 
-    def __init__(self, specs: Sequence[dict], train_images, train_labels, device: torch.device):
+    def __init__(
+        self,
+        specs: Sequence[dict],
+        train_images,
+        train_labels,
+        device: torch.device,
+        compile_solver: bool = False,
+    ):
         if not specs:
             raise ValueError("a sweep needs at least one experiment")
         keys = {sweep_key(spec) for spec in specs}
@@ -71,7 +79,7 @@ class SweepTrainer:
             )
         self.trainers: list[Trainer] = []
         for spec in specs:
-            trainer = Trainer(spec, train_images, train_labels, device)
+            trainer = Trainer(spec, train_images, train_labels, device, False, compile_solver)
             if self.trainers:  # one copy of the real features on the device
                 trainer.real = self.trainers[0].real
             self.trainers.append(trainer)
@@ -113,10 +121,10 @@ class SweepTrainer:
 
         spec = first.spec
         x = conditional_features(
-            images.flatten(0, 1), labels.flatten(), first.num_classes, spec["alpha_c"]
+            images.detach().flatten(0, 1), labels.flatten(), first.num_classes, spec["alpha_c"]
         ).unflatten(0, (len(runs), rows))
         x_self = torch.stack([x[k, t.n_prime : t.n_prime + n] for k, t in enumerate(runs)])
-        losses = semi_debiased_sinkhorn_runs(
+        losses, grad_cross, grad_self = semi_debiased_sinkhorn_with_grad_runs(
             x[:, :n],
             x_self,
             first.real[torch.stack(indices)],
@@ -126,12 +134,16 @@ class SweepTrainer:
             scaling=spec["sinkhorn_scaling"],
             diameter=first.diameter,
             cost=first.cost,
+            compile=first.compile_solver,
         )
         # Block k of ∇_X Σ_j S_j is ∇_{X_k} S_k: S_j does not depend on X_k for j ≠ k.
-        (grad,) = torch.autograd.grad(losses.sum(), images)
-        sanitized = torch.zeros_like(grad)
+        numel = images[0, 0].numel()
+        sanitized = torch.zeros_like(images)
         for k, t in enumerate(runs):
-            g = grad[k, : t.n + t.n_prime]
+            g = torch.zeros_like(x[k, : t.n + t.n_prime])
+            g[:n] = grad_cross[k]
+            g[t.n_prime : t.n_prime + n] += grad_self[k]
+            g = g[:, :numel].reshape(images[k, : t.n + t.n_prime].shape)
             if isinstance(t.sanitizer, ImageGradientSanitizer):
                 g = t.sanitizer(g)  # run k's mechanism, noise from run k's RNG
             sanitized[k, : t.n + t.n_prime] = g
@@ -140,7 +152,7 @@ class SweepTrainer:
         images.backward(sanitized)
         for t in runs:
             t.update()
-        return list(losses.detach())
+        return list(losses)
 
 
 def train_sweep(
@@ -151,11 +163,15 @@ def train_sweep(
     stop_after: int | None = None,
     progress: bool = True,
     train_data: tuple[np.ndarray, np.ndarray] | None = None,
+    cuda_graphs: bool = False,
+    compile_solver: bool = False,
 ) -> list[dict]:
     """Train ``specs`` together, run k into ``out_dirs[k]``; returns their privacy records.
 
     Same files, resumption and ``stop_after`` / signal behaviour as ``train.train``;
-    each run's outputs are written as soon as that run finishes.
+    each run's outputs are written as soon as that run finishes. ``cuda_graphs`` is
+    accepted for a common signature and not used: the sweep step is not captured.
+    ``compile_solver`` compiles the Sinkhorn iterations (as in ``train.train``).
     """
     if len(specs) != len(out_dirs):
         raise ValueError(f"{len(specs)} experiments but {len(out_dirs)} output folders")
@@ -163,7 +179,7 @@ def train_sweep(
     if len(datasets) > 1:
         raise ValueError(f"a sweep trains on one dataset, got {sorted(datasets)}")
     images, labels = load_train_data(specs[0], data_dir, train_data)
-    sweep = SweepTrainer(specs, images, labels, resolve_device(device))
+    sweep = SweepTrainer(specs, images, labels, resolve_device(device), compile_solver)
     runs = [RunFiles(t, out) for t, out in zip(sweep.trainers, out_dirs, strict=True)]
     records: dict[int, dict] = {i: run.finish() for i, run in enumerate(runs) if run.done}
     bar = tqdm(

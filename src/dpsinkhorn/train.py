@@ -6,9 +6,11 @@ One step:
        buffer of ``capacity`` rows with 0/1 weights (see ``PoissonSampler``)
     3. S = 2 W(X[0:n], Y) − W(X[0:n], X[n':n+n'])  on [image, α_c · onehot]
        (cost ``mixed`` | ``l2`` | ``l1``, see ``loss.mixed_cost``)
-    4. backward; with ``perturbation: image`` (default) a hook on X clips and noises
-       ∇_X S (``privacy.ImageGradientSanitizer``); with ``perturbation: parameter`` the
-       whole parameter gradient ∇_θ S is clipped and noised after the backward pass
+    4. ∇_X S in closed form from the fixed-schedule solver (``ot``); with
+       ``perturbation: image`` (default) it is clipped and noised
+       (``privacy.ImageGradientSanitizer``) before the generator's backward pass;
+       with ``perturbation: parameter`` the whole parameter gradient ∇_θ S is
+       clipped and noised after the backward pass
        (``privacy.ParameterGradientSanitizer``, the paper's Table 2 baseline)
     5. optimiser step on the generator; the accountant records one step
 
@@ -44,7 +46,7 @@ from dpsinkhorn.loss import (
     conditional_features,
     debias_size,
     feature_diameter,
-    semi_debiased_sinkhorn,
+    semi_debiased_sinkhorn_with_grad,
 )
 from dpsinkhorn.models import GeneratorConfig, build_generator
 from dpsinkhorn.privacy import (
@@ -93,11 +95,68 @@ class PoissonSampler:
             )
 
 
+class CapturedStep:
+    """A trainer's ``device_step`` captured once in a CUDA graph, then replayed (CUDA only).
+
+    A step of the paper's MNIST model is ~1,000 small kernels (``dpsinkhorn bench``
+    reports ``ops_per_step``); on a GPU their launches, not their arithmetic, bound the
+    step rate. Replaying a graph launches them all at once. Capture needs what
+    ``device_step`` already guarantees: fixed shapes, no host synchronisation, and
+    every random draw from the trainer's generator, which is registered with the graph
+    so that each replay draws fresh z, labels, Poisson sample and noise. Host
+    bookkeeping (step counter, privacy ledger) stays outside the graph: the trainer
+    counts each replay as one step. The first ``WARMUP_STEPS`` steps of a process run
+    eagerly on a side stream (as CUDA graph capture requires); they are ordinary,
+    counted training steps.
+    """
+
+    WARMUP_STEPS = 3
+
+    @staticmethod
+    def warm_up(trainer: Trainer) -> torch.Tensor:
+        """One eager ``device_step`` on a side stream; returns its loss."""
+        side = torch.cuda.Stream(trainer.device)
+        side.wait_stream(torch.cuda.current_stream(trainer.device))
+        with torch.cuda.stream(side):
+            loss = trainer.device_step()
+        torch.cuda.current_stream(trainer.device).wait_stream(side)
+        return loss
+
+    def __init__(self, trainer: Trainer):
+        self.graph = torch.cuda.CUDAGraph()
+        self.graph.register_generator_state(trainer.rng)
+        trainer.optimizer.zero_grad(set_to_none=True)
+        try:
+            with torch.cuda.graph(self.graph):
+                self.loss = trainer.device_step()  # recorded, not run
+        except RuntimeError as error:
+            raise RuntimeError(
+                f"could not capture the training step in a CUDA graph ({error}); "
+                "train without --cuda-graphs"
+            ) from error
+
+    def replay(self) -> torch.Tensor:
+        """Run the captured step once; returns a copy of its loss (device scalar)."""
+        self.graph.replay()
+        return self.loss.clone()
+
+
 class Trainer:
     """Holds the state of one training run and performs single steps."""
 
-    def __init__(self, spec: dict, train_images, train_labels, device: torch.device):
+    def __init__(
+        self,
+        spec: dict,
+        train_images,
+        train_labels,
+        device: torch.device,
+        cuda_graphs: bool = False,
+        compile_solver: bool = False,
+    ):
         self.spec, self.device = spec, device
+        # Replay the step from a CUDA graph (CapturedStep); CUDA only, ignored elsewhere.
+        self.cuda_graphs = cuda_graphs and device.type == "cuda"
+        self.compile_solver = compile_solver  # torch.compile the Sinkhorn iterations
         self.n = int(spec["batch_size"])
         self.n_prime = debias_size(self.n, float(spec["p"]))
         num_records = len(train_labels)
@@ -131,6 +190,7 @@ class Trainer:
                 lr=spec["lr"],
                 betas=tuple(spec["betas"]),
                 weight_decay=spec["weight_decay"],
+                capturable=self.cuda_graphs,  # step count on the device, as graphs need
             )
         else:
             self.optimizer = torch.optim.SGD(
@@ -178,42 +238,72 @@ class Trainer:
                 raise ValueError(f"experiment {spec['name']}: non-private training needs steps")
             self.total_steps, self.sanitizer, self.accountant = int(spec["steps"]), None, None
         self.step_count = 0
+        self._eager_steps = 0  # taken in this process (CUDA graphs capture after a few)
+        self._captured: CapturedStep | None = None
 
     def step(self) -> torch.Tensor:
         """One training step; returns the loss as a device tensor (no host sync)."""
+        if not self.cuda_graphs:
+            loss = self.device_step()
+        elif self._eager_steps < CapturedStep.WARMUP_STEPS:
+            loss = CapturedStep.warm_up(self)
+            self._eager_steps += 1
+        else:
+            if self._captured is None:
+                self._captured = CapturedStep(self)
+            loss = self._captured.replay()
+        self.count_step()
+        return loss
+
+    def device_step(self) -> torch.Tensor:
+        """The device work of one step (draws, loss, sanitised backward, optimiser step).
+
+        Fixed shapes, no host synchronisation, every random draw from ``self.rng``:
+        what :class:`CapturedStep` records. Returns the loss (device scalar).
+        """
         spec = self.spec
         z, labels = self.model.sample_inputs(self.n + self.n_prime, self.rng, self.device)
         images = self.model(z, labels)
-        if isinstance(self.sanitizer, ImageGradientSanitizer):
-            self.sanitizer.attach(images)
-        x = conditional_features(images, labels, self.num_classes, spec["alpha_c"])
+        x = conditional_features(images.detach(), labels, self.num_classes, spec["alpha_c"])
         indices, weights = self.sampler.sample(self.rng)
-        loss = semi_debiased_sinkhorn(
+        loss, grad_x = semi_debiased_sinkhorn_with_grad(
             x,
             self.real[indices],
+            weights,
             self.n,
             spec["p"],
             spec["entropy_reg"],
             spec["m"],
-            y_weights=weights,
             scaling=spec["sinkhorn_scaling"],
             diameter=self.diameter,
             cost=self.cost,
+            compile=self.compile_solver,
         )
+        grad_images = grad_x[:, : images[0].numel()].reshape(images.shape)  # ∇_X S
+        if isinstance(self.sanitizer, ImageGradientSanitizer):
+            grad_images = self.sanitizer(grad_images)  # clip + noise before backprop
         self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        self.update()
-        return loss.detach()
+        images.backward(grad_images)
+        self.apply_update()
+        return loss
 
-    def update(self) -> None:
-        """After backward: sanitise the parameter gradient (``perturbation: parameter``),
-        take the optimiser step and record the step in the privacy ledger."""
+    def apply_update(self) -> None:
+        """After backward: sanitise the parameter gradient (``perturbation: parameter``)
+        and take the optimiser step (device work only)."""
         if isinstance(self.sanitizer, ParameterGradientSanitizer):
             self.sanitizer.apply(self.model.parameters())
         self.optimizer.step()
+
+    def count_step(self) -> None:
+        """Record one step taken: the step counter and the privacy ledger (host only)."""
         if self.accountant is not None:
             self.accountant.step()
         self.step_count += 1
+
+    def update(self) -> None:
+        """:meth:`apply_update` then :meth:`count_step` (for steps computed elsewhere: sweeps)."""
+        self.apply_update()
+        self.count_step()
 
     def epsilon(self) -> float:
         return self.accountant.epsilon() if self.accountant is not None else math.inf
@@ -431,6 +521,8 @@ def train(
     stop_after: int | None = None,
     progress: bool = True,
     train_data: tuple[np.ndarray, np.ndarray] | None = None,
+    cuda_graphs: bool = False,
+    compile_solver: bool = False,
 ) -> dict:
     """Train one experiment into ``out_dir``; returns the privacy record.
 
@@ -439,10 +531,13 @@ def train(
     Writes generator.pt, privacy.json and train_log.csv, and keeps checkpoint.pt (the
     final one too, so a finished run reruns in seconds). ``stop_after`` ends this process
     after that many new steps (with a checkpoint), as a preemption would; it raises
-    ``Preempted``.
+    ``Preempted``. ``cuda_graphs`` replays the step from a CUDA graph (CUDA devices only,
+    see ``CapturedStep``); ``compile_solver`` runs the Sinkhorn iterations through
+    ``torch.compile`` (``ot._compiled_iterations``).
     """
     images, labels = load_train_data(spec, data_dir, train_data)
-    trainer = Trainer(spec, images, labels, resolve_device(device))
+    device = resolve_device(device)
+    trainer = Trainer(spec, images, labels, device, cuda_graphs, compile_solver)
     run = RunFiles(trainer, out_dir)
     bar = tqdm(
         total=trainer.total_steps,
@@ -495,6 +590,16 @@ def add_training_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", help="override the config's device (auto, cpu, cuda, cuda:N)")
     p.add_argument("--data-dir", help="override the config's data_dir")
     p.add_argument("--stop-after", type=int, help="checkpoint and exit after this many steps")
+    p.add_argument(
+        "--cuda-graphs",
+        action="store_true",
+        help="replay the training step from a CUDA graph (CUDA only; config key cuda_graphs)",
+    )
+    p.add_argument(
+        "--compile-solver",
+        action="store_true",
+        help="torch.compile the Sinkhorn iterations (config key compile_solver)",
+    )
     p.add_argument("--no-progress", action="store_true")
 
 
@@ -513,6 +618,8 @@ def run_training_cli(command: str, args: argparse.Namespace, train_fn, specs, ou
             device=args.device or cfg["device"],
             stop_after=args.stop_after,
             progress=not args.no_progress,
+            cuda_graphs=args.cuda_graphs or cfg["cuda_graphs"],
+            compile_solver=args.compile_solver or cfg["compile_solver"],
         )
     except Preempted as stop:
         print(f"dpsinkhorn {command}: {stop}")

@@ -39,6 +39,11 @@ SEEDS = config["seeds"]
 # The steps read their settings from these files (relative to the working directory).
 CONFIG_FILES = config_file_args(workflow.configfiles)
 DEVICE = f"--device {config['device']}"
+TRAIN_DEVICE = (
+    DEVICE
+    + (" --cuda-graphs" if config["cuda_graphs"] else "")
+    + (" --compile-solver" if config["compile_solver"] else "")
+)
 # Steps that run a network ask for one GPU (the `gpu` resource), unless device is cpu.
 # --executor slurm turns it into --gpus=1; on one machine, profiles/default caps the total
 # at the number of local GPUs and dpsinkhorn.devices gives each step a GPU of its own.

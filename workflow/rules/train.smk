@@ -16,7 +16,7 @@ rule train:
         config_files=CONFIG_FILES,
         out=lambda w, output: Path(output.generator).parent,
         spec=lambda w: experiment_spec(config, w.exp),  # changed settings -> retrain
-        device=DEVICE,
+        device=TRAIN_DEVICE,
     wildcard_constraints:
         exp=TRAINED_ALONE,
     log:
@@ -53,7 +53,7 @@ for members in SWEEPS:
             config_files=CONFIG_FILES,
             experiments=" ".join(members),
             specs=[experiment_spec(config, e) for e in members],  # changed settings -> retrain
-            device=DEVICE,
+            device=TRAIN_DEVICE,
         log:
             f"{LOGS}/train_sweep_{members[0]}.log",
         benchmark:
