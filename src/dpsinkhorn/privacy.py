@@ -140,10 +140,6 @@ class ImageGradientSanitizer:
         debias = _clip_block(grad[self.n :], self.clip, per_row)
         return torch.cat([private + self.noise_std * noise, debias])
 
-    def attach(self, images: torch.Tensor) -> None:
-        """Register on the generator output so its gradient is sanitised before backprop."""
-        images.register_hook(self)
-
 
 PERTURBATIONS = ("image", "parameter")
 
