@@ -13,7 +13,7 @@ FID_WEIGHTS ?=
 
 # Everything runs inside the project's venv.
 IN_VENV := PATH="$(CURDIR)/$(VENV)/bin:$$PATH" VIRTUAL_ENV="$(CURDIR)/$(VENV)"
-# Only data_mirror, fid_weights (and device) may be overridden on the command line.
+# data_mirror and fid_weights are set from DATA and FID_WEIGHTS (see README for other overrides).
 OVERRIDES := $(if $(DATA),data_mirror=$(abspath $(DATA))) \
 	$(if $(FID_WEIGHTS),fid_weights=$(abspath $(FID_WEIGHTS)))
 SNAKEMAKE_CONFIG := $(if $(strip $(OVERRIDES)),--config $(strip $(OVERRIDES)))

@@ -24,8 +24,8 @@ CUDA = torch.device("cuda")
 
 
 @pytest.fixture(scope="module")
-def mnist(prepared_data):
-    return data.load_split(prepared_data, "mnist", "train")
+def mnist(prepared_mnist):
+    return data.load_split(prepared_mnist, "mnist", "train")
 
 
 def paper_spec(**overrides) -> dict:

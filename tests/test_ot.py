@@ -190,14 +190,14 @@ def test_float32_is_as_accurate_as_geomloss_at_the_paper_scale():
     assert abs(float(loss) - float(exact_loss)) <= 1e-6 * float(exact_loss)
 
 
-def test_compiled_solver_trains_like_the_eager_one(prepared_data):
+def test_compiled_solver_trains_like_the_eager_one(prepared_mnist):
     """``compile_solver``: torch.compile'd iterations, same losses and parameters to rounding."""
     from dpsinkhorn import config as config_lib
     from dpsinkhorn import data
     from dpsinkhorn.train import Trainer
 
     spec = config_lib.make_experiment("c", channels=[16, 8, 4], sigma=1.0, steps=10)
-    records = data.load_split(prepared_data, "mnist", "train")
+    records = data.load_split(prepared_mnist, "mnist", "train")
     eager = Trainer(spec, *records, torch.device("cpu"))
     compiled = Trainer(spec, *records, torch.device("cpu"), compile_solver=True)
     for _ in range(3):

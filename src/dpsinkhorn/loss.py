@@ -213,8 +213,9 @@ def semi_debiased_sinkhorn_with_grad_runs(
     [K]), but ``diameter`` is required (it fixes the schedule); ``compile`` compiles the
     iterations (``ot.entropic_ot_with_grad``). Both terms of all K runs are one batched
     solve of 2K problems (the self term's second cloud is padded to M rows of weight 0,
-    or the real buffer to n rows if it is shorter). Returns (S [K], ∇_{x_cross} S [K,n,D], ∇_{x_self} S [K,n,D]);
-    nothing is recorded for autograd. Equals the geomloss path up to rounding.
+    or the real buffer to n rows if it is shorter). Returns (S [K], ∇_{x_cross} S
+    [K,n,D], ∇_{x_self} S [K,n,D]); nothing is recorded for autograd. Equals the
+    geomloss path up to rounding.
     """
     _check_cost(cost)
     k, n, d = x_cross.shape
