@@ -48,11 +48,14 @@ def test_training_step_never_synchronises(tmp_path, prepared_data, perturbation,
     assert count_ops(trainer.step)["host_syncs_per_step"] == 0
 
 
-def test_bench_sweep_and_layer_profile(tmp_path, prepared_data, capsys):
+def test_bench_sweep_layer_profile_and_solver(tmp_path, prepared_data, capsys):
     cfg = make_config(tmp_path, prepared_data)
     args = ["bench", "--config", str(cfg), "--experiment", "e", "--steps", "2", "--warmup", "1"]
-    assert main([*args, "--sweep", "2", "--layers"]) == 0
+    assert main([*args, "--sweep", "2", "--layers", "--solver"]) == 0
     result = json.loads(capsys.readouterr().out)
+    solver = result["solver_iterations"]
+    assert solver["shape"] == [2, 50, result["capacity"]]
+    assert solver["eager_ms"] > 0 and solver["compiled_ms"] > 0
     assert result["sweep_runs"] == 2
     assert result["sweep_per_run_ratio"] == pytest.approx(
         result["sweep_steps_per_s"] / result["ours_steps_per_s"]

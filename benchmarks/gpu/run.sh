@@ -6,7 +6,8 @@
 #   DATA=... WEIGHTS=<pt_inception-2015-12-05-6726825d.pth> benchmarks/gpu/run.sh row
 #
 #   tests  tests/test_cuda.py (no host sync; CUDA graph replay = eager), the solver tests
-#   bench  dpsinkhorn bench, eager / CUDA graphs / + compiled solver / sweep of 8  -> bench.jsonl
+#   bench  dpsinkhorn bench: eager (+ layers, solver alone), CUDA graphs, + compiled solver,
+#          sweep of 8 -> bench.jsonl
 #   row    the MNIST Table 1 paper row end to end (160k steps, 5 x 60k samples, 5 FIDs,
 #          15 classifiers) through Snakemake with cuda_graphs and compile_solver; each job's
 #          time is in results/paper/benchmarks/*.tsv (row_benchmarks.txt), the whole in
@@ -48,7 +49,7 @@ for stage in "$@"; do
       ;;
     bench)
       dpsinkhorn data --dataset mnist --root data --mirror "$DATA"
-      bench --impl both --steps 200 --warmup 20 --layers
+      bench --impl both --steps 200 --warmup 20 --layers --solver
       bench --impl ours --steps 2000 --warmup 20 --cuda-graphs
       bench --impl ours --steps 2000 --warmup 20 --cuda-graphs --compile-solver
       bench --impl ours --steps 200 --warmup 20 --sweep 8

@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 from geomloss import SamplesLoss
 from torch.optim.optimizer import (
@@ -28,12 +30,12 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from dpsinkhorn import config as config_lib
-from dpsinkhorn import data
-from dpsinkhorn.loss import debias_size, mixed_cost
+from dpsinkhorn import data, ot
+from dpsinkhorn.loss import debias_size, feature_diameter, mixed_cost
 from dpsinkhorn.models import ConditionalDCGAN, GeneratorConfig
 from dpsinkhorn.privacy import resolve_budget
 from dpsinkhorn.sweep import SweepTrainer
-from dpsinkhorn.train import Trainer, resolve_device
+from dpsinkhorn.train import PoissonSampler, Trainer, resolve_device
 
 
 class ReferenceStep:
@@ -190,6 +192,7 @@ def benchmark(
     sweep_runs: int = 0,
     cuda_graphs: bool = False,
     compile_solver: bool = False,
+    solver: bool = False,
 ) -> dict:
     """Time the chosen implementation(s) of the training step on the experiment's data.
 
@@ -198,12 +201,20 @@ def benchmark(
     runs) and ``sweep_per_run_ratio`` = sweep_steps_per_s / ours_steps_per_s (the
     issue's target: >= 0.7 at K >= 8). ``cuda_graphs`` replays ``ours`` from a CUDA
     graph (``train.CapturedStep``; CUDA only); ``compile_solver`` compiles its Sinkhorn
-    iterations (and the sweep's). ``ours`` / ``reference`` hold each
-    step's ATen operation and host-synchronisation counts (:func:`count_ops`, eager).
+    iterations (and the sweep's); ``solver`` adds :func:`solver_iteration_times`.
+    ``ours`` / ``reference`` hold each step's ATen operation and host-synchronisation
+    counts (:func:`count_ops`, eager).
     """
     images, labels = data.load_split(Path(data_dir), spec["dataset"], "train")
     dev = resolve_device(device)
     result: dict = {"experiment": spec["name"], "timed_steps": steps, "warmup_steps": warmup}
+    q = int(spec["batch_size"]) / len(labels)
+    result["capacity"] = PoissonSampler(len(labels), q, torch.device("cpu")).capacity
+    if solver:
+        image_numel = int(np.prod(images.shape[1:]))
+        result["solver_iterations"] = solver_iteration_times(
+            spec, result["capacity"], image_numel, dev
+        )
     if impl in ("ours", "both"):
         trainer = Trainer(spec, images, labels, dev, cuda_graphs, compile_solver)
         result["ours_steps_per_s"] = time_steps(trainer.step, dev, steps, warmup)
@@ -273,6 +284,43 @@ def generator_layer_profile(
     return profile
 
 
+def solver_iteration_times(
+    spec: dict,
+    capacity: int,
+    image_numel: int,
+    dev: torch.device,
+    repeats: int = 50,
+    warmup: int = 3,
+) -> dict:
+    """Milliseconds of one step's Sinkhorn iterations (``ot.sinkhorn_iterations``), eager
+    and through ``torch.compile``, on the step's batched problem: [2, n, max(capacity, n)]
+    (data term and self term), the paper's schedule, random costs of the features' scale.
+    The compile itself is not timed (``compile_s`` reports it)."""
+    n = int(spec["batch_size"])
+    rows = max(capacity, n)
+    g = torch.Generator(device=dev).manual_seed(0)
+    cost = torch.rand(2, n, rows, generator=g, device=dev) * 1.5e3
+    a_log = torch.full((2, n), -math.log(n), device=dev)
+    b_log = torch.full((2, rows), -math.log(rows), device=dev)
+    eps_list = tuple(
+        ot.epsilon_schedule(
+            feature_diameter(image_numel, spec["alpha_c"], spec.get("cost", "mixed")),
+            spec["entropy_reg"],
+            spec["sinkhorn_scaling"],
+        )
+    )
+    compiled = ot._compiled_iterations()
+    start = time.perf_counter()
+    compiled(cost, a_log, b_log, eps_list)
+    _sync(dev)
+    compile_s = time.perf_counter() - start
+    times = {}
+    for name, fn in (("eager", ot.sinkhorn_iterations), ("compiled", compiled)):
+        rate = time_steps(lambda fn=fn: fn(cost, a_log, b_log, eps_list), dev, repeats, warmup)
+        times[f"{name}_ms"] = 1e3 / rate
+    return {"shape": [2, n, rows], "iterations": len(eps_list) + 1, "compile_s": compile_s, **times}
+
+
 def register_cli(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("bench", help="time the training step (steps/s)")
     p.add_argument("--config", nargs="+", required=True)
@@ -293,6 +341,11 @@ def register_cli(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--compile-solver", action="store_true", help="torch.compile ours' Sinkhorn iterations"
+    )
+    p.add_argument(
+        "--solver",
+        action="store_true",
+        help="also time the Sinkhorn iterations alone, eager and compiled (compiles once)",
     )
     p.add_argument(
         "--layers",
@@ -316,6 +369,7 @@ def _cli(args: argparse.Namespace) -> int:
         args.sweep,
         args.cuda_graphs or cfg["cuda_graphs"],
         args.compile_solver or cfg["compile_solver"],
+        args.solver,
     )
     if args.layers:
         result["generator_layers"] = generator_layer_profile(spec, device)
