@@ -17,7 +17,7 @@ from dpsinkhorn.loss import (
     semi_debiased_sinkhorn,
     semi_debiased_sinkhorn_with_grad,
 )
-from dpsinkhorn.train import CapturedStep, Trainer
+from dpsinkhorn.train import GraphedStep, Trainer
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 CUDA = torch.device("cuda")
@@ -49,20 +49,41 @@ def test_step_never_waits_for_the_host(mnist, perturbation):
 @pytest.mark.parametrize("perturbation", ["image", "parameter"])
 def test_graph_replay_follows_the_eager_run(mnist, perturbation):
     """Same draws (the generator's state advances identically), same parameters, same ledger."""
-    steps = CapturedStep.WARMUP_STEPS + 5
+    steps = GraphedStep.WARMUP_STEPS + 5
     spec = paper_spec(perturbation=perturbation)
     eager = Trainer(spec, *mnist, CUDA, cuda_graphs=False)
     graphed = Trainer(spec, *mnist, CUDA, cuda_graphs=True)
     assert graphed.cuda_graphs
     eager_losses = torch.stack([eager.step() for _ in range(steps)])
     graphed_losses = torch.stack([graphed.step() for _ in range(steps)])
-    assert graphed._captured is not None  # the last steps were replays
+    assert graphed.graphed.graph is not None  # the last steps were replays
     assert graphed.step_count == graphed.accountant.steps == steps
     assert torch.equal(graphed.rng.get_state(), eager.rng.get_state())
     # Adam(capturable=True) computes its bias correction on the device: rounding only.
     torch.testing.assert_close(graphed_losses, eager_losses, rtol=1e-4, atol=1e-4)
     for a, b in zip(graphed.model.parameters(), eager.model.parameters(), strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_sweep_graph_replay_follows_the_eager_sweep(mnist):
+    """Two runs (different p, σ, mechanism) replayed together; one finishes first."""
+    from dpsinkhorn.sweep import SweepTrainer
+
+    specs = [
+        paper_spec(seed=0, p=0.2, sigma=0.8, steps=6),
+        paper_spec(seed=1, p=0.6, perturbation="parameter", steps=9),
+    ]
+    eager = SweepTrainer(specs, *mnist, CUDA)
+    graphed = SweepTrainer(specs, *mnist, CUDA, cuda_graphs=True)
+    for sweep in (eager, graphed):
+        for step in range(9):
+            sweep.step(sweep.trainers if step < 6 else sweep.trainers[1:])
+    assert [t.step_count for t in graphed.trainers] == [6, 9]
+    assert [t.accountant.steps for t in graphed.trainers] == [6, 9]
+    for g, e in zip(graphed.trainers, eager.trainers, strict=True):
+        assert torch.equal(g.rng.get_state(), e.rng.get_state())
+        for a, b in zip(g.model.parameters(), e.model.parameters(), strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
 
 
 def test_solver_in_float32_on_cuda_is_as_accurate_as_geomloss():

@@ -143,3 +143,13 @@ def test_train_sweep_cli(tmp_path, prepared_data, capsys):
     for name in ("b", "d"):
         for file in ("generator.pt", "privacy.json", "train_log.csv"):
             assert (tmp_path / "run" / name / file).exists()
+
+
+def test_sweep_step_never_synchronises(tmp_path, prepared_data, mnist):
+    """No .item() / nonzero in the batched step either (it is captured in a CUDA graph)."""
+    from dpsinkhorn.bench import count_ops
+
+    sweep = SweepTrainer(
+        specs_of(write_config(tmp_path, prepared_data)), *mnist, torch.device("cpu")
+    )
+    assert count_ops(lambda: sweep.step(sweep.trainers))["host_syncs_per_step"] == 0

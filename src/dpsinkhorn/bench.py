@@ -199,9 +199,9 @@ def benchmark(
     ``sweep_runs`` = K > 0 also times ``sweep.SweepTrainer`` on K copies of the experiment
     (seeds seed..seed+K-1): ``sweep_steps_per_s`` counts sweep steps (each advances all K
     runs) and ``sweep_per_run_ratio`` = sweep_steps_per_s / ours_steps_per_s (the
-    issue's target: >= 0.7 at K >= 8). ``cuda_graphs`` replays ``ours`` from a CUDA
-    graph (``train.CapturedStep``; CUDA only); ``compile_solver`` compiles its Sinkhorn
-    iterations (and the sweep's); ``solver`` adds :func:`solver_iteration_times`.
+    issue's target: >= 0.7 at K >= 8). ``cuda_graphs`` replays ``ours`` and the sweep
+    from CUDA graphs (``train.GraphedStep``; CUDA only); ``compile_solver`` compiles
+    their Sinkhorn iterations; ``solver`` adds :func:`solver_iteration_times`.
     ``ours`` / ``reference`` hold each step's ATen operation and host-synchronisation
     counts (:func:`count_ops`, eager).
     """
@@ -229,7 +229,7 @@ def benchmark(
             {**spec, "name": f"{spec['name']}_{k}", "seed": int(spec["seed"]) + k}
             for k in range(sweep_runs)
         ]
-        sweep = SweepTrainer(specs, images, labels, dev, compile_solver)
+        sweep = SweepTrainer(specs, images, labels, dev, compile_solver, cuda_graphs)
         result["sweep_runs"] = sweep_runs
         result["sweep_steps_per_s"] = time_steps(
             lambda: sweep.step(sweep.trainers), dev, steps, warmup

@@ -45,6 +45,7 @@ from dpsinkhorn.loss import conditional_features, semi_debiased_sinkhorn_with_gr
 from dpsinkhorn.plan import SWEEP_SHARED_KEYS, sweep_key
 from dpsinkhorn.privacy import ImageGradientSanitizer
 from dpsinkhorn.train import (
+    GraphedStep,
     Preempted,
     RunFiles,
     Trainer,
@@ -65,6 +66,7 @@ class SweepTrainer:
         train_labels,
         device: torch.device,
         compile_solver: bool = False,
+        cuda_graphs: bool = False,
     ):
         if not specs:
             raise ValueError("a sweep needs at least one experiment")
@@ -79,11 +81,14 @@ class SweepTrainer:
             )
         self.trainers: list[Trainer] = []
         for spec in specs:
-            trainer = Trainer(spec, train_images, train_labels, device, False, compile_solver)
+            trainer = Trainer(spec, train_images, train_labels, device, cuda_graphs, compile_solver)
             if self.trainers:  # one copy of the real features on the device
                 trainer.real = self.trainers[0].real
             self.trainers.append(trainer)
         self.device = device
+        self.cuda_graphs = cuda_graphs and device.type == "cuda"
+        self._graphed_runs: tuple = ()
+        self._graphed: GraphedStep | None = None
         self.template = self.trainers[0].model  # the module whose code all runs share
         self.param_names = [name for name, _ in self.template.named_parameters()]
         self._m_runs: tuple = ()
@@ -101,7 +106,25 @@ class SweepTrainer:
         return functional_call(self.template, params, (z, labels))
 
     def step(self, runs: Sequence[Trainer]) -> list[torch.Tensor]:
-        """One training step of each trainer in ``runs``; returns their losses (device)."""
+        """One training step of each trainer in ``runs``; returns their losses (device).
+
+        With ``cuda_graphs`` the device work is replayed from a CUDA graph
+        (``train.GraphedStep``), captured anew whenever the set of runs changes.
+        """
+        if not self.cuda_graphs:
+            losses = self.device_step(runs)
+        else:
+            key = tuple(id(t) for t in runs)
+            if key != self._graphed_runs:
+                self._graphed_runs = key
+                self._graphed = GraphedStep(lambda: self.device_step(runs), list(runs), self.device)
+            losses = self._graphed()
+        for t in runs:
+            t.count_step()
+        return losses
+
+    def device_step(self, runs: Sequence[Trainer]) -> list[torch.Tensor]:
+        """The device work of one step of each run in ``runs`` (no host bookkeeping)."""
         first = runs[0]
         n, rows = first.n, max(t.n + t.n_prime for t in runs)
         z, labels, indices, weights = [], [], [], []
@@ -151,7 +174,7 @@ class SweepTrainer:
             t.optimizer.zero_grad(set_to_none=True)
         images.backward(sanitized)
         for t in runs:
-            t.update()
+            t.apply_update()
         return list(losses)
 
 
@@ -169,9 +192,8 @@ def train_sweep(
     """Train ``specs`` together, run k into ``out_dirs[k]``; returns their privacy records.
 
     Same files, resumption and ``stop_after`` / signal behaviour as ``train.train``;
-    each run's outputs are written as soon as that run finishes. ``cuda_graphs`` is
-    accepted for a common signature and not used: the sweep step is not captured.
-    ``compile_solver`` compiles the Sinkhorn iterations (as in ``train.train``).
+    each run's outputs are written as soon as that run finishes. ``cuda_graphs`` and
+    ``compile_solver`` as in ``train.train``.
     """
     if len(specs) != len(out_dirs):
         raise ValueError(f"{len(specs)} experiments but {len(out_dirs)} output folders")
@@ -179,7 +201,7 @@ def train_sweep(
     if len(datasets) > 1:
         raise ValueError(f"a sweep trains on one dataset, got {sorted(datasets)}")
     images, labels = load_train_data(specs[0], data_dir, train_data)
-    sweep = SweepTrainer(specs, images, labels, resolve_device(device), compile_solver)
+    sweep = SweepTrainer(specs, images, labels, resolve_device(device), compile_solver, cuda_graphs)
     runs = [RunFiles(t, out) for t, out in zip(sweep.trainers, out_dirs, strict=True)]
     records: dict[int, dict] = {i: run.finish() for i, run in enumerate(runs) if run.done}
     bar = tqdm(

@@ -95,50 +95,60 @@ class PoissonSampler:
             )
 
 
-class CapturedStep:
-    """A trainer's ``device_step`` captured once in a CUDA graph, then replayed (CUDA only).
+class GraphedStep:
+    """Runs a step's device work from a CUDA graph: eager warm-up, one capture, then replays.
 
-    A step of the paper's MNIST model is ~1,000 small kernels (``dpsinkhorn bench``
+    A step of the paper's MNIST model is ~460 small operations (``dpsinkhorn bench``
     reports ``ops_per_step``); on a GPU their launches, not their arithmetic, bound the
-    step rate. Replaying a graph launches them all at once. Capture needs what
-    ``device_step`` already guarantees: fixed shapes, no host synchronisation, and
-    every random draw from the trainer's generator, which is registered with the graph
-    so that each replay draws fresh z, labels, Poisson sample and noise. Host
-    bookkeeping (step counter, privacy ledger) stays outside the graph: the trainer
-    counts each replay as one step. The first ``WARMUP_STEPS`` steps of a process run
-    eagerly on a side stream (as CUDA graph capture requires); they are ordinary,
-    counted training steps.
+    step rate. Replaying a graph launches them all at once. ``device_step`` must do only
+    device work with fixed shapes, no host synchronisation and every random draw from
+    the ``trainers``' generators (true of ``Trainer.device_step`` and the sweep's step;
+    ``tests/test_bench.py`` checks the absence of synchronisation); the generators are
+    registered with the graph, so each replay draws fresh z, labels, Poisson samples and
+    noise. Host bookkeeping (step counters, privacy ledgers) stays outside the graph:
+    the caller counts each call as one step. The first ``WARMUP_STEPS`` calls run
+    eagerly on a side stream, as capture requires; they are ordinary training steps.
+    CUDA only.
     """
 
     WARMUP_STEPS = 3
 
-    @staticmethod
-    def warm_up(trainer: Trainer) -> torch.Tensor:
-        """One eager ``device_step`` on a side stream; returns its loss."""
-        side = torch.cuda.Stream(trainer.device)
-        side.wait_stream(torch.cuda.current_stream(trainer.device))
-        with torch.cuda.stream(side):
-            loss = trainer.device_step()
-        torch.cuda.current_stream(trainer.device).wait_stream(side)
-        return loss
+    def __init__(self, device_step, trainers: list[Trainer], device: torch.device):
+        self.device_step, self.trainers, self.device = device_step, trainers, device
+        self.eager_steps = 0
+        self.graph: torch.cuda.CUDAGraph | None = None
 
-    def __init__(self, trainer: Trainer):
-        self.graph = torch.cuda.CUDAGraph()
-        self.graph.register_generator_state(trainer.rng)
-        trainer.optimizer.zero_grad(set_to_none=True)
+    def __call__(self):
+        """One step's device work; returns what ``device_step`` returns (copied on replay)."""
+        if self.eager_steps < self.WARMUP_STEPS:
+            self.eager_steps += 1
+            side = torch.cuda.Stream(self.device)
+            side.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(side):
+                out = self.device_step()
+            torch.cuda.current_stream(self.device).wait_stream(side)
+            return out
+        if self.graph is None:
+            self._capture()
+        self.graph.replay()
+        if isinstance(self.output, torch.Tensor):
+            return self.output.clone()
+        return [t.clone() for t in self.output]
+
+    def _capture(self) -> None:
+        graph = torch.cuda.CUDAGraph()
+        for trainer in self.trainers:
+            graph.register_generator_state(trainer.rng)
+            trainer.optimizer.zero_grad(set_to_none=True)
         try:
-            with torch.cuda.graph(self.graph):
-                self.loss = trainer.device_step()  # recorded, not run
+            with torch.cuda.graph(graph):
+                self.output = self.device_step()  # recorded, not run
         except RuntimeError as error:
             raise RuntimeError(
                 f"could not capture the training step in a CUDA graph ({error}); "
-                "train without --cuda-graphs"
+                "train without cuda_graphs"
             ) from error
-
-    def replay(self) -> torch.Tensor:
-        """Run the captured step once; returns a copy of its loss (device scalar)."""
-        self.graph.replay()
-        return self.loss.clone()
+        self.graph = graph
 
 
 class Trainer:
@@ -154,7 +164,7 @@ class Trainer:
         compile_solver: bool = False,
     ):
         self.spec, self.device = spec, device
-        # Replay the step from a CUDA graph (CapturedStep); CUDA only, ignored elsewhere.
+        # Replay the step from a CUDA graph (GraphedStep); CUDA only, ignored elsewhere.
         self.cuda_graphs = cuda_graphs and device.type == "cuda"
         self.compile_solver = compile_solver  # torch.compile the Sinkhorn iterations
         self.n = int(spec["batch_size"])
@@ -238,20 +248,11 @@ class Trainer:
                 raise ValueError(f"experiment {spec['name']}: non-private training needs steps")
             self.total_steps, self.sanitizer, self.accountant = int(spec["steps"]), None, None
         self.step_count = 0
-        self._eager_steps = 0  # taken in this process (CUDA graphs capture after a few)
-        self._captured: CapturedStep | None = None
+        self.graphed = GraphedStep(self.device_step, [self], device) if self.cuda_graphs else None
 
     def step(self) -> torch.Tensor:
         """One training step; returns the loss as a device tensor (no host sync)."""
-        if not self.cuda_graphs:
-            loss = self.device_step()
-        elif self._eager_steps < CapturedStep.WARMUP_STEPS:
-            loss = CapturedStep.warm_up(self)
-            self._eager_steps += 1
-        else:
-            if self._captured is None:
-                self._captured = CapturedStep(self)
-            loss = self._captured.replay()
+        loss = self.graphed() if self.graphed is not None else self.device_step()
         self.count_step()
         return loss
 
@@ -259,7 +260,7 @@ class Trainer:
         """The device work of one step (draws, loss, sanitised backward, optimiser step).
 
         Fixed shapes, no host synchronisation, every random draw from ``self.rng``:
-        what :class:`CapturedStep` records. Returns the loss (device scalar).
+        what :class:`GraphedStep` records. Returns the loss (device scalar).
         """
         spec = self.spec
         z, labels = self.model.sample_inputs(self.n + self.n_prime, self.rng, self.device)
@@ -532,7 +533,7 @@ def train(
     final one too, so a finished run reruns in seconds). ``stop_after`` ends this process
     after that many new steps (with a checkpoint), as a preemption would; it raises
     ``Preempted``. ``cuda_graphs`` replays the step from a CUDA graph (CUDA devices only,
-    see ``CapturedStep``); ``compile_solver`` runs the Sinkhorn iterations through
+    see ``GraphedStep``); ``compile_solver`` runs the Sinkhorn iterations through
     ``torch.compile`` (``ot._compiled_iterations``).
     """
     images, labels = load_train_data(spec, data_dir, train_data)
