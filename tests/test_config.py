@@ -364,3 +364,10 @@ def test_single_cell_reruns_alone(tmp_path):
 def test_lint(tmp_path):
     result = snakemake(tmp_path, "--lint")
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_command_line_booleans_are_explained():
+    with pytest.raises(ValueError, match="only True and False"):
+        cfg.validate(
+            {"cuda_graphs": "true", "experiments": {"e": {"dataset": "mnist"}}}, "--config"
+        )

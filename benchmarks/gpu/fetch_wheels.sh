@@ -8,8 +8,7 @@
 #
 #   benchmarks/gpu/fetch_wheels.sh [DEST=.whl] [PYTHON_VERSION=3.12]
 #
-# There: python3 -m pip install --no-index --no-deps --target /tmp/site DEST/*.whl
-#        export PYTHONPATH=/tmp/site:$PWD/src PATH=/tmp/site/bin:$PATH
+# There: WHEELS=DEST benchmarks/gpu/run.sh ... installs them (pip --no-index --no-deps).
 set -euo pipefail
 DEST=${1:-.whl}
 PYVER=${2:-3.12}

@@ -7,25 +7,29 @@
 #
 #   tests  tests/test_cuda.py (no host sync; CUDA graph replay = eager), the solver tests
 #   bench  dpsinkhorn bench: eager (+ layers, solver alone), CUDA graphs, + compiled solver,
-#          sweep of 8 -> bench.jsonl
+#          sweep of 8 eager and with both -> bench.jsonl
 #   row    the MNIST Table 1 paper row end to end (160k steps, 5 x 60k samples, 5 FIDs,
 #          15 classifiers) through Snakemake with cuda_graphs and compile_solver; each job's
 #          time is in results/paper/benchmarks/*.tsv (row_benchmarks.txt), the whole in
-#          row_seconds.txt. Rerun the
-#          same command after an interruption: training resumes from its checkpoint.
+#          row_seconds.txt. Rerun the same command after an interruption: training resumes
+#          from its checkpoint.
 #
 # Dependencies: installed (make install), or, offline, wheels from
-# benchmarks/gpu/fetch_wheels.sh installed with WHEELS=<folder> (into /tmp/site).
+# benchmarks/gpu/fetch_wheels.sh installed with WHEELS=<folder> (into /tmp/dpsinkhorn-site,
+# where later calls on the same machine find them without WHEELS).
 set -euo pipefail
 OUT=${OUT:-results/gpu}
 DATA=${DATA:?set DATA to the folder holding MNIST/raw/*.gz}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 DPSINKHORN_DATA_MIRROR=$DATA
 
+SITE=/tmp/dpsinkhorn-site  # wheels installed by an earlier call on the same machine stay
 if [[ -n ${WHEELS:-} ]]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site \
+  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$SITE" \
     "$WHEELS"/*.whl
-  export PYTHONPATH=/tmp/site:$PWD/src${PYTHONPATH:+:$PYTHONPATH} PATH=/tmp/site/bin:$PATH
+fi
+if [[ -d $SITE ]]; then
+  export PYTHONPATH=$SITE:$PWD/src${PYTHONPATH:+:$PYTHONPATH} PATH=$SITE/bin:$PATH
 fi
 if ! command -v dpsinkhorn > /dev/null; then  # the project itself, uninstalled: src on the path
   mkdir -p /tmp/dpsinkhorn-bin
@@ -33,11 +37,11 @@ if ! command -v dpsinkhorn > /dev/null; then  # the project itself, uninstalled:
   chmod +x /tmp/dpsinkhorn-bin/dpsinkhorn
   export PATH=/tmp/dpsinkhorn-bin:$PATH PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH}
 fi
-python3 -c "import torch; print(torch.__version__, torch.cuda.get_device_name())" \
+python3 -c "import torch; c = torch.cuda; print(torch.__version__, c.is_available() and c.get_device_name())" \
   | tee -a "$OUT/device.txt"
 
 bench() {
-  dpsinkhorn bench --config config/config.yaml --experiment mnist_dpsinkhorn --device cuda "$@" \
+  dpsinkhorn bench --config config/config.yaml --experiment mnist_dpsinkhorn --device "${DEVICE:-cuda}" "$@" \
     | tee -a "$OUT/bench.jsonl"
 }
 
@@ -53,7 +57,7 @@ for stage in "$@"; do
       bench --impl ours --steps 2000 --warmup 20 --cuda-graphs
       bench --impl ours --steps 2000 --warmup 20 --cuda-graphs --compile-solver
       bench --impl ours --steps 200 --warmup 20 --sweep 8
-      bench --impl ours --steps 200 --warmup 20 --sweep 8 --compile-solver
+      bench --impl ours --steps 1000 --warmup 20 --sweep 8 --cuda-graphs --compile-solver
       ;;
     row)
       weights=${WEIGHTS:?set WEIGHTS to pytorch-fid\'s Inception weights file}
@@ -61,7 +65,7 @@ for stage in "$@"; do
         | sed -n 's/^#   cell mnist_dpsinkhorn: //p')
       start=$(date +%s)
       snakemake --profile profiles/default --config data_mirror="$DATA" \
-        fid_weights="$weights" cuda_graphs=true compile_solver=true -- $targets \
+        fid_weights="$weights" cuda_graphs=True compile_solver=True -- $targets \
         2>&1 | tee -a "$OUT/row.log"
       echo "$(($(date +%s) - start)) s (this call)" | tee -a "$OUT/row_seconds.txt"
       tail -n +1 results/paper/benchmarks/*.tsv > "$OUT/row_benchmarks.txt"  # one file per job

@@ -219,6 +219,8 @@ def _describe(error: jsonschema.ValidationError) -> tuple[list, str]:
         hint = ""
         if isinstance(value, str) and re.fullmatch(r"[-+]?[0-9]+(\.[0-9]*)?[eE][-+]?[0-9]+", value):
             hint = " (YAML reads 1e-5 as text; write 1.0e-5)"
+        if types == "boolean" and isinstance(value, str) and value.lower() in ("true", "false"):
+            hint = " (snakemake --config reads only True and False as booleans)"
         return path, f"bad value {value!r}: must be of type {types}{hint}"
     if kind == "enum":
         options = ", ".join("null" if v is None else str(v) for v in error.validator_value)
