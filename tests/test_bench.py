@@ -57,6 +57,7 @@ def test_bench_sweep_layer_profile_and_solver(tmp_path, prepared_data, capsys):
     assert solver["shape"] == [2, 50, result["capacity"]]
     assert solver["eager_ms"] > 0 and solver["compiled_ms"] > 0
     assert result["sweep_runs"] == 2
+    assert result["sweep"]["host_syncs_per_step"] == 0 < result["sweep"]["ops_per_step"]
     assert result["sweep_per_run_ratio"] == pytest.approx(
         result["sweep_steps_per_s"] / result["ours_steps_per_s"]
     )

@@ -202,8 +202,8 @@ def benchmark(
     issue's target: >= 0.7 at K >= 8). ``cuda_graphs`` replays ``ours`` and the sweep
     from CUDA graphs (``train.GraphedStep``; CUDA only); ``compile_solver`` compiles
     their Sinkhorn iterations; ``solver`` adds :func:`solver_iteration_times`.
-    ``ours`` / ``reference`` hold each step's ATen operation and host-synchronisation
-    counts (:func:`count_ops`, eager).
+    ``ours`` / ``reference`` / ``sweep`` hold each step's ATen operation and
+    host-synchronisation counts (:func:`count_ops`, eager).
     """
     images, labels = data.load_split(Path(data_dir), spec["dataset"], "train")
     dev = resolve_device(device)
@@ -234,6 +234,7 @@ def benchmark(
         result["sweep_steps_per_s"] = time_steps(
             lambda: sweep.step(sweep.trainers), dev, steps, warmup
         )
+        result["sweep"] = count_ops(lambda: sweep.device_step(sweep.trainers))
         if "ours_steps_per_s" in result:
             result["sweep_per_run_ratio"] = result["sweep_steps_per_s"] / result["ours_steps_per_s"]
     if impl == "both":
