@@ -285,7 +285,16 @@ def semi_debiased_sinkhorn_with_grad(
         cost=cost,
         compile=compile,
     )
-    grad = torch.zeros_like(x)
-    grad[:n] = grad_cross[0]
-    grad[n_prime : n + n_prime] += grad_self[0]
-    return loss[0], grad
+    return loss[0], debiased_gradient(grad_cross[0], grad_self[0], n_prime)
+
+
+def debiased_gradient(
+    grad_cross: torch.Tensor, grad_self: torch.Tensor, n_prime: int
+) -> torch.Tensor:
+    """∇_X S [n + n', D] from its two blocks [n, D]: rows 0..n-1 get ∇_{X[0:n]} S and
+    rows n'..n'+n-1 add ∇_{X[n':n+n']} S (the blocks overlap where n' < n)."""
+    n = grad_cross.shape[0]
+    grad = grad_cross.new_zeros((n + n_prime, *grad_cross.shape[1:]))
+    grad[:n] = grad_cross
+    grad[n_prime : n_prime + n] += grad_self
+    return grad

@@ -41,7 +41,11 @@ from tqdm import tqdm
 
 from dpsinkhorn import config as config_lib
 from dpsinkhorn.devices import resolve_device
-from dpsinkhorn.loss import conditional_features, semi_debiased_sinkhorn_with_grad_runs
+from dpsinkhorn.loss import (
+    conditional_features,
+    debiased_gradient,
+    semi_debiased_sinkhorn_with_grad_runs,
+)
 from dpsinkhorn.plan import SWEEP_SHARED_KEYS, sweep_key
 from dpsinkhorn.privacy import ImageGradientSanitizer
 from dpsinkhorn.train import (
@@ -163,13 +167,12 @@ class SweepTrainer:
         numel = images[0, 0].numel()
         sanitized = torch.zeros_like(images)
         for k, t in enumerate(runs):
-            g = torch.zeros_like(x[k, : t.n + t.n_prime])
-            g[:n] = grad_cross[k]
-            g[t.n_prime : t.n_prime + n] += grad_self[k]
-            g = g[:, :numel].reshape(images[k, : t.n + t.n_prime].shape)
+            rows_k = t.n + t.n_prime
+            g = debiased_gradient(grad_cross[k], grad_self[k], t.n_prime)
+            g = g[:, :numel].reshape(images[k, :rows_k].shape)
             if isinstance(t.sanitizer, ImageGradientSanitizer):
                 g = t.sanitizer(g)  # run k's mechanism, noise from run k's RNG
-            sanitized[k, : t.n + t.n_prime] = g
+            sanitized[k, :rows_k] = g
         for t in runs:
             t.optimizer.zero_grad(set_to_none=True)
         images.backward(sanitized)

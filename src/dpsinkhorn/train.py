@@ -301,11 +301,6 @@ class Trainer:
             self.accountant.step()
         self.step_count += 1
 
-    def update(self) -> None:
-        """:meth:`apply_update` then :meth:`count_step` (for steps computed elsewhere: sweeps)."""
-        self.apply_update()
-        self.count_step()
-
     def epsilon(self) -> float:
         return self.accountant.epsilon() if self.accountant is not None else math.inf
 
