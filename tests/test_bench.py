@@ -26,6 +26,33 @@ def test_bench_both_implementations(tmp_path, prepared_data, capsys):
     assert result["ours"]["host_syncs_per_step"] == 0
     assert result["reference"]["host_syncs_per_step"] > 0
     assert 0 < result["ours"]["ops_per_step"] < result["reference"]["ops_per_step"]
+    # Both count at least the generator's convolutions: forward, and backward twice over
+    # (input and weight gradients) on the step's n + n' rows.
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from dpsinkhorn import config as config_lib
+    from dpsinkhorn.loss import debias_size
+    from dpsinkhorn.models import ConditionalDCGAN, GeneratorConfig
+
+    spec = config_lib.experiment(config_lib.load_config(cfg), "e")
+    model = ConditionalDCGAN(GeneratorConfig(channels=tuple(spec["channels"])))
+    rows = spec["batch_size"] + debias_size(spec["batch_size"], spec["p"])
+    with FlopCounterMode(display=False) as forward:
+        model(*model.sample_inputs(rows))
+    generator_gflop = 3 * forward.get_total_flops() / 1e9
+    for impl in ("ours", "reference"):
+        assert result[impl]["gflop_per_step"] >= generator_gflop * (1 - 1e-6) > 0
+
+
+def test_bench_reports_the_precision_and_its_error(tmp_path, prepared_data, capsys):
+    cfg = make_config(tmp_path, prepared_data)
+    args = ["bench", "--config", str(cfg), "--experiment", "e", "--steps", "2", "--warmup", "1"]
+    assert main([*args, "--precision", "bf16"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["ours"]["precision"] == "bf16"
+    error = result["precision_error"]
+    assert error["precision"] == "bf16"
+    assert {"loss_rel", "grad_rel", "noise_rel", "within_tolerance"} <= set(error)
 
 
 @pytest.mark.parametrize("perturbation", ["image", "parameter"])

@@ -46,13 +46,15 @@ def test_step_never_waits_for_the_host(mnist, perturbation):
         torch.cuda.set_sync_debug_mode("default")
 
 
-@pytest.mark.parametrize("perturbation", ["image", "parameter"])
-def test_graph_replay_follows_the_eager_run(mnist, perturbation):
+@pytest.mark.parametrize(
+    "perturbation, precision", [("image", "fp32"), ("parameter", "fp32"), ("image", "bf16")]
+)
+def test_graph_replay_follows_the_eager_run(mnist, perturbation, precision):
     """Same draws (the generator's state advances identically), same parameters, same ledger."""
     steps = GraphedStep.WARMUP_STEPS + 5
     spec = paper_spec(perturbation=perturbation)
-    eager = Trainer(spec, *mnist, CUDA, cuda_graphs=False)
-    graphed = Trainer(spec, *mnist, CUDA, cuda_graphs=True)
+    eager = Trainer(spec, *mnist, CUDA, cuda_graphs=False, precision=precision)
+    graphed = Trainer(spec, *mnist, CUDA, cuda_graphs=True, precision=precision)
     assert graphed.cuda_graphs
     eager_losses = torch.stack([eager.step() for _ in range(steps)])
     graphed_losses = torch.stack([graphed.step() for _ in range(steps)])
@@ -84,6 +86,19 @@ def test_sweep_graph_replay_follows_the_eager_sweep(mnist):
         assert torch.equal(g.rng.get_state(), e.rng.get_state())
         for a, b in zip(g.model.parameters(), e.model.parameters(), strict=True):
             torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("precision", ["tf32", "bf16"])
+@pytest.mark.parametrize("perturbation", ["image", "parameter"])
+def test_reduced_precision_step_stays_within_tolerance(mnist, precision, perturbation):
+    """The bounds of tests/test_precision.py, on the device where TF32 exists."""
+    from dpsinkhorn.bench import PRECISION_TOLERANCE, precision_error
+
+    error = precision_error(paper_spec(perturbation=perturbation), *mnist, CUDA, precision)
+    for key, bound in PRECISION_TOLERANCE.items():
+        assert error[key] <= bound, error
+    assert error["grad_rel"] > 0  # fp32 is not TF32: the two computed different gradients
+    assert error["within_tolerance"]
 
 
 def test_solver_in_float32_on_cuda_is_as_accurate_as_geomloss():

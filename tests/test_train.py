@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import csv
 import json
 import math
@@ -134,6 +135,32 @@ def test_resume_is_bit_identical_and_counts_each_step_once(tmp_path, prepared_da
     assert _log_rows(tmp_path / "full" / "train_log.csv") == _log_rows(
         tmp_path / "resumed" / "train_log.csv"
     )
+
+
+@pytest.mark.parametrize("optimizer", ["adam", "sgd"])
+def test_resume_keeps_this_process_optimizer_flags(tmp_path, prepared_data, mnist, optimizer):
+    """A checkpoint from another set-up (here: no fused kernel, a device-side step count
+    for CUDA graphs) resumes with this process's flags and the same arithmetic."""
+    spec = spec_of(make_config(tmp_path, prepared_data, optimizer=optimizer))
+    first = Trainer(spec, *mnist, torch.device("cpu"))
+    first.step()
+    state = copy.deepcopy(first.state_dict())  # as from a file: no tensor shared with `first`
+    state["optimizer"] = {
+        **state["optimizer"],
+        "param_groups": [
+            {**g, "fused": None, **({"capturable": True} if optimizer == "adam" else {})}
+            for g in state["optimizer"]["param_groups"]
+        ],
+    }
+    resumed = Trainer(spec, *mnist, torch.device("cpu"))
+    resumed.load_state_dict(state)
+    for group in resumed.optimizer.param_groups:
+        assert group["fused"] is True
+        assert group.get("capturable", False) is False
+    first.step()
+    resumed.step()
+    for a, b in zip(first.model.parameters(), resumed.model.parameters(), strict=True):
+        assert torch.equal(a, b)
 
 
 def test_checkpoint_of_other_settings_is_not_resumed(tmp_path, prepared_data):

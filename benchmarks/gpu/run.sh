@@ -7,9 +7,12 @@
 #
 #   tests  tests/test_cuda.py (no host sync; CUDA graph replay = eager), the solver tests
 #   bench  dpsinkhorn bench: eager (+ layers, solver alone), CUDA graphs, + compiled solver,
-#          sweep of 8 eager and with both -> bench.jsonl
+#          each of those two in tf32 and bf16 (+ their precision_error), sweep of 8 eager
+#          and with both options (fp32, tf32) -> bench.jsonl
 #   row    the MNIST Table 1 paper row end to end (160k steps, 5 x 60k samples, 5 FIDs,
-#          15 classifiers) through Snakemake with cuda_graphs and compile_solver; each job's
+#          15 classifiers) through Snakemake with cuda_graphs and compile_solver, in
+#          PRECISION (default fp32; tf32 or bf16 where bench shows them within tolerance
+#          and faster); each job's
 #          time is in results/paper/benchmarks/*.tsv (row_benchmarks.txt), the whole in
 #          row_seconds.txt. Rerun the same command after an interruption: training resumes
 #          from its checkpoint.
@@ -56,8 +59,13 @@ for stage in "$@"; do
       bench --impl both --steps 200 --warmup 20 --layers --solver
       bench --impl ours --steps 2000 --warmup 20 --cuda-graphs
       bench --impl ours --steps 2000 --warmup 20 --cuda-graphs --compile-solver
+      for precision in tf32 bf16; do
+        bench --impl ours --steps 2000 --warmup 20 --cuda-graphs --precision $precision
+        bench --impl ours --steps 2000 --warmup 20 --cuda-graphs --compile-solver --precision $precision
+      done
       bench --impl ours --steps 200 --warmup 20 --sweep 8
       bench --impl ours --steps 1000 --warmup 20 --sweep 8 --cuda-graphs --compile-solver
+      bench --impl ours --steps 1000 --warmup 20 --sweep 8 --cuda-graphs --compile-solver --precision tf32
       ;;
     row)
       weights=${WEIGHTS:?set WEIGHTS to pytorch-fid\'s Inception weights file}
@@ -65,7 +73,8 @@ for stage in "$@"; do
         | sed -n 's/^#   cell mnist_dpsinkhorn: //p')
       start=$(date +%s)
       snakemake --profile profiles/default --config data_mirror="$DATA" \
-        fid_weights="$weights" cuda_graphs=True compile_solver=True -- $targets \
+        fid_weights="$weights" cuda_graphs=True compile_solver=True precision="${PRECISION:-fp32}" \
+        -- $targets \
         2>&1 | tee -a "$OUT/row.log"
       echo "$(($(date +%s) - start)) s (this call)" | tee -a "$OUT/row_seconds.txt"
       tail -n +1 results/paper/benchmarks/*.tsv > "$OUT/row_benchmarks.txt"  # one file per job

@@ -14,6 +14,7 @@ warm-up, with the device synchronised around the timed loop. Prints one JSON obj
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import math
 import time
@@ -32,8 +33,8 @@ from torch.utils.flop_counter import FlopCounterMode
 from dpsinkhorn import config as config_lib
 from dpsinkhorn import data, ot
 from dpsinkhorn.loss import debias_size, feature_diameter, mixed_cost
-from dpsinkhorn.models import ConditionalDCGAN, GeneratorConfig
-from dpsinkhorn.privacy import resolve_budget
+from dpsinkhorn.models import PRECISIONS, ConditionalDCGAN, GeneratorConfig, GeneratorPrecision
+from dpsinkhorn.privacy import ParameterGradientSanitizer, resolve_budget
 from dpsinkhorn.sweep import SweepTrainer
 from dpsinkhorn.train import PoissonSampler, Trainer, resolve_device
 
@@ -138,7 +139,8 @@ SYNCING_OPS = ("aten::_local_scalar_dense", "aten::nonzero")
 
 
 class OpCounter(TorchDispatchMode):
-    """Counts the ATen operations run below autograd (forward and backward), views excluded.
+    """Counts the ATen operations run below autograd (forward and backward), views and
+    profiler marks excluded.
 
     Each counted operation is at least one kernel launch on a GPU, so ``ops`` is the
     launch count a CUDA graph would save per step; ``syncs`` counts those in
@@ -168,18 +170,38 @@ class OpCounter(TorchDispatchMode):
         return super().__exit__(*exc)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if not func.is_view:
+        if not func.is_view and func.namespace != "profiler":  # profiler marks: no kernel
             self.ops += 1
         if func.name().split(".")[0] in SYNCING_OPS and not self._in_optimizer:
             self.syncs += 1
         return func(*args, **(kwargs or {}))
 
 
-def count_ops(step) -> dict:
-    """ATen operations and host synchronisations of one call of ``step``."""
+def count_ops(step, flops: bool = True) -> dict:
+    """ATen operations, host synchronisations and (``flops``) GFLOP of one call of ``step``.
+
+    ``gflop_per_step``: floating-point operations of the convolutions and matrix
+    products, forward and backward, as ``torch.utils.flop_counter`` counts them. Not for
+    the sweep: that counter ignores ``groups`` in a convolution's weight gradient, so it
+    counts vmap's grouped convolutions K times over there.
+    """
     with OpCounter() as counter:
         step()
-    return {"ops_per_step": counter.ops, "host_syncs_per_step": counter.syncs}
+    result = {"ops_per_step": counter.ops, "host_syncs_per_step": counter.syncs}
+    if flops:
+        with FlopCounterMode(display=False) as flop_counter:
+            step()
+        result["gflop_per_step"] = flop_counter.get_total_flops() / 1e9
+    return result
+
+
+def cudnn_tf32_default() -> bool | None:
+    """Whether cuDNN convolutions may use TF32 outside ``models.GeneratorPrecision``
+    (PyTorch's default: yes); None where the flags cannot be read."""
+    try:
+        return bool(torch.backends.cudnn.allow_tf32)
+    except RuntimeError:  # legacy and new TF32 flags mixed by the caller
+        return None
 
 
 def benchmark(
@@ -193,6 +215,7 @@ def benchmark(
     cuda_graphs: bool = False,
     compile_solver: bool = False,
     solver: bool = False,
+    precision: str = "fp32",
 ) -> dict:
     """Time the chosen implementation(s) of the training step on the experiment's data.
 
@@ -201,9 +224,12 @@ def benchmark(
     runs) and ``sweep_per_run_ratio`` = sweep_steps_per_s / ours_steps_per_s (the
     issue's target: >= 0.7 at K >= 8). ``cuda_graphs`` replays ``ours`` and the sweep
     from CUDA graphs (``train.GraphedStep``; CUDA only); ``compile_solver`` compiles
-    their Sinkhorn iterations; ``solver`` adds :func:`solver_iteration_times`.
-    ``ours`` / ``reference`` / ``sweep`` hold each step's ATen operation and
-    host-synchronisation counts (:func:`count_ops`, eager).
+    their Sinkhorn iterations; ``solver`` adds :func:`solver_iteration_times`;
+    ``precision`` is ours' and the sweep's generator arithmetic
+    (``models.GeneratorPrecision``). The reference runs with PyTorch's defaults
+    (``reference.cudnn_tf32`` says whether its CUDA convolutions could use TF32).
+    ``ours`` / ``reference`` / ``sweep`` hold each step's ATen operation,
+    host-synchronisation and FLOP counts (:func:`count_ops`, eager).
     """
     images, labels = data.load_split(Path(data_dir), spec["dataset"], "train")
     dev = resolve_device(device)
@@ -216,25 +242,31 @@ def benchmark(
             spec, result["capacity"], image_numel, dev
         )
     if impl in ("ours", "both"):
-        trainer = Trainer(spec, images, labels, dev, cuda_graphs, compile_solver)
+        trainer = Trainer(spec, images, labels, dev, cuda_graphs, compile_solver, precision)
         result["ours_steps_per_s"] = time_steps(trainer.step, dev, steps, warmup)
         result["ours"] = count_ops(trainer.device_step)
-        result["ours"].update(cuda_graphs=trainer.cuda_graphs, compile_solver=compile_solver)
+        result["ours"].update(
+            cuda_graphs=trainer.cuda_graphs, compile_solver=compile_solver, precision=precision
+        )
+        if precision != "fp32":
+            result["precision_error"] = precision_error(spec, images, labels, dev, precision)
     if impl in ("reference", "both"):
         reference = ReferenceStep(spec, images, labels, dev)
         result["reference_steps_per_s"] = time_steps(reference.step, dev, steps, warmup)
         result["reference"] = count_ops(reference.step)
+        if dev.type == "cuda":
+            result["reference"]["cudnn_tf32"] = cudnn_tf32_default()
     if sweep_runs:
         specs = [
             {**spec, "name": f"{spec['name']}_{k}", "seed": int(spec["seed"]) + k}
             for k in range(sweep_runs)
         ]
-        sweep = SweepTrainer(specs, images, labels, dev, compile_solver, cuda_graphs)
+        sweep = SweepTrainer(specs, images, labels, dev, compile_solver, cuda_graphs, precision)
         result["sweep_runs"] = sweep_runs
         result["sweep_steps_per_s"] = time_steps(
             lambda: sweep.step(sweep.trainers), dev, steps, warmup
         )
-        result["sweep"] = count_ops(lambda: sweep.device_step(sweep.trainers))
+        result["sweep"] = count_ops(lambda: sweep.device_step(sweep.trainers), flops=False)
         if "ours_steps_per_s" in result:
             result["sweep_per_run_ratio"] = result["sweep_steps_per_s"] / result["ours_steps_per_s"]
     if impl == "both":
@@ -243,6 +275,70 @@ def benchmark(
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
     result.update(
         device=f"{dev} ({name})", threads=torch.get_num_threads(), torch=torch.__version__
+    )
+    return result
+
+
+#: Bounds on :func:`precision_error` under which a reduced precision may train
+#: (tests/test_precision.py, tests/test_cuda.py): the loss within 0.5%, a non-private
+#: update within 2%, and a private update changed by at most a tenth of what one draw
+#: of the mechanism's noise changes. About 8x what bf16 measured on CPU.
+PRECISION_TOLERANCE = {"loss_rel": 5e-3, "grad_rel": 2e-2, "noise_rel": 0.1}
+
+
+def precision_error(
+    spec: dict, images, labels, device: torch.device, precision: str, warm_steps: int = 3
+) -> dict:
+    """How far one training step in ``precision`` lands from the same step in fp32.
+
+    A float32 ``Trainer`` first takes ``warm_steps`` steps; from that state, with the
+    same draws (z, labels, Poisson sample), ``Trainer.forward_backward`` runs in fp32 and
+    in ``precision``. Reports
+
+    * ``loss_rel``: |S_p − S_32| / |S_32|;
+    * ``grad_rel``: ‖∇θ_p − ∇θ_32‖ / ‖∇θ_32‖ without sanitisation (the update a
+      non-private run takes);
+    * ``noise_rel`` (private runs): ‖∇θ_p − ∇θ_32‖ / ‖∇θ_32' − ∇θ_32‖ on the sanitised
+      gradient, same noise for p and 32, another noise draw for 32': the precision's
+      change to a private update as a fraction of the change that the mechanism's own
+      noise makes from one draw to the next;
+    * ``within_tolerance``: all of them within :data:`PRECISION_TOLERANCE`.
+    """
+    trainer = Trainer(spec, images, labels, device)
+    for _ in range(warm_steps):
+        trainer.step()
+    state = copy.deepcopy(trainer.state_dict())
+    sanitizer = trainer.sanitizer
+
+    def gradient(arith: str, noise_seed: int | None) -> tuple[float, torch.Tensor]:
+        trainer.load_state_dict(copy.deepcopy(state))
+        trainer.precision = GeneratorPrecision(arith, device)
+        trainer.sanitizer = sanitizer if noise_seed is not None else None
+        if trainer.sanitizer is not None:
+            trainer.sanitizer.generator = torch.Generator(device).manual_seed(noise_seed)
+        with trainer.precision.step():
+            loss = trainer.forward_backward()
+        if isinstance(trainer.sanitizer, ParameterGradientSanitizer):
+            trainer.sanitizer.apply(trainer.model.parameters())
+        grads = [p.grad.flatten() for p in trainer.model.parameters() if p.grad is not None]
+        return float(loss), torch.cat(grads).double()
+
+    loss_32, clean_32 = gradient("fp32", None)
+    loss_p, clean_p = gradient(precision, None)
+    result = {
+        "precision": precision,
+        "loss_rel": abs(loss_p - loss_32) / abs(loss_32),
+        "grad_rel": float((clean_p - clean_32).norm() / clean_32.norm()),
+    }
+    if sanitizer is not None:
+        _, noisy_32 = gradient("fp32", 1)
+        _, noisy_p = gradient(precision, 1)
+        _, other_noise_32 = gradient("fp32", 2)
+        result["noise_rel"] = float(
+            (noisy_p - noisy_32).norm() / (other_noise_32 - noisy_32).norm()
+        )
+    result["within_tolerance"] = all(
+        result[key] <= bound for key, bound in PRECISION_TOLERANCE.items() if key in result
     )
     return result
 
@@ -344,6 +440,11 @@ def register_cli(subparsers: argparse._SubParsersAction) -> None:
         "--compile-solver", action="store_true", help="torch.compile ours' Sinkhorn iterations"
     )
     p.add_argument(
+        "--precision",
+        choices=PRECISIONS,
+        help="ours' generator arithmetic (fp32, tf32, bf16; config key precision)",
+    )
+    p.add_argument(
         "--solver",
         action="store_true",
         help="also time the Sinkhorn iterations alone, eager and compiled (compiles once)",
@@ -371,6 +472,7 @@ def _cli(args: argparse.Namespace) -> int:
         args.cuda_graphs or cfg["cuda_graphs"],
         args.compile_solver or cfg["compile_solver"],
         args.solver,
+        args.precision or cfg["precision"],
     )
     if args.layers:
         result["generator_layers"] = generator_layer_profile(spec, device)

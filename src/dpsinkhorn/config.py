@@ -39,6 +39,14 @@ OVERRIDABLE = (
     "sweep_runs",
     "cuda_graphs",
     "compile_solver",
+    "precision",
+)
+
+#: Why a sweep (``sweep_runs`` > 1) cannot train in bf16.
+SWEEP_BF16_ERROR = (
+    "precision bf16 cannot train sweeps: torch.func.vmap, which runs a sweep's generators, "
+    "does not apply autocast on every device (pytorch/pytorch#105442); use sweep_runs: 1 "
+    "or precision fp32 / tf32"
 )
 
 #: Table 1 rows this project fills, in table order, and the method each one needs.
@@ -234,6 +242,8 @@ def _describe(error: jsonschema.ValidationError) -> tuple[list, str]:
 def _semantic_errors(config: dict) -> list[tuple[list, str]]:
     """Checks across keys that the schema cannot express."""
     errors: list[tuple[list, str]] = []
+    if config["precision"] == "bf16" and config["sweep_runs"] > 1:
+        errors.append((["precision"], SWEEP_BF16_ERROR))
     rows: dict[tuple[str, str], str] = {}
     table_rows: dict[tuple[str, str, str], str] = {}
     for name in experiment_names(config):

@@ -22,6 +22,8 @@ with ReLU between layers and tanh at the output, so images lie in [-1, 1].
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -206,3 +208,76 @@ def build_generator(config: GeneratorConfig) -> nn.Module:
         valid = ", ".join(f"{a} at {s}x{s}" for a, s in GENERATORS)
         raise ValueError(f"no {key[0]} generator for {key[1]}x{key[1]} images (have: {valid})")
     return GENERATORS[key](config)
+
+
+# ------------------------------------------------------------------ training precision
+
+#: How the generator computes while it trains (config key ``precision``).
+PRECISIONS = ("fp32", "tf32", "bf16")
+
+
+class GeneratorPrecision:
+    """Arithmetic of the generator's forward and backward passes during training.
+
+    * ``fp32``: IEEE float32 throughout. On CUDA this switches cuDNN's TF32 off, which
+      PyTorch otherwise allows for convolutions by default.
+    * ``tf32``: CUDA convolutions may use TF32 tensor cores (10-bit mantissa inputs,
+      float32 accumulation); on other devices the same as ``fp32``.
+    * ``bf16``: the forward pass runs under ``torch.autocast(bfloat16)`` (weights,
+      optimiser state and parameter gradients stay float32; autograd runs each backward
+      operation in its forward's dtype).
+
+    Only the generator is affected. The Sinkhorn solve, the clipping and the noise are
+    always float32: ``Trainer`` casts the images to float32 before the features and the
+    sanitised image gradient back to the images' dtype only afterwards. That cast is
+    post-processing of the mechanism's output, so the privacy guarantee is unchanged.
+    ``tests/test_precision.py`` (bf16, any device) and ``tests/test_cuda.py`` (tf32)
+    bound the effect on the loss and the gradients.
+    """
+
+    def __init__(self, precision: str, device: torch.device):
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+        self.precision, self.device = precision, device
+
+    @contextmanager
+    def step(self) -> Iterator[None]:
+        """Around the whole step (forward and backward): cuDNN's TF32 switch."""
+        if self.device.type != "cuda":
+            yield
+            return
+        with _cudnn_tf32(self.precision == "tf32"):
+            yield
+
+    def forward(self):
+        """Around the generator's forward pass: bfloat16 autocast for ``bf16``.
+
+        The cast-weight cache is off, as CUDA graph capture requires (each weight is
+        used once per forward pass, so the cache would save nothing).
+        """
+        if self.precision == "bf16":
+            return torch.autocast(self.device.type, dtype=torch.bfloat16, cache_enabled=False)
+        return nullcontext()
+
+
+@contextmanager
+def _cudnn_tf32(allowed: bool) -> Iterator[None]:
+    """cuDNN convolutions may use TF32 inside the block iff ``allowed``; restored after.
+
+    The switch is process-wide, so it also holds for autograd's backward threads.
+    """
+    conv = getattr(torch.backends.cudnn, "conv", None)
+    if conv is not None and hasattr(conv, "fp32_precision"):  # torch >= 2.9
+        saved = conv.fp32_precision
+        conv.fp32_precision = "tf32" if allowed else "ieee"
+        try:
+            yield
+        finally:
+            conv.fp32_precision = saved
+    else:
+        saved = torch.backends.cudnn.allow_tf32
+        torch.backends.cudnn.allow_tf32 = allowed
+        try:
+            yield
+        finally:
+            torch.backends.cudnn.allow_tf32 = saved

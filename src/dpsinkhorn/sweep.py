@@ -25,6 +25,7 @@ What is shared and what is not, per step:
 Runs may differ in anything that keeps step shapes compatible (seed, lr, optimizer,
 σ, Δ, p, m, steps, ε target, clipping, perturbation); ``sweep_key`` lists what must be
 equal (``plan.sweep_key``). A finished run leaves the batch; the others go on.
+``precision`` may be fp32 or tf32, not bf16: vmap does not apply autocast on every device.
 """
 
 from __future__ import annotations
@@ -71,9 +72,12 @@ class SweepTrainer:
         device: torch.device,
         compile_solver: bool = False,
         cuda_graphs: bool = False,
+        precision: str = "fp32",
     ):
         if not specs:
             raise ValueError("a sweep needs at least one experiment")
+        if precision == "bf16":
+            raise ValueError(config_lib.SWEEP_BF16_ERROR)
         keys = {sweep_key(spec) for spec in specs}
         if len(keys) > 1:
             differing = [
@@ -85,7 +89,9 @@ class SweepTrainer:
             )
         self.trainers: list[Trainer] = []
         for spec in specs:
-            trainer = Trainer(spec, train_images, train_labels, device, cuda_graphs, compile_solver)
+            trainer = Trainer(
+                spec, train_images, train_labels, device, cuda_graphs, compile_solver, precision
+            )
             if self.trainers:  # one copy of the real features on the device
                 trainer.real = self.trainers[0].real
             self.trainers.append(trainer)
@@ -129,6 +135,10 @@ class SweepTrainer:
 
     def device_step(self, runs: Sequence[Trainer]) -> list[torch.Tensor]:
         """The device work of one step of each run in ``runs`` (no host bookkeeping)."""
+        with runs[0].precision.step():
+            return self._device_step(runs)
+
+    def _device_step(self, runs: Sequence[Trainer]) -> list[torch.Tensor]:
         first = runs[0]
         n, rows = first.n, max(t.n + t.n_prime for t in runs)
         z, labels, indices, weights = [], [], [], []
@@ -144,11 +154,15 @@ class SweepTrainer:
 
         per_run = [dict(t.model.named_parameters()) for t in runs]
         params = {name: torch.stack([p[name] for p in per_run]) for name in self.param_names}
-        images = vmap(self._forward)(params, z, labels)  # [K, rows, C, H, W]
+        with first.precision.forward():
+            images = vmap(self._forward)(params, z, labels)  # [K, rows, C, H, W]
 
         spec = first.spec
         x = conditional_features(
-            images.detach().flatten(0, 1), labels.flatten(), first.num_classes, spec["alpha_c"]
+            images.detach().float().flatten(0, 1),
+            labels.flatten(),
+            first.num_classes,
+            spec["alpha_c"],
         ).unflatten(0, (len(runs), rows))
         x_self = torch.stack([x[k, t.n_prime : t.n_prime + n] for k, t in enumerate(runs)])
         losses, grad_cross, grad_self = semi_debiased_sinkhorn_with_grad_runs(
@@ -165,7 +179,7 @@ class SweepTrainer:
         )
         # Block k of ∇_X Σ_j S_j is ∇_{X_k} S_k: S_j does not depend on X_k for j ≠ k.
         numel = images[0, 0].numel()
-        sanitized = torch.zeros_like(images)
+        sanitized = torch.zeros(images.shape, device=self.device)
         for k, t in enumerate(runs):
             rows_k = t.n + t.n_prime
             g = debiased_gradient(grad_cross[k], grad_self[k], t.n_prime)
@@ -175,7 +189,7 @@ class SweepTrainer:
             sanitized[k, :rows_k] = g
         for t in runs:
             t.optimizer.zero_grad(set_to_none=True)
-        images.backward(sanitized)
+        images.backward(sanitized.to(images.dtype))  # float32 -> bf16: post-processing
         for t in runs:
             t.apply_update()
         return list(losses)
@@ -191,12 +205,13 @@ def train_sweep(
     train_data: tuple[np.ndarray, np.ndarray] | None = None,
     cuda_graphs: bool = False,
     compile_solver: bool = False,
+    precision: str = "fp32",
 ) -> list[dict]:
     """Train ``specs`` together, run k into ``out_dirs[k]``; returns their privacy records.
 
     Same files, resumption and ``stop_after`` / signal behaviour as ``train.train``;
-    each run's outputs are written as soon as that run finishes. ``cuda_graphs`` and
-    ``compile_solver`` as in ``train.train``.
+    each run's outputs are written as soon as that run finishes. ``cuda_graphs``,
+    ``compile_solver`` and ``precision`` as in ``train.train``.
     """
     if len(specs) != len(out_dirs):
         raise ValueError(f"{len(specs)} experiments but {len(out_dirs)} output folders")
@@ -204,7 +219,9 @@ def train_sweep(
     if len(datasets) > 1:
         raise ValueError(f"a sweep trains on one dataset, got {sorted(datasets)}")
     images, labels = load_train_data(specs[0], data_dir, train_data)
-    sweep = SweepTrainer(specs, images, labels, resolve_device(device), compile_solver, cuda_graphs)
+    sweep = SweepTrainer(
+        specs, images, labels, resolve_device(device), compile_solver, cuda_graphs, precision
+    )
     runs = [RunFiles(t, out) for t, out in zip(sweep.trainers, out_dirs, strict=True)]
     records: dict[int, dict] = {i: run.finish() for i, run in enumerate(runs) if run.done}
     bar = tqdm(

@@ -48,7 +48,12 @@ from dpsinkhorn.loss import (
     feature_diameter,
     semi_debiased_sinkhorn_with_grad,
 )
-from dpsinkhorn.models import GeneratorConfig, build_generator
+from dpsinkhorn.models import (
+    PRECISIONS,
+    GeneratorConfig,
+    GeneratorPrecision,
+    build_generator,
+)
 from dpsinkhorn.privacy import (
     ImageGradientSanitizer,
     ParameterGradientSanitizer,
@@ -162,11 +167,13 @@ class Trainer:
         device: torch.device,
         cuda_graphs: bool = False,
         compile_solver: bool = False,
+        precision: str = "fp32",
     ):
         self.spec, self.device = spec, device
         # Replay the step from a CUDA graph (GraphedStep); CUDA only, ignored elsewhere.
         self.cuda_graphs = cuda_graphs and device.type == "cuda"
         self.compile_solver = compile_solver  # torch.compile the Sinkhorn iterations
+        self.precision = GeneratorPrecision(precision, device)  # the generator's arithmetic
         self.n = int(spec["batch_size"])
         self.n_prime = debias_size(self.n, float(spec["p"]))
         num_records = len(train_labels)
@@ -194,17 +201,25 @@ class Trainer:
             image_size=self.image_shape[1],
         )
         self.model = build_generator(self.model_config).to(device)
+        # How the optimiser executes, not what it computes: one fused kernel for all
+        # parameters where PyTorch has one (instead of ~10 operations per parameter
+        # tensor), and the step count on the device when the step is a CUDA graph.
+        self.optimizer_flags = {"fused": device.type in ("cpu", "cuda") or None}
         if spec["optimizer"] == "adam":
+            self.optimizer_flags["capturable"] = self.cuda_graphs
             self.optimizer = torch.optim.Adam(
                 self.model.parameters(),
                 lr=spec["lr"],
                 betas=tuple(spec["betas"]),
                 weight_decay=spec["weight_decay"],
-                capturable=self.cuda_graphs,  # step count on the device, as graphs need
+                **self.optimizer_flags,
             )
         else:
             self.optimizer = torch.optim.SGD(
-                self.model.parameters(), lr=spec["lr"], weight_decay=spec["weight_decay"]
+                self.model.parameters(),
+                lr=spec["lr"],
+                weight_decay=spec["weight_decay"],
+                **self.optimizer_flags,
             )
         self.rng = torch.Generator(device=device).manual_seed(int(spec["seed"]) + 1)
         self.sampler = PoissonSampler(num_records, self.q, device)
@@ -262,10 +277,19 @@ class Trainer:
         Fixed shapes, no host synchronisation, every random draw from ``self.rng``:
         what :class:`GraphedStep` records. Returns the loss (device scalar).
         """
+        with self.precision.step():
+            loss = self.forward_backward()
+            self.apply_update()
+        return loss
+
+    def forward_backward(self) -> torch.Tensor:
+        """Draws, loss and the sanitised backward pass: leaves ∇_θ in the parameters'
+        ``.grad`` (not yet sanitised for ``perturbation: parameter``); returns the loss."""
         spec = self.spec
         z, labels = self.model.sample_inputs(self.n + self.n_prime, self.rng, self.device)
-        images = self.model(z, labels)
-        x = conditional_features(images.detach(), labels, self.num_classes, spec["alpha_c"])
+        with self.precision.forward():
+            images = self.model(z, labels)
+        x = conditional_features(images.detach().float(), labels, self.num_classes, spec["alpha_c"])
         indices, weights = self.sampler.sample(self.rng)
         loss, grad_x = semi_debiased_sinkhorn_with_grad(
             x,
@@ -284,8 +308,7 @@ class Trainer:
         if isinstance(self.sanitizer, ImageGradientSanitizer):
             grad_images = self.sanitizer(grad_images)  # clip + noise before backprop
         self.optimizer.zero_grad(set_to_none=True)
-        images.backward(grad_images)
-        self.apply_update()
+        images.backward(grad_images.to(images.dtype))  # float32 -> bf16: post-processing
         return loss
 
     def apply_update(self) -> None:
@@ -316,7 +339,13 @@ class Trainer:
     def load_state_dict(self, state: dict) -> None:
         self.step_count = int(state["step"])
         self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        # A saved optimiser brings its execution flags along; keep this process's
+        # (a run may resume with or without CUDA graphs, or from an older checkpoint).
+        optimizer = {**state["optimizer"]}
+        optimizer["param_groups"] = [
+            {**group, **self.optimizer_flags} for group in optimizer["param_groups"]
+        ]
+        self.optimizer.load_state_dict(optimizer)
         self.rng.set_state(state["rng"])
         if self.accountant is not None:
             self.accountant.load_state_dict(state["accountant"])
@@ -519,6 +548,7 @@ def train(
     train_data: tuple[np.ndarray, np.ndarray] | None = None,
     cuda_graphs: bool = False,
     compile_solver: bool = False,
+    precision: str = "fp32",
 ) -> dict:
     """Train one experiment into ``out_dir``; returns the privacy record.
 
@@ -529,11 +559,12 @@ def train(
     after that many new steps (with a checkpoint), as a preemption would; it raises
     ``Preempted``. ``cuda_graphs`` replays the step from a CUDA graph (CUDA devices only,
     see ``GraphedStep``); ``compile_solver`` runs the Sinkhorn iterations through
-    ``torch.compile`` (``ot._compiled_iterations``).
+    ``torch.compile`` (``ot._compiled_iterations``); ``precision`` is the generator's
+    arithmetic (``models.GeneratorPrecision``: fp32, tf32, bf16).
     """
     images, labels = load_train_data(spec, data_dir, train_data)
     device = resolve_device(device)
-    trainer = Trainer(spec, images, labels, device, cuda_graphs, compile_solver)
+    trainer = Trainer(spec, images, labels, device, cuda_graphs, compile_solver, precision)
     run = RunFiles(trainer, out_dir)
     bar = tqdm(
         total=trainer.total_steps,
@@ -596,6 +627,11 @@ def add_training_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="torch.compile the Sinkhorn iterations (config key compile_solver)",
     )
+    p.add_argument(
+        "--precision",
+        choices=PRECISIONS,
+        help="the generator's arithmetic while training (config key precision)",
+    )
     p.add_argument("--no-progress", action="store_true")
 
 
@@ -616,6 +652,7 @@ def run_training_cli(command: str, args: argparse.Namespace, train_fn, specs, ou
             progress=not args.no_progress,
             cuda_graphs=args.cuda_graphs or cfg["cuda_graphs"],
             compile_solver=args.compile_solver or cfg["compile_solver"],
+            precision=args.precision or cfg["precision"],
         )
     except Preempted as stop:
         print(f"dpsinkhorn {command}: {stop}")

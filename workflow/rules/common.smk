@@ -43,6 +43,7 @@ TRAIN_DEVICE = (
     DEVICE
     + (" --cuda-graphs" if config["cuda_graphs"] else "")
     + (" --compile-solver" if config["compile_solver"] else "")
+    + f" --precision {config['precision']}"
 )
 # Steps that run a network ask for one GPU (the `gpu` resource), unless device is cpu.
 # --executor slurm turns it into --gpus=1; on one machine, profiles/default caps the total
