@@ -17,6 +17,7 @@ from dpsinkhorn.privacy import (
     ImageGradientSanitizer,
     ParameterGradientSanitizer,
     PrivacyAccountant,
+    StackedImageGradientSanitizer,
     compute_epsilon,
     max_steps,
     noise_multiplier,
@@ -66,6 +67,54 @@ def test_noise_std_is_two_clip_sigma_and_only_on_private_rows(clipping):
     assert out[:400].std().item() == pytest.approx(2 * CLIP * SIGMA, rel=0.01)
     assert out[:400].mean().item() == pytest.approx(0.0, abs=0.01)
     assert torch.count_nonzero(out[400:]) == 0  # debiasing rows: no noise
+
+
+def test_stacked_sanitizer_is_each_run_own_mechanism():
+    """A sweep's batched sanitiser equals K separate ones: per-run clip, σ, clipping mode
+    and n', noise from each run's generator in the same shape and order, pass-through
+    for runs without one, zero padding untouched."""
+    specs = [  # (n', clip, sigma, clipping) or None
+        (20, 0.5, 1.5, "batch"),
+        (5, 0.2, 0.8, "per_sample"),
+        None,
+        (0, 1.0, 2.0, "batch"),
+        (30, 0.5, 1.0, "per_sample"),
+    ]
+    rows = N + 30
+    grads = torch.zeros(len(specs), rows, 1, 28, 28)
+
+    def sanitizer(k: int) -> ImageGradientSanitizer | None:
+        if specs[k] is None:
+            return None
+        n_prime, clip, sigma, clipping = specs[k]
+        generator = torch.Generator().manual_seed(k)
+        return ImageGradientSanitizer(N, n_prime, clip, sigma, clipping, generator)
+
+    singles = [sanitizer(k) for k in range(len(specs))]
+    stacked = [sanitizer(k) for k in range(len(specs))]
+    for k, spec in enumerate(specs):
+        used = N + (spec[0] if spec else 10)
+        grads[k, :used] = _grad(used, scale=10.0 ** (k - 2), seed=k)
+    out = StackedImageGradientSanitizer(stacked, N, rows, torch.device("cpu"))(grads)
+    for k, spec in enumerate(specs):
+        if spec is None:
+            assert torch.equal(out[k], grads[k])
+            continue
+        used = N + spec[0]
+        torch.testing.assert_close(out[k, :used], singles[k](grads[k, :used]), rtol=1e-5, atol=1e-6)
+        assert torch.count_nonzero(out[k, used:]) == 0
+        # Both drew the same noise: the generators advanced alike.
+        assert torch.equal(singles[k].generator.get_state(), stacked[k].generator.get_state())
+
+
+def test_stacked_sanitizer_rejects_a_run_that_does_not_fit():
+    s = ImageGradientSanitizer(N, N_PRIME, CLIP, SIGMA)
+    with pytest.raises(ValueError, match="run 0"):
+        StackedImageGradientSanitizer([s], N, N + N_PRIME - 1, torch.device("cpu"))
+    with pytest.raises(ValueError, match=r"expected \[1, 70, ...\]"):
+        StackedImageGradientSanitizer([s], N, N + N_PRIME, torch.device("cpu"))(
+            torch.zeros(2, 70, 1, 28, 28)
+        )
 
 
 def test_noise_multiplier_and_sensitivity():

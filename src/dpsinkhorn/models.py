@@ -78,13 +78,22 @@ class ConditionalDCGAN(nn.Module):
         return self.net(h[:, :, None, None])
 
     def sample_inputs(
-        self, num: int, generator: torch.Generator | None = None, device: torch.device | None = None
+        self,
+        num: int,
+        generator: torch.Generator | None = None,
+        device: torch.device | None = None,
+        out: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Draw z ~ Uniform(0,1)^latent_dim and labels uniform over classes (paper Algorithm 1)."""
+        """Draw z ~ Uniform(0,1)^latent_dim and labels uniform over classes (paper Algorithm 1).
+
+        ``out`` = (z [num, latent_dim], labels [num] int64) receives the same draws
+        (a sweep draws each run's inputs into its slice of one buffer).
+        """
         device = device or next(self.parameters()).device
-        z = torch.rand(num, self.config.latent_dim, generator=generator, device=device)
+        z_out, labels_out = out if out is not None else (None, None)
+        z = torch.rand(num, self.config.latent_dim, generator=generator, device=device, out=z_out)
         labels = torch.randint(
-            0, self.config.num_classes, (num,), generator=generator, device=device
+            0, self.config.num_classes, (num,), generator=generator, device=device, out=labels_out
         )
         return z, labels
 

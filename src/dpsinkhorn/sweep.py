@@ -16,11 +16,15 @@ What is shared and what is not, per step:
     * the Sinkhorn loss of all runs, both terms, is one batched solve of the
       fixed-schedule solver (``loss.semi_debiased_sinkhorn_with_grad_runs``), with
       each run's m; it returns ∇_{X_k} S_k for every run (runs share no term);
-    * privacy: run k's own ``ImageGradientSanitizer`` clips and noises ∇_{X_k} S_k
-      before it flows into run k's generator. ``perturbation: parameter`` runs are
-      sanitised on their own parameter gradient after the backward pass. The
-      mechanism, sensitivity and noise multiplier are those of the single run
-      (``privacy`` module).
+    * privacy: ∇_{X_k} S_k is clipped and noised with run k's own mechanism before it
+      flows into run k's generator, for all runs at once
+      (``privacy.StackedImageGradientSanitizer``: run k's Δ, σ, clipping mode and n',
+      noise from run k's generator). ``perturbation: parameter`` runs are sanitised on
+      their own parameter gradient after the backward pass. The mechanism,
+      sensitivity and noise multiplier are those of the single run (``privacy`` module).
+    * what remains per run is what must be: its draws (one operation each, into its
+      slice of a shared buffer) and its optimiser step (one fused kernel). The Poisson
+      selection, the gradient assembly and the clipping are batched over the runs.
 
 Runs may differ in anything that keeps step shapes compatible (seed, lr, optimizer,
 σ, Δ, p, m, steps, ε target, clipping, perturbation); ``sweep_key`` lists what must be
@@ -42,13 +46,9 @@ from tqdm import tqdm
 
 from dpsinkhorn import config as config_lib
 from dpsinkhorn.devices import resolve_device
-from dpsinkhorn.loss import (
-    conditional_features,
-    debiased_gradient,
-    semi_debiased_sinkhorn_with_grad_runs,
-)
+from dpsinkhorn.loss import conditional_features, semi_debiased_sinkhorn_with_grad_runs
 from dpsinkhorn.plan import SWEEP_SHARED_KEYS, sweep_key
-from dpsinkhorn.privacy import ImageGradientSanitizer
+from dpsinkhorn.privacy import ImageGradientSanitizer, StackedImageGradientSanitizer
 from dpsinkhorn.train import (
     GraphedStep,
     Preempted,
@@ -97,20 +97,15 @@ class SweepTrainer:
             self.trainers.append(trainer)
         self.device = device
         self.cuda_graphs = cuda_graphs and device.type == "cuda"
-        self._graphed_runs: tuple = ()
-        self._graphed: GraphedStep | None = None
         self.template = self.trainers[0].model  # the module whose code all runs share
         self.param_names = [name for name, _ in self.template.named_parameters()]
-        self._m_runs: tuple = ()
-        self._m = torch.empty(0, device=device)
+        self._run_set: _RunSet | None = None
 
-    def _l1_weights(self, runs: Sequence[Trainer]) -> torch.Tensor:
-        """Each run's m [K] on the device; rebuilt only when the set of runs changes."""
-        key = tuple(id(t) for t in runs)
-        if key != self._m_runs:
-            self._m_runs = key
-            self._m = torch.tensor([float(t.spec["m"]) for t in runs], device=self.device)
-        return self._m
+    def _runs(self, runs: Sequence[Trainer]) -> _RunSet:
+        """The constants of this set of runs; rebuilt only when the set changes."""
+        if self._run_set is None or self._run_set.key != tuple(id(t) for t in runs):
+            self._run_set = _RunSet(runs, self.device)
+        return self._run_set
 
     def _forward(self, params: dict, z: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         return functional_call(self.template, params, (z, labels))
@@ -124,11 +119,12 @@ class SweepTrainer:
         if not self.cuda_graphs:
             losses = self.device_step(runs)
         else:
-            key = tuple(id(t) for t in runs)
-            if key != self._graphed_runs:
-                self._graphed_runs = key
-                self._graphed = GraphedStep(lambda: self.device_step(runs), list(runs), self.device)
-            losses = self._graphed()
+            run_set = self._runs(runs)
+            if run_set.graphed is None:
+                run_set.graphed = GraphedStep(
+                    lambda: self.device_step(runs), list(runs), self.device
+                )
+            losses = run_set.graphed()
         for t in runs:
             t.count_step()
         return losses
@@ -139,18 +135,22 @@ class SweepTrainer:
             return self._device_step(runs)
 
     def _device_step(self, runs: Sequence[Trainer]) -> list[torch.Tensor]:
-        first = runs[0]
-        n, rows = first.n, max(t.n + t.n_prime for t in runs)
-        z, labels, indices, weights = [], [], [], []
-        for t in runs:  # per-run draws, in a single run's order: z, labels, Poisson
-            zk, lk = t.model.sample_inputs(t.n + t.n_prime, t.rng, self.device)
-            pad = rows - len(lk)
-            z.append(torch.nn.functional.pad(zk, (0, 0, 0, pad)))
-            labels.append(torch.nn.functional.pad(lk, (0, pad)))
-            ik, wk = t.sampler.sample(t.rng)
-            indices.append(ik)
-            weights.append(wk)
-        z, labels = torch.stack(z), torch.stack(labels)
+        first, run_set = runs[0], self._runs(runs)
+        n, rows, k = first.n, run_set.rows, len(runs)
+        # Per-run draws, in a single run's order (z, labels, Poisson uniforms; the noise
+        # comes later), each from the run's own generator into its slice of one buffer.
+        z = torch.zeros(k, rows, self.template.config.latent_dim, device=self.device)
+        labels = torch.zeros(k, rows, dtype=torch.long, device=self.device)
+        uniforms = torch.empty(k, first.sampler.num_records, device=self.device)
+        for run, t in enumerate(runs):
+            rows_k = t.n + t.n_prime
+            t.model.sample_inputs(
+                rows_k, t.rng, self.device, (z[run, :rows_k], labels[run, :rows_k])
+            )
+            torch.rand(first.sampler.num_records, generator=t.rng, out=uniforms[run])
+        indices, weights, overflow = first.sampler.select(uniforms)  # runs share N, q, capacity
+        for run, t in enumerate(runs):
+            t.sampler.overflows += overflow[run]
 
         per_run = [dict(t.model.named_parameters()) for t in runs]
         params = {name: torch.stack([p[name] for p in per_run]) for name in self.param_names}
@@ -163,36 +163,62 @@ class SweepTrainer:
             labels.flatten(),
             first.num_classes,
             spec["alpha_c"],
-        ).unflatten(0, (len(runs), rows))
-        x_self = torch.stack([x[k, t.n_prime : t.n_prime + n] for k, t in enumerate(runs)])
+        )  # [K * rows, D]
         losses, grad_cross, grad_self = semi_debiased_sinkhorn_with_grad_runs(
-            x[:, :n],
-            x_self,
-            first.real[torch.stack(indices)],
-            torch.stack(weights),
+            x.unflatten(0, (k, rows))[:, :n],
+            x.index_select(0, run_set.self_rows).unflatten(0, (k, n)),  # X_k[n'_k : n'_k + n]
+            first.real[indices],
+            weights,
             spec["entropy_reg"],
-            self._l1_weights(runs),
+            run_set.m,
             scaling=spec["sinkhorn_scaling"],
             diameter=first.diameter,
             cost=first.cost,
             compile=first.compile_solver,
         )
-        # Block k of ∇_X Σ_j S_j is ∇_{X_k} S_k: S_j does not depend on X_k for j ≠ k.
+        # ∇_{X_k} S_k for every run (block k of ∇_X Σ_j S_j: S_j does not depend on X_k
+        # for j ≠ k), as loss.debiased_gradient assembles it for one run.
         numel = images[0, 0].numel()
-        sanitized = torch.zeros(images.shape, device=self.device)
-        for k, t in enumerate(runs):
-            rows_k = t.n + t.n_prime
-            g = debiased_gradient(grad_cross[k], grad_self[k], t.n_prime)
-            g = g[:, :numel].reshape(images[k, :rows_k].shape)
-            if isinstance(t.sanitizer, ImageGradientSanitizer):
-                g = t.sanitizer(g)  # run k's mechanism, noise from run k's RNG
-            sanitized[k, :rows_k] = g
+        grad = torch.zeros(k * rows, numel, device=self.device)
+        grad.view(k, rows, numel)[:, :n] = grad_cross[..., :numel]
+        grad.index_add_(0, run_set.self_rows, grad_self[..., :numel].flatten(0, 1))
+        sanitized = run_set.sanitizer(grad.view(images.shape))  # each run's own mechanism
         for t in runs:
             t.optimizer.zero_grad(set_to_none=True)
         images.backward(sanitized.to(images.dtype))  # float32 -> bf16: post-processing
         for t in runs:
             t.apply_update()
         return list(losses)
+
+
+class _RunSet:
+    """What one set of runs stepped together needs on the device, built once per set.
+
+    ``rows``: the largest n + n'_k (shorter runs are zero-padded); ``self_rows``: the
+    rows X_k[n'_k : n'_k + n] of the self term in the runs' stacked [K * rows] batch;
+    ``m``: each run's L1 weight [K]; ``sanitizer``: the runs' image-gradient mechanisms
+    (``privacy.StackedImageGradientSanitizer``); ``graphed``: its CUDA graph, if any.
+    """
+
+    def __init__(self, runs: Sequence[Trainer], device: torch.device):
+        self.key = tuple(id(t) for t in runs)
+        n = runs[0].n
+        self.rows = max(t.n + t.n_prime for t in runs)
+        self.self_rows = torch.tensor(
+            [run * self.rows + t.n_prime + i for run, t in enumerate(runs) for i in range(n)],
+            device=device,
+        )
+        self.m = torch.tensor([float(t.spec["m"]) for t in runs], device=device)
+        self.sanitizer = StackedImageGradientSanitizer(
+            [
+                t.sanitizer if isinstance(t.sanitizer, ImageGradientSanitizer) else None
+                for t in runs
+            ],
+            n,
+            self.rows,
+            device,
+        )
+        self.graphed: GraphedStep | None = None
 
 
 def train_sweep(

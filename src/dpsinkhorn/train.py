@@ -87,9 +87,18 @@ class PoissonSampler:
     def sample(self, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         """Return (indices [capacity] int64, weights [capacity] float 0/1)."""
         u = torch.rand(self.num_records, generator=generator, device=self.device)
-        values, indices = torch.topk(u, self.capacity, largest=False, sorted=True)
-        self.overflows += ((u < self.rate).sum() > self.capacity).long()
-        return indices, (values < self.rate).float()
+        indices, weights, overflow = self.select(u)
+        self.overflows += overflow
+        return indices, weights
+
+    def select(self, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The sample that uniforms ``u`` [..., N] (one row per draw) make: indices
+        [..., capacity], weights [..., capacity] and overflow [...] (1 where more than
+        ``capacity`` records were sampled, else 0). Batched over the leading dimensions,
+        as a sweep draws for all its runs; ``sample`` is the single draw."""
+        values, indices = torch.topk(u, self.capacity, dim=-1, largest=False, sorted=True)
+        overflow = ((u < self.rate).sum(-1) > self.capacity).long()
+        return indices, (values < self.rate).float(), overflow
 
     def check(self) -> None:
         if int(self.overflows) > 0:
