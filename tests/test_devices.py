@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -30,13 +31,14 @@ def _release():
     devices.release_gpu()
 
 
-def holder(lock_dir: Path) -> subprocess.Popen:
+def holder(lock_dir: Path, jobs_per_gpu: int = 1) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-c", HOLDER, str(lock_dir)],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        env={**os.environ, devices.JOBS_PER_GPU_ENV: str(jobs_per_gpu)},
     )
 
 
@@ -59,6 +61,34 @@ def test_processes_get_different_gpus_and_wait_when_all_are_taken(tmp_path):
             if p.poll() is None:
                 p.stdin.close()
                 p.wait(timeout=30)
+
+
+def test_jobs_per_gpu_fills_every_gpu_once_before_any_twice(tmp_path):
+    holders = [holder(tmp_path, jobs_per_gpu=2) for _ in range(6)]
+    try:
+        taken = [int(p.stdout.readline()) for p in holders]
+        assert sorted(taken) == [0, 0, 1, 1, 2, 2]
+        seventh = holder(tmp_path, jobs_per_gpu=2)
+        time.sleep(1.0)
+        assert seventh.poll() is None  # both slots of all three GPUs are held
+        holders[0].stdin.close()
+        holders[0].wait(timeout=30)
+        assert int(seventh.stdout.readline()) == taken[0]  # the freed slot's GPU
+        seventh.stdin.close()
+        assert seventh.wait(timeout=30) == 0
+        assert "all 3 GPUs are in use (2 steps each)" in seventh.stderr.read()
+    finally:
+        for p in holders:
+            if p.poll() is None:
+                p.stdin.close()
+                p.wait(timeout=30)
+
+
+@pytest.mark.parametrize("bad", ["0", "-1", "two", "1.5"])
+def test_jobs_per_gpu_must_be_a_positive_integer(monkeypatch, bad):
+    monkeypatch.setenv(devices.JOBS_PER_GPU_ENV, bad)
+    with pytest.raises(ValueError, match=f"{devices.JOBS_PER_GPU_ENV} must be a positive"):
+        devices.jobs_per_gpu()
 
 
 def test_the_same_process_keeps_its_gpu(tmp_path):
@@ -121,11 +151,15 @@ def test_local_gpu_count_without_nvidia_smi(monkeypatch, tmp_path):
     assert devices.local_gpu_count() == 2
 
 
-@pytest.mark.parametrize("visible, resources", [("0,1,2", ["gpu=3"]), ("", None)])
-def test_default_profile_caps_gpu_steps_at_the_local_gpus(monkeypatch, visible, resources):
+@pytest.mark.parametrize(
+    "visible, per_gpu, resources",
+    [("0,1,2", "1", ["gpu=3"]), ("0,1,2", "2", ["gpu=6"]), ("0", "4", ["gpu=4"]), ("", "2", None)],
+)
+def test_default_profile_caps_gpu_steps_at_the_local_gpus(monkeypatch, visible, per_gpu, resources):
     from snakemake.profiles import ProfileConfigFileParser
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    monkeypatch.setenv(devices.JOBS_PER_GPU_ENV, per_gpu)
     with open(REPO / "profiles" / "default" / "config.v8+.yaml") as fh:
         parsed = ProfileConfigFileParser().parse(fh)
     assert parsed.get("resources") == resources

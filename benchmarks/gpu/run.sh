@@ -14,7 +14,9 @@
 #          PRECISION (default fp32; tf32 or bf16 where bench shows them within tolerance
 #          and faster); each job's
 #          time is in results/paper/benchmarks/*.tsv (row_benchmarks.txt), the whole in
-#          row_seconds.txt. Rerun the same command after an interruption: training resumes
+#          row_seconds.txt. With DPSINKHORN_JOBS_PER_GPU=J, J evaluation steps share the GPU
+#          (the row's wall time; leave it unset to time each step alone: the issue's
+#          "each under a minute"). Rerun the same command after an interruption: training resumes
 #          from its checkpoint.
 #
 # Dependencies: installed (make install), or, offline, wheels from

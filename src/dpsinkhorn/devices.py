@@ -5,7 +5,8 @@ So when more than one GPU is visible, ``auto`` claims the first GPU that no othe
 holds: an exclusive ``flock`` on ``<lock dir>/dpsinkhorn-gpu-<id>.lock``, held until the
 process exits (the kernel drops it then, also after a crash). With every GPU taken it
 waits for one. profiles/default caps the GPU steps running at once at the number of GPUs
-(``resources: gpu=N``), so in a workflow run it never has to wait.
+(``resources: gpu=N``), so in a workflow run it never has to wait. With
+``DPSINKHORN_JOBS_PER_GPU=J`` each GPU takes J steps (J locks per GPU; the cap is N x J).
 
 Under SLURM each job sees only the GPUs it was given (``CUDA_VISIBLE_DEVICES``), one for
 every step of this workflow, so nothing is claimed there.
@@ -24,6 +25,10 @@ from typing import IO
 
 #: Lock files go here (default: the system's temporary folder).
 LOCK_DIR_ENV = "DPSINKHORN_GPU_LOCK_DIR"
+#: Steps that may share one GPU (default 1). A small model leaves most of a large GPU
+#: idle; profiles/default then caps the GPU steps at GPUs x this, and ``auto`` hands
+#: out every GPU's first slot before any second one.
+JOBS_PER_GPU_ENV = "DPSINKHORN_JOBS_PER_GPU"
 
 _claimed: tuple[int, IO] | None = None  # (index, open lock file) of this process
 
@@ -42,6 +47,14 @@ def resolve_device(name: str = "auto"):
     return torch.device("cuda", claim_gpu(count))
 
 
+def jobs_per_gpu() -> int:
+    """``DPSINKHORN_JOBS_PER_GPU`` (a positive integer; 1 when unset or empty)."""
+    raw = os.environ.get(JOBS_PER_GPU_ENV) or "1"
+    if not raw.strip().isdigit() or int(raw) < 1:
+        raise ValueError(f"{JOBS_PER_GPU_ENV} must be a positive integer, got {raw!r}")
+    return int(raw)
+
+
 def lock_dir() -> Path:
     return Path(os.environ.get(LOCK_DIR_ENV) or tempfile.gettempdir())
 
@@ -56,27 +69,33 @@ def _gpu_ids(count: int) -> list[str]:
 def claim_gpu(count: int, directory: Path | None = None, poll_s: float = 2.0) -> int:
     """Index of a GPU (of ``count``) that this process now holds; waits if all are taken.
 
-    The same process gets the same GPU on every call.
+    Each GPU has ``jobs_per_gpu()`` slots (lock files ``dpsinkhorn-gpu-<id>.lock``, then
+    ``dpsinkhorn-gpu-<id>.<slot>.lock``). The same process gets the same GPU on every call.
     """
     global _claimed
     if _claimed is not None:
         return _claimed[0]
     directory = Path(directory or lock_dir())
     directory.mkdir(parents=True, exist_ok=True)
-    ids, waiting_since = _gpu_ids(count), None
+    ids, slots, waiting_since = _gpu_ids(count), jobs_per_gpu(), None
     while True:
-        for index, gpu in enumerate(ids):
-            handle = open(directory / f"dpsinkhorn-gpu-{gpu}.lock", "a")
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                handle.close()
-                continue
-            _claimed = (index, handle)
-            return index
+        for slot in range(slots):
+            for index, gpu in enumerate(ids):
+                name = f"dpsinkhorn-gpu-{gpu}" + (f".{slot}" if slot else "") + ".lock"
+                handle = open(directory / name, "a")
+                try:
+                    fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    handle.close()
+                    continue
+                _claimed = (index, handle)
+                return index
         if waiting_since is None:
             waiting_since = time.monotonic()
-            print(f"dpsinkhorn: all {count} GPUs are in use; waiting for one", file=sys.stderr)
+            each = f" ({slots} steps each)" if slots > 1 else ""
+            print(
+                f"dpsinkhorn: all {count} GPUs are in use{each}; waiting for one", file=sys.stderr
+            )
         time.sleep(poll_s)
 
 

@@ -49,6 +49,12 @@ TRAIN_DEVICE = (
 # --executor slurm turns it into --gpus=1; on one machine, profiles/default caps the total
 # at the number of local GPUs and dpsinkhorn.devices gives each step a GPU of its own.
 GPUS = 0 if config["device"] == "cpu" else 1
+
+
+def classifier_gpus(model):
+    """Log-Reg is scikit-learn on the CPU: it never holds a GPU (or a GPU slot)."""
+    return 0 if model == "logreg" else GPUS
+
 # FID reference statistics: the whole real test set, or a seeded random subset of it.
 FID_SIZE = EVAL["fid_reference_size"]
 FID_SUBSET = "" if FID_SIZE is None else f"--num {FID_SIZE} --seed 0"

@@ -118,7 +118,7 @@ rule classify:
         f"{BENCH}/classify_{{exp}}_{{model}}_seed{{seed}}.tsv"
     threads: 2
     resources:
-        gpu=GPUS,
+        gpu=lambda wildcards: classifier_gpus(wildcards.model),
         mem_mb=8000,
         runtime=240,
     conda:
