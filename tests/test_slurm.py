@@ -160,8 +160,8 @@ def test_network_steps_ran_as_slurm_jobs_with_one_gpu_each(run):
     assert not rules & LOCAL_RULES
     for job in run.jobs:
         if job["Rule"] == "classify" and "logreg" in job["Comment"]:
-            # scikit-learn on the CPU: a SLURM job that asks for no GPU
-            assert "gpu" not in job["TresPerJob"] + job.get("JOB_GRES", ""), job
+            # scikit-learn on the CPU: a SLURM job that asks for no GPU (no TRES entry)
+            assert "gpu" not in job.get("TresPerJob", "") + job.get("JOB_GRES", ""), job
             continue
         assert job["TresPerJob"] == "gres:gpu:1", job
         assert job["JOB_GRES"] == "gpu:1", job  # allocated, not only asked for
