@@ -249,14 +249,11 @@ class GeneratorPrecision:
             raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
         self.precision, self.device = precision, device
 
-    @contextmanager
-    def step(self) -> Iterator[None]:
-        """Around the whole step (forward and backward): cuDNN's TF32 switch."""
-        if self.device.type != "cuda":
-            yield
-            return
-        with _cudnn_tf32(self.precision == "tf32"):
-            yield
+    def step(self):
+        """Around the whole step (forward and backward): cuDNN's TF32 switch (CUDA)."""
+        if self.device.type == "cuda":
+            return _cudnn_tf32(self.precision == "tf32")
+        return nullcontext()
 
     def forward(self):
         """Around the generator's forward pass: bfloat16 autocast for ``bf16``.
@@ -277,16 +274,12 @@ def _cudnn_tf32(allowed: bool) -> Iterator[None]:
     """
     conv = getattr(torch.backends.cudnn, "conv", None)
     if conv is not None and hasattr(conv, "fp32_precision"):  # torch >= 2.9
-        saved = conv.fp32_precision
-        conv.fp32_precision = "tf32" if allowed else "ieee"
-        try:
-            yield
-        finally:
-            conv.fp32_precision = saved
+        flags, name, value = conv, "fp32_precision", "tf32" if allowed else "ieee"
     else:
-        saved = torch.backends.cudnn.allow_tf32
-        torch.backends.cudnn.allow_tf32 = allowed
-        try:
-            yield
-        finally:
-            torch.backends.cudnn.allow_tf32 = saved
+        flags, name, value = torch.backends.cudnn, "allow_tf32", allowed
+    saved = getattr(flags, name)
+    setattr(flags, name, value)
+    try:
+        yield
+    finally:
+        setattr(flags, name, saved)

@@ -173,7 +173,8 @@ class StackedImageGradientSanitizer:
         self.sanitizers, self.n = list(sanitizers), n
         row = torch.arange(rows, device=device)
         n_prime = torch.tensor([s.n_prime if s else 0 for s in sanitizers], device=device)
-        self.private_rows = (row < n).float()  # [rows]
+        self.is_private = row < n  # [rows]
+        self.private_rows = self.is_private.float()
         self.debias_rows = ((row >= n) & (row[None] < n + n_prime[:, None])).float()  # [K, rows]
         # A run without a sanitiser: clip ∞ (scale 1), noise std 0.
         self.clip = torch.tensor([s.clip if s else math.inf for s in sanitizers], device=device)[
@@ -198,7 +199,7 @@ class StackedImageGradientSanitizer:
         squares = row_norms.square()
         private_norm = (squares * self.private_rows).sum(1, keepdim=True).sqrt()  # [K, 1]
         debias_norm = (squares * self.debias_rows).sum(1, keepdim=True).sqrt()
-        block_norm = torch.where(self.private_rows.bool(), private_norm, debias_norm)
+        block_norm = torch.where(self.is_private, private_norm, debias_norm)
         norms = torch.where(self.per_row, row_norms, block_norm)
         scale = (self.clip / (norms + 1e-12)).clamp(max=1.0)  # as _clip_block, per run
         clipped = grads * scale.view(*scale.shape, *([1] * (grads.ndim - 2)))
