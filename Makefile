@@ -1,5 +1,7 @@
-# make install | run | test | test-fast | test-slurm | lint  (optional: DATA=dir FID_WEIGHTS=file)
+# make install | run | test | test-fast | test-slurm | lint | lock  (optional: DATA=dir FID_WEIGHTS=file)
 #
+# LOCK        pip constraints with the exact versions CI checked (default envs/requirements.lock);
+#             LOCK= installs pyproject.toml's open ranges instead. `make lock` refreshes the file.
 # DATA        folder with MNIST/raw/*.gz and FashionMNIST/raw/*.gz (copied, never downloaded)
 # FID_WEIGHTS pt_inception-2015-12-05-6726825d.pth for pytorch-fid
 # Unset, the data and the FID weights are downloaded (needs internet).
@@ -9,6 +11,7 @@ SHELL := /bin/bash
 VENV := .venv
 PYTHON ?= python3
 DATA ?=
+LOCK ?= envs/requirements.lock
 FID_WEIGHTS ?=
 
 # Everything runs inside the project's venv.
@@ -20,15 +23,19 @@ SNAKEMAKE_CONFIG := $(if $(strip $(OVERRIDES)),--config $(strip $(OVERRIDES)))
 TEST_ENV := $(if $(DATA),DPSINKHORN_DATA_MIRROR=$(abspath $(DATA))) \
 	$(if $(FID_WEIGHTS),DPSINKHORN_FID_WEIGHTS=$(abspath $(FID_WEIGHTS)))
 
-.PHONY: install run test test-fast test-slurm lint
+.PHONY: install run test test-fast test-slurm lint lock
 
 install: $(VENV)/.installed
 
-# Reinstall only when pyproject.toml is newer than the last install.
-$(VENV)/.installed: pyproject.toml
+# Reinstall only when pyproject.toml or the lock is newer than the last install.
+$(VENV)/.installed: pyproject.toml $(LOCK)
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/python -m pip install -e '.[dev]'
+	$(VENV)/bin/python -m pip install $(if $(LOCK),-c $(LOCK)) -e '.[dev]'
 	touch $@
+
+# Rewrite envs/requirements.lock from pyproject.toml's ranges (a throwaway venv; needs PyPI).
+lock:
+	PYTHON=$(PYTHON) envs/lock.sh
 
 # The quick configuration (MNIST, 2-core CPU, < 30 min): results/quick/tables/table1.md
 run: install

@@ -434,10 +434,14 @@ def register_cli(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--device", help="override the config's device")
     p.add_argument(
-        "--cuda-graphs", action="store_true", help="replay ours from a CUDA graph (CUDA only)"
+        "--cuda-graphs",
+        action=argparse.BooleanOptionalAction,
+        help="replay ours from a CUDA graph (CUDA only; default: config key cuda_graphs)",
     )
     p.add_argument(
-        "--compile-solver", action="store_true", help="torch.compile ours' Sinkhorn iterations"
+        "--compile-solver",
+        action=argparse.BooleanOptionalAction,
+        help="torch.compile ours' Sinkhorn iterations (default: config key compile_solver)",
     )
     p.add_argument(
         "--precision",
@@ -469,10 +473,10 @@ def _cli(args: argparse.Namespace) -> int:
         args.warmup,
         args.impl,
         args.sweep,
-        args.cuda_graphs or cfg["cuda_graphs"],
-        args.compile_solver or cfg["compile_solver"],
+        config_lib.cli_or_config(args.cuda_graphs, cfg, "cuda_graphs"),
+        config_lib.cli_or_config(args.compile_solver, cfg, "compile_solver"),
         args.solver,
-        args.precision or cfg["precision"],
+        config_lib.cli_or_config(args.precision, cfg, "precision"),
     )
     if args.layers:
         result["generator_layers"] = generator_layer_profile(spec, device)

@@ -73,6 +73,13 @@ FIXTURE_SOURCE = "celeba_source"
 PathLike = str | os.PathLike
 
 
+def cli_or_config(cli_value: Any, cfg: Mapping[str, Any], key: str) -> Any:
+    """The command line's value of setting ``key`` when one was given (not ``None``),
+    else the config's. Flags are ``--x`` / ``--no-x`` with default ``None``, so the
+    workflow's ``--config x=False`` can switch off a file's ``x: true``."""
+    return cfg[key] if cli_value is None else cli_value
+
+
 # --------------------------------------------------------------------------- loading
 
 

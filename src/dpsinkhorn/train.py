@@ -628,13 +628,14 @@ def add_training_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stop-after", type=int, help="checkpoint and exit after this many steps")
     p.add_argument(
         "--cuda-graphs",
-        action="store_true",
-        help="replay the training step from a CUDA graph (CUDA only; config key cuda_graphs)",
+        action=argparse.BooleanOptionalAction,
+        help="replay the training step from a CUDA graph (CUDA only; default: config key "
+        "cuda_graphs)",
     )
     p.add_argument(
         "--compile-solver",
-        action="store_true",
-        help="torch.compile the Sinkhorn iterations (config key compile_solver)",
+        action=argparse.BooleanOptionalAction,
+        help="torch.compile the Sinkhorn iterations (default: config key compile_solver)",
     )
     p.add_argument(
         "--precision",
@@ -659,9 +660,9 @@ def run_training_cli(command: str, args: argparse.Namespace, train_fn, specs, ou
             device=args.device or cfg["device"],
             stop_after=args.stop_after,
             progress=not args.no_progress,
-            cuda_graphs=args.cuda_graphs or cfg["cuda_graphs"],
-            compile_solver=args.compile_solver or cfg["compile_solver"],
-            precision=args.precision or cfg["precision"],
+            cuda_graphs=config_lib.cli_or_config(args.cuda_graphs, cfg, "cuda_graphs"),
+            compile_solver=config_lib.cli_or_config(args.compile_solver, cfg, "compile_solver"),
+            precision=config_lib.cli_or_config(args.precision, cfg, "precision"),
         )
     except Preempted as stop:
         print(f"dpsinkhorn {command}: {stop}")

@@ -39,10 +39,12 @@ SEEDS = config["seeds"]
 # The steps read their settings from these files (relative to the working directory).
 CONFIG_FILES = config_file_args(workflow.configfiles)
 DEVICE = f"--device {config['device']}"
+# Always explicit (--x or --no-x): the training CLI reads the config files again, and an
+# override such as --config cuda_graphs=False must win over the file's value.
 TRAIN_DEVICE = (
     DEVICE
-    + (" --cuda-graphs" if config["cuda_graphs"] else "")
-    + (" --compile-solver" if config["compile_solver"] else "")
+    + (" --cuda-graphs" if config["cuda_graphs"] else " --no-cuda-graphs")
+    + (" --compile-solver" if config["compile_solver"] else " --no-compile-solver")
     + f" --precision {config['precision']}"
 )
 # Steps that run a network ask for one GPU (the `gpu` resource), unless device is cpu.
@@ -59,7 +61,7 @@ def classifier_gpus(model):
 FID_SIZE = EVAL["fid_reference_size"]
 FID_SUBSET = "" if FID_SIZE is None else f"--num {FID_SIZE} --seed 0"
 # Only used with --software-deployment-method conda (path relative to the rule files).
-CONDA_ENV = "../envs/dpsinkhorn.yaml"
+CONDA_ENV = "../../envs/dpsinkhorn.yaml"
 # snakemake --report: each table/figure's caption is its rule's `caption` param, written
 # by dpsinkhorn.ablations.caption (what was run: config, steps, sigma, epsilon, seeds).
 CAPTION = "../report/output.rst"

@@ -1,0 +1,151 @@
+"""Rules about the package's shape that no single module can check: what Snakemake may
+import while it parses the workflow, the pinned environment, and CLI flags that must be
+able to override a config file in both directions."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+import tomllib
+import yaml
+from packaging.requirements import Requirement
+
+from dpsinkhorn import bench, train
+from dpsinkhorn import config as config_lib
+
+REPO = Path(__file__).resolve().parents[1]
+SNAKEMAKE = Path(sys.executable).with_name("snakemake")
+LOCK = REPO / "envs" / "requirements.lock"
+
+# Put on PYTHONPATH as sitecustomize: any import of a heavy library fails loudly.
+_BLOCKER = """
+import importlib.abc, sys
+class _Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {"torch", "torchvision", "matplotlib"}:
+            raise ImportError(f"{name} imported while Snakemake parses the workflow")
+        return None
+sys.meta_path.insert(0, _Block())
+"""
+
+
+def test_snakemake_parses_the_workflow_without_torch_or_matplotlib(tmp_path):
+    """Parsing the workflow and building its DAG (a dry run of the smoke config, which has
+    every rule) imports only torch-free modules: a login node answers ``snakemake -n`` in
+    seconds, and a broken GPU stack cannot stop a dry run."""
+    blocker = tmp_path / "blocker"
+    blocker.mkdir()
+    (blocker / "sitecustomize.py").write_text(_BLOCKER)
+    env = {**os.environ, "PYTHONPATH": str(blocker)}
+    cmd = [str(SNAKEMAKE), "-s", str(REPO / "Snakefile"), "-d", str(tmp_path / "w"), "-n"]
+    cmd += ["--configfile", str(REPO / "config" / "smoke.yaml")]
+    result = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    # The blocker was active: importing torch under it fails.
+    probe = subprocess.run(
+        [sys.executable, "-c", "import torch"], capture_output=True, text=True, env=env
+    )
+    assert "imported while Snakemake parses" in probe.stderr
+
+
+# ----------------------------------------------------------------------- environment
+
+
+def _locked() -> dict[str, str]:
+    """envs/requirements.lock as {normalised name: version}."""
+    pins = {}
+    for line in LOCK.read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            name, version = line.split("==")
+            pins[_norm(name)] = version.strip()
+    return pins
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _direct_requirements() -> list[Requirement]:
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    extras = [r for group in project["optional-dependencies"].values() for r in group]
+    return [Requirement(r) for r in project["dependencies"] + extras]
+
+
+def test_lock_pins_every_dependency_within_its_range():
+    pins = _locked()
+    for req in _direct_requirements():
+        name = _norm(req.name)
+        assert name in pins, f"{req.name} is in pyproject.toml but not in {LOCK.name}: make lock"
+        assert req.specifier.contains(pins[name], prereleases=True), (
+            f"{LOCK.name} pins {req.name}=={pins[name]}, outside pyproject.toml's {req}: make lock"
+        )
+
+
+def test_installed_versions_are_the_locked_ones():
+    """``make install`` installs with the lock as constraints: the suite runs on exactly
+    the versions the lock names (refresh both with ``make lock`` then ``make install``)."""
+    pins = _locked()
+    for req in _direct_requirements():
+        installed = metadata.version(req.name)
+        assert installed == pins[_norm(req.name)], (
+            f"{req.name} {installed} is installed, {LOCK.name} pins {pins[_norm(req.name)]}"
+        )
+
+
+def test_conda_environment_installs_with_the_lock():
+    env = yaml.safe_load((REPO / "envs" / "dpsinkhorn.yaml").read_text())
+    assert "pip" in env["dependencies"]
+    post_deploy = (REPO / "envs" / "dpsinkhorn.post-deploy.sh").read_text()
+    assert "-c envs/requirements.lock" in post_deploy
+    common = (REPO / "workflow" / "rules" / "common.smk").read_text()
+    relative = re.search(r'CONDA_ENV = "(.+)"', common)[1]
+    assert (REPO / "workflow" / "rules" / relative).resolve() == REPO / "envs" / "dpsinkhorn.yaml"
+
+
+# ------------------------------------------------------ CLI flags against config files
+
+
+def _config_with(tmp_path: Path, **settings) -> Path:
+    path = tmp_path / "c.yaml"
+    experiments = {"mnist_dpsinkhorn": {"dataset": "mnist", "steps": 2}}
+    path.write_text(yaml.safe_dump({"run_name": "t", "experiments": experiments, **settings}))
+    return path
+
+
+@pytest.mark.parametrize("register", [train.register_cli, bench.register_cli])
+def test_no_flag_switches_off_a_config_files_true(tmp_path, register):
+    """``--no-cuda-graphs`` / ``--no-compile-solver`` win over ``true`` in the file; no flag
+    keeps the file's value (before the fix, ``flag or file`` could not say False)."""
+    path = _config_with(tmp_path, cuda_graphs=True, compile_solver=True)
+    cfg = config_lib.load_config(path)
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers(dest="command"))
+    command = "train" if register is train.register_cli else "bench"
+    base = [command, "--config", str(path), "--experiment", "mnist_dpsinkhorn"]
+    if command == "train":
+        base += ["--out", str(tmp_path / "o")]
+    off = parser.parse_args([*base, "--no-cuda-graphs", "--no-compile-solver"])
+    same = parser.parse_args(base)
+    for key, flag in [("cuda_graphs", "cuda_graphs"), ("compile_solver", "compile_solver")]:
+        assert config_lib.cli_or_config(getattr(off, flag), cfg, key) is False
+        assert config_lib.cli_or_config(getattr(same, flag), cfg, key) is True
+
+
+def test_workflow_passes_an_override_of_false_to_training(tmp_path):
+    """``--config cuda_graphs=False compile_solver=False`` over a file saying true reaches
+    the training command as explicit ``--no-...`` flags."""
+    path = _config_with(tmp_path, cuda_graphs=True, compile_solver=True)
+    cmd = [str(SNAKEMAKE), "-s", str(REPO / "Snakefile"), "-d", str(tmp_path / "w")]
+    cmd += ["-n", "-p", "--configfile", str(path), "--config", "cuda_graphs=False"]
+    cmd += ["compile_solver=False", "--", "results/t/mnist_dpsinkhorn/generator.pt"]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    train_line = next(line for line in result.stdout.splitlines() if "dpsinkhorn train " in line)
+    assert "--no-cuda-graphs" in train_line and "--no-compile-solver" in train_line
