@@ -95,9 +95,10 @@ def keyed_generator(key: bytes, device: torch.device | str = "cpu") -> torch.Gen
     ``manual_seed`` takes only 64 bits, so the state is written directly. CPU
     (MT19937): all 624 32-bit state words come from SHAKE-256(key), i.e. the key's
     full entropy (256 bits for :func:`secret_noise_key`). CUDA (Philox4x32): torch's
-    state is a 64-bit key and a 64-bit counter offset that must be a multiple of 4, so
-    at most 64 + 62 = 126 bits of the key reach it. The same key always gives the same
-    stream (reproducible mode); distinct keys give independent-looking streams.
+    state is a 64-bit key and a counter offset (a non-negative int64, multiple of 4),
+    so 64 + 61 = 125 bits of the key reach it; other devices: the 64-bit seed only.
+    The same key always gives the same stream (reproducible mode); distinct keys give
+    independent-looking streams.
     """
     if len(key) < 16:
         raise ValueError(f"noise key must have at least 128 bits, got {8 * len(key)}")
@@ -116,8 +117,10 @@ def keyed_generator(key: bytes, device: torch.device | str = "cpu") -> torch.Gen
         generator.set_state(state)
         return generator
     seed, offset = struct.unpack("<QQ", stream.digest(16))
-    state = bytearray(struct.pack("<QQ", seed, offset & ~3))  # Philox: offset % 4 == 0
-    generator.set_state(torch.frombuffer(state, dtype=torch.uint8))
+    generator.manual_seed(seed)  # Philox key: 64 bits
+    if device.type == "cuda":
+        # Philox counter offset: int64, a multiple of 4 (62 more bits)
+        generator.set_offset(((offset >> 2) & (2**61 - 1)) * 4)
     return generator
 
 

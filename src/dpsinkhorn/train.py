@@ -588,6 +588,10 @@ class RunFiles:
         readme = self.workspace / "README.txt"
         if not readme.exists():
             write_text(readme, WORKSPACE_README)
+        legacy = self.out_dir / "checkpoint.pt"  # where versions before the workspace kept it
+        if legacy.exists():  # holds the RNG state: out of the release folder, deleted at the end
+            legacy.replace(self.workspace / "legacy_checkpoint.pt")
+            print(f"moved {legacy} (not resumable: older format) into {self.workspace}")
         self.ckpt_path = self.workspace / "checkpoint.pt"
         self.digest = spec_hash(self.spec, trainer.fingerprint)
         self.log_private_loss = bool(self.spec.get("log_private_loss", False))
