@@ -111,6 +111,12 @@ def test_train_sweep_writes_single_run_files_and_resumes(tmp_path, prepared_data
         assert (a_dir / "train_log.csv").read_text().count("\n") == (
             b_dir / "train_log.csv"
         ).read_text().count("\n")
+        # the sweep is done: no private workspace is left beside the release
+        assert sorted(p.name for p in b_dir.iterdir()) == [
+            "generator.pt",
+            "privacy.json",
+            "train_log.csv",
+        ]
 
     # A sweep member's checkpoint is a single run's checkpoint: `train` continues it.
     with pytest.raises(Preempted):
