@@ -177,12 +177,15 @@ def test_resume_on_other_data_is_refused(tmp_path, mnist, capsys):
     images, labels = mnist
     neighbour = (images.copy(), labels)
     neighbour[0][0] = 255 - neighbour[0][0]  # one record replaced
-    s = spec(reproducible=True)
+    s = spec(reproducible=True, keep_private_workspace=True)
     with pytest.raises(Preempted):
         train(s, tmp_path / "run", train_data=mnist, stop_after=4, progress=False)
     capsys.readouterr()
     record = train(s, tmp_path / "run", train_data=neighbour, progress=False)
-    assert "other training data" in capsys.readouterr().out
+    # said in the workspace only: job logs are released
+    assert "other training data" not in capsys.readouterr().out
+    note = tmp_path / "run" / WORKSPACE / "ignored_checkpoint.txt"
+    assert "other training data" in note.read_text()
     fresh = train(s, tmp_path / "fresh", train_data=neighbour, progress=False)
     assert record == fresh and record["steps"] == 6  # the ledger restarted, not extended
     assert _same(_generator(tmp_path / "run"), _generator(tmp_path / "fresh"))

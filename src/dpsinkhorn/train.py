@@ -610,9 +610,13 @@ class RunFiles:
                 self.log_rows = state["log"]
                 self.private_rows = state.get("private_log", [])
             else:
-                print(
-                    f"ignoring {self.ckpt_path}: it belongs to other settings or other "
-                    "training data; starting afresh"
+                # Not printed: job logs are released, and whether the data changed since the
+                # checkpoint is a fact about the private data. Noted in the workspace only.
+                write_text(
+                    self.workspace / "ignored_checkpoint.txt",
+                    f"{time.strftime('%Y-%m-%d %H:%M:%S')}: ignored the checkpoint at step "
+                    f"{state.get('step')}: it belongs to other settings or other training "
+                    "data; started afresh\n",
                 )
         self.start_step, self.t0 = trainer.step_count, time.perf_counter()
 
