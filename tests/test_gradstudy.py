@@ -86,7 +86,10 @@ def test_draw_matches_a_training_step_without_noise(records, cost):
         lr=1.0,
         weight_decay=0.0,
         cost=cost,
+        reproducible=True,  # one fixed draw (a public noise key), as the tolerance was set for
     )
+    # The trainer's class count is MNIST's (10), never the labels': give every class records.
+    records = (records[0], (np.arange(len(records[1])) % 10).astype(np.int64))
     trainer = Trainer(spec, *records, CPU)
     model = build_generator(trainer.model_config)
     model.load_state_dict(trainer.model.state_dict())
@@ -99,8 +102,12 @@ def test_draw_matches_a_training_step_without_noise(records, cost):
     grad = GradientEstimator(model.eval(), spec, *records, CPU).gradient(0.5, generator)
     # SGD, lr 1: θ' = θ − G. The step uses the fixed solver (ot), the study geomloss:
     # equal up to float32 rounding, which the last bias (a sum of every pixel's
-    # gradient) magnifies to ~1e-4 relative.
-    torch.testing.assert_close(before - after, grad, rtol=1e-4, atol=1e-5)
+    # gradient) magnifies to ~1e-4 relative. With MNIST's 10 classes (the class count is
+    # the dataset's, issue 14) the transport is worse conditioned: measured 2.2e-5 (mixed)
+    # and 6.1e-5 (l1) relative in norm, at most 0.02 on single entries (the bias, ~800).
+    error = float((before - after - grad).norm() / grad.norm())
+    assert error < 1e-3, error
+    torch.testing.assert_close(before - after, grad, rtol=1e-3, atol=0.2)
 
 
 def test_spectral_norm_state_is_the_same_for_every_draw():

@@ -12,12 +12,15 @@ from scipy import integrate
 from scipy.stats import norm
 
 from dpsinkhorn.cli import main
+from dpsinkhorn.config import load_config
 from dpsinkhorn.loss import semi_debiased_sinkhorn
 from dpsinkhorn.privacy import (
+    PLD_MIN_NOISE_MULTIPLIER,
     ImageGradientSanitizer,
     ParameterGradientSanitizer,
     PrivacyAccountant,
     StackedImageGradientSanitizer,
+    _bisect_noise,
     compute_epsilon,
     max_steps,
     noise_multiplier,
@@ -417,3 +420,57 @@ def test_cli_bad_input(capsys, args, message):
 def test_privacy_report_keys():
     r = privacy_report(q=0.01, delta=1e-5, batch_size=10, sigma=1.0, steps=10)
     assert r["noise_multiplier"] == 1.0 and r["steps"] == 10
+
+
+# --- Issue 14: accountant and CLI input ---------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        # was ZeroDivisionError
+        (["--q", "0.01", "--sigma", "1", "--steps", "10", "--batch-size", "0",
+          "--clipping", "per_sample"], "batch size must be an integer >= 1, got 0"),
+        # was ε = -1698.7 with exit 0
+        (["--q", "0.01", "--sigma", "1", "--steps", "-5", "--batch-size", "50",
+          "--convention", "paper"], "steps must be an integer >= 1, got -5"),
+        (["--q", "0.01", "--sigma", "1", "--steps", "-5", "--batch-size", "50"],
+         "steps must be an integer >= 1, got -5"),
+        (["--q", "nan", "--sigma", "1", "--steps", "5", "--batch-size", "50"], "q must be in"),
+        (["--q", "0.01", "--sigma", "1", "--epsilon", "nan", "--batch-size", "50"],
+         "target epsilon must be a positive number, got nan"),
+        (["--q", "0.01", "--sigma", "0.01", "--steps", "5", "--batch-size", "50",
+          "--accountant", "pld"], "use accountant rdp"),
+    ],
+)  # fmt: skip
+def test_cli_refuses_bad_numbers_in_one_line(capsys, args, message):
+    code, err = _run(capsys, *args, "--delta", "1e-5")
+    assert code == 2 and message in err and err.count("\n") == 1
+
+
+def test_noise_search_never_asks_below_its_floor():
+    """`--epsilon 10 --accountant pld` started its σ search at 1e-3, where the PLD
+    accountant allocates tens of GiB; the search now brackets from 1 and stops at the floor."""
+    asked = []
+
+    def eps_of(z: float) -> float:  # ε falls as the noise grows, like any accountant's
+        asked.append(z)
+        return 2.0 / z
+
+    z = _bisect_noise(eps_of, 10.0, floor=PLD_MIN_NOISE_MULTIPLIER)
+    assert z == pytest.approx(0.2, rel=1e-4) and min(asked) >= PLD_MIN_NOISE_MULTIPLIER
+    asked.clear()
+    assert _bisect_noise(eps_of, 100.0, floor=PLD_MIN_NOISE_MULTIPLIER) == 0.2  # at the floor
+    assert min(asked) >= PLD_MIN_NOISE_MULTIPLIER
+    z = _bisect_noise(eps_of, 0.5)  # upwards
+    assert z == pytest.approx(4.0, rel=1e-4)
+
+
+def test_target_epsilon_nan_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="target epsilon must be a positive number, got nan"):
+        resolve_budget(sigma=1.5, steps=10, target_epsilon=float("nan"), q=0.01,
+                       batch_size=50, delta=1e-5)  # fmt: skip
+    path = tmp_path / "c.yaml"
+    path.write_text("experiments:\n  e:\n    dataset: mnist\n    target_epsilon: .nan\n")
+    with pytest.raises(ValueError, match=r"experiments\.e\.target_epsilon: bad value nan"):
+        load_config(path)

@@ -210,8 +210,9 @@ def test_preempted_and_time_limited_training_checkpoints_and_resumes(run):
     assert exits_75 == len(jobs) - 1 - finished_then_signalled
     privacy = json.loads((run.results / LONG / "privacy.json").read_text())
     assert privacy["steps"] == spec["steps"]
-    state = torch.load(run.results / LONG / "checkpoint.pt", weights_only=False)
-    assert state["step"] == spec["steps"]  # the final checkpoint is kept
+    ckpt = run.results / LONG / "private_workspace" / "checkpoint.pt"
+    state = torch.load(ckpt, weights_only=False)
+    assert state["step"] == spec["steps"]  # kept: keep_private_workspace in slurm_test.yaml
     # train_log.csv: elapsed_s restarts with every process that trained.
     with open(run.results / LONG / "train_log.csv", newline="") as fh:
         log = list(csv.DictReader(fh))

@@ -14,7 +14,14 @@ from dpsinkhorn.privacy import compute_epsilon
 from dpsinkhorn.sweep import SweepTrainer, train_sweep
 from dpsinkhorn.train import Preempted, Trainer, train
 
-TINY = {"channels": [16, 8, 4], "steps": 8, "checkpoint_every": 4, "log_every": 2}
+# reproducible: sweep members and single runs are compared draw for draw (public keys).
+TINY = {
+    "channels": [16, 8, 4],
+    "steps": 8,
+    "checkpoint_every": 4,
+    "log_every": 2,
+    "reproducible": True,
+}
 
 # Runs that differ in everything a sweep may vary: seed, p (so n'), m, σ, Δ, lr,
 # optimizer, clipping, perturbation, steps, and private vs non-private.
@@ -90,7 +97,7 @@ def test_train_sweep_writes_single_run_files_and_resumes(tmp_path, prepared_data
     dirs = [tmp_path / "resumed" / s["name"] for s in specs]
     with pytest.raises(Preempted):
         train_sweep(specs, dirs, prepared_data, "cpu", stop_after=3, progress=False)
-    state = torch.load(dirs[0] / "checkpoint.pt", weights_only=False)
+    state = torch.load(dirs[0] / "private_workspace" / "checkpoint.pt", weights_only=False)
     assert state["step"] == 3 and state["accountant"]["segments"][0][2] == 3
     with pytest.raises(Preempted):
         train_sweep(specs, dirs, prepared_data, "cpu", stop_after=3, progress=False)
@@ -104,6 +111,12 @@ def test_train_sweep_writes_single_run_files_and_resumes(tmp_path, prepared_data
         assert (a_dir / "train_log.csv").read_text().count("\n") == (
             b_dir / "train_log.csv"
         ).read_text().count("\n")
+        # the sweep is done: no private workspace is left beside the release
+        assert sorted(p.name for p in b_dir.iterdir()) == [
+            "generator.pt",
+            "privacy.json",
+            "train_log.csv",
+        ]
 
     # A sweep member's checkpoint is a single run's checkpoint: `train` continues it.
     with pytest.raises(Preempted):

@@ -27,9 +27,23 @@ from dpsinkhorn.privacy import (
     paper_convention_epsilon,
 )
 from dpsinkhorn.sample import load_generator, sample_generator, sample_real
-from dpsinkhorn.train import PREEMPTED_EXIT_CODE, PoissonSampler, Preempted, Trainer, train
+from dpsinkhorn.train import (
+    PREEMPTED_EXIT_CODE,
+    WORKSPACE,
+    PoissonSampler,
+    Preempted,
+    Trainer,
+    train,
+)
 
-TINY = {"channels": [16, 8, 4], "steps": 12, "checkpoint_every": 4, "log_every": 2}
+# reproducible: these tests compare separate runs bit for bit (public noise key).
+TINY = {
+    "channels": [16, 8, 4],
+    "steps": 12,
+    "checkpoint_every": 4,
+    "log_every": 2,
+    "reproducible": True,
+}
 
 
 def make_config(tmp_path: Path, data_dir: Path, **experiment) -> Path:
@@ -89,28 +103,20 @@ def test_poisson_sampler_is_poisson():
     assert np.var(counts) == pytest.approx(1000 * 0.05 * 0.95, rel=0.15)
     assert hits.mean() / 2000 == pytest.approx(0.05, rel=0.02)
     assert counts.count(0) == 0 and sampler.capacity < 1000
-    sampler.check()  # no overflow
-
-
-def test_poisson_overflow_refuses_to_release():
-    sampler = PoissonSampler(100, 0.5, torch.device("cpu"))
-    sampler.capacity = 10  # force overflows
-    sampler.sample(torch.Generator().manual_seed(0))
-    with pytest.raises(RuntimeError, match="exceeded the buffer capacity"):
-        sampler.check()
+    assert int(sampler.overflows) == 0  # no overflow
 
 
 def _log_rows(path: Path) -> list[tuple]:
     with open(path) as fh:
-        return [(r["step"], r["loss"], r["epsilon"]) for r in csv.DictReader(fh)]
+        return [(r["step"], r["epsilon"]) for r in csv.DictReader(fh)]
 
 
 def test_resume_is_bit_identical_and_counts_each_step_once(tmp_path, prepared_data):
-    spec = spec_of(make_config(tmp_path, prepared_data))
+    spec = spec_of(make_config(tmp_path, prepared_data, keep_private_workspace=True))
     full = train(spec, tmp_path / "full", prepared_data, "cpu", progress=False)
     with pytest.raises(Preempted):
         train(spec, tmp_path / "resumed", prepared_data, "cpu", stop_after=5, progress=False)
-    state = torch.load(tmp_path / "resumed" / "checkpoint.pt", weights_only=False)
+    state = torch.load(tmp_path / "resumed" / WORKSPACE / "checkpoint.pt", weights_only=False)
     assert state["step"] == 5 and sum(s[2] for s in state["accountant"]["segments"]) == 5
     with pytest.raises(Preempted):  # a second interruption, this time mid-interval
         train(spec, tmp_path / "resumed", prepared_data, "cpu", stop_after=2, progress=False)
@@ -125,9 +131,10 @@ def test_resume_is_bit_identical_and_counts_each_step_once(tmp_path, prepared_da
     assert _log_rows(tmp_path / "full" / "train_log.csv") == _log_rows(
         tmp_path / "resumed" / "train_log.csv"
     )
-    # The final checkpoint is kept: a rerun (e.g. after the job was killed before its
-    # outputs were accepted) trains nothing and rewrites the same outputs.
-    assert torch.load(tmp_path / "resumed" / "checkpoint.pt", weights_only=False)["step"] == 12
+    # keep_private_workspace keeps the final checkpoint: a rerun (e.g. after the job was
+    # killed before its outputs were accepted) trains nothing and rewrites the same outputs.
+    final = tmp_path / "resumed" / WORKSPACE / "checkpoint.pt"
+    assert torch.load(final, weights_only=False)["step"] == 12
     (tmp_path / "resumed" / "generator.pt").unlink()
     assert train(spec, tmp_path / "resumed", prepared_data, "cpu", progress=False) == full
     c = torch.load(tmp_path / "resumed" / "generator.pt", weights_only=False)["state_dict"]
@@ -190,7 +197,7 @@ def test_signal_checkpoints_and_exits_nonzero(tmp_path, prepared_data, signum):
     proc.send_signal(signum)
     stdout, _ = proc.communicate(timeout=120)
     assert proc.returncode == PREEMPTED_EXIT_CODE, stdout
-    state = torch.load(out / "checkpoint.pt", weights_only=False)
+    state = torch.load(out / WORKSPACE / "checkpoint.pt", weights_only=False)
     assert state["step"] > 0
     assert sum(s[2] for s in state["accountant"]["segments"]) == state["step"]
     assert not (out / "generator.pt").exists()
@@ -247,9 +254,13 @@ def test_python_api_on_own_arrays(tmp_path):
     record = train(spec, tmp_path / "mine", train_data=(images, labels), progress=False)
     assert record["q"] == pytest.approx(50 / 600) and record["epsilon"] <= 2.0
     model = load_generator(tmp_path / "mine" / "generator.pt", torch.device("cpu"))
-    assert model.config.num_classes == 4
+    # The class count is the dataset's (MNIST: 10), never read from the private labels
+    # (only 0..3 occur here): one record's label must not change the released model's shape.
+    assert model.config.num_classes == 10 == data.DATASETS["mnist"].num_classes
     with pytest.raises(ValueError, match="train_data"):
         train(spec, tmp_path / "bad", train_data=(images.astype(np.float32), labels))
+    with pytest.raises(ValueError, match=r"labels must lie in \[0, 10\)"):
+        train(spec, tmp_path / "bad", train_data=(images, np.where(labels == 3, 10, labels)))
 
 
 # --- Table 2 / Tables 4-5 settings: perturbation, cost, epsilon convention ------------
@@ -278,9 +289,6 @@ def test_parameter_perturbation_resume_is_bit_identical(tmp_path, prepared_data)
     assert _log_rows(tmp_path / "full" / "train_log.csv") == _log_rows(
         tmp_path / "resumed" / "train_log.csv"
     )
-    assert all(
-        math.isfinite(float(loss)) for _, loss, _ in _log_rows(tmp_path / "full" / "train_log.csv")
-    )
 
     on_disk = json.loads((tmp_path / "full" / "privacy.json").read_text())
     assert on_disk == full
@@ -304,7 +312,7 @@ def test_l1_cost_trains_with_the_l1_diameter(tmp_path, prepared_data):
     assert all(math.isfinite(v) for v in losses)
     record = train(spec, tmp_path / "l1", prepared_data, "cpu", progress=False)
     rows = _log_rows(tmp_path / "l1" / "train_log.csv")
-    assert len(rows) == 4 and all(math.isfinite(float(loss)) for _, loss, _ in rows)
+    assert len(rows) == 4
     assert record["steps"] == 4 and record["perturbation"] == "image"
     # a different cost trains a different generator from the same seed
     train(spec_of(make_config(tmp_path, prepared_data, cost="l2", steps=4)), tmp_path / "l2",

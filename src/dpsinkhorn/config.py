@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import functools
 import json
+import math
 import os
 import re
 import shlex
@@ -258,6 +259,9 @@ def _semantic_errors(config: dict) -> list[tuple[list, str]]:
         at = ["experiments", name]
         method = exp["method"]
         errors += _celeba_errors(config, exp, at, table_rows)
+        for key, value in exp.items():  # YAML's .nan / .inf pass the schema's bounds
+            if isinstance(value, float) and not math.isfinite(value):
+                errors.append((at + [key], f"bad value {value!r}: must be a finite number"))
         if method != "real_data":
             if exp["sigma"] is None and exp["steps"] is None:
                 errors.append((at + ["sigma"], "sigma and steps are both null; give at least one"))
@@ -400,7 +404,15 @@ def experiment(config: Mapping, name: str) -> dict:
 
 
 #: Experiment keys that do not change what training computes (bookkeeping only).
-NON_SEMANTIC_KEYS = ("checkpoint_every", "log_every", "table1_row", "rows", "name")
+NON_SEMANTIC_KEYS = (
+    "checkpoint_every",
+    "log_every",
+    "table1_row",
+    "rows",
+    "name",
+    "keep_private_workspace",
+    "log_private_loss",
+)
 
 #: Settings added after experiments had been trained, with the value that reproduces
 #: the earlier behaviour. At that value they are left out of :func:`experiment_spec_of`,

@@ -6,10 +6,11 @@ and privacy ledger of ``dpsinkhorn train`` (a sweep member can be resumed by eit
 
 What is shared and what is not, per step:
     * each run keeps its own ``train.Trainer``: parameters, optimiser (its own lr,
-      betas, SGD/Adam), RNG stream, Poisson sampler, sanitiser (σ, Δ, clipping) and
-      accountant. Every random draw of run k (z, labels, Poisson sample, noise) comes
-      from run k's generator in the same order as a single run, so a sweep member
-      follows the single run's trajectory up to floating-point rounding.
+      betas, SGD/Adam), RNG stream (its own secret key, or in reproducible mode a key
+      from its seed and name: members never share noise), Poisson sampler, sanitiser
+      (σ, Δ, clipping) and accountant. Every random draw of run k (z, labels, Poisson
+      sample, noise) comes from run k's generator in the same order as a single run,
+      so a sweep member follows the single run's trajectory up to float rounding.
     * the generators run as one batched call: ``torch.func.vmap`` over the runs'
       stacked parameters (a grouped convolution), rows padded to the largest
       n + n'_k (padded rows get zero gradient and are never sanitised or released);
@@ -56,6 +57,7 @@ from dpsinkhorn.train import (
     Trainer,
     _StopSignal,
     add_training_arguments,
+    data_fingerprint,
     load_train_data,
     run_training_cli,
 )
@@ -88,9 +90,19 @@ class SweepTrainer:
                 f"they differ in {differing}"
             )
         self.trainers: list[Trainer] = []
+        fingerprint = data_fingerprint(train_images, train_labels)  # hashed once
         for spec in specs:
+            # Each run keys its own generator (a fresh secret, or in reproducible mode one
+            # from its seed and name): no two members share noise or Poisson draws.
             trainer = Trainer(
-                spec, train_images, train_labels, device, cuda_graphs, compile_solver, precision
+                spec,
+                train_images,
+                train_labels,
+                device,
+                cuda_graphs,
+                compile_solver,
+                precision,
+                fingerprint,
             )
             if self.trainers:  # one copy of the real features on the device
                 trainer.real = self.trainers[0].real
@@ -141,7 +153,9 @@ class SweepTrainer:
         # comes later), each from the run's own generator into its slice of one buffer.
         z = torch.zeros(k, rows, self.template.config.latent_dim, device=self.device)
         labels = torch.zeros(k, rows, dtype=torch.long, device=self.device)
-        uniforms = torch.empty(k, first.sampler.num_records, device=self.device)
+        uniforms = torch.empty(  # float64, as PoissonSampler.sample draws them
+            k, first.sampler.num_records, device=self.device, dtype=torch.float64
+        )
         for run, t in enumerate(runs):
             rows_k = t.n + t.n_prime
             t.model.sample_inputs(
@@ -249,7 +263,9 @@ def train_sweep(
         specs, images, labels, resolve_device(device), compile_solver, cuda_graphs, precision
     )
     runs = [RunFiles(t, out) for t, out in zip(sweep.trainers, out_dirs, strict=True)]
-    records: dict[int, dict] = {i: run.finish() for i, run in enumerate(runs) if run.done}
+    # Workspaces go when the whole sweep is done: until then, a finished member's final
+    # checkpoint tells a rerun (after preemption) that it needs no more steps.
+    records = {i: run.finish(remove_workspace=False) for i, run in enumerate(runs) if run.done}
     bar = tqdm(
         total=sum(t.total_steps for t in sweep.trainers),
         initial=sum(run.start_step for run in runs),
@@ -264,13 +280,13 @@ def train_sweep(
             losses = sweep.step([sweep.trainers[i] for i in active])
             taken += 1
             bar.update(len(active))
-            epsilons = []
+            epsilons = []  # the bar shows ε only: nothing computed on the private data
             for i, loss in zip(active, losses, strict=True):
                 row = runs[i].after_step(loss)
                 if row is not None:
                     epsilons.append(row["epsilon"])
                 if runs[i].done:
-                    records[i] = runs[i].finish()
+                    records[i] = runs[i].finish(remove_workspace=False)
             if epsilons:
                 bar.set_postfix(runs=len(active), eps_max=f"{max(epsilons):.3g}")
             unfinished = [runs[i] for i in active if i not in records]
@@ -283,6 +299,8 @@ def train_sweep(
                     stop.reason(stop_after, f"checkpoints after {taken} steps in {paths}")
                 )
     bar.close()
+    for run in runs:
+        run.remove_workspace()
     return [records[i] for i in range(len(runs))]
 
 

@@ -15,10 +15,22 @@ One step:
     5. optimiser step on the generator; the accountant records one step
 
 Everything the step touches lives on the device; the step has fixed shapes and
-never synchronises with the host (losses are read only every ``log_every`` steps).
-A checkpoint (model, optimiser, RNG, privacy ledger, log) is written atomically
-every ``checkpoint_every`` steps and on SIGTERM / SIGUSR1 / SIGINT; rerunning resumes from
-it, bit-identical on CPU to an uninterrupted run.
+never synchronises with the host (the private loss is read only with
+``log_private_loss``). A checkpoint (model, optimiser, RNG, privacy ledger, log) is
+written atomically every ``checkpoint_every`` steps and on SIGTERM / SIGUSR1 / SIGINT;
+rerunning resumes from it, bit-identical on CPU to an uninterrupted run.
+
+Release and workspace. ``<out>/`` receives only what depends on the private data
+through the sanitised gradient: generator.pt, privacy.json and train_log.csv (step,
+ε spent, steps/s, elapsed time). Checkpoints (with the secret RNG state) and the
+optional private-loss log live in ``<out>/private_workspace/`` (:data:`WORKSPACE`),
+which is deleted when the run completes unless ``keep_private_workspace: true``.
+
+Randomness. z, labels, Poisson draws and noise come from one generator per run,
+keyed with 256 bits from the operating system (``privacy.secret_noise_key``), never
+written to a released file; ``reproducible: true`` keys it from the config's seed and
+the experiment's name instead (tests, CI; privacy.json then says there is no
+guarantee). The config ``seed`` still sets the generator's initial weights.
 """
 
 from __future__ import annotations
@@ -29,6 +41,7 @@ import hashlib
 import io as _io
 import json
 import math
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -55,27 +68,61 @@ from dpsinkhorn.models import (
     build_generator,
 )
 from dpsinkhorn.privacy import (
+    NO_GUARANTEE_PUBLIC_SEED,
     ImageGradientSanitizer,
     ParameterGradientSanitizer,
     PrivacyAccountant,
+    keyed_generator,
     paper_convention_epsilon,
+    public_noise_key,
     resolve_budget,
+    rng_state_bytes,
+    rng_state_tensor,
+    secret_noise_key,
 )
 
 PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: checkpoint written, rerun to resume
-LOG_COLUMNS = ["step", "loss", "epsilon", "steps_per_s", "elapsed_s"]
+#: train_log.csv (released): nothing computed on the private data.
+LOG_COLUMNS = ["step", "epsilon", "steps_per_s", "elapsed_s"]
+#: private_workspace/private_loss.csv (``log_private_loss: true``): the un-noised loss S.
+PRIVATE_LOG_COLUMNS = ["step", "loss"]
+#: The folder, inside a run's output folder, that must never be shared.
+WORKSPACE = "private_workspace"
+WORKSPACE_README = """PRIVATE: DO NOT SHARE OR PUBLISH THIS FOLDER.
+
+It holds training checkpoints (with the secret state of the random generator that drew
+the privacy noise and the Poisson samples) and, with log_private_loss, the un-noised
+loss on private data. None of it is covered by the (epsilon, delta) guarantee in
+../privacy.json. dpsinkhorn deletes it when training completes, unless the config sets
+keep_private_workspace: true.
+"""
+
+
+def data_fingerprint(images: np.ndarray, labels: np.ndarray) -> str:
+    """SHA-256 (hex) of the training data: shapes, dtypes and bytes of images and labels.
+
+    Part of the checkpoint's ``spec_hash``, so a resume on other data is refused. Kept
+    in the private workspace only (it identifies the private dataset)."""
+    digest = hashlib.sha256()
+    for array in (np.ascontiguousarray(images), np.ascontiguousarray(labels)):
+        digest.update(f"{array.dtype.str}{array.shape}".encode())
+        digest.update(memoryview(array).cast("B"))
+    return digest.hexdigest()
 
 
 class PoissonSampler:
     """Poisson sampling (each record independently with probability q) in fixed shape.
 
-    One vectorised draw u ~ U(0,1)^N selects the records with u < q. The
-    ``capacity`` smallest u are returned with weight 1 where u < q, else 0, so
-    the real batch is exactly the Poisson sample as long as it has at most
-    ``capacity`` records. Capacity is the (1 − 1e-12) binomial quantile; an
-    overflow is counted on the device and ``check()`` refuses to go on (the
-    trainer calls it before every checkpoint and at the end), so no released
-    model ever saw a truncated sample.
+    One vectorised draw u ~ U(0,1)^N in float64 selects the records with u < q
+    (float64, so P(u < q) = q to 1e-16; float32 uniforms would raise the rate to
+    q·(1 + 7e-5) at q = 1/1200). The ``capacity`` smallest u are returned with weight
+    1 where u < q, else 0, so the real batch is exactly the Poisson sample as long as
+    it has at most ``capacity`` records. Capacity is the (1 − 1e-12) binomial quantile.
+    An overflow is handled, not fatal: the batch is then a uniformly random subset of
+    ``capacity`` of the sampled records. The mechanism differs from the Poisson
+    subsampled Gaussian only on overflow events, whose probability
+    ``overflow_probability`` per step (≤ 1e-12) is charged to δ: privacy.json states
+    δ_total = δ + steps · overflow_probability. Overflows are counted on the device.
     """
 
     def __init__(self, num_records: int, rate: float, device: torch.device, tail: float = 1e-12):
@@ -84,9 +131,16 @@ class PoissonSampler:
         self.overflows = torch.zeros((), dtype=torch.long, device=device)
         self.device = device
 
+    @property
+    def overflow_probability(self) -> float:
+        """P(more than ``capacity`` records sampled) in one step: binom.sf(capacity; N, q)."""
+        return float(binom.sf(self.capacity, self.num_records, self.rate))
+
     def sample(self, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         """Return (indices [capacity] int64, weights [capacity] float 0/1)."""
-        u = torch.rand(self.num_records, generator=generator, device=self.device)
+        u = torch.rand(
+            self.num_records, generator=generator, device=self.device, dtype=torch.float64
+        )
         indices, weights, overflow = self.select(u)
         self.overflows += overflow
         return indices, weights
@@ -99,14 +153,6 @@ class PoissonSampler:
         values, indices = torch.topk(u, self.capacity, dim=-1, largest=False, sorted=True)
         overflow = ((u < self.rate).sum(-1) > self.capacity).long()
         return indices, (values < self.rate).float(), overflow
-
-    def check(self) -> None:
-        if int(self.overflows) > 0:
-            raise RuntimeError(
-                f"a Poisson sample exceeded the buffer capacity {self.capacity} "
-                f"(probability < 1e-12 per step); results since the last checkpoint are "
-                "discarded. Rerun to continue from the checkpoint."
-            )
 
 
 class GraphedStep:
@@ -177,6 +223,7 @@ class Trainer:
         cuda_graphs: bool = False,
         compile_solver: bool = False,
         precision: str = "fp32",
+        fingerprint: str | None = None,
     ):
         self.spec, self.device = spec, device
         # Replay the step from a CUDA graph (GraphedStep); CUDA only, ignored elsewhere.
@@ -187,8 +234,17 @@ class Trainer:
         self.n_prime = debias_size(self.n, float(spec["p"]))
         num_records = len(train_labels)
         self.q = self.n / num_records
-        self.num_classes = int(max(train_labels.max() + 1, 2))
+        # From the dataset's definition, never from the private labels (a label held by
+        # one record would change the embedding's shape).
+        self.num_classes = data.dataset_info(spec["dataset"]).num_classes
+        if len(train_labels) and (train_labels.min() < 0 or train_labels.max() >= self.num_classes):
+            raise ValueError(
+                f"experiment {spec['name']}: training labels must lie in "
+                f"[0, {self.num_classes}) for dataset {spec['dataset']}"
+            )
         self.private = spec["method"] == "dp_sinkhorn"
+        self.reproducible = bool(spec.get("reproducible", False))
+        self.fingerprint = fingerprint or data_fingerprint(train_images, train_labels)
 
         # Real data: conditional features resident on the device.
         images = data.to_unit_range(train_images).to(device)
@@ -230,7 +286,15 @@ class Trainer:
                 weight_decay=spec["weight_decay"],
                 **self.optimizer_flags,
             )
-        self.rng = torch.Generator(device=device).manual_seed(int(spec["seed"]) + 1)
+        # Draws of z, labels, Poisson samples and noise: a secret key per run, or, in
+        # reproducible mode, a public one from (seed, experiment name).
+        key = (
+            public_noise_key(int(spec["seed"]), spec["name"])
+            if self.reproducible
+            else secret_noise_key()
+        )
+        self.rng = keyed_generator(key, device)
+        del key
         self.sampler = PoissonSampler(num_records, self.q, device)
 
         self.perturbation = spec.get("perturbation", "image")
@@ -341,7 +405,7 @@ class Trainer:
             "step": self.step_count,
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
-            "rng": self.rng.get_state(),
+            "rng": rng_state_bytes(self.rng),  # bytes: immune to torch.load's map_location
             "accountant": self.accountant.state_dict() if self.accountant else None,
         }
 
@@ -355,7 +419,7 @@ class Trainer:
             {**group, **self.optimizer_flags} for group in optimizer["param_groups"]
         ]
         self.optimizer.load_state_dict(optimizer)
-        self.rng.set_state(state["rng"])
+        self.rng.set_state(rng_state_tensor(state["rng"]))  # a CPU ByteTensor, any device
         if self.accountant is not None:
             self.accountant.load_state_dict(state["accountant"])
             if self.accountant.steps != self.step_count:
@@ -374,9 +438,16 @@ class Trainer:
             "n_prime": self.n_prime,
             "steps": self.step_count,
             "poisson_capacity": self.sampler.capacity,
+            "reproducible": self.reproducible,
         }
         if self.sanitizer is None:
-            return {**base, "private": False, "epsilon": None, "epsilon_paper_convention": None}
+            return {
+                **base,
+                "private": False,
+                "epsilon": None,
+                "epsilon_paper_convention": None,
+                "guarantee": None,
+            }
         s = self.sanitizer
         if self.perturbation == "parameter":
             mechanism = (
@@ -390,9 +461,22 @@ class Trainer:
                 "(rows 0:n clipped and noised; rows n:n+n' clipped only), Poisson sampling, "
                 "add/remove-one adjacency"
             )
+        epsilon = self.epsilon()
+        overflow = self.sampler.overflow_probability
+        delta_total = self.accountant.delta + self.step_count * overflow
+        if self.reproducible:
+            guarantee = NO_GUARANTEE_PUBLIC_SEED
+        else:
+            guarantee = (
+                f"(epsilon, delta)-DP with epsilon = {epsilon:.6g}, delta = {delta_total:.6g} "
+                "for generator.pt and everything computed from it, under add/remove-one "
+                "adjacency, N public, a secret noise key, and the Gaussian noise sampled "
+                "exactly (float32 noise is a known limitation)"
+            )
         return {
             **base,
             "private": True,
+            "guarantee": guarantee,
             "perturbation": self.perturbation,
             "mechanism": mechanism,
             "clipping": s.clipping,
@@ -402,11 +486,17 @@ class Trainer:
             "sensitivity": s.sensitivity,
             "noise_multiplier": s.noise_multiplier,
             "delta": self.accountant.delta,
+            "poisson_overflow_probability_per_step": overflow,
+            "delta_poisson_overflow": self.step_count * overflow,
+            "delta_total": delta_total,
+            "delta_total_note": "delta of the accountant plus steps x the per-step probability "
+            "that the Poisson sample exceeded the buffer (then it is truncated); epsilon "
+            "holds at delta_total",
             "target_epsilon": self.spec["target_epsilon"],
             "epsilon_convention": self.epsilon_convention,
             "epsilon_convention_note": "convention under which target_epsilon solved sigma "
             "or steps; epsilon is always the sound accountant's",
-            "epsilon": self.epsilon(),
+            "epsilon": epsilon,
             "epsilon_paper_convention": paper_convention_epsilon(
                 self.q, s.sigma, self.step_count, self.n, self.accountant.delta
             ),
@@ -416,9 +506,11 @@ class Trainer:
         }
 
 
-def spec_hash(spec: dict) -> str:
-    """Identifies what a checkpoint computes; bookkeeping keys (log/checkpoint intervals) aside."""
-    return hashlib.sha256(config_lib.experiment_spec_of(spec).encode()).hexdigest()[:16]
+def spec_hash(spec: dict, fingerprint: str = "") -> str:
+    """Identifies what a checkpoint computes: the settings (bookkeeping keys aside) and
+    the training data's :func:`data_fingerprint`."""
+    content = config_lib.experiment_spec_of(spec) + "|data:" + fingerprint
+    return hashlib.sha256(content.encode()).hexdigest()[:16]
 
 
 class _StopSignal:
@@ -455,41 +547,77 @@ class Preempted(Exception):
     """Training stopped early (signal or ``stop_after``) after writing a checkpoint."""
 
 
-def _save_checkpoint(path: Path, trainer: Trainer, log_rows: list[dict], digest: str) -> None:
-    trainer.sampler.check()
-    state = {**trainer.state_dict(), "log": log_rows, "spec_hash": digest}
+def _save_checkpoint(
+    path: Path, trainer: Trainer, log_rows: list[dict], private_rows: list[dict], digest: str
+) -> None:
+    state = {
+        **trainer.state_dict(),
+        "log": log_rows,
+        "private_log": private_rows,
+        "spec_hash": digest,
+    }
     with atomic_path(path) as tmp:
         torch.save(state, tmp)
 
 
-def _write_log(path: Path, rows: list[dict]) -> None:
+def _write_log(path: Path, rows: list[dict], columns: list[str] = LOG_COLUMNS) -> None:
     buf = _io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=LOG_COLUMNS)
+    writer = csv.DictWriter(buf, fieldnames=columns, extrasaction="ignore")
     writer.writeheader()
     writer.writerows(rows)
     write_text(path, buf.getvalue())
 
 
 class RunFiles:
-    """One run's files in ``out_dir``: resume from checkpoint.pt, log rows, checkpoints, outputs.
+    """One run's files: the release in ``out_dir``, checkpoints in its private workspace.
 
-    Shared by :func:`train` (one run) and ``dpsinkhorn.sweep`` (K runs in one process),
-    so a run writes the same files, and resumes from the same checkpoint, either way.
+    ``out_dir`` gets generator.pt, privacy.json and train_log.csv (no private-data value
+    outside the mechanism). ``out_dir/private_workspace/`` (:data:`WORKSPACE`) holds
+    checkpoint.pt (model, optimiser, secret RNG state, ledger, logs, ``spec_hash`` with the
+    data fingerprint) and, with ``log_private_loss``, private_loss.csv; it is deleted by
+    :meth:`finish` unless ``keep_private_workspace``. Shared by :func:`train` (one run)
+    and ``dpsinkhorn.sweep`` (K runs in one process), so a run writes the same files, and
+    resumes from the same checkpoint, either way.
     """
 
     def __init__(self, trainer: Trainer, out_dir: Path):
         self.trainer, self.spec = trainer, trainer.spec
         self.out_dir = Path(out_dir)
-        self.out_dir.mkdir(parents=True, exist_ok=True)
-        self.ckpt_path, self.digest = self.out_dir / "checkpoint.pt", spec_hash(self.spec)
+        self.workspace = self.out_dir / WORKSPACE
+        self.workspace.mkdir(parents=True, exist_ok=True)
+        readme = self.workspace / "README.txt"
+        if not readme.exists():
+            write_text(readme, WORKSPACE_README)
+        legacy = self.out_dir / "checkpoint.pt"  # where versions before the workspace kept it
+        if legacy.exists():  # holds the RNG state: out of the release folder, deleted at the end
+            legacy.replace(self.workspace / "legacy_checkpoint.pt")
+            print(f"moved {legacy} (not resumable: older format) into {self.workspace}")
+        self.ckpt_path = self.workspace / "checkpoint.pt"
+        self.digest = spec_hash(self.spec, trainer.fingerprint)
+        self.log_private_loss = bool(self.spec.get("log_private_loss", False))
+        # A private-loss log is only useful if kept: log_private_loss keeps the workspace.
+        self.keep_workspace = self.log_private_loss or bool(
+            self.spec.get("keep_private_workspace", False)
+        )
         self.log_rows: list[dict] = []
+        self.private_rows: list[dict] = []
         if self.ckpt_path.exists():
-            state = torch.load(self.ckpt_path, map_location=trainer.device, weights_only=False)
+            # On the CPU: model and optimiser state are copied to the trainer's device by
+            # load_state_dict; the RNG state must stay a CPU ByteTensor (set_state).
+            state = torch.load(self.ckpt_path, map_location="cpu", weights_only=False)
             if state.get("spec_hash") == self.digest:
                 trainer.load_state_dict(state)
                 self.log_rows = state["log"]
+                self.private_rows = state.get("private_log", [])
             else:
-                print(f"ignoring {self.ckpt_path}: it belongs to other settings; starting afresh")
+                # Not printed: job logs are released, and whether the data changed since the
+                # checkpoint is a fact about the private data. Noted in the workspace only.
+                write_text(
+                    self.workspace / "ignored_checkpoint.txt",
+                    f"{time.strftime('%Y-%m-%d %H:%M:%S')}: ignored the checkpoint at step "
+                    f"{state.get('step')}: it belongs to other settings or other training "
+                    "data; started afresh\n",
+                )
         self.start_step, self.t0 = trainer.step_count, time.perf_counter()
 
     @property
@@ -499,37 +627,49 @@ class RunFiles:
     def after_step(self, loss: torch.Tensor) -> dict | None:
         """Log every ``log_every`` steps (and the last), checkpoint every ``checkpoint_every``.
 
-        Returns the new log row, if one was written (reading ``loss`` syncs with the device).
+        Returns the new (public) log row, if one was written. The private loss is read
+        (a device sync) only with ``log_private_loss``, into the workspace.
         """
         step, row = self.trainer.step_count, None
         if step % int(self.spec["log_every"]) == 0 or self.done:
             elapsed = time.perf_counter() - self.t0
             row = {
                 "step": step,
-                "loss": float(loss),
                 "epsilon": self.trainer.epsilon(),
                 "steps_per_s": (step - self.start_step) / max(elapsed, 1e-9),
                 "elapsed_s": elapsed,
             }
             self.log_rows.append(row)
+            if self.log_private_loss:
+                self.private_rows.append({"step": step, "loss": float(loss)})
         if step % int(self.spec["checkpoint_every"]) == 0:
             self.checkpoint()
         return row
 
     def checkpoint(self) -> None:
-        _save_checkpoint(self.ckpt_path, self.trainer, self.log_rows, self.digest)
+        self._save()
         _write_log(self.out_dir / "train_log.csv", self.log_rows)
 
-    def finish(self) -> dict:
+    def _save(self) -> None:
+        _save_checkpoint(
+            self.ckpt_path, self.trainer, self.log_rows, self.private_rows, self.digest
+        )
+        if self.log_private_loss:
+            _write_log(self.workspace / "private_loss.csv", self.private_rows, PRIVATE_LOG_COLUMNS)
+
+    def finish(self, remove_workspace: bool = True) -> dict:
         """Write generator.pt, privacy.json, train_log.csv; returns the privacy record.
 
-        The final state is checkpointed and kept: if this job is killed after training
-        but before Snakemake accepts its outputs (a time-limit signal arriving just then),
-        the rerun finds every step done and only rewrites the outputs.
+        Then deletes the private workspace (:meth:`remove_workspace`), unless
+        ``remove_workspace`` is false (a sweep removes its members' workspaces when all
+        have finished, so a preempted sweep knows which members are done). A workspace
+        that stays gets the final checkpoint: a rerun finds every step done and only
+        rewrites the outputs.
         """
         trainer = self.trainer
-        if trainer.step_count != self.start_step or not self.ckpt_path.exists():
-            _save_checkpoint(self.ckpt_path, trainer, self.log_rows, self.digest)
+        stays = self.keep_workspace or not remove_workspace
+        if stays and (trainer.step_count != self.start_step or not self.ckpt_path.exists()):
+            self._save()
         generator = {
             "state_dict": trainer.model.state_dict(),
             "model_config": trainer.model_config.to_dict(),
@@ -544,7 +684,14 @@ class RunFiles:
         record = trainer.privacy_record()
         write_json(self.out_dir / "privacy.json", record)
         _write_log(self.out_dir / "train_log.csv", self.log_rows)
+        if remove_workspace:
+            self.remove_workspace()
         return record
+
+    def remove_workspace(self) -> None:
+        """Delete the private workspace, unless the config keeps it."""
+        if not self.keep_workspace:
+            shutil.rmtree(self.workspace, ignore_errors=True)
 
 
 def train(
@@ -563,9 +710,10 @@ def train(
 
     The private data is ``<data_dir>/<dataset>/train.npz``, or ``train_data`` =
     (images uint8 [N,28,28] or [N,28,28,C], labels int64 [N]) for your own data.
-    Writes generator.pt, privacy.json and train_log.csv, and keeps checkpoint.pt (the
-    final one too, so a finished run reruns in seconds). ``stop_after`` ends this process
-    after that many new steps (with a checkpoint), as a preemption would; it raises
+    Writes generator.pt, privacy.json and train_log.csv; checkpoints go to
+    ``out_dir/private_workspace/``, deleted on completion unless ``keep_private_workspace``
+    (then the final checkpoint lets a finished run rerun in seconds). ``stop_after`` ends
+    this process after that many new steps (with a checkpoint), as a preemption would; it raises
     ``Preempted``. ``cuda_graphs`` replays the step from a CUDA graph (CUDA devices only,
     see ``GraphedStep``); ``compile_solver`` runs the Sinkhorn iterations through
     ``torch.compile`` (``ot._compiled_iterations``); ``precision`` is the generator's
@@ -587,8 +735,8 @@ def train(
             loss = trainer.step()
             bar.update(1)
             row = run.after_step(loss)
-            if row is not None:
-                bar.set_postfix(loss=f"{row['loss']:.4g}", eps=f"{row['epsilon']:.3g}")
+            if row is not None:  # ε only: nothing computed on the private data
+                bar.set_postfix(eps=f"{row['epsilon']:.3g}")
             new_steps = trainer.step_count - run.start_step
             if not run.done and stop.should_stop(new_steps, stop_after):
                 run.checkpoint()

@@ -2,6 +2,8 @@
 # On SIGTERM/SIGUSR1 it checkpoints and exits 75: `exec` makes the shell that Snakemake
 # starts *be* the training, so a signal sent to the whole job (SLURM's time-limit
 # warning, a preemption) reaches it without first killing that shell.
+# The outputs are the release only. Checkpoints live in {exp}/private_workspace/ (never
+# an output, never to be shared; deleted when training completes, see README "Privacy").
 TRAINING_FILES = ("generator.pt", "privacy.json", "train_log.csv")
 
 
