@@ -44,6 +44,7 @@ def main() -> int:
     p.add_argument("--max-epochs", type=int, default=5)
     p.add_argument("--patience", type=int, default=2)
     p.add_argument("--device", default="cpu")
+    p.add_argument("--batched", action="store_true", help="the one process trains seeds vmapped")
     args = p.parse_args()
     raw = args.mirror / "MNIST" / "raw"
     exe = [sys.executable, "-m", "dpsinkhorn", "classify", "--model", args.model]
@@ -66,7 +67,8 @@ def main() -> int:
         outs = [str(tmp / f"together_{k}.json") for k in range(args.seeds)]
         start = time.perf_counter()
         cmd = [*exe, "--train", *map(str, trains), "--test", str(tmp / "test.npz")]
-        subprocess.run([*cmd, "--seed", *seeds, "--out", *outs, *common], check=True)
+        batched = ["--batched"] if args.batched else []
+        subprocess.run([*cmd, "--seed", *seeds, "--out", *outs, *common, *batched], check=True)
         together = time.perf_counter() - start
         acc_alone = [io.read_json(tmp / f"alone_{k}.json")["accuracy"] for k in range(args.seeds)]
         acc_together = [io.read_json(o)["accuracy"] for o in outs]

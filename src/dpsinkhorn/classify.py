@@ -153,6 +153,129 @@ def _train_torch(
     }
 
 
+def _train_torch_batched(
+    name: str,
+    xs: list[torch.Tensor],
+    ys: list[torch.Tensor],
+    x_test: torch.Tensor,
+    y_test: torch.Tensor,
+    num_classes: int,
+    seeds: list[int],
+    max_epochs: int,
+    patience: int,
+    batch_size: int,
+) -> list[dict]:
+    """:func:`_train_torch` for K seeds at once: the K models' parameters stacked [K, ...]
+    (``torch.func.stack_module_state``), every step one ``vmap``-ed forward/backward and one
+    Adam step (elementwise, so the same as K separate Adams).
+
+    Per seed as in :func:`_train_torch`: initialisation (``torch.manual_seed(seed)``),
+    hold-out split, batch order, early stopping and the best hold-out weights; only the
+    dropout masks come from another stream (``vmap(randomness="different")``), so the CNN's
+    results differ from the sequential ones like another seed's would. The training sets
+    ``xs`` [N,C,H,W] (float32) / ``ys`` [N] must have the same N; all tensors on one device.
+    """
+    from torch.func import functional_call, stack_module_state, vmap
+
+    k, n = len(seeds), len(xs[0])
+    if any(len(x) != n for x in xs):
+        raise ValueError(
+            f"batched seeds need training sets of one size, got {[len(x) for x in xs]}"
+        )
+    if n < 2:
+        raise ValueError(f"{name} needs at least 2 training images, got {n}")
+    if max_epochs < 1 or patience < 1 or batch_size < 1:
+        raise ValueError("max_epochs, patience and batch_size must be >= 1")
+    device = xs[0].device
+    n_hold = max(1, int(round(HOLDOUT_FRACTION * n)))
+    models, x_fit, y_fit, x_hold, y_hold, shuffles = [], [], [], [], [], []
+    for seed, x, y in zip(seeds, xs, ys, strict=True):
+        torch.manual_seed(seed)
+        order = np.random.default_rng(seed).permutation(n)
+        hold = torch.from_numpy(order[:n_hold]).to(device)
+        fit = torch.from_numpy(order[n_hold:]).to(device)
+        x_fit.append(x[fit])
+        y_fit.append(y[fit])
+        x_hold.append(x[hold])
+        y_hold.append(y[hold])
+        models.append(make_model(name, tuple(x.shape[1:]), num_classes).to(device))
+        shuffles.append(torch.Generator().manual_seed(seed))
+    x_fit, y_fit = torch.stack(x_fit), torch.stack(y_fit)  # [K, n_fit, C, H, W], [K, n_fit]
+    x_hold, y_hold = torch.stack(x_hold), torch.stack(y_hold)
+    params, buffers = stack_module_state(models)  # leaves [K, ...]
+    base = copy.deepcopy(models[0]).to("meta")
+
+    def forward(p: dict, b: dict, x: torch.Tensor) -> torch.Tensor:
+        return functional_call(base, (p, b), (x,))
+
+    train_fn = vmap(forward, randomness="different")
+    optimizer = torch.optim.Adam(list(params.values()))
+    rows = torch.arange(k, device=device)[:, None]
+
+    @torch.no_grad()
+    def accuracy(x: torch.Tensor, y: torch.Tensor, shared: bool) -> torch.Tensor:
+        """Fraction correct per seed [K]; ``x`` [K,N,...] or, ``shared``, [N,...] for all."""
+        base.eval()
+        fn = vmap(forward, in_dims=(0, 0, None) if shared else (0, 0, 0))
+        correct = torch.zeros(k, dtype=torch.int64, device=device)
+        for start in range(0, y.shape[-1], EVAL_BATCH):
+            xb = x[start : start + EVAL_BATCH] if shared else x[:, start : start + EVAL_BATCH]
+            yb = y[start : start + EVAL_BATCH] if shared else y[:, start : start + EVAL_BATCH]
+            correct += (fn(params, buffers, xb).argmax(-1) == yb).sum(-1)
+        return correct.double() / y.shape[-1]
+
+    best_acc, best_epoch, epochs = [-1.0] * k, [0] * k, [0] * k
+    best_state: list[dict | None] = [None] * k
+    done = [False] * k
+    n_fit = x_fit.shape[1]
+    for epoch in range(1, max_epochs + 1):
+        base.train()
+        perms = torch.stack([torch.randperm(n_fit, generator=g) for g in shuffles]).to(device)
+        for start in range(0, n_fit, batch_size):
+            idx = perms[:, start : start + batch_size]  # [K, b]
+            logits = train_fn(params, buffers, x_fit[rows, idx])  # [K, b, classes]
+            loss = (
+                nn.functional.cross_entropy(
+                    logits.flatten(0, 1), y_fit[rows, idx].flatten(), reduction="sum"
+                )
+                / idx.shape[1]
+            )  # sum over seeds of each seed's mean loss
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+        accs = accuracy(x_hold, y_hold, shared=False).tolist()
+        for j in range(k):
+            if done[j]:
+                continue
+            epochs[j] = epoch
+            if accs[j] > best_acc[j]:
+                best_acc[j], best_epoch[j] = accs[j], epoch
+                best_state[j] = {key: v[j].detach().clone() for key, v in params.items()}
+            elif epoch - best_epoch[j] >= patience:
+                done[j] = True
+        if all(done):
+            break
+    with torch.no_grad():
+        for j in range(k):
+            for key, v in params.items():
+                v[j].copy_(best_state[j][key])
+    test_acc = accuracy(x_test, y_test, shared=True).tolist()
+    return [
+        {
+            "accuracy": test_acc[j],
+            "holdout_accuracy": best_acc[j],
+            "epochs": epochs[j],
+            "best_epoch": best_epoch[j],
+            "num_holdout": int(n_hold),
+            "max_epochs": max_epochs,
+            "patience": patience,
+            "batch_size": batch_size,
+            "batched_seeds": k,
+        }
+        for j in range(k)
+    ]
+
+
 def _train_logreg(
     x: np.ndarray, y: np.ndarray, x_test: np.ndarray, y_test: np.ndarray, seed: int, max_iter: int
 ) -> dict:
@@ -228,8 +351,13 @@ def train_and_evaluate_seeds(
     patience: int = 30,
     batch_size: int = 128,
     max_iter: int = 5000,
+    batched: bool = False,
 ) -> list[dict]:
     """Train ``model`` once per (training set, seed) pair, in this process; one result each.
+
+    ``batched`` (mlp/cnn): all seeds in one vmapped training (:func:`_train_torch_batched`;
+    the CNN's dropout masks then differ from the sequential run's); otherwise one after
+    another.
 
     ``train_sets``: (images uint8 [N,H,W(,C)], labels int [N]) per seed. The test set
     is converted and moved to the device once; every set is validated before any
@@ -251,6 +379,35 @@ def train_and_evaluate_seeds(
         x_test_dev = torch.from_numpy(x_test).to(dev)
         y_test_dev = torch.from_numpy(checked[0][2]).to(dev)
     shared = time.perf_counter() - start  # test set conversion and transfer, counted once
+    if batched and model != "logreg":
+        classes = max(c[3] for c in checked)  # one model shape for all seeds
+        trained = _train_torch_batched(
+            model,
+            [torch.from_numpy(x).to(dev) for x, *_ in checked],
+            [torch.from_numpy(y).to(dev) for _, y, *_ in checked],
+            x_test_dev,
+            y_test_dev,
+            classes,
+            seeds,
+            max_epochs,
+            patience,
+            batch_size,
+        )
+        seconds = (time.perf_counter() - start) / len(seeds)  # the shared run, split evenly
+        return [
+            {
+                "accuracy": result.pop("accuracy"),
+                "model": model,
+                "seed": seed,
+                **result,
+                "num_train": len(x),
+                "num_test": len(x_test),
+                "num_classes": classes,
+                "device": str(dev),
+                "seconds": seconds,
+            }
+            for seed, result, (x, *_) in zip(seeds, trained, checked, strict=True)
+        ]
     results = []
     for seed, (x, y, y_test, classes) in zip(seeds, checked, strict=True):
         begin = time.perf_counter()
@@ -350,6 +507,7 @@ def _cmd_classify(args: argparse.Namespace) -> int:
         patience=args.patience,
         batch_size=args.batch_size,
         max_iter=args.max_iter,
+        batched=args.batched,
     )
     for result, train, out in zip(results, args.train, args.out, strict=True):
         result.update(train=str(train), test=str(args.test))
@@ -389,6 +547,12 @@ def register_cli(subparsers: argparse._SubParsersAction) -> None:
         type=int,
         default=None,
         help="class count (default: that of --dataset, else largest label + 1)",
+    )
+    p.add_argument(
+        "--batched",
+        action="store_true",
+        help="mlp/cnn: train all seeds in one vmapped run (training sets of one size; the "
+        "CNN's dropout masks differ from one seed at a time)",
     )
     p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, ...")
     p.set_defaults(handler=_cmd_classify)
