@@ -96,3 +96,18 @@ def test_bench_sweep_layer_profile_and_solver(tmp_path, prepared_data, capsys):
     assert layers[0]["input"] == [50 + 20, 16, 1, 1]  # n + n' rows, latent 12 + embedding 4
     assert all(row["gflop_per_s"] > 0 for row in layers if row["kind"] == "ConvTranspose2d")
     assert 0 < result["generator_share_of_step"]
+
+
+def test_bench_profile_lists_the_step_kernels(tmp_path, prepared_data, capsys):
+    """--profile N: per-kernel time of N steps (on a CPU, ATen ops; on a GPU, the kernels of
+    the graph replay with --cuda-graphs)."""
+    cfg = make_config(tmp_path, prepared_data)
+    args = ["bench", "--config", str(cfg), "--experiment", "e", "--steps", "2", "--warmup", "1"]
+    assert main([*args, "--profile", "2", "--device", "cpu"]) == 0
+    profile = json.loads(capsys.readouterr().out)["ours_profile"]
+    assert profile["steps"] == 2 and profile["wall_us_per_step"] > 0
+    kernels = profile["kernels"]
+    assert 0 < len(kernels) <= 25 and all(k["us_per_step"] > 0 for k in kernels)
+    assert kernels == sorted(kernels, key=lambda k: -k["us_per_step"])
+    assert sum(k["share"] for k in kernels) <= 1 + 1e-9
+    assert any("conv" in k["name"] for k in kernels)  # the generator's convolutions

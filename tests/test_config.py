@@ -262,7 +262,7 @@ def test_dry_run_lists_every_job(tmp_path, path):
         "sample": n_trained * n_seeds,
         "sample_real": (n_exp - n_trained) * n_seeds,
         "fid": n_exp * n_seeds,
-        "classify": n_classify * n_seeds,
+        "classify": n_classify,  # one job per classifier trains every seed
         "table1": 1,
         **dict.fromkeys(cfg.report_tables(config), 1),  # CelebA Tables 3 and 6
         **({"celeba_fixture": 1} if config["celeba_fixture"] else {}),

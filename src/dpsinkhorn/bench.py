@@ -204,6 +204,58 @@ def cudnn_tf32_default() -> bool | None:
         return None
 
 
+def profile_kernels(step, device: torch.device, steps: int, top: int = 25) -> dict:
+    """Device time per step of each kernel of ``step()`` (e.g. a CUDA-graph replay).
+
+    torch.profiler (CUPTI) records the kernels a graph replay launches one by one, so this
+    sees the graphed step's arithmetic rather than eager launch overhead. Returns
+    ``{"steps", "device_us_per_step", "wall_us_per_step", "kernels": [{"name",
+    "us_per_step", "calls_per_step", "share"}]}`` for the ``top`` kernels by device time.
+    ``step`` must already be warmed up (and captured). On a CPU the "kernels" are ATen ops.
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    _sync(device)
+    start = time.perf_counter()
+    with profile(activities=activities) as prof:
+        for _ in range(steps):
+            step()
+        _sync(device)
+    wall = time.perf_counter() - start
+    rows = []
+    for event in prof.key_averages():
+        if cuda:
+            us = getattr(event, "self_device_time_total", None)
+            if us is None:  # older torch
+                us = event.self_cuda_time_total
+            if event.device_type != torch.autograd.DeviceType.CUDA or us <= 0:
+                continue
+        else:
+            us = event.self_cpu_time_total
+            if us <= 0 or event.key.startswith("ProfilerStep"):
+                continue
+        rows.append({"name": event.key, "us": us, "calls": event.count})
+    total = sum(r["us"] for r in rows)
+    rows.sort(key=lambda r: -r["us"])
+    kernels = [
+        {
+            "name": r["name"][:120],
+            "us_per_step": r["us"] / steps,
+            "calls_per_step": r["calls"] / steps,
+            "share": r["us"] / total if total else 0.0,
+        }
+        for r in rows[:top]
+    ]
+    return {
+        "steps": steps,
+        "device_us_per_step": total / steps,
+        "wall_us_per_step": wall / steps * 1e6,
+        "kernels": kernels,
+    }
+
+
 def benchmark(
     spec: dict,
     data_dir: Path,
@@ -216,6 +268,7 @@ def benchmark(
     compile_solver: bool = False,
     solver: bool = False,
     precision: str = "fp32",
+    profile_steps: int = 0,
 ) -> dict:
     """Time the chosen implementation(s) of the training step on the experiment's data.
 
@@ -229,7 +282,9 @@ def benchmark(
     (``models.GeneratorPrecision``). The reference runs with PyTorch's defaults
     (``reference.cudnn_tf32`` says whether its CUDA convolutions could use TF32).
     ``ours`` / ``reference`` / ``sweep`` hold each step's ATen operation,
-    host-synchronisation and FLOP counts (:func:`count_ops`, eager).
+    host-synchronisation and FLOP counts (:func:`count_ops`, eager). ``profile_steps`` > 0
+    adds ``ours_profile`` (and ``sweep_profile``): :func:`profile_kernels` over that many
+    steps after the timing, i.e. of the replayed graph when ``cuda_graphs``.
     """
     images, labels = data.load_split(Path(data_dir), spec["dataset"], "train")
     dev = resolve_device(device)
@@ -244,6 +299,8 @@ def benchmark(
     if impl in ("ours", "both"):
         trainer = Trainer(spec, images, labels, dev, cuda_graphs, compile_solver, precision)
         result["ours_steps_per_s"] = time_steps(trainer.step, dev, steps, warmup)
+        if profile_steps:
+            result["ours_profile"] = profile_kernels(trainer.step, dev, profile_steps)
         result["ours"] = count_ops(trainer.device_step)
         result["ours"].update(
             cuda_graphs=trainer.cuda_graphs, compile_solver=compile_solver, precision=precision
@@ -266,6 +323,10 @@ def benchmark(
         result["sweep_steps_per_s"] = time_steps(
             lambda: sweep.step(sweep.trainers), dev, steps, warmup
         )
+        if profile_steps:
+            result["sweep_profile"] = profile_kernels(
+                lambda: sweep.step(sweep.trainers), dev, profile_steps
+            )
         result["sweep"] = count_ops(lambda: sweep.device_step(sweep.trainers), flops=False)
         if "ours_steps_per_s" in result:
             result["sweep_per_run_ratio"] = result["sweep_steps_per_s"] / result["ours_steps_per_s"]
@@ -458,6 +519,14 @@ def register_cli(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="also time each generator layer (forward + backward, GFLOP/s of the convolutions)",
     )
+    p.add_argument(
+        "--profile",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also profile N steps of ours (and the sweep) with torch.profiler: device time "
+        "per kernel, of the graph replay with --cuda-graphs",
+    )
     p.set_defaults(handler=_cli)
 
 
@@ -477,6 +546,7 @@ def _cli(args: argparse.Namespace) -> int:
         config_lib.cli_or_config(args.compile_solver, cfg, "compile_solver"),
         args.solver,
         config_lib.cli_or_config(args.precision, cfg, "precision"),
+        args.profile,
     )
     if args.layers:
         result["generator_layers"] = generator_layer_profile(spec, device)

@@ -14,13 +14,14 @@ a real data set are computed once with ``dpsinkhorn fid-stats``.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 from pathlib import Path
 
 import numpy as np
+import scipy.linalg
 import torch
 from pytorch_fid import inception as pfi
-from pytorch_fid.fid_score import calculate_frechet_distance
 
 from dpsinkhorn import io
 from dpsinkhorn.devices import resolve_device
@@ -32,12 +33,58 @@ HOW_TO_PASS = (
     "make variable FID_WEIGHTS=PATH)"
 )
 
+#: SHA-256 of the weights files FID accepts (a file is read only if its hash is listed here).
+KNOWN_WEIGHTS_SHA256: dict[str, str] = {
+    # pytorch-fid's release file (FID_WEIGHTS_URL); the name's 6726825d is its hash prefix
+    "6726825d0af5f729cebd5821db510b11b1cfad8faad88a03f1befd49fb9129b2": (
+        "pytorch-fid's published pt_inception-2015-12-05-6726825d.pth"
+    ),
+    # ../shared/weights/SHA256SUMS: the offline copy of this project's machines, rebuilt in
+    # pytorch-fid's format from the same 2015-12-05 network (pool3 features equal to 1e-7
+    # relative; its 1008-class fc layer is zeroed, which FID never uses)
+    "d9b36da80a6304d8ab322478ec0416c4a40882483c18593cf29fbe0cc25e83cd": (
+        "offline rebuild of pt_inception-2015-12-05-6726825d.pth (../shared/weights/SHA256SUMS)"
+    ),
+}
+
 _MODELS: dict[tuple[str | None, str], pfi.InceptionV3] = {}
+_SHA256: dict[tuple[str, int, int], str] = {}  # (resolved path, size, mtime_ns) -> hex digest
 
 
 def hub_cache_file() -> Path:
     """Where pytorch-fid's own download keeps the weights (``$TORCH_HOME/hub/checkpoints``)."""
     return Path(torch.hub.get_dir()) / "checkpoints" / WEIGHTS_FILE_NAME
+
+
+def sha256_of(path: str | os.PathLike) -> str:
+    """Hex SHA-256 of a file, cached per (path, size, modification time)."""
+    path = Path(path).resolve()
+    stat = path.stat()
+    key = (str(path), stat.st_size, stat.st_mtime_ns)
+    if key not in _SHA256:
+        digest = hashlib.sha256()
+        with open(path, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                digest.update(block)
+        _SHA256[key] = digest.hexdigest()
+    return _SHA256[key]
+
+
+def verify_weights(path: str | os.PathLike) -> str:
+    """SHA-256 of the weights file at ``path``; ``ValueError`` unless it is a known file.
+
+    Known files: :data:`KNOWN_WEIGHTS_SHA256` (pytorch-fid's published file and the
+    offline rebuild listed in ../shared/weights/SHA256SUMS). A file that loads but was
+    modified (e.g. one tensor rescaled) would silently give another FID.
+    """
+    digest = sha256_of(path)
+    if digest not in KNOWN_WEIGHTS_SHA256:
+        raise ValueError(
+            f"{path}: FID Inception weights have SHA-256 {digest}, not that of pytorch-fid's "
+            f"{WEIGHTS_FILE_NAME} ({', '.join(k[:12] + '...' for k in KNOWN_WEIGHTS_SHA256)}); "
+            "the file is modified or another network: replace it"
+        )
+    return digest
 
 
 def _local_inception(path: Path) -> pfi.InceptionV3:
@@ -53,6 +100,7 @@ def _local_inception(path: Path) -> pfi.InceptionV3:
             f"FID Inception weights not found: {path}; this must be pytorch-fid's "
             f"{WEIGHTS_FILE_NAME}: {HOW_TO_PASS}"
         )
+    verify_weights(path)
     try:
         state_dict = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # torch raises several types for a bad file
@@ -109,8 +157,10 @@ def _local_inception(path: Path) -> pfi.InceptionV3:
 def _downloaded_inception() -> pfi.InceptionV3:
     """pytorch-fid's own ``InceptionV3``: weights from the torch hub cache, else downloaded."""
     cached = hub_cache_file()
+    if cached.exists():
+        verify_weights(cached)  # before torch.load reads it
     try:
-        return pfi.InceptionV3([POOL3_BLOCK])
+        model = pfi.InceptionV3([POOL3_BLOCK])
     except OSError as err:  # urllib's URLError is an OSError
         if cached.exists():
             raise
@@ -119,6 +169,13 @@ def _downloaded_inception() -> pfi.InceptionV3:
             f"them from {pfi.FID_WEIGHTS_URL} failed ({err}); offline, {HOW_TO_PASS}, or copy "
             f"the file to {cached}"
         ) from err
+    verify_weights(cached)  # a fresh download
+    return model
+
+
+def weights_file(weights: str | os.PathLike | None) -> Path:
+    """The weights file FID reads: ``weights``, or pytorch-fid's torch hub cache file."""
+    return hub_cache_file() if weights is None else Path(weights)
 
 
 def load_inception(
@@ -149,29 +206,41 @@ def _check_images(images: np.ndarray, where: str = "images") -> np.ndarray:
     return images
 
 
+#: Inception images per batch when none is given: large on a GPU (its memory holds 500
+#: 299x299 images' activations easily; fewer, larger launches), pytorch-fid's 50 on a CPU.
+DEFAULT_BATCH = {"cuda": 500, "cpu": 50}
+
+
 def activations(
     images: np.ndarray,
     weights: str | os.PathLike | None = None,
     device: str | torch.device = "auto",
-    batch_size: int = 50,
+    batch_size: int | None = None,
 ) -> np.ndarray:
-    """Pool3 features float64 [N,2048] of uint8 images [N,H,W] or [N,H,W,C]."""
+    """Pool3 features float64 [N,2048] of uint8 images [N,H,W] or [N,H,W,C].
+
+    The uint8 images go to the device once; ``batch_size`` None picks
+    :data:`DEFAULT_BATCH` for the device type.
+    """
     images = _check_images(images)
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     model = load_inception(weights, device)
     device = next(model.parameters()).device
-    out = np.empty((len(images), 2048), dtype=np.float64)
+    if batch_size is None:
+        batch_size = DEFAULT_BATCH.get(device.type, DEFAULT_BATCH["cpu"])
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    out = torch.empty((len(images), 2048), dtype=torch.float64, device=device)
     with torch.inference_mode():
+        resident = torch.from_numpy(np.ascontiguousarray(images)).to(device)
         for start in range(0, len(images), batch_size):
-            batch = torch.tensor(images[start : start + batch_size], device=device)
+            batch = resident[start : start + batch_size]
             # [B,C,H,W] in [0,1], contiguous like torchvision ToTensor output (same conv path)
             x = batch.permute(0, 3, 1, 2).contiguous().float() / 255.0
             if x.shape[1] == 1:
                 x = x.repeat(1, 3, 1, 1)
             pool3 = model(x)[0]  # [B,2048,1,1]
-            out[start : start + len(batch)] = pool3[:, :, 0, 0].double().cpu().numpy()
-    return out
+            out[start : start + len(batch)] = pool3[:, :, 0, 0].double()
+    return out.cpu().numpy()
 
 
 def statistics_of_activations(acts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -185,13 +254,53 @@ def statistics(
     images: np.ndarray,
     weights: str | os.PathLike | None = None,
     device: str | torch.device = "auto",
-    batch_size: int = 50,
+    batch_size: int | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """(mu [2048], sigma [2048,2048]) of the pool3 features of uint8 images."""
     return statistics_of_activations(activations(images, weights, device, batch_size))
 
 
 SQRTM_METHODS = ("pytorch_fid", "eigh")
+#: pytorch-fid's ``eps``: added to both diagonals when sqrtm of the product is not finite
+PYTORCH_FID_EPS = 1e-6
+
+
+def _sqrtm(a: np.ndarray) -> np.ndarray:
+    """``scipy.linalg.sqrtm(a)``, the principal square root, under every scipy version.
+
+    pytorch-fid 0.3.0 calls ``sqrtm(a, disp=False)`` and unpacks (root, error estimate);
+    scipy 1.18 removed ``disp``. Without ``disp`` every version returns the root alone,
+    computed by the same Schur method.
+    """
+    root = scipy.linalg.sqrtm(a)
+    return root[0] if isinstance(root, tuple) else root
+
+
+def frechet_distance_pytorch_fid(
+    mu1: np.ndarray, s1: np.ndarray, mu2: np.ndarray, s2: np.ndarray
+) -> float:
+    """pytorch-fid 0.3.0's ``calculate_frechet_distance``, step by step, on current scipy.
+
+    ||mu1 - mu2||^2 + tr s1 + tr s2 - 2 tr sqrtm(s1 s2): the square root of the
+    non-symmetric product by ``scipy.linalg.sqrtm``; if it is not finite, of
+    (s1 + eps I)(s2 + eps I) with eps = 1e-6; an imaginary part is dropped unless
+    its diagonal exceeds 1e-3 (then ``ValueError``). Inputs mu [D], s [D,D].
+    """
+    mu1, mu2 = np.atleast_1d(mu1), np.atleast_1d(mu2)
+    s1, s2 = np.atleast_2d(s1), np.atleast_2d(s2)
+    diff = mu1 - mu2
+    covmean = _sqrtm(s1.dot(s2))
+    if not np.isfinite(covmean).all():
+        offset = np.eye(s1.shape[0]) * PYTORCH_FID_EPS
+        print(f"fid calculation produces singular product; adding {PYTORCH_FID_EPS} to diagonal")
+        covmean = _sqrtm((s1 + offset).dot(s2 + offset))
+    if np.iscomplexobj(covmean):
+        if not np.allclose(np.diagonal(covmean).imag, 0, atol=1e-3):
+            raise ValueError(
+                f"FID: sqrtm(s1 s2) has imaginary component {np.max(np.abs(covmean.imag))}"
+            )
+        covmean = covmean.real
+    return float(diff.dot(diff) + np.trace(s1) + np.trace(s2) - 2 * np.trace(covmean))
 
 
 def _trace_sqrt_product_eigh(s1: np.ndarray, s2: np.ndarray) -> float:
@@ -220,8 +329,9 @@ def fid_from_stats(
 
     ``method`` computes tr sqrt(s1 s2):
 
-    * ``"pytorch_fid"``: pytorch-fid's ``calculate_frechet_distance`` (``scipy.linalg.sqrtm``
-      of the non-symmetric product), what published FIDs use;
+    * ``"pytorch_fid"``: pytorch-fid's ``calculate_frechet_distance`` procedure
+      (``scipy.linalg.sqrtm`` of the non-symmetric product), what published FIDs use, as
+      :func:`frechet_distance_pytorch_fid` (pytorch-fid's own function fails on scipy >= 1.18);
     * ``"eigh"``: exact for symmetric PSD covariances (as estimated covariances are, also
       rank-deficient ones) and much faster on CPU, via symmetric eigendecompositions in
       float64 (:func:`_trace_sqrt_product_eigh`).
@@ -234,7 +344,7 @@ def fid_from_stats(
             f"sigma {s1.shape} vs {s2.shape}"
         )
     if method == "pytorch_fid":
-        return float(calculate_frechet_distance(mu1, s1, mu2, s2))
+        return frechet_distance_pytorch_fid(mu1, s1, mu2, s2)
     mu1, s1, mu2, s2 = (np.asarray(x, dtype=np.float64) for x in (mu1, s1, mu2, s2))
     s1, s2 = (s1 + s1.T) / 2, (s2 + s2.T) / 2
     diff = mu1 - mu2
@@ -243,15 +353,31 @@ def fid_from_stats(
 
 
 def save_statistics(
-    path: str | os.PathLike, mu: np.ndarray, sigma: np.ndarray, num_images: int
+    path: str | os.PathLike,
+    mu: np.ndarray,
+    sigma: np.ndarray,
+    num_images: int,
+    image_shape: tuple[int, ...] | None = None,
+    weights_sha256: str | None = None,
 ) -> None:
-    """Write a statistics file (``mu`` [D], ``sigma`` [D,D] float64, ``num_images``) atomically."""
+    """Write a statistics file atomically.
+
+    Arrays: ``mu`` [D], ``sigma`` [D,D] float64, ``num_images``; optionally
+    ``image_shape`` [H,W,C] of the images and ``weights_sha256`` of the network, which
+    :func:`fid_between` checks against the other side of a comparison.
+    """
+    extra = {}
+    if image_shape is not None:
+        extra["image_shape"] = np.asarray(image_shape, np.int64)
+    if weights_sha256 is not None:
+        extra["weights_sha256"] = np.asarray(weights_sha256)
     with io.atomic_path(path) as tmp, open(tmp, "wb") as fh:
         np.savez(
             fh,
             mu=np.asarray(mu, np.float64),
             sigma=np.asarray(sigma, np.float64),
             num_images=np.int64(num_images),
+            **extra,
         )
 
 
@@ -285,6 +411,18 @@ def load_statistics(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray, in
     return mu.astype(np.float64), sigma.astype(np.float64), int(num)
 
 
+def statistics_metadata(path: str | os.PathLike) -> dict:
+    """``{"image_shape": [H,W,C] | None, "weights_sha256": str | None}`` of a statistics file
+    (None where the file predates these fields)."""
+    with np.load(Path(path), allow_pickle=False) as npz:
+        shape = npz["image_shape"] if "image_shape" in npz.files else None
+        sha = npz["weights_sha256"] if "weights_sha256" in npz.files else None
+    return {
+        "image_shape": None if shape is None else [int(v) for v in shape],
+        "weights_sha256": None if sha is None else str(sha),
+    }
+
+
 def subsample(images: np.ndarray, num: int | None, seed: int, where: str = "images") -> np.ndarray:
     """A seeded random subset of ``num`` images without replacement (all if ``num`` is None)."""
     if num is None:
@@ -312,7 +450,7 @@ def _statistics_of_input(
     loaded: Statistics | np.ndarray,
     weights: str | os.PathLike | None,
     device: str | torch.device,
-    batch_size: int,
+    batch_size: int | None,
 ) -> Statistics:
     if isinstance(loaded, tuple):
         return loaded
@@ -325,11 +463,37 @@ def input_statistics(
     seed: int = 0,
     weights: str | os.PathLike | None = None,
     device: str | torch.device = "auto",
-    batch_size: int = 50,
+    batch_size: int | None = None,
 ) -> Statistics:
     """(mu, sigma, num_images) of a sample file (optionally subsampled) or a statistics file."""
     loaded = _read_input(Path(path), num, seed)
     return _statistics_of_input(loaded, weights, device, batch_size)
+
+
+def _input_metadata(path: Path, loaded: Statistics | np.ndarray) -> dict:
+    """Image shape [H,W,C] and network hash of one side (None where unknown)."""
+    if isinstance(loaded, tuple):
+        return statistics_metadata(path)
+    return {"image_shape": [int(v) for v in loaded.shape[1:]], "weights_sha256": None}
+
+
+def _check_same_inputs(paths: list[Path], meta: list[dict], network_sha: str | None) -> str | None:
+    """Refuse sides of different image shapes or networks; return the network's SHA-256."""
+    shapes = [m["image_shape"] for m in meta]
+    if None not in shapes and shapes[0] != shapes[1]:
+        raise ValueError(
+            f"FID needs images of one shape [H,W,C]: {paths[0]} has {shapes[0]}, "
+            f"{paths[1]} has {shapes[1]}"
+        )
+    hashes = {m["weights_sha256"] for m in meta} - {None}
+    if network_sha is not None:
+        hashes.add(network_sha)
+    if len(hashes) > 1:
+        raise ValueError(
+            f"FID inputs come from different Inception weights (SHA-256 {sorted(hashes)}): "
+            f"{paths[0]}, {paths[1]}; recompute the statistics with one weights file"
+        )
+    return next(iter(hashes), None)
 
 
 def fid_between(
@@ -340,26 +504,41 @@ def fid_between(
     num_b: int | None = None,
     seed: int = 0,
     device: str | torch.device = "auto",
-    batch_size: int = 50,
+    batch_size: int | None = None,
     sqrtm: str = "pytorch_fid",
 ) -> dict:
     """FID between two sample/statistics files: {"fid", "num_images_a", "num_images_b", ...}.
 
     ``sqrtm`` is :func:`fid_from_stats`'s ``method`` and is recorded under "sqrtm".
-    Both inputs are read and validated before any feature is computed.
+    Both inputs are read and validated before any feature is computed: they must hold
+    images of the same shape [H,W,C] (``image_shape``) and, where a statistics file
+    records it, come from the same weights, whose verified SHA-256 is recorded under
+    ``weights_sha256``.
     """
     if sqrtm not in SQRTM_METHODS:
         raise ValueError(f"unknown FID sqrtm method {sqrtm!r}; choose from {SQRTM_METHODS}")
-    loaded = [_read_input(Path(a), num_a, seed), _read_input(Path(b), num_b, seed)]
+    paths = [Path(a), Path(b)]
+    loaded = [_read_input(paths[0], num_a, seed), _read_input(paths[1], num_b, seed)]
+    meta = [_input_metadata(p, x) for p, x in zip(paths, loaded, strict=True)]
+    needs_network = any(not isinstance(x, tuple) for x in loaded)
+    network_sha = None
+    if needs_network and weights is not None:
+        network_sha = verify_weights(weights) if Path(weights).is_file() else None
+    _check_same_inputs(paths, meta, network_sha)
     (mu_a, s_a, n_a), (mu_b, s_b, n_b) = (
         _statistics_of_input(x, weights, device, batch_size) for x in loaded
     )
+    if needs_network and network_sha is None:  # pytorch-fid's download, verified on loading
+        network_sha = sha256_of(weights_file(weights))
+    weights_sha = _check_same_inputs(paths, meta, network_sha)
     return {
         "fid": fid_from_stats(mu_a, s_a, mu_b, s_b, method=sqrtm),
         "sqrtm": sqrtm,
         "num_images_a": n_a,
         "num_images_b": n_b,
         "weights": str(weights) if weights is not None else f"pytorch-fid ({hub_cache_file()})",
+        "weights_sha256": weights_sha,
+        "image_shape": next((m["image_shape"] for m in meta if m["image_shape"]), None),
         "a": str(a),
         "b": str(b),
         "seed": seed,
@@ -373,7 +552,13 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--weights", default=None, help=f"path to pytorch-fid's {WEIGHTS_FILE_NAME}")
     p.add_argument("--seed", type=int, default=0, help="seed of the random subsets")
     p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, ...")
-    p.add_argument("--batch-size", type=int, default=50, help="images per Inception batch")
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        default=None,
+        help=f"images per Inception batch (default {DEFAULT_BATCH['cuda']} on a GPU, "
+        f"{DEFAULT_BATCH['cpu']} on a CPU)",
+    )
 
 
 def _cmd_fid(args: argparse.Namespace) -> int:
@@ -398,7 +583,8 @@ def _cmd_fid_stats(args: argparse.Namespace) -> int:
     if isinstance(images, tuple):
         raise ValueError(f"{args.samples}: already a statistics file, not a sample file")
     mu, sigma = statistics(images, args.weights, args.device, args.batch_size)
-    save_statistics(args.out, mu, sigma, len(images))
+    sha = sha256_of(weights_file(args.weights))  # verified when the network was loaded
+    save_statistics(args.out, mu, sigma, len(images), images.shape[1:], sha)
     print(f"FID statistics of {len(images)} images from {args.samples} -> {args.out}")
     return 0
 

@@ -266,10 +266,9 @@ def job_count(config: Mapping) -> dict[str, int]:
         "sample": len(trained) * seeds,
         "sample_real": (len(exps) - len(trained)) * seeds,
         "fid": len(exps) * seeds,
-        "classify": sum(
+        "classify": sum(  # one job trains all seeds of one classifier
             len(config_lib.classifiers_of(config, config_lib.dataset_of(config, e))) for e in exps
-        )
-        * seeds,
+        ),
         "grad_study": len(cell_experiments(config, "fig4c")) if "fig4c" in names else 0,
         "reports": len(names),
         "all": 1,

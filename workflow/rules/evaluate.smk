@@ -12,6 +12,7 @@ rule sample:
         f"{LOGS}/sample_{{exp}}_seed{{seed}}.log",
     benchmark:
         f"{BENCH}/sample_{{exp}}_seed{{seed}}.tsv"
+    priority: 20
     threads: 2
     resources:
         gpu=GPUS,
@@ -38,6 +39,7 @@ rule sample_real:
         f"{LOGS}/sample_{{exp}}_seed{{seed}}.log",
     benchmark:
         f"{BENCH}/sample_{{exp}}_seed{{seed}}.tsv"
+    priority: 20
     threads: 1
     resources:
         mem_mb=4000,
@@ -62,6 +64,7 @@ rule fid_reference:
         f"{LOGS}/fid_reference_{{dataset}}.log",
     benchmark:
         f"{BENCH}/fid_reference_{{dataset}}.tsv"
+    priority: 20
     threads: 2
     resources:
         gpu=GPUS,
@@ -88,6 +91,7 @@ rule fid:
         f"{LOGS}/fid_{{exp}}_seed{{seed}}.log",
     benchmark:
         f"{BENCH}/fid_{{exp}}_seed{{seed}}.tsv"
+    priority: 10
     threads: 2
     resources:
         gpu=GPUS,
@@ -100,31 +104,39 @@ rule fid:
         " --sqrtm {params.sqrtm} {params.weights} {params.device} > {log} 2>&1"
 
 
+# One job per (experiment, classifier) trains all seeds in one process (test set moved to
+# the device once, no process start and CUDA set-up per seed); one result file per seed.
+# The class count comes from the dataset definition (--dataset), never from the labels.
 rule classify:
     input:
-        train=f"{RESULTS}/{{exp}}/samples_seed{{seed}}.npz",
+        train=expand(f"{RESULTS}/{{{{exp}}}}/samples_seed{{seed}}.npz", seed=SEEDS),
         test=dataset_file("test"),
     output:
-        f"{RESULTS}/{{exp}}/acc_{{model}}_seed{{seed}}.json",
+        expand(f"{RESULTS}/{{{{exp}}}}/acc_{{{{model}}}}_seed{{seed}}.json", seed=SEEDS),
     params:
+        seeds=" ".join(map(str, SEEDS)),
+        dataset=lambda wildcards: dataset_of(config, wildcards.exp),
         max_epochs=EVAL["max_epochs"],
         patience=EVAL["patience"],
         batch_size=EVAL["batch_size"],
         max_iter=EVAL["logreg_max_iter"],
         device=DEVICE,
     log:
-        f"{LOGS}/classify_{{exp}}_{{model}}_seed{{seed}}.log",
+        f"{LOGS}/classify_{{exp}}_{{model}}.log",
     benchmark:
-        f"{BENCH}/classify_{{exp}}_{{model}}_seed{{seed}}.tsv"
+        f"{BENCH}/classify_{{exp}}_{{model}}.tsv"
+    # FID (priority 10) and sampling (20) go first: FID never waits for the classifiers.
+    priority: 0
     threads: 2
     resources:
         gpu=lambda wildcards: classifier_gpus(wildcards.model),
         mem_mb=8000,
-        runtime=240,
+        runtime=lambda wildcards: 240 * len(SEEDS),
     conda:
         CONDA_ENV
     shell:
         "dpsinkhorn classify --model {wildcards.model} --train {input.train} --test {input.test}"
-        " --seed {wildcards.seed} --out {output} --max-epochs {params.max_epochs}"
+        " --seed {params.seeds} --out {output} --dataset {params.dataset}"
+        " --max-epochs {params.max_epochs}"
         " --patience {params.patience} --batch-size {params.batch_size}"
         " --max-iter {params.max_iter} {params.device} > {log} 2>&1"
