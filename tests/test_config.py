@@ -167,6 +167,7 @@ def test_sigma_must_be_positive(tmp_path, sigma):
         ("delta: 1.0", "delta", "must be < 1"),
         ("table1_row: real", "table1_row", "needs method real_data"),
         ("table1_row: sound10", "table1_row", "target_epsilon: 10"),
+        ("table1_row: perrow", "table1_row", "needs clipping: per_sample, not batch"),
     ],
 )
 def test_semantic_errors_name_the_key(tmp_path, body, key, text):

@@ -844,7 +844,7 @@ def reproduced_cells(config: Mapping, out_dir: Path, table: str) -> list[Reprodu
                 continue
             label = f"{report.DATASET_TITLES.get(row.dataset, row.dataset)}: {row.method}"
             found += _row_cells(label, row, report.METRICS)
-            if row.method == report.ROW_LABELS["paper"]:
+            if row.method in {report.ROW_LABELS[k] for k in report.PAPER_SETTING_ROWS}:
                 found.append(_epsilon_cell(label, row, report.PAPER_DP_EPSILON))
     elif table in report.CELEBA_TABLES:
         spec = report.CELEBA_TABLES[table]
