@@ -139,6 +139,7 @@ class Row:
     exp_name: str | None = None  # our rows: the experiment that produced it
     seeds: int = 0
     privacy: dict = field(default_factory=dict)  # our DP rows: the privacy.json ledger
+    counts: dict[str, int] = field(default_factory=dict)  # results sets: seeds per metric
 
 
 # ---------------------------------------------------------------------- collecting
@@ -395,7 +396,7 @@ def mechanism_note(rows: Sequence[Row]) -> str:
     parts = []
     for r in rows:
         clipping = r.privacy.get("clipping")
-        if r.source != THIS_RUN or clipping is None:
+        if r.source == REPORTED or clipping is None:
             continue
         title = DATASET_TITLES.get(r.dataset, r.dataset)
         text = f"{title} *{r.method}* (`{r.exp_name}`): {CLIPPING_TEXT.get(clipping, clipping)}"
@@ -824,6 +825,7 @@ def register_cli(subparsers: argparse._SubParsersAction) -> None:
         sub.add_argument("--out-dir", required=True, help="the run's results folder")
         sub.set_defaults(handler=_celeba_cli)
     # Tables 2/4/5, Figures 2/4a/4b/4c/5/7, reproduction.md (imported here: it imports us).
-    from dpsinkhorn import ablations
+    from dpsinkhorn import ablations, resultset
 
     ablations.register_reports(reports)
+    resultset.register(reports)
