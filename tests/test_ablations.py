@@ -280,3 +280,15 @@ def test_cli_names_a_missing_study(run, capsys):
     config, out = run
     assert main(["report", "table5", "--config", str(config), "--out-dir", str(out)]) == 2
     assert "no study 'table5'" in capsys.readouterr().err
+
+
+def test_reproduction_says_what_the_paper_epsilon_means(run, monkeypatch):
+    """reproduction.md carries the finding of the committed paper-scale results set."""
+    config, out = run
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])  # the repository root
+    (path,) = ablations.render("reproduction", [config], out)
+    md = path.read_text()
+    assert "## What the paper's ε = 10 means (results set `h100-83ae335`)" in md
+    assert "`mnist_perrow`" in md and "sound ε 983.70 (RDP) / 845.28 (PLD)" in md
+    assert "sound ε 1.01 (RDP) / 0.93 (PLD)" in md
+    assert "Reproduce: `snakemake" in md

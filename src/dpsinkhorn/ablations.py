@@ -930,7 +930,21 @@ def reproduction_markdown(config: Mapping, out_dir: Path, files: Sequence[str] =
             paper = report._paper_number(c.paper)
             lines.append(f"| {number} | {c.row} | {c.metric} | {paper} | {ours} | {diff} |")
         lines.append("")
+    lines += _epsilon_meaning_lines(config, out_dir, tables)
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _epsilon_meaning_lines(config: Mapping, out_dir: Path, tables: Sequence[str]) -> list[str]:
+    """ "What the paper's ε = 10 means": this run's paper-setting rows, then every committed
+    results set under ``./results-paper-scale`` (measured at paper scale; cwd = repo root)."""
+    from dpsinkhorn import resultset
+
+    lines = []
+    if "table1" in tables:
+        section = resultset.epsilon_meaning(report.table1_rows(config, out_dir), {})
+        if section:
+            lines += [section[0] + " (this run)", *section[1:]]
+    return lines + resultset.epsilon_meaning_of_sets(Path.cwd())
 
 
 def reproduction(config: ConfigLike, out_dir: PathLike) -> list[Path]:

@@ -130,7 +130,12 @@ def cpu_fid(set_dir: Path) -> dict[str, dict]:
 
 def epsilon_meaning(rows: Sequence[report.Row], provenance: dict) -> list[str]:
     """Markdown lines of "What the paper's ε = 10 means", from the paper-setting rows."""
-    pairs = [r for r in rows if r.privacy and r.paper.get("acc_cnn") is not None]
+    sound = {
+        id(r): report.sound_epsilons(r.privacy)
+        for r in rows
+        if r.privacy and r.paper.get("acc_cnn") is not None
+    }
+    pairs = [r for r in rows if sound.get(id(r))]
     if not pairs:
         return []
     lines = [
@@ -145,7 +150,7 @@ def epsilon_meaning(rows: Sequence[report.Row], provenance: dict) -> list[str]:
     ]
     commands = provenance.get("experiments", {})
     for r in pairs:
-        eps = report.sound_epsilons(r.privacy)
+        eps = sound[id(r)]
         title = report.DATASET_TITLES.get(r.dataset, r.dataset)
         clip = report.CLIPPING_TEXT.get(r.privacy.get("clipping"), r.privacy.get("clipping"))
         accs = ", ".join(
@@ -162,8 +167,9 @@ def epsilon_meaning(rows: Sequence[report.Row], provenance: dict) -> list[str]:
         command = commands.get(r.exp_name, {}).get("command")
         if command:
             lines.append(f"  Reproduce: `{command}`")
-    best = min(pairs, key=lambda r: abs(r.mean["acc_cnn"] - r.paper["acc_cnn"]))
-    if len(pairs) > 1:
+    measured = [r for r in pairs if r.mean.get("acc_cnn") is not None]
+    if len(measured) > 1:
+        best = min(measured, key=lambda r: abs(r.mean["acc_cnn"] - r.paper["acc_cnn"]))
         lines += [
             "",
             f"Of these, the row closest to the paper's CNN accuracy "
