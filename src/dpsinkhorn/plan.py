@@ -29,7 +29,7 @@ TRAIN_SIZES = {"mnist": 60000, "fmnist": 60000, "celeba": 162770}
 SAMPLE_FIGURES = ("fig2", "fig7")
 #: Every output name `targets` knows, in the paper's order.
 NAMES = ("table1", "table2", "table3", "table4", "table5", "table6", "fig2", "fig4a", "fig4b",
-         "fig4c", "fig5", "fig7", "reproduction")  # fmt: skip
+         "fig4c", "fig5", "fig7", "eps10", "reproduction")  # fmt: skip
 
 
 # ------------------------------------------------------------------------ file lists
@@ -119,7 +119,10 @@ def inputs(config: Mapping, name: str, results: str | Path) -> dict[str, list[st
         return {"samples": [str(results / e / f"samples_seed{seed}.npz") for e in exps]}
     if name == "reproduction":
         tables = [n for n in available(config) if n.startswith("table")]
-        return {"tables": [outputs(config, t, results)["csv"] for t in tables]}
+        files = {"tables": [outputs(config, t, results)["csv"] for t in tables]}
+        if "eps10" in available(config):  # its cells are a section of reproduction.md
+            files["studies"] = [outputs(config, "eps10", results)["csv"]]
+        return files
     files = {
         "results": evaluation_files(config, results, exps),
         "privacy": privacy_files(config, results, exps),
