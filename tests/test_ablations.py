@@ -338,3 +338,17 @@ def test_eps10_study_figure_and_reproduction_section(run):
     cells_md = [c.strip() for c in line.strip("|").split("|")]
     assert cells_md[3] == "per_sample" and cells_md[7] == "10.00"
     assert cells_md[-1] == "-3.2"  # 80.0 - the paper's claimed 83.2
+
+
+def test_public_noise_seed_is_said_in_study_tables_and_captions(run):
+    config, out = run
+    name = next(c.experiment for c in ablations.study_cells(load_config([config]), "table4"))
+    ledger = io.read_json(out / name / "privacy.json")
+    public = ledger | {"guarantee": "none: the noise seed is public"}
+    io.write_json(out / name / "privacy.json", public)
+    ablations.render("table4", [config], out)
+    md = (out / "tables" / "table4.md").read_text()
+    assert f"No privacy guarantee for `{name}`: the noise seed was public" in md
+    caption = ablations.caption([config], out, "table4")
+    assert f"No privacy guarantee for {name}: the noise seed was public" in caption
+    assert "No privacy guarantee" not in ablations.caption([config], out, "fig4a")

@@ -399,6 +399,8 @@ def _table_markdown(
     )
     budget = _budget_note(results)
     lines = [f"# {TITLES[table]}", "", caption + (f" {budget}" if budget else ""), ""]
+    public = report.guarantee_note([r.row for r in results])
+    lines += [public, ""] if public else []
     if table == "table2":
         settings = ["Image gradient perturbation", "Loss", "Debiasing"]
     else:
@@ -1180,6 +1182,18 @@ def caption(
         reasons = _not_paper_scale(config, files)
         if reasons:
             parts.append(f"Not at paper scale: {'; '.join(reasons)}.")
+    public = [
+        e
+        for e in exps
+        if str(_read_privacy(out_dir / e / "privacy.json").get("guarantee", "")).startswith(
+            report.NO_GUARANTEE_PREFIX
+        )
+    ]
+    if public:
+        parts.append(
+            f"No privacy guarantee for {', '.join(public)}: the noise seed was public "
+            "(reproducible: true)."
+        )
     return _rst_safe(" ".join(parts))
 
 

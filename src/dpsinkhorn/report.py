@@ -758,6 +758,8 @@ def celeba_table(table: str, config_files: Sequence[str | Path], out_dir: str | 
     specs = [experiment(config, r.exp_name) for r in rows if r.exp_name]
     deltas = sorted({f"{e['delta']:g}" for e in specs if e["method"] == "dp_sinkhorn"})
     lines = [f"# {spec.title}", ""] + ([fixture, ""] if fixture else [])
+    public = guarantee_note(rows)
+    lines += [public, ""] if public else []
     lines += [
         f"Rows from *this run* are mean ± std over {seeds} seed(s) (sample std, ddof=1; no ± "
         f"for one seed); each seed is one synthetic set of {config['evaluation']['num_samples']} "
