@@ -109,3 +109,6 @@ def test_committed_h100_set_holds_no_loss_no_generator_and_its_table_is_current(
     perrow = row_cells(md, "mnist_perrow")
     assert perrow[3] == "983.70"  # sound ε (RDP) of the per-row ledger
     assert perrow[6].startswith("missing (0/5 seeds)")  # no FID at paper scale
+    # the small-sample CPU FID is shown apart, with its sizes, never in the FID column
+    small = md.split("## Small-sample FID on CPU (not the paper's protocol)")[1]
+    assert "| `mnist_perrow` | 51.8 | 2000 | 2000 | pytorch_fid |" in small

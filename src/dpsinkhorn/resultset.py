@@ -246,8 +246,8 @@ def markdown(rows: Sequence[report.Row], config: dict, set_dir: Path, provenance
             "",
             "## Small-sample FID on CPU (not the paper's protocol)",
             "",
-            "FID between generated samples and real test images, each a seeded random subset "
-            "of the sizes below, with pytorch-fid's Inception weights. The paper's protocol "
+            "FID between samples of the generator and a seeded random subset of the real test "
+            "set, of the sizes below, with pytorch-fid's Inception weights. The paper's protocol "
             "is 60,000 generated images against the full 10,000-image test set; a FID from "
             "fewer images is biased upwards and is NOT comparable with the paper's FID or with "
             "Table 1's FID column, which stays missing above. Command: `cpu-fid/README.md`.",
