@@ -795,7 +795,7 @@ def _eps10(config: Mapping, out_dir: Path) -> list[Path]:
     results = _eps10_results(config, out_dir)
     seeds = len(config["seeds"])
     models = _classifiers(config, results)
-    fig, axes = _figure(1, 2, width=5.0, height=0.8 + 0.3 * len(results))
+    fig, axes = _figure(1, 2, width=5.0, height=1.8 + 0.35 * len(results))
     ys = np.arange(len(results), dtype=float)
     ax = axes[0, 0]
     for k, model in enumerate(models):
@@ -821,7 +821,7 @@ def _eps10(config: Mapping, out_dir: Path) -> list[Path]:
         ax.set_yticks(ys, [_eps10_label(r) for r in results], fontsize=7)
         ax.invert_yaxis()
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, loc="lower left", bbox_to_anchor=(0.0, 1.01), ncol=2)
     fig.suptitle(TITLES["eps10"], fontsize=10)
     written = _save_figure(fig, out_dir, "eps10")
     records = [
