@@ -229,7 +229,8 @@ def test_reproduction_lists_paper_ours_and_difference(run):
 
 def test_caption_with_and_without_results(run, tmp_path):
     config, out = run
-    for name in [n for n in ablations.CAPTIONED if n not in ("table3", "table5", "table6")]:
+    not_in_config = ("table3", "table5", "table6", "eps10")
+    for name in [n for n in ablations.CAPTIONED if n not in not_in_config]:
         text = ablations.caption([config], tmp_path / "nothing", name)
         assert text == text.strip() and "\n" not in text
         assert "`" not in text and "*" not in text and "|" not in text
@@ -265,7 +266,7 @@ def test_cli_subcommands(run, capsys):
     config, out = run
     parser = argparse.ArgumentParser()
     report.register_cli(parser.add_subparsers(dest="command"))
-    for name in [n for n in ablations.REPORTS if n != "table5"]:
+    for name in [n for n in ablations.REPORTS if n not in ("table5", "eps10")]:  # not in CONFIG
         args = parser.parse_args(["report", name, "--config", str(config), "--out-dir", str(out)])
         assert args.handler(args) == 0
     printed = capsys.readouterr().out.split()
@@ -280,3 +281,74 @@ def test_cli_names_a_missing_study(run, capsys):
     config, out = run
     assert main(["report", "table5", "--config", str(config), "--out-dir", str(out)]) == 2
     assert "no study 'table5'" in capsys.readouterr().err
+
+
+def test_reproduction_says_what_the_paper_epsilon_means(run, monkeypatch):
+    """reproduction.md carries the finding of the committed paper-scale results set."""
+    config, out = run
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])  # the repository root
+    (path,) = ablations.render("reproduction", [config], out)
+    md = path.read_text()
+    assert "## What the paper's ε = 10 means (results set `h100-83ae335`)" in md
+    assert "`mnist_perrow`" in md and "sound ε 983.70 (RDP) / 845.28 (PLD)" in md
+    assert "sound ε 1.01 (RDP) / 0.93 (PLD)" in md
+    assert "Reproduce: `snakemake" in md
+
+
+EPS10 = """
+  eps10:
+    bases: [mnist_dpsinkhorn]
+    settings: {sigma: null, target_epsilon: 10.0}
+    cells:
+      b50: {steps: 10}
+      b250: {batch_size: 250, steps: 10}
+      b50_perrow: {clipping: per_sample, steps: 10}
+"""
+
+
+def test_eps10_study_figure_and_reproduction_section(run):
+    """The sound ε = 10 study: one point per cell, the paper's claimed row as reference."""
+    from dpsinkhorn.studies import study_cells
+
+    config_file, out = run
+    config_file.write_text(config_file.read_text() + EPS10)
+    config = load_config([config_file])
+    cells = study_cells(config, "eps10")
+    assert [c.label for c in cells] == ["b50", "b250", "b50_perrow"]
+    for k, cell in enumerate(cells):  # CNN 70%, 75%, 80%
+        for seed in config["seeds"]:
+            io.write_json(out / cell.experiment / f"fid_seed{seed}.json", {"fid": 90.0 - k})
+            for model in ["logreg", "mlp", "cnn"]:
+                acc = {"accuracy": 0.70 + 0.05 * k}
+                io.write_json(out / cell.experiment / f"acc_{model}_seed{seed}.json", acc)
+        ledger = {"epsilon": 10.0, "epsilon_paper_convention": 99.0, "steps": 10, "sigma": 2.0}
+        io.write_json(out / cell.experiment / "privacy.json", ledger)
+    written = ablations.render("eps10", [config_file], out)
+    assert {p.name for p in written} == {"eps10.png", "eps10.pdf", "eps10.csv"}
+    rows = read_csv(out / "figures" / "eps10.csv")
+    assert [r["batch_size"] for r in rows] == ["50", "250", "50"]
+    assert [r["clipping"] for r in rows] == ["batch", "batch", "per_sample"]
+    assert [float(r["acc_cnn"]) for r in rows] == pytest.approx([70.0, 75.0, 80.0])
+    caption = ablations.caption([config_file], out, "eps10")
+    assert "3 cells from mnist_dpsinkhorn" in caption and "ε 10.00 sound" in caption
+    (path,) = ablations.render("reproduction", [config_file], out)
+    md = path.read_text()
+    assert "## Sound ε = 10 study (MNIST)" in md
+    line = next(x for x in md.splitlines() if x.startswith("| b50_perrow |"))
+    cells_md = [c.strip() for c in line.strip("|").split("|")]
+    assert cells_md[3] == "per_sample" and cells_md[7] == "10.00"
+    assert cells_md[-1] == "-3.2"  # 80.0 - the paper's claimed 83.2
+
+
+def test_public_noise_seed_is_said_in_study_tables_and_captions(run):
+    config, out = run
+    name = next(c.experiment for c in ablations.study_cells(load_config([config]), "table4"))
+    ledger = io.read_json(out / name / "privacy.json")
+    public = ledger | {"guarantee": "none: the noise seed is public"}
+    io.write_json(out / name / "privacy.json", public)
+    ablations.render("table4", [config], out)
+    md = (out / "tables" / "table4.md").read_text()
+    assert f"No privacy guarantee for `{name}`: the noise seed was public" in md
+    caption = ablations.caption([config], out, "table4")
+    assert f"No privacy guarantee for {name}: the noise seed was public" in caption
+    assert "No privacy guarantee" not in ablations.caption([config], out, "fig4a")

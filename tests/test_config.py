@@ -167,6 +167,7 @@ def test_sigma_must_be_positive(tmp_path, sigma):
         ("delta: 1.0", "delta", "must be < 1"),
         ("table1_row: real", "table1_row", "needs method real_data"),
         ("table1_row: sound10", "table1_row", "target_epsilon: 10"),
+        ("table1_row: perrow", "table1_row", "needs clipping: per_sample, not batch"),
     ],
 )
 def test_semantic_errors_name_the_key(tmp_path, body, key, text):
@@ -315,8 +316,9 @@ def test_dry_run_default_config_and_overrides(tmp_path):
     overrides = ["data_mirror=../m", "fid_weights=w.pth", "device=cpu"]
     result = snakemake(tmp_path, "-n", "--config", *overrides)
     assert result.returncode == 0, result.stdout + result.stderr
-    # Table 1: 6 MNIST / Fashion-MNIST, Tables 3/6: 3 CelebA, studies: 43 more.
-    assert job_counts(result.stdout)["train"] == 9 + 43
+    # Table 1: 8 MNIST / Fashion-MNIST, Tables 3/6: 3 CelebA, studies: 43 more, and the
+    # sound ε = 10 study 19 (its b50 cell is mnist_dpsinkhorn_eps10).
+    assert job_counts(result.stdout)["train"] == 11 + 43 + 19
     assert "dpsinkhorn data --dataset mnist --root data --mirror ../m" in result.stdout
     assert "--weights w.pth --device cpu" in result.stdout
     paper = REPO / "config" / "config.yaml"

@@ -189,3 +189,72 @@ def test_cli(run):
     args = parser.parse_args(["report", "table1", "--config", str(config), "--out-dir", str(out)])
     assert args.handler(args) == 0
     assert (out / "tables" / "table1.md").is_file()
+
+
+def _ledger(clipping: str, sigma: float, steps: int, guarantee: str | None = None) -> dict:
+    """A privacy.json ledger as train writes it (the accountant's numbers, not typed in)."""
+    from dpsinkhorn import privacy
+
+    z = privacy.noise_multiplier(sigma, 50, clipping)
+    ledger = {
+        "clipping": clipping,
+        "sigma": sigma,
+        "q": 50 / 60000,
+        "steps": steps,
+        "delta": 1e-5,
+        "noise_multiplier": z,
+        "sensitivity": sigma / z,  # noise std / multiplier, with clip 0.5 (std = 2 Δ σ = σ)
+        "epsilon": privacy.compute_epsilon(z, 50 / 60000, steps, 1e-5),
+        "epsilon_paper_convention": privacy.paper_convention_epsilon(
+            50 / 60000, sigma, steps, 50, 1e-5
+        ),
+        "accountant": "rdp (dp-accounting)",
+    }
+    return ledger | ({"guarantee": guarantee} if guarantee else {})
+
+
+def test_perrow_row_names_its_mechanism_and_both_sound_epsilons(run):
+    config, out = run
+    text = config.read_text().replace(
+        "  fmnist_dpsinkhorn:",
+        "  mnist_perrow:\n"
+        "    {dataset: mnist, table1_row: perrow, clipping: per_sample, steps: 1000}\n"
+        "  fmnist_dpsinkhorn:",
+    )
+    config.write_text(text.replace("table1_row: paper}", "table1_row: paper, steps: 1000}", 1))
+    for seed, (fid, *accs) in enumerate(RESULTS["mnist_dpsinkhorn"]):
+        io.write_json(out / "mnist_perrow" / f"fid_seed{seed}.json", {"fid": fid + 1})
+        for model, acc in zip(["logreg", "mlp", "cnn"], accs, strict=True):
+            io.write_json(out / "mnist_perrow" / f"acc_{model}_seed{seed}.json", {"accuracy": acc})
+    block, perrow = _ledger("batch", 1.5, 1000), _ledger("per_sample", 1.5, 1000)
+    io.write_json(out / "mnist_dpsinkhorn" / "privacy.json", block)
+    io.write_json(out / "mnist_perrow" / "privacy.json", perrow)
+    report.table1([config], out)
+    rows = read_csv(out / "tables" / "table1.csv")
+    row = rows[(report.ROW_LABELS["perrow"], "mnist")]
+    assert float(row["epsilon"]) == pytest.approx(perrow["epsilon"], rel=1e-3)
+    # same paper-convention ε as the block row, much larger sound ε
+    assert (
+        row["epsilon_paper_convention"]
+        == rows[(report.ROW_LABELS["paper"], "mnist")]["epsilon_paper_convention"]
+    )
+    assert perrow["epsilon"] > 10 * block["epsilon"]
+    md = (out / "tables" / "table1.md").read_text()
+    assert "each generated row clipped to Δ" in md and "as one vector" in md
+    assert "noise multiplier 0.212" in md  # σ / √B = 1.5 / √50
+    perrow_line = next(line for line in md.splitlines() if "`mnist_perrow` | dp_sinkhorn" in line)
+    cells = [c.strip() for c in perrow_line.strip("|").split("|")]
+    assert cells[4] == "per_sample"
+    assert float(cells[11]) == pytest.approx(perrow["epsilon"], abs=0.01)  # RDP
+    assert 0 < float(cells[12]) < float(cells[11])  # PLD is tighter than RDP here
+    assert "noise seed was public" not in md
+
+
+def test_public_noise_seed_is_said_in_the_caption(run):
+    config, out = run
+    public = _ledger("batch", 1.5, 10, guarantee="none: the noise seed is public")
+    io.write_json(out / "mnist_dpsinkhorn" / "privacy.json", public)
+    report.table1([config], out)
+    md = (out / "tables" / "table1.md").read_text()
+    assert "No privacy guarantee for `mnist_dpsinkhorn`: the noise seed was public" in md
+    assert "`fmnist_dpsinkhorn`" not in md.split("No privacy guarantee")[1].split("**")[0]

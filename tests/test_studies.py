@@ -182,3 +182,39 @@ def test_plan_measures_steps_per_s(tmp_path):
     (row,) = result["training"]
     assert row["steps_per_s"] > 0 and row["hours"] == pytest.approx(20 / row["steps_per_s"] / 3600)
     assert result["steps_per_s_source"].startswith("measured")
+
+
+H100_RATES = ROOT / "results-paper-scale" / "h100-83ae335" / "step_rates.json"
+
+
+def test_eps10_study_hours_from_measured_h100_rates():
+    """The sound ε = 10 study of config.yaml, planned from the committed H100 rates."""
+    config = config_lib.load_config([ROOT / "config" / "config.yaml"])
+    names = studies.study_experiments(config, "eps10")
+    assert names[0] == "mnist_dpsinkhorn_eps10" and len(names) == 20
+    for name in names:  # every cell spends a sound ε = 10 with its own solved σ
+        spec = config_lib.experiment(config, name)
+        assert spec["target_epsilon"] == 10.0 and spec["sigma"] is None
+    rates = plan.load_rates(H100_RATES)
+    result = plan.plan_from_rates(config, rates, names, sweep_runs=8)
+    b50 = [j for j in result["jobs"] if j["batch_size"] == 50]
+    assert len(b50) == 1 and len(b50[0]["experiments"]) == 6  # one sweep of the B 50 cells
+    assert b50[0]["steps_per_s"] == 114.84 and b50[0]["rate_source"].startswith("8-run rate")
+    assert result["hours_measured"] == pytest.approx(160000 / 114.84 / 3600)
+    # B 250 and 1000 were never timed on the GPU: listed, not guessed
+    assert len(result["unmeasured"]) == 14
+    assert all(j["hours"] is None for j in result["jobs"] if j["batch_size"] != 50)
+    single = plan.plan_from_rates(config, rates, names[:2], sweep_runs=1)
+    assert [j["steps_per_s"] for j in single["jobs"]] == [516.85, 516.85]
+
+
+def test_plan_cli_needs_rates_for_a_study_and_names_a_bad_rates_file(tmp_path, capsys):
+    from dpsinkhorn import cli
+
+    config = str(ROOT / "config" / "config.yaml")
+    assert cli.main(["plan", "--config", config, "--study", "eps10"]) == 2
+    assert "--study needs --rates" in capsys.readouterr().err
+    bad = tmp_path / "rates.json"
+    bad.write_text('{"rates": [{"dataset": "mnist", "batch_size": 50, "runs": 1}]}')
+    assert cli.main(["plan", "--config", config, "--study", "eps10", "--rates", str(bad)]) == 2
+    assert "rates[0] has no 'steps_per_s'" in capsys.readouterr().err

@@ -48,14 +48,15 @@ from dpsinkhorn.config import (
 from dpsinkhorn.studies import STUDIES, configured_studies, study_cells, study_experiments
 
 TABLES = ("table2", "table4", "table5")
-FIGURES = ("fig4a", "fig4b", "fig4c", "fig5")
+FIGURES = ("fig4a", "fig4b", "fig4c", "fig5", "eps10")
 SAMPLE_FIGURES = {"fig2": 10, "fig7": 20}  # name -> samples per class
 #: The ``dpsinkhorn report`` sub-commands this module adds, in the paper's order.
 REPORTS = ("table2", "table4", "table5", "fig2", "fig4a", "fig4b", "fig4c", "fig5", "fig7")
+REPORTS += ("eps10",)
 REPORTS += ("reproduction",)
 #: Every output :func:`caption` describes.
 CAPTIONED = ("table1", "table2", "table3", "table4", "table5", "table6", "fig2", "fig4a")
-CAPTIONED += ("fig4b", "fig4c", "fig5", "fig7", "reproduction")
+CAPTIONED += ("fig4b", "fig4c", "fig5", "fig7", "eps10", "reproduction")
 
 TITLES = {
     **STUDIES,
@@ -398,6 +399,8 @@ def _table_markdown(
     )
     budget = _budget_note(results)
     lines = [f"# {TITLES[table]}", "", caption + (f" {budget}" if budget else ""), ""]
+    public = report.guarantee_note([r.row for r in results])
+    lines += [public, ""] if public else []
     if table == "table2":
         settings = ["Image gradient perturbation", "Loss", "Debiasing"]
     else:
@@ -772,7 +775,102 @@ def _samples_figure(config: Mapping, out_dir: Path, name: str) -> list[Path]:
     return written + [_write_csv(out_dir / "figures" / f"{name}.csv", columns, records)]
 
 
+#: The paper's claimed MNIST DP-Sinkhorn row (final Table 1), reported as ε = 10 under its
+#: convention: the reference line of the sound ε = 10 study.
+PAPER_CLAIM = dict(zip(report.METRICS, report.PAPER_DP["mnist"], strict=True))
+EPS10_COLUMNS = (*FIGURE_CSV_COLUMNS, "batch_size", "clipping", "noise_multiplier")
+
+
+def _eps10_results(config: Mapping, out_dir: Path) -> list[CellResult]:
+    return measure_study(config, out_dir, "eps10", paper=lambda spec: report.PAPER_DP["mnist"])
+
+
+def _eps10_label(r: CellResult) -> str:
+    sigma = "σ –" if r.sigma is None else f"σ {r.sigma:.3g}"
+    return f"{r.label} (B {r.spec['batch_size']}, {r.steps} steps, {sigma})"
+
+
+def _eps10(config: Mapping, out_dir: Path) -> list[Path]:
+    """Accuracy and FID of each cell at a sound ε = 10, the paper's claimed row as a line."""
+    results = _eps10_results(config, out_dir)
+    seeds = len(config["seeds"])
+    models = _classifiers(config, results)
+    fig, axes = _figure(1, 2, width=5.0, height=1.8 + 0.35 * len(results))
+    ys = np.arange(len(results), dtype=float)
+    ax = axes[0, 0]
+    for k, model in enumerate(models):
+        points = [(y, _metric(f"acc_{model}")(r)) for y, r in zip(ys, results, strict=True)]
+        points = [(y + 0.2 * (k - (len(models) - 1) / 2), v) for y, v in points if v]
+        if points:
+            means, stds = [v[0] for _, v in points], [v[1] for _, v in points]
+            ax.errorbar(means, [y for y, _ in points], xerr=stds if seeds > 1 else None,
+                        fmt="o", ms=4, label=model)  # fmt: skip
+    ax.axvline(PAPER_CLAIM["acc_cnn"], color="k", ls="--", lw=1,
+               label=f"paper's claimed row: CNN {PAPER_CLAIM['acc_cnn']:g}%")  # fmt: skip
+    ax.set_xlabel("accuracy on the real test set (%) ↑")
+    ax = axes[0, 1]
+    fid = [(y, _metric("fid")(r)) for y, r in zip(ys, results, strict=True)]
+    fid = [(y, v) for y, v in fid if v]
+    if fid:
+        ax.errorbar([v[0] for _, v in fid], [y for y, _ in fid], fmt="o", ms=4, label="FID",
+                    xerr=[v[1] for _, v in fid] if seeds > 1 else None)  # fmt: skip
+    ax.axvline(PAPER_CLAIM["fid"], color="k", ls="--", lw=1,
+               label=f"paper's claimed row: FID {PAPER_CLAIM['fid']:g}")  # fmt: skip
+    ax.set_xlabel("FID ↓")
+    for ax in axes[0]:
+        ax.set_yticks(ys, [_eps10_label(r) for r in results], fontsize=7)
+        ax.invert_yaxis()
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="lower left", bbox_to_anchor=(0.0, 1.01), ncol=2)
+    fig.suptitle(TITLES["eps10"], fontsize=10)
+    written = _save_figure(fig, out_dir, "eps10")
+    records = [
+        _figure_record(
+            r, series=r.spec["clipping"], batch_size=r.spec["batch_size"],
+            clipping=r.spec["clipping"], noise_multiplier=r.privacy.get("noise_multiplier"),
+        )
+        for r in results
+    ]  # fmt: skip
+    return written + [_write_csv(out_dir / "figures" / "eps10.csv", EPS10_COLUMNS, records)]
+
+
+def _eps10_section(config: Mapping, out_dir: Path) -> list[str]:
+    """reproduction.md's table of the sound ε = 10 study, against the paper's claimed row."""
+    results = _eps10_results(config, out_dir)
+    models = _classifiers(config, results)
+    lines = [
+        f"## {TITLES['eps10']}",
+        "",
+        "Every cell spends a sound ε = 10 (σ solved for its B, steps and clipping mode). "
+        f"Goal: the paper's claimed MNIST row, CNN {PAPER_CLAIM['acc_cnn']:g}% (FID "
+        f"{PAPER_CLAIM['fid']:g}), which the paper reports as ε = 10 under its convention. "
+        "Figure: figures/eps10.png.",
+        "",
+        "| Cell | B | steps | clipping | σ | lr | p | ε (sound) | FID | "
+        + " | ".join(report.METRIC_TITLES_TEX[f"acc_{m}"] for m in models)
+        + " | CNN − paper |",
+        "|" + "---|" * (10 + len(models)),
+    ]
+    for r in results:
+
+        def cell(metric: str, r: CellResult = r) -> str:
+            mean, std = r.row.mean.get(metric), r.row.std.get(metric)
+            if mean is None:
+                return "–"
+            return f"{mean:.1f}" + (f" ± {std:.1f}" if r.row.seeds > 1 and std else "")
+
+        cnn = r.row.mean.get("acc_cnn")
+        diff = "–" if cnn is None else f"{cnn - PAPER_CLAIM['acc_cnn']:+.1f}"
+        cells = [r.label, str(r.spec["batch_size"]), str(r.steps), r.spec["clipping"],
+                 _g(r.sigma), f"{r.spec['lr']:g}", f"{r.spec['p']:g}",
+                 report._eps(r.row.epsilon, False), cell("fid"),
+                 *(cell(f"acc_{m}") for m in models), diff]  # fmt: skip
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines + [""]
+
+
 FIGURE_BUILDERS = {"fig4a": _fig4a, "fig4b": _fig4b, "fig4c": _fig4c, "fig5": _fig5}
+FIGURE_BUILDERS["eps10"] = _eps10
 
 
 def figure(name: str, config: ConfigLike, out_dir: PathLike) -> list[Path]:
@@ -844,7 +942,7 @@ def reproduced_cells(config: Mapping, out_dir: Path, table: str) -> list[Reprodu
                 continue
             label = f"{report.DATASET_TITLES.get(row.dataset, row.dataset)}: {row.method}"
             found += _row_cells(label, row, report.METRICS)
-            if row.method == report.ROW_LABELS["paper"]:
+            if row.method in {report.ROW_LABELS[k] for k in report.PAPER_SETTING_ROWS}:
                 found.append(_epsilon_cell(label, row, report.PAPER_DP_EPSILON))
     elif table in report.CELEBA_TABLES:
         spec = report.CELEBA_TABLES[table]
@@ -930,7 +1028,23 @@ def reproduction_markdown(config: Mapping, out_dir: Path, files: Sequence[str] =
             paper = report._paper_number(c.paper)
             lines.append(f"| {number} | {c.row} | {c.metric} | {paper} | {ours} | {diff} |")
         lines.append("")
+    if "eps10" in configured_studies(config):
+        lines += _eps10_section(config, out_dir)
+    lines += _epsilon_meaning_lines(config, out_dir, tables)
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _epsilon_meaning_lines(config: Mapping, out_dir: Path, tables: Sequence[str]) -> list[str]:
+    """ "What the paper's ε = 10 means": this run's paper-setting rows, then every committed
+    results set under ``./results-paper-scale`` (measured at paper scale; cwd = repo root)."""
+    from dpsinkhorn import resultset
+
+    lines = []
+    if "table1" in tables:
+        section = resultset.epsilon_meaning(report.table1_rows(config, out_dir), {})
+        if section:
+            lines += [section[0] + " (this run)", *section[1:]]
+    return lines + resultset.epsilon_meaning_of_sets(Path.cwd())
 
 
 def reproduction(config: ConfigLike, out_dir: PathLike) -> list[Path]:
@@ -1068,6 +1182,18 @@ def caption(
         reasons = _not_paper_scale(config, files)
         if reasons:
             parts.append(f"Not at paper scale: {'; '.join(reasons)}.")
+    public = [
+        e
+        for e in exps
+        if str(_read_privacy(out_dir / e / "privacy.json").get("guarantee", "")).startswith(
+            report.NO_GUARANTEE_PREFIX
+        )
+    ]
+    if public:
+        parts.append(
+            f"No privacy guarantee for {', '.join(public)}: the noise seed was public "
+            "(reproducible: true)."
+        )
     return _rst_safe(" ".join(parts))
 
 
@@ -1095,6 +1221,7 @@ REPORT_HELP = {
     "fig4c": "Figure 4c (gradient bias and variance against p): figures/fig4c.{png,pdf,csv}",
     "fig5": "Figure 5 (FID and error rate against p): figures/fig5.{png,pdf,csv}",
     "fig7": "Figure 7 (samples, 20 per class): figures/fig7.{png,pdf,csv}",
+    "eps10": "sound ε = 10 study (B, lr, clipping, p; MNIST): figures/eps10.{png,pdf,csv}",
     "reproduction": "reproduction.md: paper vs this run for every reproduced table cell",
 }
 

@@ -55,6 +55,7 @@ TABLE1_ROWS = {
     "real": "real_data",
     "nonprivate": "sinkhorn",
     "paper": "dp_sinkhorn",
+    "perrow": "dp_sinkhorn",
     "sound10": "dp_sinkhorn",
 }
 
@@ -297,6 +298,14 @@ def _semantic_errors(config: dict) -> list[tuple[list, str]]:
                     at + ["table1_row"],
                     "row 'sound10' needs target_epsilon: 10 with sigma or steps null "
                     "(so that the target is what sets the noise or the length)",
+                )
+            )
+        if row == "perrow" and exp["clipping"] != "per_sample":
+            errors.append(
+                (
+                    at + ["table1_row"],
+                    "row 'perrow' is the paper's per-row mechanism: it needs clipping: per_sample, "
+                    f"not {exp['clipping']}",
                 )
             )
         other = rows.setdefault((exp["dataset"], row), name)

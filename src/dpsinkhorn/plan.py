@@ -29,7 +29,7 @@ TRAIN_SIZES = {"mnist": 60000, "fmnist": 60000, "celeba": 162770}
 SAMPLE_FIGURES = ("fig2", "fig7")
 #: Every output name `targets` knows, in the paper's order.
 NAMES = ("table1", "table2", "table3", "table4", "table5", "table6", "fig2", "fig4a", "fig4b",
-         "fig4c", "fig5", "fig7", "reproduction")  # fmt: skip
+         "fig4c", "fig5", "fig7", "eps10", "reproduction")  # fmt: skip
 
 
 # ------------------------------------------------------------------------ file lists
@@ -119,7 +119,10 @@ def inputs(config: Mapping, name: str, results: str | Path) -> dict[str, list[st
         return {"samples": [str(results / e / f"samples_seed{seed}.npz") for e in exps]}
     if name == "reproduction":
         tables = [n for n in available(config) if n.startswith("table")]
-        return {"tables": [outputs(config, t, results)["csv"] for t in tables]}
+        files = {"tables": [outputs(config, t, results)["csv"] for t in tables]}
+        if "eps10" in available(config):  # its cells are a section of reproduction.md
+            files["studies"] = [outputs(config, "eps10", results)["csv"]]
+        return files
     files = {
         "results": evaluation_files(config, results, exps),
         "privacy": privacy_files(config, results, exps),
@@ -309,6 +312,99 @@ def plan(
     }
 
 
+# ------------------------------------------------------------- from measured rates
+
+
+def load_rates(path: str | Path) -> list[dict]:
+    """Measured step rates (JSON ``{"rates": [{dataset, batch_size, runs, steps_per_s,
+    source}, ...]}``); a one-line error names the file and the bad entry."""
+    from dpsinkhorn import io
+
+    data = io.read_json(path)
+    rates = data.get("rates") if isinstance(data, dict) else None
+    if not isinstance(rates, list) or not rates:
+        raise ValueError(f"{path}: needs a non-empty list 'rates'")
+    for k, rate in enumerate(rates):
+        for key in ("dataset", "batch_size", "runs", "steps_per_s", "source"):
+            if key not in rate:
+                raise ValueError(f"{path}: rates[{k}] has no {key!r}")
+        if not rate["steps_per_s"] > 0:
+            raise ValueError(f"{path}: rates[{k}].steps_per_s must be > 0")
+    return rates
+
+
+def _matching_rate(rates: Sequence[dict], spec: Mapping, runs: int) -> tuple[dict | None, str]:
+    """The measured rate for a job of ``runs`` runs of this shape, and how it was matched.
+
+    A single run takes a ``runs: 1`` rate; a sweep of k runs the rate of the smallest
+    measured sweep of K >= k runs (a sweep step of fewer runs does no more work).
+    """
+    same = [r for r in rates if r["dataset"] == spec["dataset"]
+            and int(r["batch_size"]) == int(spec["batch_size"])]  # fmt: skip
+    if runs == 1:
+        found = [r for r in same if int(r["runs"]) == 1]
+        return (found[0], "measured") if found else (None, "")
+    found = sorted((r for r in same if int(r["runs"]) >= runs), key=lambda r: int(r["runs"]))
+    if not found:
+        return None, ""
+    how = "measured" if int(found[0]["runs"]) == runs else f"{found[0]['runs']}-run rate"
+    return found[0], how
+
+
+def plan_from_rates(
+    config: Mapping, rates: Sequence[dict], experiments: Sequence[str], sweep_runs: int = 1
+) -> dict:
+    """Training hours of ``experiments`` (trained ones) from measured rates, job by job.
+
+    Experiments are grouped into sweeps of at most ``sweep_runs`` as the workflow groups
+    them; a job's hours = its longest run's steps / the job's measured steps/s. A job with
+    no measured rate for its shape gets hours None and is counted apart, never guessed.
+    """
+    trained = [e for e in experiments if config_lib.needs_training(config, e)]
+    specs = [config_lib.experiment(config, e) for e in trained]
+    jobs = []
+    for group in group_experiments(specs, sweep_runs):
+        spec = config_lib.experiment(config, group[0])
+        steps = max(resolved_steps(config_lib.experiment(config, e)) for e in group)
+        rate, how = _matching_rate(rates, spec, len(group))
+        jobs.append({
+            "experiments": group, "steps": steps, "batch_size": spec["batch_size"],
+            "steps_per_s": rate["steps_per_s"] if rate else None,
+            "hours": steps / rate["steps_per_s"] / 3600 if rate else None,
+            "rate_source": f"{how}: {rate['source']}" if rate else "no measured rate",
+        })  # fmt: skip
+    known = [j for j in jobs if j["hours"] is not None]
+    return {
+        "jobs": jobs,
+        "hours_measured": sum(j["hours"] for j in known),
+        "unmeasured": [e for j in jobs if j["hours"] is None for e in j["experiments"]],
+        "sweep_runs": sweep_runs,
+    }
+
+
+def _rates_cli(args: argparse.Namespace, config: Mapping, experiments: Sequence[str]) -> int:
+    result = plan_from_rates(config, load_rates(args.rates), experiments, args.sweep_runs)
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    for job in result["jobs"]:
+        rate = "no measured rate" if job["steps_per_s"] is None else f"{job['steps_per_s']:.1f}"
+        hours = "?" if job["hours"] is None else f"{job['hours']:.2f}"
+        runs, names = len(job["experiments"]), " ".join(job["experiments"])
+        print(f"  {runs} run(s) B {job['batch_size']:<5} {job['steps']:>9,} steps  "
+              f"{rate:>16} steps/s  {hours:>6} h  {names}")  # fmt: skip
+    sources = dict.fromkeys(j["rate_source"] for j in result["jobs"] if j["steps_per_s"])
+    print(f"GPU-hours from measured rates: {result['hours_measured']:.1f} h, one job at a time, "
+          f"sweeps of at most {args.sweep_runs} run(s)")  # fmt: skip
+    for source in sources:
+        print(f"  rate: {source}")
+    if result["unmeasured"]:
+        print(f"  NOT included ({len(result['unmeasured'])} generators, no measured rate for "
+              f"their batch size; measure one with dpsinkhorn bench on the GPU): "
+              + " ".join(result["unmeasured"]))  # fmt: skip
+    return 0
+
+
 # ----------------------------------------------------------------------------- CLI
 
 
@@ -334,6 +430,15 @@ def _targets_cli(args: argparse.Namespace) -> int:
 def _plan_cli(args: argparse.Namespace) -> int:
     config = config_lib.load_config(args.config)
     from dpsinkhorn.devices import resolve_device
+
+    if args.study is not None:
+        experiments = studies.study_experiments(config, args.study)
+    else:
+        experiments = config_lib.trained_experiments(config)
+    if args.rates:
+        return _rates_cli(args, config, experiments)
+    if args.study is not None:
+        raise ValueError("--study needs --rates (measured step rates of the GPU it runs on)")
 
     device = str(resolve_device(args.device or config["device"]))
     result = plan(config, device, args.steps_per_s, args.bench_steps)
@@ -372,4 +477,13 @@ def register_cli(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--steps-per-s", type=float, help="use this rate instead of measuring")
     p.add_argument("--bench-steps", type=int, default=5, help="timed steps per step shape")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    p.add_argument(
+        "--rates",
+        help="JSON of measured step rates (e.g. results-paper-scale/h100-83ae335/"
+        "step_rates.json): GPU-hours per job from them instead of timing steps here",
+    )
+    p.add_argument("--study", help="with --rates: only the generators of this study")
+    p.add_argument(
+        "--sweep-runs", type=int, default=1, help="with --rates: runs per sweep job (sweep_runs)"
+    )
     p.set_defaults(handler=_plan_cli)

@@ -83,8 +83,19 @@ ROW_LABELS = {
     "real": "Real data",
     "nonprivate": "Non-private Sinkhorn",
     "paper": "DP-Sinkhorn (paper setting)",
+    "perrow": "DP-Sinkhorn (paper setting, per-row clipping)",
     "sound10": "DP-Sinkhorn (sound ε=10)",
 }
+#: Table 1 rows that run the paper's (σ, steps): both are compared with the paper's DP row.
+PAPER_SETTING_ROWS = ("paper", "perrow")
+#: What each clipping mode does to the block of generated-image gradients (captions).
+CLIPPING_TEXT = {
+    "batch": "the whole block of generated-image gradients clipped to Δ as one vector",
+    "per_sample": "each generated row clipped to Δ (per-row, as the paper's Algorithm 1 and "
+    "Appendix B.1 state it)",
+}
+#: privacy.json "guarantee" starts with this when the noise seed was public (no DP at all).
+NO_GUARANTEE_PREFIX = "none"
 
 # The paper's final Table 1 (FID, Log Reg, MLP, CNN; accuracy in %), for our rows.
 PAPER_REAL = {"mnist": (1.6, 92.2, 97.5, 99.3), "fmnist": (2.5, 84.5, 88.2, 90.8)}
@@ -127,6 +138,8 @@ class Row:
     paper: dict[str, float | None] = field(default_factory=dict)  # paper's value, our rows
     exp_name: str | None = None  # our rows: the experiment that produced it
     seeds: int = 0
+    privacy: dict = field(default_factory=dict)  # our DP rows: the privacy.json ledger
+    counts: dict[str, int] = field(default_factory=dict)  # results sets: seeds per metric
 
 
 # ---------------------------------------------------------------------- collecting
@@ -170,7 +183,7 @@ def result_files(config: dict, results_dir: Path) -> list[Path]:
             files.append(exp_dir / f"fid_seed{seed}.json")
             for model in classifiers_of(config, dataset):
                 files.append(exp_dir / f"acc_{model}_seed{seed}.json")
-        if row in ("paper", "sound10"):
+        if row in ("paper", "perrow", "sound10"):
             files.append(exp_dir / "privacy.json")
     return files
 
@@ -217,6 +230,7 @@ def measured_row(
                 raise ValueError(f"{exp_dir / 'privacy.json'}: missing key {key!r}")
         row.epsilon = _epsilon(privacy["epsilon"])
         row.epsilon_paper = _epsilon(privacy["epsilon_paper_convention"])
+        row.privacy = privacy
     row.paper = dict(zip(metrics, paper, strict=True))
     return row
 
@@ -242,7 +256,7 @@ def _paper_values(dataset: str, kind: str, spec: dict) -> tuple:
         values = PAPER_REAL.get(dataset)
     elif kind == "nonprivate":
         values = PAPER_NONPRIVATE.get((dataset, float(spec["m"])))
-    elif kind == "paper":
+    elif kind in PAPER_SETTING_ROWS:  # both mechanisms at the paper's σ and steps
         values = PAPER_DP.get(dataset)
     else:  # sound10: the paper has no sound-ε row
         values = None
@@ -333,6 +347,74 @@ def _eps(value: float | None, reported: bool, latex: bool = False) -> str:
     return f"{value:g}" if reported else f"{value:.2f}"
 
 
+def sound_epsilons(privacy: dict) -> dict[str, float]:
+    """Sound ε of a ledger under both accountants: {"rdp": ε, "pld": ε} ({} if not DP).
+
+    Recomputed from the ledger's noise_multiplier, q, steps and delta (Poisson-subsampled
+    Gaussian mechanism, add/remove-one adjacency); the ledger's own accountant's value is
+    taken as recorded. PLD at a small noise multiplier over 10^5 steps takes ~30 s on CPU.
+    """
+    from dpsinkhorn.privacy import compute_epsilon
+
+    keys = ("noise_multiplier", "q", "steps", "delta")
+    if not privacy or any(not isinstance(privacy.get(k), int | float) for k in keys):
+        return {}
+    found = {}
+    for accountant in ("rdp", "pld"):
+        if str(privacy.get("accountant", "")).startswith(accountant) and "epsilon" in privacy:
+            found[accountant] = _epsilon(privacy["epsilon"])
+        else:
+            z, q, steps, delta = (privacy[k] for k in keys)
+            found[accountant] = compute_epsilon(z, q, int(steps), delta, accountant)
+    return found
+
+
+def public_seed_experiments(rows: Sequence[Row]) -> list[str]:
+    """Our rows whose ledger says the noise seed was public (``guarantee`` starts with none)."""
+    return [
+        r.exp_name or r.method
+        for r in rows
+        if str(r.privacy.get("guarantee", "")).startswith(NO_GUARANTEE_PREFIX)
+    ]
+
+
+def guarantee_note(rows: Sequence[Row]) -> str:
+    """Caption warning when any row's noise seed was public; '' otherwise (old ledgers: '')."""
+    public = public_seed_experiments(rows)
+    if not public:
+        return ""
+    names = ", ".join(f"`{n}`" for n in public)
+    return (
+        f"**No privacy guarantee for {names}: the noise seed was public (`reproducible: true`; "
+        'privacy.json "guarantee": "none: the noise seed is public"), so anyone can subtract '
+        "the noise. Their ε is what the same run would spend with a secret seed.**"
+    )
+
+
+def mechanism_note(rows: Sequence[Row]) -> str:
+    """Which mechanism each DP row ran: clipping, sensitivity and noise multiplier (ledger)."""
+    parts = []
+    for r in rows:
+        clipping = r.privacy.get("clipping")
+        if r.source == REPORTED or clipping is None:
+            continue
+        title = DATASET_TITLES.get(r.dataset, r.dataset)
+        text = f"{title} *{r.method}* (`{r.exp_name}`): {CLIPPING_TEXT.get(clipping, clipping)}"
+        z, sens = r.privacy.get("noise_multiplier"), r.privacy.get("sensitivity")
+        if isinstance(z, int | float) and isinstance(sens, int | float):
+            text += f", L2 sensitivity {sens:.3g}, Gaussian noise multiplier {z:.3g}"
+        parts.append(text)
+    if not parts:
+        return ""
+    return (
+        "Mechanism of each DP row (Gaussian mechanism on the generated-image gradient, "
+        "Poisson sampling, add/remove-one adjacency; from privacy.json): "
+        + "; ".join(parts)
+        + ". The paper-convention ε counts σ alone and ignores the clipping, so both "
+        "paper-setting rows show the same paper-convention ε while their sound ε differ."
+    )
+
+
 def to_markdown(rows: Sequence[Row], config: dict, figures: dict[str, tuple[str, str]]) -> str:
     """Markdown: one table per dataset, the paper's value next to each reproduced cell.
 
@@ -357,7 +439,9 @@ def to_markdown(rows: Sequence[Row], config: dict, figures: dict[str, tuple[str,
         "Rows *reported in paper* are copied from the paper (– = N/A or not run).",
         "",
     ]
-    paper_eps = {ROW_LABELS["paper"]: PAPER_DP_EPSILON}
+    lines += [note for note in (guarantee_note(rows), mechanism_note(rows)) if note]
+    lines += [""] if lines[-1] else []
+    paper_eps = {ROW_LABELS[k]: PAPER_DP_EPSILON for k in PAPER_SETTING_ROWS}
     for dataset in dict.fromkeys(r.dataset for r in rows):
         lines += [f"## {DATASET_TITLES.get(dataset, dataset)}", ""]
         in_dataset = [r for r in rows if r.dataset == dataset]
@@ -365,8 +449,9 @@ def to_markdown(rows: Sequence[Row], config: dict, figures: dict[str, tuple[str,
     lines.append(GPATE_NOTE)
     lines += ["", "## Experiments", ""]
     lines += [
-        "| Dataset | Row | Experiment | Method | σ | steps | B | m | lr | p |",
-        "|" + "---|" * 10,
+        "| Dataset | Row | Experiment | Method | clipping | σ | steps | B | m | lr | p "
+        "| ε RDP | ε PLD |",
+        "|" + "---|" * 13,
     ]
     for row in (r for r in rows if r.exp_name):
         spec = experiment(config, row.exp_name)
@@ -374,8 +459,11 @@ def to_markdown(rows: Sequence[Row], config: dict, figures: dict[str, tuple[str,
         sigma = "–" if spec["method"] != "dp_sinkhorn" else sigma
         train = [sigma, str(spec["steps"]), str(spec["batch_size"])]
         train += [f"{spec['m']:g}", f"{spec['lr']:g}", f"{spec['p']:g}"]
+        clipping = spec["clipping"] if spec["method"] == "dp_sinkhorn" else "–"
+        eps = sound_epsilons(row.privacy)
+        train = [clipping, *train, *(_eps(eps.get(a), False) for a in ("rdp", "pld"))]
         if spec["method"] == "real_data":
-            train = ["–"] * 6
+            train = ["–"] * 9
         cells = [DATASET_TITLES.get(row.dataset, row.dataset), row.method, f"`{row.exp_name}`"]
         lines.append("| " + " | ".join(cells + [spec["method"]] + train) + " |")
     if figures:
@@ -670,6 +758,8 @@ def celeba_table(table: str, config_files: Sequence[str | Path], out_dir: str | 
     specs = [experiment(config, r.exp_name) for r in rows if r.exp_name]
     deltas = sorted({f"{e['delta']:g}" for e in specs if e["method"] == "dp_sinkhorn"})
     lines = [f"# {spec.title}", ""] + ([fixture, ""] if fixture else [])
+    public = guarantee_note(rows)
+    lines += [public, ""] if public else []
     lines += [
         f"Rows from *this run* are mean ± std over {seeds} seed(s) (sample std, ddof=1; no ± "
         f"for one seed); each seed is one synthetic set of {config['evaluation']['num_samples']} "
@@ -737,6 +827,7 @@ def register_cli(subparsers: argparse._SubParsersAction) -> None:
         sub.add_argument("--out-dir", required=True, help="the run's results folder")
         sub.set_defaults(handler=_celeba_cli)
     # Tables 2/4/5, Figures 2/4a/4b/4c/5/7, reproduction.md (imported here: it imports us).
-    from dpsinkhorn import ablations
+    from dpsinkhorn import ablations, resultset
 
     ablations.register_reports(reports)
+    resultset.register(reports)

@@ -37,9 +37,11 @@ STUDIES = {
     "fig4b": "Figure 4b: privacy-utility trade-off (MNIST)",
     "fig4c": "Figure 4c: bias and variance of the gradient estimator against p (MNIST)",
     "fig5": "Figure 5: effect of p on FID and error rate (appendix)",
+    "eps10": "Sound ε = 10 study (MNIST): batch size, learning rate, clipping mode and p "
+    "at a fixed sound ε = 10",
 }
 TABLE_STUDIES = ("table2", "table4", "table5")
-FIGURE_STUDIES = ("fig4a", "fig4b", "fig4c", "fig5")
+FIGURE_STUDIES = ("fig4a", "fig4b", "fig4c", "fig5", "eps10")
 
 #: Short names for varied keys in generated experiment names (others keep their key).
 SHORT_KEYS = {"target_epsilon": "eps", "sigma": "s", "clip": "c", "optimizer": ""}

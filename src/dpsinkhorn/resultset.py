@@ -1,0 +1,324 @@
+"""Committed results sets: ``dpsinkhorn report results-set --dir results-paper-scale/<name>``.
+
+A results set is a folder, committed in the repository, holding what a (GPU) run of this
+project's code wrote for some Table 1 experiments, without the generators::
+
+    <set>/provenance.json           device, commit, config, command per experiment, generator sha256
+    <set>/<experiment>/privacy.json the training ledger (as train wrote it)
+    <set>/<experiment>/acc_<model>_seed<k>.json, fid_seed<k>.json   the evaluation results
+    <set>/cpu-fid/<experiment>.json optional small-sample FID (``dpsinkhorn fid``), never Table 1's
+
+:func:`render` turns it into ``<set>/table1.{md,csv}``: one row per Table 1 experiment of
+the set's config that has a folder in the set, each cell the mean ± std over the seeds whose
+file exists, with the seed count, and ``missing`` where no seed has one. Nothing is filled
+in. Each ledger must match the config's experiment (σ, steps, clipping, Δ, B, δ), so a row's
+label is the one the config gives it. Adding files from a later run and rerunning the
+command is all it takes to update the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+from dpsinkhorn import io, report
+from dpsinkhorn.config import classifiers_of, experiment, load_config, table1_experiments
+
+PROVENANCE = "provenance.json"
+#: Ledger keys that must equal the config's experiment for its row label to be right.
+LEDGER_KEYS = ("sigma", "steps", "clipping", "clip", "batch_size", "delta")
+#: Root of the committed sets, relative to the repository root.
+SETS_DIR = "results-paper-scale"
+MISSING = "missing"
+
+
+def load_provenance(set_dir: Path) -> dict:
+    """``<set>/provenance.json``; a one-line error names a missing file or key."""
+    path = set_dir / PROVENANCE
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no provenance file; a results set needs one")
+    data = io.read_json(path)
+    for key in ("name", "device", "commit", "config", "experiments"):
+        if key not in data:
+            raise ValueError(f"{path}: missing key {key!r}")
+    return data
+
+
+def set_config(set_dir: Path, provenance: dict) -> dict:
+    """The set's config, its ``config`` path taken relative to the repository root."""
+    root = set_dir.resolve().parents[1]  # <root>/results-paper-scale/<set>
+    return load_config([root / provenance["config"]])
+
+
+def _check_ledger(spec: dict, privacy: dict, path: Path) -> None:
+    for key in LEDGER_KEYS:
+        want, got = spec.get(key), privacy.get(key)
+        if want is None:  # solved by the run (σ or steps from target ε): any value
+            continue
+        same = (
+            math.isclose(float(want), float(got))
+            if isinstance(want, int | float) and isinstance(got, int | float)
+            else want == got
+        )
+        if not same:
+            raise ValueError(
+                f"{path}: {key} {got!r} differs from the config's {want!r} for experiment "
+                f"{spec['name']}; this ledger does not belong to that row"
+            )
+
+
+def set_rows(config: dict, set_dir: Path) -> list[report.Row]:
+    """Table 1 rows of the experiments present in the set, seeds counted per cell."""
+    rows = []
+    for (dataset, kind), name in table1_experiments(config).items():
+        exp_dir = set_dir / name
+        if not exp_dir.is_dir():
+            continue
+        spec = experiment(config, name)
+        row = report.Row(report.ROW_LABELS[kind], dataset, f"results set {set_dir.name}")
+        row.exp_name, row.seeds = name, len(config["seeds"])
+        files = {"fid": [exp_dir / f"fid_seed{s}.json" for s in config["seeds"]]}
+        for model in classifiers_of(config, dataset):
+            files[f"acc_{model}"] = [exp_dir / f"acc_{model}_seed{s}.json" for s in config["seeds"]]
+        for metric in report.METRICS:
+            found = [p for p in files.get(metric, []) if p.is_file()]
+            if metric == "fid":
+                values = [report._read_number(p, "fid") for p in found]
+            else:
+                values = [report._accuracy_percent(p) for p in found]
+            row.counts[metric] = len(values)
+            row.mean[metric], row.std[metric] = report.mean_std(values) if values else (None, None)
+        if spec["method"] == "dp_sinkhorn":
+            path = exp_dir / "privacy.json"
+            if not path.is_file():
+                raise FileNotFoundError(f"{path}: a DP row of a results set needs its ledger")
+            row.privacy = io.read_json(path)
+            _check_ledger(spec, row.privacy, path)
+            row.epsilon = report._epsilon(row.privacy.get("epsilon"))
+            row.epsilon_paper = report._epsilon(row.privacy.get("epsilon_paper_convention"))
+        else:
+            row.epsilon = row.epsilon_paper = math.inf
+        row.paper = dict(
+            zip(report.METRICS, report._paper_values(dataset, kind, spec), strict=True)
+        )
+        rows.append(row)
+    return rows
+
+
+def _cell(row: report.Row, metric: str) -> str:
+    n, total = row.counts.get(metric, 0), row.seeds
+    mean, std = row.mean.get(metric), row.std.get(metric)
+    if mean is None:
+        return f"{MISSING} (0/{total} seeds)"
+    text = f"{mean:.1f}" + (f" ± {std:.1f}" if n > 1 and std is not None else "")
+    return f"{text} ({n}/{total} seed{'s' if total > 1 else ''})"
+
+
+def cpu_fid(set_dir: Path) -> dict[str, dict]:
+    """``cpu-fid/<experiment>.json`` files of the set (small-sample FID, not Table 1's)."""
+    found = {}
+    for path in sorted((set_dir / "cpu-fid").glob("*.json")):
+        data = io.read_json(path)
+        for key in ("fid", "num_images_a", "num_images_b"):
+            if key not in data:
+                raise ValueError(f"{path}: missing key {key!r}")
+        found[path.stem] = data
+    return found
+
+
+def epsilon_meaning(rows: Sequence[report.Row], provenance: dict) -> list[str]:
+    """Markdown lines of "What the paper's ε = 10 means", from the paper-setting rows."""
+    sound = {
+        id(r): report.sound_epsilons(r.privacy)
+        for r in rows
+        if r.privacy and r.paper.get("acc_cnn") is not None
+    }
+    pairs = [r for r in rows if sound.get(id(r))]
+    if not pairs:
+        return []
+    lines = [
+        "## What the paper's ε = 10 means",
+        "",
+        "The paper reports its setting as ε = 10, counted under its own convention "
+        "(`compute_rdp(q, σ, steps·B)`), which depends on σ, q and the steps only and ignores "
+        "how the gradients were clipped. The rows below ran that setting; their sound ε is "
+        "the accountant's for the mechanism each one ran (Poisson-subsampled Gaussian, "
+        "add/remove-one adjacency, δ from the ledger):",
+        "",
+    ]
+    commands = provenance.get("experiments", {})
+    for r in pairs:
+        eps = sound[id(r)]
+        title = report.DATASET_TITLES.get(r.dataset, r.dataset)
+        clip = report.CLIPPING_TEXT.get(r.privacy.get("clipping"), r.privacy.get("clipping"))
+        accs = ", ".join(
+            f"{report.METRIC_TITLES[m]} {_cell(r, m)} (paper {r.paper[m]:g})"
+            for m in ("acc_logreg", "acc_mlp", "acc_cnn")
+            if r.paper.get(m) is not None
+        )
+        lines.append(
+            f"- {title}, `{r.exp_name}`, {clip}: noise multiplier "
+            f"{r.privacy.get('noise_multiplier', float('nan')):.3g}, sound ε "
+            f"{eps.get('rdp', math.nan):.2f} (RDP) / {eps.get('pld', math.nan):.2f} (PLD), "
+            f"paper-convention ε {r.epsilon_paper:.2f}; {accs}."
+        )
+        command = commands.get(r.exp_name, {}).get("command")
+        if command:
+            lines.append(f"  Reproduce: `{command}`")
+    measured = [r for r in pairs if r.mean.get("acc_cnn") is not None]
+    if len(measured) > 1:
+        best = min(measured, key=lambda r: abs(r.mean["acc_cnn"] - r.paper["acc_cnn"]))
+        lines += [
+            "",
+            f"Of these, the row closest to the paper's CNN accuracy "
+            f"({best.paper['acc_cnn']:g}%) is `{best.exp_name}` "
+            f"({best.mean['acc_cnn']:.1f}%), whose sound ε is "
+            f"{best.epsilon:.4g} at δ = {best.privacy.get('delta', math.nan):g}.",
+        ]
+    return lines + [""]
+
+
+def markdown(rows: Sequence[report.Row], config: dict, set_dir: Path, provenance: dict) -> str:
+    """The set's Table 1 rows, provenance, missing cells, small-sample FID, ε = 10 section."""
+    covered = {r.exp_name for r in rows}
+    absent = [n for n in table1_experiments(config).values() if n not in covered]
+    lines = [
+        f"# Table 1 rows from the results set `{provenance['name']}`",
+        "",
+        f"**Provenance.** {provenance.get('what', 'outputs of a run')}: real outputs of this "
+        f"project's code at commit `{provenance['commit']}` on {provenance['device']}"
+        + (f", {provenance['date']}" if provenance.get("date") else "")
+        + f", config `{provenance['config']}`"
+        + (
+            f" with {'; '.join(provenance['config_changes'])}"
+            if provenance.get("config_changes")
+            else ""
+        )  # fmt: skip
+        + ". Commands and generator checksums: `provenance.json`"
+        + (
+            f"; removed before committing: {provenance['removed']}"
+            if provenance.get("removed")
+            else ""
+        )  # fmt: skip
+        + ". Rendered by `dpsinkhorn report results-set --dir "
+        f"{SETS_DIR}/{set_dir.name}`.",
+        "",
+        f"Each cell is mean ± std over the seeds whose result file is in the set (sample std, "
+        f"ddof=1; no ± for one seed), with the count of the config's {len(config['seeds'])} "
+        f"seeds; `{MISSING}` = no seed measured. Nothing is filled in. Accuracy in % of "
+        f"{config['evaluation']['num_samples']} synthetic samples per seed, tested on the real "
+        "test set; `(paper X)` is the paper's Table 1.",
+        "",
+    ]
+    lines += [n for n in (report.guarantee_note(rows), report.mechanism_note(rows)) if n]
+    lines += ["", "| Dataset | Row | Experiment | ε sound (RDP) | ε sound (PLD) | "
+              "ε paper conv. | FID ↓ | Log Reg | MLP | CNN |", "|" + "---|" * 10]  # fmt: skip
+    for r in rows:
+        eps = report.sound_epsilons(r.privacy)
+        title = report.DATASET_TITLES.get(r.dataset, r.dataset)
+        cells = [title, r.method, f"`{r.exp_name}`"]
+        if r.privacy:
+            cells += [f"{eps.get('rdp', math.nan):.2f}", f"{eps.get('pld', math.nan):.2f}"]
+        else:
+            cells += [report._eps(r.epsilon, False)] * 2
+        cells.append(report._eps(r.epsilon_paper, False))
+        for m in report.METRICS:
+            text = _cell(r, m)
+            if r.paper.get(m) is not None:
+                text += f" (paper {report._paper_number(r.paper[m])})"
+            cells.append(text)
+        lines.append("| " + " | ".join(cells) + " |")
+    for dataset in dict.fromkeys(r.dataset for r in rows):
+        values = report.PAPER_DP.get(dataset)
+        if values:
+            title = report.DATASET_TITLES.get(dataset, dataset)
+            cells = [title, "DP-Sinkhorn as reported in the paper", "–", "–", "–"]
+            cells += [f"{report.PAPER_DP_EPSILON:g} (claimed)"] + [f"{v:g}" for v in values]
+            lines.append("| " + " | ".join(cells) + " |")
+    if absent:
+        lines += ["", "Not in this set (not run at paper scale here): "
+                  + ", ".join(f"`{n}`" for n in absent) + "."]  # fmt: skip
+    fids = cpu_fid(set_dir)
+    if fids:
+        lines += [
+            "",
+            "## Small-sample FID on CPU (not the paper's protocol)",
+            "",
+            "FID between samples of the generator and a seeded random subset of the real test "
+            "set, of the sizes below, with pytorch-fid's Inception weights. The paper's protocol "
+            "is 60,000 generated images against the full 10,000-image test set; a FID from "
+            "fewer images is biased upwards and is NOT comparable with the paper's FID or with "
+            "Table 1's FID column, which stays missing above. Command: `cpu-fid/README.md`.",
+            "",
+            "| Experiment | FID ↓ | generated images | real test images | sqrtm |",
+            "|---|---|---|---|---|",
+        ]
+        for name, data in fids.items():
+            lines.append(
+                f"| `{name}` | {data['fid']:.1f} | {data['num_images_a']} | "
+                f"{data['num_images_b']} | {data.get('sqrtm', '?')} |"
+            )
+    lines += [""] + epsilon_meaning(rows, provenance)
+    figures = sorted((set_dir / "figures").glob("*.png"))
+    if figures:
+        lines += ["## Samples", ""]
+        lines += [f"![{p.stem}](figures/{p.name})" for p in figures] + [""]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def render(set_dir: str | Path, config_files: Sequence[str | Path] | None = None) -> list[Path]:
+    """Write ``<set>/table1.{md,csv}`` from the set's files; return their paths."""
+    set_dir = Path(set_dir)
+    provenance = load_provenance(set_dir)
+    config = load_config(config_files) if config_files else set_config(set_dir, provenance)
+    rows = set_rows(config, set_dir)
+    if not rows:
+        raise ValueError(f"{set_dir}: no folder of a Table 1 experiment of {provenance['config']}")
+    md = markdown(rows, config, set_dir, provenance)
+    written = [set_dir / "table1.md", set_dir / "table1.csv"]
+    io.write_text(written[0], md)
+    io.write_text(written[1], report.to_csv(rows))
+    return written
+
+
+def committed_sets(root: str | Path = ".") -> list[Path]:
+    """Results sets under ``<root>/results-paper-scale/`` (those with a provenance file)."""
+    return sorted(p.parent for p in Path(root).glob(f"{SETS_DIR}/*/{PROVENANCE}"))
+
+
+def epsilon_meaning_of_sets(root: str | Path = ".") -> list[str]:
+    """The ε = 10 section of every committed set under ``root`` (for reproduction.md)."""
+    lines = []
+    for set_dir in committed_sets(root):
+        provenance = load_provenance(set_dir)
+        rows = set_rows(set_config(set_dir, provenance), set_dir)
+        section = epsilon_meaning(rows, provenance)
+        if section:
+            measured = (
+                f"Measured by this project's code at commit `{provenance['commit']}` on "
+                f"{provenance['device']}; files in `{SETS_DIR}/{set_dir.name}/`."
+            )
+            lines += [section[0] + f" (results set `{set_dir.name}`)", "", measured, *section[1:]]
+    return lines
+
+
+def _cli(args: argparse.Namespace) -> int:
+    for path in render(args.dir, args.config):
+        print(path)
+    return 0
+
+
+def register(reports: argparse._SubParsersAction) -> None:
+    """``dpsinkhorn report results-set --dir DIR [--config FILES]``."""
+    p = reports.add_parser(
+        "results-set",
+        help="Table 1 rows of a committed results set (results-paper-scale/<name>): "
+        "<dir>/table1.{md,csv}",
+    )
+    p.add_argument("--dir", required=True, help="the set's folder (holds provenance.json)")
+    p.add_argument(
+        "--config", nargs="+", default=None, help="config file(s); default: the set's own"
+    )
+    p.set_defaults(handler=_cli)
