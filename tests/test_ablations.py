@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dpsinkhorn import ablations, io, report
+from dpsinkhorn import ablations, io, report_cli
 from dpsinkhorn.config import experiment, experiment_names, load_config
 
 CONFIG = """
@@ -265,7 +265,7 @@ def test_missing_study_and_missing_file_are_named(run, tmp_path):
 def test_cli_subcommands(run, capsys):
     config, out = run
     parser = argparse.ArgumentParser()
-    report.register_cli(parser.add_subparsers(dest="command"))
+    report_cli.register_cli(parser.add_subparsers(dest="command"))
     for name in [n for n in ablations.REPORTS if n not in ("table5", "eps10")]:  # not in CONFIG
         args = parser.parse_args(["report", name, "--config", str(config), "--out-dir", str(out)])
         assert args.handler(args) == 0

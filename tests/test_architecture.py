@@ -5,6 +5,7 @@ able to override a config file in both directions."""
 from __future__ import annotations
 
 import argparse
+import ast
 import os
 import re
 import subprocess
@@ -53,6 +54,74 @@ def test_snakemake_parses_the_workflow_without_torch_or_matplotlib(tmp_path):
         [sys.executable, "-c", "import torch"], capture_output=True, text=True, env=env
     )
     assert "imported while Snakemake parses" in probe.stderr
+
+
+def package_imports() -> dict[str, set[str]]:
+    """{module: package modules it imports}, from every import statement in the file,
+    those inside functions included (a lazy import is still an edge)."""
+    package = REPO / "src" / "dpsinkhorn"
+    modules = {path.stem for path in package.glob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for path in package.glob("*.py"):
+        edges = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                parts = node.module.split(".")
+                if parts[0] == "dpsinkhorn" and len(parts) > 1:
+                    edges.add(parts[1])
+                elif node.module == "dpsinkhorn":
+                    edges |= {alias.name for alias in node.names}
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    parts = alias.name.split(".")
+                    if parts[0] == "dpsinkhorn" and len(parts) > 1:
+                        edges.add(parts[1])
+        graph[path.stem] = (edges & modules) - {path.stem}
+    return graph
+
+
+def import_circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    circles: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return circles
+
+
+def test_import_circle_detector_finds_a_circle():
+    assert import_circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert import_circles({"a": {"b"}, "b": set()}) == []
+
+
+def test_package_has_no_import_circles():
+    graph = package_imports()
+    assert {"config", "train", "report_cli"} <= set(graph)  # the scan sees the package
+    assert "specs" in graph["studies"] and "report" in graph["report_cli"]
+    assert import_circles(graph) == []
 
 
 # ----------------------------------------------------------------------- environment

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dpsinkhorn import io, report
+from dpsinkhorn import io, report, report_cli
 
 CONFIG = """
 run_name: fake
@@ -185,7 +185,7 @@ def test_cli(run):
     import argparse
 
     parser = argparse.ArgumentParser()
-    report.register_cli(parser.add_subparsers(dest="command"))
+    report_cli.register_cli(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["report", "table1", "--config", str(config), "--out-dir", str(out)])
     assert args.handler(args) == 0
     assert (out / "tables" / "table1.md").is_file()

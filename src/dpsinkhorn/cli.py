@@ -21,7 +21,7 @@ COMMAND_MODULES = [
     "sample",
     "fid",
     "classify",
-    "report",
+    "report_cli",
     "bench",
     "gradstudy",
     "plan",

@@ -27,6 +27,12 @@ import jsonschema
 import yaml
 
 from dpsinkhorn import studies
+from dpsinkhorn.specs import (  # noqa: F401  (part of this module's API)
+    IMPLICIT_DEFAULTS,
+    NON_SEMANTIC_KEYS,
+    deep_merge,
+    experiment_spec_of,
+)
 
 SCHEMA_PATH = Path(__file__).with_name("config.schema.json")
 
@@ -105,17 +111,6 @@ def read_yaml(path: PathLike) -> dict:
     if not isinstance(data, dict):
         raise ValueError(f"{path}: must hold a mapping of keys, got {type(data).__name__}")
     return data
-
-
-def deep_merge(base: Mapping, override: Mapping) -> dict:
-    """Return ``base`` updated with ``override``; nested mappings are merged, not replaced."""
-    merged = copy.deepcopy(dict(base))
-    for key, value in override.items():
-        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
-            merged[key] = deep_merge(merged[key], value)
-        else:
-            merged[key] = copy.deepcopy(value)
-    return merged
 
 
 def _as_paths(paths: Sequence[PathLike] | PathLike) -> list[Path]:
@@ -412,23 +407,6 @@ def experiment(config: Mapping, name: str) -> dict:
     return spec
 
 
-#: Experiment keys that do not change what training computes (bookkeeping only).
-NON_SEMANTIC_KEYS = (
-    "checkpoint_every",
-    "log_every",
-    "table1_row",
-    "rows",
-    "name",
-    "keep_private_workspace",
-    "log_private_loss",
-)
-
-#: Settings added after experiments had been trained, with the value that reproduces
-#: the earlier behaviour. At that value they are left out of :func:`experiment_spec_of`,
-#: so adding them changed neither the spec (no Snakemake retraining) nor checkpoint hashes.
-IMPLICIT_DEFAULTS = {"perturbation": "image", "cost": "mixed", "epsilon_convention": "sound"}
-
-
 def experiment_spec(config: Mapping, name: str) -> str:
     """The settings that define an experiment's generator, as canonical JSON.
 
@@ -436,19 +414,6 @@ def experiment_spec(config: Mapping, name: str) -> str:
     Bookkeeping keys (:data:`NON_SEMANTIC_KEYS`) are left out, so changing them does not.
     """
     return experiment_spec_of(experiment(config, name))
-
-
-def experiment_spec_of(spec: Mapping) -> str:
-    """Canonical JSON of a resolved experiment without its bookkeeping keys.
-
-    Keys of :data:`IMPLICIT_DEFAULTS` at their default value are left out too.
-    """
-    kept = {
-        k: v
-        for k, v in spec.items()
-        if k not in NON_SEMANTIC_KEYS and not (k in IMPLICIT_DEFAULTS and v == IMPLICIT_DEFAULTS[k])
-    }
-    return json.dumps(kept, sort_keys=True)
 
 
 def trained_experiment(config: Mapping, name: str, refusal: str) -> dict:

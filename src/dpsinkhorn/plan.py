@@ -22,6 +22,7 @@ from pathlib import Path
 
 from dpsinkhorn import config as config_lib
 from dpsinkhorn import studies
+from dpsinkhorn.specs import SWEEP_SHARED_KEYS, sweep_key  # noqa: F401  (plan's API too)
 
 #: Records in each dataset's training split (fixes q = B / N before any data exists).
 TRAIN_SIZES = {"mnist": 60000, "fmnist": 60000, "celeba": 162770}
@@ -201,29 +202,6 @@ def measure_steps_per_s(spec: Mapping, device: str, steps: int) -> float:
     dev = resolve_device(device)
     trainer = Trainer(dict(spec), images, labels, dev)
     return time_steps(trainer.step, dev, steps, warmup=2)
-
-
-# Settings every run of one sweep must share: they fix the data, the generator's shapes,
-# the real batch's shape and the Sinkhorn problem (ε, schedule, cost family).
-SWEEP_SHARED_KEYS = (
-    "dataset",
-    "generator",
-    "latent_dim",
-    "embed_dim",
-    "channels",
-    "batch_size",
-    "alpha_c",
-    "entropy_reg",
-    "sinkhorn_scaling",
-    "cost",
-)
-
-
-def sweep_key(spec: Mapping) -> tuple:
-    """What must be equal for two experiments to train in one sweep."""
-    return tuple(
-        json.dumps(spec.get(key, "mixed" if key == "cost" else None)) for key in SWEEP_SHARED_KEYS
-    )
 
 
 def group_experiments(specs: Sequence[Mapping], max_runs: int) -> list[list[str]]:

@@ -16,7 +16,7 @@ columns FID, MLP, CNN; their rows come from the experiments' ``rows:`` key, and 
 write ``tables/table{3,6}.{md,csv,tex}`` and ``figures/fig{3,6}.png``. A CelebA prepared
 from the synthetic fixture (``<data_dir>/celeba/FIXTURE``) is named in their captions.
 
-Another table is one more ``reports.add_parser(...)`` in :func:`register_cli`.
+Another table is one more ``reports.add_parser(...)`` in :func:`register_tables`.
 """
 
 from __future__ import annotations
@@ -808,10 +808,9 @@ def _celeba_cli(args: argparse.Namespace) -> int:
     return 0
 
 
-def register_cli(subparsers: argparse._SubParsersAction) -> None:
-    """``dpsinkhorn report <table> ...``: one sub-command per table of the paper."""
-    parser = subparsers.add_parser("report", help="build result tables and figures of a run")
-    reports = parser.add_subparsers(dest="report", required=True, metavar="TABLE")
+def register_tables(reports: argparse._SubParsersAction) -> None:
+    """Add ``table1``, ``table3`` and ``table6`` to ``dpsinkhorn report`` (see
+    :mod:`dpsinkhorn.report_cli`, which assembles that command)."""
     t1 = reports.add_parser(
         "table1", help="Table 1 (MNIST, Fashion-MNIST): tables/table1.{md,csv,tex} + figures"
     )
@@ -826,8 +825,3 @@ def register_cli(subparsers: argparse._SubParsersAction) -> None:
         sub.add_argument("--config", nargs="+", required=True, help="the run's config file(s)")
         sub.add_argument("--out-dir", required=True, help="the run's results folder")
         sub.set_defaults(handler=_celeba_cli)
-    # Tables 2/4/5, Figures 2/4a/4b/4c/5/7, reproduction.md (imported here: it imports us).
-    from dpsinkhorn import ablations, resultset
-
-    ablations.register_reports(reports)
-    resultset.register(reports)

@@ -28,6 +28,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from dpsinkhorn.specs import deep_merge, experiment_spec_of
+
 #: The studies a config may define: what the paper shows, and the kind of output.
 STUDIES = {
     "table2": "Table 2: ablation of perturbation, cost and debiasing (MNIST)",
@@ -82,8 +84,6 @@ def _vary_cells(vary: Mapping[str, list]) -> list[tuple[str, dict]]:
 
 def _spec_key(definition: Mapping, defaults: Mapping) -> str:
     """What makes two experiment definitions train the same generator (see config)."""
-    from dpsinkhorn.config import deep_merge, experiment_spec_of
-
     return experiment_spec_of(deep_merge(defaults, definition))
 
 

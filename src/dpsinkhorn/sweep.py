@@ -29,7 +29,7 @@ What is shared and what is not, per step:
 
 Runs may differ in anything that keeps step shapes compatible (seed, lr, optimizer,
 σ, Δ, p, m, steps, ε target, clipping, perturbation); ``sweep_key`` lists what must be
-equal (``plan.sweep_key``). A finished run leaves the batch; the others go on.
+equal (``specs.sweep_key``). A finished run leaves the batch; the others go on.
 ``precision`` may be fp32 or tf32, not bf16: vmap does not apply autocast on every device.
 """
 
@@ -48,8 +48,8 @@ from tqdm import tqdm
 from dpsinkhorn import config as config_lib
 from dpsinkhorn.devices import resolve_device
 from dpsinkhorn.loss import conditional_features, semi_debiased_sinkhorn_with_grad_runs
-from dpsinkhorn.plan import SWEEP_SHARED_KEYS, sweep_key
 from dpsinkhorn.privacy import ImageGradientSanitizer, StackedImageGradientSanitizer
+from dpsinkhorn.specs import SWEEP_SHARED_KEYS, sweep_key
 from dpsinkhorn.train import (
     GraphedStep,
     Preempted,

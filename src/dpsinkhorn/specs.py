@@ -1,0 +1,76 @@
+"""What identifies an experiment: the settings that define its generator, and the ones
+that decide whether two experiments can train together in one sweep.
+
+Torch-free and import-free within the package: config, studies, plan and sweep all
+build on it, so it sits below every one of them.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Mapping
+
+
+def deep_merge(base: Mapping, override: Mapping) -> dict:
+    """Return ``base`` updated with ``override``; nested mappings are merged, not replaced."""
+    merged = copy.deepcopy(dict(base))
+    for key, value in override.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
+            merged[key] = deep_merge(merged[key], value)
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged
+
+
+#: Experiment keys that do not change what training computes (bookkeeping only).
+NON_SEMANTIC_KEYS = (
+    "checkpoint_every",
+    "log_every",
+    "table1_row",
+    "rows",
+    "name",
+    "keep_private_workspace",
+    "log_private_loss",
+)
+
+#: Settings added after experiments had been trained, with the value that reproduces
+#: the earlier behaviour. At that value they are left out of :func:`experiment_spec_of`,
+#: so adding them changed neither the spec (no Snakemake retraining) nor checkpoint hashes.
+IMPLICIT_DEFAULTS = {"perturbation": "image", "cost": "mixed", "epsilon_convention": "sound"}
+
+
+def experiment_spec_of(spec: Mapping) -> str:
+    """Canonical JSON of a resolved experiment without its bookkeeping keys.
+
+    Keys of :data:`IMPLICIT_DEFAULTS` at their default value are left out too.
+    """
+    kept = {
+        k: v
+        for k, v in spec.items()
+        if k not in NON_SEMANTIC_KEYS and not (k in IMPLICIT_DEFAULTS and v == IMPLICIT_DEFAULTS[k])
+    }
+    return json.dumps(kept, sort_keys=True)
+
+
+#: Settings every run of one sweep must share: they fix the data, the generator's shapes,
+#: the real batch's shape and the Sinkhorn problem (ε, schedule, cost family).
+SWEEP_SHARED_KEYS = (
+    "dataset",
+    "generator",
+    "latent_dim",
+    "embed_dim",
+    "channels",
+    "batch_size",
+    "alpha_c",
+    "entropy_reg",
+    "sinkhorn_scaling",
+    "cost",
+)
+
+
+def sweep_key(spec: Mapping) -> tuple:
+    """What must be equal for two experiments to train in one sweep."""
+    return tuple(
+        json.dumps(spec.get(key, "mixed" if key == "cost" else None)) for key in SWEEP_SHARED_KEYS
+    )
