@@ -51,12 +51,12 @@ from dpsinkhorn.plan import SWEEP_SHARED_KEYS, sweep_key
 from dpsinkhorn.privacy import ImageGradientSanitizer, StackedImageGradientSanitizer
 from dpsinkhorn.train import (
     GraphedStep,
-    Preempted,
     RunFiles,
     Trainer,
     _StopSignal,
     add_training_arguments,
     load_train_data,
+    released_on_error,
     run_training_cli,
 )
 
@@ -248,7 +248,10 @@ def train_sweep(
     sweep = SweepTrainer(
         specs, images, labels, resolve_device(device), compile_solver, cuda_graphs, precision
     )
-    runs = [RunFiles(t, out) for t, out in zip(sweep.trainers, out_dirs, strict=True)]
+    runs: list[RunFiles] = []
+    with released_on_error(runs):  # one folder refused: give back those already taken
+        for t, out in zip(sweep.trainers, out_dirs, strict=True):
+            runs.append(RunFiles(t, out))
     records: dict[int, dict] = {i: run.finish() for i, run in enumerate(runs) if run.done}
     bar = tqdm(
         total=sum(t.total_steps for t in sweep.trainers),
@@ -258,7 +261,7 @@ def train_sweep(
         mininterval=1.0,
     )
     taken = 0
-    with _StopSignal() as stop:
+    with _StopSignal() as stop, released_on_error(runs):
         while len(records) < len(runs):
             active = [i for i in range(len(runs)) if i not in records]
             losses = sweep.step([sweep.trainers[i] for i in active])
@@ -279,9 +282,7 @@ def train_sweep(
                     run.checkpoint()
                 bar.close()
                 paths = ", ".join(str(run.ckpt_path) for run in unfinished)
-                raise Preempted(
-                    stop.reason(stop_after, f"checkpoints after {taken} steps in {paths}")
-                )
+                raise stop.preempted(stop_after, f"checkpoints after {taken} steps in {paths}")
     bar.close()
     return [records[i] for i in range(len(runs))]
 
