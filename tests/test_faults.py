@@ -78,10 +78,13 @@ def test_second_writer_of_an_output_folder_is_refused(tmp_path, prepared_data):
         first.communicate(timeout=120)
     # The killed holder's lock: the next run takes it over and finishes.
     holder = subprocess.Popen(train_cmd(first_cfg, out), stdout=subprocess.PIPE, text=True)
-    wait_for(out / "checkpoint.pt", holder)
+    lock = out / ".dpsinkhorn.lock"
+    deadline = time.time() + 120
+    while str(holder.pid) not in lock.read_text() and time.time() < deadline:
+        time.sleep(0.2)
     holder.kill()
     holder.communicate(timeout=60)
-    assert str(holder.pid) in (out / ".dpsinkhorn.lock").read_text()
+    assert str(holder.pid) in lock.read_text()  # SIGKILL: no release, a stale record
     done = subprocess.run(train_cmd(second_cfg, out), capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert f"taking over the lock of pid {holder.pid}" in done.stdout
