@@ -11,6 +11,8 @@ import argparse
 import importlib
 import sys
 
+from dpsinkhorn.io import NoSpaceError
+
 # module name -> offers one or more sub-commands through register_cli()
 COMMAND_MODULES = [
     "data",
@@ -45,8 +47,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.handler(args) or 0)
-    except (ValueError, FileNotFoundError, KeyError) as err:
-        # Bad input: one clear line naming the key, file or value; no traceback.
+    except (ValueError, FileNotFoundError, KeyError, NoSpaceError) as err:
+        # Bad input (or a full disk): one clear line naming the key, file or value; no
+        # traceback. Retrying cannot help (workflow/rules/train.smk retries exit 75 only).
         print(f"dpsinkhorn {args.command}: error: {err}", file=sys.stderr)
         return 2
 

@@ -341,6 +341,26 @@ def _celeba_errors(config: dict, exp: dict, at: list, seen: dict) -> list[tuple[
 _MISSING = object()
 
 
+def setting_source(files: Sequence[PathLike] | PathLike, names: Sequence[str], key: str) -> str:
+    """``<file>: <key path>`` of the config file that sets ``key`` for the experiments
+    ``names`` (``experiments.<name>.<key>``, else ``training_defaults.<key>``; later
+    files win), or the schema default when no file sets it."""
+    loaded = []
+    for file in _as_paths(files):
+        try:
+            loaded.append((file, read_yaml(file)))
+        except (OSError, ValueError):
+            continue
+    for file, data in reversed(loaded):
+        for name in names:
+            if _lookup(data, ["experiments", name, key]) is not _MISSING:
+                return f"{file}: experiments.{name}.{key}"
+    for file, data in reversed(loaded):
+        if _lookup(data, ["training_defaults", key]) is not _MISSING:
+            return f"{file}: training_defaults.{key}"
+    return f"{', '.join(str(f) for f, _ in loaded) or 'config'}: {key} (schema default)"
+
+
 def _lookup(node: Any, path: Sequence) -> Any:
     for key in path:
         if not isinstance(node, dict) or key not in node:

@@ -8,7 +8,7 @@ stage reads, ``<root>/<dataset>/{train,test}.npz`` (``images`` uint8 [N,28,28],
 with ``<root>/torchvision`` as their root: downloaded when online, or copied from a
 local mirror folder holding ``<FolderName>/raw/*.gz`` (e.g. ``../shared/data``) and
 only extracted by torchvision. Every archive's MD5 is checked against torchvision's
-own list.
+own list; the extracted idx files are always re-extracted from them.
 
 ``to_unit_range`` / ``from_unit_range`` are the only pixel conversions in the
 package: uint8 [0, 255] <-> float32 [-1, 1], exact inverses on uint8 input.
@@ -220,6 +220,12 @@ def _read_with_torchvision(
     if all archives decompress fine, the extracted files were stale and it retries once.
     """
     cls = info.torchvision_dataset()
+    # torchvision reads an extracted file whenever one exists, and never checks it: a
+    # damaged one would give wrong pixels silently. So the files are always extracted
+    # anew from the archives, whose MD5 torchvision (or the mirror copy) has checked.
+    for archive, _ in info.archives():
+        if (raw / archive).is_file():
+            (raw / Path(archive).stem).unlink(missing_ok=True)
     for attempt in range(2):
         try:
             out = {}

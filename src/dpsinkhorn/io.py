@@ -8,9 +8,13 @@ which is atomic on POSIX file systems.
 from __future__ import annotations
 
 import contextlib
+import errno
+import io
 import json
 import os
 import tempfile
+import zipfile
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +23,46 @@ import numpy as np
 
 _UMASK = os.umask(0)
 os.umask(_UMASK)
+
+# errno values that mean "the file system is full" (disk, or the user's quota)
+_NO_SPACE = {errno.ENOSPC, errno.EDQUOT}
+
+
+class NoSpaceError(OSError):
+    """Writing a file failed because its file system is full (ENOSPC / EDQUOT).
+
+    Its message names the file; the half-written temporary file is already removed.
+    """
+
+
+def _temp_pattern(path: Path) -> str:
+    """Glob of the temporary files ``atomic_path`` makes for ``path``."""
+    return f".{path.stem}.*.tmp{path.suffix}"
+
+
+def remove_stale_temps(path: str | os.PathLike) -> list[Path]:
+    """Delete temporary files left next to ``path`` by a killed writer; returns them.
+
+    ``atomic_path`` removes its temporary file on any error, but not after SIGKILL or a
+    power cut. Call this only while no other process can be writing ``path`` (e.g.
+    under ``runlock.OutputLock`` of its folder).
+    """
+    path = Path(path)
+    if not path.parent.is_dir():
+        return []
+    stale = sorted(path.parent.glob(_temp_pattern(path)))
+    for tmp in stale:
+        tmp.unlink(missing_ok=True)
+    return stale
+
+
+def _raise_no_space(err: OSError, path: Path) -> None:
+    """Raise ``err``, as ``NoSpaceError`` naming ``path`` when the file system is full."""
+    if err.errno in _NO_SPACE and not isinstance(err, NoSpaceError):
+        raise NoSpaceError(
+            err.errno, f"no space left on device while writing {path}; free space and rerun"
+        ) from err
+    raise err
 
 
 @contextlib.contextmanager
@@ -39,9 +83,73 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         yield tmp_path
         os.chmod(tmp_path, 0o666 & ~_UMASK)  # mkstemp makes 0600; give files the usual mode
         os.replace(tmp_path, path)
+    except OSError as err:
+        _raise_no_space(err, path)
     finally:
         if tmp_path.exists():
             tmp_path.unlink()
+
+
+def _write_synced(tmp: Path, payload: bytes) -> None:
+    with open(tmp, "wb") as fh:
+        fh.write(payload)
+        fh.flush()
+        os.fsync(fh.fileno())  # a full disk shows here at the latest, not after the rename
+
+
+def write_bytes(path: str | os.PathLike, payload: bytes) -> None:
+    """Write ``payload`` to ``path`` atomically (``NoSpaceError`` naming it when full)."""
+    with atomic_path(path) as tmp:
+        _write_synced(tmp, payload)
+
+
+def write_all(
+    files: list[tuple[str | os.PathLike, bytes]], remove_first: list[str | os.PathLike] = ()
+) -> None:
+    """Write several files as one commit: all in full, then moved into place in order.
+
+    Every file is first written to a temporary file next to it; any error there (a
+    full disk: ``NoSpaceError`` naming the file) removes them all and changes nothing.
+    Then the files in ``remove_first`` are deleted and the temporaries are moved onto
+    their names in the given order (a move needs no space). So a file listed later
+    never appears without the ones listed before it.
+    """
+    staged: list[tuple[Path, Path]] = []
+    try:
+        for path, payload in files:
+            path = Path(path)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(
+                prefix=f".{path.stem}.", suffix=f".tmp{path.suffix}", dir=path.parent
+            )
+            os.close(fd)
+            staged.append((Path(tmp), path))
+            try:
+                _write_synced(Path(tmp), payload)
+            except OSError as err:
+                _raise_no_space(err, path)
+            os.chmod(tmp, 0o666 & ~_UMASK)
+        for path in remove_first:
+            Path(path).unlink(missing_ok=True)
+        for tmp, path in staged:
+            os.replace(tmp, path)
+    finally:
+        for tmp, _ in staged:
+            tmp.unlink(missing_ok=True)
+
+
+def torch_bytes(obj: Any) -> bytes:
+    """``torch.save(obj)`` as bytes that depend on ``obj`` only.
+
+    Saving to a path stores the file's (random temporary) name inside the archive;
+    saving to an unnamed buffer stores a fixed one, so equal objects give equal bytes
+    and a content hash can identify a result.
+    """
+    import torch
+
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getvalue()
 
 
 def write_json(path: str | os.PathLike, obj: Any) -> None:
@@ -57,6 +165,7 @@ def write_text(path: str | os.PathLike, text: str) -> None:
 
 
 def read_json(path: str | os.PathLike) -> Any:
+    """Parse a JSON file."""
     return json.loads(Path(path).read_text())
 
 
@@ -99,7 +208,7 @@ def load_samples(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
             if missing:
                 raise ValueError(f"{path}: missing array(s) {sorted(missing)}; found {npz.files}")
             images, labels = npz["images"], npz["labels"]
-    except (OSError, ValueError) as err:
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as err:
         if isinstance(err, ValueError) and str(path) in str(err):
             raise
         raise ValueError(f"{path}: not a readable .npz sample file ({err})") from err

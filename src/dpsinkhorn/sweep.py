@@ -52,13 +52,13 @@ from dpsinkhorn.privacy import ImageGradientSanitizer, StackedImageGradientSanit
 from dpsinkhorn.specs import SWEEP_SHARED_KEYS, sweep_key
 from dpsinkhorn.train import (
     GraphedStep,
-    Preempted,
     RunFiles,
     Trainer,
     _StopSignal,
     add_training_arguments,
     data_fingerprint,
     load_train_data,
+    released_on_error,
     run_training_cli,
 )
 
@@ -262,7 +262,10 @@ def train_sweep(
     sweep = SweepTrainer(
         specs, images, labels, resolve_device(device), compile_solver, cuda_graphs, precision
     )
-    runs = [RunFiles(t, out) for t, out in zip(sweep.trainers, out_dirs, strict=True)]
+    runs: list[RunFiles] = []
+    with released_on_error(runs):  # one folder refused: give back those already taken
+        for t, out in zip(sweep.trainers, out_dirs, strict=True):
+            runs.append(RunFiles(t, out))
     # Workspaces go when the whole sweep is done: until then, a finished member's final
     # checkpoint tells a rerun (after preemption) that it needs no more steps.
     records = {i: run.finish(remove_workspace=False) for i, run in enumerate(runs) if run.done}
@@ -274,7 +277,7 @@ def train_sweep(
         mininterval=1.0,
     )
     taken = 0
-    with _StopSignal() as stop:
+    with _StopSignal() as stop, released_on_error(runs):
         while len(records) < len(runs):
             active = [i for i in range(len(runs)) if i not in records]
             losses = sweep.step([sweep.trainers[i] for i in active])
@@ -295,9 +298,7 @@ def train_sweep(
                     run.checkpoint()
                 bar.close()
                 paths = ", ".join(str(run.ckpt_path) for run in unfinished)
-                raise Preempted(
-                    stop.reason(stop_after, f"checkpoints after {taken} steps in {paths}")
-                )
+                raise stop.preempted(stop_after, f"checkpoints after {taken} steps in {paths}")
     bar.close()
     for run in runs:
         run.remove_workspace()

@@ -17,8 +17,10 @@ One step:
 Everything the step touches lives on the device; the step has fixed shapes and
 never synchronises with the host (the private loss is read only with
 ``log_private_loss``). A checkpoint (model, optimiser, RNG, privacy ledger, log) is
-written atomically every ``checkpoint_every`` steps and on SIGTERM / SIGUSR1 / SIGINT;
-rerunning resumes from it, bit-identical on CPU to an uninterrupted run.
+written atomically every ``checkpoint_every`` steps and on SIGTERM / SIGUSR1 (exit 75,
+resubmit) / SIGINT (exit 130, stop); rerunning resumes from it, bit-identical on CPU to
+an uninterrupted run at the same number of threads (``torch.get_num_threads()``, in
+privacy.json).
 
 Release and workspace. ``<out>/`` receives only what depends on the private data
 through the sanitised gradient: generator.pt, privacy.json and train_log.csv (step,
@@ -36,6 +38,7 @@ guarantee). The config ``seed`` still sets the generator's initial weights.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import hashlib
 import io as _io
@@ -43,6 +46,7 @@ import json
 import math
 import shutil
 import signal
+import sys
 import time
 from pathlib import Path
 
@@ -52,9 +56,17 @@ from scipy.stats import binom
 from tqdm import tqdm
 
 from dpsinkhorn import config as config_lib
-from dpsinkhorn import data
+from dpsinkhorn import data, memory
 from dpsinkhorn.devices import resolve_device
-from dpsinkhorn.io import atomic_path, check_samples, write_json, write_text
+from dpsinkhorn.io import (
+    NoSpaceError,
+    check_samples,
+    remove_stale_temps,
+    torch_bytes,
+    write_all,
+    write_bytes,
+    write_text,
+)
 from dpsinkhorn.loss import (
     conditional_features,
     debias_size,
@@ -80,8 +92,16 @@ from dpsinkhorn.privacy import (
     rng_state_tensor,
     secret_noise_key,
 )
+from dpsinkhorn.runlock import OutputLock
 
 PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: checkpoint written, rerun to resume
+# A stop that retrying cannot fix (SIGINT, bad input) leaves this note in the output
+# folder; a workflow retry (``--attempt`` > 1) finds it and ends at once.
+STOPPED_NAME = ".dpsinkhorn.stopped"
+# SIGINT (the user's Ctrl-C): checkpoint written, but the user asked to stop, so the
+# workflow must not resubmit it (128 + SIGINT, the shell's convention; see
+# ``retry_training`` and workflow/rules/train.smk).
+INTERRUPTED_EXIT_CODE = 130
 #: train_log.csv (released): nothing computed on the private data.
 LOG_COLUMNS = ["step", "epsilon", "steps_per_s", "elapsed_s"]
 #: private_workspace/private_loss.csv (``log_private_loss: true``): the un-noised loss S.
@@ -258,6 +278,12 @@ class Trainer:
         self.n_prime = debias_size(self.n, float(spec["p"]))
         num_records = len(train_labels)
         self.q = self.n / num_records
+        if self.n > num_records:
+            raise memory.TooLargeError(
+                "batch_size",
+                f"batch_size {self.n} is larger than the {num_records} training records of "
+                f"{spec['dataset']}: the sampling rate q = batch_size / N must be at most 1",
+            )
         # From the dataset's definition, never from the private labels (a label held by
         # one record would change the embedding's shape).
         self.num_classes = data.dataset_info(spec["dataset"]).num_classes
@@ -320,6 +346,17 @@ class Trainer:
         self.rng = keyed_generator(key, device)
         del key
         self.sampler = PoissonSampler(num_records, self.q, device)
+        self.memory_bytes = memory.step_bytes(  # refused below if the device cannot hold it
+            self.n,
+            self.n_prime,
+            self.sampler.capacity,
+            num_records,
+            self.real.shape[1],
+            memory.activation_bytes_per_row(self.model),
+        )
+        memory.check_fits(
+            self.memory_bytes, device, f"batch_size {self.n} (q = {self.q:.4g}, {spec['name']})"
+        )
 
         self.perturbation = spec.get("perturbation", "image")
         self.epsilon_convention = spec.get("epsilon_convention", "sound")
@@ -562,7 +599,13 @@ class _StopSignal:
     def reason(self, stop_after: int | None, where: str) -> str:
         """Why training stopped, and ``where`` its checkpoints are (for ``Preempted``)."""
         why = f"signal {self.received}" if self.received is not None else f"stop_after={stop_after}"
+        if self.received == signal.SIGINT:
+            why = "interrupted (SIGINT)"
         return f"{why}: {where}; rerun to resume"
+
+    def preempted(self, stop_after: int | None, where: str) -> Preempted:
+        """The ``Preempted`` to raise; ``interrupted`` when the signal was SIGINT."""
+        return Preempted(self.reason(stop_after, where), self.received == signal.SIGINT)
 
     def __exit__(self, *exc):
         for s, handler in self.previous.items():
@@ -570,7 +613,26 @@ class _StopSignal:
 
 
 class Preempted(Exception):
-    """Training stopped early (signal or ``stop_after``) after writing a checkpoint."""
+    """Training stopped early (signal or ``stop_after``) after writing a checkpoint.
+
+    ``interrupted``: the signal was SIGINT, a user's stop (not a scheduler's).
+    """
+
+    def __init__(self, message: str, interrupted: bool = False):
+        super().__init__(message)
+        self.interrupted = interrupted
+
+
+@contextlib.contextmanager
+def released_on_error(runs: list[RunFiles]):
+    """Release the runs' output-folder locks if the block raises (``finish`` releases
+    them otherwise), so a stopped run in this process does not block the next one."""
+    try:
+        yield
+    except BaseException:
+        for run in runs:
+            run.release()
+        raise
 
 
 def _save_checkpoint(
@@ -582,8 +644,29 @@ def _save_checkpoint(
         "private_log": private_rows,
         "spec_hash": digest,
     }
-    with atomic_path(path) as tmp:
-        torch.save(state, tmp)
+    # Serialised in memory, then written: a full disk is an OSError naming the file
+    # (io.NoSpaceError), not torch's "basic_ios::clear: iostream error".
+    write_bytes(path, torch_bytes(state))
+
+
+class CheckpointError(ValueError):
+    """checkpoint.pt cannot be read (truncated, corrupt, not ours); the message names it."""
+
+
+def _load_checkpoint(path: Path, device: torch.device) -> dict:
+    """Read a checkpoint, or raise ``CheckpointError`` naming the file and what to do."""
+    try:
+        state = torch.load(path, map_location=device, weights_only=False)
+        if not isinstance(state, dict) or not {"step", "model", "spec_hash"} <= set(state):
+            raise ValueError("not a dpsinkhorn training checkpoint")
+    except Exception as err:  # torch raises RuntimeError, EOFError, UnpicklingError, ...
+        reason = (str(err).strip().splitlines() or [""])[0][:200]
+        raise CheckpointError(
+            f"checkpoint {path} is damaged and cannot be resumed ({type(err).__name__}: "
+            f"{reason}); delete it to train this run again from step 0, or put back a "
+            "good copy"
+        ) from err
+    return state
 
 
 def _write_log(path: Path, rows: list[dict], columns: list[str] = LOG_COLUMNS) -> None:
@@ -592,6 +675,9 @@ def _write_log(path: Path, rows: list[dict], columns: list[str] = LOG_COLUMNS) -
     writer.writeheader()
     writer.writerows(rows)
     write_text(path, buf.getvalue())
+
+
+OUTPUT_FILES = ("generator.pt", "privacy.json", "train_log.csv")
 
 
 class RunFiles:
@@ -609,6 +695,11 @@ class RunFiles:
     def __init__(self, trainer: Trainer, out_dir: Path):
         self.trainer, self.spec = trainer, trainer.spec
         self.out_dir = Path(out_dir)
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        # One writer per output folder (runlock): refused here, before anything is read.
+        self.lock = OutputLock(self.out_dir).acquire()
+        if self.lock.taken_over:
+            print(f"{self.out_dir}: taking over the lock of {self.lock.taken_over}, gone")
         self.workspace = self.out_dir / WORKSPACE
         self.workspace.mkdir(parents=True, exist_ok=True)
         readme = self.workspace / "README.txt"
@@ -625,12 +716,15 @@ class RunFiles:
         self.keep_workspace = self.log_private_loss or bool(
             self.spec.get("keep_private_workspace", False)
         )
+        # Temporary files of a writer killed mid-write (SIGKILL); no one else writes here.
+        for name in (self.ckpt_path, *(self.out_dir / f for f in OUTPUT_FILES)):
+            remove_stale_temps(name)
         self.log_rows: list[dict] = []
         self.private_rows: list[dict] = []
         if self.ckpt_path.exists():
             # On the CPU: model and optimiser state are copied to the trainer's device by
             # load_state_dict; the RNG state must stay a CPU ByteTensor (set_state).
-            state = torch.load(self.ckpt_path, map_location="cpu", weights_only=False)
+            state = _load_checkpoint(self.ckpt_path, torch.device("cpu"))
             if state.get("spec_hash") == self.digest:
                 trainer.load_state_dict(state)
                 self.log_rows = state["log"]
@@ -683,6 +777,10 @@ class RunFiles:
         if self.log_private_loss:
             _write_log(self.workspace / "private_loss.csv", self.private_rows, PRIVATE_LOG_COLUMNS)
 
+    def release(self) -> None:
+        """Give up the output folder's lock (``finish`` does it; also on errors)."""
+        self.lock.release()
+
     def finish(self, remove_workspace: bool = True) -> dict:
         """Write generator.pt, privacy.json, train_log.csv; returns the privacy record.
 
@@ -692,6 +790,12 @@ class RunFiles:
         that stays gets the final checkpoint: a rerun finds every step done and only
         rewrites the outputs.
         """
+        try:
+            return self._finish(remove_workspace)
+        finally:
+            self.release()
+
+    def _finish(self, remove_workspace: bool) -> dict:
         trainer = self.trainer
         stays = self.keep_workspace or not remove_workspace
         if stays and (trainer.step_count != self.start_step or not self.ckpt_path.exists()):
@@ -705,11 +809,20 @@ class RunFiles:
             "experiment": self.spec["name"],
             "steps": trainer.step_count,
         }
-        with atomic_path(self.out_dir / "generator.pt") as tmp:
-            torch.save(generator, tmp)
-        record = trainer.privacy_record()
-        write_json(self.out_dir / "privacy.json", record)
+        payload = torch_bytes(generator)  # deterministic bytes (no file name inside)
+        record = {
+            **trainer.privacy_record(),
+            # identifies the released generator; bit-identical reruns need equal threads
+            "content_sha256": hashlib.sha256(payload).hexdigest(),
+            "threads": torch.get_num_threads(),
+        }
         _write_log(self.out_dir / "train_log.csv", self.log_rows)
+        commit_release(
+            self.out_dir / "generator.pt",
+            payload,
+            self.out_dir / "privacy.json",
+            (json.dumps(record, indent=2) + "\n").encode(),
+        )
         if remove_workspace:
             self.remove_workspace()
         return record
@@ -718,6 +831,16 @@ class RunFiles:
         """Delete the private workspace, unless the config keeps it."""
         if not self.keep_workspace:
             shutil.rmtree(self.workspace, ignore_errors=True)
+
+
+def commit_release(generator: Path, payload: bytes, ledger: Path, ledger_bytes: bytes) -> None:
+    """Write a generator and its privacy ledger so that the generator never exists alone.
+
+    Both are written in full to temporary files first (a full disk fails there, with
+    ``io.NoSpaceError`` naming the file, and changes nothing); then an older generator
+    is removed, the ledger moved into place, and the generator last (``io.write_all``).
+    """
+    write_all([(ledger, ledger_bytes), (generator, payload)], remove_first=[generator])
 
 
 def train(
@@ -756,7 +879,7 @@ def train(
         disable=not progress,
         mininterval=1.0,
     )
-    with _StopSignal() as stop:
+    with _StopSignal() as stop, released_on_error([run]):
         while not run.done:
             loss = trainer.step()
             bar.update(1)
@@ -768,7 +891,7 @@ def train(
                 run.checkpoint()
                 bar.close()
                 where = f"checkpoint at step {trainer.step_count} in {run.ckpt_path}"
-                raise Preempted(stop.reason(stop_after, where))
+                raise stop.preempted(stop_after, where)
     bar.close()
     return run.finish()
 
@@ -817,15 +940,32 @@ def add_training_arguments(p: argparse.ArgumentParser) -> None:
         help="the generator's arithmetic while training (config key precision)",
     )
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument(
+        "--attempt",
+        type=int,
+        default=1,
+        help="Snakemake's attempt number: a retry (> 1) after a stop that a retry cannot "
+        "fix (SIGINT, exit 130; bad input, exit 2) ends at once with the same code",
+    )
 
 
 def run_training_cli(command: str, args: argparse.Namespace, train_fn, specs, outs) -> int:
     """Call ``train_fn(specs, outs, data_dir, ...)`` -> list of privacy records with the CLI
     options; print each record.
 
-    Returns 0, or PREEMPTED_EXIT_CODE (75) after a signal or ``--stop-after`` checkpoint.
+    Returns 0, or PREEMPTED_EXIT_CODE (75) after a signal or ``--stop-after`` checkpoint,
+    INTERRUPTED_EXIT_CODE (130) after SIGINT (checkpoint written too).
     """
     cfg = config_lib.load_config(args.config)
+    markers = [Path(d) / STOPPED_NAME for d in ([outs] if isinstance(outs, Path) else outs)]
+    if args.attempt > 1:  # a workflow retry: repeat a final stop instead of running again
+        for marker in markers:
+            if marker.is_file():
+                note = json.loads(marker.read_text())
+                print(f"dpsinkhorn {command}: not retried: {note['message']}", file=sys.stderr)
+                return int(note["exit_code"])
+    for marker in markers:
+        marker.unlink(missing_ok=True)
     try:
         records = train_fn(
             specs,
@@ -840,10 +980,26 @@ def run_training_cli(command: str, args: argparse.Namespace, train_fn, specs, ou
         )
     except Preempted as stop:
         print(f"dpsinkhorn {command}: {stop}")
-        return PREEMPTED_EXIT_CODE
+        if not stop.interrupted:
+            return PREEMPTED_EXIT_CODE  # a scheduler's stop: resubmit and resume
+        _final_stop(markers, INTERRUPTED_EXIT_CODE, f"stopped by the user ({stop})")
+        return INTERRUPTED_EXIT_CODE
+    except (ValueError, FileNotFoundError, KeyError, NoSpaceError) as err:
+        if isinstance(err, memory.TooLargeError):  # name the file that set the key
+            names = [s["name"] for s in (specs if isinstance(specs, list) else [specs])]
+            where = config_lib.setting_source(args.config, names, err.key)
+            err = memory.TooLargeError(err.key, f"{where}: {err}")
+        _final_stop(markers, 2, str(err))  # cli.main prints it as one line, exit 2
+        raise err
     for record in records:
         print(json.dumps({k: record.get(k) for k in ("experiment", "steps", "epsilon")}))
     return 0
+
+
+def _final_stop(markers: list[Path], exit_code: int, message: str) -> None:
+    """Note in each output folder that this run ended in a way a retry cannot fix."""
+    for marker in markers:
+        write_text(marker, json.dumps({"exit_code": exit_code, "message": message}) + "\n")
 
 
 def _cli(args: argparse.Namespace) -> int:

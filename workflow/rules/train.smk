@@ -1,4 +1,9 @@
 # Resumes from its own checkpoint, so a retry continues where the failed attempt stopped.
+# Only a scheduler's stop is worth a retry. On SIGINT (Ctrl-C) training checkpoints and
+# exits 130; on bad input (a damaged checkpoint, a locked output folder, a full disk) it
+# exits 2 with one line. Either leaves a note in the output folder: a retry (--attempt
+# > 1, Snakemake's attempt number) finds it and ends at once with the same code, so the
+# same failure never runs again (Ctrl-C also stops Snakemake itself: common.smk).
 # On SIGTERM/SIGUSR1 it checkpoints and exits 75: `exec` makes the shell that Snakemake
 # starts *be* the training, so a signal sent to the whole job (SLURM's time-limit
 # warning, a preemption) reaches it without first killing that shell.
@@ -33,11 +38,12 @@ rule train:
         gpu=GPUS,
         mem_mb=16000,
         runtime=lambda w: train_runtime_minutes(config, w.exp),
+        attempt=lambda w, attempt: attempt,  # Snakemake's attempt number: --attempt
     conda:
         CONDA_ENV
     shell:
         "exec dpsinkhorn train --config {params.config_files} --experiment {wildcards.exp}"
-        " --out {params.out} {params.device} > {log} 2>&1"
+        " --out {params.out} {params.device} --attempt {resources.attempt} > {log} 2>&1"
 
 
 # sweep_runs > 1: each group of compatible experiments trains in one process on one device
@@ -66,8 +72,10 @@ for members in SWEEPS:
             gpu=GPUS,
             mem_mb=16000,
             runtime=sum(train_runtime_minutes(config, e) for e in members),
+            attempt=lambda w, attempt: attempt,
         conda:
             CONDA_ENV
         shell:
             "exec dpsinkhorn train-sweep --config {params.config_files}"
-            " --experiments {params.experiments} --out-root {RESULTS} {params.device} > {log} 2>&1"
+            " --experiments {params.experiments} --out-root {RESULTS} {params.device}"
+            " --attempt {resources.attempt} > {log} 2>&1"

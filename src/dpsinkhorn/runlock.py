@@ -1,0 +1,121 @@
+"""One writer per output folder: an exclusive lock held while a run owns the folder.
+
+``dpsinkhorn train`` and ``train-sweep`` take ``OutputLock(out_dir)`` before they read
+a checkpoint and keep it until their outputs are written, so two processes never
+train into the same folder (whatever folder the checkpoints themselves live in: the
+lock belongs to the output folder). The second one is refused with ``LockedError``,
+whose message names the folder and the holder (host, pid, command, start time).
+
+The lock is ``flock`` on ``<out_dir>/.dpsinkhorn.lock``: the kernel drops it when the
+holder exits, however it exits (SIGKILL, power cut of a node on NFS with lock
+recovery), so a stale lock never blocks anyone. A lock file whose holder is gone
+still names it; the next run takes the lock over and says so. The lock file itself
+stays (deleting it while others may open it would let two holders lock two files).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+
+LOCK_NAME = ".dpsinkhorn.lock"
+
+
+class LockedError(ValueError):
+    """The output folder is held by another live process (a ``ValueError``: the CLI
+    prints it as one line and exits 2)."""
+
+
+def _describe(holder: dict) -> str:
+    if not holder:
+        return "an unknown process"
+    started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(holder.get("started", 0)))
+    return (
+        f"pid {holder.get('pid')} on {holder.get('host')} "
+        f"(`{holder.get('command', '?')}`, since {started})"
+    )
+
+
+class OutputLock:
+    """Exclusive, non-blocking lock on an output folder (context manager or acquire/release).
+
+    ``taken_over`` is the description of a dead holder whose lock file was left behind,
+    or None.
+    """
+
+    def __init__(self, folder: str | os.PathLike):
+        self.folder = Path(folder)
+        self.path = self.folder / LOCK_NAME
+        self._fh = None
+        self.taken_over: str | None = None
+
+    @property
+    def held(self) -> bool:
+        return self._fh is not None
+
+    def acquire(self) -> OutputLock:
+        """Take the lock or raise ``LockedError`` naming the folder and the holder."""
+        if self._fh is not None:
+            return self
+        self.folder.mkdir(parents=True, exist_ok=True)
+        fh = open(self.path, "a+")  # noqa: SIM115 (kept open: the lock lives with it)
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = _read(fh)
+            fh.close()
+            raise LockedError(
+                f"output folder {self.folder} is in use by {_describe(holder)}; wait for it "
+                f"to finish or stop it, or choose another output folder"
+            ) from None
+        previous = _read(fh)
+        if previous:  # the lock is ours, so whoever wrote this is gone
+            self.taken_over = _describe(previous)
+        me = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])[:300],
+            "started": time.time(),
+        }
+        fh.seek(0)
+        fh.truncate()
+        fh.write(json.dumps(me) + "\n")
+        fh.flush()
+        self._fh = fh
+        return self
+
+    def release(self) -> None:
+        """Clear the holder record and drop the lock (no-op when not held)."""
+        fh, self._fh = self._fh, None
+        if fh is None:
+            return
+        try:
+            fh.seek(0)
+            fh.truncate()
+            fh.flush()
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+            fh.close()
+
+    def __enter__(self) -> OutputLock:
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+    def __del__(self) -> None:
+        if self._fh is not None:
+            self._fh.close()  # closing the file drops the flock
+
+
+def _read(fh) -> dict:
+    fh.seek(0)
+    try:
+        return json.loads(fh.read() or "{}")
+    except ValueError:
+        return {}
