@@ -28,6 +28,7 @@ from dpsinkhorn.privacy import (
     rng_state_bytes,
     rng_state_tensor,
 )
+from dpsinkhorn.runlock import LOCK_NAME
 from dpsinkhorn.sweep import SweepTrainer
 from dpsinkhorn.train import (
     LOG_COLUMNS,
@@ -41,6 +42,16 @@ from dpsinkhorn.train import (
 
 CPU = torch.device("cpu")
 RELEASE = {"generator.pt", "privacy.json", "train_log.csv"}
+
+
+def _folder(path) -> set[str]:
+    """Names in an output folder, less the output lock (runlock), which must be empty once
+    the run has released it: it names a holder only while one runs."""
+    lock = path / LOCK_NAME
+    assert lock.read_text() == ""
+    return {p.name for p in path.iterdir()} - {LOCK_NAME}
+
+
 TINY = {"channels": [16, 8, 4], "steps": 6, "checkpoint_every": 2, "log_every": 2}
 
 
@@ -66,7 +77,7 @@ def test_release_folder_holds_no_private_loss(tmp_path, mnist, capfd):
     record = train(spec(), tmp_path / "run", train_data=mnist, progress=True)
     _, progress = capfd.readouterr()
     assert "eps=" in progress and "loss" not in progress  # the tqdm bar: ε only
-    assert {p.name for p in (tmp_path / "run").iterdir()} == RELEASE  # no workspace left
+    assert _folder(tmp_path / "run") == RELEASE  # no workspace left
     with open(tmp_path / "run" / "train_log.csv") as fh:
         rows = list(csv.DictReader(fh))
     assert list(rows[0]) == LOG_COLUMNS == ["step", "epsilon", "steps_per_s", "elapsed_s"]
@@ -75,7 +86,7 @@ def test_release_folder_holds_no_private_loss(tmp_path, mnist, capfd):
 
     # The private loss exists only behind log_private_loss, in the workspace (kept).
     train(spec(log_private_loss=True), tmp_path / "logged", train_data=mnist, progress=False)
-    assert {p.name for p in (tmp_path / "logged").iterdir()} == RELEASE | {WORKSPACE}
+    assert _folder(tmp_path / "logged") == RELEASE | {WORKSPACE}
     workspace = tmp_path / "logged" / WORKSPACE
     assert "DO NOT SHARE" in (workspace / "README.txt").read_text()
     with open(workspace / "private_loss.csv") as fh:

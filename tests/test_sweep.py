@@ -113,6 +113,7 @@ def test_train_sweep_writes_single_run_files_and_resumes(tmp_path, prepared_data
         ).read_text().count("\n")
         # the sweep is done: no private workspace is left beside the release
         assert sorted(p.name for p in b_dir.iterdir()) == [
+            ".dpsinkhorn.lock",  # the output lock, released (empty)
             "generator.pt",
             "privacy.json",
             "train_log.csv",
