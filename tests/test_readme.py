@@ -65,7 +65,12 @@ def test_readme_command_works_verbatim(clone, command):
             pytest.skip("--report needs finished results")
         real = any(a.startswith("data/") for a in argv)
         result = subprocess.run(
-            argv if real else [*argv, "-n"], cwd=clone, env=env, capture_output=True, text=True
+            # -n right after the program: after a `--` it would be read as a target
+            argv if real else [argv[0], "-n", *argv[1:]],
+            cwd=clone,
+            env=env,
+            capture_output=True,
+            text=True,
         )
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
         if real:
