@@ -395,17 +395,7 @@ def train_and_evaluate_seeds(
         )
         seconds = (time.perf_counter() - start) / len(seeds)  # the shared run, split evenly
         return [
-            {
-                "accuracy": result.pop("accuracy"),
-                "model": model,
-                "seed": seed,
-                **result,
-                "num_train": len(x),
-                "num_test": len(x_test),
-                "num_classes": classes,
-                "device": str(dev),
-                "seconds": seconds,
-            }
+            _record(model, seed, result, len(x), len(x_test), classes, dev, seconds)
             for seed, result, (x, *_) in zip(seeds, trained, checked, strict=True)
         ]
     results = []
@@ -426,20 +416,34 @@ def train_and_evaluate_seeds(
                 patience,
                 batch_size,
             )
-        results.append(
-            {
-                "accuracy": result.pop("accuracy"),
-                "model": model,
-                "seed": seed,
-                **result,
-                "num_train": len(x),
-                "num_test": len(x_test),
-                "num_classes": classes,
-                "device": str(dev),
-                "seconds": time.perf_counter() - begin + (shared if not results else 0.0),
-            }
-        )
+        seconds = time.perf_counter() - begin + (shared if not results else 0.0)
+        results.append(_record(model, seed, result, len(x), len(x_test), classes, dev, seconds))
     return results
+
+
+def _record(
+    model: str,
+    seed: int,
+    result: dict,
+    num_train: int,
+    num_test: int,
+    num_classes: int,
+    device: torch.device,
+    seconds: float,
+) -> dict:
+    """One seed's result file: accuracy first, then the model, seed, training details
+    (``result``), sizes, device and wall seconds."""
+    return {
+        "accuracy": result.pop("accuracy"),
+        "model": model,
+        "seed": seed,
+        **result,
+        "num_train": num_train,
+        "num_test": num_test,
+        "num_classes": num_classes,
+        "device": str(device),
+        "seconds": seconds,
+    }
 
 
 def train_and_evaluate(
