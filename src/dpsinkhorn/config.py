@@ -19,6 +19,8 @@ import math
 import os
 import re
 import shlex
+import signal
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -628,3 +630,32 @@ def check_overrides(config: Mapping, files: Sequence[PathLike]) -> None:
             f"{', '.join(changed)} must be changed in a config file "
             f"({', '.join(map(str, files))}): the steps read the files, not --config"
         )
+
+
+# --------------------------------------------------------------------------- the workflow process
+
+
+def prepare_workflow_process() -> None:
+    """Called once by the workflow (common.smk) in the Snakemake process.
+
+    * Puts the folder of the Python running Snakemake first on ``PATH``: the steps call
+      ``dpsinkhorn``, and ``.venv/bin/snakemake`` then works without an activated venv
+      (jobs inherit the variable).
+    * Ctrl-C stops the workflow: Snakemake's own SIGINT handling lets a failed job be
+      retried, so training (which checkpoints and exits 130 on the same SIGINT from the
+      terminal) would be restarted. While jobs run, a SIGINT becomes Snakemake's graceful
+      SIGTERM stop (no new job, no retry); before the scheduler runs, a KeyboardInterrupt.
+    """
+    own_bin = str(Path(sys.executable).parent)
+    os.environ["PATH"] = os.pathsep.join([own_bin, os.environ.get("PATH", "")])
+
+    def user_interrupt(signum, frame):
+        if callable(signal.getsignal(signal.SIGTERM)):  # the scheduler's graceful stop
+            os.kill(os.getpid(), signal.SIGTERM)
+        else:
+            signal.default_int_handler(signum, frame)
+
+    try:
+        signal.signal(signal.SIGINT, user_interrupt)
+    except ValueError:  # not the main thread: leave Snakemake's default
+        pass

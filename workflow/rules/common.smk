@@ -1,8 +1,5 @@
 # Shared settings, paths and input functions. All logic lives in dpsinkhorn.config.
 
-import os
-import signal
-import sys
 from pathlib import Path
 
 from dpsinkhorn.config import (
@@ -17,6 +14,7 @@ from dpsinkhorn.config import (
     experiment_spec,
     figure_datasets,
     figure_experiment,
+    prepare_workflow_process,
     real_experiments,
     report_targets,
     table1_experiments,
@@ -33,27 +31,9 @@ from dpsinkhorn import ablations, plan
 config.update(validate(config, workflow.configfiles))
 check_overrides(config, workflow.configfiles)
 
-# Steps call `dpsinkhorn`: the one installed beside the Python that runs Snakemake
-# (.venv/bin/snakemake works without an activated venv). Jobs inherit this PATH.
-os.environ["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
-
-
-
-def _user_interrupt(signum, frame):
-    """Ctrl-C stops the workflow: no new job, no retry (Snakemake's own handling of
-    SIGINT lets a failed job be retried). While jobs run, Snakemake's scheduler stops
-    gracefully on SIGTERM; the training job, which gets the same SIGINT from the
-    terminal, checkpoints and exits 130. Before the scheduler runs: KeyboardInterrupt."""
-    if callable(signal.getsignal(signal.SIGTERM)):  # the scheduler's graceful stop
-        os.kill(os.getpid(), signal.SIGTERM)
-    else:
-        signal.default_int_handler(signum, frame)
-
-
-try:
-    signal.signal(signal.SIGINT, _user_interrupt)
-except ValueError:  # not the main thread: leave Snakemake's default
-    pass
+# Jobs find `dpsinkhorn` beside this Snakemake's Python (no activated venv needed), and
+# one Ctrl-C stops the workflow instead of letting a retry restart training.
+prepare_workflow_process()
 
 RESULTS = f"results/{config['run_name']}"
 DATA = config["data_dir"]
