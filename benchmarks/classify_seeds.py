@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dpsinkhorn import io
+from dpsinkhorn import files as io
 
 
 def read_idx(raw: Path, prefix: str, start: int, num: int) -> tuple[np.ndarray, np.ndarray]:

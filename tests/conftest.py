@@ -36,7 +36,7 @@ def fid_weights() -> Path:
 def prepared_mnist(tmp_path_factory: pytest.TempPathFactory, data_mirror: Path) -> Path:
     """Data root with mnist prepared once per session (``<root>/mnist/*.npz``); needs only
     MNIST in the mirror (the GPU tests carry no more)."""
-    from dpsinkhorn import data
+    from dpsinkhorn.data import datasets as data
 
     root = tmp_path_factory.mktemp("data")
     data.prepare("mnist", root, mirror=data_mirror)
@@ -46,7 +46,7 @@ def prepared_mnist(tmp_path_factory: pytest.TempPathFactory, data_mirror: Path) 
 @pytest.fixture(scope="session")
 def prepared_data(prepared_mnist: Path, data_mirror: Path) -> Path:
     """Data root with mnist and fmnist prepared once per session (``<root>/<name>/*.npz``)."""
-    from dpsinkhorn import data
+    from dpsinkhorn.data import datasets as data
 
     data.prepare("fmnist", prepared_mnist, mirror=data_mirror)
     return prepared_mnist

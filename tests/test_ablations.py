@@ -9,8 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dpsinkhorn import ablations, io, report_cli
+from dpsinkhorn import fileio
 from dpsinkhorn.config import experiment, experiment_names, load_config
+from dpsinkhorn.report import ablations
+from dpsinkhorn.report import cli as report_cli
 
 CONFIG = """
 run_name: tiny
@@ -68,18 +70,18 @@ def run(tmp_path: Path) -> tuple[Path, Path]:
         spec = experiment(config, name)
         for seed in config["seeds"]:
             fid, *accs = MAIN[seed] if name == "mnist_dpsinkhorn" else _values(index, seed)
-            io.write_json(out / name / f"fid_seed{seed}.json", {"fid": fid})
+            fileio.write_json(out / name / f"fid_seed{seed}.json", {"fid": fid})
             for model, acc in zip(["logreg", "mlp", "cnn"], accs, strict=True):
-                io.write_json(out / name / f"acc_{model}_seed{seed}.json", {"accuracy": acc})
+                fileio.write_json(out / name / f"acc_{model}_seed{seed}.json", {"accuracy": acc})
         privacy = {
             "epsilon": 0.1 * spec["steps"],
             "epsilon_paper_convention": 10.02,
             "steps": spec["steps"],
             "sigma": spec["sigma"],
         }
-        io.write_json(out / name / "privacy.json", privacy)
+        fileio.write_json(out / name / "privacy.json", privacy)
         ps = [0.0, 0.5, 1.0]
-        io.write_json(
+        fileio.write_json(
             out / name / "gradstudy.json",
             {
                 "experiment": name,
@@ -96,7 +98,7 @@ def run(tmp_path: Path) -> tuple[Path, Path]:
     rng = np.random.default_rng(0)
     for name in ["mnist_dpsinkhorn", "fmnist_dpsinkhorn"]:
         images = rng.integers(0, 256, size=(40, 28, 28), dtype=np.uint8)
-        io.save_samples(out / name / "samples_seed0.npz", images, np.arange(40) % 10)
+        fileio.save_samples(out / name / "samples_seed0.npz", images, np.arange(40) % 10)
     return config_file, out
 
 
@@ -308,7 +310,7 @@ EPS10 = """
 
 def test_eps10_study_figure_and_reproduction_section(run):
     """The sound ε = 10 study: one point per cell, the paper's claimed row as reference."""
-    from dpsinkhorn.studies import study_cells
+    from dpsinkhorn.config.studies import study_cells
 
     config_file, out = run
     config_file.write_text(config_file.read_text() + EPS10)
@@ -317,12 +319,12 @@ def test_eps10_study_figure_and_reproduction_section(run):
     assert [c.label for c in cells] == ["b50", "b250", "b50_perrow"]
     for k, cell in enumerate(cells):  # CNN 70%, 75%, 80%
         for seed in config["seeds"]:
-            io.write_json(out / cell.experiment / f"fid_seed{seed}.json", {"fid": 90.0 - k})
+            fileio.write_json(out / cell.experiment / f"fid_seed{seed}.json", {"fid": 90.0 - k})
             for model in ["logreg", "mlp", "cnn"]:
                 acc = {"accuracy": 0.70 + 0.05 * k}
-                io.write_json(out / cell.experiment / f"acc_{model}_seed{seed}.json", acc)
+                fileio.write_json(out / cell.experiment / f"acc_{model}_seed{seed}.json", acc)
         ledger = {"epsilon": 10.0, "epsilon_paper_convention": 99.0, "steps": 10, "sigma": 2.0}
-        io.write_json(out / cell.experiment / "privacy.json", ledger)
+        fileio.write_json(out / cell.experiment / "privacy.json", ledger)
     written = ablations.render("eps10", [config_file], out)
     assert {p.name for p in written} == {"eps10.png", "eps10.pdf", "eps10.csv"}
     rows = read_csv(out / "figures" / "eps10.csv")
@@ -343,9 +345,9 @@ def test_eps10_study_figure_and_reproduction_section(run):
 def test_public_noise_seed_is_said_in_study_tables_and_captions(run):
     config, out = run
     name = next(c.experiment for c in ablations.study_cells(load_config([config]), "table4"))
-    ledger = io.read_json(out / name / "privacy.json")
+    ledger = fileio.read_json(out / name / "privacy.json")
     public = ledger | {"guarantee": "none: the noise seed is public"}
-    io.write_json(out / name / "privacy.json", public)
+    fileio.write_json(out / name / "privacy.json", public)
     ablations.render("table4", [config], out)
     md = (out / "tables" / "table4.md").read_text()
     assert f"No privacy guarantee for `{name}`: the noise seed was public" in md

@@ -18,8 +18,9 @@ import tomllib
 import yaml
 from packaging.requirements import Requirement
 
-from dpsinkhorn import bench, train
+from dpsinkhorn import bench
 from dpsinkhorn import config as config_lib
+from dpsinkhorn.train import core as train
 
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = Path(sys.executable).with_name("snakemake")
@@ -56,27 +57,39 @@ def test_snakemake_parses_the_workflow_without_torch_or_matplotlib(tmp_path):
     assert "imported while Snakemake parses" in probe.stderr
 
 
+def _module_name(path: Path, package: Path) -> str:
+    """``src/dpsinkhorn/train/run.py`` -> ``train.run``; a package's ``__init__`` -> ``train``."""
+    parts = list(path.relative_to(package).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
 def package_imports() -> dict[str, set[str]]:
     """{module: package modules it imports}, from every import statement in the file,
-    those inside functions included (a lazy import is still an edge)."""
+    those inside functions included (a lazy import is still an edge). Modules are named
+    relative to ``dpsinkhorn`` (``train.run``); ``from dpsinkhorn.train import run`` is an
+    edge to ``train.run`` when that is a module, else to the package ``train``."""
     package = REPO / "src" / "dpsinkhorn"
-    modules = {path.stem for path in package.glob("*.py")}
+    paths = sorted(package.rglob("*.py"))
+    modules = {_module_name(path, package) for path in paths}
     graph: dict[str, set[str]] = {}
-    for path in package.glob("*.py"):
+    for path in paths:
         edges = set()
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
                 parts = node.module.split(".")
-                if parts[0] == "dpsinkhorn" and len(parts) > 1:
-                    edges.add(parts[1])
-                elif node.module == "dpsinkhorn":
-                    edges |= {alias.name for alias in node.names}
+                if parts[0] != "dpsinkhorn":
+                    continue
+                base = ".".join(parts[1:])
+                for alias in node.names:
+                    child = f"{base}.{alias.name}" if base else alias.name
+                    edges.add(child if child in modules else base)
             elif isinstance(node, ast.Import):
                 for alias in node.names:
                     parts = alias.name.split(".")
                     if parts[0] == "dpsinkhorn" and len(parts) > 1:
-                        edges.add(parts[1])
-        graph[path.stem] = (edges & modules) - {path.stem}
+                        edges.add(".".join(parts[1:]))
+        name = _module_name(path, package)
+        graph[name] = (edges & modules) - {name, ""}
     return graph
 
 
@@ -119,8 +132,8 @@ def test_import_circle_detector_finds_a_circle():
 
 def test_package_has_no_import_circles():
     graph = package_imports()
-    assert {"config", "train", "report_cli"} <= set(graph)  # the scan sees the package
-    assert "specs" in graph["studies"] and "report" in graph["report_cli"]
+    assert {"config", "config.core", "train.sweep", "report.cli"} <= set(graph)  # sees subpackages
+    assert "config.specs" in graph["config.studies"] and "report.core" in graph["report.cli"]
     assert import_circles(graph) == []
 
 

@@ -1,11 +1,11 @@
-"""Empirical privacy audit of one sanitised step (dpsinkhorn.audit): an attack on the
+"""Empirical privacy audit of one sanitised step (dpsinkhorn.privacy.audit): an attack on the
 real mechanism stays within the accountant's ε, and catches two broken mechanisms."""
 
 from __future__ import annotations
 
 import pytest
 
-from dpsinkhorn.audit import audit, clopper_pearson_upper
+from dpsinkhorn.privacy.audit import audit, clopper_pearson_upper
 
 RELEASES = 10000  # per dataset; the whole file runs in about 20 s on one CPU core
 

@@ -31,8 +31,8 @@ def test_bench_both_implementations(tmp_path, prepared_data, capsys):
     from torch.utils.flop_counter import FlopCounterMode
 
     from dpsinkhorn import config as config_lib
-    from dpsinkhorn.loss import debias_size
     from dpsinkhorn.models import ConditionalDCGAN, GeneratorConfig
+    from dpsinkhorn.ot.loss import debias_size
 
     spec = config_lib.experiment(config_lib.load_config(cfg), "e")
     model = ConditionalDCGAN(GeneratorConfig(channels=tuple(spec["channels"])))
@@ -65,9 +65,9 @@ def test_training_step_never_synchronises(tmp_path, prepared_data, perturbation,
     import torch
 
     from dpsinkhorn import config as config_lib
-    from dpsinkhorn import data
     from dpsinkhorn.bench import count_ops
-    from dpsinkhorn.train import Trainer
+    from dpsinkhorn.data import datasets as data
+    from dpsinkhorn.train.core import Trainer
 
     cfg = make_config(tmp_path, prepared_data, perturbation=perturbation, cost=cost)
     spec = config_lib.experiment(config_lib.load_config(cfg), "e")

@@ -11,14 +11,17 @@ import numpy as np
 import pytest
 import torch
 
-from dpsinkhorn import celeba, data, io, report
+from dpsinkhorn import fileio
 from dpsinkhorn.config import make_experiment
+from dpsinkhorn.data import celeba
+from dpsinkhorn.data import datasets as data
 from dpsinkhorn.models import (
     ConditionalBigGAN,
     ConditionalDCGAN32,
     GeneratorConfig,
     build_generator,
 )
+from dpsinkhorn.report import core as report
 
 NUM = 60  # fixture images: 48 train, 6 valid, 6 test
 
@@ -203,8 +206,8 @@ def test_dcgan32_shapes_and_old_configs_still_load():
     "generator,channels", [("biggan", [8, 8, 8, 8]), ("dcgan", [16, 8, 8])], ids=["biggan", "dcgan"]
 )
 def test_training_and_rgb_sampling_on_the_fixture(prepared, tmp_path, generator, channels):
-    from dpsinkhorn.sample import load_generator, sample_generator
-    from dpsinkhorn.train import train
+    from dpsinkhorn.evaluate.sample import load_generator, sample_generator
+    from dpsinkhorn.train.core import train
 
     spec = make_experiment(
         "celeba_tiny",
@@ -281,15 +284,15 @@ def celeba_run(tmp_path):
     rng = np.random.default_rng(0)
     for exp, per_seed in RESULTS.items():
         for seed, (fid, mlp, cnn) in enumerate(per_seed):
-            io.write_json(out / exp / f"fid_seed{seed}.json", {"fid": fid})
-            io.write_json(out / exp / f"acc_mlp_seed{seed}.json", {"accuracy": mlp})
-            io.write_json(out / exp / f"acc_cnn_seed{seed}.json", {"accuracy": cnn})
+            fileio.write_json(out / exp / f"fid_seed{seed}.json", {"fid": fid})
+            fileio.write_json(out / exp / f"acc_mlp_seed{seed}.json", {"accuracy": mlp})
+            fileio.write_json(out / exp / f"acc_cnn_seed{seed}.json", {"accuracy": cnn})
         if exp != "real_celeba":
             eps = (None, None) if exp == "celeba_nonprivate" else (0.9, 10.3)
             privacy = {"epsilon": eps[0], "epsilon_paper_convention": eps[1]}
-            io.write_json(out / exp / "privacy.json", privacy)
+            fileio.write_json(out / exp / "privacy.json", privacy)
         images = rng.integers(0, 256, size=(40, 32, 32, 3), dtype=np.uint8)
-        io.save_samples(out / exp / "samples_seed0.npz", images, np.arange(40) % 2)
+        fileio.save_samples(out / exp / "samples_seed0.npz", images, np.arange(40) % 2)
     return config, out
 
 

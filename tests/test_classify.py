@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dpsinkhorn import classify, cli, io
+from dpsinkhorn import cli, fileio
+from dpsinkhorn.evaluate import classify
 
 DEVICE = "cpu"
 FAST = {"max_epochs": 5, "patience": 2}  # mlp/cnn: a few epochs are enough on real data
@@ -105,8 +106,8 @@ def test_bad_arguments_are_clear_errors(mnist):
 
 def test_cli_writes_accuracy_json(mnist, tmp_path, run_cli):
     x, y, x_test, y_test = mnist
-    io.save_samples(tmp_path / "train.npz", x[:500], y[:500])
-    io.save_samples(tmp_path / "test.npz", x_test, y_test)
+    fileio.save_samples(tmp_path / "train.npz", x[:500], y[:500])
+    fileio.save_samples(tmp_path / "test.npz", x_test, y_test)
     out = tmp_path / "acc_mlp_seed3.json"
     argv = ["classify", "--model", "mlp", "--train", str(tmp_path / "train.npz")]
     argv += ["--test", str(tmp_path / "test.npz"), "--seed", "3", "--out", str(out)]
@@ -120,7 +121,7 @@ def test_cli_writes_accuracy_json(mnist, tmp_path, run_cli):
 def test_cli_bad_input_exits_2_without_output(case, mnist, tmp_path, run_cli, capsys):
     x, y, x_test, y_test = mnist
     train = tmp_path / "train.npz"
-    io.save_samples(train, x[:50], y[:50])
+    fileio.save_samples(train, x[:50], y[:50])
     model, named = "mlp", train
     if case == "bad_model":
         model, named = "svm", "svm"
@@ -168,9 +169,9 @@ def test_cli_trains_several_seeds_into_one_file_each(mnist, tmp_path, run_cli):
     trains, outs = [], []
     for k in range(2):
         trains.append(tmp_path / f"samples_seed{k}.npz")
-        io.save_samples(trains[-1], x[200 * k : 200 * (k + 1)], y[200 * k : 200 * (k + 1)])
+        fileio.save_samples(trains[-1], x[200 * k : 200 * (k + 1)], y[200 * k : 200 * (k + 1)])
         outs.append(tmp_path / f"acc_mlp_seed{k}.json")
-    io.save_samples(tmp_path / "test.npz", x_test, y_test)
+    fileio.save_samples(tmp_path / "test.npz", x_test, y_test)
     common = ["--model", "mlp", "--test", str(tmp_path / "test.npz"), "--dataset", "mnist"]
     common += ["--max-epochs", "2", "--patience", "1", "--device", DEVICE]
     argv = ["classify", *common, "--train", *map(str, trains), "--seed", "0", "1"]
@@ -215,8 +216,8 @@ def test_labels_outside_the_dataset_classes_are_refused(mnist, tmp_path, run_cli
         classify.resolve_num_classes(43, "mnist")
 
     train, out = tmp_path / "train.npz", tmp_path / "out.json"
-    io.save_samples(train, x[:50], labels)
-    io.save_samples(tmp_path / "test.npz", x_test[:50], y_test[:50])
+    fileio.save_samples(train, x[:50], labels)
+    fileio.save_samples(tmp_path / "test.npz", x_test[:50], y_test[:50])
     argv = [
         "classify",
         "--model",

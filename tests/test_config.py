@@ -12,7 +12,8 @@ import pytest
 import yaml
 
 from dpsinkhorn import config as cfg
-from dpsinkhorn import plan, studies
+from dpsinkhorn import plan
+from dpsinkhorn.config import studies
 
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED = sorted((REPO / "config").glob("*.yaml"))

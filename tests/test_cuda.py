@@ -32,13 +32,13 @@ import pytest
 import torch
 
 from dpsinkhorn import config as config_lib
-from dpsinkhorn import data
-from dpsinkhorn.loss import (
+from dpsinkhorn.data import datasets as data
+from dpsinkhorn.ot.loss import (
     feature_diameter,
     semi_debiased_sinkhorn,
     semi_debiased_sinkhorn_with_grad,
 )
-from dpsinkhorn.train import GraphedStep, Trainer
+from dpsinkhorn.train.core import GraphedStep, Trainer
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 CUDA = torch.device("cuda")
@@ -114,7 +114,7 @@ def test_graph_replay_follows_the_eager_run(mnist, perturbation, precision, dete
 
 def test_sweep_graph_replay_follows_the_eager_sweep(mnist, deterministic_cudnn):
     """Two runs (different p, σ, mechanism) replayed together; one finishes first."""
-    from dpsinkhorn.sweep import SweepTrainer
+    from dpsinkhorn.train.sweep import SweepTrainer
 
     specs = [
         paper_spec(seed=0, p=0.2, sigma=0.8, steps=6),
@@ -177,7 +177,7 @@ def test_resume_on_cuda_equals_an_uninterrupted_run(mnist, tmp_path):
     """Issue 15: a checkpoint written on CUDA resumes on CUDA (its RNG state reaches
     ``Generator.set_state`` as a CPU ByteTensor), and the resumed run's generator and
     ledger equal those of an uninterrupted run (same GPU; public noise key)."""
-    from dpsinkhorn.train import Preempted, train
+    from dpsinkhorn.train.core import Preempted, train
 
     spec = {**paper_spec(steps=12), "checkpoint_every": 4, "log_every": 2, "channels": [16, 8, 4]}
     full = train(spec, tmp_path / "full", device="cuda", train_data=mnist, progress=False)

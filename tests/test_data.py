@@ -1,4 +1,4 @@
-"""Tests for dpsinkhorn.data on the real MNIST / Fashion-MNIST archives (no mocks of data)."""
+"""dpsinkhorn.data.datasets on the real MNIST / Fashion-MNIST archives (no mocks of data)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from dpsinkhorn import cli, data
+from dpsinkhorn import cli
+from dpsinkhorn.data import datasets as data
 
 ARCHIVES = [
     "train-images-idx3-ubyte.gz",
@@ -240,7 +241,7 @@ def run_cli(argv: list[str], monkeypatch: pytest.MonkeyPatch) -> int:
     except ImportError as err:  # includes ModuleNotFoundError
         if err.name != "dpsinkhorn" and not (err.name or "").startswith("dpsinkhorn."):
             raise
-        monkeypatch.setattr(cli, "COMMAND_MODULES", ["data"])
+        monkeypatch.setattr(cli, "COMMAND_MODULES", ["data.datasets"])
     return cli.main(argv)
 
 

@@ -18,8 +18,9 @@ import pytest
 import torch
 import yaml
 
-from dpsinkhorn import data, io
-from dpsinkhorn.train import INTERRUPTED_EXIT_CODE, WORKSPACE, Preempted, train
+from dpsinkhorn import fileio
+from dpsinkhorn.data import datasets as data
+from dpsinkhorn.train.core import INTERRUPTED_EXIT_CODE, WORKSPACE, Preempted, train
 
 ROOT = Path(__file__).resolve().parents[1]
 # reproducible: two runs of one config draw the same noise (the byte-identity test needs it)
@@ -121,10 +122,10 @@ def test_damaged_checkpoint_is_one_line_and_not_retried(tmp_path, prepared_data,
 
 def test_truncated_sample_file_is_one_line_error(tmp_path):
     path = tmp_path / "s.npz"
-    io.save_samples(path, np.zeros((50, 28, 28), np.uint8), np.zeros(50, np.int64))
+    fileio.save_samples(path, np.zeros((50, 28, 28), np.uint8), np.zeros(50, np.int64))
     path.write_bytes(path.read_bytes()[:2000])
     with pytest.raises(ValueError, match="not a readable .npz sample file"):
-        io.load_samples(path)
+        fileio.load_samples(path)
     assert not isinstance(zipfile.BadZipFile(), ValueError)  # what escaped before
 
 
@@ -133,19 +134,19 @@ def test_no_space_names_the_file_and_no_generator_without_ledger(
 ):
     cfg = make_config(tmp_path, prepared_data, steps=4)
     out = tmp_path / "run"
-    real_write = io._write_synced
+    real_write = fileio._write_synced
 
     def full_on_ledger(tmp: Path, payload: bytes) -> None:
         if tmp.name.startswith(".privacy."):
             raise OSError(errno.ENOSPC, "No space left on device")
         real_write(tmp, payload)
 
-    monkeypatch.setattr(io, "_write_synced", full_on_ledger)
-    with pytest.raises(io.NoSpaceError, match=f"no space left on device while writing {out}"):
+    monkeypatch.setattr(fileio, "_write_synced", full_on_ledger)
+    with pytest.raises(fileio.NoSpaceError, match=f"no space left on device while writing {out}"):
         train(spec_of(cfg), out, prepared_data, "cpu", progress=False)
     assert not (out / "generator.pt").exists() and not (out / "privacy.json").exists()
     assert not list(out.glob(".*.tmp*"))
-    monkeypatch.setattr(io, "_write_synced", real_write)
+    monkeypatch.setattr(fileio, "_write_synced", real_write)
     record = train(spec_of(cfg), out, prepared_data, "cpu", progress=False)
     assert (out / "generator.pt").exists() and record["steps"] == 4
 

@@ -15,7 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dpsinkhorn import cli, fid, io
+from dpsinkhorn import cli, fileio
+from dpsinkhorn.evaluate import fid
 
 DEVICE = "cpu"
 
@@ -269,7 +270,7 @@ def test_cli_self_fid_is_zero_and_stats_file_matches_samples(
     """fid-stats on a seeded subset, then FID of that statistics file against the same subset."""
     images, labels = mnist_test
     samples = tmp_path / "s.npz"
-    io.save_samples(samples, images[300:330], labels[300:330])
+    fileio.save_samples(samples, images[300:330], labels[300:330])
     common = ["--weights", str(fid_weights), "--device", DEVICE, "--seed", "3"]
     ref, out = tmp_path / "ref.npz", tmp_path / "fid.json"
     stats_cmd = ["fid-stats", "--samples", str(samples), "--num", "20", "--out", str(ref)]
@@ -312,7 +313,7 @@ def test_cli_bad_input_exits_2_without_output(
 ):
     images, labels = mnist_test
     good = tmp_path / "good.npz"
-    io.save_samples(good, images[:5], labels[:5])
+    fileio.save_samples(good, images[:5], labels[:5])
     a, extra, weights = good, [], fid_weights
     if case == "float_images":
         a = _write_npz(tmp_path / "f.npz", images=images[:5] / 255.0, labels=labels[:5])
@@ -410,7 +411,7 @@ def test_weights_are_verified_and_a_modified_copy_is_refused(fid_weights, tmp_pa
 
     rng = np.random.default_rng(5)
     samples = tmp_path / "s.npz"
-    io.save_samples(samples, rng.integers(0, 256, (4, 28, 28), dtype=np.uint8), np.arange(4))
+    fileio.save_samples(samples, rng.integers(0, 256, (4, 28, 28), dtype=np.uint8), np.arange(4))
     out = tmp_path / "fid.json"
     argv = ["fid", "--a", str(samples), "--b", str(samples), "--out", str(out)]
     assert run_cli([*argv, "--weights", str(modified), "--device", DEVICE]) == 2
@@ -421,8 +422,8 @@ def test_fid_refuses_images_of_different_shapes(mnist_test, fid_weights, tmp_pat
     """8x8 against 28x28 (the issue's case gave FID 449.7, exit 0): sample and statistics files."""
     images, labels = mnist_test
     small, large = tmp_path / "small.npz", tmp_path / "large.npz"
-    io.save_samples(small, images[:6, 10:18, 10:18].copy(), labels[:6])
-    io.save_samples(large, images[:6], labels[:6])
+    fileio.save_samples(small, images[:6, 10:18, 10:18].copy(), labels[:6])
+    fileio.save_samples(large, images[:6], labels[:6])
     ref = tmp_path / "ref.npz"  # statistics file of 28x28x1 images (as fid-stats writes it)
     fid.save_statistics(ref, np.zeros(2048), np.eye(2048), 6, (28, 28, 1), None)
     for b in (large, ref):

@@ -7,7 +7,7 @@ import ot
 import pytest
 import torch
 
-from dpsinkhorn.loss import (
+from dpsinkhorn.ot.loss import (
     conditional_features,
     debias_size,
     entropic_ot,

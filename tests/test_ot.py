@@ -6,8 +6,8 @@ import pytest
 import torch
 from geomloss._legacy.sinkhorn_divergence import epsilon_schedule as geomloss_schedule
 
-from dpsinkhorn import ot
-from dpsinkhorn.loss import (
+from dpsinkhorn.ot import solver as ot
+from dpsinkhorn.ot.loss import (
     entropic_ot,
     semi_debiased_sinkhorn,
     semi_debiased_sinkhorn_runs,
@@ -160,7 +160,7 @@ def test_float32_is_as_accurate_as_geomloss_at_the_paper_scale():
     yardstick is float64 geomloss: ours in float32 must be as close to it as
     geomloss in float32 is.
     """
-    from dpsinkhorn.loss import feature_diameter
+    from dpsinkhorn.ot.loss import feature_diameter
 
     n, p, diameter = 50, 0.4, feature_diameter(784, 1.0)
     g = torch.Generator().manual_seed(0)
@@ -193,8 +193,8 @@ def test_float32_is_as_accurate_as_geomloss_at_the_paper_scale():
 def test_compiled_solver_trains_like_the_eager_one(prepared_mnist):
     """``compile_solver``: torch.compile'd iterations, same losses and parameters to rounding."""
     from dpsinkhorn import config as config_lib
-    from dpsinkhorn import data
-    from dpsinkhorn.train import Trainer
+    from dpsinkhorn.data import datasets as data
+    from dpsinkhorn.train.core import Trainer
 
     spec = config_lib.make_experiment(
         "c", channels=[16, 8, 4], sigma=1.0, steps=10, reproducible=True

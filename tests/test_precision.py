@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from dpsinkhorn import config as config_lib
-from dpsinkhorn import data
 from dpsinkhorn.bench import PRECISION_TOLERANCE, precision_error
+from dpsinkhorn.data import datasets as data
 from dpsinkhorn.models import GeneratorPrecision, _cudnn_tf32
-from dpsinkhorn.train import Trainer
+from dpsinkhorn.train.core import Trainer
 
 CPU = torch.device("cpu")
 
@@ -71,7 +71,7 @@ def test_unknown_precision_is_named():
 
 
 def test_sweeps_refuse_bf16(mnist):
-    from dpsinkhorn.sweep import SweepTrainer
+    from dpsinkhorn.train.sweep import SweepTrainer
 
     with pytest.raises(ValueError, match="vmap"):
         SweepTrainer([paper_spec()], *mnist, CPU, precision="bf16")

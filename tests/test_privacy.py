@@ -13,8 +13,8 @@ from scipy.stats import norm
 
 from dpsinkhorn.cli import main
 from dpsinkhorn.config import load_config
-from dpsinkhorn.loss import semi_debiased_sinkhorn
-from dpsinkhorn.privacy import (
+from dpsinkhorn.ot.loss import semi_debiased_sinkhorn
+from dpsinkhorn.privacy.core import (
     PLD_MIN_NOISE_MULTIPLIER,
     ImageGradientSanitizer,
     ParameterGradientSanitizer,

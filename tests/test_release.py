@@ -21,16 +21,14 @@ import torch
 from scipy.stats import binom
 
 from dpsinkhorn import config as config_lib
-from dpsinkhorn import data
-from dpsinkhorn.privacy import (
+from dpsinkhorn.data import datasets as data
+from dpsinkhorn.privacy.core import (
     NO_GUARANTEE_PUBLIC_SEED,
     keyed_generator,
     rng_state_bytes,
     rng_state_tensor,
 )
-from dpsinkhorn.runlock import LOCK_NAME
-from dpsinkhorn.sweep import SweepTrainer
-from dpsinkhorn.train import (
+from dpsinkhorn.train.core import (
     LOG_COLUMNS,
     OVERFLOW_TAIL,
     WORKSPACE,
@@ -39,6 +37,8 @@ from dpsinkhorn.train import (
     Trainer,
     train,
 )
+from dpsinkhorn.train.runlock import LOCK_NAME
+from dpsinkhorn.train.sweep import SweepTrainer
 
 CPU = torch.device("cpu")
 RELEASE = {"generator.pt", "privacy.json", "train_log.csv"}

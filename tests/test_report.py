@@ -9,7 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dpsinkhorn import io, report, report_cli
+from dpsinkhorn import fileio
+from dpsinkhorn.report import cli as report_cli
+from dpsinkhorn.report import core as report
 
 CONFIG = """
 run_name: fake
@@ -49,15 +51,15 @@ def run(tmp_path: Path) -> tuple[Path, Path]:
     out = tmp_path / "results" / "fake"
     for exp, per_seed in RESULTS.items():
         for seed, (fid, *accs) in enumerate(per_seed):
-            io.write_json(out / exp / f"fid_seed{seed}.json", {"fid": fid})
+            fileio.write_json(out / exp / f"fid_seed{seed}.json", {"fid": fid})
             for model, acc in zip(["logreg", "mlp", "cnn"], accs, strict=True):
-                io.write_json(out / exp / f"acc_{model}_seed{seed}.json", {"accuracy": acc})
+                fileio.write_json(out / exp / f"acc_{model}_seed{seed}.json", {"accuracy": acc})
         if exp in PRIVACY:
-            io.write_json(out / exp / "privacy.json", {"mechanism": "x", **PRIVACY[exp]})
+            fileio.write_json(out / exp / "privacy.json", {"mechanism": "x", **PRIVACY[exp]})
     rng = np.random.default_rng(0)
     for exp in ["mnist_dpsinkhorn", "fmnist_dpsinkhorn"]:
         images = rng.integers(0, 256, size=(40, 28, 28), dtype=np.uint8)
-        io.save_samples(out / exp / "samples_seed0.npz", images, np.arange(40) % 10)
+        fileio.save_samples(out / exp / "samples_seed0.npz", images, np.arange(40) % 10)
     return config, out
 
 
@@ -175,7 +177,7 @@ def test_missing_result_file_is_named(run):
 
 def test_accuracy_in_percent_is_refused(run):
     config, out = run
-    io.write_json(out / "real_mnist" / "acc_cnn_seed0.json", {"accuracy": 99.0})
+    fileio.write_json(out / "real_mnist" / "acc_cnn_seed0.json", {"accuracy": 99.0})
     with pytest.raises(ValueError, match="real_mnist/acc_cnn_seed0.json.*fraction"):
         report.table1([config], out)
 
@@ -193,7 +195,7 @@ def test_cli(run):
 
 def _ledger(clipping: str, sigma: float, steps: int, guarantee: str | None = None) -> dict:
     """A privacy.json ledger as train writes it (the accountant's numbers, not typed in)."""
-    from dpsinkhorn import privacy
+    from dpsinkhorn.privacy import core as privacy
 
     z = privacy.noise_multiplier(sigma, 50, clipping)
     ledger = {
@@ -223,12 +225,14 @@ def test_perrow_row_names_its_mechanism_and_both_sound_epsilons(run):
     )
     config.write_text(text.replace("table1_row: paper}", "table1_row: paper, steps: 1000}", 1))
     for seed, (fid, *accs) in enumerate(RESULTS["mnist_dpsinkhorn"]):
-        io.write_json(out / "mnist_perrow" / f"fid_seed{seed}.json", {"fid": fid + 1})
+        fileio.write_json(out / "mnist_perrow" / f"fid_seed{seed}.json", {"fid": fid + 1})
         for model, acc in zip(["logreg", "mlp", "cnn"], accs, strict=True):
-            io.write_json(out / "mnist_perrow" / f"acc_{model}_seed{seed}.json", {"accuracy": acc})
+            fileio.write_json(
+                out / "mnist_perrow" / f"acc_{model}_seed{seed}.json", {"accuracy": acc}
+            )
     block, perrow = _ledger("batch", 1.5, 1000), _ledger("per_sample", 1.5, 1000)
-    io.write_json(out / "mnist_dpsinkhorn" / "privacy.json", block)
-    io.write_json(out / "mnist_perrow" / "privacy.json", perrow)
+    fileio.write_json(out / "mnist_dpsinkhorn" / "privacy.json", block)
+    fileio.write_json(out / "mnist_perrow" / "privacy.json", perrow)
     report.table1([config], out)
     rows = read_csv(out / "tables" / "table1.csv")
     row = rows[(report.ROW_LABELS["perrow"], "mnist")]
@@ -253,7 +257,7 @@ def test_perrow_row_names_its_mechanism_and_both_sound_epsilons(run):
 def test_public_noise_seed_is_said_in_the_caption(run):
     config, out = run
     public = _ledger("batch", 1.5, 10, guarantee="none: the noise seed is public")
-    io.write_json(out / "mnist_dpsinkhorn" / "privacy.json", public)
+    fileio.write_json(out / "mnist_dpsinkhorn" / "privacy.json", public)
     report.table1([config], out)
     md = (out / "tables" / "table1.md").read_text()
     assert "No privacy guarantee for `mnist_dpsinkhorn`: the noise seed was public" in md

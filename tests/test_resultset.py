@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from dpsinkhorn import cli, io, privacy, resultset
+from dpsinkhorn import cli, fileio
+from dpsinkhorn.privacy import core as privacy
+from dpsinkhorn.report import resultset
 
 ROOT = Path(__file__).resolve().parents[1]
 H100 = ROOT / "results-paper-scale" / "h100-83ae335"
@@ -41,14 +43,16 @@ def small_set(tmp_path: Path) -> Path:
     (tmp_path / "config").mkdir()
     (tmp_path / "config" / "config.yaml").write_text(CONFIG)
     set_dir = tmp_path / "results-paper-scale" / "gpu1"
-    io.write_json(
+    fileio.write_json(
         set_dir / "provenance.json",
         {"name": "gpu1", "device": "GPU X", "commit": "abc1234", "config": "config/config.yaml",
          "experiments": {"mnist_dpsinkhorn": {"command": "snakemake ... mnist_dpsinkhorn"}}},
     )  # fmt: skip
-    io.write_json(set_dir / "mnist_dpsinkhorn" / "privacy.json", ledger("batch"))
+    fileio.write_json(set_dir / "mnist_dpsinkhorn" / "privacy.json", ledger("batch"))
     for seed, acc in [(0, 0.40), (2, 0.44)]:  # seed 1 missing, no FID at all
-        io.write_json(set_dir / "mnist_dpsinkhorn" / f"acc_cnn_seed{seed}.json", {"accuracy": acc})
+        fileio.write_json(
+            set_dir / "mnist_dpsinkhorn" / f"acc_cnn_seed{seed}.json", {"accuracy": acc}
+        )
     return set_dir
 
 
@@ -69,9 +73,9 @@ def test_missing_cells_are_shown_missing_and_new_files_update_the_table(small_se
     csv_line = (small_set / "table1.csv").read_text().splitlines()[1]
     assert ",,," in csv_line  # empty CSV cells for FID and Log-Reg
     # a later run adds files: rerunning the command is all it takes
-    io.write_json(small_set / "mnist_dpsinkhorn" / "acc_cnn_seed1.json", {"accuracy": 0.42})
-    io.write_json(small_set / "mnist_perrow" / "privacy.json", ledger("per_sample"))
-    io.write_json(small_set / "mnist_perrow" / "acc_cnn_seed0.json", {"accuracy": 0.86})
+    fileio.write_json(small_set / "mnist_dpsinkhorn" / "acc_cnn_seed1.json", {"accuracy": 0.42})
+    fileio.write_json(small_set / "mnist_perrow" / "privacy.json", ledger("per_sample"))
+    fileio.write_json(small_set / "mnist_perrow" / "acc_cnn_seed0.json", {"accuracy": 0.86})
     assert cli.main(["report", "results-set", "--dir", str(small_set)]) == 0
     md = (small_set / "table1.md").read_text()
     assert row_cells(md, "mnist_dpsinkhorn")[9].startswith("42.0 ± 2.0 (3/3 seeds)")
@@ -83,7 +87,7 @@ def test_missing_cells_are_shown_missing_and_new_files_update_the_table(small_se
 
 
 def test_a_ledger_that_does_not_match_the_config_row_is_refused(small_set):
-    io.write_json(small_set / "mnist_dpsinkhorn" / "privacy.json", ledger("per_sample"))
+    fileio.write_json(small_set / "mnist_dpsinkhorn" / "privacy.json", ledger("per_sample"))
     with pytest.raises(ValueError, match="clipping 'per_sample' differs from the config's 'batch'"):
         resultset.render(small_set)
 

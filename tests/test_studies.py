@@ -11,8 +11,9 @@ import pytest
 import yaml
 
 from dpsinkhorn import config as config_lib
-from dpsinkhorn import plan, studies
-from dpsinkhorn.privacy import compute_epsilon, resolve_budget
+from dpsinkhorn import plan
+from dpsinkhorn.config import studies
+from dpsinkhorn.privacy.core import compute_epsilon, resolve_budget
 
 ROOT = Path(__file__).resolve().parent.parent
 BASE = {

@@ -8,11 +8,12 @@ import pytest
 import torch
 import yaml
 
-from dpsinkhorn import cli, data, plan
+from dpsinkhorn import cli, plan
 from dpsinkhorn import config as config_lib
-from dpsinkhorn.privacy import compute_epsilon
-from dpsinkhorn.sweep import SweepTrainer, train_sweep
-from dpsinkhorn.train import Preempted, Trainer, train
+from dpsinkhorn.data import datasets as data
+from dpsinkhorn.privacy.core import compute_epsilon
+from dpsinkhorn.train.core import Preempted, Trainer, train
+from dpsinkhorn.train.sweep import SweepTrainer, train_sweep
 
 # reproducible: sweep members and single runs are compared draw for draw (public keys).
 TINY = {

@@ -19,15 +19,15 @@ import torch
 import yaml
 
 from dpsinkhorn import config as config_lib
-from dpsinkhorn import data
-from dpsinkhorn.loss import feature_diameter
-from dpsinkhorn.privacy import (
+from dpsinkhorn.data import datasets as data
+from dpsinkhorn.evaluate.sample import load_generator, sample_generator, sample_real
+from dpsinkhorn.ot.loss import feature_diameter
+from dpsinkhorn.privacy.core import (
     ParameterGradientSanitizer,
     compute_epsilon,
     paper_convention_epsilon,
 )
-from dpsinkhorn.sample import load_generator, sample_generator, sample_real
-from dpsinkhorn.train import (
+from dpsinkhorn.train.core import (
     INTERRUPTED_EXIT_CODE,
     PREEMPTED_EXIT_CODE,
     WORKSPACE,

@@ -196,7 +196,7 @@ def _csv_rows(path: Path) -> tuple[list[str], list[dict]]:
 def test_study_tables_have_a_row_per_cell(results, table):
     """One CSV row per configured cell, in config order, with finite measured numbers."""
     from dpsinkhorn import config as config_lib
-    from dpsinkhorn import studies
+    from dpsinkhorn.config import studies
 
     config = config_lib.load_config([SMOKE])
     cells = studies.study_cells(config, table)

@@ -31,12 +31,13 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from dpsinkhorn import config as config_lib
-from dpsinkhorn import data, ot
-from dpsinkhorn.loss import debias_size, feature_diameter, mixed_cost
+from dpsinkhorn.data import datasets as data
 from dpsinkhorn.models import PRECISIONS, ConditionalDCGAN, GeneratorConfig, GeneratorPrecision
-from dpsinkhorn.privacy import ParameterGradientSanitizer, resolve_budget
-from dpsinkhorn.sweep import SweepTrainer
-from dpsinkhorn.train import PoissonSampler, Trainer, resolve_device
+from dpsinkhorn.ot import solver as ot
+from dpsinkhorn.ot.loss import debias_size, feature_diameter, mixed_cost
+from dpsinkhorn.privacy.core import ParameterGradientSanitizer, resolve_budget
+from dpsinkhorn.train.core import PoissonSampler, Trainer, resolve_device
+from dpsinkhorn.train.sweep import SweepTrainer
 
 
 class ReferenceStep:
@@ -491,7 +492,7 @@ def register_cli(subparsers: argparse._SubParsersAction) -> None:
         type=int,
         default=0,
         metavar="K",
-        help="also time K seeds of the experiment trained together (dpsinkhorn.sweep)",
+        help="also time K seeds of the experiment trained together (dpsinkhorn.train.sweep)",
     )
     p.add_argument("--device", help="override the config's device")
     p.add_argument(

@@ -11,21 +11,21 @@ import argparse
 import importlib
 import sys
 
-from dpsinkhorn.io import NoSpaceError
+from dpsinkhorn.fileio import NoSpaceError
 
 # module name -> offers one or more sub-commands through register_cli()
 COMMAND_MODULES = [
-    "data",
-    "celeba",
-    "privacy",
-    "train",
-    "sweep",
-    "sample",
-    "fid",
-    "classify",
-    "report_cli",
+    "data.datasets",
+    "data.celeba",
+    "privacy.core",
+    "train.core",
+    "train.sweep",
+    "evaluate.sample",
+    "evaluate.fid",
+    "evaluate.classify",
+    "report.cli",
     "bench",
-    "gradstudy",
+    "evaluate.gradstudy",
     "plan",
 ]
 

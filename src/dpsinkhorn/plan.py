@@ -21,8 +21,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from dpsinkhorn import config as config_lib
-from dpsinkhorn import studies
-from dpsinkhorn.specs import SWEEP_SHARED_KEYS, sweep_key  # noqa: F401  (plan's API too)
+from dpsinkhorn.config import studies
+from dpsinkhorn.config.specs import SWEEP_SHARED_KEYS, sweep_key  # noqa: F401  (plan's API too)
 
 #: Records in each dataset's training split (fixes q = B / N before any data exists).
 TRAIN_SIZES = {"mnist": 60000, "fmnist": 60000, "celeba": 162770}
@@ -167,7 +167,7 @@ def gradient_settings(config: Mapping) -> dict:
 
 def resolved_steps(spec: Mapping) -> int:
     """Training steps of an experiment, solving them from target ε where they are null."""
-    from dpsinkhorn.privacy import resolve_budget
+    from dpsinkhorn.privacy.core import resolve_budget
 
     if spec["method"] != "dp_sinkhorn" or spec["steps"] is not None:
         return int(spec["steps"])
@@ -192,7 +192,7 @@ def measure_steps_per_s(spec: Mapping, device: str, steps: int) -> float:
     import numpy as np
 
     from dpsinkhorn.bench import time_steps
-    from dpsinkhorn.train import Trainer, resolve_device
+    from dpsinkhorn.train.core import Trainer, resolve_device
 
     shape = {"celeba": (32, 32, 3)}.get(spec["dataset"], (28, 28))
     num = TRAIN_SIZES[spec["dataset"]]
@@ -296,9 +296,9 @@ def plan(
 def load_rates(path: str | Path) -> list[dict]:
     """Measured step rates (JSON ``{"rates": [{dataset, batch_size, runs, steps_per_s,
     source}, ...]}``); a one-line error names the file and the bad entry."""
-    from dpsinkhorn import io
+    from dpsinkhorn import fileio
 
-    data = io.read_json(path)
+    data = fileio.read_json(path)
     rates = data.get("rates") if isinstance(data, dict) else None
     if not isinstance(rates, list) or not rates:
         raise ValueError(f"{path}: needs a non-empty list 'rates'")

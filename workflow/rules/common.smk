@@ -25,7 +25,8 @@ from dpsinkhorn.config import (
     validate,
     wildcard_regex,
 )
-from dpsinkhorn import ablations, plan
+from dpsinkhorn.report import ablations
+from dpsinkhorn import plan
 
 # Same schema and messages as the CLI: fills defaults, names the file and key of an error.
 config.update(validate(config, workflow.configfiles))
@@ -68,7 +69,7 @@ FID_SUBSET = "" if FID_SIZE is None else f"--num {FID_SIZE} --seed 0"
 # Only used with --software-deployment-method conda (path relative to the rule files).
 CONDA_ENV = "../../envs/dpsinkhorn.yaml"
 # snakemake --report: each table/figure's caption is its rule's `caption` param, written
-# by dpsinkhorn.ablations.caption (what was run: config, steps, sigma, epsilon, seeds).
+# by dpsinkhorn.report.ablations.caption (what was run: config, steps, sigma, epsilon, seeds).
 CAPTION = "../report/output.rst"
 
 TRAINED = wildcard_regex(trained_experiments(config))

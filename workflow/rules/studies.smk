@@ -1,5 +1,5 @@
 # The paper's outputs beyond Table 1: Tables 2/4/5, Figures 2/4a/4b/4c/5/7 and
-# reproduction.md. Their cells are ordinary experiments (dpsinkhorn.studies), trained and
+# reproduction.md. Their cells are ordinary experiments (dpsinkhorn.config.studies), trained and
 # evaluated by the rules of train.smk and evaluate.smk; file lists come from dpsinkhorn.plan.
 
 

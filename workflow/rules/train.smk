@@ -47,7 +47,7 @@ rule train:
 
 
 # sweep_runs > 1: each group of compatible experiments trains in one process on one device
-# (dpsinkhorn.sweep), writing the same files, checkpoints and ledgers as `train` would.
+# (dpsinkhorn.train.sweep), writing the same files, checkpoints and ledgers as `train` would.
 for members in SWEEPS:
 
     rule:

@@ -28,15 +28,15 @@ from typing import Any
 import jsonschema
 import yaml
 
-from dpsinkhorn import studies
-from dpsinkhorn.specs import (  # noqa: F401  (part of this module's API)
+from dpsinkhorn.config import studies
+from dpsinkhorn.config.specs import (  # noqa: F401  (part of this module's API)
     IMPLICIT_DEFAULTS,
     NON_SEMANTIC_KEYS,
     deep_merge,
     experiment_spec_of,
 )
 
-SCHEMA_PATH = Path(__file__).with_name("config.schema.json")
+SCHEMA_PATH = Path(__file__).with_name("schema.json")
 
 #: Keys that may be overridden on the Snakemake command line (``--config key=value``).
 #: Every other setting is read by the CLI steps from the config files themselves, so
@@ -149,7 +149,7 @@ def validate(config: Mapping, source: str | Sequence[PathLike] = "config") -> di
     _fill_defaults(filled, load_schema())
     messages = _schema_errors(filled)
     if not messages and filled.get("studies"):
-        # Each study cell becomes an experiment, checked like any other (dpsinkhorn.studies).
+        # Each study cell becomes an experiment, checked like any other (dpsinkhorn.config.studies).
         try:
             studies.expand(filled)
         except ValueError as err:

@@ -4,8 +4,8 @@
 :data:`REPORTS` (sub-commands added to ``dpsinkhorn report`` by :func:`register_reports`).
 
 * Tables (``tables/<name>.{md,csv,tex}``): one row per cell of the study
-  (:func:`dpsinkhorn.studies.study_cells`, in its order), mean ± std over the seeds as in
-  Table 1 (:func:`dpsinkhorn.report.measured_row`). The paper's value is found by the
+  (:func:`dpsinkhorn.config.studies.study_cells`, in its order), mean ± std over the seeds as in
+  Table 1 (:func:`dpsinkhorn.report.core.measured_row`). The paper's value is found by the
   cell's *settings*, never its label: Table 2 by (perturbation, loss, debiasing), Tables 4
   and 5 by (σ, Δ, p, m); a cell that matches no row of the paper shows no paper value.
 * Figures (``figures/<name>.{png,pdf,csv}``; the csv holds the plotted numbers): fig4a
@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dpsinkhorn import io, report
+from dpsinkhorn import fileio
 from dpsinkhorn.config import (
     classifiers_of,
     experiment,
@@ -45,7 +45,8 @@ from dpsinkhorn.config import (
     table1_experiments,
     table_experiments,
 )
-from dpsinkhorn.studies import STUDIES, configured_studies, study_cells, study_experiments
+from dpsinkhorn.config.studies import STUDIES, configured_studies, study_cells, study_experiments
+from dpsinkhorn.report import core as report
 
 TABLES = ("table2", "table4", "table5")
 FIGURES = ("fig4a", "fig4b", "fig4c", "fig5", "eps10")
@@ -230,7 +231,7 @@ def measure_study(
         row = report.measured_row(config, out_dir, cell.experiment, cell.label, values, metrics)
         privacy = {}
         if spec["method"] == "dp_sinkhorn":
-            privacy = io.read_json(out_dir / cell.experiment / "privacy.json")
+            privacy = fileio.read_json(out_dir / cell.experiment / "privacy.json")
         results.append(CellResult(cell.label, cell.experiment, cell.base, spec, row, privacy))
     return results
 
@@ -283,7 +284,7 @@ def _write_csv(path: Path, columns: Sequence[str], rows: Iterable[Mapping]) -> P
     writer.writeheader()
     for row in rows:
         writer.writerow({k: _csv_value(row.get(k)) for k in columns})
-    io.write_text(path, buffer.getvalue())
+    fileio.write_text(path, buffer.getvalue())
     return path
 
 
@@ -495,7 +496,7 @@ def _save_figure(fig, out_dir: Path, name: str) -> list[Path]:
     written = []
     for suffix in ("png", "pdf"):
         path = out_dir / "figures" / f"{name}.{suffix}"
-        with io.atomic_path(path) as tmp:
+        with fileio.atomic_path(path) as tmp:
             fig.savefig(tmp, format=suffix, bbox_inches="tight")
         written.append(path)
     return written
@@ -688,7 +689,7 @@ def _fig4c(config: Mapping, out_dir: Path) -> list[Path]:
     for cell in cells:
         if any(cell.experiment == e for e, _ in lines):
             continue
-        data = io.read_json(paths[cell.experiment])
+        data = fileio.read_json(paths[cell.experiment])
         missing = [k for k in GRADSTUDY_KEYS if k not in data]
         if missing:
             raise ValueError(f"{paths[cell.experiment]}: missing key(s) {missing}")
@@ -736,7 +737,7 @@ def _samples_figure(config: Mapping, out_dir: Path, name: str) -> list[Path]:
     side_by_side = name == "fig2"
     panels, records = [], []
     for dataset, path in sources.items():
-        images, labels = io.load_samples(path)
+        images, labels = fileio.load_samples(path)
         names = list(report.CLASS_NAMES.get(dataset) or [])
         if len(names) <= int(labels.max()):
             names = [str(c) for c in range(int(labels.max()) + 1)]
@@ -1037,7 +1038,7 @@ def reproduction_markdown(config: Mapping, out_dir: Path, files: Sequence[str] =
 def _epsilon_meaning_lines(config: Mapping, out_dir: Path, tables: Sequence[str]) -> list[str]:
     """ "What the paper's ε = 10 means": this run's paper-setting rows, then every committed
     results set under ``./results-paper-scale`` (measured at paper scale; cwd = repo root)."""
-    from dpsinkhorn import resultset
+    from dpsinkhorn.report import resultset
 
     lines = []
     if "table1" in tables:
@@ -1053,7 +1054,7 @@ def reproduction(config: ConfigLike, out_dir: PathLike) -> list[Path]:
     out_dir = Path(out_dir)
     text = reproduction_markdown(config, out_dir, files)
     path = out_dir / "reproduction.md"
-    io.write_text(path, text)
+    fileio.write_text(path, text)
     return [path]
 
 
@@ -1062,7 +1063,7 @@ def reproduction(config: ConfigLike, out_dir: PathLike) -> list[Path]:
 
 def _read_privacy(path: Path) -> dict:
     try:
-        data = io.read_json(path)
+        data = fileio.read_json(path)
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
@@ -1172,7 +1173,7 @@ def caption(
         parts.append(f"Mean and std over {_seeds_text(config)}.")
     if name in report.CELEBA_TABLES:
         try:
-            from dpsinkhorn.celeba import is_fixture
+            from dpsinkhorn.data.celeba import is_fixture
 
             if is_fixture(Path(config["data_dir"])):
                 parts.append("Data: the synthetic CelebA fixture, not CelebA.")

@@ -56,9 +56,9 @@ from scipy.stats import binom
 from tqdm import tqdm
 
 from dpsinkhorn import config as config_lib
-from dpsinkhorn import data, memory
+from dpsinkhorn.data import datasets as data
 from dpsinkhorn.devices import resolve_device
-from dpsinkhorn.io import (
+from dpsinkhorn.fileio import (
     NoSpaceError,
     check_samples,
     remove_stale_temps,
@@ -67,19 +67,19 @@ from dpsinkhorn.io import (
     write_bytes,
     write_text,
 )
-from dpsinkhorn.loss import (
-    conditional_features,
-    debias_size,
-    feature_diameter,
-    semi_debiased_sinkhorn_with_grad,
-)
 from dpsinkhorn.models import (
     PRECISIONS,
     GeneratorConfig,
     GeneratorPrecision,
     build_generator,
 )
-from dpsinkhorn.privacy import (
+from dpsinkhorn.ot.loss import (
+    conditional_features,
+    debias_size,
+    feature_diameter,
+    semi_debiased_sinkhorn_with_grad,
+)
+from dpsinkhorn.privacy.core import (
     NO_GUARANTEE_PUBLIC_SEED,
     ImageGradientSanitizer,
     ParameterGradientSanitizer,
@@ -92,7 +92,8 @@ from dpsinkhorn.privacy import (
     rng_state_tensor,
     secret_noise_key,
 )
-from dpsinkhorn.runlock import OutputLock
+from dpsinkhorn.train import memory
+from dpsinkhorn.train.runlock import OutputLock
 
 PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: checkpoint written, rerun to resume
 # A stop that retrying cannot fix (SIGINT, bad input) leaves this note in the output
@@ -688,7 +689,7 @@ class RunFiles:
     checkpoint.pt (model, optimiser, secret RNG state, ledger, logs, ``spec_hash`` with the
     data fingerprint) and, with ``log_private_loss``, private_loss.csv; it is deleted by
     :meth:`finish` unless ``keep_private_workspace``. Shared by :func:`train` (one run)
-    and ``dpsinkhorn.sweep`` (K runs in one process), so a run writes the same files, and
+    and ``dpsinkhorn.train.sweep`` (K runs in one process), so a run writes the same files, and
     resumes from the same checkpoint, either way.
     """
 
@@ -837,8 +838,8 @@ def commit_release(generator: Path, payload: bytes, ledger: Path, ledger_bytes: 
     """Write a generator and its privacy ledger so that the generator never exists alone.
 
     Both are written in full to temporary files first (a full disk fails there, with
-    ``io.NoSpaceError`` naming the file, and changes nothing); then an older generator
-    is removed, the ledger moved into place, and the generator last (``io.write_all``).
+    ``fileio.NoSpaceError`` naming the file, and changes nothing); then an older generator
+    is removed, the ledger moved into place, and the generator last (``fileio.write_all``).
     """
     write_all([(ledger, ledger_bytes), (generator, payload)], remove_first=[generator])
 

@@ -118,6 +118,6 @@ def check_fits(need: int, device: torch.device, what: str) -> None:
     raise TooLargeError(
         "batch_size",
         f"{what} needs about {need / 2**30:.1f} GiB per training step (Sinkhorn matrices "
-        f"[n, n + capacity] and generator activations, dpsinkhorn.memory), but "
+        f"[n, n + capacity] and generator activations, dpsinkhorn.train.memory), but "
         f"{device} has {have / 2**30:.1f} GiB available; lower batch_size",
     )

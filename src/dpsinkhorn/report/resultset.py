@@ -23,8 +23,9 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
-from dpsinkhorn import io, report
+from dpsinkhorn import fileio
 from dpsinkhorn.config import classifiers_of, experiment, load_config, table1_experiments
+from dpsinkhorn.report import core as report
 
 PROVENANCE = "provenance.json"
 #: Ledger keys that must equal the config's experiment for its row label to be right.
@@ -39,7 +40,7 @@ def load_provenance(set_dir: Path) -> dict:
     path = set_dir / PROVENANCE
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no provenance file; a results set needs one")
-    data = io.read_json(path)
+    data = fileio.read_json(path)
     for key in ("name", "device", "commit", "config", "experiments"):
         if key not in data:
             raise ValueError(f"{path}: missing key {key!r}")
@@ -94,7 +95,7 @@ def set_rows(config: dict, set_dir: Path) -> list[report.Row]:
             path = exp_dir / "privacy.json"
             if not path.is_file():
                 raise FileNotFoundError(f"{path}: a DP row of a results set needs its ledger")
-            row.privacy = io.read_json(path)
+            row.privacy = fileio.read_json(path)
             _check_ledger(spec, row.privacy, path)
             row.epsilon = report._epsilon(row.privacy.get("epsilon"))
             row.epsilon_paper = report._epsilon(row.privacy.get("epsilon_paper_convention"))
@@ -120,7 +121,7 @@ def cpu_fid(set_dir: Path) -> dict[str, dict]:
     """``cpu-fid/<experiment>.json`` files of the set (small-sample FID, not Table 1's)."""
     found = {}
     for path in sorted((set_dir / "cpu-fid").glob("*.json")):
-        data = io.read_json(path)
+        data = fileio.read_json(path)
         for key in ("fid", "num_images_a", "num_images_b"):
             if key not in data:
                 raise ValueError(f"{path}: missing key {key!r}")
@@ -278,8 +279,8 @@ def render(set_dir: str | Path, config_files: Sequence[str | Path] | None = None
         raise ValueError(f"{set_dir}: no folder of a Table 1 experiment of {provenance['config']}")
     md = markdown(rows, config, set_dir, provenance)
     written = [set_dir / "table1.md", set_dir / "table1.csv"]
-    io.write_text(written[0], md)
-    io.write_text(written[1], report.to_csv(rows))
+    fileio.write_text(written[0], md)
+    fileio.write_text(written[1], report.to_csv(rows))
     return written
 
 

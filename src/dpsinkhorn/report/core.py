@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dpsinkhorn import io
+from dpsinkhorn import fileio
 from dpsinkhorn.config import (
     TABLE_FIGURES,
     classifiers_of,
@@ -153,7 +153,7 @@ def mean_std(values: Sequence[float]) -> tuple[float, float]:
 
 
 def _read_number(path: Path, key: str) -> float:
-    data = io.read_json(path)
+    data = fileio.read_json(path)
     if key not in data:
         raise ValueError(f"{path}: missing key {key!r} (found {sorted(data)})")
     value = data[key]
@@ -224,7 +224,7 @@ def measured_row(
     if spec["method"] != "dp_sinkhorn":
         row.epsilon = row.epsilon_paper = math.inf
     else:
-        privacy = io.read_json(exp_dir / "privacy.json")
+        privacy = fileio.read_json(exp_dir / "privacy.json")
         for key in ("epsilon", "epsilon_paper_convention"):
             if key not in privacy:
                 raise ValueError(f"{exp_dir / 'privacy.json'}: missing key {key!r}")
@@ -354,7 +354,7 @@ def sound_epsilons(privacy: dict) -> dict[str, float]:
     Gaussian mechanism, add/remove-one adjacency); the ledger's own accountant's value is
     taken as recorded. PLD at a small noise multiplier over 10^5 steps takes ~30 s on CPU.
     """
-    from dpsinkhorn.privacy import compute_epsilon
+    from dpsinkhorn.privacy.core import compute_epsilon
 
     keys = ("noise_multiplier", "q", "steps", "delta")
     if not privacy or any(not isinstance(privacy.get(k), int | float) for k in keys):
@@ -570,7 +570,7 @@ def save_sample_figure(
     samples: Path, out: Path, dataset: str, title: str, per_class: int = 10
 ) -> None:
     """PNG of a sample file: one row per class with the class name as label (atomic)."""
-    images, labels = io.load_samples(samples)
+    images, labels = fileio.load_samples(samples)
     names = CLASS_NAMES.get(dataset) or [str(c) for c in range(int(labels.max()) + 1)]
     save_grid_figure([(images, labels, "")], names, out, title, per_class)
 
@@ -606,7 +606,7 @@ def save_grid_figure(
         spine.set_visible(False)
     ax.set_title(title, fontsize=9)
     fig.tight_layout()
-    with io.atomic_path(out) as tmp:
+    with fileio.atomic_path(out) as tmp:
         fig.savefig(tmp, format="png", bbox_inches="tight")
 
 
@@ -638,7 +638,7 @@ def table1(config_files: Sequence[str | Path], out_dir: str | Path) -> list[Path
 def _write_tables(out_dir: Path, table: str, md: str, csv_text: str, tex: str) -> list[Path]:
     written = []
     for suffix, text in [("md", md), ("csv", csv_text), ("tex", tex)]:
-        io.write_text(out_dir / "tables" / f"{table}.{suffix}", text)
+        fileio.write_text(out_dir / "tables" / f"{table}.{suffix}", text)
         written.append(out_dir / "tables" / f"{table}.{suffix}")
     return written
 
@@ -723,7 +723,7 @@ def celeba_rows(config: dict, table: str, results_dir: Path) -> list[Row]:
 
 def _fixture_note(config: dict) -> str:
     """The caption's warning when CelebA was prepared from the synthetic fixture."""
-    from dpsinkhorn.celeba import is_fixture
+    from dpsinkhorn.data.celeba import is_fixture
 
     if not is_fixture(Path(config["data_dir"])):
         return ""
@@ -747,7 +747,7 @@ def celeba_table(table: str, config_files: Sequence[str | Path], out_dir: str | 
     for name in names:
         samples = out_dir / name / f"samples_seed{seed}.npz"
         _check_exist([samples])
-        images, sample_labels = io.load_samples(samples)
+        images, sample_labels = fileio.load_samples(samples)
         panels.append((images, sample_labels, labels[name] if len(names) > 1 else ""))
     if panels:
         title = f"{spec.figure_caption}: {', '.join(names)} (seed {seed})"
@@ -810,7 +810,7 @@ def _celeba_cli(args: argparse.Namespace) -> int:
 
 def register_tables(reports: argparse._SubParsersAction) -> None:
     """Add ``table1``, ``table3`` and ``table6`` to ``dpsinkhorn report`` (see
-    :mod:`dpsinkhorn.report_cli`, which assembles that command)."""
+    :mod:`dpsinkhorn.report.cli`, which assembles that command)."""
     t1 = reports.add_parser(
         "table1", help="Table 1 (MNIST, Fashion-MNIST): tables/table1.{md,csv,tex} + figures"
     )

@@ -21,9 +21,9 @@ from __future__ import annotations
 import torch
 from geomloss import SamplesLoss
 
-from dpsinkhorn import ot
-from dpsinkhorn.ot import COSTS, mixed_cost  # noqa: F401  (re-exported: the loss's costs)
-from dpsinkhorn.ot import check_cost as _check_cost
+from dpsinkhorn.ot import solver as ot
+from dpsinkhorn.ot.solver import COSTS, mixed_cost  # noqa: F401  (re-exported: the loss's costs)
+from dpsinkhorn.ot.solver import check_cost as _check_cost
 
 
 def _solver(

@@ -1,6 +1,6 @@
 """Datasets (MNIST, Fashion-MNIST, CelebA): preparation, loading and pixel conversions.
 
-CelebA (JPEGs, 32x32 RGB, gender labels) is prepared by :mod:`dpsinkhorn.celeba`.
+CelebA (JPEGs, 32x32 RGB, gender labels) is prepared by :mod:`dpsinkhorn.data.celeba`.
 
 ``dpsinkhorn data`` turns the official idx archives into the two files every later
 stage reads, ``<root>/<dataset>/{train,test}.npz`` (``images`` uint8 [N,28,28],
@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from dpsinkhorn.io import atomic_path, load_samples, save_samples
+from dpsinkhorn.fileio import atomic_path, load_samples, save_samples
 
 SPLITS = ("train", "test")
 
@@ -82,7 +82,7 @@ DATASETS: dict[str, DatasetInfo] = {
             "Ankle boot",
         ),
     ),
-    # CelebA at 32x32 RGB, label = the Male attribute (see dpsinkhorn.celeba).
+    # CelebA at 32x32 RGB, label = the Male attribute (see dpsinkhorn.data.celeba).
     "celeba": DatasetInfo(
         key="celeba",
         torchvision_class="CelebA",
@@ -127,7 +127,7 @@ def prepare(dataset: str, root: Path, mirror: Path | None = None) -> dict[str, P
     info = dataset_info(dataset)
     root = Path(root)
     if dataset == "celeba":  # JPEGs + text files, not idx archives
-        from dpsinkhorn.celeba import prepare_celeba
+        from dpsinkhorn.data.celeba import prepare_celeba
 
         return prepare_celeba(root, mirror)
     tv_root = root / "torchvision"

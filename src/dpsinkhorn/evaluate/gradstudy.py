@@ -21,17 +21,17 @@ import torch
 from tqdm import tqdm
 
 from dpsinkhorn import config as config_lib
-from dpsinkhorn import data
+from dpsinkhorn.data import datasets as data
 from dpsinkhorn.devices import resolve_device
-from dpsinkhorn.io import check_samples, load_samples, write_json
-from dpsinkhorn.loss import (
+from dpsinkhorn.evaluate.sample import load_generator
+from dpsinkhorn.fileio import check_samples, load_samples, write_json
+from dpsinkhorn.ot.loss import (
     conditional_features,
     debias_size,
     feature_diameter,
     semi_debiased_sinkhorn,
 )
-from dpsinkhorn.sample import load_generator
-from dpsinkhorn.train import PoissonSampler
+from dpsinkhorn.train.core import PoissonSampler
 
 DEFAULT_P = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
 NOTE = "non-private analysis of the training data; not a DP release"

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dpsinkhorn.io import save_samples, write_text
+from dpsinkhorn.fileio import save_samples, write_text
 
 IMAGE_DIR = "img_align_celeba"
 ATTR_FILE = "list_attr_celeba.txt"

@@ -20,7 +20,7 @@ An adversary who knows everything but whether a canary record is in the data:
   jointly), ε ≥ max(log((1 − δ − FNR)/FPR), log((1 − δ − FPR)/FNR)) holds for any
   (ε, δ)-DP mechanism with probability ≥ 95%.
 
-``python -m dpsinkhorn.audit`` prints the bounds for the real mechanism (both clipping
+``python -m dpsinkhorn.privacy.audit`` prints the bounds for the real mechanism (both clipping
 modes) and for two deliberately broken ones: noise off, and per-sample noise divided
 by √n (the sensitivity of per-sample clipping forgotten). ``tests/test_audit.py`` checks
 that the real ones stay at or below the accountant's ε and the broken ones exceed it.
@@ -36,8 +36,8 @@ import numpy as np
 import torch
 from scipy.stats import beta
 
-from dpsinkhorn.loss import debias_size, semi_debiased_sinkhorn_with_grad
-from dpsinkhorn.privacy import (
+from dpsinkhorn.ot.loss import debias_size, semi_debiased_sinkhorn_with_grad
+from dpsinkhorn.privacy.core import (
     ImageGradientSanitizer,
     _clip_block,
     compute_epsilon,
@@ -114,7 +114,7 @@ def epsilon_lower_bound(
 
 def _gradients() -> tuple[torch.Tensor, torch.Tensor]:
     """∇_X S [n + n', DIM] without and with the canary (float64), through the real sampler."""
-    from dpsinkhorn.train import PoissonSampler  # train imports this package's modules
+    from dpsinkhorn.train.core import PoissonSampler  # train imports this package's modules
 
     n_prime = debias_size(N_ROWS, P)
     x = torch.zeros(N_ROWS + n_prime, DIM, dtype=torch.float64)  # generated rows: origin

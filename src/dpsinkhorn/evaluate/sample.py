@@ -12,10 +12,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from dpsinkhorn import data
-from dpsinkhorn.io import load_samples, save_samples
+from dpsinkhorn.data import datasets as data
+from dpsinkhorn.fileio import load_samples, save_samples
 from dpsinkhorn.models import GeneratorConfig, build_generator
-from dpsinkhorn.train import resolve_device
+from dpsinkhorn.train.core import resolve_device
 
 
 def load_generator(path: Path, device: torch.device) -> torch.nn.Module:

@@ -6,7 +6,7 @@ them to 299x299 (bilinear) and maps them to [-1,1]. Features are the 2048-d
 pool3 activations; FID compares their Gaussian statistics (mean ``mu`` [2048],
 covariance ``sigma`` [2048,2048], float64).
 
-Either side of a comparison may be a sample file (see ``dpsinkhorn.io``) or a
+Either side of a comparison may be a sample file (see ``dpsinkhorn.fileio``) or a
 statistics file (``mu``, ``sigma``, ``num_images``), so reference statistics of
 a real data set are computed once with ``dpsinkhorn fid-stats``.
 """
@@ -23,7 +23,7 @@ import scipy.linalg
 import torch
 from pytorch_fid import inception as pfi
 
-from dpsinkhorn import io
+from dpsinkhorn import fileio
 from dpsinkhorn.devices import resolve_device
 
 POOL3_BLOCK = pfi.InceptionV3.BLOCK_INDEX_BY_DIM[2048]
@@ -371,7 +371,7 @@ def save_statistics(
         extra["image_shape"] = np.asarray(image_shape, np.int64)
     if weights_sha256 is not None:
         extra["weights_sha256"] = np.asarray(weights_sha256)
-    with io.atomic_path(path) as tmp, open(tmp, "wb") as fh:
+    with fileio.atomic_path(path) as tmp, open(tmp, "wb") as fh:
         np.savez(
             fh,
             mu=np.asarray(mu, np.float64),
@@ -442,7 +442,7 @@ def _read_input(path: Path, num: int | None, seed: int) -> Statistics | np.ndarr
         if num is not None:
             raise ValueError(f"{path}: a statistics file cannot be subsampled (num={num})")
         return load_statistics(path)
-    images, _ = io.load_samples(path)
+    images, _ = fileio.load_samples(path)
     return subsample(_check_images(images, str(path)), num, seed, str(path))
 
 
@@ -573,7 +573,7 @@ def _cmd_fid(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         sqrtm=args.sqrtm,
     )
-    io.write_json(args.out, result)
+    fileio.write_json(args.out, result)
     print(f"FID {result['fid']:.3f} ({args.a} vs {args.b}) -> {args.out}")
     return 0
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import argparse
 
-from dpsinkhorn import ablations, report, resultset
+from dpsinkhorn.report import ablations, resultset
+from dpsinkhorn.report import core as report
 
 
 def register_cli(subparsers: argparse._SubParsersAction) -> None:

@@ -36,7 +36,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from dpsinkhorn import io
+from dpsinkhorn import fileio
 from dpsinkhorn.devices import resolve_device
 
 MODELS = ("logreg", "mlp", "cnn")
@@ -305,7 +305,7 @@ def resolve_num_classes(num_classes: int | None, dataset: str | None) -> int | N
     agree when both are given), or None (then the largest label + 1)."""
     if dataset is None:
         return num_classes
-    from dpsinkhorn import data
+    from dpsinkhorn.data import datasets as data
 
     defined = data.dataset_info(dataset).num_classes
     if num_classes is not None and num_classes != defined:
@@ -497,8 +497,8 @@ def _cmd_classify(args: argparse.Namespace) -> int:
             f"{len(args.seed)} and {len(args.out)}"
         )
     num_classes = resolve_num_classes(args.num_classes, args.dataset)
-    train_sets = [io.load_samples(path) for path in args.train]
-    test_images, test_labels = io.load_samples(args.test)
+    train_sets = [fileio.load_samples(path) for path in args.train]
+    test_images, test_labels = fileio.load_samples(args.test)
     results = train_and_evaluate_seeds(
         args.model,
         train_sets,
@@ -517,7 +517,7 @@ def _cmd_classify(args: argparse.Namespace) -> int:
         result.update(train=str(train), test=str(args.test))
         if args.dataset is not None:
             result["dataset"] = args.dataset
-        io.write_json(out, result)
+        fileio.write_json(out, result)
         print(f"{args.model} accuracy {result['accuracy']:.4f} (seed {result['seed']}) -> {out}")
     return 0
 

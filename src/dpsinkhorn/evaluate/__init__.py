@@ -1,0 +1,1 @@
+"""Evaluation: synthetic datasets from a generator, FID, the three classifiers, gradient study."""

@@ -1,0 +1,1 @@
+"""Optimal transport: the batched Sinkhorn solver and the semi-debiased Sinkhorn loss."""

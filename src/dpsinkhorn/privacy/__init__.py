@@ -1,0 +1,1 @@
+"""The privacy mechanism (clip + noise, Poisson sampling), the accountant and the audit."""

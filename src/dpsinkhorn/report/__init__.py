@@ -1,0 +1,1 @@
+"""Report: the paper's tables and figures, reproduction.md and captions (no torch at import)."""

@@ -1,0 +1,1 @@
+"""Training: the trainer, one run's files and signals, and K runs in one process (sweeps)."""
