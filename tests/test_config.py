@@ -304,7 +304,7 @@ def study_job_counts(config: dict) -> dict[str, int]:
     counts = {
         "study_table": len([n for n in names if n in studies.TABLE_STUDIES]),
         "study_figure": len(
-            [n for n in names if n in studies.FIGURE_STUDIES + plan.SAMPLE_FIGURES]
+            [n for n in names if n in (*studies.FIGURE_STUDIES, *plan.SAMPLE_FIGURES)]
         ),
         "grad_study": len(plan.cell_experiments(config, "fig4c")) if "fig4c" in names else 0,
         "reproduction": 1,

@@ -23,15 +23,10 @@ from pathlib import Path
 from dpsinkhorn import config as config_lib
 from dpsinkhorn.config import studies
 from dpsinkhorn.config.specs import SWEEP_SHARED_KEYS, sweep_key  # noqa: F401  (plan's API too)
+from dpsinkhorn.config.targets import NAMES, SAMPLE_FIGURES
 
 #: Records in each dataset's training split (fixes q = B / N before any data exists).
 TRAIN_SIZES = {"mnist": 60000, "fmnist": 60000, "celeba": 162770}
-#: Outputs built from the Table 1 experiments' samples (paper Figures 2 and 7).
-SAMPLE_FIGURES = ("fig2", "fig7")
-#: Every output name `targets` knows, in the paper's order.
-NAMES = ("table1", "table2", "table3", "table4", "table5", "table6", "fig2", "fig4a", "fig4b",
-         "fig4c", "fig5", "fig7", "eps10", "reproduction")  # fmt: skip
-
 
 # ------------------------------------------------------------------------ file lists
 
@@ -148,7 +143,7 @@ def study_regex(config: Mapping, kind: str) -> str:
     names = {
         "table": studies.TABLE_STUDIES,
         "figure": studies.FIGURE_STUDIES,
-        "samples": SAMPLE_FIGURES,
+        "samples": tuple(SAMPLE_FIGURES),
     }[kind]
     return config_lib.wildcard_regex(n for n in available(config) if n in names)
 

@@ -45,29 +45,23 @@ from dpsinkhorn.config import (
     table1_experiments,
     table_experiments,
 )
-from dpsinkhorn.config.studies import STUDIES, configured_studies, study_cells, study_experiments
+from dpsinkhorn.config.studies import (
+    FIGURE_STUDIES,
+    STUDIES,
+    TABLE_STUDIES,
+    configured_studies,
+    study_cells,
+    study_experiments,
+)
+from dpsinkhorn.config.targets import MAIN_TABLES, NAMES, SAMPLE_FIGURES, TITLES
 from dpsinkhorn.report import core as report
 
-TABLES = ("table2", "table4", "table5")
-FIGURES = ("fig4a", "fig4b", "fig4c", "fig5", "eps10")
-SAMPLE_FIGURES = {"fig2": 10, "fig7": 20}  # name -> samples per class
+TABLES = TABLE_STUDIES
+FIGURES = FIGURE_STUDIES
 #: The ``dpsinkhorn report`` sub-commands this module adds, in the paper's order.
-REPORTS = ("table2", "table4", "table5", "fig2", "fig4a", "fig4b", "fig4c", "fig5", "fig7")
-REPORTS += ("eps10",)
-REPORTS += ("reproduction",)
+REPORTS = tuple(n for n in NAMES if n not in MAIN_TABLES)
 #: Every output :func:`caption` describes.
-CAPTIONED = ("table1", "table2", "table3", "table4", "table5", "table6", "fig2", "fig4a")
-CAPTIONED += ("fig4b", "fig4c", "fig5", "fig7", "eps10", "reproduction")
-
-TITLES = {
-    **STUDIES,
-    "table1": "Table 1: DP image generation on MNIST and Fashion-MNIST",
-    "table3": report.CELEBA_TABLES["table3"].title,
-    "table6": report.CELEBA_TABLES["table6"].title,
-    "fig2": "Figure 2: DP-Sinkhorn samples, 10 per class",
-    "fig7": "Figure 7: more DP-Sinkhorn samples, 20 per class (appendix)",
-    "reproduction": "Reproduction: the paper's numbers against this run",
-}
+CAPTIONED = NAMES
 
 # ------------------------------------------------------------------- paper values
 

@@ -43,6 +43,8 @@ from dpsinkhorn.config import (
     table_figure_experiments,
     table_files,
 )
+from dpsinkhorn.config.targets import TITLES
+from dpsinkhorn.data.catalog import DATASETS
 
 METRICS = ("fid", "acc_logreg", "acc_mlp", "acc_cnn")
 CSV_COLUMNS = (
@@ -62,23 +64,8 @@ CSV_COLUMNS = (
 )
 THIS_RUN, REPORTED = "this run", "reported in paper"
 
-DATASET_TITLES = {"mnist": "MNIST", "fmnist": "Fashion-MNIST", "celeba": "CelebA 32×32"}
-CLASS_NAMES = {
-    "mnist": [str(i) for i in range(10)],
-    "fmnist": [
-        "T-shirt/top",
-        "Trouser",
-        "Pullover",
-        "Dress",
-        "Coat",
-        "Sandal",
-        "Shirt",
-        "Sneaker",
-        "Bag",
-        "Ankle boot",
-    ],
-    "celeba": ["female", "male"],
-}
+DATASET_TITLES = {key: info.title for key, info in DATASETS.items()}
+CLASS_NAMES = {key: list(info.class_names) for key, info in DATASETS.items()}
 ROW_LABELS = {
     "real": "Real data",
     "nonprivate": "Non-private Sinkhorn",
@@ -428,7 +415,7 @@ def to_markdown(rows: Sequence[Row], config: dict, figures: dict[str, tuple[str,
     deltas = ", ".join(sorted(deltas))
     deltas = f", δ = {deltas}" if deltas else ""
     lines = [
-        "# Table 1: DP image generation on MNIST and Fashion-MNIST",
+        f"# {TITLES['table1']}",
         "",
         f"Rows from *this run* are mean ± std over {seeds} seed(s) (sample std, ddof=1; "
         "no ± for one seed); each seed is one synthetic set of "
@@ -669,7 +656,7 @@ class CelebaTable:
 
 CELEBA_TABLES = {
     "table3": CelebaTable(
-        title="Table 3: DP image generation on CelebA 32×32 (gender-conditioned)",
+        title=TITLES["table3"],
         labels={"real": "Real data", "nonprivate": "Sinkhorn (non-private)", "dp": "DP-Sinkhorn"},
         paper={
             "real": (1.1, 91.9, 95.0),
@@ -688,7 +675,7 @@ CELEBA_TABLES = {
         figure_caption="DP-Sinkhorn samples (paper Fig. 3); rows: female, male",
     ),
     "table6": CelebaTable(
-        title="Table 6: generator architecture on CelebA 32×32 (DP-Sinkhorn, L2 cost)",
+        title=TITLES["table6"],
         labels={"real": "Real data", "dcgan": "DCGAN+DP-Sinkhorn", "biggan": "BigGAN+DP-Sinkhorn"},
         paper={
             "real": (1.1, 91.9, 95.0),
