@@ -52,6 +52,6 @@ rule all:
     input:
         rules.table1.output,
         outside_table1_outputs(),
-        report_targets(config, RESULTS),  # CelebA Tables 3 and 6, when the config has them
-        plan.all_outputs(config, RESULTS),  # Tables 2/4/5, Figures 2/4/5/7, reproduction.md
+        targets.report_targets(config, RESULTS),  # CelebA Tables 3 and 6, when the config has them
+        targets.all_outputs(config, RESULTS),  # Tables 2/4/5, Figures 2/4/5/7, reproduction.md
     default_target: True

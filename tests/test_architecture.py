@@ -18,8 +18,9 @@ import tomllib
 import yaml
 from packaging.requirements import Requirement
 
-from dpsinkhorn import bench
+from dpsinkhorn import bench, cli
 from dpsinkhorn import config as config_lib
+from dpsinkhorn.config import targets
 from dpsinkhorn.train import core as train
 
 REPO = Path(__file__).resolve().parents[1]
@@ -132,9 +133,30 @@ def test_import_circle_detector_finds_a_circle():
 
 def test_package_has_no_import_circles():
     graph = package_imports()
-    assert {"config", "config.core", "train.sweep", "report.cli"} <= set(graph)  # sees subpackages
+    assert {"config", "config.validate", "train.sweep", "report.cli"} <= set(graph)  # subpackages
     assert "config.specs" in graph["config.studies"] and "report.core" in graph["report.cli"]
     assert import_circles(graph) == []
+
+
+def test_config_facade_exports_what_it_lists():
+    """``dpsinkhorn.config`` re-exports its submodules' public names explicitly."""
+    assert sorted(config_lib.__all__) == sorted(set(config_lib.__all__))
+    assert all(hasattr(config_lib, name) for name in config_lib.__all__)
+
+
+def test_one_list_of_output_names(capsys):
+    """``config.targets.NAMES`` is what ``dpsinkhorn targets`` offers and lists (the paper's
+    config produces every output, in that order) and what the report captions cover."""
+    from dpsinkhorn.report import ablations
+
+    assert tuple(ablations.CAPTIONED) == targets.NAMES
+    subcommands = cli.build_parser()._subparsers._group_actions[0].choices
+    (name,) = [a for a in subcommands["targets"]._actions if a.dest == "name"]
+    assert name.help == f"one of {', '.join(targets.NAMES)}, or all"
+    assert cli.main(["targets", "all", "--config", str(REPO / "config" / "config.yaml")]) == 0
+    listed = [line.split(":")[0][2:] for line in capsys.readouterr().out.splitlines()
+              if line.startswith("# ")]  # fmt: skip
+    assert tuple(listed) == targets.NAMES
 
 
 # ----------------------------------------------------------------------- environment

@@ -13,7 +13,7 @@ import yaml
 
 from dpsinkhorn import config as cfg
 from dpsinkhorn import plan
-from dpsinkhorn.config import studies
+from dpsinkhorn.config import studies, targets
 
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED = sorted((REPO / "config").glob("*.yaml"))
@@ -284,7 +284,7 @@ def test_dry_run_with_sweeps_trains_each_experiment_once(tmp_path):
     result = snakemake(tmp_path, "-n", "--configfile", str(path), "--config", "sweep_runs=4")
     assert result.returncode == 0, result.stdout + result.stderr
     config = {**cfg.load_config(path), "sweep_runs": 4}
-    alone, sweeps = plan.training_jobs(config)
+    alone, sweeps = targets.training_jobs(config)
     assert sweeps and all(2 <= len(group) <= 4 for group in sweeps)
     trained = [name for group in sweeps for name in group] + alone
     assert sorted(trained) == sorted(cfg.trained_experiments(config))
@@ -300,13 +300,13 @@ def test_dry_run_with_sweeps_trains_each_experiment_once(tmp_path):
 
 def study_job_counts(config: dict) -> dict[str, int]:
     """Jobs of the rules in studies.smk: Tables 2/4/5, Figures 2/4/5/7, reproduction.md."""
-    names = plan.available(config)
+    names = targets.available(config)
     counts = {
         "study_table": len([n for n in names if n in studies.TABLE_STUDIES]),
         "study_figure": len(
-            [n for n in names if n in (*studies.FIGURE_STUDIES, *plan.SAMPLE_FIGURES)]
+            [n for n in names if n in (*studies.FIGURE_STUDIES, *targets.SAMPLE_FIGURES)]
         ),
-        "grad_study": len(plan.cell_experiments(config, "fig4c")) if "fig4c" in names else 0,
+        "grad_study": len(targets.cell_experiments(config, "fig4c")) if "fig4c" in names else 0,
         "reproduction": 1,
     }
     return {k: v for k, v in counts.items() if v}

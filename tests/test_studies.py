@@ -12,7 +12,8 @@ import yaml
 
 from dpsinkhorn import config as config_lib
 from dpsinkhorn import plan
-from dpsinkhorn.config import studies
+from dpsinkhorn.config import studies, targets
+from dpsinkhorn.config.workflow import gradient_settings
 from dpsinkhorn.privacy.core import compute_epsilon, resolve_budget
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -145,18 +146,18 @@ def test_outputs_inputs_and_targets_cli(tmp_path):
     )
     config = config_lib.load_config([path])
     results = Path("results") / config["run_name"]
-    assert plan.outputs(config, "table4", results)["csv"] == str(results / "tables/table4.csv")
-    inputs = plan.inputs(config, "fig4c", results)
+    assert targets.outputs(config, "table4", results)["csv"] == str(results / "tables/table4.csv")
+    inputs = targets.inputs(config, "fig4c", results)
     assert inputs["gradients"] == [
         str(results / e / "gradstudy.json") for e in ("fig4c_p0", "fig4c_p1")
     ]
     assert len(inputs["results"]) == 2 * 2 * 4  # 2 experiments x 2 seeds x (fid + 3 classifiers)
-    assert plan.gradient_settings(config) == {
+    assert gradient_settings(config) == {
         "p_values": [0.0, 0.2, 0.4, 0.6, 0.8, 1.0],
         "batches": 4,
     }
     with pytest.raises(ValueError, match="does not produce 'table2'"):
-        plan.outputs(config, "table2", results)
+        targets.outputs(config, "table2", results)
     out = subprocess.run(
         [sys.executable, "-m", "dpsinkhorn", "targets", "table4", "--config", str(path), "--cells"],
         capture_output=True, text=True, check=True,

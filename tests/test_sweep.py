@@ -8,8 +8,9 @@ import pytest
 import torch
 import yaml
 
-from dpsinkhorn import cli, plan
+from dpsinkhorn import cli
 from dpsinkhorn import config as config_lib
+from dpsinkhorn.config import targets
 from dpsinkhorn.data import datasets as data
 from dpsinkhorn.privacy.core import compute_epsilon
 from dpsinkhorn.train.core import Preempted, Trainer, train
@@ -139,13 +140,16 @@ def test_grouping_keeps_order_and_compatibility(tmp_path, prepared_data):
     runs = {**RUNS, "e": {"seed": 4, "batch_size": 20}, "f": {"seed": 5, "batch_size": 20}}
     path = write_config(tmp_path, prepared_data, runs)
     specs = specs_of(path, tuple(runs))
-    assert plan.group_experiments(specs, 1) == [[n] for n in runs]
-    assert plan.group_experiments(specs, 3) == [["a", "b", "c"], ["d"], ["e", "f"]]
-    assert plan.group_experiments(specs, 8) == [["a", "b", "c", "d"], ["e", "f"]]
+    assert targets.group_experiments(specs, 1) == [[n] for n in runs]
+    assert targets.group_experiments(specs, 3) == [["a", "b", "c"], ["d"], ["e", "f"]]
+    assert targets.group_experiments(specs, 8) == [["a", "b", "c", "d"], ["e", "f"]]
     config = config_lib.load_config(path)
-    assert plan.training_jobs({**config, "sweep_runs": 3}) == (["d"], [["a", "b", "c"], ["e", "f"]])
+    assert targets.training_jobs({**config, "sweep_runs": 3}) == (
+        ["d"],
+        [["a", "b", "c"], ["e", "f"]],
+    )
     with pytest.raises(ValueError, match="sweep_runs must be at least 1"):
-        plan.group_experiments(specs, 0)
+        targets.group_experiments(specs, 0)
 
 
 def test_train_sweep_cli(tmp_path, prepared_data, capsys):

@@ -26,6 +26,7 @@ COMMAND_MODULES = [
     "report.cli",
     "bench",
     "evaluate.gradstudy",
+    "config.targets",
     "plan",
 ]
 

@@ -13,20 +13,17 @@ from dpsinkhorn.config import (
     experiment_names,
     experiment_spec,
     figure_datasets,
-    figure_experiment,
     prepare_workflow_process,
     real_experiments,
-    report_targets,
     table1_experiments,
-    table_files,
-    table_outputs,
     train_runtime_minutes,
     trained_experiments,
     validate,
     wildcard_regex,
 )
+from dpsinkhorn.config import targets
+from dpsinkhorn.config.workflow import gradient_settings
 from dpsinkhorn.report import ablations
-from dpsinkhorn import plan
 
 # Same schema and messages as the CLI: fills defaults, names the file and key of an error.
 config.update(validate(config, workflow.configfiles))
@@ -75,7 +72,7 @@ CAPTION = "../report/output.rst"
 TRAINED = wildcard_regex(trained_experiments(config))
 # sweep_runs > 1: SWEEPS lists the groups trained together (rule train_sweep_<first member>);
 # the others are trained one per job (rule train, constrained to TRAINED_ALONE).
-TRAINED_ALONE, SWEEPS = plan.training_jobs(config)
+TRAINED_ALONE, SWEEPS = targets.training_jobs(config)
 TRAINED_ALONE = wildcard_regex(TRAINED_ALONE)
 REAL = wildcard_regex(real_experiments(config))
 
@@ -104,24 +101,12 @@ def fid_reference(w):
 
 def evaluation_outputs(experiments):
     """FID and classifier results of every seed of these experiments."""
-    return plan.evaluation_files(config, RESULTS, experiments)
+    return targets.evaluation_files(config, RESULTS, experiments)
 
 
-def table1_inputs(wildcards):
-    """Everything Table 1 reads: results, privacy reports, and samples for the figures."""
-    rows = table1_experiments(config)
-    return {
-        "results": evaluation_outputs(rows.values()),
-        "privacy": [
-            f"{RESULTS}/{exp}/privacy.json"
-            for exp in rows.values()
-            if exp in trained_experiments(config)
-        ],
-        "samples": [
-            f"{RESULTS}/{figure_experiment(config, d)}/samples_seed{SEEDS[0]}.npz"
-            for d in figure_datasets(config)
-        ],
-    }
+def celeba_table_inputs(table):
+    """Input function: what the CelebA table `table` reads (results, privacy, samples)."""
+    return lambda w: targets.table_files(config, table, RESULTS)
 
 
 def outside_table1_outputs():

@@ -1,6 +1,6 @@
 rule table1:
     input:
-        unpack(table1_inputs),
+        unpack(lambda w: targets.table1_files(config, RESULTS)),
     output:
         md=report(f"{RESULTS}/tables/table1.md", caption=CAPTION, category="Tables"),
         csv=f"{RESULTS}/tables/table1.csv",
@@ -28,51 +28,31 @@ rule table1:
         " > {log} 2>&1"
 
 
-# Table 3 (CelebA: DP-Sinkhorn, non-private, real data) and fig3.
-rule table3:
-    input:
-        unpack(lambda w: table_files(config, "table3", RESULTS)),
-    output:
-        **in_report(table_outputs(config, "table3", RESULTS)),
-    params:
-        config_files=CONFIG_FILES,
-        caption=report_caption("table3"),
-        out_dir=lambda w, output: Path(output.md).parent.parent,
-    log:
-        f"{LOGS}/table3.log",
-    benchmark:
-        f"{BENCH}/table3.tsv"
-    threads: 1
-    resources:
-        mem_mb=4000,
-        runtime=30,
-    conda:
-        CONDA_ENV
-    shell:
-        "dpsinkhorn report table3 --config {params.config_files} --out-dir {params.out_dir}"
-        " > {log} 2>&1"
+# The CelebA tables, written by one rule each from the same definition: Table 3 (DP-Sinkhorn,
+# non-private, real data; figure fig3) and Table 6 (BigGAN vs DCGAN generator; fig6).
+for celeba_table in targets.CELEBA_TABLES:
 
-
-# Table 6 (CelebA: BigGAN vs DCGAN generator) and fig6.
-rule table6:
-    input:
-        unpack(lambda w: table_files(config, "table6", RESULTS)),
-    output:
-        **in_report(table_outputs(config, "table6", RESULTS)),
-    params:
-        config_files=CONFIG_FILES,
-        caption=report_caption("table6"),
-        out_dir=lambda w, output: Path(output.md).parent.parent,
-    log:
-        f"{LOGS}/table6.log",
-    benchmark:
-        f"{BENCH}/table6.tsv"
-    threads: 1
-    resources:
-        mem_mb=4000,
-        runtime=30,
-    conda:
-        CONDA_ENV
-    shell:
-        "dpsinkhorn report table6 --config {params.config_files} --out-dir {params.out_dir}"
-        " > {log} 2>&1"
+    rule:
+        name:
+            celeba_table
+        input:
+            unpack(celeba_table_inputs(celeba_table)),
+        output:
+            **in_report(targets.table_outputs(config, celeba_table, RESULTS)),
+        params:
+            config_files=CONFIG_FILES,
+            caption=report_caption(celeba_table),
+            out_dir=lambda w, output: Path(output.md).parent.parent,
+        log:
+            f"{LOGS}/{celeba_table}.log",
+        benchmark:
+            f"{BENCH}/{celeba_table}.tsv"
+        threads: 1
+        resources:
+            mem_mb=4000,
+            runtime=30,
+        conda:
+            CONDA_ENV
+        shell:
+            f"dpsinkhorn report {celeba_table}"
+            " --config {params.config_files} --out-dir {params.out_dir} > {log} 2>&1"

@@ -1,17 +1,17 @@
 # The paper's outputs beyond Table 1: Tables 2/4/5, Figures 2/4a/4b/4c/5/7 and
 # reproduction.md. Their cells are ordinary experiments (dpsinkhorn.config.studies), trained and
-# evaluated by the rules of train.smk and evaluate.smk; file lists come from dpsinkhorn.plan.
+# evaluated by the rules of train.smk and evaluate.smk; file lists come from dpsinkhorn.config.targets.
 
 
 rule study_table:
     input:
-        unpack(lambda w: plan.inputs(config, w.name, RESULTS)),
+        unpack(lambda w: targets.inputs(config, w.name, RESULTS)),
     output:
         md=report(f"{RESULTS}/tables/{{name}}.md", caption=CAPTION, category="Tables"),
         csv=f"{RESULTS}/tables/{{name}}.csv",
         tex=f"{RESULTS}/tables/{{name}}.tex",
     wildcard_constraints:
-        name=plan.study_regex(config, "table"),
+        name=targets.study_regex(config, "table"),
     params:
         config_files=CONFIG_FILES,
         out_dir=lambda w, output: Path(output.md).parent.parent,
@@ -33,13 +33,13 @@ rule study_table:
 
 rule study_figure:
     input:
-        unpack(lambda w: plan.inputs(config, w.name, RESULTS)),
+        unpack(lambda w: targets.inputs(config, w.name, RESULTS)),
     output:
         png=report(f"{RESULTS}/figures/{{name}}.png", caption=CAPTION, category="Figures"),
         pdf=f"{RESULTS}/figures/{{name}}.pdf",
         csv=f"{RESULTS}/figures/{{name}}.csv",
     wildcard_constraints:
-        name=f"{plan.study_regex(config, 'figure')}|{plan.study_regex(config, 'samples')}",
+        name=f"{targets.study_regex(config, 'figure')}|{targets.study_regex(config, 'samples')}",
     params:
         config_files=CONFIG_FILES,
         out_dir=lambda w, output: Path(output.png).parent.parent,
@@ -69,8 +69,8 @@ rule grad_study:
         f"{RESULTS}/{{exp}}/gradstudy.json",
     params:
         config_files=CONFIG_FILES,
-        p_values=" ".join(str(p) for p in plan.gradient_settings(config)["p_values"]),
-        batches=plan.gradient_settings(config)["batches"],
+        p_values=" ".join(str(p) for p in gradient_settings(config)["p_values"]),
+        batches=gradient_settings(config)["batches"],
         device=DEVICE,
     wildcard_constraints:
         exp=TRAINED,
@@ -93,7 +93,7 @@ rule grad_study:
 
 rule reproduction:
     input:
-        unpack(lambda w: plan.inputs(config, "reproduction", RESULTS)),
+        unpack(lambda w: targets.inputs(config, "reproduction", RESULTS)),
     output:
         report(f"{RESULTS}/reproduction.md", caption=CAPTION, category="Reproduction"),
     params:

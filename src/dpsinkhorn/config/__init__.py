@@ -2,7 +2,132 @@
 
 This is the only package Snakemake imports while it parses the workflow, so nothing
 here may import torch, torchvision or matplotlib (``tests/test_architecture.py``).
-Import the public names from ``dpsinkhorn.config`` itself.
+Code outside the package imports the public names from ``dpsinkhorn.config`` itself;
+they are defined in:
+
+- :mod:`~dpsinkhorn.config.validate`: loading YAML, schema defaults, validation, errors;
+- :mod:`~dpsinkhorn.config.experiments`: one experiment's settings, the table rows;
+- :mod:`~dpsinkhorn.config.targets`: the outputs and the files each reads and writes;
+- :mod:`~dpsinkhorn.config.workflow`: what only the Snakemake rules need;
+- :mod:`~dpsinkhorn.config.specs`: what identifies an experiment (spec, sweep key);
+- :mod:`~dpsinkhorn.config.studies`: the paper's ablations and grids as experiments.
 """
 
-from dpsinkhorn.config.core import *  # noqa: F401,F403
+from dpsinkhorn.config import studies
+from dpsinkhorn.config.experiments import (
+    FIXTURE_SOURCE,
+    GENERATOR_WIDTHS,
+    TABLE1_ROWS,
+    TABLE6_GENERATOR,
+    TABLE_ROWS,
+    all_classifiers,
+    classifiers_of,
+    data_mirror_of,
+    dataset_of,
+    datasets,
+    experiment,
+    experiment_names,
+    experiment_spec,
+    figure_datasets,
+    figure_experiment,
+    fixture_source,
+    needs_training,
+    real_experiments,
+    table1_experiments,
+    table_experiments,
+    trained_experiment,
+    trained_experiments,
+)
+from dpsinkhorn.config.specs import (
+    IMPLICIT_DEFAULTS,
+    NON_SEMANTIC_KEYS,
+    deep_merge,
+    experiment_spec_of,
+)
+from dpsinkhorn.config.targets import (
+    TABLE_FIGURES,
+    report_tables,
+    report_targets,
+    table_figure_experiments,
+    table_files,
+    table_outputs,
+)
+from dpsinkhorn.config.validate import (
+    OVERRIDABLE,
+    SCHEMA_PATH,
+    SWEEP_BF16_ERROR,
+    check_overrides,
+    cli_or_config,
+    load_config,
+    load_schema,
+    make_experiment,
+    read_yaml,
+    setting_source,
+    validate,
+)
+from dpsinkhorn.config.workflow import (
+    PathLike,
+    config_file_args,
+    data_inputs,
+    prepare_workflow_process,
+    train_runtime_minutes,
+    wildcard_regex,
+)
+
+__all__ = [
+    # validate
+    "OVERRIDABLE",
+    "SCHEMA_PATH",
+    "SWEEP_BF16_ERROR",
+    "check_overrides",
+    "cli_or_config",
+    "load_config",
+    "load_schema",
+    "make_experiment",
+    "read_yaml",
+    "setting_source",
+    "validate",
+    # experiments
+    "FIXTURE_SOURCE",
+    "GENERATOR_WIDTHS",
+    "TABLE1_ROWS",
+    "TABLE6_GENERATOR",
+    "TABLE_ROWS",
+    "all_classifiers",
+    "classifiers_of",
+    "data_mirror_of",
+    "dataset_of",
+    "datasets",
+    "experiment",
+    "experiment_names",
+    "experiment_spec",
+    "figure_datasets",
+    "figure_experiment",
+    "fixture_source",
+    "needs_training",
+    "real_experiments",
+    "table1_experiments",
+    "table_experiments",
+    "trained_experiment",
+    "trained_experiments",
+    # targets
+    "TABLE_FIGURES",
+    "report_tables",
+    "report_targets",
+    "table_figure_experiments",
+    "table_files",
+    "table_outputs",
+    # workflow
+    "PathLike",
+    "config_file_args",
+    "data_inputs",
+    "prepare_workflow_process",
+    "train_runtime_minutes",
+    "wildcard_regex",
+    # specs, studies
+    "IMPLICIT_DEFAULTS",
+    "NON_SEMANTIC_KEYS",
+    "deep_merge",
+    "experiment_spec_of",
+    "studies",
+]

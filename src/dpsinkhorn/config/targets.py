@@ -1,7 +1,10 @@
-"""The outputs of the workflow: every table, figure and report, their kind and title.
+"""The outputs of the workflow: every table, figure and report, and the files behind each.
 
 THE list of outputs. Every other module (the CLI's ``targets`` and ``plan``, the rules,
-the report builders and captions) takes the names and titles from here.
+the report builders and captions) takes the names and titles from here, and the
+Snakemake rules take their inputs and outputs from :func:`inputs`, :func:`outputs`,
+:func:`table1_files` and :func:`table_files`; ``dpsinkhorn targets <name>`` prints the
+same paths, so any single cell can be rerun by handing its path to Snakemake.
 
 Kinds:
 - ``table1``, ``table3``, ``table6``: the paper's main tables, from configured experiments;
@@ -9,11 +12,40 @@ Kinds:
   of a ``studies:`` entry (:mod:`dpsinkhorn.config.studies`);
 - sample figures (:data:`SAMPLE_FIGURES`): grids of the Table 1 generators' samples;
 - ``reproduction``: the paper's numbers against this run.
+
+Training jobs are listed here too (:func:`training_jobs`): which experiments train alone
+and which train together in one sweep.
 """
 
 from __future__ import annotations
 
-from dpsinkhorn.config.studies import FIGURE_STUDIES, STUDIES, TABLE_STUDIES
+import argparse
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+
+from dpsinkhorn.config.experiments import (
+    TABLE_ROWS,
+    classifiers_of,
+    dataset_of,
+    experiment,
+    figure_datasets,
+    figure_experiment,
+    needs_training,
+    table1_experiments,
+    table_experiments,
+    trained_experiments,
+)
+from dpsinkhorn.config.specs import sweep_key
+from dpsinkhorn.config.studies import (
+    FIGURE_STUDIES,
+    STUDIES,
+    TABLE_STUDIES,
+    configured_studies,
+    study_experiments,
+)
+from dpsinkhorn.config.validate import load_config
+from dpsinkhorn.config.workflow import wildcard_regex
 
 #: The main tables built from configured experiments (not from studies).
 MAIN_TABLES = ("table1", "table3", "table6")
@@ -35,6 +67,242 @@ TITLES = {
     "reproduction": "Reproduction: the paper's numbers against this run",
 }
 
+#: The sample figure of each CelebA table: the rows whose samples it shows, top to bottom.
+TABLE_FIGURES = {"table3": ("fig3", ("dp",)), "table6": ("fig6", ("dcgan", "biggan"))}
+
 assert set(TITLES) == set(NAMES), "every output has a title"
 assert set(NAMES) == {*MAIN_TABLES, *TABLE_STUDIES, *FIGURE_STUDIES, *SAMPLE_FIGURES,
                       "reproduction"}  # fmt: skip
+assert set(CELEBA_TABLES) == set(TABLE_ROWS) == set(TABLE_FIGURES), "CelebA tables: rows, figure"
+
+PathLike = str | os.PathLike
+
+
+# ------------------------------------------------------------------ per-experiment files
+
+
+def evaluation_files(config: Mapping, results: PathLike, experiments: Iterable[str]) -> list[str]:
+    """FID and classifier result files of every seed of these experiments."""
+    results = Path(results)
+    return [
+        str(results / exp / f"{metric}_seed{seed}.json")
+        for exp in dict.fromkeys(experiments)
+        for metric in ["fid"]
+        + [f"acc_{m}" for m in classifiers_of(config, dataset_of(config, exp))]
+        for seed in config["seeds"]
+    ]
+
+
+def privacy_files(config: Mapping, results: PathLike, experiments: Iterable[str]) -> list[str]:
+    """The privacy reports (``privacy.json``) of those of these experiments that train."""
+    return [
+        str(Path(results) / exp / "privacy.json")
+        for exp in dict.fromkeys(experiments)
+        if needs_training(config, exp)
+    ]
+
+
+def sample_files(config: Mapping, results: PathLike, experiments: Iterable[str]) -> list[str]:
+    """The first seed's samples of these experiments (what the sample figures show)."""
+    seed = config["seeds"][0]
+    return [str(Path(results) / exp / f"samples_seed{seed}.npz") for exp in experiments]
+
+
+# ----------------------------------------------------------------------- main tables
+
+
+def table1_files(config: Mapping, results: PathLike) -> dict[str, list[str]]:
+    """What Table 1 reads: per-seed results, privacy reports, samples for its figures."""
+    rows = table1_experiments(config)
+    return {
+        "results": evaluation_files(config, results, rows.values()),
+        "privacy": privacy_files(config, results, rows.values()),
+        "samples": sample_files(
+            config, results, [figure_experiment(config, d) for d in figure_datasets(config)]
+        ),
+    }
+
+
+def report_tables(config: Mapping) -> list[str]:
+    """The CelebA tables (``table3``, ``table6``) that some experiment of the config fills."""
+    return [t for t in CELEBA_TABLES if table_experiments(config, t)]
+
+
+def table_figure_experiments(config: Mapping, table: str) -> list[str]:
+    """Experiments shown in the table's figure (fig3: the DP row; fig6: DCGAN, BigGAN)."""
+    rows = table_experiments(config, table)
+    _, kinds = TABLE_FIGURES[table]
+    return [name for (_, row), name in rows.items() if row in kinds]
+
+
+def table_files(config: Mapping, table: str, results: PathLike) -> dict[str, list[str]]:
+    """What a CelebA table reads: per-seed results, privacy reports, figure samples."""
+    rows = table_experiments(config, table).values()
+    return {
+        "results": evaluation_files(config, results, rows),
+        "privacy": privacy_files(config, results, rows),
+        "samples": sample_files(config, results, table_figure_experiments(config, table)),
+    }
+
+
+def table_outputs(config: Mapping, table: str, results: PathLike) -> dict[str, str]:
+    """The files ``dpsinkhorn report <table>`` writes (tables/<table>.{md,csv,tex}, figure)."""
+    results = Path(results)
+    figure, _ = TABLE_FIGURES[table]
+    out = {suffix: str(results / "tables" / f"{table}.{suffix}") for suffix in ("md", "csv", "tex")}
+    return {**out, "figure": str(results / "figures" / f"{figure}.png")}
+
+
+def report_targets(config: Mapping, results: PathLike) -> list[str]:
+    """Outputs of every CelebA table the config fills (for ``rule all``)."""
+    return [f for t in report_tables(config) for f in table_outputs(config, t, results).values()]
+
+
+# -------------------------------------------------------------------------- any output
+
+
+def available(config: Mapping) -> list[str]:
+    """The output names this config produces, in the paper's order."""
+    names = []
+    if table1_experiments(config):
+        names.append("table1")
+    names += report_tables(config)
+    names += configured_studies(config)
+    names += [f for f in SAMPLE_FIGURES if figure_datasets(config)]
+    names.append("reproduction")
+    return [n for n in NAMES if n in names]
+
+
+def _check_name(config: Mapping, name: str) -> None:
+    if name not in available(config):
+        raise ValueError(
+            f"this config does not produce {name!r} (it produces: {', '.join(available(config))})"
+        )
+
+
+def outputs(config: Mapping, name: str, results: PathLike) -> dict[str, str]:
+    """The files the output ``name`` consists of (tables: md/csv/tex; figures: png/pdf/csv)."""
+    _check_name(config, name)
+    results = Path(results)
+    if name == "reproduction":
+        return {"md": str(results / "reproduction.md")}
+    if name in CELEBA_TABLES:
+        return table_outputs(config, name, results)
+    if name.startswith("table"):
+        out = {s: str(results / "tables" / f"{name}.{s}") for s in ("md", "csv", "tex")}
+        if name == "table1":
+            for dataset in figure_datasets(config):
+                out[f"samples_{dataset}"] = str(results / "figures" / f"samples_{dataset}.png")
+        return out
+    return {s: str(results / "figures" / f"{name}.{s}") for s in ("png", "pdf", "csv")}
+
+
+def cell_experiments(config: Mapping, name: str) -> list[str]:
+    """The experiments whose results the output ``name`` shows."""
+    _check_name(config, name)
+    if name == "table1":
+        return list(table1_experiments(config).values())
+    if name in CELEBA_TABLES:
+        return list(table_experiments(config, name).values())
+    if name in SAMPLE_FIGURES:
+        return [figure_experiment(config, d) for d in figure_datasets(config)]
+    if name == "reproduction":
+        return list(
+            dict.fromkeys(e for n in available(config)[:-1] for e in cell_experiments(config, n))
+        )
+    return study_experiments(config, name)
+
+
+def inputs(config: Mapping, name: str, results: PathLike) -> dict[str, list[str]]:
+    """What the step writing ``name`` reads (studies, sample figures, reproduction.md)."""
+    results = Path(results)
+    exps = cell_experiments(config, name)
+    if name in SAMPLE_FIGURES:
+        return {"samples": sample_files(config, results, exps)}
+    if name == "reproduction":
+        tables = [n for n in available(config) if n.startswith("table")]
+        files = {"tables": [outputs(config, t, results)["csv"] for t in tables]}
+        if "eps10" in available(config):  # its cells are a section of reproduction.md
+            files["studies"] = [outputs(config, "eps10", results)["csv"]]
+        return files
+    files = {
+        "results": evaluation_files(config, results, exps),
+        "privacy": privacy_files(config, results, exps),
+    }
+    if name == "fig4c":
+        files["gradients"] = [str(results / e / "gradstudy.json") for e in exps]
+    return files
+
+
+def all_outputs(config: Mapping, results: PathLike) -> list[str]:
+    """Every output file of the run (``rule all``), except the main tables' (their rules')."""
+    return [
+        path
+        for name in available(config)
+        if name not in MAIN_TABLES
+        for path in outputs(config, name, results).values()
+    ]
+
+
+def study_regex(config: Mapping, kind: str) -> str:
+    """Wildcard regex of the configured outputs of one kind: table | figure | samples."""
+    names = {"table": TABLE_STUDIES, "figure": FIGURE_STUDIES, "samples": tuple(SAMPLE_FIGURES)}
+    return wildcard_regex(n for n in available(config) if n in names[kind])
+
+
+# ----------------------------------------------------------------------- training jobs
+
+
+def group_experiments(specs: Sequence[Mapping], max_runs: int) -> list[list[str]]:
+    """Split trained experiments into sweeps of at most ``max_runs`` compatible runs.
+
+    Deterministic: experiments keep their order; each group fills up in that order.
+    ``max_runs`` = 1 gives one group per experiment (no sweeps).
+    """
+    if max_runs < 1:
+        raise ValueError(f"sweep_runs must be at least 1, got {max_runs}")
+    by_key: dict[tuple, list[list[str]]] = {}
+    for spec in specs:
+        groups = by_key.setdefault(sweep_key(spec), [[]])
+        if len(groups[-1]) == max_runs:
+            groups.append([])
+        groups[-1].append(spec["name"])
+    return [group for groups in by_key.values() for group in groups]
+
+
+def training_jobs(config: Mapping) -> tuple[list[str], list[list[str]]]:
+    """(experiments trained by their own ``train`` job, groups trained by ``train_sweep``).
+
+    ``sweep_runs`` (config) = K > 1 puts up to K compatible experiments into one job.
+    """
+    specs = [experiment(config, e) for e in trained_experiments(config)]
+    groups = group_experiments(specs, int(config["sweep_runs"]))
+    return [g[0] for g in groups if len(g) == 1], [g for g in groups if len(g) > 1]
+
+
+# ----------------------------------------------------------------------------- CLI
+
+
+def _targets_cli(args: argparse.Namespace) -> int:
+    config = load_config(args.config)
+    results = Path("results") / config["run_name"]
+    names = available(config) if args.name == "all" else [args.name]
+    for name in names:
+        print(f"# {name}: {STUDIES.get(name, name)}")
+        for path in outputs(config, name, results).values():
+            print(path)
+        if args.cells:
+            for exp in cell_experiments(config, name):
+                files = evaluation_files(config, results, [exp])
+                print(f"#   cell {exp}: " + " ".join(files))
+    return 0
+
+
+def register_cli(subparsers: argparse._SubParsersAction) -> None:
+    t = subparsers.add_parser(
+        "targets", help="print the files of a table/figure (hand them to snakemake to rerun it)"
+    )
+    t.add_argument("name", help=f"one of {', '.join(NAMES)}, or all")
+    t.add_argument("--config", nargs="+", default=["config/config.yaml"])
+    t.add_argument("--cells", action="store_true", help="also each cell's result files")
+    t.set_defaults(handler=_targets_cli)

@@ -1,13 +1,13 @@
-"""Run configuration: load YAML, fill defaults, validate, and answer questions about it.
+"""Run configuration: load YAML, fill defaults, validate, and say where a setting came from.
 
-One schema (``config.schema.json``, shipped with the package) describes a run. The CLI
+One schema (``schema.json``, shipped with the package) describes a run. The CLI
 (``load_config``) and the Snakemake workflow (``validate`` on Snakemake's ``config``)
 both go through :func:`validate`, so both report a bad key the same way, e.g.::
 
     config/quick.yaml: experiments.mnist_dpsinkhorn.sigam: unknown key (allowed: ...)
 
-The helpers below the validation part (experiment lists, datasets, Table 1 rows) are
-what the workflow rules use, so that the ``.smk`` files stay free of logic.
+Questions about the validated config (experiment lists, datasets, table rows) are
+answered by :mod:`dpsinkhorn.config.experiments`.
 """
 
 from __future__ import annotations
@@ -18,9 +18,6 @@ import json
 import math
 import os
 import re
-import shlex
-import signal
-import sys
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -29,12 +26,15 @@ import jsonschema
 import yaml
 
 from dpsinkhorn.config import studies
-from dpsinkhorn.config.specs import (  # noqa: F401  (part of this module's API)
-    IMPLICIT_DEFAULTS,
-    NON_SEMANTIC_KEYS,
-    deep_merge,
-    experiment_spec_of,
+from dpsinkhorn.config.experiments import (
+    GENERATOR_WIDTHS,
+    TABLE1_ROWS,
+    TABLE6_GENERATOR,
+    TABLE_ROWS,
+    experiment,
+    experiment_names,
 )
+from dpsinkhorn.config.specs import deep_merge
 
 SCHEMA_PATH = Path(__file__).with_name("schema.json")
 
@@ -57,28 +57,6 @@ SWEEP_BF16_ERROR = (
     "does not apply autocast on every device (pytorch/pytorch#105442); use sweep_runs: 1 "
     "or precision fp32 / tf32"
 )
-
-#: Table 1 rows this project fills, in table order, and the method each one needs.
-TABLE1_ROWS = {
-    "real": "real_data",
-    "nonprivate": "sinkhorn",
-    "paper": "dp_sinkhorn",
-    "perrow": "dp_sinkhorn",
-    "sound10": "dp_sinkhorn",
-}
-
-#: The CelebA tables (paper Tables 3 and 6): each row and the method it needs.
-#: An experiment names its rows with ``rows: {table3: dp, table6: biggan}``.
-TABLE_ROWS = {
-    "table3": {"real": "real_data", "nonprivate": "sinkhorn", "dp": "dp_sinkhorn"},
-    "table6": {"real": "real_data", "dcgan": "dp_sinkhorn", "biggan": "dp_sinkhorn"},
-}
-#: Table 6 compares generators: its DP rows need this ``generator``.
-TABLE6_GENERATOR = {"dcgan": "dcgan", "biggan": "biggan"}
-#: Generator widths (``channels``) each architecture takes.
-GENERATOR_WIDTHS = {"dcgan": 3, "biggan": 4}
-#: Where the smoke run's synthetic CelebA source goes, under data_dir (``celeba_fixture``).
-FIXTURE_SOURCE = "celeba_source"
 
 PathLike = str | os.PathLike
 
@@ -280,7 +258,7 @@ def _semantic_errors(config: dict) -> list[tuple[list, str]]:
                             f"one vector: clipping must be batch, not {exp['clipping']}",
                         )
                     )
-        row = exp.get("table1_row")
+        row = exp["table1_row"]
         if row is None:
             continue
         if TABLE1_ROWS[row] != method:
@@ -327,7 +305,7 @@ def _celeba_errors(config: dict, exp: dict, at: list, seen: dict) -> list[tuple[
         )
     if generator == "biggan" and exp["dataset"] != "celeba":
         errors.append((at + ["generator"], "biggan makes 32x32 RGB images: dataset celeba only"))
-    for table, row in (exp.get("rows") or {}).items():
+    for table, row in exp["rows"].items():
         where = at + ["rows", table]
         needed = TABLE_ROWS[table][row]
         if needed != exp["method"]:
@@ -397,222 +375,6 @@ def _source_of(path: list, source: str | Sequence[PathLike], config: Mapping) ->
     return f"{'--config' if files else 'config'}: {where}"
 
 
-# ---------------------------------------------------------------------------- queries
-
-
-def make_experiment(name: str = "custom", **settings: Any) -> dict:
-    """A validated experiment from keyword settings, for the Python API.
-
-    Keys are those of ``training_defaults`` (schema defaults fill the rest, i.e. the
-    paper's MNIST setting); e.g. ``make_experiment(sigma=None, target_epsilon=5.0,
-    steps=20000, delta=1e-6)``.
-    """
-    settings.setdefault("dataset", "mnist")
-    return experiment(validate({"experiments": {name: settings}}, "make_experiment"), name)
-
-
-def experiment_names(config: Mapping) -> list[str]:
-    """Experiment names in config order."""
-    return list(config.get("experiments") or {})
-
-
-def experiment(config: Mapping, name: str) -> dict:
-    """Settings of one experiment: ``training_defaults`` with its own keys on top, plus ``name``."""
-    experiments = config.get("experiments") or {}
-    if name not in experiments:
-        known = ", ".join(experiments) or "none"
-        raise ValueError(f"unknown experiment {name!r} (known: {known})")
-    spec = deep_merge(config.get("training_defaults") or {}, experiments[name])
-    spec.setdefault("table1_row", None)
-    spec.setdefault("rows", {})
-    spec["name"] = name
-    return spec
-
-
-def experiment_spec(config: Mapping, name: str) -> str:
-    """The settings that define an experiment's generator, as canonical JSON.
-
-    A Snakemake param of the train rule: when it changes, the generator is retrained.
-    Bookkeeping keys (:data:`NON_SEMANTIC_KEYS`) are left out, so changing them does not.
-    """
-    return experiment_spec_of(experiment(config, name))
-
-
-def trained_experiment(config: Mapping, name: str, refusal: str) -> dict:
-    """:func:`experiment`, refusing a ``real_data`` one with "uses real data: <refusal>"."""
-    spec = experiment(config, name)
-    if spec["method"] == "real_data":
-        raise ValueError(f"experiment {name} uses real data: {refusal}")
-    return spec
-
-
-def dataset_of(config: Mapping, name: str) -> str:
-    return experiment(config, name)["dataset"]
-
-
-def needs_training(config: Mapping, name: str) -> bool:
-    """Whether the experiment trains a generator (everything but ``real_data``)."""
-    return experiment(config, name)["method"] != "real_data"
-
-
-def trained_experiments(config: Mapping) -> list[str]:
-    return [n for n in experiment_names(config) if needs_training(config, n)]
-
-
-def real_experiments(config: Mapping) -> list[str]:
-    return [n for n in experiment_names(config) if not needs_training(config, n)]
-
-
-def datasets(config: Mapping) -> list[str]:
-    """Datasets used by any experiment, in order of first use."""
-    return list(dict.fromkeys(dataset_of(config, n) for n in experiment_names(config)))
-
-
-def table1_experiments(config: Mapping) -> dict[tuple[str, str], str]:
-    """``{(dataset, row): experiment}`` for experiments that fill a Table 1 row, table order."""
-    found = {}
-    for name in experiment_names(config):
-        exp = experiment(config, name)
-        if exp["table1_row"] is not None:
-            found[(exp["dataset"], exp["table1_row"])] = name
-    order = {row: i for i, row in enumerate(TABLE1_ROWS)}
-    dataset_order = {d: i for i, d in enumerate(datasets(config))}
-    return dict(sorted(found.items(), key=lambda kv: (dataset_order[kv[0][0]], order[kv[0][1]])))
-
-
-def figure_experiment(config: Mapping, dataset: str) -> str | None:
-    """The dataset's main DP experiment, shown in the sample figure: ``paper``, else ``sound10``."""
-    rows = table1_experiments(config)
-    return rows.get((dataset, "paper")) or rows.get((dataset, "sound10"))
-
-
-def figure_datasets(config: Mapping) -> list[str]:
-    return [d for d in datasets(config) if figure_experiment(config, d) is not None]
-
-
-def classifiers_of(config: Mapping, dataset: str) -> list[str]:
-    """The classifiers trained on this dataset's samples (``classifiers_by_dataset`` wins)."""
-    evaluation = config["evaluation"]
-    return list(
-        evaluation.get("classifiers_by_dataset", {}).get(dataset, evaluation["classifiers"])
-    )
-
-
-def all_classifiers(config: Mapping) -> list[str]:
-    """Every classifier used by any experiment (the ``model`` wildcard's values)."""
-    return list(dict.fromkeys(m for d in datasets(config) for m in classifiers_of(config, d)))
-
-
-def table_experiments(config: Mapping, table: str) -> dict[tuple[str, str], str]:
-    """``{(dataset, row): experiment}`` of one CelebA table (``rows:``), in table order."""
-    found = {}
-    for name in experiment_names(config):
-        exp = experiment(config, name)
-        row = exp["rows"].get(table)
-        if row is not None:
-            found[(exp["dataset"], row)] = name
-    order = {row: i for i, row in enumerate(TABLE_ROWS[table])}
-    dataset_order = {d: i for i, d in enumerate(datasets(config))}
-    return dict(sorted(found.items(), key=lambda kv: (dataset_order[kv[0][0]], order[kv[0][1]])))
-
-
-def report_tables(config: Mapping) -> list[str]:
-    """The CelebA tables (``table3``, ``table6``) that some experiment of the config fills."""
-    return [t for t in TABLE_ROWS if table_experiments(config, t)]
-
-
-#: The sample figure of each CelebA table: the rows whose samples it shows, top to bottom.
-TABLE_FIGURES = {"table3": ("fig3", ("dp",)), "table6": ("fig6", ("dcgan", "biggan"))}
-
-
-def table_figure_experiments(config: Mapping, table: str) -> list[str]:
-    """Experiments shown in the table's figure (fig3: the DP row; fig6: DCGAN, BigGAN)."""
-    rows = table_experiments(config, table)
-    _, kinds = TABLE_FIGURES[table]
-    return [name for (_, row), name in rows.items() if row in kinds]
-
-
-def table_files(config: Mapping, table: str, results: PathLike) -> dict[str, list[str]]:
-    """What a CelebA table reads: per-seed results, privacy reports, figure samples."""
-    results = Path(results)
-    rows = table_experiments(config, table)
-    seed = config["seeds"][0]
-    return {
-        "results": [
-            str(results / name / f"{metric}_seed{s}.json")
-            for (dataset, _), name in rows.items()
-            for metric in ["fid"] + [f"acc_{m}" for m in classifiers_of(config, dataset)]
-            for s in config["seeds"]
-        ],
-        "privacy": [
-            str(results / n / "privacy.json") for n in rows.values() if needs_training(config, n)
-        ],
-        "samples": [
-            str(results / name / f"samples_seed{seed}.npz")
-            for name in table_figure_experiments(config, table)
-        ],
-    }
-
-
-def table_outputs(config: Mapping, table: str, results: PathLike) -> dict[str, str]:
-    """The files ``dpsinkhorn report <table>`` writes (tables/<table>.{md,csv,tex}, figure)."""
-    results = Path(results)
-    figure, _ = TABLE_FIGURES[table]
-    out = {suffix: str(results / "tables" / f"{table}.{suffix}") for suffix in ("md", "csv", "tex")}
-    return {**out, "figure": str(results / "figures" / f"{figure}.png")}
-
-
-def report_targets(config: Mapping, results: PathLike) -> list[str]:
-    """Outputs of every CelebA table the config fills (for ``rule all``)."""
-    return [f for t in report_tables(config) for f in table_outputs(config, t, results).values()]
-
-
-def fixture_source(config: Mapping) -> str | None:
-    """``<data_dir>/celeba_source`` when CelebA comes from the synthetic fixture, else None."""
-    if config.get("celeba_fixture") is None:
-        return None
-    return str(Path(config["data_dir"]) / FIXTURE_SOURCE)
-
-
-def data_mirror_of(config: Mapping, dataset: str) -> str | None:
-    """The ``--mirror`` of ``dpsinkhorn data`` for a dataset (the fixture's folder for CelebA)."""
-    if dataset == "celeba" and fixture_source(config) is not None:
-        return fixture_source(config)
-    return config.get("data_mirror")
-
-
-def data_inputs(config: Mapping, dataset: str) -> list[str]:
-    """Inputs of the data rule: the fixture folder for a fixture CelebA, else nothing."""
-    source = fixture_source(config) if dataset == "celeba" else None
-    return [] if source is None else [source]
-
-
-def train_runtime_minutes(config: Mapping, name: str) -> int:
-    """Generous wall-time estimate for a SLURM job (paper: ~1 step/s on a V100)."""
-    steps = experiment(config, name)["steps"]
-    return 3 * 24 * 60 if steps is None else max(30, int(steps / 60 * 1.5) + 30)
-
-
-def config_file_args(files: Iterable[PathLike]) -> str:
-    """Config files as CLI arguments: relative to the working directory when inside it.
-
-    A stable spelling keeps Snakemake from rerunning steps because ``config/quick.yaml``
-    was once given as ``./config/quick.yaml`` or as an absolute path.
-    """
-    args = []
-    for file in files:
-        path = os.path.abspath(file)
-        rel = os.path.relpath(path)
-        args.append(shlex.quote(path if rel.startswith("..") else rel))
-    return " ".join(args)
-
-
-def wildcard_regex(names: Iterable[str]) -> str:
-    """A regex matching exactly these names (one that never matches if there are none)."""
-    names = list(names)
-    return "|".join(re.escape(n) for n in names) if names else "(?!)"
-
-
 def check_overrides(config: Mapping, files: Sequence[PathLike]) -> None:
     """Refuse ``--config`` overrides of keys that the CLI steps read from the files.
 
@@ -632,30 +394,15 @@ def check_overrides(config: Mapping, files: Sequence[PathLike]) -> None:
         )
 
 
-# --------------------------------------------------------------------------- the workflow process
+# ------------------------------------------------------------------- experiments in code
 
 
-def prepare_workflow_process() -> None:
-    """Called once by the workflow (common.smk) in the Snakemake process.
+def make_experiment(name: str = "custom", **settings: Any) -> dict:
+    """A validated experiment from keyword settings, for the Python API.
 
-    * Puts the folder of the Python running Snakemake first on ``PATH``: the steps call
-      ``dpsinkhorn``, and ``.venv/bin/snakemake`` then works without an activated venv
-      (jobs inherit the variable).
-    * Ctrl-C stops the workflow: Snakemake's own SIGINT handling lets a failed job be
-      retried, so training (which checkpoints and exits 130 on the same SIGINT from the
-      terminal) would be restarted. While jobs run, a SIGINT becomes Snakemake's graceful
-      SIGTERM stop (no new job, no retry); before the scheduler runs, a KeyboardInterrupt.
+    Keys are those of ``training_defaults`` (schema defaults fill the rest, i.e. the
+    paper's MNIST setting); e.g. ``make_experiment(sigma=None, target_epsilon=5.0,
+    steps=20000, delta=1e-6)``.
     """
-    own_bin = str(Path(sys.executable).parent)
-    os.environ["PATH"] = os.pathsep.join([own_bin, os.environ.get("PATH", "")])
-
-    def user_interrupt(signum, frame):
-        if callable(signal.getsignal(signal.SIGTERM)):  # the scheduler's graceful stop
-            os.kill(os.getpid(), signal.SIGTERM)
-        else:
-            signal.default_int_handler(signum, frame)
-
-    try:
-        signal.signal(signal.SIGINT, user_interrupt)
-    except ValueError:  # not the main thread: leave Snakemake's default
-        pass
+    settings.setdefault("dataset", "mnist")
+    return experiment(validate({"experiments": {name: settings}}, "make_experiment"), name)

@@ -1,0 +1,90 @@
+"""What only the Snakemake workflow needs: rule parameters, wildcard patterns, its process.
+
+The ``.smk`` files hold no logic; the little they compute comes from here (and from
+:mod:`dpsinkhorn.config.experiments` / :mod:`dpsinkhorn.config.targets`). Torch-free:
+Snakemake imports it while it parses the workflow.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import signal
+import sys
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+from dpsinkhorn.config.experiments import experiment, fixture_source
+
+PathLike = str | os.PathLike
+
+
+def data_inputs(config: Mapping, dataset: str) -> list[str]:
+    """Inputs of the data rule: the fixture folder for a fixture CelebA, else nothing."""
+    source = fixture_source(config) if dataset == "celeba" else None
+    return [] if source is None else [source]
+
+
+def train_runtime_minutes(config: Mapping, name: str) -> int:
+    """Generous wall-time estimate for a SLURM job (paper: ~1 step/s on a V100)."""
+    steps = experiment(config, name)["steps"]
+    return 3 * 24 * 60 if steps is None else max(30, int(steps / 60 * 1.5) + 30)
+
+
+def config_file_args(files: Iterable[PathLike]) -> str:
+    """Config files as CLI arguments: relative to the working directory when inside it.
+
+    A stable spelling keeps Snakemake from rerunning steps because ``config/quick.yaml``
+    was once given as ``./config/quick.yaml`` or as an absolute path.
+    """
+    args = []
+    for file in files:
+        path = os.path.abspath(file)
+        rel = os.path.relpath(path)
+        args.append(shlex.quote(path if rel.startswith("..") else rel))
+    return " ".join(args)
+
+
+def wildcard_regex(names: Iterable[str]) -> str:
+    """A regex matching exactly these names (one that never matches if there are none)."""
+    names = list(names)
+    return "|".join(re.escape(n) for n in names) if names else "(?!)"
+
+
+def gradient_settings(config: Mapping) -> dict:
+    """fig4c's estimator p values and batch count (paper: 6 values of p, 300 batches)."""
+    study = (config.get("studies") or {}).get("fig4c") or {}
+    return {
+        "p_values": study.get("p_values", [0.0, 0.2, 0.4, 0.6, 0.8, 1.0]),
+        "batches": study.get("batches", 300),
+    }
+
+
+# --------------------------------------------------------------------------- the workflow process
+
+
+def prepare_workflow_process() -> None:
+    """Called once by the workflow (common.smk) in the Snakemake process.
+
+    * Puts the folder of the Python running Snakemake first on ``PATH``: the steps call
+      ``dpsinkhorn``, and ``.venv/bin/snakemake`` then works without an activated venv
+      (jobs inherit the variable).
+    * Ctrl-C stops the workflow: Snakemake's own SIGINT handling lets a failed job be
+      retried, so training (which checkpoints and exits 130 on the same SIGINT from the
+      terminal) would be restarted. While jobs run, a SIGINT becomes Snakemake's graceful
+      SIGTERM stop (no new job, no retry); before the scheduler runs, a KeyboardInterrupt.
+    """
+    own_bin = str(Path(sys.executable).parent)
+    os.environ["PATH"] = os.pathsep.join([own_bin, os.environ.get("PATH", "")])
+
+    def user_interrupt(signum, frame):
+        if callable(signal.getsignal(signal.SIGTERM)):  # the scheduler's graceful stop
+            os.kill(os.getpid(), signal.SIGTERM)
+        else:
+            signal.default_int_handler(signum, frame)
+
+    try:
+        signal.signal(signal.SIGINT, user_interrupt)
+    except ValueError:  # not the main thread: leave Snakemake's default
+        pass
