@@ -68,8 +68,8 @@ def _experiment_text(config: Mapping, out_dir: Path, name: str) -> str:
     else:
         steps = "steps solved" if spec["steps"] is None else f"{spec['steps']} steps"
         sigma = "σ solved" if spec["sigma"] is None else f"σ {spec['sigma']:g}"
-        if spec.get("target_epsilon") is not None:
-            convention = spec.get("epsilon_convention") or "sound"
+        if spec["target_epsilon"] is not None:
+            convention = spec["epsilon_convention"]
             eps_text = f"target ε {spec['target_epsilon']:g} ({convention} convention)"
         else:
             eps_text = "ε computed after training"

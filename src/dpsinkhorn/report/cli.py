@@ -70,8 +70,7 @@ def _cli(args: argparse.Namespace) -> int:
 
 
 def register_tables(reports: argparse._SubParsersAction) -> None:
-    """Add ``table1``, ``table3`` and ``table6`` to ``dpsinkhorn report`` (see
-    :mod:`dpsinkhorn.report.cli`, which assembles that command)."""
+    """Add the main tables ``table1``, ``table3`` and ``table6`` to ``dpsinkhorn report``."""
     t1 = reports.add_parser(
         "table1", help="Table 1 (MNIST, Fashion-MNIST): tables/table1.{md,csv,tex} + figures"
     )

@@ -38,10 +38,12 @@ CSV_COLUMNS = (
     "acc_cnn_std",
     "source",
 )
+#: Row sources: measured by this run, or copied from the paper.
 THIS_RUN, REPORTED = "this run", "reported in paper"
 
 DATASET_TITLES = {key: info.title for key, info in DATASETS.items()}
 CLASS_NAMES = {key: list(info.class_names) for key, info in DATASETS.items()}
+#: Table 1 row kind (an experiment's ``table1_row``) -> the label of its row.
 ROW_LABELS = {
     "real": "Real data",
     "nonprivate": "Non-private Sinkhorn",
@@ -57,13 +59,13 @@ CLIPPING_TEXT = {
 }
 #: privacy.json "guarantee" starts with this when the noise seed was public (no DP at all).
 NO_GUARANTEE_PREFIX = "none"
-
-
+#: The two ε columns, as the study tables and reproduction.md explain them.
 ACCOUNTING_NOTE = (
     "ε (sound) is the accountant's ε; ε (paper conv.) is the same run under the paper's "
     "accounting convention, which the paper reports as ε = 10."
 )
 
+#: What the report functions accept as a config: file(s), or a validated config mapping.
 PathLike = str | os.PathLike
 ConfigLike = Mapping | Sequence[PathLike] | PathLike
 
@@ -97,6 +99,7 @@ def mean_std(values: Sequence[float]) -> tuple[float, float]:
 
 
 def read_number(path: Path, key: str) -> float:
+    """The number under ``key`` of a result json; a one-line error names file and key."""
     data = fileio.read_json(path)
     if key not in data:
         raise ValueError(f"{path}: missing key {key!r} (found {sorted(data)})")
@@ -107,6 +110,7 @@ def read_number(path: Path, key: str) -> float:
 
 
 def accuracy_percent(path: Path) -> float:
+    """A classifier result's accuracy in % (the file holds a fraction in [0, 1])."""
     value = read_number(path, "accuracy")
     if not 0.0 <= value <= 1.0:
         raise ValueError(f"{path}: 'accuracy' must be a fraction in [0, 1], got {value}")
@@ -119,6 +123,7 @@ def epsilon_value(value: object) -> float:
 
 
 def check_exist(paths: Iterable[Path]) -> None:
+    """Raise FileNotFoundError naming the first missing file (and a few more)."""
     missing = [p for p in paths if not p.is_file()]
     if missing:
         more = f" (and {len(missing) - 1} more: {', '.join(map(str, missing[1:6]))}...)"
@@ -177,16 +182,19 @@ def load_config_like(config: ConfigLike) -> tuple[dict, list[str]]:
 
 
 def format_g(value: float | None, missing: str = "–") -> str:
+    """``value`` in ``%g`` form; ``missing`` for None."""
     return missing if value is None else f"{value:g}"
 
 
 def config_files_text(files: Sequence[str], config: Mapping) -> str:
+    """'config file(s) a, b' for captions, or the run's name when no file is known."""
     if files:
         return f"config file{'s' if len(files) > 1 else ''} {', '.join(files)}"
     return f"the config of run {config.get('run_name', '?')}"
 
 
 def format_number(value: float | None, digits: int = 4) -> str:
+    """A CSV number: rounded to ``digits``, 'inf' for ∞, empty for None."""
     if value is None:
         return ""
     if math.isinf(value):
@@ -219,6 +227,7 @@ def to_csv(rows: Sequence[Row], metrics: Sequence[str] = METRICS) -> str:
 
 
 def cell_text(row: Row, metric: str, pm: str = " ± ", latex: bool = False) -> str:
+    """A metric cell: mean (± std with several seeds), then ``(paper X)`` in Markdown."""
     mean = row.mean.get(metric)
     if mean is None:
         return "–" if not latex else "--"
@@ -236,6 +245,7 @@ def paper_number(value: float) -> str:
 
 
 def epsilon_text(value: float | None, reported: bool, latex: bool = False) -> str:
+    """An ε cell: ∞, as printed for reported rows, else two decimals."""
     if value is None:
         return "–" if not latex else "--"
     if math.isinf(value):
@@ -244,6 +254,7 @@ def epsilon_text(value: float | None, reported: bool, latex: bool = False) -> st
 
 
 def write_csv(path: Path, columns: Sequence[str], rows: Iterable[Mapping]) -> Path:
+    """Write records as CSV with these columns (atomic); return ``path``."""
     buffer = _io.StringIO()
     writer = csv.DictWriter(buffer, columns, lineterminator="\n", extrasaction="ignore")
     writer.writeheader()
@@ -254,6 +265,7 @@ def write_csv(path: Path, columns: Sequence[str], rows: Iterable[Mapping]) -> Pa
 
 
 def csv_value(value: object) -> str:
+    """A CSV cell: empty for None, floats rounded to 6 digits."""
     if value is None:
         return ""
     if isinstance(value, float):
@@ -261,6 +273,7 @@ def csv_value(value: object) -> str:
     return str(value)
 
 
+#: Column titles of the metrics in Markdown and LaTeX.
 METRIC_TITLES = {"fid": "FID ↓", "acc_logreg": "Log Reg", "acc_mlp": "MLP", "acc_cnn": "CNN"}
 METRIC_TITLES_TEX = {"fid": "FID", "acc_logreg": "Log Reg", "acc_mlp": "MLP", "acc_cnn": "CNN"}
 
@@ -291,6 +304,7 @@ def markdown_table(
 
 
 def latex_escape(text: str) -> str:
+    """``text`` with LaTeX's special characters escaped and ε as ``$\\varepsilon$``."""
     for char, repl in [("\\", r"\textbackslash{}"), ("&", r"\&"), ("%", r"\%"), ("$", r"\$")]:
         text = text.replace(char, repl)
     for char in "#_{}":
@@ -334,6 +348,7 @@ def to_latex(
 
 
 def write_tables(out_dir: Path, table: str, md: str, csv_text: str, tex: str) -> list[Path]:
+    """Write ``tables/<table>.{md,csv,tex}`` under ``out_dir``; return the paths."""
     written = []
     for suffix, text in [("md", md), ("csv", csv_text), ("tex", tex)]:
         fileio.write_text(out_dir / "tables" / f"{table}.{suffix}", text)

@@ -137,6 +137,7 @@ PAPER_TABLE5 = {
     (1.9, 0.5, 0.4, 1.0): (133.0, 73.2, 73.2, 69.6),
     (1.9, 0.5, 0.4, 3.0): (128.3, 75.1, 74.6, 71.1),
 }
+#: The dataset of each study table in the paper, and the metrics it reports.
 PAPER_DATASET = {"table2": "mnist", "table4": "mnist", "table5": "fmnist"}
 TABLE_METRICS = {
     "table2": ("fid", "acc_mlp", "acc_cnn"),
@@ -147,11 +148,11 @@ PAPER_EPSILON = 10.0  # every row of Tables 2, 4, 5 (paper convention)
 
 
 def loss_kind(spec: Mapping) -> str:
-    """'L2', 'L1' or 'L1+L2': the cost of an experiment (mixed with m = 0 is L2)."""
-    cost = spec.get("cost") or "mixed"
+    """'L2', 'L1' or 'L1+L2': the cost of a validated experiment (mixed with m = 0 is L2)."""
+    cost = spec["cost"]
     if cost == "l1":
         return "L1"
-    if cost == "l2" or not spec.get("m"):
+    if cost == "l2" or not spec["m"]:
         return "L2"
     return "L1+L2"
 
@@ -162,10 +163,12 @@ def debiasing_kind(p: float) -> str:
 
 
 def perturbation_kind(spec: Mapping) -> str:
-    return spec.get("perturbation") or "image"
+    """Where a validated experiment's noise goes: 'image' or 'parameter' (Table 2's column)."""
+    return spec["perturbation"]
 
 
 def _key(*values: float) -> tuple[float, ...]:
+    """Settings as a lookup key, rounded so that 0.1 + 0.2 finds 0.3."""
     return tuple(round(float(v), 6) for v in values)
 
 

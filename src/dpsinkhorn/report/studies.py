@@ -103,7 +103,7 @@ def measure_study(
     paper: Callable[[Mapping], Sequence[float | None] | None] | None = None,
     metrics: Sequence[str] = METRICS,
 ) -> list[CellResult]:
-    """Every cell of a study, measured: mean ± std over seeds, ε, privacy"""
+    """Every cell of a study, measured: mean ± std over seeds, ε, privacy report."""
     cells = study_cells(config, study)
     names = list(dict.fromkeys(c.experiment for c in cells))
     check_exist(f for n in names for f in experiment_files(config, out_dir, n))
@@ -124,12 +124,12 @@ def _budget_note(results: Sequence[CellResult]) -> str:
     notes = set()
     for r in results:
         spec = r.spec
-        if spec["method"] != "dp_sinkhorn" or spec.get("target_epsilon") is None:
+        if spec["method"] != "dp_sinkhorn" or spec["target_epsilon"] is None:
             continue
         if spec["sigma"] is not None and spec["steps"] is not None:
             continue
         solved = "steps" if spec["steps"] is None else "σ"
-        convention = spec.get("epsilon_convention") or "sound"
+        convention = spec["epsilon_convention"]
         notes.add(
             f"{solved} solved so that ε = {spec['target_epsilon']:g} under the {convention} "
             "convention"
@@ -164,7 +164,7 @@ def _settings_record(r: CellResult) -> dict:
         "dataset": spec["dataset"],
         "method": spec["method"],
         "perturbation": perturbation_kind(spec),
-        "cost": spec.get("cost") or "mixed",
+        "cost": spec["cost"],
         "loss": loss_kind(spec),
         "debiasing": debiasing_kind(spec["p"]),
         "sigma": None if r.sigma is None else float(r.sigma),
