@@ -11,8 +11,11 @@ import pytest
 
 from dpsinkhorn import fileio
 from dpsinkhorn.config import experiment, experiment_names, load_config
-from dpsinkhorn.report import ablations
+from dpsinkhorn.config.studies import study_cells
+from dpsinkhorn.config.targets import NAMES
+from dpsinkhorn.report import captions
 from dpsinkhorn.report import cli as report_cli
+from dpsinkhorn.report.studies import table_csv_columns
 
 CONFIG = """
 run_name: tiny
@@ -109,13 +112,11 @@ def read_csv(path: Path) -> list[dict[str, str]]:
 
 def test_table4_numbers_land_in_the_right_cells(run):
     config, out = run
-    written = ablations.render("table4", [config], out)
+    written = report_cli.render("table4", [config], out)
     assert {p.name for p in written} == {"table4.md", "table4.csv", "table4.tex"}
     rows = {r["cell"]: r for r in read_csv(out / "tables" / "table4.csv")}
     assert list(rows) == ["odd", "paper"]  # study order
-    assert tuple(read_csv(out / "tables" / "table4.csv")[0]) == ablations.table_csv_columns(
-        "table4"
-    )
+    assert tuple(read_csv(out / "tables" / "table4.csv")[0]) == table_csv_columns("table4")
 
     paper = rows["paper"]
     assert paper["experiment"] == "mnist_dpsinkhorn"
@@ -149,7 +150,7 @@ def test_table4_numbers_land_in_the_right_cells(run):
 
 def test_table2_is_matched_by_settings_not_labels(run):
     config, out = run
-    ablations.render("table2", [config], out)
+    report_cli.render("table2", [config], out)
     rows = {r["cell"]: r for r in read_csv(out / "tables" / "table2.csv")}
     assert rows["l2"]["loss"] == "L2" and rows["l2"]["debiasing"] == "No"
     assert float(rows["l2"]["paper_fid"]) == 124.3  # image gradient, L2, no debiasing
@@ -165,7 +166,7 @@ def test_figures_are_readable_images(run, name):
     from matplotlib.image import imread
 
     config, out = run
-    written = ablations.render(name, [config], out)
+    written = report_cli.render(name, [config], out)
     assert {p.name for p in written} == {f"{name}.png", f"{name}.pdf", f"{name}.csv"}
     image = imread(out / "figures" / f"{name}.png")
     assert image.ndim == 3 and image.shape[0] > 100 and image.shape[1] > 100
@@ -175,7 +176,7 @@ def test_figures_are_readable_images(run, name):
 
 def test_figure_csvs_hold_the_plotted_numbers(run):
     config, out = run
-    ablations.render("fig4a", [config], out)
+    report_cli.render("fig4a", [config], out)
     rows = read_csv(out / "figures" / "fig4a.csv")
     assert len(rows) == 4
     assert {(float(r["lr"]), r["optimizer"]) for r in rows} == {
@@ -188,28 +189,28 @@ def test_figure_csvs_hold_the_plotted_numbers(run):
     assert adam["experiment"] == "mnist_dpsinkhorn"  # reused: same settings
     assert float(adam["acc_cnn"]) == pytest.approx(83.0)
 
-    ablations.render("fig4b", [config], out)
+    report_cli.render("fig4b", [config], out)
     rows = read_csv(out / "figures" / "fig4b.csv")
     assert sorted(float(r["epsilon"]) for r in rows) == pytest.approx([0.5, 0.5, 1.0, 1.0])
     assert all(float(r["error_cnn"]) == pytest.approx(100 - float(r["acc_cnn"])) for r in rows)
 
-    ablations.render("fig4c", [config], out)
+    report_cli.render("fig4c", [config], out)
     rows = read_csv(out / "figures" / "fig4c.csv")
     assert len(rows) == 2 * 3  # 2 trained generators x 3 evaluated p
     assert {float(r["trained_p"]) for r in rows} == {0.0, 1.0}
 
-    ablations.render("fig5", [config], out)
+    report_cli.render("fig5", [config], out)
     rows = read_csv(out / "figures" / "fig5.csv")
     assert {r["dataset"] for r in rows} == {"mnist", "fmnist"} and len(rows) == 4
 
-    ablations.render("fig7", [config], out)
+    report_cli.render("fig7", [config], out)
     rows = read_csv(out / "figures" / "fig7.csv")
     assert {int(r["shown"]) for r in rows} == {4}  # 4 samples per class available
 
 
 def test_reproduction_lists_paper_ours_and_difference(run):
     config, out = run
-    (path,) = ablations.render("reproduction", [config], out)
+    (path,) = report_cli.render("reproduction", [config], out)
     assert path == out / "reproduction.md"
     md = path.read_text()
     assert "## Table 1" in md and "## Table 2" in md and "## Table 4" in md
@@ -232,21 +233,21 @@ def test_reproduction_lists_paper_ours_and_difference(run):
 def test_caption_with_and_without_results(run, tmp_path):
     config, out = run
     not_in_config = ("table3", "table5", "table6", "eps10")
-    for name in [n for n in ablations.CAPTIONED if n not in not_in_config]:
-        text = ablations.caption([config], tmp_path / "nothing", name)
+    for name in [n for n in NAMES if n not in not_in_config]:
+        text = captions.caption([config], tmp_path / "nothing", name)
         assert text == text.strip() and "\n" not in text
         assert "`" not in text and "*" not in text and "|" not in text
         assert str(config) in text
     for name in ["table3", "table5"]:  # not produced by this config: a clear error
         with pytest.raises(ValueError, match=name):
-            ablations.caption([config], out, name)
-    before = ablations.caption([config], tmp_path / "nothing", "table4")
+            captions.caption([config], out, name)
+    before = captions.caption([config], tmp_path / "nothing", "table4")
     assert "table4_odd (mnist, 10 steps, σ 1.2" in before
     assert "seeds 0, 1" in before
-    after = ablations.caption([config], out, "table4")
+    after = captions.caption([config], out, "table4")
     assert "ε 1.00 sound and 10.02 under the paper's convention" in after
     # The workflow passes Snakemake's validated config mapping.
-    mapping = ablations.caption(load_config([config]), str(out), "fig4c", [config])
+    mapping = captions.caption(load_config([config]), str(out), "fig4c", [config])
     assert "fig4c_p0" in mapping and "4 batches" in mapping and str(config) in mapping
 
 
@@ -255,12 +256,12 @@ def test_missing_study_and_missing_file_are_named(run, tmp_path):
     small = tmp_path / "small.yaml"
     small.write_text(CONFIG.split("studies:")[0])
     with pytest.raises(ValueError, match="no study 'fig4b'"):
-        ablations.render("fig4b", [small], out)
+        report_cli.render("fig4b", [small], out)
     with pytest.raises(ValueError, match="no study 'table5'"):
-        ablations.render("table5", [config], out)
+        report_cli.render("table5", [config], out)
     (out / "table4_odd" / "acc_mlp_seed1.json").unlink()
     with pytest.raises(FileNotFoundError, match="table4_odd/acc_mlp_seed1.json"):
-        ablations.render("table4", [config], out)
+        report_cli.render("table4", [config], out)
     assert not (out / "tables" / "table4.csv").exists()
 
 
@@ -268,7 +269,7 @@ def test_cli_subcommands(run, capsys):
     config, out = run
     parser = argparse.ArgumentParser()
     report_cli.register_cli(parser.add_subparsers(dest="command"))
-    for name in [n for n in ablations.REPORTS if n not in ("table5", "eps10")]:  # not in CONFIG
+    for name in [n for n in report_cli.REPORTS if n not in ("table5", "eps10")]:  # not in CONFIG
         args = parser.parse_args(["report", name, "--config", str(config), "--out-dir", str(out)])
         assert args.handler(args) == 0
     printed = capsys.readouterr().out.split()
@@ -289,7 +290,7 @@ def test_reproduction_says_what_the_paper_epsilon_means(run, monkeypatch):
     """reproduction.md carries the finding of the committed paper-scale results set."""
     config, out = run
     monkeypatch.chdir(Path(__file__).resolve().parents[1])  # the repository root
-    (path,) = ablations.render("reproduction", [config], out)
+    (path,) = report_cli.render("reproduction", [config], out)
     md = path.read_text()
     assert "## What the paper's ε = 10 means (results set `h100-83ae335`)" in md
     assert "`mnist_perrow`" in md and "sound ε 983.70 (RDP) / 845.28 (PLD)" in md
@@ -325,15 +326,15 @@ def test_eps10_study_figure_and_reproduction_section(run):
                 fileio.write_json(out / cell.experiment / f"acc_{model}_seed{seed}.json", acc)
         ledger = {"epsilon": 10.0, "epsilon_paper_convention": 99.0, "steps": 10, "sigma": 2.0}
         fileio.write_json(out / cell.experiment / "privacy.json", ledger)
-    written = ablations.render("eps10", [config_file], out)
+    written = report_cli.render("eps10", [config_file], out)
     assert {p.name for p in written} == {"eps10.png", "eps10.pdf", "eps10.csv"}
     rows = read_csv(out / "figures" / "eps10.csv")
     assert [r["batch_size"] for r in rows] == ["50", "250", "50"]
     assert [r["clipping"] for r in rows] == ["batch", "batch", "per_sample"]
     assert [float(r["acc_cnn"]) for r in rows] == pytest.approx([70.0, 75.0, 80.0])
-    caption = ablations.caption([config_file], out, "eps10")
+    caption = captions.caption([config_file], out, "eps10")
     assert "3 cells from mnist_dpsinkhorn" in caption and "ε 10.00 sound" in caption
-    (path,) = ablations.render("reproduction", [config_file], out)
+    (path,) = report_cli.render("reproduction", [config_file], out)
     md = path.read_text()
     assert "## Sound ε = 10 study (MNIST)" in md
     line = next(x for x in md.splitlines() if x.startswith("| b50_perrow |"))
@@ -344,13 +345,13 @@ def test_eps10_study_figure_and_reproduction_section(run):
 
 def test_public_noise_seed_is_said_in_study_tables_and_captions(run):
     config, out = run
-    name = next(c.experiment for c in ablations.study_cells(load_config([config]), "table4"))
+    name = next(c.experiment for c in study_cells(load_config([config]), "table4"))
     ledger = fileio.read_json(out / name / "privacy.json")
     public = ledger | {"guarantee": "none: the noise seed is public"}
     fileio.write_json(out / name / "privacy.json", public)
-    ablations.render("table4", [config], out)
+    report_cli.render("table4", [config], out)
     md = (out / "tables" / "table4.md").read_text()
     assert f"No privacy guarantee for `{name}`: the noise seed was public" in md
-    caption = ablations.caption([config], out, "table4")
+    caption = captions.caption([config], out, "table4")
     assert f"No privacy guarantee for {name}: the noise seed was public" in caption
-    assert "No privacy guarantee" not in ablations.caption([config], out, "fig4a")
+    assert "No privacy guarantee" not in captions.caption([config], out, "fig4a")

@@ -21,7 +21,9 @@ from dpsinkhorn.models import (
     GeneratorConfig,
     build_generator,
 )
-from dpsinkhorn.report import core as report
+from dpsinkhorn.report.celeba import celeba_table
+from dpsinkhorn.report.common import csv_columns
+from dpsinkhorn.report.paper import CELEBA_METRICS
 
 NUM = 60  # fixture images: 48 train, 6 valid, 6 test
 
@@ -299,13 +301,13 @@ def celeba_run(tmp_path):
 def read_rows(path: Path) -> dict[str, dict[str, str]]:
     with open(path, newline="") as fh:
         rows = list(csv.DictReader(fh))
-    assert tuple(rows[0]) == report.csv_columns(report.CELEBA_METRICS)
+    assert tuple(rows[0]) == csv_columns(CELEBA_METRICS)
     return {r["method"]: r for r in rows}
 
 
 def test_table3_numbers_land_in_the_right_cells(celeba_run):
     config, out = celeba_run
-    written = report.celeba_table("table3", [config], out)
+    written = celeba_table("table3", [config], out)
     assert {p.name for p in written} == {"table3.md", "table3.csv", "table3.tex", "fig3.png"}
     rows = read_rows(out / "tables" / "table3.csv")
     assert list(rows) == [
@@ -338,14 +340,14 @@ def test_table6_numbers_and_figure(celeba_run):
     from matplotlib.image import imread
 
     config, out = celeba_run
-    report.celeba_table("table6", [config], out)
+    celeba_table("table6", [config], out)
     rows = read_rows(out / "tables" / "table6.csv")
     assert list(rows) == ["Real data", "DCGAN+DP-Sinkhorn", "BigGAN+DP-Sinkhorn"]
     assert float(rows["DCGAN+DP-Sinkhorn"]["fid"]) == pytest.approx(155.0)
     assert float(rows["BigGAN+DP-Sinkhorn"]["fid"]) == pytest.approx(171.0)
     md = (out / "tables" / "table6.md").read_text()
     assert "(paper 74.96)" in md and "(paper 168.4)" in md and "(paper 75.79)" in md
-    report.celeba_table("table3", [config], out)
+    celeba_table("table3", [config], out)
     fig3, fig6 = (imread(out / "figures" / f"{n}.png") for n in ("fig3", "fig6"))
     assert fig6.ndim == 3 and fig6.shape[0] > 1.5 * fig3.shape[0]  # 4 sample rows, not 2
 
@@ -354,7 +356,7 @@ def test_table_without_fixture_has_no_warning(celeba_run):
     config, out = celeba_run
     data_dir = Path(config.read_text().split("data_dir: ")[1].split("\n")[0])
     (data_dir / "celeba" / celeba.FIXTURE_MARKER).unlink()
-    report.celeba_table("table3", [config], out)
+    celeba_table("table3", [config], out)
     assert "FIXTURE" not in (out / "tables" / "table3.md").read_text()
 
 
@@ -362,4 +364,4 @@ def test_missing_result_file_is_named(celeba_run):
     config, out = celeba_run
     (out / "celeba_dcgan" / "acc_cnn_seed1.json").unlink()
     with pytest.raises(FileNotFoundError, match="celeba_dcgan/acc_cnn_seed1.json"):
-        report.celeba_table("table6", [config], out)
+        celeba_table("table6", [config], out)

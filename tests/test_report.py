@@ -11,7 +11,9 @@ import pytest
 
 from dpsinkhorn import fileio
 from dpsinkhorn.report import cli as report_cli
-from dpsinkhorn.report import core as report
+from dpsinkhorn.report.common import CSV_COLUMNS, ROW_LABELS
+from dpsinkhorn.report.figures import sample_grid
+from dpsinkhorn.report.table1 import table1
 
 CONFIG = """
 run_name: fake
@@ -66,13 +68,13 @@ def run(tmp_path: Path) -> tuple[Path, Path]:
 def read_csv(path: Path) -> dict[tuple[str, str], dict[str, str]]:
     with open(path, newline="") as fh:
         rows = list(csv.DictReader(fh))
-    assert tuple(rows[0]) == report.CSV_COLUMNS
+    assert tuple(rows[0]) == CSV_COLUMNS
     return {(r["method"], r["dataset"]): r for r in rows}
 
 
 def test_table1_numbers_land_in_the_right_cells(run):
     config, out = run
-    written = report.table1([config], out)
+    written = table1([config], out)
     assert {p.name for p in written} == {
         "table1.md",
         "table1.csv",
@@ -107,7 +109,7 @@ def test_table1_numbers_land_in_the_right_cells(run):
 
 def test_reported_baselines_copied_from_the_paper(run):
     config, out = run
-    report.table1([config], out)
+    table1([config], out)
     rows = read_csv(out / "tables" / "table1.csv")
     for method in ["G-PATE", "DP-CGAN", "DataLens", "DP-MERF", "GS-WGAN"]:
         for dataset in ["mnist", "fmnist"]:
@@ -129,7 +131,7 @@ def test_reported_baselines_copied_from_the_paper(run):
 
 def test_markdown_shows_paper_values_next_to_ours(run):
     config, out = run
-    report.table1([config], out)
+    table1([config], out)
     md = (out / "tables" / "table1.md").read_text()
     assert "42.0 ± 2.8 (paper 48.4)" in md  # MNIST DP-Sinkhorn FID
     assert "81.0 ± 1.4 (paper 82.8)" in md  # MNIST DP-Sinkhorn Log Reg
@@ -144,7 +146,7 @@ def test_markdown_shows_paper_values_next_to_ours(run):
 
 def test_latex_is_a_booktabs_tabular(run):
     config, out = run
-    report.table1([config], out)
+    table1([config], out)
     tex = (out / "tables" / "table1.tex").read_text()
     assert "\\begin{tabular}{lrrrrrr}" in tex and "\\toprule" in tex and "\\bottomrule" in tex
     assert "DP-Sinkhorn (sound $\\varepsilon$=10)" in tex
@@ -156,12 +158,12 @@ def test_latex_is_a_booktabs_tabular(run):
 
 def test_figures_are_pngs_with_one_row_per_class(run):
     config, out = run
-    report.table1([config], out)
+    table1([config], out)
     from matplotlib.image import imread
 
     image = imread(out / "figures" / "samples_mnist.png")
     assert image.ndim == 3 and image.shape[0] > 100
-    grid = report.sample_grid(
+    grid = sample_grid(
         np.arange(40 * 4, dtype=np.uint8).reshape(40, 2, 2) % 255, np.arange(40) % 10, 10, 3
     )
     assert grid.shape == (10 * 4 - 2, 3 * 4 - 2)
@@ -171,7 +173,7 @@ def test_missing_result_file_is_named(run):
     config, out = run
     (out / "mnist_dpsinkhorn" / "acc_mlp_seed1.json").unlink()
     with pytest.raises(FileNotFoundError, match="mnist_dpsinkhorn/acc_mlp_seed1.json"):
-        report.table1([config], out)
+        table1([config], out)
     assert not (out / "tables" / "table1.csv").exists()
 
 
@@ -179,7 +181,7 @@ def test_accuracy_in_percent_is_refused(run):
     config, out = run
     fileio.write_json(out / "real_mnist" / "acc_cnn_seed0.json", {"accuracy": 99.0})
     with pytest.raises(ValueError, match="real_mnist/acc_cnn_seed0.json.*fraction"):
-        report.table1([config], out)
+        table1([config], out)
 
 
 def test_cli(run):
@@ -233,14 +235,14 @@ def test_perrow_row_names_its_mechanism_and_both_sound_epsilons(run):
     block, perrow = _ledger("batch", 1.5, 1000), _ledger("per_sample", 1.5, 1000)
     fileio.write_json(out / "mnist_dpsinkhorn" / "privacy.json", block)
     fileio.write_json(out / "mnist_perrow" / "privacy.json", perrow)
-    report.table1([config], out)
+    table1([config], out)
     rows = read_csv(out / "tables" / "table1.csv")
-    row = rows[(report.ROW_LABELS["perrow"], "mnist")]
+    row = rows[(ROW_LABELS["perrow"], "mnist")]
     assert float(row["epsilon"]) == pytest.approx(perrow["epsilon"], rel=1e-3)
     # same paper-convention ε as the block row, much larger sound ε
     assert (
         row["epsilon_paper_convention"]
-        == rows[(report.ROW_LABELS["paper"], "mnist")]["epsilon_paper_convention"]
+        == rows[(ROW_LABELS["paper"], "mnist")]["epsilon_paper_convention"]
     )
     assert perrow["epsilon"] > 10 * block["epsilon"]
     md = (out / "tables" / "table1.md").read_text()
@@ -258,7 +260,7 @@ def test_public_noise_seed_is_said_in_the_caption(run):
     config, out = run
     public = _ledger("batch", 1.5, 10, guarantee="none: the noise seed is public")
     fileio.write_json(out / "mnist_dpsinkhorn" / "privacy.json", public)
-    report.table1([config], out)
+    table1([config], out)
     md = (out / "tables" / "table1.md").read_text()
     assert "No privacy guarantee for `mnist_dpsinkhorn`: the noise seed was public" in md
     assert "`fmnist_dpsinkhorn`" not in md.split("No privacy guarantee")[1].split("**")[0]

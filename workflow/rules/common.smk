@@ -23,7 +23,7 @@ from dpsinkhorn.config import (
 )
 from dpsinkhorn.config import targets
 from dpsinkhorn.config.workflow import gradient_settings
-from dpsinkhorn.report import ablations
+from dpsinkhorn.report import captions
 
 # Same schema and messages as the CLI: fills defaults, names the file and key of an error.
 config.update(validate(config, workflow.configfiles))
@@ -66,7 +66,7 @@ FID_SUBSET = "" if FID_SIZE is None else f"--num {FID_SIZE} --seed 0"
 # Only used with --software-deployment-method conda (path relative to the rule files).
 CONDA_ENV = "../../envs/dpsinkhorn.yaml"
 # snakemake --report: each table/figure's caption is its rule's `caption` param, written
-# by dpsinkhorn.report.ablations.caption (what was run: config, steps, sigma, epsilon, seeds).
+# by dpsinkhorn.report.captions.caption (what was run: config, steps, sigma, epsilon, seeds).
 CAPTION = "../report/output.rst"
 
 TRAINED = wildcard_regex(trained_experiments(config))
@@ -122,7 +122,7 @@ def report_caption(name=None):
     then treats it as derived and never reruns a step because its caption changed.
     """
     files = CONFIG_FILES.split()
-    return lambda w, output: ablations.caption(config, RESULTS, name or w.name, files)
+    return lambda w, output: captions.caption(config, RESULTS, name or w.name, files)
 
 
 def in_report(outputs):

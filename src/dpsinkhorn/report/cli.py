@@ -1,22 +1,108 @@
 """``dpsinkhorn report <name>``: one sub-command per table, figure set or results set.
 
-The reporting modules build on each other (ablations and resultset use report's
-formatting), so the command that gathers all of them lives above them all, here.
+Each report module builds its outputs; this module, above them all, wires them into
+the command: Tables 1/3/6 (:mod:`~dpsinkhorn.report.table1`, :mod:`~dpsinkhorn.report.celeba`),
+the study tables and figures and reproduction.md (:data:`REPORTS`), and committed results
+sets (:mod:`~dpsinkhorn.report.resultset`).
 """
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
-from dpsinkhorn.report import ablations, resultset
-from dpsinkhorn.report import core as report
+from dpsinkhorn.config.studies import FIGURE_STUDIES, TABLE_STUDIES
+from dpsinkhorn.config.targets import MAIN_TABLES, NAMES, SAMPLE_FIGURES
+from dpsinkhorn.report import resultset
+from dpsinkhorn.report.celeba import celeba_table
+from dpsinkhorn.report.common import ConfigLike, PathLike
+from dpsinkhorn.report.figures import figure
+from dpsinkhorn.report.reproduction import reproduction
+from dpsinkhorn.report.studies import study_table
+from dpsinkhorn.report.table1 import table1
+
+#: The ``dpsinkhorn report`` sub-commands of the studies' outputs, in the paper's order.
+REPORTS = tuple(n for n in NAMES if n not in MAIN_TABLES)
+
+
+def render(name: str, config: ConfigLike, out_dir: PathLike) -> list[Path]:
+    """Write output ``name`` (one of :data:`REPORTS`); return the written paths."""
+    if name in TABLE_STUDIES:
+        return study_table(name, config, out_dir)
+    if name == "reproduction":
+        return reproduction(config, out_dir)
+    if name in FIGURE_STUDIES or name in SAMPLE_FIGURES:
+        return figure(name, config, out_dir)
+    raise ValueError(f"unknown report {name!r} (one of {', '.join(REPORTS)})")
+
+
+def _table1_cli(args: argparse.Namespace) -> int:
+    for path in table1(args.config, args.out_dir):
+        print(path)
+    return 0
+
+
+def _celeba_cli(args: argparse.Namespace) -> int:
+    for path in celeba_table(args.report, args.config, args.out_dir):
+        print(path)
+    return 0
+
+
+REPORT_HELP = {
+    "table2": "Table 2 (ablation: perturbation, loss, debiasing): tables/table2.{md,csv,tex}",
+    "table4": "Table 4 (MNIST hyper-parameter search): tables/table4.{md,csv,tex}",
+    "table5": "Table 5 (Fashion-MNIST hyper-parameter search): tables/table5.{md,csv,tex}",
+    "fig2": "Figure 2 (samples, 10 per class): figures/fig2.{png,pdf,csv}",
+    "fig4a": "Figure 4a (learning rate x optimiser): figures/fig4a.{png,pdf,csv}",
+    "fig4b": "Figure 4b (privacy-utility: sound ε x m): figures/fig4b.{png,pdf,csv}",
+    "fig4c": "Figure 4c (gradient bias and variance against p): figures/fig4c.{png,pdf,csv}",
+    "fig5": "Figure 5 (FID and error rate against p): figures/fig5.{png,pdf,csv}",
+    "fig7": "Figure 7 (samples, 20 per class): figures/fig7.{png,pdf,csv}",
+    "eps10": "sound ε = 10 study (B, lr, clipping, p; MNIST): figures/eps10.{png,pdf,csv}",
+    "reproduction": "reproduction.md: paper vs this run for every reproduced table cell",
+}
+
+
+def _cli(args: argparse.Namespace) -> int:
+    for path in render(args.report, args.config, args.out_dir):
+        print(path)
+    return 0
+
+
+def register_tables(reports: argparse._SubParsersAction) -> None:
+    """Add the main tables ``table1``, ``table3`` and ``table6`` to ``dpsinkhorn report``."""
+    t1 = reports.add_parser(
+        "table1", help="Table 1 (MNIST, Fashion-MNIST): tables/table1.{md,csv,tex} + figures"
+    )
+    t1.add_argument("--config", nargs="+", required=True, help="the run's config file(s)")
+    t1.add_argument("--out-dir", required=True, help="the run's results folder (results/<run>)")
+    t1.set_defaults(handler=_table1_cli)
+    for table, what in [
+        ("table3", "Table 3 (CelebA: DP-Sinkhorn, non-private, real data) + figures/fig3.png"),
+        ("table6", "Table 6 (CelebA: BigGAN vs DCGAN generator) + figures/fig6.png"),
+    ]:
+        sub = reports.add_parser(table, help=f"{what}; tables/{table}.{{md,csv,tex}}")
+        sub.add_argument("--config", nargs="+", required=True, help="the run's config file(s)")
+        sub.add_argument("--out-dir", required=True, help="the run's results folder")
+        sub.set_defaults(handler=_celeba_cli)
+
+
+def register_reports(reports: argparse._SubParsersAction) -> None:
+    """Add :data:`REPORTS` to the ``dpsinkhorn report`` sub-parser."""
+    for name in REPORTS:
+        sub = reports.add_parser(name, help=REPORT_HELP[name].replace("%", "%%"))
+        sub.add_argument("--config", nargs="+", required=True, help="the run's config file(s)")
+        sub.add_argument(
+            "--out-dir", required=True, help="the run's results folder (results/<run>)"
+        )
+        sub.set_defaults(handler=_cli)
 
 
 def register_cli(subparsers: argparse._SubParsersAction) -> None:
-    """Add ``dpsinkhorn report`` with Tables 1/3/6 (report), the studies' tables and
-    figures and reproduction.md (ablations), and committed results sets (resultset)."""
+    """Add ``dpsinkhorn report`` with Tables 1/3/6, the studies' tables and figures,
+    reproduction.md and committed results sets."""
     parser = subparsers.add_parser("report", help="build result tables and figures of a run")
     reports = parser.add_subparsers(dest="report", required=True, metavar="TABLE")
-    report.register_tables(reports)
-    ablations.register_reports(reports)
+    register_tables(reports)
+    register_reports(reports)
     resultset.register(reports)

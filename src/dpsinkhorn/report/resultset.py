@@ -25,7 +25,25 @@ from pathlib import Path
 
 from dpsinkhorn import fileio
 from dpsinkhorn.config import classifiers_of, experiment, load_config, table1_experiments
-from dpsinkhorn.report import core as report
+from dpsinkhorn.report.common import (
+    CLIPPING_TEXT,
+    DATASET_TITLES,
+    METRIC_TITLES,
+    METRICS,
+    ROW_LABELS,
+    Row,
+    accuracy_percent,
+    epsilon_text,
+    epsilon_value,
+    guarantee_note,
+    mean_std,
+    mechanism_note,
+    paper_number,
+    read_number,
+    sound_epsilons,
+    to_csv,
+)
+from dpsinkhorn.report.paper import PAPER_DP, PAPER_DP_EPSILON, table1_paper_values
 
 PROVENANCE = "provenance.json"
 #: Ledger keys that must equal the config's experiment for its row label to be right.
@@ -70,7 +88,7 @@ def _check_ledger(spec: dict, privacy: dict, path: Path) -> None:
             )
 
 
-def set_rows(config: dict, set_dir: Path) -> list[report.Row]:
+def set_rows(config: dict, set_dir: Path) -> list[Row]:
     """Table 1 rows of the experiments present in the set, seeds counted per cell."""
     rows = []
     for (dataset, kind), name in table1_experiments(config).items():
@@ -78,37 +96,35 @@ def set_rows(config: dict, set_dir: Path) -> list[report.Row]:
         if not exp_dir.is_dir():
             continue
         spec = experiment(config, name)
-        row = report.Row(report.ROW_LABELS[kind], dataset, f"results set {set_dir.name}")
+        row = Row(ROW_LABELS[kind], dataset, f"results set {set_dir.name}")
         row.exp_name, row.seeds = name, len(config["seeds"])
         files = {"fid": [exp_dir / f"fid_seed{s}.json" for s in config["seeds"]]}
         for model in classifiers_of(config, dataset):
             files[f"acc_{model}"] = [exp_dir / f"acc_{model}_seed{s}.json" for s in config["seeds"]]
-        for metric in report.METRICS:
+        for metric in METRICS:
             found = [p for p in files.get(metric, []) if p.is_file()]
             if metric == "fid":
-                values = [report._read_number(p, "fid") for p in found]
+                values = [read_number(p, "fid") for p in found]
             else:
-                values = [report._accuracy_percent(p) for p in found]
+                values = [accuracy_percent(p) for p in found]
             row.counts[metric] = len(values)
-            row.mean[metric], row.std[metric] = report.mean_std(values) if values else (None, None)
+            row.mean[metric], row.std[metric] = mean_std(values) if values else (None, None)
         if spec["method"] == "dp_sinkhorn":
             path = exp_dir / "privacy.json"
             if not path.is_file():
                 raise FileNotFoundError(f"{path}: a DP row of a results set needs its ledger")
             row.privacy = fileio.read_json(path)
             _check_ledger(spec, row.privacy, path)
-            row.epsilon = report._epsilon(row.privacy.get("epsilon"))
-            row.epsilon_paper = report._epsilon(row.privacy.get("epsilon_paper_convention"))
+            row.epsilon = epsilon_value(row.privacy.get("epsilon"))
+            row.epsilon_paper = epsilon_value(row.privacy.get("epsilon_paper_convention"))
         else:
             row.epsilon = row.epsilon_paper = math.inf
-        row.paper = dict(
-            zip(report.METRICS, report._paper_values(dataset, kind, spec), strict=True)
-        )
+        row.paper = dict(zip(METRICS, table1_paper_values(dataset, kind, spec), strict=True))
         rows.append(row)
     return rows
 
 
-def _cell(row: report.Row, metric: str) -> str:
+def _cell(row: Row, metric: str) -> str:
     n, total = row.counts.get(metric, 0), row.seeds
     mean, std = row.mean.get(metric), row.std.get(metric)
     if mean is None:
@@ -129,10 +145,10 @@ def cpu_fid(set_dir: Path) -> dict[str, dict]:
     return found
 
 
-def epsilon_meaning(rows: Sequence[report.Row], provenance: dict) -> list[str]:
+def epsilon_meaning(rows: Sequence[Row], provenance: dict) -> list[str]:
     """Markdown lines of "What the paper's ε = 10 means", from the paper-setting rows."""
     sound = {
-        id(r): report.sound_epsilons(r.privacy)
+        id(r): sound_epsilons(r.privacy)
         for r in rows
         if r.privacy and r.paper.get("acc_cnn") is not None
     }
@@ -152,10 +168,10 @@ def epsilon_meaning(rows: Sequence[report.Row], provenance: dict) -> list[str]:
     commands = provenance.get("experiments", {})
     for r in pairs:
         eps = sound[id(r)]
-        title = report.DATASET_TITLES.get(r.dataset, r.dataset)
-        clip = report.CLIPPING_TEXT.get(r.privacy.get("clipping"), r.privacy.get("clipping"))
+        title = DATASET_TITLES.get(r.dataset, r.dataset)
+        clip = CLIPPING_TEXT.get(r.privacy.get("clipping"), r.privacy.get("clipping"))
         accs = ", ".join(
-            f"{report.METRIC_TITLES[m]} {_cell(r, m)} (paper {r.paper[m]:g})"
+            f"{METRIC_TITLES[m]} {_cell(r, m)} (paper {r.paper[m]:g})"
             for m in ("acc_logreg", "acc_mlp", "acc_cnn")
             if r.paper.get(m) is not None
         )
@@ -181,7 +197,7 @@ def epsilon_meaning(rows: Sequence[report.Row], provenance: dict) -> list[str]:
     return lines + [""]
 
 
-def markdown(rows: Sequence[report.Row], config: dict, set_dir: Path, provenance: dict) -> str:
+def markdown(rows: Sequence[Row], config: dict, set_dir: Path, provenance: dict) -> str:
     """The set's Table 1 rows, provenance, missing cells, small-sample FID, ε = 10 section."""
     covered = {r.exp_name for r in rows}
     absent = [n for n in table1_experiments(config).values() if n not in covered]
@@ -213,30 +229,30 @@ def markdown(rows: Sequence[report.Row], config: dict, set_dir: Path, provenance
         "test set; `(paper X)` is the paper's Table 1.",
         "",
     ]
-    lines += [n for n in (report.guarantee_note(rows), report.mechanism_note(rows)) if n]
+    lines += [n for n in (guarantee_note(rows), mechanism_note(rows)) if n]
     lines += ["", "| Dataset | Row | Experiment | ε sound (RDP) | ε sound (PLD) | "
               "ε paper conv. | FID ↓ | Log Reg | MLP | CNN |", "|" + "---|" * 10]  # fmt: skip
     for r in rows:
-        eps = report.sound_epsilons(r.privacy)
-        title = report.DATASET_TITLES.get(r.dataset, r.dataset)
+        eps = sound_epsilons(r.privacy)
+        title = DATASET_TITLES.get(r.dataset, r.dataset)
         cells = [title, r.method, f"`{r.exp_name}`"]
         if r.privacy:
             cells += [f"{eps.get('rdp', math.nan):.2f}", f"{eps.get('pld', math.nan):.2f}"]
         else:
-            cells += [report._eps(r.epsilon, False)] * 2
-        cells.append(report._eps(r.epsilon_paper, False))
-        for m in report.METRICS:
+            cells += [epsilon_text(r.epsilon, False)] * 2
+        cells.append(epsilon_text(r.epsilon_paper, False))
+        for m in METRICS:
             text = _cell(r, m)
             if r.paper.get(m) is not None:
-                text += f" (paper {report._paper_number(r.paper[m])})"
+                text += f" (paper {paper_number(r.paper[m])})"
             cells.append(text)
         lines.append("| " + " | ".join(cells) + " |")
     for dataset in dict.fromkeys(r.dataset for r in rows):
-        values = report.PAPER_DP.get(dataset)
+        values = PAPER_DP.get(dataset)
         if values:
-            title = report.DATASET_TITLES.get(dataset, dataset)
+            title = DATASET_TITLES.get(dataset, dataset)
             cells = [title, "DP-Sinkhorn as reported in the paper", "–", "–", "–"]
-            cells += [f"{report.PAPER_DP_EPSILON:g} (claimed)"] + [f"{v:g}" for v in values]
+            cells += [f"{PAPER_DP_EPSILON:g} (claimed)"] + [f"{v:g}" for v in values]
             lines.append("| " + " | ".join(cells) + " |")
     if absent:
         lines += ["", "Not in this set (not run at paper scale here): "
@@ -280,7 +296,7 @@ def render(set_dir: str | Path, config_files: Sequence[str | Path] | None = None
     md = markdown(rows, config, set_dir, provenance)
     written = [set_dir / "table1.md", set_dir / "table1.csv"]
     fileio.write_text(written[0], md)
-    fileio.write_text(written[1], report.to_csv(rows))
+    fileio.write_text(written[1], to_csv(rows))
     return written
 
 

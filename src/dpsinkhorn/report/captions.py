@@ -1,0 +1,178 @@
+"""Captions: :func:`caption`, a plain-text paragraph saying what was run for an output.
+
+Used by ``snakemake --report`` (the rules' ``caption`` param) for every output of
+:data:`dpsinkhorn.config.targets.NAMES`; it reads privacy.json where it exists and never
+fails on missing result files.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from dpsinkhorn import fileio
+from dpsinkhorn.config import (
+    experiment,
+    figure_datasets,
+    figure_experiment,
+    table1_experiments,
+    table_experiments,
+)
+from dpsinkhorn.config.studies import STUDIES, study_cells, study_experiments
+from dpsinkhorn.config.targets import CELEBA_TABLES, NAMES, SAMPLE_FIGURES, TITLES
+from dpsinkhorn.report.common import (
+    NO_GUARANTEE_PREFIX,
+    ConfigLike,
+    PathLike,
+    config_files_text,
+    format_g,
+    load_config_like,
+)
+from dpsinkhorn.report.reproduction import not_paper_scale_reasons, produced_tables
+from dpsinkhorn.report.studies import require_study
+
+
+def _seeds_text(config: Mapping) -> str:
+    seeds = config["seeds"]
+    return (
+        f"seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))} "
+        f"({len(seeds)} seed{'s' if len(seeds) > 1 else ''}: each seed one synthetic set of "
+        f"{config['evaluation']['num_samples']} samples and one training of each classifier)"
+    )
+
+
+def _read_privacy(path: Path) -> dict:
+    try:
+        data = fileio.read_json(path)
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _experiment_text(config: Mapping, out_dir: Path, name: str) -> str:
+    """'name (dataset, steps, σ, ε)': measured where privacy.json exists, else configured."""
+    spec = experiment(config, name)
+    dataset = spec["dataset"]
+    if spec["method"] == "real_data":
+        return f"{name} ({dataset}, real training data)"
+    if spec["method"] != "dp_sinkhorn":
+        return f"{name} ({dataset}, non-private Sinkhorn, {spec['steps']} steps)"
+    privacy = _read_privacy(out_dir / name / "privacy.json")
+    eps, eps_paper = privacy.get("epsilon"), privacy.get("epsilon_paper_convention")
+    if isinstance(eps, int | float) and privacy.get("steps") is not None:
+        sigma = privacy.get("sigma", spec["sigma"])
+        text = f"{privacy['steps']} steps, σ {format_g(sigma, 'solved')}, ε {eps:.2f} sound"
+        if isinstance(eps_paper, int | float):
+            text += f" and {eps_paper:.2f} under the paper's convention"
+    else:
+        steps = "steps solved" if spec["steps"] is None else f"{spec['steps']} steps"
+        sigma = "σ solved" if spec["sigma"] is None else f"σ {spec['sigma']:g}"
+        if spec["target_epsilon"] is not None:
+            convention = spec["epsilon_convention"]
+            eps_text = f"target ε {spec['target_epsilon']:g} ({convention} convention)"
+        else:
+            eps_text = "ε computed after training"
+        text = f"{steps}, {sigma}, {eps_text}"
+    return f"{name} ({dataset}, {text}, δ {spec['delta']:g})"
+
+
+def _caption_experiments(config: Mapping, name: str) -> list[str]:
+    if name == "table1":
+        return list(table1_experiments(config).values())
+    if name in CELEBA_TABLES:
+        return list(table_experiments(config, name).values())
+    if name in SAMPLE_FIGURES:
+        return [figure_experiment(config, d) for d in figure_datasets(config)]
+    if name == "reproduction":
+        return list(
+            dict.fromkeys(
+                e for t in produced_tables(config) for e in _caption_experiments(config, t)
+            )
+        )
+    return study_experiments(config, name)
+
+
+def _rst_safe(text: str) -> str:
+    """One line of plain text that reStructuredText shows as it is."""
+    text = re.sub(r"[`*|\\]", "", text)
+    text = re.sub(r"_+(?=[\s.,;:)]|$)", "", text)  # no trailing-underscore references
+    return " ".join(text.split())
+
+
+def caption(
+    config: ConfigLike, out_dir: PathLike, name: str, config_files: Sequence[PathLike] = ()
+) -> str:
+    """One plain-text paragraph saying what was run for output ``name``.
+
+    ``config``: config file(s), or an already validated config mapping (Snakemake's; then
+    ``config_files`` may name its files). Reads privacy.json where it exists; never needs
+    any result file.
+    """
+    if name not in NAMES:
+        raise ValueError(f"no caption for {name!r} (one of {', '.join(NAMES)})")
+    config, files = load_config_like(config)
+    files = files or [str(f) for f in config_files]
+    out_dir = Path(out_dir)
+    if name in STUDIES:
+        require_study(config, name, files)
+    exps = [e for e in _caption_experiments(config, name) if e]
+    if not exps:
+        raise ValueError(f"the config produces no {name!r}: it has no experiment for it")
+    run = config.get("run_name", "?")
+    parts = [f"{TITLES[name]}. Run {run} from {config_files_text(files, config)}."]
+    if name in STUDIES:
+        cells = study_cells(config, name)
+        definition = (config.get("studies") or {}).get(name) or {}
+        varied = list(definition.get("vary") or {}) or [k for c in cells for k in c.changes]
+        varied_text = ", ".join(dict.fromkeys(varied)) or "nothing"
+        parts.append(
+            f"{len(cells)} cells from {', '.join(dict.fromkeys(c.base for c in cells))}, "
+            f"varying {varied_text}."
+        )
+    parts.append(
+        f"Experiment{'s' if len(exps) > 1 else ''}: "
+        + "; ".join(_experiment_text(config, out_dir, e) for e in exps)
+        + "."
+    )
+    if name == "fig4c":
+        definition = config["studies"]["fig4c"]
+        p_values = definition.get("p_values", [0.0, 0.2, 0.4, 0.6, 0.8, 1.0])
+        parts.append(
+            f"Gradient estimator G_p of each trained generator drawn over "
+            f"{definition.get('batches', 300)} batches for p in "
+            f"{', '.join(f'{p:g}' for p in p_values)}, without clipping or noise "
+            "(a non-private analysis of the training data, not a DP release)."
+        )
+    elif name in SAMPLE_FIGURES:
+        parts.append(
+            f"Samples of seed {config['seeds'][0]}, {SAMPLE_FIGURES[name]} per class, "
+            "one row per class."
+        )
+    else:
+        parts.append(f"Mean and std over {_seeds_text(config)}.")
+    if name in CELEBA_TABLES:
+        try:
+            from dpsinkhorn.data.celeba import is_fixture
+
+            if is_fixture(Path(config["data_dir"])):
+                parts.append("Data: the synthetic CelebA fixture, not CelebA.")
+        except (ImportError, OSError, ValueError):
+            pass
+    if name == "reproduction":
+        reasons = not_paper_scale_reasons(config, files)
+        if reasons:
+            parts.append(f"Not at paper scale: {'; '.join(reasons)}.")
+    public = [
+        e
+        for e in exps
+        if str(_read_privacy(out_dir / e / "privacy.json").get("guarantee", "")).startswith(
+            NO_GUARANTEE_PREFIX
+        )
+    ]
+    if public:
+        parts.append(
+            f"No privacy guarantee for {', '.join(public)}: the noise seed was public "
+            "(reproducible: true)."
+        )
+    return _rst_safe(" ".join(parts))

@@ -1,0 +1,183 @@
+"""Tables 3 and 6 (CelebA): ``dpsinkhorn report {table3,table6} --config FILES --out-dir``.
+
+Same conventions as Table 1 (:mod:`dpsinkhorn.report.common`) with the columns FID, MLP,
+CNN; the rows come from the experiments' ``rows:`` key, and each table writes
+``tables/table{3,6}.{md,csv,tex}`` and ``figures/fig{3,6}.png``. A CelebA prepared from
+the synthetic fixture (``<data_dir>/celeba/FIXTURE``) is named in their captions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from dpsinkhorn import fileio
+from dpsinkhorn.config import (
+    TABLE_FIGURES,
+    experiment,
+    load_config,
+    table_experiments,
+    table_figure_experiments,
+    table_files,
+)
+from dpsinkhorn.config.targets import TITLES
+from dpsinkhorn.report.common import (
+    CLASS_NAMES,
+    REPORTED,
+    Row,
+    check_exist,
+    guarantee_note,
+    markdown_table,
+    measured_row,
+    to_csv,
+    to_latex,
+    write_tables,
+)
+from dpsinkhorn.report.figures import save_grid_figure
+from dpsinkhorn.report.paper import (
+    CELEBA_METRICS,
+    CELEBA_PAPER,
+    CELEBA_PAPER_EPSILON,
+    CELEBA_REPORTED,
+    CELEBA_REPORTED_NOTES,
+)
+
+
+@dataclass(frozen=True)
+class CelebaTable:
+    """What the paper's Table 3 or 6 shows: our rows, its numbers, reported baselines."""
+
+    title: str
+    labels: dict[str, str]  # row key (config ``rows:``) -> method label
+    paper: dict[str, tuple[float | None, ...]]  # row key -> (FID, MLP, CNN) in the paper
+    paper_epsilon: dict[str, float]  # row key -> ε the paper reports (DP rows)
+    reported: dict[str, tuple[float, tuple[float | None, ...]]]  # method -> (ε, values)
+    notes: tuple[str, ...]
+    figure_caption: str
+
+
+def _celeba_table(table: str, labels: dict[str, str], figure_caption: str) -> CelebaTable:
+    """Table 3 or 6: our row labels and figure caption, the paper's numbers (paper.py)."""
+    return CelebaTable(
+        title=TITLES[table],
+        labels=labels,
+        paper=CELEBA_PAPER[table],
+        paper_epsilon=CELEBA_PAPER_EPSILON[table],
+        reported=CELEBA_REPORTED[table],
+        notes=CELEBA_REPORTED_NOTES[table],
+        figure_caption=figure_caption,
+    )
+
+
+CELEBA_TABLES = {
+    "table3": _celeba_table(
+        "table3",
+        {"real": "Real data", "nonprivate": "Sinkhorn (non-private)", "dp": "DP-Sinkhorn"},
+        "DP-Sinkhorn samples (paper Fig. 3); rows: female, male",
+    ),
+    "table6": _celeba_table(
+        "table6",
+        {"real": "Real data", "dcgan": "DCGAN+DP-Sinkhorn", "biggan": "BigGAN+DP-Sinkhorn"},
+        "DCGAN rows, then BigGAN rows (paper Fig. 6)",
+    ),
+}
+
+
+def celeba_rows(config: dict, table: str, results_dir: Path) -> list[Row]:
+    """Our rows of Table 3 or 6 (config ``rows:``), then the paper's reported baselines."""
+    spec = CELEBA_TABLES[table]
+    files = table_files(config, table, results_dir)
+    check_exist(Path(f) for f in files["results"] + files["privacy"])
+    rows = [
+        measured_row(config, results_dir, name, spec.labels[kind], spec.paper[kind], CELEBA_METRICS)
+        for (_, kind), name in table_experiments(config, table).items()
+    ]
+    for dataset in dict.fromkeys(r.dataset for r in rows):
+        if dataset != "celeba":
+            continue
+        for method, (eps, values) in spec.reported.items():
+            mean = dict(zip(CELEBA_METRICS, values, strict=True))
+            rows.append(Row(method, dataset, REPORTED, eps, mean=mean, std={}))
+    return rows
+
+
+def _fixture_note(config: dict) -> str:
+    """The caption's warning when CelebA was prepared from the synthetic fixture."""
+    from dpsinkhorn.data.celeba import is_fixture
+
+    if not is_fixture(Path(config["data_dir"])):
+        return ""
+    return (
+        "**Data: the SYNTHETIC CelebA FIXTURE (dpsinkhorn celeba-fixture), not CelebA. "
+        "These numbers test the pipeline and say nothing about the paper.**"
+    )
+
+
+def celeba_table(table: str, config_files: Sequence[str | Path], out_dir: str | Path) -> list[Path]:
+    """Write Table 3 or 6 (md, csv, tex) and its figure (fig3 / fig6); return the paths."""
+    spec = CELEBA_TABLES[table]
+    config, out_dir = load_config(config_files), Path(out_dir)
+    rows = celeba_rows(config, table, out_dir)
+    seed = config["seeds"][0]
+    figure_name, _ = TABLE_FIGURES[table]
+    png = out_dir / "figures" / f"{figure_name}.png"
+    names = table_figure_experiments(config, table)
+    labels = {n: r.method.removesuffix("+DP-Sinkhorn") for r in rows if (n := r.exp_name)}
+    panels = []
+    for name in names:
+        samples = out_dir / name / f"samples_seed{seed}.npz"
+        check_exist([samples])
+        images, sample_labels = fileio.load_samples(samples)
+        panels.append((images, sample_labels, labels[name] if len(names) > 1 else ""))
+    if panels:
+        title = f"{spec.figure_caption}: {', '.join(names)} (seed {seed})"
+        save_grid_figure(panels, CLASS_NAMES["celeba"], png, title)
+
+    fixture = _fixture_note(config)
+    seeds = len(config["seeds"])
+    specs = [experiment(config, r.exp_name) for r in rows if r.exp_name]
+    deltas = sorted({f"{e['delta']:g}" for e in specs if e["method"] == "dp_sinkhorn"})
+    lines = [f"# {spec.title}", ""] + ([fixture, ""] if fixture else [])
+    public = guarantee_note(rows)
+    lines += [public, ""] if public else []
+    lines += [
+        f"Rows from *this run* are mean ± std over {seeds} seed(s) (sample std, ddof=1; no ± "
+        f"for one seed); each seed is one synthetic set of {config['evaluation']['num_samples']} "
+        "samples and one training of each classifier (MLP, CNN: the paper has no Log-Reg for "
+        "CelebA), evaluated on the real test set; FID against the test set. `(paper X)` is the "
+        "paper's value. ε (sound) is the accountant's ε; ε (paper conv.) is the same run under "
+        "the paper's convention, which the paper reports as ε = 10"
+        + (f" (δ = {', '.join(deltas)})" if deltas else "")
+        + ". Accuracy in %. Rows *reported in paper* are copied from the paper (– = N/A).",
+        "",
+    ]
+    paper_eps = {spec.labels[k]: v for k, v in spec.paper_epsilon.items()}
+    lines += markdown_table(rows, CELEBA_METRICS, paper_eps) + [""]
+    lines += [f"Note: {n}" for n in spec.notes] + ([""] if spec.notes else [])
+    lines += [
+        "## Experiments",
+        "",
+        "| Row | Experiment | Method | generator | σ | steps | B | m | λ | lr |",
+    ]
+    lines.append("|" + "---|" * 10)
+    for row in (r for r in rows if r.exp_name):
+        exp = experiment(config, row.exp_name)
+        if exp["method"] == "real_data":
+            train = ["–"] * 7
+        else:
+            sigma = "solved" if exp["sigma"] is None else f"{exp['sigma']:g}"
+            train = [exp.get("generator") or "dcgan"]
+            train += [sigma if exp["method"] == "dp_sinkhorn" else "–", str(exp["steps"])]
+            train += [str(exp["batch_size"]), f"{exp['m']:g}", f"{exp['entropy_reg']:g}"]
+            train.append(f"{exp['lr']:g}")
+        cells = [row.method, f"`{row.exp_name}`", exp["method"], *train]
+        lines.append("| " + " | ".join(cells) + " |")
+    if panels:
+        lines += ["", "## Samples", "", f"{spec.figure_caption}:", ""]
+        lines += [f"![{figure_name}](../figures/{png.name})"]
+    md = "\n".join(lines).rstrip() + "\n"
+    note = "SYNTHETIC CelebA FIXTURE, not CelebA." if fixture else ""
+    tex = to_latex(rows, CELEBA_METRICS, table, note)
+    written = write_tables(out_dir, table, md, to_csv(rows, CELEBA_METRICS), tex)
+    return written + ([png] if panels else [])

@@ -1,0 +1,427 @@
+"""Shared by every report: result rows, reading result files, formatting numbers and
+cells, the Markdown/LaTeX/CSV writers and the notes several tables print.
+
+Units are the paper's: accuracy in % (the json files hold fractions), ε = inf for the
+non-private rows. Each cell is mean ± std over the seeds; std is the sample standard
+deviation (ddof=1), and 0 for a single seed.
+"""
+
+from __future__ import annotations
+
+import csv
+import io as _io
+import math
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from dpsinkhorn import fileio
+from dpsinkhorn.config import classifiers_of, experiment, load_config
+from dpsinkhorn.data.catalog import DATASETS
+
+METRICS = ("fid", "acc_logreg", "acc_mlp", "acc_cnn")
+CSV_COLUMNS = (
+    "method",
+    "dataset",
+    "epsilon",
+    "epsilon_paper_convention",
+    "fid",
+    "fid_std",
+    "acc_logreg",
+    "acc_logreg_std",
+    "acc_mlp",
+    "acc_mlp_std",
+    "acc_cnn",
+    "acc_cnn_std",
+    "source",
+)
+#: Row sources: measured by this run, or copied from the paper.
+THIS_RUN, REPORTED = "this run", "reported in paper"
+
+DATASET_TITLES = {key: info.title for key, info in DATASETS.items()}
+CLASS_NAMES = {key: list(info.class_names) for key, info in DATASETS.items()}
+#: Table 1 row kind (an experiment's ``table1_row``) -> the label of its row.
+ROW_LABELS = {
+    "real": "Real data",
+    "nonprivate": "Non-private Sinkhorn",
+    "paper": "DP-Sinkhorn (paper setting)",
+    "perrow": "DP-Sinkhorn (paper setting, per-row clipping)",
+    "sound10": "DP-Sinkhorn (sound ε=10)",
+}
+#: What each clipping mode does to the block of generated-image gradients (captions).
+CLIPPING_TEXT = {
+    "batch": "the whole block of generated-image gradients clipped to Δ as one vector",
+    "per_sample": "each generated row clipped to Δ (per-row, as the paper's Algorithm 1 and "
+    "Appendix B.1 state it)",
+}
+#: privacy.json "guarantee" starts with this when the noise seed was public (no DP at all).
+NO_GUARANTEE_PREFIX = "none"
+#: The two ε columns, as the study tables and reproduction.md explain them.
+ACCOUNTING_NOTE = (
+    "ε (sound) is the accountant's ε; ε (paper conv.) is the same run under the paper's "
+    "accounting convention, which the paper reports as ε = 10."
+)
+
+#: What the report functions accept as a config: file(s), or a validated config mapping.
+PathLike = str | os.PathLike
+ConfigLike = Mapping | Sequence[PathLike] | PathLike
+
+
+@dataclass
+class Row:
+    """One line of Table 1: a method on one dataset."""
+
+    method: str
+    dataset: str
+    source: str
+    epsilon: float | None = None
+    epsilon_paper: float | None = None
+    mean: dict[str, float | None] = field(default_factory=dict)
+    std: dict[str, float | None] = field(default_factory=dict)
+    paper: dict[str, float | None] = field(default_factory=dict)  # paper's value, our rows
+    exp_name: str | None = None  # our rows: the experiment that produced it
+    seeds: int = 0
+    privacy: dict = field(default_factory=dict)  # our DP rows: the privacy.json ledger
+    counts: dict[str, int] = field(default_factory=dict)  # results sets: seeds per metric
+
+
+# ---------------------------------------------------------------------- reading
+
+
+def mean_std(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and sample std (ddof=1) over seeds; std 0 for a single seed."""
+    arr = np.asarray(values, dtype=float)
+    std = float(arr.std(ddof=1)) if arr.size > 1 else 0.0
+    return float(arr.mean()), std
+
+
+def read_number(path: Path, key: str) -> float:
+    """The number under ``key`` of a result json; a one-line error names file and key."""
+    data = fileio.read_json(path)
+    if key not in data:
+        raise ValueError(f"{path}: missing key {key!r} (found {sorted(data)})")
+    value = data[key]
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        raise ValueError(f"{path}: {key!r} must be a number, got {value!r}")
+    return float(value)
+
+
+def accuracy_percent(path: Path) -> float:
+    """A classifier result's accuracy in % (the file holds a fraction in [0, 1])."""
+    value = read_number(path, "accuracy")
+    if not 0.0 <= value <= 1.0:
+        raise ValueError(f"{path}: 'accuracy' must be a fraction in [0, 1], got {value}")
+    return 100.0 * value
+
+
+def epsilon_value(value: object) -> float:
+    """privacy.json may store an infinite epsilon as null, "inf" or a number."""
+    return math.inf if value is None else float(value)
+
+
+def check_exist(paths: Iterable[Path]) -> None:
+    """Raise FileNotFoundError naming the first missing file (and a few more)."""
+    missing = [p for p in paths if not p.is_file()]
+    if missing:
+        more = f" (and {len(missing) - 1} more: {', '.join(map(str, missing[1:6]))}...)"
+        raise FileNotFoundError(
+            f"missing result file: {missing[0]}" + (more if len(missing) > 1 else "")
+        )
+
+
+def measured_row(
+    config: dict,
+    results_dir: Path,
+    name: str,
+    label: str,
+    paper: Sequence[float | None],
+    metrics: Sequence[str] = METRICS,
+) -> Row:
+    """One row of this run: mean ± std over seeds of an experiment's result files.
+
+    ε is read from privacy.json for DP experiments, ∞ otherwise (non-private, real data);
+    ``paper`` holds the paper's values for ``metrics`` (None where it has none).
+    """
+    spec = experiment(config, name)
+    dataset, exp_dir, seeds = spec["dataset"], results_dir / name, config["seeds"]
+    row = Row(label, dataset, THIS_RUN, exp_name=name, seeds=len(seeds))
+    per_metric = {"fid": [read_number(exp_dir / f"fid_seed{s}.json", "fid") for s in seeds]}
+    for model in classifiers_of(config, dataset):
+        per_metric[f"acc_{model}"] = [
+            accuracy_percent(exp_dir / f"acc_{model}_seed{s}.json") for s in seeds
+        ]
+    for metric in metrics:
+        values = per_metric.get(metric)
+        row.mean[metric], row.std[metric] = mean_std(values) if values else (None, None)
+    if spec["method"] != "dp_sinkhorn":
+        row.epsilon = row.epsilon_paper = math.inf
+    else:
+        privacy = fileio.read_json(exp_dir / "privacy.json")
+        for key in ("epsilon", "epsilon_paper_convention"):
+            if key not in privacy:
+                raise ValueError(f"{exp_dir / 'privacy.json'}: missing key {key!r}")
+        row.epsilon = epsilon_value(privacy["epsilon"])
+        row.epsilon_paper = epsilon_value(privacy["epsilon_paper_convention"])
+        row.privacy = privacy
+    row.paper = dict(zip(metrics, paper, strict=True))
+    return row
+
+
+def load_config_like(config: ConfigLike) -> tuple[dict, list[str]]:
+    """(validated config, its files): from config file(s), or an already loaded mapping."""
+    if isinstance(config, Mapping):
+        return dict(config), []
+    files = [config] if isinstance(config, str | os.PathLike) else list(config)
+    return load_config(files), [str(f) for f in files]
+
+
+# ------------------------------------------------------------------------- writing
+
+
+def format_g(value: float | None, missing: str = "–") -> str:
+    """``value`` in ``%g`` form; ``missing`` for None."""
+    return missing if value is None else f"{value:g}"
+
+
+def config_files_text(files: Sequence[str], config: Mapping) -> str:
+    """'config file(s) a, b' for captions, or the run's name when no file is known."""
+    if files:
+        return f"config file{'s' if len(files) > 1 else ''} {', '.join(files)}"
+    return f"the config of run {config.get('run_name', '?')}"
+
+
+def format_number(value: float | None, digits: int = 4) -> str:
+    """A CSV number: rounded to ``digits``, 'inf' for ∞, empty for None."""
+    if value is None:
+        return ""
+    if math.isinf(value):
+        return "inf"
+    return repr(round(value, digits))
+
+
+def csv_columns(metrics: Sequence[str] = METRICS) -> tuple[str, ...]:
+    """CSV header: method, dataset, both ε, then each metric and its std, then source."""
+    cells = [c for m in metrics for c in (m, f"{m}_std")]
+    return ("method", "dataset", "epsilon", "epsilon_paper_convention", *cells, "source")
+
+
+def to_csv(rows: Sequence[Row], metrics: Sequence[str] = METRICS) -> str:
+    """CSV with the columns of :func:`csv_columns` (empty cell = not available)."""
+    buffer = _io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(csv_columns(metrics))
+    for row in rows:
+        cells = [
+            row.method,
+            row.dataset,
+            format_number(row.epsilon),
+            format_number(row.epsilon_paper),
+        ]
+        for metric in metrics:
+            cells += [format_number(row.mean.get(metric)), format_number(row.std.get(metric))]
+        writer.writerow(cells + [row.source])
+    return buffer.getvalue()
+
+
+def cell_text(row: Row, metric: str, pm: str = " ± ", latex: bool = False) -> str:
+    """A metric cell: mean (± std with several seeds), then ``(paper X)`` in Markdown."""
+    mean = row.mean.get(metric)
+    if mean is None:
+        return "–" if not latex else "--"
+    text = f"{mean:g}" if row.source == REPORTED else f"{mean:.1f}"  # reported: as printed
+    if row.seeds > 1 and row.std.get(metric) is not None:
+        text += f"{pm}{row.std[metric]:.1f}"
+    if not latex and row.paper.get(metric) is not None:
+        text += f" (paper {paper_number(row.paper[metric])})"
+    return text
+
+
+def paper_number(value: float) -> str:
+    """A paper value as printed there: one decimal, or two where it has two (74.96)."""
+    return f"{value:.2f}" if round(value, 1) != value else f"{value:.1f}"
+
+
+def epsilon_text(value: float | None, reported: bool, latex: bool = False) -> str:
+    """An ε cell: ∞, as printed for reported rows, else two decimals."""
+    if value is None:
+        return "–" if not latex else "--"
+    if math.isinf(value):
+        return "$\\infty$" if latex else "∞"
+    return f"{value:g}" if reported else f"{value:.2f}"
+
+
+def write_csv(path: Path, columns: Sequence[str], rows: Iterable[Mapping]) -> Path:
+    """Write records as CSV with these columns (atomic); return ``path``."""
+    buffer = _io.StringIO()
+    writer = csv.DictWriter(buffer, columns, lineterminator="\n", extrasaction="ignore")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({k: csv_value(row.get(k)) for k in columns})
+    fileio.write_text(path, buffer.getvalue())
+    return path
+
+
+def csv_value(value: object) -> str:
+    """A CSV cell: empty for None, floats rounded to 6 digits."""
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return format_number(value, 6)
+    return str(value)
+
+
+#: Column titles of the metrics in Markdown and LaTeX.
+METRIC_TITLES = {"fid": "FID ↓", "acc_logreg": "Log Reg", "acc_mlp": "MLP", "acc_cnn": "CNN"}
+METRIC_TITLES_TEX = {"fid": "FID", "acc_logreg": "Log Reg", "acc_mlp": "MLP", "acc_cnn": "CNN"}
+
+
+def markdown_table(
+    rows: Sequence[Row],
+    metrics: Sequence[str],
+    paper_eps: dict[str, float],
+    marks: dict[str, str] | None = None,
+) -> list[str]:
+    """Markdown lines of one table: ε columns, metrics, source.
+
+    ``paper_eps`` maps a method of this run to the ε the paper reports for it (shown as
+    ``(paper X)`` beside our paper-convention ε); ``marks`` adds footnote marks to methods.
+    """
+    header = ["Method", "ε (sound)", "ε (paper conv.)"] + [METRIC_TITLES[m] for m in metrics]
+    lines = ["| " + " | ".join(header + ["Source"]) + " |", "|" + "---|" * (len(header) + 1)]
+    for row in rows:
+        method = row.method + (marks or {}).get(row.method, "")
+        reported = row.source == REPORTED
+        eps_paper = epsilon_text(row.epsilon_paper, reported)
+        if row.source == THIS_RUN and row.method in paper_eps:
+            eps_paper += f" (paper {paper_eps[row.method]:g})"
+        cells = [method, epsilon_text(row.epsilon, reported), eps_paper]
+        cells += [cell_text(row, m) for m in metrics] + [row.source]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def latex_escape(text: str) -> str:
+    """``text`` with LaTeX's special characters escaped and ε as ``$\\varepsilon$``."""
+    for char, repl in [("\\", r"\textbackslash{}"), ("&", r"\&"), ("%", r"\%"), ("$", r"\$")]:
+        text = text.replace(char, repl)
+    for char in "#_{}":
+        text = text.replace(char, "\\" + char)
+    return text.replace("ε", "$\\varepsilon$")
+
+
+def to_latex(
+    rows: Sequence[Row],
+    metrics: Sequence[str] = METRICS,
+    table: str = "table1",
+    note: str = "",
+) -> str:
+    """A booktabs tabular (needs \\usepackage{booktabs}); reported rows marked with †."""
+    title = f"Table {table.removeprefix('table')}"
+    ncols = 3 + len(metrics)
+    lines = [
+        f"% {title}, written by `dpsinkhorn report {table}`. Needs \\usepackage{{booktabs}}.",
+        "% Rows marked \\dag are reported in the paper; the others come from this run",
+        "% (mean $\\pm$ std over seeds). Accuracy in %." + (f" {note}" if note else ""),
+        "\\begin{tabular}{l" + "r" * (ncols - 1) + "}",
+        "\\toprule",
+        "Method & $\\varepsilon$ & $\\varepsilon_{\\mathrm{paper}}$ & "
+        + " & ".join(METRIC_TITLES_TEX[m] for m in metrics)
+        + " \\\\",
+    ]
+    for dataset in dict.fromkeys(r.dataset for r in rows):
+        title = DATASET_TITLES.get(dataset, dataset)
+        lines += ["\\midrule", f"\\multicolumn{{{ncols}}}{{l}}{{\\textit{{{title}}}}} \\\\"]
+        for row in (r for r in rows if r.dataset == dataset):
+            method = latex_escape(row.method) + (
+                "\\textsuperscript{\\dag}" if row.source == REPORTED else ""
+            )
+            reported = row.source == REPORTED
+            cells = [method, epsilon_text(row.epsilon, reported, True)]
+            cells.append(epsilon_text(row.epsilon_paper, reported, True))
+            cells += [cell_text(row, m, " $\\pm$ ", latex=True) for m in metrics]
+            lines.append(" & ".join(cells) + " \\\\")
+    lines += ["\\bottomrule", "\\end{tabular}"]
+    return "\n".join(lines) + "\n"
+
+
+def write_tables(out_dir: Path, table: str, md: str, csv_text: str, tex: str) -> list[Path]:
+    """Write ``tables/<table>.{md,csv,tex}`` under ``out_dir``; return the paths."""
+    written = []
+    for suffix, text in [("md", md), ("csv", csv_text), ("tex", tex)]:
+        fileio.write_text(out_dir / "tables" / f"{table}.{suffix}", text)
+        written.append(out_dir / "tables" / f"{table}.{suffix}")
+    return written
+
+
+# --------------------------------------------------------------------------- notes
+
+
+def sound_epsilons(privacy: dict) -> dict[str, float]:
+    """Sound ε of a ledger under both accountants: {"rdp": ε, "pld": ε} ({} if not DP).
+
+    Recomputed from the ledger's noise_multiplier, q, steps and delta (Poisson-subsampled
+    Gaussian mechanism, add/remove-one adjacency); the ledger's own accountant's value is
+    taken as recorded. PLD at a small noise multiplier over 10^5 steps takes ~30 s on CPU.
+    """
+    from dpsinkhorn.privacy.core import compute_epsilon
+
+    keys = ("noise_multiplier", "q", "steps", "delta")
+    if not privacy or any(not isinstance(privacy.get(k), int | float) for k in keys):
+        return {}
+    found = {}
+    for accountant in ("rdp", "pld"):
+        if str(privacy.get("accountant", "")).startswith(accountant) and "epsilon" in privacy:
+            found[accountant] = epsilon_value(privacy["epsilon"])
+        else:
+            z, q, steps, delta = (privacy[k] for k in keys)
+            found[accountant] = compute_epsilon(z, q, int(steps), delta, accountant)
+    return found
+
+
+def public_seed_experiments(rows: Sequence[Row]) -> list[str]:
+    """Our rows whose ledger says the noise seed was public (``guarantee`` starts with none)."""
+    return [
+        r.exp_name or r.method
+        for r in rows
+        if str(r.privacy.get("guarantee", "")).startswith(NO_GUARANTEE_PREFIX)
+    ]
+
+
+def guarantee_note(rows: Sequence[Row]) -> str:
+    """Caption warning when any row's noise seed was public; '' otherwise (old ledgers: '')."""
+    public = public_seed_experiments(rows)
+    if not public:
+        return ""
+    names = ", ".join(f"`{n}`" for n in public)
+    return (
+        f"**No privacy guarantee for {names}: the noise seed was public (`reproducible: true`; "
+        'privacy.json "guarantee": "none: the noise seed is public"), so anyone can subtract '
+        "the noise. Their ε is what the same run would spend with a secret seed.**"
+    )
+
+
+def mechanism_note(rows: Sequence[Row]) -> str:
+    """Which mechanism each DP row ran: clipping, sensitivity and noise multiplier (ledger)."""
+    parts = []
+    for r in rows:
+        clipping = r.privacy.get("clipping")
+        if r.source == REPORTED or clipping is None:
+            continue
+        title = DATASET_TITLES.get(r.dataset, r.dataset)
+        text = f"{title} *{r.method}* (`{r.exp_name}`): {CLIPPING_TEXT.get(clipping, clipping)}"
+        z, sens = r.privacy.get("noise_multiplier"), r.privacy.get("sensitivity")
+        if isinstance(z, int | float) and isinstance(sens, int | float):
+            text += f", L2 sensitivity {sens:.3g}, Gaussian noise multiplier {z:.3g}"
+        parts.append(text)
+    if not parts:
+        return ""
+    return (
+        "Mechanism of each DP row (Gaussian mechanism on the generated-image gradient, "
+        "Poisson sampling, add/remove-one adjacency; from privacy.json): "
+        + "; ".join(parts)
+        + ". The paper-convention ε counts σ alone and ignores the clipping, so both "
+        "paper-setting rows show the same paper-convention ε while their sound ε differ."
+    )

@@ -1,0 +1,511 @@
+"""Figures: ``dpsinkhorn report {fig2,fig4a,fig4b,fig4c,fig5,fig7,eps10} --config FILES --out-dir``.
+
+``figures/<name>.{png,pdf,csv}`` (the csv holds the plotted numbers): fig4a (learning
+rate × optimiser), fig4b (sound ε × m), fig4c (gradient bias and variance against p, from
+each cell's ``gradstudy.json``), fig5 (p, one column per dataset), eps10 (the sound ε = 10
+study against the paper's claimed row; also its section of reproduction.md), and the
+sample grids fig2 (10 per class) and fig7 (20 per class) of each dataset's Table 1 DP
+experiment. Error bars are the std over seeds where there is more than one seed. Also the
+sample-grid helpers of Tables 1, 3 and 6. matplotlib is imported inside the functions.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from dpsinkhorn import fileio
+from dpsinkhorn.config import classifiers_of, experiment, figure_datasets, figure_experiment
+from dpsinkhorn.config.studies import FIGURE_STUDIES, study_cells
+from dpsinkhorn.config.targets import SAMPLE_FIGURES, TITLES
+from dpsinkhorn.report.common import (
+    CLASS_NAMES,
+    DATASET_TITLES,
+    METRIC_TITLES_TEX,
+    METRICS,
+    ConfigLike,
+    PathLike,
+    check_exist,
+    epsilon_text,
+    format_g,
+    load_config_like,
+    write_csv,
+)
+from dpsinkhorn.report.paper import PAPER_CLAIM, PAPER_DP
+from dpsinkhorn.report.studies import CellResult, measure_study, require_study
+
+# ------------------------------------------------------------------- sample grids
+
+
+def sample_grid(
+    images: np.ndarray, labels: np.ndarray, num_classes: int, per_class: int
+) -> np.ndarray:
+    """Mosaic with one row per class (its first ``per_class`` samples), 2 px gaps.
+
+    A class with fewer samples leaves its remaining cells blank (white).
+    """
+    if images.ndim == 4 and images.shape[-1] == 1:
+        images = images[..., 0]
+    h, w = images.shape[1:3]
+    pad = 2
+    shape = (num_classes * (h + pad) - pad, per_class * (w + pad) - pad) + images.shape[3:]
+    grid = np.full(shape, 255, dtype=np.uint8)  # white gaps, like the page
+    for c in range(num_classes):
+        for j, idx in enumerate(np.flatnonzero(labels == c)[:per_class]):
+            y, x = c * (h + pad), j * (w + pad)
+            grid[y : y + h, x : x + w] = images[idx]
+    return grid
+
+
+def save_sample_figure(
+    samples: Path, out: Path, dataset: str, title: str, per_class: int = 10
+) -> None:
+    """PNG of a sample file: one row per class with the class name as label (atomic)."""
+    images, labels = fileio.load_samples(samples)
+    names = CLASS_NAMES.get(dataset) or [str(c) for c in range(int(labels.max()) + 1)]
+    save_grid_figure([(images, labels, "")], names, out, title, per_class)
+
+
+def save_grid_figure(
+    panels: Sequence[tuple[np.ndarray, np.ndarray, str]],
+    class_names: Sequence[str],
+    out: Path,
+    title: str,
+    per_class: int = 10,
+) -> None:
+    """PNG of sample sets stacked top to bottom, one row per class of each (atomic).
+
+    ``panels`` holds (images, labels, row-label prefix) per sample set, e.g. the DCGAN's
+    then the BigGAN's samples for the paper's Figure 6.
+    """
+    from matplotlib.figure import Figure  # Agg via Figure.savefig; no pyplot state
+
+    grids, names = [], []
+    for images, labels, prefix in panels:
+        grids.append(sample_grid(images, labels, len(class_names), per_class))
+        names += [f"{prefix} {c}".strip() for c in class_names]
+    blank = np.full((2, *grids[0].shape[1:]), 255, dtype=np.uint8)  # the 2 px gap
+    grid = np.concatenate([g for grid in grids for g in (grid, blank)][:-1])
+    h = panels[0][0].shape[1] + 2
+    fig = Figure(figsize=(1.0 + 0.45 * per_class, 0.5 + 0.45 * len(names)), dpi=100)
+    ax = fig.add_subplot()
+    ax.imshow(grid, cmap="gray" if grid.ndim == 2 else None, vmin=0, vmax=255)
+    ax.set_yticks([c * h + (h - 2) / 2 for c in range(len(names))], names)
+    ax.set_xticks([])
+    ax.tick_params(length=0)
+    for spine in ax.spines.values():
+        spine.set_visible(False)
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    with fileio.atomic_path(out) as tmp:
+        fig.savefig(tmp, format="png", bbox_inches="tight")
+
+
+# ------------------------------------------------------------------ study figures
+
+
+def _figure(nrows: int, ncols: int, width: float = 4.2, height: float = 3.2):
+    from matplotlib.figure import Figure  # Agg via Figure.savefig; no pyplot state
+
+    fig = Figure(figsize=(width * ncols, height * nrows), dpi=100)
+    return fig, fig.subplots(nrows, ncols, squeeze=False)
+
+
+def _save_figure(fig, out_dir: Path, name: str) -> list[Path]:
+    fig.tight_layout()
+    written = []
+    for suffix in ("png", "pdf"):
+        path = out_dir / "figures" / f"{name}.{suffix}"
+        with fileio.atomic_path(path) as tmp:
+            fig.savefig(tmp, format=suffix, bbox_inches="tight")
+        written.append(path)
+    return written
+
+
+Value = Callable[[CellResult], tuple[float, float] | None]
+
+
+def _metric(metric: str, error: bool = False) -> Value:
+    """(mean, std) of a metric of a cell; ``error``: 100 − accuracy (error rate in %)."""
+
+    def value(r: CellResult) -> tuple[float, float] | None:
+        mean = r.row.mean.get(metric)
+        if mean is None:
+            return None
+        std = r.row.std.get(metric) or 0.0
+        return (100.0 - mean if error else mean), std
+
+    return value
+
+
+def _plot_lines(
+    ax,
+    results: Sequence[CellResult],
+    x_of: Callable[[CellResult], float],
+    series_of: Callable[[CellResult], str],
+    value: Value,
+    seeds: int,
+) -> None:
+    """One errorbar line per series, points sorted by x (non-finite x left out)."""
+    groups: dict[str, list[tuple[float, float, float]]] = {}
+    for r in results:
+        x, y = x_of(r), value(r)
+        if y is None or x is None or not math.isfinite(x):
+            continue
+        groups.setdefault(series_of(r), []).append((float(x), *y))
+    for label, points in groups.items():
+        xs, ys, errs = zip(*sorted(points), strict=True)
+        ax.errorbar(
+            xs, ys, yerr=errs if seeds > 1 else None, marker="o", ms=4, capsize=3, label=label
+        )
+    if groups:
+        ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+
+
+def _figure_record(r: CellResult, **extra: object) -> dict:
+    record = {"cell": r.label, "experiment": r.experiment, "base": r.base}
+    record.update(
+        dataset=r.spec["dataset"],
+        lr=r.spec["lr"],
+        optimizer=r.spec["optimizer"],
+        p=r.spec["p"],
+        m=r.spec["m"],
+        sigma=r.sigma,
+        steps=r.steps,
+        epsilon=r.row.epsilon,
+        epsilon_paper_convention=r.row.epsilon_paper,
+    )
+    for metric in METRICS:
+        record[metric] = r.row.mean.get(metric)
+        record[f"{metric}_std"] = r.row.std.get(metric)
+    record.update(extra)
+    return record
+
+
+FIGURE_CSV_COLUMNS = (
+    "cell",
+    "experiment",
+    "base",
+    "series",
+    "dataset",
+    "lr",
+    "optimizer",
+    "p",
+    "m",
+    "sigma",
+    "steps",
+    "epsilon",
+    "epsilon_paper_convention",
+    *(c for m in METRICS for c in (m, f"{m}_std")),
+)
+
+
+def _classifiers(config: Mapping, results: Sequence[CellResult]) -> list[str]:
+    datasets = dict.fromkeys(r.spec["dataset"] for r in results)
+    return list(dict.fromkeys(m for d in datasets for m in classifiers_of(config, d)))
+
+
+def _series(results: Sequence[CellResult], label: Callable[[CellResult], str]):
+    """Series name of a cell, prefixed by its base experiment where the study has several."""
+    several = len({r.base for r in results}) > 1
+    return lambda r: f"{r.base}: {label(r)}" if several else label(r)
+
+
+def _p(r: CellResult) -> float:
+    return r.spec["p"]
+
+
+def _errors(r: CellResult, models: Sequence[str]) -> dict[str, float]:
+    """Error rate (100 − accuracy, %) of each classifier with a result."""
+    return {
+        f"error_{m}": 100.0 - r.row.mean[f"acc_{m}"]
+        for m in models
+        if r.row.mean.get(f"acc_{m}") is not None
+    }
+
+
+def _fig4a(config: Mapping, out_dir: Path) -> list[Path]:
+    results = measure_study(config, out_dir, "fig4a")
+    seeds = len(config["seeds"])
+    models = _classifiers(config, results)
+    model = "cnn" if "cnn" in models else models[-1]
+    series = _series(results, lambda r: r.spec["optimizer"])
+    fig, axes = _figure(1, 2)
+    for ax, metric, ylabel in [
+        (axes[0, 0], "fid", "FID ↓"),
+        (axes[0, 1], f"acc_{model}", f"{model.upper()} accuracy (%) ↑"),
+    ]:
+        _plot_lines(ax, results, lambda r: r.spec["lr"], series, _metric(metric), seeds)
+        ax.set_xscale("log")
+        ax.set_xlabel("learning rate")
+        ax.set_ylabel(ylabel)
+    fig.suptitle(TITLES["fig4a"], fontsize=10)
+    written = _save_figure(fig, out_dir, "fig4a")
+    records = [_figure_record(r, series=series(r)) for r in results]
+    return written + [write_csv(out_dir / "figures" / "fig4a.csv", FIGURE_CSV_COLUMNS, records)]
+
+
+def _fig4b(config: Mapping, out_dir: Path) -> list[Path]:
+    results = measure_study(config, out_dir, "fig4b")
+    seeds = len(config["seeds"])
+    models = _classifiers(config, results)
+    series = _series(results, lambda r: f"m = {r.spec['m']:g}")
+    fig, axes = _figure(1, 1 + len(models), width=3.6)
+    panels = [("fid", False, "FID ↓")] + [
+        (f"acc_{m}", True, f"{m} error rate (%) ↓") for m in models
+    ]
+    for ax, (metric, error, ylabel) in zip(axes[0], panels, strict=True):
+        _plot_lines(ax, results, lambda r: r.row.epsilon, series, _metric(metric, error), seeds)
+        ax.set_xlabel("ε (sound)")
+        ax.set_ylabel(ylabel)
+    fig.suptitle(TITLES["fig4b"], fontsize=10)
+    written = _save_figure(fig, out_dir, "fig4b")
+    records = [_figure_record(r, series=series(r), **_errors(r, models)) for r in results]
+    columns = (*FIGURE_CSV_COLUMNS, *(f"error_{m}" for m in models))
+    return written + [write_csv(out_dir / "figures" / "fig4b.csv", columns, records)]
+
+
+def _fig5(config: Mapping, out_dir: Path) -> list[Path]:
+    results = measure_study(config, out_dir, "fig5")
+    seeds = len(config["seeds"])
+    datasets = list(dict.fromkeys(r.spec["dataset"] for r in results))
+    fig, axes = _figure(2, len(datasets))
+    records = []
+    for col, dataset in enumerate(datasets):
+        in_dataset = [r for r in results if r.spec["dataset"] == dataset]
+        ax = axes[0, col]
+        _plot_lines(ax, in_dataset, _p, _series(in_dataset, lambda r: "FID"), _metric("fid"), seeds)
+        ax.set_title(DATASET_TITLES.get(dataset, dataset), fontsize=9)
+        ax.set_ylabel("FID ↓")
+        ax = axes[1, col]
+        for model in classifiers_of(config, dataset):
+            series = _series(in_dataset, lambda r, model=model: model)
+            _plot_lines(ax, in_dataset, _p, series, _metric(f"acc_{model}", error=True), seeds)
+        ax.set_ylabel("error rate (%) ↓")
+        for ax in axes[:, col]:
+            ax.set_xlabel("p (debiasing fraction)")
+        series = _series(in_dataset, lambda r: r.spec["dataset"])
+        models = classifiers_of(config, dataset)
+        records += [_figure_record(r, series=series(r), **_errors(r, models)) for r in in_dataset]
+    fig.suptitle(TITLES["fig5"], fontsize=10)
+    written = _save_figure(fig, out_dir, "fig5")
+    models = _classifiers(config, results)
+    columns = (*FIGURE_CSV_COLUMNS, *(f"error_{m}" for m in models))
+    return written + [write_csv(out_dir / "figures" / "fig5.csv", columns, records)]
+
+
+GRADSTUDY_KEYS = ("p", "bias_relative", "variance_normalised")
+FIG4C_COLUMNS = ("cell", "experiment", "trained_p", "p", "bias", "bias_relative", "variance")
+FIG4C_COLUMNS += ("variance_normalised", "bias_noise_floor", "batches")
+
+
+def _fig4c(config: Mapping, out_dir: Path) -> list[Path]:
+    cells = study_cells(config, "fig4c")
+    paths = {c.experiment: out_dir / c.experiment / "gradstudy.json" for c in cells}
+    check_exist(paths.values())
+    fig, axes = _figure(1, 2)
+    records, lines = [], []
+    for cell in cells:
+        if any(cell.experiment == e for e, _ in lines):
+            continue
+        data = fileio.read_json(paths[cell.experiment])
+        missing = [k for k in GRADSTUDY_KEYS if k not in data]
+        if missing:
+            raise ValueError(f"{paths[cell.experiment]}: missing key(s) {missing}")
+        trained_p = data.get("trained_p", experiment(config, cell.experiment)["p"])
+        lines.append((cell.experiment, (float(trained_p), cell.label, data)))
+        for i, p in enumerate(data["p"]):
+            record = {"cell": cell.label, "experiment": cell.experiment, "trained_p": trained_p}
+            record["p"], record["batches"] = p, data.get("batches")
+            for key in ("bias", "bias_relative", "variance", "variance_normalised"):
+                record[key] = (data.get(key) or [None] * len(data["p"]))[i]
+            record["bias_noise_floor"] = (data.get("bias_noise_floor") or [None] * len(data["p"]))[
+                i
+            ]
+            records.append(record)
+    for ax, key, ylabel in [
+        (axes[0, 0], "bias_relative", "relative bias ‖E G_p − E G_1‖ / ‖E G_1‖"),
+        (axes[0, 1], "variance_normalised", "variance tr Cov(G_p) / tr Cov(G_0)"),
+    ]:
+        for _, (trained_p, _label, data) in sorted(lines, key=lambda item: item[1][0]):
+            ys = [np.nan if v is None else float(v) for v in data[key]]
+            ax.plot(data["p"], ys, marker="o", ms=4, label=f"trained p = {trained_p:g}")
+        ax.set_xlabel("p of the estimator G_p")
+        ax.set_ylabel(ylabel, fontsize=8)
+        ax.grid(alpha=0.3)
+        if lines:
+            ax.legend(fontsize=7)
+    fig.suptitle(TITLES["fig4c"], fontsize=10)
+    written = _save_figure(fig, out_dir, "fig4c")
+    return written + [write_csv(out_dir / "figures" / "fig4c.csv", FIG4C_COLUMNS, records)]
+
+
+def _samples_figure(config: Mapping, out_dir: Path, name: str) -> list[Path]:
+    per_class = SAMPLE_FIGURES[name]
+    datasets = figure_datasets(config)
+    if not datasets:
+        raise ValueError(
+            f"{name}: the config has no Table 1 DP experiment (table1_row: paper or sound10) "
+            "whose samples it would show"
+        )
+    seed = config["seeds"][0]
+    sources = {
+        d: out_dir / figure_experiment(config, d) / f"samples_seed{seed}.npz" for d in datasets
+    }
+    check_exist(sources.values())
+    side_by_side = name == "fig2"
+    panels, records = [], []
+    for dataset, path in sources.items():
+        images, labels = fileio.load_samples(path)
+        names = list(CLASS_NAMES.get(dataset) or [])
+        if len(names) <= int(labels.max()):
+            names = [str(c) for c in range(int(labels.max()) + 1)]
+        panels.append((dataset, sample_grid(images, labels, len(names), per_class), names))
+        for c, class_name in enumerate(names):
+            available = int(np.count_nonzero(labels == c))
+            records.append(
+                {
+                    "dataset": dataset,
+                    "experiment": figure_experiment(config, dataset),
+                    "seed": seed,
+                    "samples": str(path),
+                    "class": c,
+                    "class_name": class_name,
+                    "shown": min(available, per_class),
+                    "available": available,
+                }
+            )
+    rows = max(len(n) for _, _, n in panels)
+    width, height = 1.5 + 0.4 * per_class, 0.8 + 0.4 * rows
+    nrows, ncols = (1, len(panels)) if side_by_side else (len(panels), 1)
+    fig, axes = _figure(nrows, ncols, width, height)
+    for ax, (dataset, grid, names) in zip(axes.flat, panels, strict=True):
+        h = (grid.shape[0] + 2) // len(names)
+        ax.imshow(grid, cmap="gray" if grid.ndim == 2 else None, vmin=0, vmax=255)
+        ax.set_yticks([c * h + (h - 2) / 2 for c in range(len(names))], names, fontsize=7)
+        ax.set_xticks([])
+        ax.tick_params(length=0)
+        for spine in ax.spines.values():
+            spine.set_visible(False)
+        title = DATASET_TITLES.get(dataset, dataset)
+        ax.set_title(f"{title}: {figure_experiment(config, dataset)} (seed {seed})", fontsize=9)
+    written = _save_figure(fig, out_dir, name)
+    columns = ("dataset", "experiment", "seed", "samples", "class", "class_name", "shown")
+    columns += ("available",)
+    return written + [write_csv(out_dir / "figures" / f"{name}.csv", columns, records)]
+
+
+#: The paper's claimed MNIST DP-Sinkhorn row (final Table 1), reported as ε = 10 under its
+
+
+EPS10_COLUMNS = (*FIGURE_CSV_COLUMNS, "batch_size", "clipping", "noise_multiplier")
+
+
+def _eps10_results(config: Mapping, out_dir: Path) -> list[CellResult]:
+    return measure_study(config, out_dir, "eps10", paper=lambda spec: PAPER_DP["mnist"])
+
+
+def _eps10_label(r: CellResult) -> str:
+    sigma = "σ –" if r.sigma is None else f"σ {r.sigma:.3g}"
+    return f"{r.label} (B {r.spec['batch_size']}, {r.steps} steps, {sigma})"
+
+
+def _eps10(config: Mapping, out_dir: Path) -> list[Path]:
+    """Accuracy and FID of each cell at a sound ε = 10, the paper's claimed row as a line."""
+    results = _eps10_results(config, out_dir)
+    seeds = len(config["seeds"])
+    models = _classifiers(config, results)
+    fig, axes = _figure(1, 2, width=5.0, height=1.8 + 0.35 * len(results))
+    ys = np.arange(len(results), dtype=float)
+    ax = axes[0, 0]
+    for k, model in enumerate(models):
+        points = [(y, _metric(f"acc_{model}")(r)) for y, r in zip(ys, results, strict=True)]
+        points = [(y + 0.2 * (k - (len(models) - 1) / 2), v) for y, v in points if v]
+        if points:
+            means, stds = [v[0] for _, v in points], [v[1] for _, v in points]
+            ax.errorbar(means, [y for y, _ in points], xerr=stds if seeds > 1 else None,
+                        fmt="o", ms=4, label=model)  # fmt: skip
+    ax.axvline(PAPER_CLAIM["acc_cnn"], color="k", ls="--", lw=1,
+               label=f"paper's claimed row: CNN {PAPER_CLAIM['acc_cnn']:g}%")  # fmt: skip
+    ax.set_xlabel("accuracy on the real test set (%) ↑")
+    ax = axes[0, 1]
+    fid = [(y, _metric("fid")(r)) for y, r in zip(ys, results, strict=True)]
+    fid = [(y, v) for y, v in fid if v]
+    if fid:
+        ax.errorbar([v[0] for _, v in fid], [y for y, _ in fid], fmt="o", ms=4, label="FID",
+                    xerr=[v[1] for _, v in fid] if seeds > 1 else None)  # fmt: skip
+    ax.axvline(PAPER_CLAIM["fid"], color="k", ls="--", lw=1,
+               label=f"paper's claimed row: FID {PAPER_CLAIM['fid']:g}")  # fmt: skip
+    ax.set_xlabel("FID ↓")
+    for ax in axes[0]:
+        ax.set_yticks(ys, [_eps10_label(r) for r in results], fontsize=7)
+        ax.invert_yaxis()
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="lower left", bbox_to_anchor=(0.0, 1.01), ncol=2)
+    fig.suptitle(TITLES["eps10"], fontsize=10)
+    written = _save_figure(fig, out_dir, "eps10")
+    records = [
+        _figure_record(
+            r, series=r.spec["clipping"], batch_size=r.spec["batch_size"],
+            clipping=r.spec["clipping"], noise_multiplier=r.privacy.get("noise_multiplier"),
+        )
+        for r in results
+    ]  # fmt: skip
+    return written + [write_csv(out_dir / "figures" / "eps10.csv", EPS10_COLUMNS, records)]
+
+
+def eps10_section(config: Mapping, out_dir: Path) -> list[str]:
+    """reproduction.md's table of the sound ε = 10 study, against the paper's claimed row."""
+    results = _eps10_results(config, out_dir)
+    models = _classifiers(config, results)
+    lines = [
+        f"## {TITLES['eps10']}",
+        "",
+        "Every cell spends a sound ε = 10 (σ solved for its B, steps and clipping mode). "
+        f"Goal: the paper's claimed MNIST row, CNN {PAPER_CLAIM['acc_cnn']:g}% (FID "
+        f"{PAPER_CLAIM['fid']:g}), which the paper reports as ε = 10 under its convention. "
+        "Figure: figures/eps10.png.",
+        "",
+        "| Cell | B | steps | clipping | σ | lr | p | ε (sound) | FID | "
+        + " | ".join(METRIC_TITLES_TEX[f"acc_{m}"] for m in models)
+        + " | CNN − paper |",
+        "|" + "---|" * (10 + len(models)),
+    ]
+    for r in results:
+
+        def cell(metric: str, r: CellResult = r) -> str:
+            mean, std = r.row.mean.get(metric), r.row.std.get(metric)
+            if mean is None:
+                return "–"
+            return f"{mean:.1f}" + (f" ± {std:.1f}" if r.row.seeds > 1 and std else "")
+
+        cnn = r.row.mean.get("acc_cnn")
+        diff = "–" if cnn is None else f"{cnn - PAPER_CLAIM['acc_cnn']:+.1f}"
+        cells = [r.label, str(r.spec["batch_size"]), str(r.steps), r.spec["clipping"],
+                 format_g(r.sigma), f"{r.spec['lr']:g}", f"{r.spec['p']:g}",
+                 epsilon_text(r.row.epsilon, False), cell("fid"),
+                 *(cell(f"acc_{m}") for m in models), diff]  # fmt: skip
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines + [""]
+
+
+FIGURE_BUILDERS = {"fig4a": _fig4a, "fig4b": _fig4b, "fig4c": _fig4c, "fig5": _fig5}
+FIGURE_BUILDERS["eps10"] = _eps10
+
+
+def figure(name: str, config: ConfigLike, out_dir: PathLike) -> list[Path]:
+    """Write ``figures/<name>.{png,pdf,csv}``; return the paths."""
+    config, files = load_config_like(config)
+    out_dir = Path(out_dir)
+    if name in SAMPLE_FIGURES:
+        return _samples_figure(config, out_dir, name)
+    if name not in FIGURE_BUILDERS:
+        raise ValueError(
+            f"unknown figure {name!r} (one of {', '.join([*FIGURE_STUDIES, *SAMPLE_FIGURES])})"
+        )
+    require_study(config, name, files)
+    return FIGURE_BUILDERS[name](config, out_dir)

@@ -1,0 +1,327 @@
+"""Study tables 2, 4, 5: ``dpsinkhorn report {table2,table4,table5} --config FILES --out-dir``.
+
+One row per cell of the study (:func:`dpsinkhorn.config.studies.study_cells`, in its
+order), mean ± std over the seeds as in Table 1 (:func:`dpsinkhorn.report.common.measured_row`),
+written to ``tables/<name>.{md,csv,tex}``. The paper's value is found by the cell's
+*settings*, never its label (:func:`dpsinkhorn.report.paper.paper_values`); a cell that
+matches no row of the paper shows no paper value. :func:`measure_study` measures the cells
+of any study (the figures use it too).
+"""
+
+from __future__ import annotations
+
+import csv
+import io as _io
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from dpsinkhorn import fileio
+from dpsinkhorn.config import classifiers_of, experiment
+from dpsinkhorn.config.studies import TABLE_STUDIES, configured_studies, study_cells
+from dpsinkhorn.config.targets import TITLES
+from dpsinkhorn.report.common import (
+    ACCOUNTING_NOTE,
+    METRIC_TITLES,
+    METRIC_TITLES_TEX,
+    METRICS,
+    ConfigLike,
+    PathLike,
+    Row,
+    cell_text,
+    check_exist,
+    config_files_text,
+    csv_value,
+    epsilon_text,
+    format_g,
+    guarantee_note,
+    latex_escape,
+    load_config_like,
+    measured_row,
+    write_tables,
+)
+from dpsinkhorn.report.paper import (
+    PAPER_EPSILON,
+    TABLE_METRICS,
+    debiasing_kind,
+    loss_kind,
+    paper_values,
+    perturbation_kind,
+)
+
+
+@dataclass
+class CellResult:
+    """One study cell measured in this run."""
+
+    label: str
+    experiment: str
+    base: str
+    spec: dict
+    row: Row
+    privacy: dict  # privacy.json of a DP experiment, else {}
+
+    @property
+    def sigma(self) -> float | None:
+        return self.privacy.get("sigma", self.spec.get("sigma"))
+
+    @property
+    def steps(self) -> int | None:
+        return self.privacy.get("steps", self.spec.get("steps"))
+
+
+def require_study(config: Mapping, name: str, files: Sequence[str] = ()) -> None:
+    if name not in configured_studies(config):
+        where = f" ({', '.join(files)})" if files else ""
+        have = ", ".join(configured_studies(config)) or "none"
+        raise ValueError(
+            f"the config{where} has no study {name!r}: add studies.{name} to it "
+            f"(studies it has: {have})"
+        )
+
+
+def experiment_files(config: Mapping, out_dir: Path, name: str) -> list[Path]:
+    """The per-seed results and privacy report one experiment's row reads."""
+    spec = experiment(config, name)
+    exp_dir = out_dir / name
+    files = []
+    for seed in config["seeds"]:
+        files.append(exp_dir / f"fid_seed{seed}.json")
+        files += [
+            exp_dir / f"acc_{m}_seed{seed}.json" for m in classifiers_of(config, spec["dataset"])
+        ]
+    if spec["method"] == "dp_sinkhorn":
+        files.append(exp_dir / "privacy.json")
+    return files
+
+
+def measure_study(
+    config: Mapping,
+    out_dir: Path,
+    study: str,
+    paper: Callable[[Mapping], Sequence[float | None] | None] | None = None,
+    metrics: Sequence[str] = METRICS,
+) -> list[CellResult]:
+    """Every cell of a study, measured: mean ± std over seeds, ε, privacy report."""
+    cells = study_cells(config, study)
+    names = list(dict.fromkeys(c.experiment for c in cells))
+    check_exist(f for n in names for f in experiment_files(config, out_dir, n))
+    results = []
+    for cell in cells:
+        spec = experiment(config, cell.experiment)
+        values = (paper(spec) if paper else None) or (None,) * len(metrics)
+        row = measured_row(config, out_dir, cell.experiment, cell.label, values, metrics)
+        privacy = {}
+        if spec["method"] == "dp_sinkhorn":
+            privacy = fileio.read_json(out_dir / cell.experiment / "privacy.json")
+        results.append(CellResult(cell.label, cell.experiment, cell.base, spec, row, privacy))
+    return results
+
+
+def _budget_note(results: Sequence[CellResult]) -> str:
+    """How the cells' lengths or noise were set when they were solved from a target ε."""
+    notes = set()
+    for r in results:
+        spec = r.spec
+        if spec["method"] != "dp_sinkhorn" or spec["target_epsilon"] is None:
+            continue
+        if spec["sigma"] is not None and spec["steps"] is not None:
+            continue
+        solved = "steps" if spec["steps"] is None else "σ"
+        convention = spec["epsilon_convention"]
+        notes.add(
+            f"{solved} solved so that ε = {spec['target_epsilon']:g} under the {convention} "
+            "convention"
+        )
+    if not notes:
+        return ""
+    return "Cells with a target ε: " + "; ".join(sorted(notes)) + "."
+
+
+def _table_row_cells(table: str, r: CellResult) -> list[str]:
+    """The settings columns of a Markdown row (Table 2: components; 4/5: σ, Δ, p, m, steps)."""
+    spec = r.spec
+    if table == "table2":
+        debias = debiasing_kind(spec["p"])
+        debias += f" (p = {spec['p']:g})" if debias == "Semi" else ""
+        image = "Yes" if perturbation_kind(spec) == "image" else "No"
+        return [image, loss_kind(spec), debias]
+    return [
+        format_g(r.sigma),
+        format_g(spec["clip"]),
+        format_g(spec["p"]),
+        format_g(spec["m"]),
+        format_g(r.steps),
+    ]
+
+
+def _settings_record(r: CellResult) -> dict:
+    spec = r.spec
+    return {
+        "cell": r.label,
+        "experiment": r.experiment,
+        "dataset": spec["dataset"],
+        "method": spec["method"],
+        "perturbation": perturbation_kind(spec),
+        "cost": spec["cost"],
+        "loss": loss_kind(spec),
+        "debiasing": debiasing_kind(spec["p"]),
+        "sigma": None if r.sigma is None else float(r.sigma),
+        "clip": float(spec["clip"]),
+        "p": float(spec["p"]),
+        "m": float(spec["m"]),
+        "lr": float(spec["lr"]),
+        "optimizer": spec["optimizer"],
+        "steps": r.steps,
+        "epsilon": r.row.epsilon,
+        "epsilon_paper_convention": r.row.epsilon_paper,
+    }
+
+
+SETTINGS_COLUMNS = (
+    "cell",
+    "experiment",
+    "dataset",
+    "method",
+    "perturbation",
+    "cost",
+    "loss",
+    "debiasing",
+    "sigma",
+    "clip",
+    "p",
+    "m",
+    "lr",
+    "optimizer",
+    "steps",
+    "epsilon",
+    "epsilon_paper_convention",
+)
+
+
+def table_csv_columns(table: str) -> tuple[str, ...]:
+    """CSV header of a study table: settings, each metric and its std, the paper's values."""
+    metrics = TABLE_METRICS[table]
+    cells = [c for m in metrics for c in (m, f"{m}_std")]
+    return (*SETTINGS_COLUMNS, *cells, *(f"paper_{m}" for m in metrics))
+
+
+def _table_csv(table: str, results: Sequence[CellResult]) -> str:
+    buffer = _io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    columns = table_csv_columns(table)
+    writer.writerow(columns)
+    for r in results:
+        record = _settings_record(r)
+        for metric in TABLE_METRICS[table]:
+            record[metric] = r.row.mean.get(metric)
+            record[f"{metric}_std"] = r.row.std.get(metric)
+            record[f"paper_{metric}"] = r.row.paper.get(metric)
+        writer.writerow([csv_value(record.get(c)) for c in columns])
+    return buffer.getvalue()
+
+
+def _table_markdown(
+    table: str, results: Sequence[CellResult], config: Mapping, files: Sequence[str]
+) -> str:
+    metrics = TABLE_METRICS[table]
+    seeds = len(config["seeds"])
+    match = (
+        "(perturbation, loss, debiasing) in the final paper's Table 2"
+        if table == "table2"
+        else f"(σ, Δ, p, m) in the appendix's Table {table.removeprefix('table')}"
+    )
+    deltas = sorted({f"{r.spec['delta']:g}" for r in results if r.privacy})
+    caption = (
+        f"Run {config.get('run_name', '?')} ({config_files_text(files, config)}): one row per "
+        f"cell of the study {table} (in its order), each cell an experiment trained for this run. "
+        f"Values are mean ± std over {seeds} seed(s) (sample std, ddof=1; no ± for one seed); "
+        f"each seed is one synthetic set of {config['evaluation']['num_samples']} samples and "
+        "one training of each classifier, evaluated on the real test set; FID against the "
+        f"real test set. `(paper X)` is the value of the paper's row with the same settings, "
+        f"{match}; a cell matching no row of the paper shows none. {ACCOUNTING_NOTE}"
+        + (f" δ = {', '.join(deltas)}." if deltas else "")
+        + " Accuracy in %."
+    )
+    budget = _budget_note(results)
+    lines = [f"# {TITLES[table]}", "", caption + (f" {budget}" if budget else ""), ""]
+    public = guarantee_note([r.row for r in results])
+    lines += [public, ""] if public else []
+    if table == "table2":
+        settings = ["Image gradient perturbation", "Loss", "Debiasing"]
+    else:
+        settings = ["σ", "Δ", "p", "m", "steps"]
+    header = ["Cell", *settings, "ε (sound)", "ε (paper conv.)"]
+    header += [METRIC_TITLES[m] for m in metrics]
+    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for r in results:
+        eps_paper = epsilon_text(r.row.epsilon_paper, False)
+        if any(v is not None for v in r.row.paper.values()) and math.isfinite(
+            r.row.epsilon_paper or math.inf
+        ):
+            eps_paper += f" (paper {PAPER_EPSILON:g})"
+        cells = [r.label, *_table_row_cells(table, r), epsilon_text(r.row.epsilon, False)]
+        cells += [eps_paper] + [cell_text(r.row, m) for m in metrics]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "## Experiments",
+        "",
+        "| Cell | Experiment | Based on | Changes |",
+        "|---|---|---|---|",
+    ]
+    for cell in study_cells(config, table):
+        changes = ", ".join(f"{k} = {v}" for k, v in cell.changes.items()) or "–"
+        lines.append(f"| {cell.label} | `{cell.experiment}` | `{cell.base}` | {changes} |")
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _table_latex(table: str, results: Sequence[CellResult]) -> str:
+    metrics = TABLE_METRICS[table]
+    if table == "table2":
+        settings = ["Image grad.", "Loss", "Debiasing"]
+    else:
+        settings = ["$\\sigma$", "$\\Delta$", "$p$", "$m$", "steps"]
+    header = [*settings, "$\\varepsilon$", "$\\varepsilon_{\\mathrm{paper}}$"]
+    header += [METRIC_TITLES_TEX[m] for m in metrics]
+    lines = [
+        f"% {TITLES[table]}, written by `dpsinkhorn report {table}`. "
+        "Needs \\usepackage{booktabs}.",
+        "% mean $\\pm$ std over seeds of this run. Accuracy in %.",
+        "\\begin{tabular}{" + "l" * len(settings) + "r" * (len(header) - len(settings)) + "}",
+        "\\toprule",
+        " & ".join(header) + " \\\\",
+        "\\midrule",
+    ]
+    for r in results:
+        cells = [latex_escape(c) for c in _table_row_cells(table, r)]
+        cells += [
+            epsilon_text(r.row.epsilon, False, True),
+            epsilon_text(r.row.epsilon_paper, False, True),
+        ]
+        cells += [cell_text(r.row, m, " $\\pm$ ", latex=True) for m in metrics]
+        lines.append(" & ".join(cells) + " \\\\")
+    lines += ["\\bottomrule", "\\end{tabular}"]
+    return "\n".join(lines) + "\n"
+
+
+def study_table_results(config: Mapping, out_dir: Path, table: str) -> list[CellResult]:
+    """The rows of Table 2, 4 or 5, with the paper's values of the matching rows."""
+    return measure_study(
+        config, out_dir, table, lambda spec: paper_values(table, spec), TABLE_METRICS[table]
+    )
+
+
+def study_table(table: str, config: ConfigLike, out_dir: PathLike) -> list[Path]:
+    """Write ``tables/<table>.{md,csv,tex}`` for Table 2, 4 or 5; return the paths."""
+    if table not in TABLE_STUDIES:
+        raise ValueError(f"unknown study table {table!r} (one of {', '.join(TABLE_STUDIES)})")
+    config, files = load_config_like(config)
+    out_dir = Path(out_dir)
+    require_study(config, table, files)
+    results = study_table_results(config, out_dir, table)
+    md = _table_markdown(table, results, config, files)
+    return write_tables(
+        out_dir, table, md, _table_csv(table, results), _table_latex(table, results)
+    )

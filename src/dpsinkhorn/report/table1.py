@@ -1,0 +1,191 @@
+"""Table 1: ``dpsinkhorn report table1 --config FILES --out-dir``.
+
+Table 1 of the paper, rebuilt from the per-seed result files of a run:
+
+* our rows (source ``this run``): Real data, Non-private Sinkhorn, DP-Sinkhorn (paper
+  setting) and DP-Sinkhorn (sound ε=10), for each dataset of the config;
+* the baselines as reported in the paper's final Table 1 (source ``reported in paper``).
+
+Units and cells as in :mod:`dpsinkhorn.report.common`. Writes
+``tables/table1.{md,csv,tex}`` and ``figures/samples_<dataset>.png`` (one row of samples
+per class) under ``--out-dir``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from dpsinkhorn.config import (
+    classifiers_of,
+    experiment,
+    figure_experiment,
+    load_config,
+    table1_experiments,
+)
+from dpsinkhorn.config.targets import TITLES
+from dpsinkhorn.report.common import (
+    DATASET_TITLES,
+    METRICS,
+    REPORTED,
+    ROW_LABELS,
+    Row,
+    check_exist,
+    epsilon_text,
+    guarantee_note,
+    markdown_table,
+    measured_row,
+    mechanism_note,
+    sound_epsilons,
+    to_csv,
+    to_latex,
+    write_tables,
+)
+from dpsinkhorn.report.figures import save_sample_figure
+from dpsinkhorn.report.paper import (
+    BASELINE_EPSILON,
+    GPATE_NOTE,
+    PAPER_DP_EPSILON,
+    PAPER_SETTING_ROWS,
+    REPORTED_BASELINES,
+    table1_paper_values,
+)
+
+
+def result_files(config: dict, results_dir: Path) -> list[Path]:
+    """Every file Table 1 reads (results of each seed, privacy reports)."""
+    files = []
+    for (dataset, row), name in table1_experiments(config).items():
+        exp_dir = results_dir / name
+        for seed in config["seeds"]:
+            files.append(exp_dir / f"fid_seed{seed}.json")
+            for model in classifiers_of(config, dataset):
+                files.append(exp_dir / f"acc_{model}_seed{seed}.json")
+        if row in ("paper", "perrow", "sound10"):
+            files.append(exp_dir / "privacy.json")
+    return files
+
+
+def our_rows(config: dict, results_dir: Path) -> list[Row]:
+    """Rows measured in this run, one per Table 1 experiment of the config."""
+    check_exist(result_files(config, results_dir))
+    return [
+        measured_row(
+            config,
+            results_dir,
+            name,
+            ROW_LABELS[kind],
+            table1_paper_values(dataset, kind, experiment(config, name)),
+        )
+        for (dataset, kind), name in table1_experiments(config).items()
+    ]
+
+
+def reported_rows(datasets: Iterable[str]) -> list[Row]:
+    """The paper's reported baselines for these datasets."""
+    rows = []
+    for dataset in datasets:
+        for method, by_dataset in REPORTED_BASELINES.items():
+            if dataset not in by_dataset:
+                continue
+            values = [None if v is None else float(v) for v in by_dataset[dataset]]
+            rows.append(
+                Row(
+                    method,
+                    dataset,
+                    REPORTED,
+                    epsilon=BASELINE_EPSILON,
+                    mean=dict(zip(METRICS, values, strict=True)),
+                    std=dict.fromkeys(METRICS),
+                )
+            )
+    return rows
+
+
+def table1_rows(config: dict, results_dir: Path) -> list[Row]:
+    """Our rows then the reported baselines, grouped by dataset in config order."""
+    ours = our_rows(config, results_dir)
+    datasets = list(dict.fromkeys(r.dataset for r in ours))
+    theirs = reported_rows(datasets)
+    return [r for d in datasets for r in ours + theirs if r.dataset == d]
+
+
+def to_markdown(rows: Sequence[Row], config: dict, figures: dict[str, tuple[str, str]]) -> str:
+    """Markdown: one table per dataset, the paper's value next to each reproduced cell.
+
+    ``figures`` maps a dataset to (figure path relative to tables/, experiment name).
+    """
+    seeds = len(config["seeds"])
+    specs = [experiment(config, r.exp_name) for r in rows if r.exp_name]
+    deltas = {
+        f"{s['delta']:.0e}".replace("e-0", "e-") for s in specs if s["method"] == "dp_sinkhorn"
+    }
+    deltas = ", ".join(sorted(deltas))
+    deltas = f", δ = {deltas}" if deltas else ""
+    lines = [
+        f"# {TITLES['table1']}",
+        "",
+        f"Rows from *this run* are mean ± std over {seeds} seed(s) (sample std, ddof=1; "
+        "no ± for one seed); each seed is one synthetic set of "
+        f"{config['evaluation']['num_samples']} samples and one training of each classifier. "
+        "`(paper X)` is the value in the paper's final Table 1. ε (sound) is the accountant's "
+        "ε; ε (paper conv.) is the same run under the paper's accounting convention, which "
+        f"the paper reports as ε = {PAPER_DP_EPSILON:g}. Accuracy in %{deltas}. "
+        "Rows *reported in paper* are copied from the paper (– = N/A or not run).",
+        "",
+    ]
+    lines += [note for note in (guarantee_note(rows), mechanism_note(rows)) if note]
+    lines += [""] if lines[-1] else []
+    paper_eps = {ROW_LABELS[k]: PAPER_DP_EPSILON for k in PAPER_SETTING_ROWS}
+    for dataset in dict.fromkeys(r.dataset for r in rows):
+        lines += [f"## {DATASET_TITLES.get(dataset, dataset)}", ""]
+        in_dataset = [r for r in rows if r.dataset == dataset]
+        lines += markdown_table(in_dataset, METRICS, paper_eps, {"G-PATE": "¹"}) + [""]
+    lines.append(GPATE_NOTE)
+    lines += ["", "## Experiments", ""]
+    lines += [
+        "| Dataset | Row | Experiment | Method | clipping | σ | steps | B | m | lr | p "
+        "| ε RDP | ε PLD |",
+        "|" + "---|" * 13,
+    ]
+    for row in (r for r in rows if r.exp_name):
+        spec = experiment(config, row.exp_name)
+        sigma = "solved" if spec["sigma"] is None else f"{spec['sigma']:g}"
+        sigma = "–" if spec["method"] != "dp_sinkhorn" else sigma
+        train = [sigma, str(spec["steps"]), str(spec["batch_size"])]
+        train += [f"{spec['m']:g}", f"{spec['lr']:g}", f"{spec['p']:g}"]
+        clipping = spec["clipping"] if spec["method"] == "dp_sinkhorn" else "–"
+        eps = sound_epsilons(row.privacy)
+        train = [clipping, *train, *(epsilon_text(eps.get(a), False) for a in ("rdp", "pld"))]
+        if spec["method"] == "real_data":
+            train = ["–"] * 9
+        cells = [DATASET_TITLES.get(row.dataset, row.dataset), row.method, f"`{row.exp_name}`"]
+        lines.append("| " + " | ".join(cells + [spec["method"]] + train) + " |")
+    if figures:
+        lines += ["", "## Samples", ""]
+        for dataset, (rel_path, name) in figures.items():
+            title = DATASET_TITLES.get(dataset, dataset)
+            lines += [f"{title}, `{name}` (one row per class):", "", f"![{title}]({rel_path})", ""]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def table1(config_files: Sequence[str | Path], out_dir: str | Path) -> list[Path]:
+    """Write Table 1 (md, csv, tex) and the sample figures; return the written paths."""
+    config = load_config(config_files)
+    out_dir = Path(out_dir)
+    rows = table1_rows(config, out_dir)
+    seed = config["seeds"][0]
+    figures, written = {}, []
+    for dataset in dict.fromkeys(r.dataset for r in rows):
+        name = figure_experiment(config, dataset)
+        if name is None:
+            continue
+        png = out_dir / "figures" / f"samples_{dataset}.png"
+        samples = out_dir / name / f"samples_seed{seed}.npz"
+        check_exist([samples])
+        title = f"{DATASET_TITLES.get(dataset, dataset)}: {name} (seed {seed})"
+        save_sample_figure(samples, png, dataset, title)
+        figures[dataset] = (f"../figures/{png.name}", name)
+        written.append(png)
+    md, tex = to_markdown(rows, config, figures), to_latex(rows)
+    return written + write_tables(out_dir, "table1", md, to_csv(rows), tex)
