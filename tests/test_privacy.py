@@ -14,20 +14,22 @@ from scipy.stats import norm
 from dpsinkhorn.cli import main
 from dpsinkhorn.config import load_config
 from dpsinkhorn.ot.loss import semi_debiased_sinkhorn
-from dpsinkhorn.privacy.core import (
+from dpsinkhorn.privacy.accounting import (
     PLD_MIN_NOISE_MULTIPLIER,
-    ImageGradientSanitizer,
-    ParameterGradientSanitizer,
     PrivacyAccountant,
-    StackedImageGradientSanitizer,
     _bisect_noise,
     compute_epsilon,
     max_steps,
-    noise_multiplier,
     paper_convention_epsilon,
     privacy_report,
     resolve_budget,
     solve_noise_multiplier,
+)
+from dpsinkhorn.privacy.mechanism import (
+    ImageGradientSanitizer,
+    ParameterGradientSanitizer,
+    StackedImageGradientSanitizer,
+    noise_multiplier,
 )
 
 N, N_PRIME, CLIP, SIGMA = 50, 20, 0.5, 1.5

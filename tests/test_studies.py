@@ -13,7 +13,7 @@ import yaml
 from dpsinkhorn import config as config_lib
 from dpsinkhorn import plan
 from dpsinkhorn.config import studies
-from dpsinkhorn.privacy.core import compute_epsilon, resolve_budget
+from dpsinkhorn.privacy.accounting import compute_epsilon, resolve_budget
 
 ROOT = Path(__file__).resolve().parent.parent
 BASE = {
