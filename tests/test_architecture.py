@@ -21,7 +21,7 @@ from packaging.requirements import Requirement
 from dpsinkhorn import bench, cli
 from dpsinkhorn import config as config_lib
 from dpsinkhorn.config import targets
-from dpsinkhorn.train import core as train
+from dpsinkhorn.train import run as train
 
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = Path(sys.executable).with_name("snakemake")

@@ -67,7 +67,7 @@ def test_training_step_never_synchronises(tmp_path, prepared_data, perturbation,
     from dpsinkhorn import config as config_lib
     from dpsinkhorn.bench import count_ops
     from dpsinkhorn.data import datasets as data
-    from dpsinkhorn.train.core import Trainer
+    from dpsinkhorn.train.trainer import Trainer
 
     cfg = make_config(tmp_path, prepared_data, perturbation=perturbation, cost=cost)
     spec = config_lib.experiment(config_lib.load_config(cfg), "e")

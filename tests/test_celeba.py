@@ -209,7 +209,7 @@ def test_dcgan32_shapes_and_old_configs_still_load():
 )
 def test_training_and_rgb_sampling_on_the_fixture(prepared, tmp_path, generator, channels):
     from dpsinkhorn.evaluate.sample import load_generator, sample_generator
-    from dpsinkhorn.train.core import train
+    from dpsinkhorn.train.run import train
 
     spec = make_experiment(
         "celeba_tiny",

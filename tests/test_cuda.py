@@ -38,7 +38,7 @@ from dpsinkhorn.ot.loss import (
     semi_debiased_sinkhorn,
     semi_debiased_sinkhorn_with_grad,
 )
-from dpsinkhorn.train.core import GraphedStep, Trainer
+from dpsinkhorn.train.trainer import GraphedStep, Trainer
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 CUDA = torch.device("cuda")
@@ -177,7 +177,8 @@ def test_resume_on_cuda_equals_an_uninterrupted_run(mnist, tmp_path):
     """Issue 15: a checkpoint written on CUDA resumes on CUDA (its RNG state reaches
     ``Generator.set_state`` as a CPU ByteTensor), and the resumed run's generator and
     ledger equal those of an uninterrupted run (same GPU; public noise key)."""
-    from dpsinkhorn.train.core import Preempted, train
+    from dpsinkhorn.train.run import train
+    from dpsinkhorn.train.signals import Preempted
 
     spec = {**paper_spec(steps=12), "checkpoint_every": 4, "log_every": 2, "channels": [16, 8, 4]}
     full = train(spec, tmp_path / "full", device="cuda", train_data=mnist, progress=False)

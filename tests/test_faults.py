@@ -20,7 +20,8 @@ import yaml
 
 from dpsinkhorn import fileio
 from dpsinkhorn.data import datasets as data
-from dpsinkhorn.train.core import INTERRUPTED_EXIT_CODE, WORKSPACE, Preempted, train
+from dpsinkhorn.train.run import WORKSPACE, train
+from dpsinkhorn.train.signals import INTERRUPTED_EXIT_CODE, Preempted
 
 ROOT = Path(__file__).resolve().parents[1]
 # reproducible: two runs of one config draw the same noise (the byte-identity test needs it)

@@ -15,7 +15,7 @@ from dpsinkhorn.evaluate.gradstudy import GradientEstimator, draw_seed, gradient
 from dpsinkhorn.evaluate.sample import load_generator
 from dpsinkhorn.fileio import save_samples
 from dpsinkhorn.models import GeneratorConfig, build_generator
-from dpsinkhorn.train.core import train
+from dpsinkhorn.train.run import train
 
 TINY = {"channels": [8, 4, 2], "latent_dim": 4, "batch_size": 10, "steps": 3}
 PS = [0.0, 0.5, 1.0]
@@ -75,7 +75,7 @@ def test_deterministic_and_independent_of_p_order(spec, records):
 @pytest.mark.parametrize("cost", ["mixed", "l1"])
 def test_draw_matches_a_training_step_without_noise(records, cost):
     """One draw is the gradient a non-private Trainer step applies (same RNG stream)."""
-    from dpsinkhorn.train.core import Trainer
+    from dpsinkhorn.train.trainer import Trainer
 
     spec = config_lib.make_experiment(
         "np",

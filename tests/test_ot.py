@@ -194,7 +194,7 @@ def test_compiled_solver_trains_like_the_eager_one(prepared_mnist):
     """``compile_solver``: torch.compile'd iterations, same losses and parameters to rounding."""
     from dpsinkhorn import config as config_lib
     from dpsinkhorn.data import datasets as data
-    from dpsinkhorn.train.core import Trainer
+    from dpsinkhorn.train.trainer import Trainer
 
     spec = config_lib.make_experiment(
         "c", channels=[16, 8, 4], sigma=1.0, steps=10, reproducible=True

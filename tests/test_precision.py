@@ -16,7 +16,7 @@ from dpsinkhorn import config as config_lib
 from dpsinkhorn.bench import PRECISION_TOLERANCE, precision_error
 from dpsinkhorn.data import datasets as data
 from dpsinkhorn.models import GeneratorPrecision, _cudnn_tf32
-from dpsinkhorn.train.core import Trainer
+from dpsinkhorn.train.trainer import Trainer
 
 CPU = torch.device("cpu")
 

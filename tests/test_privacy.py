@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -12,22 +13,26 @@ from scipy import integrate
 from scipy.stats import norm
 
 from dpsinkhorn.cli import main
-from dpsinkhorn.config import load_config
+from dpsinkhorn.config import load_config, make_experiment
+from dpsinkhorn.config.spec import ExperimentSpec
 from dpsinkhorn.ot.loss import semi_debiased_sinkhorn
-from dpsinkhorn.privacy.core import (
+from dpsinkhorn.privacy.accounting import (
     PLD_MIN_NOISE_MULTIPLIER,
-    ImageGradientSanitizer,
-    ParameterGradientSanitizer,
     PrivacyAccountant,
-    StackedImageGradientSanitizer,
     _bisect_noise,
+    budget_of,
     compute_epsilon,
     max_steps,
-    noise_multiplier,
     paper_convention_epsilon,
     privacy_report,
     resolve_budget,
     solve_noise_multiplier,
+)
+from dpsinkhorn.privacy.mechanism import (
+    ImageGradientSanitizer,
+    ParameterGradientSanitizer,
+    StackedImageGradientSanitizer,
+    noise_multiplier,
 )
 
 N, N_PRIME, CLIP, SIGMA = 50, 20, 0.5, 1.5
@@ -474,3 +479,27 @@ def test_target_epsilon_nan_is_refused(tmp_path):
     path.write_text("experiments:\n  e:\n    dataset: mnist\n    target_epsilon: .nan\n")
     with pytest.raises(ValueError, match=r"experiments\.e\.target_epsilon: bad value nan"):
         load_config(path)
+
+
+def test_budget_of_reads_the_experiments_own_settings():
+    """budget_of = resolve_budget with the spec's keys and q = batch_size / N."""
+    spec = make_experiment(
+        "b", sigma=None, steps=500, target_epsilon=3.0, clipping="per_sample", accountant="rdp"
+    )
+    expected = resolve_budget(
+        sigma=None, steps=500, target_epsilon=3.0, q=50 / 60000, batch_size=50,
+        delta=spec["delta"], clipping="per_sample", accountant="rdp", convention="sound",
+    )  # fmt: skip
+    assert budget_of(spec, 60000) == expected
+
+
+def test_experiment_spec_is_read_once_from_a_validated_dict():
+    spec = make_experiment("typed", sigma=2, channels=[8, 4, 2], cost="l2")
+    settings = ExperimentSpec.from_dict(spec)
+    assert settings.name == "typed" and settings.private
+    assert settings.channels == (8, 4, 2) and settings.cost == "l2"
+    assert settings.sigma == 2 and settings.generator == "dcgan"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        settings.sigma = 1.0
+    with pytest.raises(ValueError, match="cost"):
+        ExperimentSpec.from_dict({k: v for k, v in spec.items() if k != "cost"})

@@ -22,23 +22,18 @@ from scipy.stats import binom
 
 from dpsinkhorn import config as config_lib
 from dpsinkhorn.data import datasets as data
-from dpsinkhorn.privacy.core import (
+from dpsinkhorn.privacy.noise import (
     NO_GUARANTEE_PUBLIC_SEED,
     keyed_generator,
     rng_state_bytes,
     rng_state_tensor,
 )
-from dpsinkhorn.train.core import (
-    LOG_COLUMNS,
-    OVERFLOW_TAIL,
-    WORKSPACE,
-    PoissonSampler,
-    Preempted,
-    Trainer,
-    train,
-)
+from dpsinkhorn.privacy.sampler import OVERFLOW_TAIL, PoissonSampler
+from dpsinkhorn.train.run import LOG_COLUMNS, WORKSPACE, train
 from dpsinkhorn.train.runlock import LOCK_NAME
+from dpsinkhorn.train.signals import Preempted
 from dpsinkhorn.train.sweep import SweepTrainer
+from dpsinkhorn.train.trainer import Trainer
 
 CPU = torch.device("cpu")
 RELEASE = {"generator.pt", "privacy.json", "train_log.csv"}

@@ -197,9 +197,9 @@ def test_cli(run):
 
 def _ledger(clipping: str, sigma: float, steps: int, guarantee: str | None = None) -> dict:
     """A privacy.json ledger as train writes it (the accountant's numbers, not typed in)."""
-    from dpsinkhorn.privacy import core as privacy
+    from dpsinkhorn.privacy import accounting, mechanism
 
-    z = privacy.noise_multiplier(sigma, 50, clipping)
+    z = mechanism.noise_multiplier(sigma, 50, clipping)
     ledger = {
         "clipping": clipping,
         "sigma": sigma,
@@ -208,8 +208,8 @@ def _ledger(clipping: str, sigma: float, steps: int, guarantee: str | None = Non
         "delta": 1e-5,
         "noise_multiplier": z,
         "sensitivity": sigma / z,  # noise std / multiplier, with clip 0.5 (std = 2 Δ σ = σ)
-        "epsilon": privacy.compute_epsilon(z, 50 / 60000, steps, 1e-5),
-        "epsilon_paper_convention": privacy.paper_convention_epsilon(
+        "epsilon": accounting.compute_epsilon(z, 50 / 60000, steps, 1e-5),
+        "epsilon_paper_convention": accounting.paper_convention_epsilon(
             50 / 60000, sigma, steps, 50, 1e-5
         ),
         "accountant": "rdp (dp-accounting)",

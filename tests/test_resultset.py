@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from dpsinkhorn import cli, fileio
-from dpsinkhorn.privacy import core as privacy
+from dpsinkhorn.privacy import accounting, mechanism
 from dpsinkhorn.report import resultset
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -26,13 +26,13 @@ experiments:
 
 def ledger(clipping: str, steps: int = 200, sigma: float = 1.5) -> dict:
     """The keys train writes that a results set reads, computed by the accountant."""
-    z = privacy.noise_multiplier(sigma, 50, clipping)
+    z = mechanism.noise_multiplier(sigma, 50, clipping)
     q = 50 / 60000
     return {
         "clipping": clipping, "clip": 0.5, "sigma": sigma, "batch_size": 50, "q": q,
         "steps": steps, "delta": 1e-5, "noise_multiplier": z, "sensitivity": sigma / z,
-        "epsilon": privacy.compute_epsilon(z, q, steps, 1e-5),
-        "epsilon_paper_convention": privacy.paper_convention_epsilon(q, sigma, steps, 50, 1e-5),
+        "epsilon": accounting.compute_epsilon(z, q, steps, 1e-5),
+        "epsilon_paper_convention": accounting.paper_convention_epsilon(q, sigma, steps, 50, 1e-5),
         "accountant": "rdp (dp-accounting)",
     }  # fmt: skip
 

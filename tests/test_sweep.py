@@ -12,9 +12,11 @@ from dpsinkhorn import cli
 from dpsinkhorn import config as config_lib
 from dpsinkhorn.config import targets
 from dpsinkhorn.data import datasets as data
-from dpsinkhorn.privacy.core import compute_epsilon
-from dpsinkhorn.train.core import Preempted, Trainer, train
+from dpsinkhorn.privacy.accounting import compute_epsilon
+from dpsinkhorn.train.run import train
+from dpsinkhorn.train.signals import Preempted
 from dpsinkhorn.train.sweep import SweepTrainer, train_sweep
+from dpsinkhorn.train.trainer import Trainer
 
 # reproducible: sweep members and single runs are compared draw for draw (public keys).
 TINY = {

@@ -22,20 +22,12 @@ from dpsinkhorn import config as config_lib
 from dpsinkhorn.data import datasets as data
 from dpsinkhorn.evaluate.sample import load_generator, sample_generator, sample_real
 from dpsinkhorn.ot.loss import feature_diameter
-from dpsinkhorn.privacy.core import (
-    ParameterGradientSanitizer,
-    compute_epsilon,
-    paper_convention_epsilon,
-)
-from dpsinkhorn.train.core import (
-    INTERRUPTED_EXIT_CODE,
-    PREEMPTED_EXIT_CODE,
-    WORKSPACE,
-    PoissonSampler,
-    Preempted,
-    Trainer,
-    train,
-)
+from dpsinkhorn.privacy.accounting import compute_epsilon, paper_convention_epsilon
+from dpsinkhorn.privacy.mechanism import ParameterGradientSanitizer
+from dpsinkhorn.privacy.sampler import PoissonSampler
+from dpsinkhorn.train.run import WORKSPACE, train
+from dpsinkhorn.train.signals import INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE, Preempted
+from dpsinkhorn.train.trainer import Trainer
 
 # reproducible: these tests compare separate runs bit for bit (public noise key).
 TINY = {

@@ -32,12 +32,15 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from dpsinkhorn import config as config_lib
 from dpsinkhorn.data import datasets as data
+from dpsinkhorn.devices import resolve_device
 from dpsinkhorn.models import PRECISIONS, ConditionalDCGAN, GeneratorConfig, GeneratorPrecision
 from dpsinkhorn.ot import solver as ot
 from dpsinkhorn.ot.loss import debias_size, feature_diameter, mixed_cost
-from dpsinkhorn.privacy.core import ParameterGradientSanitizer, resolve_budget
-from dpsinkhorn.train.core import PoissonSampler, Trainer, resolve_device
+from dpsinkhorn.privacy.accounting import budget_of
+from dpsinkhorn.privacy.mechanism import ParameterGradientSanitizer
+from dpsinkhorn.privacy.sampler import PoissonSampler
 from dpsinkhorn.train.sweep import SweepTrainer
+from dpsinkhorn.train.trainer import Trainer
 
 
 class ReferenceStep:
@@ -65,11 +68,7 @@ class ReferenceStep:
         self.private = spec["method"] == "dp_sinkhorn"
         self.perturbation = spec.get("perturbation", "image")
         if self.private:
-            self.sigma, _ = resolve_budget(
-                sigma=spec["sigma"], steps=spec["steps"], target_epsilon=spec["target_epsilon"],
-                q=self.q, batch_size=self.n, delta=spec["delta"],
-                convention=spec.get("epsilon_convention", "sound"),
-            )  # fmt: skip
+            self.sigma, _ = budget_of(spec, len(self.labels))
 
     def _features(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         onehot = torch.nn.functional.one_hot(labels, self.num_classes).float()

@@ -17,8 +17,8 @@ from dpsinkhorn.fileio import NoSpaceError
 COMMAND_MODULES = [
     "data.datasets",
     "data.celeba",
-    "privacy.core",
-    "train.core",
+    "privacy.accounting",
+    "train.run",
     "train.sweep",
     "evaluate.sample",
     "evaluate.fid",

@@ -37,16 +37,11 @@ TRAIN_SIZES = {"mnist": 60000, "fmnist": 60000, "celeba": 162770}
 
 def resolved_steps(spec: Mapping) -> int:
     """Training steps of an experiment, solving them from target ε where they are null."""
-    from dpsinkhorn.privacy.core import resolve_budget
+    from dpsinkhorn.privacy.accounting import budget_of
 
     if spec["method"] != "dp_sinkhorn" or spec["steps"] is not None:
         return int(spec["steps"])
-    _, steps = resolve_budget(
-        sigma=spec["sigma"], steps=None, target_epsilon=spec["target_epsilon"],
-        q=spec["batch_size"] / TRAIN_SIZES[spec["dataset"]], batch_size=spec["batch_size"],
-        delta=spec["delta"], clipping=spec["clipping"], accountant=spec["accountant"],
-        convention=spec["epsilon_convention"],
-    )  # fmt: skip
+    _, steps = budget_of(spec, TRAIN_SIZES[spec["dataset"]])
     return int(steps)
 
 
@@ -62,7 +57,8 @@ def measure_steps_per_s(spec: Mapping, device: str, steps: int) -> float:
     import numpy as np
 
     from dpsinkhorn.bench import time_steps
-    from dpsinkhorn.train.core import Trainer, resolve_device
+    from dpsinkhorn.devices import resolve_device
+    from dpsinkhorn.train.trainer import Trainer
 
     shape = {"celeba": (32, 32, 3)}.get(spec["dataset"], (28, 28))
     num = TRAIN_SIZES[spec["dataset"]]

@@ -31,7 +31,7 @@ from dpsinkhorn.ot.loss import (
     feature_diameter,
     semi_debiased_sinkhorn,
 )
-from dpsinkhorn.train.core import PoissonSampler
+from dpsinkhorn.privacy.sampler import PoissonSampler
 
 DEFAULT_P = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
 NOTE = "non-private analysis of the training data; not a DP release"

@@ -13,9 +13,9 @@ import numpy as np
 import torch
 
 from dpsinkhorn.data import datasets as data
+from dpsinkhorn.devices import resolve_device
 from dpsinkhorn.fileio import load_samples, save_samples
 from dpsinkhorn.models import GeneratorConfig, build_generator
-from dpsinkhorn.train.core import resolve_device
 
 
 def load_generator(path: Path, device: torch.device) -> torch.nn.Module:

@@ -3,9 +3,9 @@
 An adversary who knows everything but whether a canary record is in the data:
 
 * Mechanism audited: the real step's query and sanitiser. The real batch Y is drawn by
-  ``train.PoissonSampler`` at rate q = 1 (every record in; the strongest setting for an
+  ``privacy.sampler.PoissonSampler`` at rate q = 1 (every record in; the strongest setting for an
   audit), G = ∇_X S(X, Y) comes from ``loss.semi_debiased_sinkhorn_with_grad`` (L2 cost),
-  and the release is ``privacy.ImageGradientSanitizer``'s noised block G[0:n].
+  and the release is ``privacy.mechanism.ImageGradientSanitizer``'s noised block G[0:n].
 * Adjacency: add/remove one record. D = {y0}, D' = D ∪ {canary}.
 * Worst-case canary: every generated row sits at the origin and y0 = 4·e1, so each row's
   gradient points along −e1; the canary −12·e1 moves the batch's centre to −4·e1 and
@@ -37,13 +37,10 @@ import torch
 from scipy.stats import beta
 
 from dpsinkhorn.ot.loss import debias_size, semi_debiased_sinkhorn_with_grad
-from dpsinkhorn.privacy.core import (
-    ImageGradientSanitizer,
-    _clip_block,
-    compute_epsilon,
-    keyed_generator,
-    public_noise_key,
-)
+from dpsinkhorn.privacy.accounting import compute_epsilon
+from dpsinkhorn.privacy.mechanism import ImageGradientSanitizer, clip_block
+from dpsinkhorn.privacy.noise import keyed_generator, public_noise_key
+from dpsinkhorn.privacy.sampler import PoissonSampler
 
 #: The audit's set-up: n generated rows of DIM features, Δ, δ, Sinkhorn λ, p.
 N_ROWS, DIM, CLIP, DELTA, ENTROPY_REG, P = 16, 8, 0.5, 1e-5, 0.05, 0.25
@@ -114,8 +111,6 @@ def epsilon_lower_bound(
 
 def _gradients() -> tuple[torch.Tensor, torch.Tensor]:
     """∇_X S [n + n', DIM] without and with the canary (float64), through the real sampler."""
-    from dpsinkhorn.train.core import PoissonSampler  # train imports this package's modules
-
     n_prime = debias_size(N_ROWS, P)
     x = torch.zeros(N_ROWS + n_prime, DIM, dtype=torch.float64)  # generated rows: origin
     y0 = torch.zeros(1, DIM, dtype=torch.float64)
@@ -145,8 +140,8 @@ def audit(
     )  # fmt: skip
     grad_out, grad_in = _gradients()
     per_row = clipping == "per_sample"
-    a = _clip_block(grad_out[:N_ROWS].float(), CLIP, per_row)
-    b = _clip_block(grad_in[:N_ROWS].float(), CLIP, per_row)
+    a = clip_block(grad_out[:N_ROWS].float(), CLIP, per_row)
+    b = clip_block(grad_in[:N_ROWS].float(), CLIP, per_row)
     direction = (b - a).flatten()
     direction = direction / direction.norm()
     centre = 0.5 * (a + b).flatten()

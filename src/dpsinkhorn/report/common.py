@@ -366,7 +366,7 @@ def sound_epsilons(privacy: dict) -> dict[str, float]:
     Gaussian mechanism, add/remove-one adjacency); the ledger's own accountant's value is
     taken as recorded. PLD at a small noise multiplier over 10^5 steps takes ~30 s on CPU.
     """
-    from dpsinkhorn.privacy.core import compute_epsilon
+    from dpsinkhorn.privacy.accounting import compute_epsilon
 
     keys = ("noise_multiplier", "q", "steps", "delta")
     if not privacy or any(not isinstance(privacy.get(k), int | float) for k in keys):

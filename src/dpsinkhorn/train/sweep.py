@@ -5,7 +5,7 @@ trains each experiment into ``<out-root>/<name>/`` with exactly the files, check
 and privacy ledger of ``dpsinkhorn train`` (a sweep member can be resumed by either).
 
 What is shared and what is not, per step:
-    * each run keeps its own ``train.Trainer``: parameters, optimiser (its own lr,
+    * each run keeps its own ``train.trainer.Trainer``: parameters, optimiser (its own lr,
       betas, SGD/Adam), RNG stream (its own secret key, or in reproducible mode a key
       from its seed and name: members never share noise), Poisson sampler, sanitiser
       (σ, Δ, clipping) and accountant. Every random draw of run k (z, labels, Poisson
@@ -19,10 +19,10 @@ What is shared and what is not, per step:
       each run's m; it returns ∇_{X_k} S_k for every run (runs share no term);
     * privacy: ∇_{X_k} S_k is clipped and noised with run k's own mechanism before it
       flows into run k's generator, for all runs at once
-      (``privacy.StackedImageGradientSanitizer``: run k's Δ, σ, clipping mode and n',
+      (``privacy.mechanism.StackedImageGradientSanitizer``: run k's Δ, σ, clipping mode and n',
       noise from run k's generator). ``perturbation: parameter`` runs are sanitised on
       their own parameter gradient after the backward pass. The mechanism,
-      sensitivity and noise multiplier are those of the single run (``privacy`` module).
+      sensitivity and noise multiplier are those of the single run (``privacy.mechanism``).
     * what remains per run is what must be: its draws (one operation each, into its
       slice of a shared buffer) and its optimiser step (one fused kernel). The Poisson
       selection, the gradient assembly and the clipping are batched over the runs.
@@ -49,22 +49,20 @@ from dpsinkhorn import config as config_lib
 from dpsinkhorn.config.specs import SWEEP_SHARED_KEYS, sweep_key
 from dpsinkhorn.devices import resolve_device
 from dpsinkhorn.ot.loss import conditional_features, semi_debiased_sinkhorn_with_grad_runs
-from dpsinkhorn.privacy.core import ImageGradientSanitizer, StackedImageGradientSanitizer
-from dpsinkhorn.train.core import (
-    GraphedStep,
+from dpsinkhorn.privacy.mechanism import ImageGradientSanitizer, StackedImageGradientSanitizer
+from dpsinkhorn.train.run import (
     RunFiles,
-    Trainer,
-    _StopSignal,
     add_training_arguments,
-    data_fingerprint,
     load_train_data,
     released_on_error,
     run_training_cli,
 )
+from dpsinkhorn.train.signals import StopSignal
+from dpsinkhorn.train.trainer import GraphedStep, Trainer, data_fingerprint
 
 
 class SweepTrainer:
-    """K ``train.Trainer`` runs advanced together by one batched step."""
+    """K ``train.trainer.Trainer`` runs advanced together by one batched step."""
 
     def __init__(
         self,
@@ -103,9 +101,9 @@ class SweepTrainer:
                 compile_solver,
                 precision,
                 fingerprint,
+                # one copy of the real features on the device
+                real_features=self.trainers[0].real if self.trainers else None,
             )
-            if self.trainers:  # one copy of the real features on the device
-                trainer.real = self.trainers[0].real
             self.trainers.append(trainer)
         self.device = device
         self.cuda_graphs = cuda_graphs and device.type == "cuda"
@@ -126,7 +124,7 @@ class SweepTrainer:
         """One training step of each trainer in ``runs``; returns their losses (device).
 
         With ``cuda_graphs`` the device work is replayed from a CUDA graph
-        (``train.GraphedStep``), captured anew whenever the set of runs changes.
+        (``train.trainer.GraphedStep``), captured anew whenever the set of runs changes.
         """
         if not self.cuda_graphs:
             losses = self.device_step(runs)
@@ -161,7 +159,7 @@ class SweepTrainer:
             t.model.sample_inputs(
                 rows_k, t.rng, self.device, (z[run, :rows_k], labels[run, :rows_k])
             )
-            torch.rand(first.sampler.num_records, generator=t.rng, out=uniforms[run])
+            t.sampler.uniforms(t.rng, out=uniforms[run])
         indices, weights, overflow = first.sampler.select(uniforms)  # runs share N, q, capacity
         for run, t in enumerate(runs):
             t.sampler.overflows += overflow[run]
@@ -171,21 +169,21 @@ class SweepTrainer:
         with first.precision.forward():
             images = vmap(self._forward)(params, z, labels)  # [K, rows, C, H, W]
 
-        spec = first.spec
+        settings = first.settings
         x = conditional_features(
             images.detach().float().flatten(0, 1),
             labels.flatten(),
             first.num_classes,
-            spec["alpha_c"],
+            settings.alpha_c,
         )  # [K * rows, D]
         losses, grad_cross, grad_self = semi_debiased_sinkhorn_with_grad_runs(
             x.unflatten(0, (k, rows))[:, :n],
             x.index_select(0, run_set.self_rows).unflatten(0, (k, n)),  # X_k[n'_k : n'_k + n]
             first.real[indices],
             weights,
-            spec["entropy_reg"],
+            settings.entropy_reg,
             run_set.m,
-            scaling=spec["sinkhorn_scaling"],
+            scaling=settings.sinkhorn_scaling,
             diameter=first.diameter,
             cost=first.cost,
             compile=first.compile_solver,
@@ -211,7 +209,7 @@ class _RunSet:
     ``rows``: the largest n + n'_k (shorter runs are zero-padded); ``self_rows``: the
     rows X_k[n'_k : n'_k + n] of the self term in the runs' stacked [K * rows] batch;
     ``m``: each run's L1 weight [K]; ``sanitizer``: the runs' image-gradient mechanisms
-    (``privacy.StackedImageGradientSanitizer``); ``graphed``: its CUDA graph, if any.
+    (``privacy.mechanism.StackedImageGradientSanitizer``); ``graphed``: its CUDA graph, if any.
     """
 
     def __init__(self, runs: Sequence[Trainer], device: torch.device):
@@ -222,7 +220,7 @@ class _RunSet:
             [run * self.rows + t.n_prime + i for run, t in enumerate(runs) for i in range(n)],
             device=device,
         )
-        self.m = torch.tensor([float(t.spec["m"]) for t in runs], device=device)
+        self.m = torch.tensor([t.settings.m for t in runs], device=device)
         self.sanitizer = StackedImageGradientSanitizer(
             [
                 t.sanitizer if isinstance(t.sanitizer, ImageGradientSanitizer) else None
@@ -249,9 +247,9 @@ def train_sweep(
 ) -> list[dict]:
     """Train ``specs`` together, run k into ``out_dirs[k]``; returns their privacy records.
 
-    Same files, resumption and ``stop_after`` / signal behaviour as ``train.train``;
+    Same files, resumption and ``stop_after`` / signal behaviour as ``train.run.train``;
     each run's outputs are written as soon as that run finishes. ``cuda_graphs``,
-    ``compile_solver`` and ``precision`` as in ``train.train``.
+    ``compile_solver`` and ``precision`` as in ``train.run.train``.
     """
     if len(specs) != len(out_dirs):
         raise ValueError(f"{len(specs)} experiments but {len(out_dirs)} output folders")
@@ -277,7 +275,7 @@ def train_sweep(
         mininterval=1.0,
     )
     taken = 0
-    with _StopSignal() as stop, released_on_error(runs):
+    with StopSignal() as stop, released_on_error(runs):
         while len(records) < len(runs):
             active = [i for i in range(len(runs)) if i not in records]
             losses = sweep.step([sweep.trainers[i] for i in active])
@@ -316,7 +314,7 @@ def register_cli(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _cli(args: argparse.Namespace) -> int:
-    cfg = config_lib.load_config(args.config)
+    cfg = config_lib.load_config(args.config)  # loaded and validated once per command
     specs = [config_lib.trained_experiment(cfg, e, "nothing to train") for e in args.experiments]
     outs = [Path(args.out_root) / spec["name"] for spec in specs]
-    return run_training_cli("train-sweep", args, train_sweep, specs, outs)
+    return run_training_cli("train-sweep", args, cfg, train_sweep, specs, outs)

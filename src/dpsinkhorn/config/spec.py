@@ -1,0 +1,94 @@
+"""The settings of one experiment as a frozen, typed record (torch-free).
+
+Training reads an experiment's settings once, from the validated experiment dict
+(``config.experiment`` or ``config.make_experiment``: schema defaults already filled),
+into an :class:`ExperimentSpec`. The dict itself stays what identifies the experiment:
+the checkpoint's ``spec_hash`` and Snakemake's ``experiment_spec`` are computed from it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class ExperimentSpec:
+    """What training reads from one experiment (units as in ``config/schema.json``)."""
+
+    name: str
+    dataset: str
+    method: str  # dp_sinkhorn | sinkhorn (non-private)
+    # Sampling and the privacy mechanism
+    batch_size: int  # n = B: expected real batch and generated cross rows
+    sigma: float | None  # noise scale σ (noise std 2Δσ); None: solved from target_epsilon
+    clip: float  # Δ, L2 norm
+    clipping: str  # batch | per_sample
+    perturbation: str  # image | parameter
+    steps: int | None  # None: the most steps within target_epsilon
+    target_epsilon: float | None
+    epsilon_convention: str  # sound | paper: how target_epsilon is counted
+    delta: float
+    accountant: str  # rdp | pld
+    # Optimiser
+    optimizer: str  # adam | sgd
+    lr: float
+    betas: tuple[float, float]
+    weight_decay: float
+    # Loss
+    p: float  # debiasing fraction: n' = floor(n p)
+    m: float  # L1 weight of the mixed cost
+    cost: str  # mixed | l2 | l1
+    entropy_reg: float
+    sinkhorn_scaling: float
+    alpha_c: float  # weight of the one-hot label features
+    # Generator
+    generator: str  # dcgan | biggan
+    latent_dim: int
+    embed_dim: int
+    channels: tuple[int, ...]
+    seed: int  # initial weights (and the noise key in reproducible mode)
+    reproducible: bool  # noise key from seed and name: no privacy guarantee
+    # Bookkeeping
+    checkpoint_every: int
+    log_every: int
+    keep_private_workspace: bool
+    log_private_loss: bool
+
+    @property
+    def private(self) -> bool:
+        """Trained with the DP mechanism (``method: dp_sinkhorn``)."""
+        return self.method == "dp_sinkhorn"
+
+    @classmethod
+    def from_dict(cls, spec: Mapping[str, Any]) -> ExperimentSpec:
+        """From a validated experiment dict (keys beyond the fields are ignored); a missing
+        setting is a ValueError naming it."""
+        missing = [
+            key for key in cls.__dataclass_fields__ if key not in spec and key != "generator"
+        ]
+        if missing:
+            raise ValueError(
+                f"experiment {spec.get('name', '?')}: settings {missing} missing; build it with "
+                "config.experiment or config.make_experiment (they fill the defaults)"
+            )
+        # Numbers are kept as validated (an int stays an int): privacy.json writes some.
+        settings = {key: spec[key] for key in cls.__dataclass_fields__ if key in spec}
+        return cls(
+            **{
+                **settings,
+                "batch_size": int(spec["batch_size"]),
+                "p": float(spec["p"]),
+                "betas": tuple(spec["betas"]),
+                # The schema gives no default (a CelebA experiment names its generator).
+                "generator": spec.get("generator", "dcgan"),
+                "latent_dim": int(spec["latent_dim"]),
+                "embed_dim": int(spec["embed_dim"]),
+                "channels": tuple(spec["channels"]),
+                "seed": int(spec["seed"]),
+                "reproducible": bool(spec["reproducible"]),
+                "keep_private_workspace": bool(spec["keep_private_workspace"]),
+                "log_private_loss": bool(spec["log_private_loss"]),
+            }
+        )

@@ -1,0 +1,264 @@
+"""The image-gradient Gaussian mechanism (and a parameter-gradient baseline): the sanitisers.
+
+Mechanism (one training step), the version this project implements:
+
+* Data and adjacency. The private dataset holds N records (image, label).
+  Neighbouring datasets differ by adding or removing one record.
+* Sampling. Each step draws the real batch Y by Poisson sampling: every record
+  is included independently with probability q = B / N (``privacy.sampler``). The generated batch X
+  always has n + n' rows (n = B, n' = floor(n p)), whatever |Y| is, so its size
+  never depends on private data. |Y| = 0 is a legal draw.
+* Query. G = ∇_X S(X, Y) [n + n', D]. Only the block G[0:n] depends on Y; rows
+  [n:n+n'] enter S only through the debiasing term W(X[0:n], X[n':n+n']).
+* Clipping ``batch`` (default, paper Algorithm 1). G[0:n] is clipped as ONE
+  vector to L2 norm Δ. Adding or removing one record changes Y and hence the
+  clipped block by at most 2Δ in L2 norm: sensitivity s = 2Δ. The noise is
+  N(0, (2Δσ)²) per element, so the noise multiplier (noise std / sensitivity) is σ.
+* Clipping ``per_sample``. Each row of G[0:n] is clipped to Δ; the block norm is
+  at most Δ√n, so s = 2Δ√n and, with the same noise std 2Δσ, the noise
+  multiplier is σ/√n. The accountant must be given σ/√n. (The paper's appendix
+  instead composes n "per-row" mechanisms that share one Poisson sample, which
+  is not a valid analysis; we never do that.)
+* Rows [n:n+n'] are clipped to Δ (one vector in ``batch`` mode, per row in
+  ``per_sample`` mode) and receive no noise: they are a function of X alone.
+* Release. The generator update is post-processing of the sanitised gradient
+  (and of X, which does not depend on data), so each step is one Poisson
+  subsampled Gaussian mechanism with rate q and noise multiplier z (above);
+  T steps compose adaptively.
+
+Baseline ``perturbation: parameter`` (paper Table 2, ``ParameterGradientSanitizer``):
+noise on the generator's parameter gradient instead of the image gradient. The
+query is the whole parameter gradient g = ∇_θ S (all parameters, one vector),
+which depends on Y through every row of X. It is clipped as ONE vector to L2 norm
+Δ, so, under the same add/remove-one adjacency and Poisson sampling, neighbouring
+batches move the clipped vector by at most 2Δ: sensitivity 2Δ. Each element gets
+N(0, (2Δσ)²) noise: noise multiplier σ, the same accounting as above. Only
+``clipping: batch`` exists for it (there are no per-record rows to clip).
+
+Accounting for this mechanism: ``privacy.accounting``; the Poisson sampler: ``privacy.sampler``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+
+from dpsinkhorn.privacy.checks import check_count, check_positive
+
+CLIPPING_MODES = ("batch", "per_sample")
+
+
+def noise_multiplier(sigma: float, batch_size: int, clipping: str = "batch") -> float:
+    """Noise std divided by L2 sensitivity for the image-gradient mechanism.
+
+    batch: sensitivity 2Δ, noise std 2Δσ -> σ.
+    per_sample: sensitivity 2Δ√n (n = batch_size), noise std 2Δσ -> σ/√n.
+    """
+    check_positive("sigma", sigma)
+    check_count("batch size", batch_size, minimum=1)
+    if clipping == "batch":
+        return float(sigma)
+    if clipping == "per_sample":
+        return float(sigma) / math.sqrt(batch_size)
+    raise ValueError(f"clipping must be one of {CLIPPING_MODES}, got {clipping!r}")
+
+
+def sigma_from_noise_multiplier(z: float, batch_size: int, clipping: str = "batch") -> float:
+    """Inverse of :func:`noise_multiplier`."""
+    return z if clipping == "batch" else z * math.sqrt(batch_size)
+
+
+def clip_block(block: torch.Tensor, clip: float, per_row: bool) -> torch.Tensor:
+    """Scale ``block`` [k, ...] so its L2 norm (or each row's) is at most ``clip``."""
+    if block.shape[0] == 0:
+        return block
+    if per_row:
+        norms = block.flatten(1).norm(dim=1).view(-1, *([1] * (block.ndim - 1)))
+    else:
+        norms = block.norm()
+    return block * (clip / (norms + 1e-12)).clamp(max=1.0)
+
+
+class ImageGradientSanitizer:
+    """Clips and noises G = ∇_X S, the gradient w.r.t. the generated batch [n + n', ...].
+
+    Gaussian mechanism on G[0:n] under add/remove-one adjacency; see the module
+    docstring for sensitivity (2Δ batch / 2Δ√n per_sample) and noise multiplier
+    (σ / σ/√n). Noise std per element: 2Δσ. ``generator`` makes the noise
+    reproducible (its state is checkpointed by the trainer).
+    """
+
+    def __init__(
+        self,
+        n: int,
+        n_prime: int,
+        clip: float,
+        sigma: float,
+        clipping: str = "batch",
+        generator: torch.Generator | None = None,
+    ):
+        check_positive("clip", clip)
+        self.noise_multiplier = noise_multiplier(sigma, n, clipping)
+        self.n, self.n_prime = n, n_prime
+        self.clip, self.sigma, self.clipping = float(clip), float(sigma), clipping
+        self.generator = generator
+
+    @property
+    def noise_std(self) -> float:
+        """Standard deviation of the noise added to each element of G[0:n]: 2Δσ."""
+        return 2.0 * self.clip * self.sigma
+
+    @property
+    def sensitivity(self) -> float:
+        """L2 sensitivity of the clipped block G[0:n] under add/remove-one adjacency."""
+        per_sample = self.clipping == "per_sample"
+        return 2.0 * self.clip * (math.sqrt(self.n) if per_sample else 1.0)
+
+    def __call__(self, grad: torch.Tensor) -> torch.Tensor:
+        """Return the sanitised gradient (same shape as ``grad`` [n + n', ...])."""
+        if grad.shape[0] != self.n + self.n_prime:
+            raise ValueError(f"expected {self.n + self.n_prime} rows, got {grad.shape[0]}")
+        per_row = self.clipping == "per_sample"
+        private = clip_block(grad[: self.n], self.clip, per_row)
+        noise = torch.randn(
+            private.shape, generator=self.generator, device=grad.device, dtype=grad.dtype
+        )
+        debias = clip_block(grad[self.n :], self.clip, per_row)
+        return torch.cat([private + self.noise_std * noise, debias])
+
+
+class StackedImageGradientSanitizer:
+    """K runs' :class:`ImageGradientSanitizer` applied at once to stacked gradients.
+
+    For a sweep (``sweep.SweepTrainer``): run k's gradient G_k [n + n'_k, ...] sits in
+    ``grads[k, :n + n'_k]`` of a zero-padded stack [K, rows, ...] (n shared, n'_k per
+    run). Run k gets exactly run k's mechanism, read from ``sanitizers[k]``: G_k[0:n]
+    clipped to Δ_k (as one vector, or per row for ``per_sample``) plus N(0, (2Δ_kσ_k)²)
+    noise per element, drawn from run k's generator with the shape and in the order of
+    ``ImageGradientSanitizer.__call__``; rows [n:n+n'_k] clipped to Δ_k, no noise. So the
+    adjacency, sensitivity and noise multiplier of run k are those of its sanitiser (see
+    the module docstring), and its accountant is unchanged. Runs never mix: every norm,
+    scale and noise draw is per run. ``None`` passes a run's rows through unchanged
+    (non-private, or ``perturbation: parameter``). Padding rows stay zero.
+    Only the noise draws loop over runs (one operation each); the rest is batched.
+    """
+
+    def __init__(
+        self,
+        sanitizers: Sequence[ImageGradientSanitizer | None],
+        n: int,
+        rows: int,
+        device: torch.device,
+    ):
+        for k, s in enumerate(sanitizers):
+            if s is not None and (s.n != n or n + s.n_prime > rows):
+                raise ValueError(
+                    f"run {k}: its sanitiser expects {s.n} + {s.n_prime} rows, "
+                    f"the stack has n = {n} and {rows} rows"
+                )
+        self.sanitizers, self.n = list(sanitizers), n
+        row = torch.arange(rows, device=device)
+        n_prime = torch.tensor([s.n_prime if s else 0 for s in sanitizers], device=device)
+        self.is_private = row < n  # [rows]
+        self.private_rows = self.is_private.float()
+        self.debias_rows = ((row >= n) & (row[None] < n + n_prime[:, None])).float()  # [K, rows]
+        # A run without a sanitiser: clip ∞ (scale 1), noise std 0.
+        self.clip = torch.tensor([s.clip if s else math.inf for s in sanitizers], device=device)[
+            :, None
+        ]
+        self.noise_std = torch.tensor(
+            [s.noise_std if s else 0.0 for s in sanitizers], device=device
+        )
+        self.per_row = torch.tensor(
+            [bool(s) and s.clipping == "per_sample" for s in sanitizers], device=device
+        )[:, None]
+
+    def __call__(self, grads: torch.Tensor) -> torch.Tensor:
+        """Sanitised copy of ``grads`` [K, rows, ...] (float32)."""
+        k, n = len(self.sanitizers), self.n
+        if grads.shape[0] != k or grads.shape[1] != self.private_rows.shape[0]:
+            raise ValueError(
+                f"expected [{k}, {self.private_rows.shape[0]}, ...] gradients, "
+                f"got {tuple(grads.shape)}"
+            )
+        row_norms = grads.flatten(2).norm(dim=2)  # [K, rows]
+        squares = row_norms.square()
+        private_norm = (squares * self.private_rows).sum(1, keepdim=True).sqrt()  # [K, 1]
+        debias_norm = (squares * self.debias_rows).sum(1, keepdim=True).sqrt()
+        block_norm = torch.where(self.is_private, private_norm, debias_norm)
+        norms = torch.where(self.per_row, row_norms, block_norm)
+        scale = (self.clip / (norms + 1e-12)).clamp(max=1.0)  # as clip_block, per run
+        clipped = grads * scale.view(*scale.shape, *([1] * (grads.ndim - 2)))
+        noise = torch.zeros_like(grads[:, :n])
+        for run, sanitizer in enumerate(self.sanitizers):
+            if sanitizer is not None:  # = torch.randn(G_k[0:n].shape, generator=run k's)
+                noise[run].normal_(generator=sanitizer.generator)
+        std = self.noise_std.view(k, *([1] * (grads.ndim - 1)))
+        return torch.cat([clipped[:, :n] + std * noise, clipped[:, n:]], dim=1)
+
+
+PERTURBATIONS = ("image", "parameter")
+
+
+class ParameterGradientSanitizer:
+    """Clips and noises the generator's whole parameter gradient g = ∇_θ S (paper Table 2).
+
+    Gaussian mechanism on g, ALL parameters' gradients concatenated into one vector,
+    under add/remove-one adjacency with Poisson sampling. g is clipped as one vector
+    to L2 norm Δ (``clip``); the clipped vectors of neighbouring batches differ by at
+    most 2Δ, so the L2 sensitivity is 2Δ. Each element gets N(0, (2Δσ)²) noise, so
+    the noise multiplier (noise std / sensitivity) is σ and the accounting is that
+    of the image-gradient mechanism with ``clipping: batch`` (the only mode here).
+    ``generator`` makes the noise reproducible (its state is checkpointed by the
+    trainer). Call :meth:`apply` after ``loss.backward()`` and before the optimiser step.
+    """
+
+    clipping = "batch"
+
+    def __init__(self, clip: float, sigma: float, generator: torch.Generator | None = None):
+        check_positive("clip", clip)
+        check_positive("sigma", sigma)
+        self.clip, self.sigma = float(clip), float(sigma)
+        self.generator = generator
+
+    @property
+    def noise_std(self) -> float:
+        """Standard deviation of the noise added to each element of g: 2Δσ."""
+        return 2.0 * self.clip * self.sigma
+
+    @property
+    def sensitivity(self) -> float:
+        """L2 sensitivity of the clipped gradient vector under add/remove-one adjacency: 2Δ."""
+        return 2.0 * self.clip
+
+    @property
+    def noise_multiplier(self) -> float:
+        """Noise std / sensitivity = σ."""
+        return self.sigma
+
+    def __call__(self, grad: torch.Tensor) -> torch.Tensor:
+        """Return clip_Δ(grad) + N(0, (2Δσ)²) elementwise; ``grad`` is a flat vector [P]."""
+        if grad.ndim != 1:
+            raise ValueError(f"expected a flat gradient vector, got shape {tuple(grad.shape)}")
+        clipped = clip_block(grad, self.clip, per_row=False)
+        noise = torch.randn(
+            clipped.shape, generator=self.generator, device=grad.device, dtype=grad.dtype
+        )
+        return clipped + self.noise_std * noise
+
+    def apply(self, parameters) -> None:
+        """Sanitise the ``.grad`` of ``parameters`` in place, as one concatenated vector.
+
+        A parameter without a gradient counts as a zero gradient and is noised too,
+        so that every released coordinate is covered by the mechanism.
+        """
+        params = [p for p in parameters if p.requires_grad]
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        flat = torch.cat([p.grad.reshape(-1) for p in params])
+        sanitised = self(flat)
+        for p, chunk in zip(params, sanitised.split([p.numel() for p in params]), strict=True):
+            p.grad.copy_(chunk.view_as(p.grad))

@@ -1,0 +1,93 @@
+"""Randomness of the mechanism: a secret key per run (or a public one, reproducible mode).
+
+The key seeds one ``torch.Generator`` per run (:func:`keyed_generator`) that draws the
+run's z, labels, Poisson samples and noise; checkpoints store that generator's state
+as bytes (:func:`rng_state_bytes`), never the key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+import struct
+
+import numpy as np
+import torch
+
+#: Bits of operating-system randomness behind every private run's noise and Poisson draws.
+SECRET_KEY_BITS = 256
+#: ``guarantee`` in privacy.json of a run whose noise seed is derived from the config.
+NO_GUARANTEE_PUBLIC_SEED = "none: the noise seed is public"
+_MT_WORDS = 624  # MT19937 state words (CPU generator)
+_MT_STATE_OFFSET = 24  # byte offset of the state words in torch's CPU generator state
+
+
+def secret_noise_key() -> bytes:
+    """A fresh 256-bit key from the operating system (``secrets``); never stored.
+
+    What a resume needs is the generator's state, which lives in the private
+    workspace checkpoint only."""
+    return secrets.token_bytes(SECRET_KEY_BITS // 8)
+
+
+def public_noise_key(seed: int, experiment: str) -> bytes:
+    """The key of a ``reproducible: true`` run: a hash of the config seed and the
+    experiment name, so two experiments of one config never share noise, but anyone
+    with the config can recompute it (no privacy guarantee)."""
+    text = f"dpsinkhorn reproducible noise|{int(seed)}|{experiment}"
+    return hashlib.sha256(text.encode()).digest()
+
+
+def keyed_generator(key: bytes, device: torch.device | str = "cpu") -> torch.Generator:
+    """A ``torch.Generator`` on ``device`` whose whole state is derived from ``key``.
+
+    ``manual_seed`` takes only 64 bits, so the state is written directly. CPU
+    (MT19937): all 624 32-bit state words come from SHAKE-256(key), i.e. the key's
+    full entropy (256 bits for :func:`secret_noise_key`). CUDA (Philox4x32): torch's
+    state is a 64-bit key and a counter offset (a non-negative int64, multiple of 4),
+    so 64 + 61 = 125 bits of the key reach it; other devices: the 64-bit seed only.
+    The same key always gives the same stream (reproducible mode); distinct keys give
+    independent-looking streams.
+    """
+    if len(key) < 16:
+        raise ValueError(f"noise key must have at least 128 bits, got {8 * len(key)}")
+    device = torch.device(device)
+    generator = torch.Generator(device=device)
+    stream = hashlib.shake_256(b"dpsinkhorn generator state|" + key)
+    if device.type == "cpu":
+        generator.manual_seed(0)  # a valid state to overwrite: seeded, left = 1, next = 0
+        state = generator.get_state().clone()
+        words = np.frombuffer(stream.digest(4 * _MT_WORDS), dtype="<u4").astype("<u8")
+        if not words.any():  # the all-zero MT state is degenerate (probability 2^-19968)
+            words[0] = 1
+        state[:8] = 0  # initial_seed(): not the key
+        end = _MT_STATE_OFFSET + 8 * _MT_WORDS
+        state[_MT_STATE_OFFSET:end] = torch.from_numpy(words.view(np.uint8).copy())
+        generator.set_state(state)
+        return generator
+    seed, offset = struct.unpack("<QQ", stream.digest(16))
+    generator.manual_seed(seed)  # Philox key: 64 bits
+    if device.type == "cuda":
+        # Philox counter offset: int64, a multiple of 4 (62 more bits)
+        generator.set_offset(((offset >> 2) & (2**61 - 1)) * 4)
+    return generator
+
+
+def rng_state_bytes(generator: torch.Generator) -> bytes:
+    """The generator's state as plain bytes (what a checkpoint stores: ``torch.load``'s
+    ``map_location`` never moves bytes, so the state stays a CPU ByteTensor for
+    ``set_state`` whatever device the rest of the checkpoint is mapped to)."""
+    return bytes(generator.get_state().cpu().numpy().tobytes())
+
+
+def rng_state_tensor(state) -> torch.Tensor:
+    """``state`` (bytes, or a ByteTensor on any device, as older checkpoints hold it)
+    as the CPU ByteTensor that ``torch.Generator.set_state`` requires."""
+    if isinstance(state, bytes | bytearray):
+        return torch.frombuffer(bytearray(state), dtype=torch.uint8)
+    if isinstance(state, torch.Tensor):
+        if state.is_meta:
+            raise ValueError("checkpoint RNG state was loaded on the meta device: no data")
+        return state.detach().to("cpu", torch.uint8).contiguous()
+    kind = type(state).__name__
+    raise ValueError(f"checkpoint RNG state must be bytes or a ByteTensor, got {kind}")

@@ -1,0 +1,63 @@
+"""Stopping a training run between steps: signals, ``stop_after`` and the exit codes.
+
+SIGTERM / SIGUSR1 (a scheduler's stop; exit 75, resubmit) and SIGINT (the user's
+Ctrl-C; exit 130, stop) become a flag checked between steps, so the step in flight
+completes and is checkpointed before the process ends with :class:`Preempted`.
+"""
+
+from __future__ import annotations
+
+import signal
+
+PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: checkpoint written, rerun to resume
+# SIGINT (the user's Ctrl-C): checkpoint written, but the user asked to stop, so the
+# workflow must not resubmit it (128 + SIGINT, the shell's convention; see
+# ``retry_training`` and workflow/rules/train.smk).
+INTERRUPTED_EXIT_CODE = 130
+
+
+class StopSignal:
+    """Turns SIGTERM, SIGUSR1 (SLURM's warning before a time limit) and SIGINT (Ctrl-C)
+    into a flag checked between steps, so the step in flight completes and is checkpointed."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
+
+    def __init__(self):
+        self.received: int | None = None
+
+    def __enter__(self):
+        self.previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
+        return self
+
+    def _handle(self, signum, frame):
+        self.received = signum
+
+    def should_stop(self, new_steps: int, stop_after: int | None) -> bool:
+        """A signal arrived, or this process has taken ``stop_after`` new steps."""
+        return self.received is not None or (stop_after is not None and new_steps >= stop_after)
+
+    def reason(self, stop_after: int | None, where: str) -> str:
+        """Why training stopped, and ``where`` its checkpoints are (for ``Preempted``)."""
+        why = f"signal {self.received}" if self.received is not None else f"stop_after={stop_after}"
+        if self.received == signal.SIGINT:
+            why = "interrupted (SIGINT)"
+        return f"{why}: {where}; rerun to resume"
+
+    def preempted(self, stop_after: int | None, where: str) -> Preempted:
+        """The ``Preempted`` to raise; ``interrupted`` when the signal was SIGINT."""
+        return Preempted(self.reason(stop_after, where), self.received == signal.SIGINT)
+
+    def __exit__(self, *exc):
+        for s, handler in self.previous.items():
+            signal.signal(s, handler)
+
+
+class Preempted(Exception):
+    """Training stopped early (signal or ``stop_after``) after writing a checkpoint.
+
+    ``interrupted``: the signal was SIGINT, a user's stop (not a scheduler's).
+    """
+
+    def __init__(self, message: str, interrupted: bool = False):
+        super().__init__(message)
+        self.interrupted = interrupted
