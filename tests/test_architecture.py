@@ -18,8 +18,8 @@ import tomllib
 import yaml
 from packaging.requirements import Requirement
 
-from dpsinkhorn import bench
 from dpsinkhorn import config as config_lib
+from dpsinkhorn.bench import cli as bench
 from dpsinkhorn.train import core as train
 
 REPO = Path(__file__).resolve().parents[1]
