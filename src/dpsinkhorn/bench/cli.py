@@ -23,8 +23,9 @@ from dpsinkhorn.bench.precision import cudnn_tf32_default, precision_error
 from dpsinkhorn.bench.reference import ReferenceStep
 from dpsinkhorn.bench.timing import profile_kernels, time_steps
 from dpsinkhorn.data.datasets import load_split
+from dpsinkhorn.devices import resolve_device
 from dpsinkhorn.models import PRECISIONS
-from dpsinkhorn.train.core import PoissonSampler, Trainer, resolve_device
+from dpsinkhorn.train.core import PoissonSampler, Trainer
 from dpsinkhorn.train.sweep import SweepTrainer
 
 

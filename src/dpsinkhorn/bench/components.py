@@ -10,10 +10,10 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from dpsinkhorn.bench.timing import sync, time_steps
+from dpsinkhorn.devices import resolve_device
 from dpsinkhorn.models import ConditionalDCGAN, GeneratorConfig
 from dpsinkhorn.ot import solver as ot
 from dpsinkhorn.ot.loss import debias_size, feature_diameter
-from dpsinkhorn.train.core import resolve_device
 
 
 def generator_layer_profile(
