@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import csv
 from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import read_csv
 
 from dpsinkhorn import fileio
 from dpsinkhorn.config import experiment, experiment_names, load_config
@@ -103,11 +103,6 @@ def run(tmp_path: Path) -> tuple[Path, Path]:
         images = rng.integers(0, 256, size=(40, 28, 28), dtype=np.uint8)
         fileio.save_samples(out / name / "samples_seed0.npz", images, np.arange(40) % 10)
     return config_file, out
-
-
-def read_csv(path: Path) -> list[dict[str, str]]:
-    with open(path, newline="") as fh:
-        return list(csv.DictReader(fh))
 
 
 def test_table4_numbers_land_in_the_right_cells(run):

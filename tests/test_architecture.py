@@ -18,8 +18,9 @@ import tomllib
 import yaml
 from packaging.requirements import Requirement
 
-from dpsinkhorn import bench, cli
+from dpsinkhorn import cli
 from dpsinkhorn import config as config_lib
+from dpsinkhorn.bench import cli as bench
 from dpsinkhorn.config import targets
 from dpsinkhorn.train import run as train
 

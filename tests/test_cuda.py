@@ -144,7 +144,7 @@ def test_sweep_graph_replay_follows_the_eager_sweep(mnist, deterministic_cudnn):
 @pytest.mark.parametrize("perturbation", ["image", "parameter"])
 def test_reduced_precision_step_stays_within_tolerance(mnist, precision, perturbation):
     """The bounds of tests/test_precision.py, on the device where TF32 exists."""
-    from dpsinkhorn.bench import PRECISION_TOLERANCE, precision_error
+    from dpsinkhorn.bench.precision import PRECISION_TOLERANCE, precision_error
 
     error = precision_error(paper_spec(perturbation=perturbation), *mnist, CUDA, precision)
     for key, bound in PRECISION_TOLERANCE.items():

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from dpsinkhorn import cli
 from dpsinkhorn.data import datasets as data
+from dpsinkhorn.data.catalog import dataset_info
+from dpsinkhorn.fileio import md5_of
 
 ARCHIVES = [
     "train-images-idx3-ubyte.gz",
@@ -41,7 +42,7 @@ def assert_no_outputs(root: Path, dataset: str = "mnist") -> None:
 
 
 def test_dataset_info() -> None:
-    mnist, fmnist = data.dataset_info("mnist"), data.dataset_info("fmnist")
+    mnist, fmnist = dataset_info("mnist"), dataset_info("fmnist")
     assert (mnist.folder, fmnist.folder) == ("MNIST", "FashionMNIST")
     assert mnist.class_names == tuple("0123456789")
     assert fmnist.class_names[0] == "T-shirt/top" and fmnist.class_names[-1] == "Ankle boot"
@@ -53,7 +54,7 @@ def test_dataset_info() -> None:
 
 def test_unknown_dataset_names_valid_ones(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"'cifar'.*fmnist, mnist"):
-        data.dataset_info("cifar")
+        dataset_info("cifar")
     with pytest.raises(ValueError, match="cifar"):
         data.prepare("cifar", tmp_path)
     with pytest.raises(ValueError, match="cifar"):
@@ -151,7 +152,7 @@ def test_gzip_that_fails_to_extract(
     bad = mnist_mirror_copy / "MNIST" / "raw" / "t10k-labels-idx1-ubyte.gz"
     bad.write_bytes(bad.read_bytes()[:2000])
     resources = [
-        (src, data._md5(bad) if Path(src).name == bad.name else md5)
+        (src, md5_of(bad) if Path(src).name == bad.name else md5)
         for src, md5 in torchvision.datasets.MNIST.resources
     ]
     monkeypatch.setattr(torchvision.datasets.MNIST, "resources", resources)
@@ -229,29 +230,11 @@ def test_prepared_images_survive_conversion(prepared_data: Path) -> None:
 # ------------------------------------------------------------------------------ CLI
 
 
-def run_cli(argv: list[str], monkeypatch: pytest.MonkeyPatch) -> int:
-    """``dpsinkhorn.cli.main(argv)``.
-
-    While other commands' modules (or modules they import) are not written yet, the CLI
-    is built with the ``data`` command only: same main(), same error handling. Once the
-    package is complete this falls through to the full CLI.
-    """
-    try:
-        cli.build_parser()
-    except ImportError as err:  # includes ModuleNotFoundError
-        if err.name != "dpsinkhorn" and not (err.name or "").startswith("dpsinkhorn."):
-            raise
-        monkeypatch.setattr(cli, "COMMAND_MODULES", ["data.datasets"])
-    return cli.main(argv)
-
-
-def test_cli_writes_files(
-    tmp_path: Path, data_mirror: Path, monkeypatch: pytest.MonkeyPatch, capsys
-) -> None:
+def test_cli_writes_files(tmp_path: Path, data_mirror: Path, run_cli, capsys) -> None:
     root = tmp_path / "root"
     argv = ["data", "--dataset", "mnist", "fmnist", "--root", str(root)]
     argv += ["--mirror", str(data_mirror), "--dataset", "mnist"]  # repeated: done once
-    assert run_cli(argv, monkeypatch) == 0
+    assert run_cli(argv) == 0
     out = capsys.readouterr().out
     for dataset in ("mnist", "fmnist"):
         for split in ("train", "test"):
@@ -260,16 +243,16 @@ def test_cli_writes_files(
     assert len(out.strip().splitlines()) == 4
 
 
-def test_cli_bad_mirror_exit_code(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+def test_cli_bad_mirror_exit_code(tmp_path: Path, run_cli, capsys) -> None:
     argv = ["data", "--dataset", "mnist", "--root", str(tmp_path), "--mirror", str(tmp_path / "x")]
-    assert run_cli(argv, monkeypatch) == 2
+    assert run_cli(argv) == 2
     err = capsys.readouterr().err
     assert "error" in err and str(tmp_path / "x" / "MNIST" / "raw") in err
     assert len(err.strip().splitlines()) == 1
     assert_no_outputs(tmp_path)
 
 
-def test_cli_rejects_unknown_dataset(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cli_rejects_unknown_dataset(run_cli) -> None:
     with pytest.raises(SystemExit) as excinfo:
-        run_cli(["data", "--dataset", "cifar"], monkeypatch)
+        run_cli(["data", "--dataset", "cifar"])
     assert excinfo.value.code == 2

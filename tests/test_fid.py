@@ -8,29 +8,16 @@ pytorch-fid FID values (two of them on synthetic statistics, checking ``eigh``).
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from dpsinkhorn import cli, fileio
-from dpsinkhorn.evaluate import fid
+from dpsinkhorn import fileio
+from dpsinkhorn.evaluate import fid, inception
 
 DEVICE = "cpu"
-
-
-@pytest.fixture
-def run_cli(monkeypatch: pytest.MonkeyPatch):
-    """``dpsinkhorn ARGV`` in-process through ``cli.main``; returns the exit code.
-
-    Command modules that other contributors have not written yet are left out of
-    the parser (once they all exist this is exactly the real CLI).
-    """
-    present = [m for m in cli.COMMAND_MODULES if importlib.util.find_spec(f"dpsinkhorn.{m}")]
-    monkeypatch.setattr(cli, "COMMAND_MODULES", present)
-    return cli.main
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +41,9 @@ def features(mnist_test, fid_weights: Path) -> dict[str, np.ndarray]:
         "real_b": images[80:160],
         "shuffled": rng.permuted(images[80:160].reshape(80, -1), axis=1).reshape(80, 28, 28),
     }
-    return {k: fid.activations(v, fid_weights, DEVICE, batch_size=50) for k, v in sets.items()}
+    return {
+        k: inception.activations(v, fid_weights, DEVICE, batch_size=50) for k, v in sets.items()
+    }
 
 
 def _fid(features: dict[str, np.ndarray], a: str, b: str) -> float:
@@ -205,7 +194,7 @@ def test_cli_sqrtm_option_is_accepted_and_recorded(tmp_path, run_cli, capsys):
 def test_grayscale_and_rgb_inputs_agree(mnist_test, fid_weights):
     gray = mnist_test[0][:2]
     acts = [
-        fid.activations(x, fid_weights, DEVICE)
+        inception.activations(x, fid_weights, DEVICE)
         for x in (gray, gray[..., None], np.repeat(gray[..., None], 3, axis=-1))
     ]
     np.testing.assert_allclose(acts[1], acts[0], rtol=0, atol=1e-6)
@@ -216,12 +205,12 @@ def test_same_network_as_pytorch_fid_download_path(mnist_test, fid_weights, tmp_
     """weights=None uses pytorch-fid's own InceptionV3 from the torch hub cache."""
     cache = tmp_path / "torch" / "hub" / "checkpoints"
     cache.mkdir(parents=True)
-    (cache / fid.WEIGHTS_FILE_NAME).symlink_to(fid_weights.resolve())
+    (cache / inception.WEIGHTS_FILE_NAME).symlink_to(fid_weights.resolve())
     monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
-    monkeypatch.setattr(fid, "_MODELS", {})
+    monkeypatch.setattr(inception, "_MODELS", {})
     images = mnist_test[0][:2]
-    ours = fid.activations(images, fid_weights, DEVICE)
-    theirs = fid.activations(images, None, DEVICE)
+    ours = inception.activations(images, fid_weights, DEVICE)
+    theirs = inception.activations(images, None, DEVICE)
     np.testing.assert_allclose(ours, theirs, rtol=0, atol=1e-6)
 
 
@@ -231,18 +220,18 @@ def test_no_weights_offline_is_a_clear_error(tmp_path, monkeypatch):
         monkeypatch.setenv(var, "http://127.0.0.1:9")
     for var in ("no_proxy", "NO_PROXY"):
         monkeypatch.delenv(var, raising=False)
-    monkeypatch.setattr(fid, "_MODELS", {})
+    monkeypatch.setattr(inception, "_MODELS", {})
     with pytest.raises(FileNotFoundError, match="not in the torch hub cache") as err:
-        fid.load_inception(None, DEVICE)
+        inception.load_inception(None, DEVICE)
     assert "fid_weights" in str(err.value) and "FID_WEIGHTS=" in str(err.value)
 
 
 def test_missing_weights_path_names_the_path(tmp_path):
     missing = tmp_path / "nowhere" / "inception.pth"
     with pytest.raises(FileNotFoundError, match="fid_weights") as err:
-        fid.load_inception(missing, DEVICE)
+        inception.load_inception(missing, DEVICE)
     assert str(missing) in str(err.value)
-    assert fid.WEIGHTS_FILE_NAME in str(err.value)
+    assert inception.WEIGHTS_FILE_NAME in str(err.value)
 
 
 def test_statistics_file_round_trip(tmp_path):
@@ -282,7 +271,7 @@ def test_cli_self_fid_is_zero_and_stats_file_matches_samples(
     assert set(result) >= {"fid", "num_images_a", "num_images_b", "weights"}
     assert result["num_images_a"] == result["num_images_b"] == 20
     assert result["weights"] == str(fid_weights)
-    assert result["weights_sha256"] == fid.verify_weights(fid_weights)
+    assert result["weights_sha256"] == inception.verify_weights(fid_weights)
     assert result["image_shape"] == [28, 28, 1]
     assert fid.statistics_metadata(ref) == {
         "image_shape": [28, 28, 1],
@@ -394,8 +383,8 @@ def test_weights_are_verified_and_a_modified_copy_is_refused(fid_weights, tmp_pa
     """A copy with one tensor scaled by 1.5 still loads, but has another SHA-256: refused."""
     import torch
 
-    digest = fid.verify_weights(fid_weights)
-    assert digest in fid.KNOWN_WEIGHTS_SHA256
+    digest = inception.verify_weights(fid_weights)
+    assert digest in inception.KNOWN_WEIGHTS_SHA256
     sums = fid_weights.parent / "SHA256SUMS"
     if sums.exists():  # the offline copy: its listed hash is the one verified
         assert digest in sums.read_text()
@@ -403,10 +392,10 @@ def test_weights_are_verified_and_a_modified_copy_is_refused(fid_weights, tmp_pa
     state = torch.load(fid_weights, map_location="cpu", weights_only=True)
     key = "Mixed_7c.branch_pool.conv.weight"
     state[key] = state[key] * 1.5
-    modified = tmp_path / fid.WEIGHTS_FILE_NAME
+    modified = tmp_path / inception.WEIGHTS_FILE_NAME
     torch.save(state, modified)
     with pytest.raises(ValueError, match="SHA-256") as err:
-        fid.load_inception(modified, DEVICE)
+        inception.load_inception(modified, DEVICE)
     assert str(modified) in str(err.value) and "\n" not in str(err.value)
 
     rng = np.random.default_rng(5)

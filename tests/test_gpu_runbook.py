@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import shared_path
 
 REPO = Path(__file__).resolve().parents[1]
 RUNBOOK = REPO / "benchmarks" / "gpu"
@@ -25,8 +26,7 @@ def load_targets():
 
 @pytest.fixture
 def h100_measurements() -> Path:
-    path = Path(os.environ.get("DPSINKHORN_DATA_MIRROR", REPO.parent / "shared" / "data"))
-    path = path.parent / "measurements" / "h100-83ae335"
+    path = shared_path("DPSINKHORN_DATA_MIRROR").parent / "measurements" / "h100-83ae335"
     if not path.exists():
         pytest.skip(f"{path} not found")
     return path

@@ -2,8 +2,8 @@
 
 bf16 runs on any device, so its tolerance is checked here on real MNIST at the paper's
 setting (B = 50, p = 0.4, DCGAN 256/128/64). TF32 exists only on CUDA:
-``tests/test_cuda.py`` checks it with the same bounds (``bench.PRECISION_TOLERANCE``),
-about 8x what this CPU measured for bf16 (``bench.precision_error``, seeds 0-2: loss_rel
+``tests/test_cuda.py`` checks it with the same bounds (``bench.precision.PRECISION_TOLERANCE``),
+about 8x what this CPU measured for bf16 (``bench.precision.precision_error``, seeds 0-2: loss_rel
 ≤ 4.9e-4, grad_rel ≤ 2.7e-3, noise_rel ≤ 1.3e-2).
 """
 
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from dpsinkhorn import config as config_lib
-from dpsinkhorn.bench import PRECISION_TOLERANCE, precision_error
+from dpsinkhorn.bench.precision import PRECISION_TOLERANCE, precision_error
 from dpsinkhorn.data import datasets as data
 from dpsinkhorn.models import GeneratorPrecision, _cudnn_tf32
 from dpsinkhorn.train.trainer import Trainer

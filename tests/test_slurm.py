@@ -32,6 +32,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 import yaml
+from helpers import shared_config_overrides
 
 pytestmark = pytest.mark.slurm
 
@@ -48,14 +49,7 @@ LOCAL_RULES = {"data", "sample_real", "table1"}
 
 def snakemake_command(workdir: Path, *args: str) -> tuple[list[str], dict]:
     """The repo's workflow with the slurm profiles, run in ``workdir``, inside this venv."""
-    overrides = [
-        f"{key}={os.environ[var]}"
-        for key, var in [
-            ("data_mirror", "DPSINKHORN_DATA_MIRROR"),
-            ("fid_weights", "DPSINKHORN_FID_WEIGHTS"),
-        ]
-        if os.environ.get(var)
-    ]
+    overrides = shared_config_overrides()
     cmd = [str(BIN / "snakemake"), *args, "-s", str(REPO / "Snakefile"), "-d", str(workdir)]
     for profile in PROFILES:
         cmd += ["--profile", str(profile)]

@@ -12,7 +12,6 @@ Takes minutes: marked ``slow`` (``pytest -m "not slow"`` skips it).
 
 from __future__ import annotations
 
-import csv
 import math
 import os
 import subprocess
@@ -20,6 +19,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import read_csv_columns, shared_config_overrides
 
 pytestmark = pytest.mark.slow
 
@@ -38,14 +38,7 @@ BASELINES = ["G-PATE", "DP-CGAN", "DataLens", "DP-MERF", "GS-WGAN"]
 
 def snakemake(workdir: Path, *args: str, timeout: int = 3600) -> subprocess.CompletedProcess:
     """The repo's workflow on the smoke config, run in ``workdir``, inside this venv."""
-    overrides = [
-        f"{key}={os.environ[var]}"
-        for key, var in [
-            ("data_mirror", "DPSINKHORN_DATA_MIRROR"),
-            ("fid_weights", "DPSINKHORN_FID_WEIGHTS"),
-        ]
-        if os.environ.get(var)
-    ]
+    overrides = shared_config_overrides()
     cmd = [str(SNAKEMAKE), "-s", str(REPO / "Snakefile"), "-d", str(workdir), *args]
     cmd += ["--configfile", str(SMOKE)] + (["--config", *overrides] if overrides else [])
     env = {**os.environ, "PATH": f"{SNAKEMAKE.parent}{os.pathsep}{os.environ.get('PATH', '')}"}
@@ -74,9 +67,7 @@ def results(workdir) -> Path:
 
 
 def test_table1_has_every_row_and_column(results):
-    with open(results / "tables" / "table1.csv", newline="") as fh:
-        reader = csv.DictReader(fh)
-        columns, rows = reader.fieldnames, list(reader)
+    columns, rows = read_csv_columns(results / "tables" / "table1.csv")
     assert columns == [
         "method",
         "dataset",
@@ -137,9 +128,7 @@ def test_sample_figures_are_readable_pngs(results, dataset):
 )
 def test_celeba_tables_on_the_fixture(results, table, methods):
     """Tables 3 and 6 from the synthetic CelebA: every row, MLP/CNN only, fixture named."""
-    with open(results / "tables" / f"{table}.csv", newline="") as fh:
-        reader = csv.DictReader(fh)
-        columns, rows = reader.fieldnames, list(reader)
+    columns, rows = read_csv_columns(results / "tables" / f"{table}.csv")
     assert "acc_logreg" not in columns and "acc_cnn" in columns
     assert [(r["method"], r["dataset"]) for r in rows] == [(m, "celeba") for m in methods]
     for row in (r for r in rows if r["source"] == "this run"):
@@ -186,12 +175,6 @@ def test_single_cell_reruns_alone(workdir, results):
 # ------------------------------------------------- Tables 2/4/5, Figures, report (issue 3)
 
 
-def _csv_rows(path: Path) -> tuple[list[str], list[dict]]:
-    with open(path, newline="") as fh:
-        reader = csv.DictReader(fh)
-        return list(reader.fieldnames or []), list(reader)
-
-
 @pytest.mark.parametrize("table", ["table2", "table4", "table5"])
 def test_study_tables_have_a_row_per_cell(results, table):
     """One CSV row per configured cell, in config order, with finite measured numbers."""
@@ -200,7 +183,7 @@ def test_study_tables_have_a_row_per_cell(results, table):
 
     config = config_lib.load_config([SMOKE])
     cells = studies.study_cells(config, table)
-    columns, rows = _csv_rows(results / "tables" / f"{table}.csv")
+    columns, rows = read_csv_columns(results / "tables" / f"{table}.csv")
     assert {"fid", "fid_std", "acc_mlp", "acc_cnn", "paper_fid"} <= set(columns)
     assert [r["experiment"] for r in rows] == [c.experiment for c in cells]
     for row in rows:

@@ -24,7 +24,7 @@ COMMAND_MODULES = [
     "evaluate.fid",
     "evaluate.classify",
     "report.cli",
-    "bench",
+    "bench.cli",
     "evaluate.gradstudy",
     "config.targets",
     "plan",

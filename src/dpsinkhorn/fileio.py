@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import io
 import json
 import os
@@ -152,6 +153,15 @@ def torch_bytes(obj: Any) -> bytes:
     return buf.getvalue()
 
 
+def md5_of(path: str | os.PathLike) -> str:
+    """Hex MD5 of a file (read in 1 MiB chunks), as the datasets' published checksums."""
+    digest = hashlib.md5()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
 def write_json(path: str | os.PathLike, obj: Any) -> None:
     """Write ``obj`` as indented JSON, atomically."""
     with atomic_path(path) as tmp:
@@ -179,8 +189,9 @@ def save_samples(path: str | os.PathLike, images: np.ndarray, labels: np.ndarray
             np.savez(fh, images=images, labels=labels.astype(np.int64))
 
 
-def check_samples(images: np.ndarray, labels: np.ndarray, where: str) -> None:
-    """Raise ``ValueError`` naming ``where`` unless the arrays follow the sample contract."""
+def check_images(images: np.ndarray, where: str) -> None:
+    """Raise ``ValueError`` naming ``where`` unless ``images`` are uint8 [N,H,W] or
+    [N,H,W,C] with C in (1, 3): the one image check of sample files, FID and classifiers."""
     if images.dtype != np.uint8:
         raise ValueError(f"{where}: 'images' must be uint8, got {images.dtype}")
     if images.ndim not in (3, 4) or (images.ndim == 4 and images.shape[-1] not in (1, 3)):
@@ -188,6 +199,18 @@ def check_samples(images: np.ndarray, labels: np.ndarray, where: str) -> None:
             f"{where}: 'images' must have shape [N,H,W] or [N,H,W,C] with C in (1, 3), "
             f"got {tuple(images.shape)}"
         )
+
+
+def channels_last(images: np.ndarray, where: str) -> np.ndarray:
+    """Checked images (:func:`check_images`) as [N,H,W,C]: grayscale [N,H,W] gets C = 1."""
+    images = np.asarray(images)
+    check_images(images, where)
+    return images[..., None] if images.ndim == 3 else images
+
+
+def check_samples(images: np.ndarray, labels: np.ndarray, where: str) -> None:
+    """Raise ``ValueError`` naming ``where`` unless the arrays follow the sample contract."""
+    check_images(images, where)
     if labels.ndim != 1 or labels.shape[0] != images.shape[0]:
         raise ValueError(
             f"{where}: 'labels' must have shape [N] with N = {images.shape[0]} "

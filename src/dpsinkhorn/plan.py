@@ -56,7 +56,7 @@ def measure_steps_per_s(spec: Mapping, device: str, steps: int) -> float:
     """Time ``steps`` training steps (after 2 warm-up steps) on random data of the right shape."""
     import numpy as np
 
-    from dpsinkhorn.bench import time_steps
+    from dpsinkhorn.bench.timing import time_steps
     from dpsinkhorn.devices import resolve_device
     from dpsinkhorn.train.trainer import Trainer
 

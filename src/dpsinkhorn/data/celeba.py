@@ -25,12 +25,11 @@ and the report says so in every CelebA caption.
 from __future__ import annotations
 
 import argparse
-import hashlib
 from pathlib import Path
 
 import numpy as np
 
-from dpsinkhorn.fileio import save_samples, write_text
+from dpsinkhorn.fileio import md5_of, save_samples, write_text
 
 IMAGE_DIR = "img_align_celeba"
 ATTR_FILE = "list_attr_celeba.txt"
@@ -63,14 +62,6 @@ HOW_TO_PLACE = (
     "<DIR>/celeba/img_align_celeba/000001.jpg exists, then set data_mirror to <DIR> "
     "(make: DATA=, CLI: --mirror)"
 )
-
-
-def _md5(path: Path) -> str:
-    digest = hashlib.md5()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _torchvision_md5s() -> dict[str, str]:
@@ -115,7 +106,7 @@ def find_source(root: Path, mirror: Path | None) -> Path:
 def _check_file(path: Path, expected_md5: str | None) -> None:
     if not path.is_file():
         raise FileNotFoundError(f"missing CelebA file {path}; " + HOW_TO_PLACE)
-    if expected_md5 is not None and _md5(path) != expected_md5:
+    if expected_md5 is not None and md5_of(path) != expected_md5:
         raise ValueError(
             f"corrupt CelebA file {path}: MD5 differs from torchvision's {expected_md5}; "
             + HOW_TO_PLACE

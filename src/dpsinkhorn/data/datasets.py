@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from dpsinkhorn.data.catalog import DATASETS, DatasetInfo, dataset_info  # noqa: F401 (API)
-from dpsinkhorn.fileio import atomic_path, load_samples, save_samples
+from dpsinkhorn.fileio import atomic_path, load_samples, md5_of, save_samples
 
 SPLITS = ("train", "test")
 
@@ -82,14 +82,6 @@ def _how_to_provide(info: DatasetInfo, archive: str, dest: Path) -> str:
     )
 
 
-def _md5(path: Path) -> str:
-    digest = hashlib.md5()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def _copy_from_mirror(info: DatasetInfo, mirror: Path, raw: Path) -> None:
     """Copy the archives from ``mirror/<folder>/raw`` to ``raw``, verifying each MD5.
 
@@ -98,7 +90,7 @@ def _copy_from_mirror(info: DatasetInfo, mirror: Path, raw: Path) -> None:
     src_dir = mirror / info.folder / "raw"
     for archive, md5 in info.archives():
         dest = raw / archive
-        if dest.is_file() and _md5(dest) == md5:
+        if dest.is_file() and md5_of(dest) == md5:
             continue
         src = src_dir / archive
         if not src.is_file():

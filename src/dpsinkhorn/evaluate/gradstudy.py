@@ -99,7 +99,7 @@ class GradientEstimator:
         alpha_c = spec["alpha_c"]
         label_t = torch.as_tensor(labels.astype(np.int64), device=self.device)
         self.real = conditional_features(real_images, label_t, self.num_classes, alpha_c)
-        self.cost = spec.get("cost", "mixed")
+        self.cost = spec["cost"]
         self.diameter = feature_diameter(real_images[0].numel(), alpha_c, self.cost)
         self.sampler = PoissonSampler(num_records, self.n / num_records, self.device)
         self.params = [q for q in model.parameters() if q.requires_grad]
@@ -249,7 +249,7 @@ def gradient_study(
         for p, var in zip(ps, variances, strict=True)
     ]
     return {
-        "experiment": spec.get("name"),
+        "experiment": spec["name"],
         "trained_p": spec["p"],
         "p": ps,
         "n_prime": [debias_size(estimator.n, p) for p in ps],

@@ -1,0 +1,1 @@
+"""Benchmarks of the training step: ``dpsinkhorn bench`` and the measurements it reports."""

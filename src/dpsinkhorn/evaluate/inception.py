@@ -1,0 +1,226 @@
+"""pytorch-fid's Inception network for FID: its weights file, their SHA-256, the pool3 features.
+
+The weights are pytorch-fid's ``pt_inception-2015-12-05-6726825d.pth``, read from a
+given path or from the torch hub cache (pytorch-fid's own download); a file is read
+only if its SHA-256 is listed in :data:`KNOWN_WEIGHTS_SHA256`. Images are uint8
+[N,H,W] or [N,H,W,C] (C in 1, 3). They are scaled to [0,1], grayscale is repeated to
+3 channels, and pytorch-fid's ``InceptionV3`` resizes them to 299x299 (bilinear) and
+maps them to [-1,1]. Features are the 2048-d pool3 activations (float64).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+from pytorch_fid import inception as pfi
+
+from dpsinkhorn.devices import resolve_device
+from dpsinkhorn.fileio import channels_last
+
+POOL3_BLOCK = pfi.InceptionV3.BLOCK_INDEX_BY_DIM[2048]
+WEIGHTS_FILE_NAME = Path(pfi.FID_WEIGHTS_URL).name  # pt_inception-2015-12-05-6726825d.pth
+HOW_TO_PASS = (
+    f"pass pytorch-fid's {WEIGHTS_FILE_NAME} with --weights PATH (config key 'fid_weights', "
+    "make variable FID_WEIGHTS=PATH)"
+)
+
+#: SHA-256 of the weights files FID accepts (a file is read only if its hash is listed here).
+KNOWN_WEIGHTS_SHA256: dict[str, str] = {
+    # pytorch-fid's release file (FID_WEIGHTS_URL); the name's 6726825d is its hash prefix
+    "6726825d0af5f729cebd5821db510b11b1cfad8faad88a03f1befd49fb9129b2": (
+        "pytorch-fid's published pt_inception-2015-12-05-6726825d.pth"
+    ),
+    # ../shared/weights/SHA256SUMS: the offline copy of this project's machines, rebuilt in
+    # pytorch-fid's format from the same 2015-12-05 network (pool3 features equal to 1e-7
+    # relative; its 1008-class fc layer is zeroed, which FID never uses)
+    "d9b36da80a6304d8ab322478ec0416c4a40882483c18593cf29fbe0cc25e83cd": (
+        "offline rebuild of pt_inception-2015-12-05-6726825d.pth (../shared/weights/SHA256SUMS)"
+    ),
+}
+
+_MODELS: dict[tuple[str | None, str], pfi.InceptionV3] = {}
+_SHA256: dict[tuple[str, int, int], str] = {}  # (resolved path, size, mtime_ns) -> hex digest
+
+
+def hub_cache_file() -> Path:
+    """Where pytorch-fid's own download keeps the weights (``$TORCH_HOME/hub/checkpoints``)."""
+    return Path(torch.hub.get_dir()) / "checkpoints" / WEIGHTS_FILE_NAME
+
+
+def sha256_of(path: str | os.PathLike) -> str:
+    """Hex SHA-256 of a file, cached per (path, size, modification time)."""
+    path = Path(path).resolve()
+    stat = path.stat()
+    key = (str(path), stat.st_size, stat.st_mtime_ns)
+    if key not in _SHA256:
+        digest = hashlib.sha256()
+        with open(path, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                digest.update(block)
+        _SHA256[key] = digest.hexdigest()
+    return _SHA256[key]
+
+
+def verify_weights(path: str | os.PathLike) -> str:
+    """SHA-256 of the weights file at ``path``; ``ValueError`` unless it is a known file.
+
+    Known files: :data:`KNOWN_WEIGHTS_SHA256` (pytorch-fid's published file and the
+    offline rebuild listed in ../shared/weights/SHA256SUMS). A file that loads but was
+    modified (e.g. one tensor rescaled) would silently give another FID.
+    """
+    digest = sha256_of(path)
+    if digest not in KNOWN_WEIGHTS_SHA256:
+        raise ValueError(
+            f"{path}: FID Inception weights have SHA-256 {digest}, not that of pytorch-fid's "
+            f"{WEIGHTS_FILE_NAME} ({', '.join(k[:12] + '...' for k in KNOWN_WEIGHTS_SHA256)}); "
+            "the file is modified or another network: replace it"
+        )
+    return digest
+
+
+def _local_inception(path: Path) -> pfi.InceptionV3:
+    """pytorch-fid's ``InceptionV3`` (pool3 block only) with weights read from ``path``.
+
+    ``InceptionV3(use_fid_inception=True)`` always fetches its weights through
+    ``torch.hub``; this builds the same network (``fid_inception_v3`` without the
+    download) and then assembles ``InceptionV3``'s blocks exactly as its
+    constructor does, so ``InceptionV3.forward`` (resize + normalise) is reused.
+    """
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"FID Inception weights not found: {path}; this must be pytorch-fid's "
+            f"{WEIGHTS_FILE_NAME}: {HOW_TO_PASS}"
+        )
+    verify_weights(path)
+    try:
+        state_dict = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # torch raises several types for a bad file
+        raise ValueError(f"{path}: cannot read FID Inception weights ({err})") from err
+
+    net = pfi._inception_v3(num_classes=1008, aux_logits=False, weights=None)
+    net.Mixed_5b = pfi.FIDInceptionA(192, pool_features=32)
+    net.Mixed_5c = pfi.FIDInceptionA(256, pool_features=64)
+    net.Mixed_5d = pfi.FIDInceptionA(288, pool_features=64)
+    net.Mixed_6b = pfi.FIDInceptionC(768, channels_7x7=128)
+    net.Mixed_6c = pfi.FIDInceptionC(768, channels_7x7=160)
+    net.Mixed_6d = pfi.FIDInceptionC(768, channels_7x7=160)
+    net.Mixed_6e = pfi.FIDInceptionC(768, channels_7x7=192)
+    net.Mixed_7b = pfi.FIDInceptionE_1(1280)
+    net.Mixed_7c = pfi.FIDInceptionE_2(2048)
+    try:
+        net.load_state_dict(state_dict)
+    except (RuntimeError, TypeError, AttributeError) as err:
+        raise ValueError(
+            f"{path}: not pytorch-fid's Inception weights ({WEIGHTS_FILE_NAME}): {err}"
+        ) from err
+
+    model = pfi.InceptionV3.__new__(pfi.InceptionV3)
+    torch.nn.Module.__init__(model)
+    model.resize_input = True
+    model.normalize_input = True
+    model.output_blocks = [POOL3_BLOCK]
+    model.last_needed_block = POOL3_BLOCK
+    pool = torch.nn.MaxPool2d(kernel_size=3, stride=2)
+    model.blocks = torch.nn.ModuleList(
+        [
+            torch.nn.Sequential(net.Conv2d_1a_3x3, net.Conv2d_2a_3x3, net.Conv2d_2b_3x3, pool),
+            torch.nn.Sequential(net.Conv2d_3b_1x1, net.Conv2d_4a_3x3, pool),
+            torch.nn.Sequential(
+                net.Mixed_5b,
+                net.Mixed_5c,
+                net.Mixed_5d,
+                net.Mixed_6a,
+                net.Mixed_6b,
+                net.Mixed_6c,
+                net.Mixed_6d,
+                net.Mixed_6e,
+            ),
+            torch.nn.Sequential(
+                net.Mixed_7a, net.Mixed_7b, net.Mixed_7c, torch.nn.AdaptiveAvgPool2d((1, 1))
+            ),
+        ]
+    )
+    for param in model.parameters():
+        param.requires_grad = False
+    return model
+
+
+def _downloaded_inception() -> pfi.InceptionV3:
+    """pytorch-fid's own ``InceptionV3``: weights from the torch hub cache, else downloaded."""
+    cached = hub_cache_file()
+    if cached.exists():
+        verify_weights(cached)  # before torch.load reads it
+    try:
+        model = pfi.InceptionV3([POOL3_BLOCK])
+    except OSError as err:  # urllib's URLError is an OSError
+        if cached.exists():
+            raise
+        raise FileNotFoundError(
+            f"FID Inception weights are not in the torch hub cache ({cached}) and downloading "
+            f"them from {pfi.FID_WEIGHTS_URL} failed ({err}); offline, {HOW_TO_PASS}, or copy "
+            f"the file to {cached}"
+        ) from err
+    verify_weights(cached)  # a fresh download
+    return model
+
+
+def weights_file(weights: str | os.PathLike | None) -> Path:
+    """The weights file FID reads: ``weights``, or pytorch-fid's torch hub cache file."""
+    return hub_cache_file() if weights is None else Path(weights)
+
+
+def load_inception(
+    weights: str | os.PathLike | None = None, device: str | torch.device = "auto"
+) -> pfi.InceptionV3:
+    """The FID network in eval mode on ``device``, cached per (weights path, device).
+
+    ``weights``: path to pytorch-fid's weights file, or None for pytorch-fid's own
+    download (torch hub cache).
+    """
+    device = resolve_device(device) if isinstance(device, str) else device
+    key = (None if weights is None else str(Path(weights).resolve()), str(device))
+    if key not in _MODELS:
+        model = _downloaded_inception() if weights is None else _local_inception(Path(weights))
+        _MODELS[key] = model.to(device).eval()
+    return _MODELS[key]
+
+
+#: Inception images per batch when none is given: large on a GPU (its memory holds 500
+#: 299x299 images' activations easily; fewer, larger launches), pytorch-fid's 50 on a CPU.
+DEFAULT_BATCH = {"cuda": 500, "cpu": 50}
+
+
+def activations(
+    images: np.ndarray,
+    weights: str | os.PathLike | None = None,
+    device: str | torch.device = "auto",
+    batch_size: int | None = None,
+) -> np.ndarray:
+    """Pool3 features float64 [N,2048] of uint8 images [N,H,W] or [N,H,W,C].
+
+    The uint8 images go to the device once; ``batch_size`` None picks
+    :data:`DEFAULT_BATCH` for the device type.
+    """
+    images = channels_last(images, "images")
+    model = load_inception(weights, device)
+    device = next(model.parameters()).device
+    if batch_size is None:
+        batch_size = DEFAULT_BATCH.get(device.type, DEFAULT_BATCH["cpu"])
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    out = torch.empty((len(images), 2048), dtype=torch.float64, device=device)
+    with torch.inference_mode():
+        resident = torch.from_numpy(np.ascontiguousarray(images)).to(device)
+        for start in range(0, len(images), batch_size):
+            batch = resident[start : start + batch_size]
+            # [B,C,H,W] in [0,1], contiguous like torchvision ToTensor output (same conv path)
+            x = batch.permute(0, 3, 1, 2).contiguous().float() / 255.0
+            if x.shape[1] == 1:
+                x = x.repeat(1, 3, 1, 1)
+            pool3 = model(x)[0]  # [B,2048,1,1]
+            out[start : start + len(batch)] = pool3[:, :, 0, 0].double()
+    return out.cpu().numpy()
