@@ -135,8 +135,59 @@ def test_import_circle_detector_finds_a_circle():
 def test_package_has_no_import_circles():
     graph = package_imports()
     assert {"config", "config.validate", "train.sweep", "report.cli"} <= set(graph)  # subpackages
-    assert "config.specs" in graph["config.studies"] and "report.table1" in graph["report.cli"]
+    assert "config.identity" in graph["config.studies"] and "report.table1" in graph["report.cli"]
     assert import_circles(graph) == []
+
+
+#: What each package may import (docs/ARCHITECTURE.md's table, top to bottom). Modules at the
+#: top level of the package (fileio, devices, models, plan, cli) count as packages of their own.
+ALLOWED_IMPORTS = {
+    "fileio": set(),
+    "devices": set(),
+    "config": set(),
+    "data": {"fileio"},
+    "models": set(),
+    "ot": set(),
+    "privacy": {"ot"},  # the audit runs the real loss
+    "train": {"config", "data", "devices", "fileio", "models", "ot", "privacy"},
+    "evaluate": {"config", "data", "devices", "fileio", "models", "ot", "privacy"},
+    "report": {"config", "data", "fileio", "privacy"},
+    "bench": {"config", "data", "devices", "models", "ot", "privacy", "train"},
+    "plan": {"bench", "config", "devices", "fileio", "privacy", "train"},
+    "cli": {"fileio"},  # and, by name, every module of COMMAND_MODULES
+    "__main__": {"cli"},
+    "": set(),  # the package's own __init__
+}
+
+
+def test_packages_import_only_the_layers_they_may():
+    graph = package_imports()
+    packages = {name.split(".")[0] for name in graph}
+    assert packages == set(ALLOWED_IMPORTS), "a new package: add it to ALLOWED_IMPORTS and the doc"
+    wrong = sorted(
+        f"{module} imports {target}"
+        for module, targets_ in graph.items()
+        for target in targets_
+        if target.split(".")[0] != module.split(".")[0]
+        and target.split(".")[0] not in ALLOWED_IMPORTS[module.split(".")[0]]
+    )
+    assert wrong == []
+
+
+def test_layer_check_sees_a_forbidden_import():
+    graph = {"report.table1": {"train.run"}, "train.run": set()}
+    bad = [t for m, ts in graph.items() for t in ts
+           if t.split(".")[0] not in ALLOWED_IMPORTS[m.split(".")[0]]]  # fmt: skip
+    assert bad == ["train.run"]
+
+
+MAX_MODULE_LINES = 520
+
+
+def test_no_module_is_over_the_size_limit():
+    package = REPO / "src" / "dpsinkhorn"
+    sizes = {p.relative_to(package): len(p.read_text().splitlines()) for p in package.rglob("*.py")}
+    assert {str(p): n for p, n in sizes.items() if n > MAX_MODULE_LINES} == {}
 
 
 def test_config_facade_exports_what_it_lists():

@@ -20,6 +20,7 @@ import yaml
 
 from dpsinkhorn import config as config_lib
 from dpsinkhorn.data import datasets as data
+from dpsinkhorn.data.catalog import DATASETS
 from dpsinkhorn.evaluate.sample import load_generator, sample_generator, sample_real
 from dpsinkhorn.ot.loss import feature_diameter
 from dpsinkhorn.privacy.accounting import compute_epsilon, paper_convention_epsilon
@@ -251,7 +252,7 @@ def test_python_api_on_own_arrays(tmp_path):
     model = load_generator(tmp_path / "mine" / "generator.pt", torch.device("cpu"))
     # The class count is the dataset's (MNIST: 10), never read from the private labels
     # (only 0..3 occur here): one record's label must not change the released model's shape.
-    assert model.config.num_classes == 10 == data.DATASETS["mnist"].num_classes
+    assert model.config.num_classes == 10 == DATASETS["mnist"].num_classes
     with pytest.raises(ValueError, match="train_data"):
         train(spec, tmp_path / "bad", train_data=(images.astype(np.float32), labels))
     with pytest.raises(ValueError, match=r"labels must lie in \[0, 10\)"):

@@ -12,7 +12,8 @@ import torch
 from geomloss import SamplesLoss
 
 from dpsinkhorn.models import ConditionalDCGAN, GeneratorConfig
-from dpsinkhorn.ot.loss import debias_size, mixed_cost
+from dpsinkhorn.ot.loss import debias_size
+from dpsinkhorn.ot.solver import mixed_cost
 from dpsinkhorn.privacy.accounting import budget_of
 
 

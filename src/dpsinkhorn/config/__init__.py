@@ -9,7 +9,7 @@ they are defined in:
 - :mod:`~dpsinkhorn.config.experiments`: one experiment's settings, the table rows;
 - :mod:`~dpsinkhorn.config.targets`: the outputs and the files each reads and writes;
 - :mod:`~dpsinkhorn.config.workflow`: what only the Snakemake rules need;
-- :mod:`~dpsinkhorn.config.specs`: what identifies an experiment (spec, sweep key);
+- :mod:`~dpsinkhorn.config.identity`: what identifies an experiment (spec, sweep key);
 - :mod:`~dpsinkhorn.config.studies`: the paper's ablations and grids as experiments.
 """
 
@@ -38,7 +38,7 @@ from dpsinkhorn.config.experiments import (
     trained_experiment,
     trained_experiments,
 )
-from dpsinkhorn.config.specs import (
+from dpsinkhorn.config.identity import (
     IMPLICIT_DEFAULTS,
     NON_SEMANTIC_KEYS,
     deep_merge,
@@ -124,7 +124,7 @@ __all__ = [
     "prepare_workflow_process",
     "train_runtime_minutes",
     "wildcard_regex",
-    # specs, studies
+    # identity, studies
     "IMPLICIT_DEFAULTS",
     "NON_SEMANTIC_KEYS",
     "deep_merge",

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-from dpsinkhorn.config.specs import deep_merge, experiment_spec_of
+from dpsinkhorn.config.identity import deep_merge, experiment_spec_of
 
 #: Table 1 rows this project fills, in table order, and the method each one needs.
 TABLE1_ROWS = {
@@ -57,7 +57,7 @@ def experiment_spec(config: Mapping, name: str) -> str:
     """The settings that define an experiment's generator, as canonical JSON.
 
     A Snakemake param of the train rule: when it changes, the generator is retrained.
-    Bookkeeping keys (``specs.NON_SEMANTIC_KEYS``) are left out, so changing them does not.
+    Bookkeeping keys (``identity.NON_SEMANTIC_KEYS``) are left out, so changing them does not.
     """
     return experiment_spec_of(experiment(config, name))
 

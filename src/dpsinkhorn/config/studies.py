@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from dpsinkhorn.config.specs import deep_merge, experiment_spec_of
+from dpsinkhorn.config.identity import deep_merge, experiment_spec_of
 
 #: The studies a config may define: what the paper shows, and the kind of output.
 STUDIES = {

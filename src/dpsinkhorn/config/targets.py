@@ -36,7 +36,7 @@ from dpsinkhorn.config.experiments import (
     table_experiments,
     trained_experiments,
 )
-from dpsinkhorn.config.specs import sweep_key
+from dpsinkhorn.config.identity import sweep_key
 from dpsinkhorn.config.studies import (
     FIGURE_STUDIES,
     STUDIES,

@@ -34,7 +34,7 @@ from dpsinkhorn.config.experiments import (
     experiment,
     experiment_names,
 )
-from dpsinkhorn.config.specs import deep_merge
+from dpsinkhorn.config.identity import deep_merge
 
 SCHEMA_PATH = Path(__file__).with_name("schema.json")
 

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from dpsinkhorn.data.catalog import DATASETS, DatasetInfo, dataset_info  # noqa: F401 (API)
+from dpsinkhorn.data.catalog import DATASETS, DatasetInfo, dataset_info
 from dpsinkhorn.fileio import atomic_path, load_samples, md5_of, save_samples
 
 SPLITS = ("train", "test")

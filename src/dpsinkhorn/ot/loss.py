@@ -22,8 +22,8 @@ import torch
 from geomloss import SamplesLoss
 
 from dpsinkhorn.ot import solver as ot
-from dpsinkhorn.ot.solver import COSTS, mixed_cost  # noqa: F401  (re-exported: the loss's costs)
 from dpsinkhorn.ot.solver import check_cost as _check_cost
+from dpsinkhorn.ot.solver import mixed_cost
 
 
 def _solver(

@@ -14,13 +14,9 @@ from pathlib import Path
 from dpsinkhorn import fileio
 from dpsinkhorn.config import (
     experiment,
-    figure_datasets,
-    figure_experiment,
-    table1_experiments,
-    table_experiments,
 )
-from dpsinkhorn.config.studies import STUDIES, study_cells, study_experiments
-from dpsinkhorn.config.targets import CELEBA_TABLES, NAMES, SAMPLE_FIGURES, TITLES
+from dpsinkhorn.config.studies import STUDIES, study_cells
+from dpsinkhorn.config.targets import CELEBA_TABLES, NAMES, SAMPLE_FIGURES, TITLES, cell_experiments
 from dpsinkhorn.report.common import (
     NO_GUARANTEE_PREFIX,
     ConfigLike,
@@ -78,19 +74,12 @@ def _experiment_text(config: Mapping, out_dir: Path, name: str) -> str:
 
 
 def _caption_experiments(config: Mapping, name: str) -> list[str]:
-    if name == "table1":
-        return list(table1_experiments(config).values())
-    if name in CELEBA_TABLES:
-        return list(table_experiments(config, name).values())
-    if name in SAMPLE_FIGURES:
-        return [figure_experiment(config, d) for d in figure_datasets(config)]
+    """The output's experiments (``config.targets``); reproduction.md's are those of the
+    tables it compares with the paper."""
     if name == "reproduction":
-        return list(
-            dict.fromkeys(
-                e for t in produced_tables(config) for e in _caption_experiments(config, t)
-            )
-        )
-    return study_experiments(config, name)
+        tables = produced_tables(config)
+        return list(dict.fromkeys(e for t in tables for e in cell_experiments(config, t)))
+    return cell_experiments(config, name)
 
 
 def _rst_safe(text: str) -> str:

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dpsinkhorn import fileio
-from dpsinkhorn.config import classifiers_of, experiment
+from dpsinkhorn.config import experiment
 from dpsinkhorn.config.studies import TABLE_STUDIES, configured_studies, study_cells
-from dpsinkhorn.config.targets import TITLES
+from dpsinkhorn.config.targets import TITLES, evaluation_files, privacy_files
 from dpsinkhorn.report.common import (
     ACCOUNTING_NOTE,
     METRIC_TITLES,
@@ -81,21 +81,6 @@ def require_study(config: Mapping, name: str, files: Sequence[str] = ()) -> None
         )
 
 
-def experiment_files(config: Mapping, out_dir: Path, name: str) -> list[Path]:
-    """The per-seed results and privacy report one experiment's row reads."""
-    spec = experiment(config, name)
-    exp_dir = out_dir / name
-    files = []
-    for seed in config["seeds"]:
-        files.append(exp_dir / f"fid_seed{seed}.json")
-        files += [
-            exp_dir / f"acc_{m}_seed{seed}.json" for m in classifiers_of(config, spec["dataset"])
-        ]
-    if spec["method"] == "dp_sinkhorn":
-        files.append(exp_dir / "privacy.json")
-    return files
-
-
 def measure_study(
     config: Mapping,
     out_dir: Path,
@@ -106,7 +91,9 @@ def measure_study(
     """Every cell of a study, measured: mean ± std over seeds, ε, privacy report."""
     cells = study_cells(config, study)
     names = list(dict.fromkeys(c.experiment for c in cells))
-    check_exist(f for n in names for f in experiment_files(config, out_dir, n))
+    # what the workflow's study rules read (config.targets): per-seed results, privacy reports
+    files = evaluation_files(config, out_dir, names) + privacy_files(config, out_dir, names)
+    check_exist(Path(f) for f in files)
     results = []
     for cell in cells:
         spec = experiment(config, cell.experiment)

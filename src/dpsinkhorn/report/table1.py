@@ -17,13 +17,12 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from dpsinkhorn.config import (
-    classifiers_of,
     experiment,
     figure_experiment,
     load_config,
     table1_experiments,
 )
-from dpsinkhorn.config.targets import TITLES
+from dpsinkhorn.config.targets import TITLES, table1_files
 from dpsinkhorn.report.common import (
     DATASET_TITLES,
     METRICS,
@@ -52,23 +51,10 @@ from dpsinkhorn.report.paper import (
 )
 
 
-def result_files(config: dict, results_dir: Path) -> list[Path]:
-    """Every file Table 1 reads (results of each seed, privacy reports)."""
-    files = []
-    for (dataset, row), name in table1_experiments(config).items():
-        exp_dir = results_dir / name
-        for seed in config["seeds"]:
-            files.append(exp_dir / f"fid_seed{seed}.json")
-            for model in classifiers_of(config, dataset):
-                files.append(exp_dir / f"acc_{model}_seed{seed}.json")
-        if row in ("paper", "perrow", "sound10"):
-            files.append(exp_dir / "privacy.json")
-    return files
-
-
 def our_rows(config: dict, results_dir: Path) -> list[Row]:
     """Rows measured in this run, one per Table 1 experiment of the config."""
-    check_exist(result_files(config, results_dir))
+    inputs = table1_files(config, results_dir)  # what the workflow's table1 rule reads
+    check_exist(Path(f) for f in [*inputs["results"], *inputs["privacy"]])
     return [
         measured_row(
             config,

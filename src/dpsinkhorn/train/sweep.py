@@ -46,7 +46,7 @@ from torch.func import functional_call, vmap
 from tqdm import tqdm
 
 from dpsinkhorn import config as config_lib
-from dpsinkhorn.config.specs import SWEEP_SHARED_KEYS, sweep_key
+from dpsinkhorn.config.identity import SWEEP_SHARED_KEYS, sweep_key
 from dpsinkhorn.devices import resolve_device
 from dpsinkhorn.ot.loss import conditional_features, semi_debiased_sinkhorn_with_grad_runs
 from dpsinkhorn.privacy.mechanism import ImageGradientSanitizer, StackedImageGradientSanitizer

@@ -5,7 +5,7 @@ One step:
     2. draw the real batch Y by Poisson sampling (rate q = B / N) as a fixed-shape
        buffer of ``capacity`` rows with 0/1 weights (see ``privacy.sampler.PoissonSampler``)
     3. S = 2 W(X[0:n], Y) − W(X[0:n], X[n':n+n'])  on [image, α_c · onehot]
-       (cost ``mixed`` | ``l2`` | ``l1``, see ``loss.mixed_cost``)
+       (cost ``mixed`` | ``l2`` | ``l1``, see ``ot.solver.mixed_cost``)
     4. ∇_X S in closed form from the fixed-schedule solver (``ot``); with
        ``perturbation: image`` (default) it is clipped and noised
        (``privacy.mechanism.ImageGradientSanitizer``) before the generator's backward pass;
@@ -37,6 +37,7 @@ import torch
 from dpsinkhorn import config as config_lib
 from dpsinkhorn.config.spec import ExperimentSpec
 from dpsinkhorn.data import datasets as data
+from dpsinkhorn.data.catalog import dataset_info
 from dpsinkhorn.models import GeneratorConfig, GeneratorPrecision, build_generator
 from dpsinkhorn.ot.loss import (
     conditional_features,
@@ -169,7 +170,7 @@ class Trainer:
             )
         # From the dataset's definition, never from the private labels (a label held by
         # one record would change the embedding's shape).
-        self.num_classes = data.dataset_info(settings.dataset).num_classes
+        self.num_classes = dataset_info(settings.dataset).num_classes
         if len(train_labels) and (train_labels.min() < 0 or train_labels.max() >= self.num_classes):
             raise ValueError(
                 f"experiment {settings.name}: training labels must lie in "
