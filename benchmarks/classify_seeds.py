@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dpsinkhorn import files as io
+from dpsinkhorn import fileio
 
 
 def read_idx(raw: Path, prefix: str, start: int, num: int) -> tuple[np.ndarray, np.ndarray]:
@@ -52,11 +52,11 @@ def main() -> int:
     common += ["--device", args.device, "--dataset", "mnist"]
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        io.save_samples(tmp / "test.npz", *read_idx(raw, "t10k", 0, args.num_test))
+        fileio.save_samples(tmp / "test.npz", *read_idx(raw, "t10k", 0, args.num_test))
         trains = []
         for k in range(args.seeds):
             trains.append(tmp / f"samples_seed{k}.npz")
-            io.save_samples(trains[-1], *read_idx(raw, "train", k * args.num_train, args.num_train))
+            fileio.save_samples(trains[-1], *read_idx(raw, "train", k * args.num_train, args.num_train))
         seeds = [str(k) for k in range(args.seeds)]
         start = time.perf_counter()
         for k in range(args.seeds):
@@ -70,8 +70,8 @@ def main() -> int:
         batched = ["--batched"] if args.batched else []
         subprocess.run([*cmd, "--seed", *seeds, "--out", *outs, *common, *batched], check=True)
         together = time.perf_counter() - start
-        acc_alone = [io.read_json(tmp / f"alone_{k}.json")["accuracy"] for k in range(args.seeds)]
-        acc_together = [io.read_json(o)["accuracy"] for o in outs]
+        acc_alone = [fileio.read_json(tmp / f"alone_{k}.json")["accuracy"] for k in range(args.seeds)]
+        acc_together = [fileio.read_json(o)["accuracy"] for o in outs]
     print(
         json.dumps(
             {
