@@ -40,6 +40,9 @@ for celeba_table in targets.CELEBA_TABLES:
         output:
             **in_report(targets.table_outputs(config, celeba_table, RESULTS)),
         params:
+            # The shell command is formatted when the job runs, after the loop has ended:
+            # the loop variable reaches it through params (fixed now), never directly.
+            table=celeba_table,
             config_files=CONFIG_FILES,
             caption=report_caption(celeba_table),
             out_dir=lambda w, output: Path(output.md).parent.parent,
@@ -54,5 +57,5 @@ for celeba_table in targets.CELEBA_TABLES:
         conda:
             CONDA_ENV
         shell:
-            f"dpsinkhorn report {celeba_table}"
+            "dpsinkhorn report {params.table}"
             " --config {params.config_files} --out-dir {params.out_dir} > {log} 2>&1"
