@@ -38,7 +38,8 @@ from dpsinkhorn.ot.loss import (
     semi_debiased_sinkhorn,
     semi_debiased_sinkhorn_with_grad,
 )
-from dpsinkhorn.train.trainer import GraphedStep, Trainer
+from dpsinkhorn.train.step import GraphedStep
+from dpsinkhorn.train.trainer import Trainer
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 CUDA = torch.device("cuda")
@@ -65,7 +66,7 @@ def test_step_never_waits_for_the_host(mnist, perturbation):
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        trainer.device_step()
+        trainer.stepper.device_step([trainer])
     finally:
         torch.cuda.set_sync_debug_mode("default")
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -31,9 +32,9 @@ from dpsinkhorn.privacy.accounting import (
 from dpsinkhorn.privacy.mechanism import (
     ImageGradientSanitizer,
     ParameterGradientSanitizer,
-    StackedImageGradientSanitizer,
     noise_multiplier,
 )
+from dpsinkhorn.train.step import sanitize
 
 N, N_PRIME, CLIP, SIGMA = 50, 20, 0.5, 1.5
 
@@ -77,51 +78,48 @@ def test_noise_std_is_two_clip_sigma_and_only_on_private_rows(clipping):
     assert torch.count_nonzero(out[400:]) == 0  # debiasing rows: no noise
 
 
-def test_stacked_sanitizer_is_each_run_own_mechanism():
-    """A sweep's batched sanitiser equals K separate ones: per-run clip, σ, clipping mode
-    and n', noise from each run's generator in the same shape and order, pass-through
-    for runs without one, zero padding untouched."""
-    specs = [  # (n', clip, sigma, clipping) or None
+def test_a_sweep_sanitises_each_run_with_its_own_mechanism():
+    """``train.step.sanitize``: run k's rows of the padded stack go through run k's own
+    sanitiser (its n', Δ, σ, clipping and generator), bit for bit as a single run's
+    would; runs without an image mechanism pass unchanged; padding stays zero."""
+    specs = [  # (n', clip, sigma, clipping), "parameter", or None (non-private)
         (20, 0.5, 1.5, "batch"),
         (5, 0.2, 0.8, "per_sample"),
         None,
         (0, 1.0, 2.0, "batch"),
+        "parameter",
         (30, 0.5, 1.0, "per_sample"),
     ]
     rows = N + 30
     grads = torch.zeros(len(specs), rows, 1, 28, 28)
 
-    def sanitizer(k: int) -> ImageGradientSanitizer | None:
-        if specs[k] is None:
-            return None
-        n_prime, clip, sigma, clipping = specs[k]
+    def run(k: int) -> SimpleNamespace:
+        spec = specs[k]
         generator = torch.Generator().manual_seed(k)
-        return ImageGradientSanitizer(N, n_prime, clip, sigma, clipping, generator)
+        if spec is None or spec == "parameter":
+            sanitizer = None if spec is None else ParameterGradientSanitizer(CLIP, SIGMA, generator)
+            return SimpleNamespace(n=N, n_prime=10, sanitizer=sanitizer)
+        n_prime, clip, sigma, clipping = spec
+        sanitizer = ImageGradientSanitizer(N, n_prime, clip, sigma, clipping, generator)
+        return SimpleNamespace(n=N, n_prime=n_prime, sanitizer=sanitizer)
 
-    singles = [sanitizer(k) for k in range(len(specs))]
-    stacked = [sanitizer(k) for k in range(len(specs))]
-    for k, spec in enumerate(specs):
-        used = N + (spec[0] if spec else 10)
+    singles = [run(k) for k in range(len(specs))]
+    stacked = [run(k) for k in range(len(specs))]
+    for k, r in enumerate(stacked):
+        used = N + r.n_prime
         grads[k, :used] = _grad(used, scale=10.0 ** (k - 2), seed=k)
-    out = StackedImageGradientSanitizer(stacked, N, rows, torch.device("cpu"))(grads)
-    for k, spec in enumerate(specs):
-        if spec is None:
+    out = sanitize(stacked, grads)
+    for k, r in enumerate(singles):
+        used = N + r.n_prime
+        if not isinstance(r.sanitizer, ImageGradientSanitizer):
             assert torch.equal(out[k], grads[k])
             continue
-        used = N + spec[0]
-        torch.testing.assert_close(out[k, :used], singles[k](grads[k, :used]), rtol=1e-5, atol=1e-6)
+        assert torch.equal(out[k, :used], r.sanitizer(grads[k, :used]))
+        assert not torch.equal(out[k, :N], grads[k, :N])  # noised
         assert torch.count_nonzero(out[k, used:]) == 0
         # Both drew the same noise: the generators advanced alike.
-        assert torch.equal(singles[k].generator.get_state(), stacked[k].generator.get_state())
-
-
-def test_stacked_sanitizer_rejects_a_run_that_does_not_fit():
-    s = ImageGradientSanitizer(N, N_PRIME, CLIP, SIGMA)
-    with pytest.raises(ValueError, match="run 0"):
-        StackedImageGradientSanitizer([s], N, N + N_PRIME - 1, torch.device("cpu"))
-    with pytest.raises(ValueError, match=r"expected \[1, 70, ...\]"):
-        StackedImageGradientSanitizer([s], N, N + N_PRIME, torch.device("cpu"))(
-            torch.zeros(2, 70, 1, 28, 28)
+        assert torch.equal(
+            r.sanitizer.generator.get_state(), stacked[k].sanitizer.generator.get_state()
         )
 
 

@@ -50,7 +50,7 @@ def benchmark(
     (seeds seed..seed+K-1): ``sweep_steps_per_s`` counts sweep steps (each advances all K
     runs) and ``sweep_per_run_ratio`` = sweep_steps_per_s / ours_steps_per_s (the
     issue's target: >= 0.7 at K >= 8). ``cuda_graphs`` replays ``ours`` and the sweep
-    from CUDA graphs (``train.GraphedStep``; CUDA only); ``compile_solver`` compiles
+    from CUDA graphs (``train.step.GraphedStep``; CUDA only); ``compile_solver`` compiles
     their Sinkhorn iterations; ``solver`` adds :func:`solver_iteration_times`;
     ``precision`` is ours' and the sweep's generator arithmetic
     (``models.GeneratorPrecision``). The reference runs with PyTorch's defaults
@@ -75,7 +75,7 @@ def benchmark(
         result["ours_steps_per_s"] = time_steps(trainer.step, dev, steps, warmup)
         if profile_steps:
             result["ours_profile"] = profile_kernels(trainer.step, dev, profile_steps)
-        result["ours"] = count_ops(trainer.device_step)
+        result["ours"] = count_ops(lambda: trainer.stepper.device_step([trainer]))
         result["ours"].update(
             cuda_graphs=trainer.cuda_graphs, compile_solver=compile_solver, precision=precision
         )
@@ -92,7 +92,7 @@ def benchmark(
             {**spec, "name": f"{spec['name']}_{k}", "seed": int(spec["seed"]) + k}
             for k in range(sweep_runs)
         ]
-        sweep = SweepTrainer(specs, images, labels, dev, compile_solver, cuda_graphs, precision)
+        sweep = SweepTrainer(specs, images, labels, dev, cuda_graphs, compile_solver, precision)
         result["sweep_runs"] = sweep_runs
         result["sweep_steps_per_s"] = time_steps(
             lambda: sweep.step(sweep.trainers), dev, steps, warmup
@@ -101,7 +101,7 @@ def benchmark(
             result["sweep_profile"] = profile_kernels(
                 lambda: sweep.step(sweep.trainers), dev, profile_steps
             )
-        result["sweep"] = count_ops(lambda: sweep.device_step(sweep.trainers), flops=False)
+        result["sweep"] = count_ops(lambda: sweep.stepper.device_step(sweep.trainers), flops=False)
         if "ours_steps_per_s" in result:
             result["sweep_per_run_ratio"] = result["sweep_steps_per_s"] / result["ours_steps_per_s"]
     if impl == "both":

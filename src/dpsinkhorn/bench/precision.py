@@ -33,8 +33,8 @@ def precision_error(
     """How far one training step in ``precision`` lands from the same step in fp32.
 
     A float32 ``Trainer`` first takes ``warm_steps`` steps; from that state, with the
-    same draws (z, labels, Poisson sample), ``Trainer.forward_backward`` runs in fp32 and
-    in ``precision``. Reports
+    same draws (z, labels, Poisson sample), ``train.step.TrainingStep.forward_backward``
+    runs in fp32 and in ``precision``. Reports
 
     * ``loss_rel``: |S_p − S_32| / |S_32|;
     * ``grad_rel``: ‖∇θ_p − ∇θ_32‖ / ‖∇θ_32‖ without sanitisation (the update a
@@ -58,7 +58,7 @@ def precision_error(
         if trainer.sanitizer is not None:
             trainer.sanitizer.generator = torch.Generator(device).manual_seed(noise_seed)
         with trainer.precision.step():
-            loss = trainer.forward_backward()
+            loss = trainer.stepper.forward_backward([trainer])[0]
         if isinstance(trainer.sanitizer, ParameterGradientSanitizer):
             trainer.sanitizer.apply(trainer.model.parameters())
         grads = [p.grad.flatten() for p in trainer.model.parameters() if p.grad is not None]

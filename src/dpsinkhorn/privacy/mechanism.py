@@ -41,7 +41,6 @@ Accounting for this mechanism: ``privacy.accounting``; the Poisson sampler: ``pr
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 
 import torch
 
@@ -127,76 +126,6 @@ class ImageGradientSanitizer:
         )
         debias = clip_block(grad[self.n :], self.clip, per_row)
         return torch.cat([private + self.noise_std * noise, debias])
-
-
-class StackedImageGradientSanitizer:
-    """K runs' :class:`ImageGradientSanitizer` applied at once to stacked gradients.
-
-    For a sweep (``sweep.SweepTrainer``): run k's gradient G_k [n + n'_k, ...] sits in
-    ``grads[k, :n + n'_k]`` of a zero-padded stack [K, rows, ...] (n shared, n'_k per
-    run). Run k gets exactly run k's mechanism, read from ``sanitizers[k]``: G_k[0:n]
-    clipped to Δ_k (as one vector, or per row for ``per_sample``) plus N(0, (2Δ_kσ_k)²)
-    noise per element, drawn from run k's generator with the shape and in the order of
-    ``ImageGradientSanitizer.__call__``; rows [n:n+n'_k] clipped to Δ_k, no noise. So the
-    adjacency, sensitivity and noise multiplier of run k are those of its sanitiser (see
-    the module docstring), and its accountant is unchanged. Runs never mix: every norm,
-    scale and noise draw is per run. ``None`` passes a run's rows through unchanged
-    (non-private, or ``perturbation: parameter``). Padding rows stay zero.
-    Only the noise draws loop over runs (one operation each); the rest is batched.
-    """
-
-    def __init__(
-        self,
-        sanitizers: Sequence[ImageGradientSanitizer | None],
-        n: int,
-        rows: int,
-        device: torch.device,
-    ):
-        for k, s in enumerate(sanitizers):
-            if s is not None and (s.n != n or n + s.n_prime > rows):
-                raise ValueError(
-                    f"run {k}: its sanitiser expects {s.n} + {s.n_prime} rows, "
-                    f"the stack has n = {n} and {rows} rows"
-                )
-        self.sanitizers, self.n = list(sanitizers), n
-        row = torch.arange(rows, device=device)
-        n_prime = torch.tensor([s.n_prime if s else 0 for s in sanitizers], device=device)
-        self.is_private = row < n  # [rows]
-        self.private_rows = self.is_private.float()
-        self.debias_rows = ((row >= n) & (row[None] < n + n_prime[:, None])).float()  # [K, rows]
-        # A run without a sanitiser: clip ∞ (scale 1), noise std 0.
-        self.clip = torch.tensor([s.clip if s else math.inf for s in sanitizers], device=device)[
-            :, None
-        ]
-        self.noise_std = torch.tensor(
-            [s.noise_std if s else 0.0 for s in sanitizers], device=device
-        )
-        self.per_row = torch.tensor(
-            [bool(s) and s.clipping == "per_sample" for s in sanitizers], device=device
-        )[:, None]
-
-    def __call__(self, grads: torch.Tensor) -> torch.Tensor:
-        """Sanitised copy of ``grads`` [K, rows, ...] (float32)."""
-        k, n = len(self.sanitizers), self.n
-        if grads.shape[0] != k or grads.shape[1] != self.private_rows.shape[0]:
-            raise ValueError(
-                f"expected [{k}, {self.private_rows.shape[0]}, ...] gradients, "
-                f"got {tuple(grads.shape)}"
-            )
-        row_norms = grads.flatten(2).norm(dim=2)  # [K, rows]
-        squares = row_norms.square()
-        private_norm = (squares * self.private_rows).sum(1, keepdim=True).sqrt()  # [K, 1]
-        debias_norm = (squares * self.debias_rows).sum(1, keepdim=True).sqrt()
-        block_norm = torch.where(self.is_private, private_norm, debias_norm)
-        norms = torch.where(self.per_row, row_norms, block_norm)
-        scale = (self.clip / (norms + 1e-12)).clamp(max=1.0)  # as clip_block, per run
-        clipped = grads * scale.view(*scale.shape, *([1] * (grads.ndim - 2)))
-        noise = torch.zeros_like(grads[:, :n])
-        for run, sanitizer in enumerate(self.sanitizers):
-            if sanitizer is not None:  # = torch.randn(G_k[0:n].shape, generator=run k's)
-                noise[run].normal_(generator=sanitizer.generator)
-        std = self.noise_std.view(k, *([1] * (grads.ndim - 1)))
-        return torch.cat([clipped[:, :n] + std * noise, clipped[:, n:]], dim=1)
 
 
 PERTURBATIONS = ("image", "parameter")

@@ -39,28 +39,17 @@ from dpsinkhorn.config.spec import ExperimentSpec
 from dpsinkhorn.data import datasets as data
 from dpsinkhorn.data.catalog import dataset_info
 from dpsinkhorn.models import GeneratorConfig, GeneratorPrecision, build_generator
-from dpsinkhorn.ot.loss import (
-    conditional_features,
-    debias_size,
-    feature_diameter,
-    semi_debiased_sinkhorn_with_grad,
-)
-from dpsinkhorn.privacy.accounting import (
-    PrivacyAccountant,
-    budget_of,
-    paper_convention_epsilon,
-)
-from dpsinkhorn.privacy.mechanism import ImageGradientSanitizer, ParameterGradientSanitizer
+from dpsinkhorn.ot.loss import conditional_features, feature_diameter
+from dpsinkhorn.privacy.accounting import PrivacyAccountant, paper_convention_epsilon
+from dpsinkhorn.privacy.factory import PrivateRun, make_private
+from dpsinkhorn.privacy.mechanism import ParameterGradientSanitizer
 from dpsinkhorn.privacy.noise import (
     NO_GUARANTEE_PUBLIC_SEED,
-    keyed_generator,
-    public_noise_key,
     rng_state_bytes,
     rng_state_tensor,
-    secret_noise_key,
 )
-from dpsinkhorn.privacy.sampler import PoissonSampler
 from dpsinkhorn.train import memory
+from dpsinkhorn.train.step import TrainingStep
 
 
 def data_fingerprint(images: np.ndarray, labels: np.ndarray) -> str:
@@ -75,60 +64,15 @@ def data_fingerprint(images: np.ndarray, labels: np.ndarray) -> str:
     return digest.hexdigest()
 
 
-class GraphedStep:
-    """Runs a step's device work from a CUDA graph: eager warm-up, one capture, then replays.
-
-    A step of the paper's MNIST model is ~460 small operations (``dpsinkhorn bench``
-    reports ``ops_per_step``); on a GPU their launches, not their arithmetic, bound the
-    step rate. Replaying a graph launches them all at once. ``device_step`` must do only
-    device work with fixed shapes, no host synchronisation and every random draw from
-    the ``trainers``' generators (true of ``Trainer.device_step`` and the sweep's step;
-    ``tests/test_bench.py`` checks the absence of synchronisation); the generators are
-    registered with the graph, so each replay draws fresh z, labels, Poisson samples and
-    noise. Host bookkeeping (step counters, privacy ledgers) stays outside the graph:
-    the caller counts each call as one step. The first ``WARMUP_STEPS`` calls run
-    eagerly on a side stream, as capture requires; they are ordinary training steps.
-    CUDA only.
-    """
-
-    WARMUP_STEPS = 3
-
-    def __init__(self, device_step, trainers: list[Trainer], device: torch.device):
-        self.device_step, self.trainers, self.device = device_step, trainers, device
-        self.eager_steps = 0
-        self.graph: torch.cuda.CUDAGraph | None = None
-
-    def __call__(self):
-        """One step's device work; returns what ``device_step`` returns (copied on replay)."""
-        if self.eager_steps < self.WARMUP_STEPS:
-            self.eager_steps += 1
-            side = torch.cuda.Stream(self.device)
-            side.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(side):
-                out = self.device_step()
-            torch.cuda.current_stream(self.device).wait_stream(side)
-            return out
-        if self.graph is None:
-            self._capture()
-        self.graph.replay()
-        if isinstance(self.output, torch.Tensor):
-            return self.output.clone()
-        return [t.clone() for t in self.output]
-
-    def _capture(self) -> None:
-        graph = torch.cuda.CUDAGraph()
-        for trainer in self.trainers:
-            graph.register_generator_state(trainer.rng)
-            trainer.optimizer.zero_grad(set_to_none=True)
-        try:
-            with torch.cuda.graph(graph):
-                self.output = self.device_step()  # recorded, not run
-        except RuntimeError as error:
-            raise RuntimeError(
-                f"could not capture the training step in a CUDA graph ({error}); "
-                "train without cuda_graphs"
-            ) from error
-        self.graph = graph
+def check_batch_size(spec: dict, num_records: int) -> None:
+    """Refuse (``memory.TooLargeError`` naming ``batch_size``) a batch larger than the data."""
+    if spec["batch_size"] > num_records:
+        raise memory.TooLargeError(
+            "batch_size",
+            f"batch_size {spec['batch_size']} is larger than the {num_records} training "
+            f"records of {spec['dataset']}: the sampling rate q = batch_size / N must be at "
+            "most 1",
+        )
 
 
 class Trainer:
@@ -151,6 +95,7 @@ class Trainer:
         precision: str = "fp32",
         fingerprint: str | None = None,
         real_features: torch.Tensor | None = None,
+        private_run: PrivateRun | None = None,
     ):
         self.spec, self.device = spec, device
         self.settings = settings = ExperimentSpec.from_dict(spec)
@@ -158,16 +103,19 @@ class Trainer:
         self.cuda_graphs = cuda_graphs and device.type == "cuda"
         self.compile_solver = compile_solver  # torch.compile the Sinkhorn iterations
         self.precision = GeneratorPrecision(precision, device)  # the generator's arithmetic
-        self.n = settings.batch_size
-        self.n_prime = debias_size(self.n, settings.p)
         num_records = len(train_labels)
-        self.q = self.n / num_records
-        if self.n > num_records:
-            raise memory.TooLargeError(
-                "batch_size",
-                f"batch_size {self.n} is larger than the {num_records} training records of "
-                f"{settings.dataset}: the sampling rate q = batch_size / N must be at most 1",
-            )
+        check_batch_size(spec, num_records)
+        # The run's generator (z, labels, Poisson draws, noise), sampler, sanitiser and
+        # accountant, all from the one factory (a sweep passes its members' own).
+        self.private_run = private_run or make_private(spec, num_records, device)
+        self.rng, self.sampler = self.private_run.rng, self.private_run.sampler
+        self.sanitizer, self.accountant = self.private_run.sanitizer, self.private_run.accountant
+        self.n, self.n_prime, self.q = (
+            self.private_run.n,
+            self.private_run.n_prime,
+            self.private_run.q,
+        )
+        self.total_steps = self.private_run.total_steps
         # From the dataset's definition, never from the private labels (a label held by
         # one record would change the embedding's shape).
         self.num_classes = dataset_info(settings.dataset).num_classes
@@ -222,16 +170,6 @@ class Trainer:
                 weight_decay=settings.weight_decay,
                 **self.optimizer_flags,
             )
-        # Draws of z, labels, Poisson samples and noise: a secret key per run, or, in
-        # reproducible mode, a public one from (seed, experiment name).
-        key = (
-            public_noise_key(settings.seed, settings.name)
-            if self.reproducible
-            else secret_noise_key()
-        )
-        self.rng = keyed_generator(key, device)
-        del key
-        self.sampler = PoissonSampler(num_records, self.q, device)
         self.memory_bytes = memory.step_bytes(  # refused below if the device cannot hold it
             self.n,
             self.n_prime,
@@ -243,85 +181,15 @@ class Trainer:
         memory.check_fits(
             self.memory_bytes, device, f"batch_size {self.n} (q = {self.q:.4g}, {settings.name})"
         )
-
         self.perturbation = settings.perturbation
         self.epsilon_convention = settings.epsilon_convention
-        if self.private:
-            if self.perturbation == "parameter" and settings.clipping != "batch":
-                raise ValueError(
-                    f"experiment {settings.name}: perturbation parameter clips the whole "
-                    f"parameter gradient as one vector; clipping must be batch, "
-                    f"not {settings.clipping}"
-                )
-            sigma, self.total_steps = budget_of(spec, num_records)
-            if self.perturbation == "image":
-                self.sanitizer = ImageGradientSanitizer(
-                    self.n, self.n_prime, settings.clip, sigma, settings.clipping, self.rng
-                )
-            elif self.perturbation == "parameter":
-                self.sanitizer = ParameterGradientSanitizer(settings.clip, sigma, self.rng)
-            else:
-                raise ValueError(
-                    f"experiment {settings.name}: perturbation must be image or parameter, "
-                    f"got {self.perturbation!r}"
-                )
-            self.accountant = PrivacyAccountant(
-                self.q, self.sanitizer.noise_multiplier, settings.delta, settings.accountant
-            )
-        else:
-            if settings.steps is None:
-                raise ValueError(f"experiment {settings.name}: non-private training needs steps")
-            self.total_steps, self.sanitizer, self.accountant = int(settings.steps), None, None
         self.step_count = 0
-        self.graphed = GraphedStep(self.device_step, [self], device) if self.cuda_graphs else None
+        # A single run is the K = 1 case of the one training step (train.step).
+        self.stepper = TrainingStep([self], device, self.cuda_graphs)
 
     def step(self) -> torch.Tensor:
         """One training step; returns the loss as a device tensor (no host sync)."""
-        loss = self.graphed() if self.graphed is not None else self.device_step()
-        self.count_step()
-        return loss
-
-    def device_step(self) -> torch.Tensor:
-        """The device work of one step (draws, loss, sanitised backward, optimiser step).
-
-        Fixed shapes, no host synchronisation, every random draw from ``self.rng``:
-        what :class:`GraphedStep` records. Returns the loss (device scalar).
-        """
-        with self.precision.step():
-            loss = self.forward_backward()
-            self.apply_update()
-        return loss
-
-    def forward_backward(self) -> torch.Tensor:
-        """Draws, loss and the sanitised backward pass: leaves ∇_θ in the parameters'
-        ``.grad`` (not yet sanitised for ``perturbation: parameter``); returns the loss."""
-        settings = self.settings
-        z, labels = self.model.sample_inputs(self.n + self.n_prime, self.rng, self.device)
-        with self.precision.forward():
-            images = self.model(z, labels)
-        x = conditional_features(
-            images.detach().float(), labels, self.num_classes, settings.alpha_c
-        )
-        indices, weights = self.sampler.sample(self.rng)
-        loss, grad_x = semi_debiased_sinkhorn_with_grad(
-            x,
-            self.real[indices],
-            weights,
-            self.n,
-            settings.p,
-            settings.entropy_reg,
-            settings.m,
-            scaling=settings.sinkhorn_scaling,
-            diameter=self.diameter,
-            cost=self.cost,
-            compile=self.compile_solver,
-        )
-        grad_images = grad_x[:, : images[0].numel()].reshape(images.shape)  # ∇_X S
-        if isinstance(self.sanitizer, ImageGradientSanitizer):
-            grad_images = self.sanitizer(grad_images)  # clip + noise before backprop
-        self.optimizer.zero_grad(set_to_none=True)
-        images.backward(grad_images.to(images.dtype))  # float32 -> bf16: post-processing
-        return loss
+        return self.stepper([self])[0]
 
     def apply_update(self) -> None:
         """After backward: sanitise the parameter gradient (``perturbation: parameter``)

@@ -1,0 +1,138 @@
+"""``make_private``: the one place where an experiment's settings become its privacy mechanism.
+
+From a validated experiment dict (``config.experiment``; the keys read are listed in
+:data:`SPEC_KEYS`) and the public number of training records N, :func:`make_private`
+builds what one training run's privacy consists of, in the way Opacus' ``make_private``
+wires a model, an optimiser and a data loader:
+
+* the run's random generator (``privacy.noise``): keyed with 256 secret bits from the
+  operating system, or, with ``reproducible: true``, with a public key from (seed,
+  name) (then there is no guarantee). z, labels, Poisson draws and noise all come
+  from it; the key itself is dropped here and never stored;
+* the sampler: ``privacy.sampler.PoissonSampler`` at rate q = batch_size / N (every run
+  samples, private or not, so the real batch always has the same shape);
+* the sanitiser, for ``method: dp_sinkhorn`` only:
+  ``perturbation: image`` -> ``privacy.mechanism.ImageGradientSanitizer`` (Gaussian
+  mechanism on ∇_X S[0:n], sensitivity 2Δ for ``clipping: batch``, 2Δ√n for
+  ``per_sample``; noise std 2Δσ), ``perturbation: parameter`` ->
+  ``privacy.mechanism.ParameterGradientSanitizer`` (the whole ∇_θ S clipped to Δ,
+  sensitivity 2Δ, noise std 2Δσ). Both under add/remove-one adjacency;
+* the accountant: ``privacy.accounting.PrivacyAccountant`` for q and the sanitiser's
+  noise multiplier (noise std / sensitivity: σ, or σ/√n for per-sample clipping), at
+  the experiment's δ.
+
+σ and the number of steps come from ``budget_of`` (σ and steps given, or solved from
+``target_epsilon``). Training (``train.trainer.Trainer``), sweeps (a stack of runs,
+:func:`make_private_stack`) and the audit (``privacy.audit``) all build their
+mechanism here, so what the ledger charges is what the step runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from dpsinkhorn.ot.loss import debias_size
+from dpsinkhorn.privacy.accounting import PrivacyAccountant, budget_of
+from dpsinkhorn.privacy.mechanism import (
+    PERTURBATIONS,
+    ImageGradientSanitizer,
+    ParameterGradientSanitizer,
+)
+from dpsinkhorn.privacy.noise import keyed_generator, public_noise_key, secret_noise_key
+from dpsinkhorn.privacy.sampler import PoissonSampler
+
+#: The experiment keys the factory reads (a validated experiment dict has them all).
+SPEC_KEYS = (
+    "name", "method", "batch_size", "p", "steps", "sigma", "clip", "clipping",
+    "perturbation", "target_epsilon", "epsilon_convention", "delta", "accountant",
+    "seed", "reproducible",
+)  # fmt: skip
+
+Sanitizer = ImageGradientSanitizer | ParameterGradientSanitizer
+
+
+@dataclass
+class PrivateRun:
+    """What one run's privacy consists of (``sanitizer`` and ``accountant`` are None for
+    a non-private run). ``rng``: the run's keyed generator (every draw of the step);
+    ``n`` generated cross rows, ``n_prime`` debiasing rows, ``q`` = n / N the Poisson
+    rate, ``total_steps`` the steps the run takes."""
+
+    rng: torch.Generator
+    sampler: PoissonSampler
+    sanitizer: Sanitizer | None
+    accountant: PrivacyAccountant | None
+    n: int
+    n_prime: int
+    q: float
+    total_steps: int
+
+
+def make_private(
+    spec: Mapping,
+    num_records: int,
+    device: torch.device,
+    image_sanitizer: type[ImageGradientSanitizer] = ImageGradientSanitizer,
+) -> PrivateRun:
+    """Generator, sampler, sanitiser and accountant of the experiment ``spec`` on
+    ``num_records`` records (public N), on ``device``.
+
+    ``image_sanitizer`` is the class of the image-gradient mechanism; only the audit
+    passes another one (deliberately broken subclasses it must catch).
+    A ValueError names the experiment and the bad setting.
+    """
+    name = spec["name"]
+    n = int(spec["batch_size"])
+    if not 0 < n <= num_records:
+        raise ValueError(
+            f"experiment {name}: batch_size {n} must be in [1, {num_records}] "
+            f"(the sampling rate q = batch_size / N must be at most 1)"
+        )
+    n_prime, q = debias_size(n, float(spec["p"])), n / num_records
+    key = public_noise_key(int(spec["seed"]), name) if spec["reproducible"] else secret_noise_key()
+    generator = keyed_generator(key, device)
+    del key
+    sampler = PoissonSampler(num_records, q, device)
+    if spec["method"] != "dp_sinkhorn":
+        if spec["steps"] is None:
+            raise ValueError(f"experiment {name}: non-private training needs steps")
+        return PrivateRun(generator, sampler, None, None, n, n_prime, q, int(spec["steps"]))
+
+    perturbation, clipping = spec["perturbation"], spec["clipping"]
+    if perturbation not in PERTURBATIONS:
+        raise ValueError(
+            f"experiment {name}: perturbation must be image or parameter, got {perturbation!r}"
+        )
+    if perturbation == "parameter" and clipping != "batch":
+        raise ValueError(
+            f"experiment {name}: perturbation parameter clips the whole parameter gradient "
+            f"as one vector; clipping must be batch, not {clipping}"
+        )
+    sigma, total_steps = budget_of(spec, num_records)
+    sanitizer: Sanitizer
+    if perturbation == "image":
+        sanitizer = image_sanitizer(n, n_prime, spec["clip"], sigma, clipping, generator)
+    else:
+        sanitizer = ParameterGradientSanitizer(spec["clip"], sigma, generator)
+    accountant = PrivacyAccountant(q, sanitizer.noise_multiplier, spec["delta"], spec["accountant"])
+    return PrivateRun(generator, sampler, sanitizer, accountant, n, n_prime, q, total_steps)
+
+
+def make_private_stack(
+    specs: Sequence[Mapping], num_records: int, device: torch.device
+) -> list[PrivateRun]:
+    """:func:`make_private` for K runs stepped together (a sweep). Each run keeps its own
+    generator (its own key: members never share noise or Poisson draws), sanitiser (its
+    Δ, σ, clipping, n') and accountant. The runs must draw real batches of one shape
+    (same n, hence the same q and Poisson capacity): one batched selection serves all."""
+    runs = [make_private(spec, num_records, device) for spec in specs]
+    shapes = {(run.n, run.sampler.capacity) for run in runs}
+    if len(shapes) > 1:
+        raise ValueError(
+            f"experiments {[spec['name'] for spec in specs]} cannot be stepped together: "
+            f"their (batch_size, Poisson capacity) differ: {sorted(shapes)}"
+        )
+    return runs
