@@ -5,7 +5,9 @@ An adversary who knows everything but whether a canary record is in the data:
 * Mechanism audited: the real step's query and sanitiser. The real batch Y is drawn by
   ``privacy.sampler.PoissonSampler`` at rate q = 1 (every record in; the strongest setting for an
   audit), G = ∇_X S(X, Y) comes from ``loss.semi_debiased_sinkhorn_with_grad`` (L2 cost),
-  and the release is ``privacy.mechanism.ImageGradientSanitizer``'s noised block G[0:n].
+  and the release is the noised block G[0:n] of the sanitiser that
+  ``privacy.factory.make_private`` builds from an experiment's settings (as training
+  does), with the claim read from the accountant it builds.
 * Adjacency: add/remove one record. D = {y0}, D' = D ∪ {canary}.
 * Worst-case canary: every generated row sits at the origin and y0 = 4·e1, so each row's
   gradient points along −e1; the canary −12·e1 moves the batch's centre to −4·e1 and
@@ -37,9 +39,9 @@ import torch
 from scipy.stats import beta
 
 from dpsinkhorn.ot.loss import debias_size, semi_debiased_sinkhorn_with_grad
-from dpsinkhorn.privacy.accounting import compute_epsilon
+from dpsinkhorn.privacy.factory import make_private
 from dpsinkhorn.privacy.mechanism import ImageGradientSanitizer, clip_block
-from dpsinkhorn.privacy.noise import keyed_generator, public_noise_key
+from dpsinkhorn.privacy.noise import keyed_generator
 from dpsinkhorn.privacy.sampler import PoissonSampler
 
 #: The audit's set-up: n generated rows of DIM features, Δ, δ, Sinkhorn λ, p.
@@ -62,7 +64,7 @@ class NoiseOverRootNSanitizer(ImageGradientSanitizer):
 
     @property
     def noise_std(self) -> float:
-        return 2.0 * self.clip * self.sigma / math.sqrt(self.n)
+        return 2.0 * self.clip * self.noise_scale / math.sqrt(self.n)
 
 
 MECHANISMS = {
@@ -134,10 +136,17 @@ def audit(
     """Run the attack: ``releases`` one-step releases from each of D and D'; returns the
     ε lower bound, the accountant's ε for one step (q = 1) and the set-up."""
     sigma = SIGMAS[clipping]
-    sanitizer = MECHANISMS[mechanism](
-        N_ROWS, debias_size(N_ROWS, P), CLIP, sigma, clipping,
-        keyed_generator(public_noise_key(seed, f"audit {mechanism} {clipping}")),
-    )  # fmt: skip
+    # The mechanism as training builds it (privacy.factory), at q = n / N = 1, with the
+    # noise of a public key (an audit needs no secret) and the class under test.
+    spec = {
+        "name": f"audit {mechanism} {clipping}", "method": "dp_sinkhorn",
+        "batch_size": N_ROWS, "p": P, "steps": 1, "sigma": sigma, "clip": CLIP,
+        "clipping": clipping, "perturbation": "image", "target_epsilon": None,
+        "epsilon_convention": "sound", "delta": DELTA, "accountant": "rdp",
+        "seed": seed, "reproducible": True,
+    }  # fmt: skip
+    private = make_private(spec, N_ROWS, torch.device("cpu"), MECHANISMS[mechanism])
+    sanitizer = private.sanitizer
     grad_out, grad_in = _gradients()
     per_row = clipping == "per_sample"
     a = clip_block(grad_out[:N_ROWS].float(), CLIP, per_row)
@@ -153,7 +162,8 @@ def audit(
                 for _ in range(releases)
             ]
         )
-    claimed = compute_epsilon(sanitizer.noise_multiplier, 1.0, 1, DELTA)
+    private.accountant.step()  # the ledger's claim for the one released step
+    claimed = private.accountant.epsilon()
     return {
         "mechanism": mechanism,
         "clipping": clipping,

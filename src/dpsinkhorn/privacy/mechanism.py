@@ -35,6 +35,12 @@ batches move the clipped vector by at most 2Δ: sensitivity 2Δ. Each element ge
 N(0, (2Δσ)²) noise: noise multiplier σ, the same accounting as above. Only
 ``clipping: batch`` exists for it (there are no per-record rows to clip).
 
+Names. σ (config key ``sigma``, attribute ``noise_scale``) is the noise std in units of
+2Δ: noise std = 2Δσ in every mode. It is the noise multiplier (noise std / L2
+sensitivity, what the accountant takes) only for batch clipping; for per-sample
+clipping the multiplier is σ/√n. Δ is ``clip``. (The Sinkhorn temperature λ is
+``entropy_reg``, elsewhere.)
+
 Accounting for this mechanism: ``privacy.accounting``; the Poisson sampler: ``privacy.sampler``.
 """
 
@@ -85,7 +91,7 @@ class ImageGradientSanitizer:
 
     Gaussian mechanism on G[0:n] under add/remove-one adjacency; see the module
     docstring for sensitivity (2Δ batch / 2Δ√n per_sample) and noise multiplier
-    (σ / σ/√n). Noise std per element: 2Δσ. ``generator`` makes the noise
+    (σ / σ/√n), with σ = ``noise_scale``. Noise std per element: 2Δσ. ``generator`` makes the noise
     reproducible (its state is checkpointed by the trainer).
     """
 
@@ -94,20 +100,20 @@ class ImageGradientSanitizer:
         n: int,
         n_prime: int,
         clip: float,
-        sigma: float,
+        noise_scale: float,
         clipping: str = "batch",
         generator: torch.Generator | None = None,
     ):
         check_positive("clip", clip)
-        self.noise_multiplier = noise_multiplier(sigma, n, clipping)
+        self.noise_multiplier = noise_multiplier(noise_scale, n, clipping)
         self.n, self.n_prime = n, n_prime
-        self.clip, self.sigma, self.clipping = float(clip), float(sigma), clipping
+        self.clip, self.noise_scale, self.clipping = float(clip), float(noise_scale), clipping
         self.generator = generator
 
     @property
     def noise_std(self) -> float:
         """Standard deviation of the noise added to each element of G[0:n]: 2Δσ."""
-        return 2.0 * self.clip * self.sigma
+        return 2.0 * self.clip * self.noise_scale
 
     @property
     def sensitivity(self) -> float:
@@ -146,16 +152,16 @@ class ParameterGradientSanitizer:
 
     clipping = "batch"
 
-    def __init__(self, clip: float, sigma: float, generator: torch.Generator | None = None):
+    def __init__(self, clip: float, noise_scale: float, generator: torch.Generator | None = None):
         check_positive("clip", clip)
-        check_positive("sigma", sigma)
-        self.clip, self.sigma = float(clip), float(sigma)
+        check_positive("sigma", noise_scale)
+        self.clip, self.noise_scale = float(clip), float(noise_scale)
         self.generator = generator
 
     @property
     def noise_std(self) -> float:
         """Standard deviation of the noise added to each element of g: 2Δσ."""
-        return 2.0 * self.clip * self.sigma
+        return 2.0 * self.clip * self.noise_scale
 
     @property
     def sensitivity(self) -> float:
@@ -165,7 +171,7 @@ class ParameterGradientSanitizer:
     @property
     def noise_multiplier(self) -> float:
         """Noise std / sensitivity = σ."""
-        return self.sigma
+        return self.noise_scale
 
     def __call__(self, grad: torch.Tensor) -> torch.Tensor:
         """Return clip_Δ(grad) + N(0, (2Δσ)²) elementwise; ``grad`` is a flat vector [P]."""

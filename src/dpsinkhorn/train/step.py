@@ -31,16 +31,39 @@ CUDA graph. Host bookkeeping (step counters, privacy ledgers) is done by
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 from torch.func import functional_call, vmap
 
+from dpsinkhorn.config.spec import ExperimentSpec
+from dpsinkhorn.models import GeneratorPrecision
 from dpsinkhorn.ot.loss import conditional_features, semi_debiased_sinkhorn_with_grad_runs
-from dpsinkhorn.privacy.mechanism import ImageGradientSanitizer
+from dpsinkhorn.privacy.mechanism import ImageGradientSanitizer, ParameterGradientSanitizer
+from dpsinkhorn.privacy.sampler import PoissonSampler
 
-if TYPE_CHECKING:
-    from dpsinkhorn.train.trainer import Trainer
+
+class Trainer(Protocol):
+    """What the step reads and calls of one run (``train.trainer.Trainer`` is one)."""
+
+    settings: ExperimentSpec  # loss settings (λ, m, p, α_c, scaling), shared by a step's runs
+    n: int  # generated cross rows = expected real batch
+    n_prime: int  # debiasing rows
+    model: torch.nn.Module  # the generator g(z, label)
+    optimizer: torch.optim.Optimizer
+    rng: torch.Generator  # every draw of the run: z, labels, Poisson uniforms, noise
+    sampler: PoissonSampler
+    sanitizer: ImageGradientSanitizer | ParameterGradientSanitizer | None
+    precision: GeneratorPrecision
+    real: torch.Tensor  # [N, D] real features on the device
+    num_classes: int
+    diameter: float  # the feature bound that fixes the solver's schedule
+    cost: str
+    compile_solver: bool
+
+    def apply_update(self) -> None: ...  # parameter sanitiser (if any) + optimiser step
+
+    def count_step(self) -> None: ...  # host bookkeeping: step counter and ledger
 
 
 class GraphedStep:

@@ -1,29 +1,16 @@
-"""DP-Sinkhorn training (paper Algorithm 1): the explicit training step, one readable file.
+"""One training run's state: generator, optimiser, privacy mechanism, ledger, checkpoints.
 
-One step:
-    1. draw n + n' latent codes and uniform labels; X = g(z, label)
-    2. draw the real batch Y by Poisson sampling (rate q = B / N) as a fixed-shape
-       buffer of ``capacity`` rows with 0/1 weights (see ``privacy.sampler.PoissonSampler``)
-    3. S = 2 W(X[0:n], Y) − W(X[0:n], X[n':n+n'])  on [image, α_c · onehot]
-       (cost ``mixed`` | ``l2`` | ``l1``, see ``ot.solver.mixed_cost``)
-    4. ∇_X S in closed form from the fixed-schedule solver (``ot``); with
-       ``perturbation: image`` (default) it is clipped and noised
-       (``privacy.mechanism.ImageGradientSanitizer``) before the generator's backward pass;
-       with ``perturbation: parameter`` the whole parameter gradient ∇_θ S is
-       clipped and noised after the backward pass
-       (``privacy.mechanism.ParameterGradientSanitizer``, the paper's Table 2 baseline)
-    5. optimiser step on the generator; the accountant records one step
+A :class:`Trainer` holds what one run owns: the conditional generator g (initial weights
+from the config's ``seed``), its optimiser, the real data's features on the device, and
+what ``privacy.factory.make_private`` builds from the experiment: the run's keyed
+random generator (z, labels, Poisson draws and noise: 256 secret bits from the
+operating system, or with ``reproducible: true`` a public key from seed and name, and
+then privacy.json says there is no guarantee), the Poisson sampler, the sanitiser and
+the accountant. ``Trainer.step`` runs the one training step (``train.step``: draw,
+solve, sanitise, backward, update) as its K = 1 case and records it in the ledger.
 
-Everything the step touches lives on the device; the step has fixed shapes and
-never synchronises with the host (the private loss is read only with
-``log_private_loss``). Files, checkpoints and the CLI of a run: ``train.run``; K runs
-advanced by one batched step: ``train.sweep``.
-
-Randomness. z, labels, Poisson draws and noise come from one generator per run,
-keyed with 256 bits from the operating system (``privacy.noise.secret_noise_key``), never
-written to a released file; ``reproducible: true`` keys it from the config's seed and
-the experiment's name instead (tests, CI; privacy.json then says there is no
-guarantee). The config ``seed`` still sets the generator's initial weights.
+Files, checkpoints and the CLI of a run: ``train.run``; K runs advanced by the same
+step: ``train.sweep``.
 """
 
 from __future__ import annotations
@@ -290,7 +277,7 @@ class Trainer:
             "mechanism": mechanism,
             "clipping": s.clipping,
             "clip": s.clip,
-            "sigma": s.sigma,
+            "sigma": s.noise_scale,
             "noise_std": s.noise_std,
             "sensitivity": s.sensitivity,
             "noise_multiplier": s.noise_multiplier,
@@ -307,7 +294,7 @@ class Trainer:
             "or steps; epsilon is always the sound accountant's",
             "epsilon": epsilon,
             "epsilon_paper_convention": paper_convention_epsilon(
-                self.q, s.sigma, self.step_count, self.n, self.accountant.delta
+                self.q, s.noise_scale, self.step_count, self.n, self.accountant.delta
             ),
             "epsilon_paper_convention_note": "compute_rdp(q, sigma, steps*n) as in the paper; "
             "not a valid guarantee for this mechanism",
