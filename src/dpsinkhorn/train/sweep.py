@@ -50,15 +50,11 @@ from dpsinkhorn.config.identity import SWEEP_SHARED_KEYS, sweep_key
 from dpsinkhorn.devices import resolve_device
 from dpsinkhorn.ot.loss import conditional_features, semi_debiased_sinkhorn_with_grad_runs
 from dpsinkhorn.privacy.mechanism import ImageGradientSanitizer, StackedImageGradientSanitizer
-from dpsinkhorn.train.run import (
-    RunFiles,
-    add_training_arguments,
-    load_train_data,
-    released_on_error,
-    run_training_cli,
-)
+from dpsinkhorn.train.cli import add_training_arguments, run_training_cli
+from dpsinkhorn.train.run import load_train_data
 from dpsinkhorn.train.signals import StopSignal
 from dpsinkhorn.train.trainer import GraphedStep, Trainer, data_fingerprint
+from dpsinkhorn.train.workspace import RunFiles, released_on_error
 
 
 class SweepTrainer:
