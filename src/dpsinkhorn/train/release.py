@@ -2,9 +2,9 @@
 
 A run's output folder ``<out>/`` receives exactly three files (:data:`OUTPUT_FILES`),
 written by :func:`publish` when the run completes, whether ``dpsinkhorn train`` or
-``train-sweep`` trained it. Each is covered by the (ε, δ) guarantee recorded in
-privacy.json because it depends on the private data only through the sanitised gradient
-(``privacy.mechanism``) or not at all:
+``train-sweep`` trained it. In a private run with a secret noise key, each is covered
+by the (ε, δ) guarantee recorded in privacy.json because it depends on the private data
+only through the sanitised gradient (``privacy.mechanism``) or not at all:
 
 * ``generator.pt`` (:func:`generator_payload`): the generator's weights and what rebuilds
   it (``model_config``, ``dataset``, ``num_classes``, ``image_shape``, ``experiment``,
@@ -21,8 +21,9 @@ privacy.json because it depends on the private data only through the sanitised g
   ``content_sha256`` is a hash of generator.pt (post-processing of the released
   generator) and ``threads`` a fact about the machine.
 * ``train_log.csv`` (:data:`LOG_COLUMNS`): step, ε spent, steps/s and elapsed time.
-  Nothing computed on the private data: ε is the accountant's, and the step has fixed
-  shapes and never branches on the sampled records.
+  Nothing computed on the private data: ε is the accountant's (settings and step
+  count), and the times are of a step whose shapes are fixed whatever records the
+  Poisson sample drew.
 
 Nothing else leaves a run. Checkpoints (with the secret RNG state) and the un-noised
 private loss stay in the private workspace (``train.workspace``), which no guarantee
