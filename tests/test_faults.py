@@ -20,8 +20,9 @@ import yaml
 
 from dpsinkhorn import fileio
 from dpsinkhorn.data import datasets as data
-from dpsinkhorn.train.run import WORKSPACE, train
+from dpsinkhorn.train.run import train
 from dpsinkhorn.train.signals import INTERRUPTED_EXIT_CODE, Preempted
+from dpsinkhorn.train.workspace import WORKSPACE
 
 ROOT = Path(__file__).resolve().parents[1]
 # reproducible: two runs of one config draw the same noise (the byte-identity test needs it)

@@ -29,11 +29,13 @@ from dpsinkhorn.privacy.noise import (
     rng_state_tensor,
 )
 from dpsinkhorn.privacy.sampler import OVERFLOW_TAIL, PoissonSampler
-from dpsinkhorn.train.run import LOG_COLUMNS, WORKSPACE, train
+from dpsinkhorn.train.release import LOG_COLUMNS, privacy_record
+from dpsinkhorn.train.run import train
 from dpsinkhorn.train.runlock import LOCK_NAME
 from dpsinkhorn.train.signals import Preempted
 from dpsinkhorn.train.sweep import SweepTrainer
 from dpsinkhorn.train.trainer import Trainer
+from dpsinkhorn.train.workspace import WORKSPACE
 
 CPU = torch.device("cpu")
 RELEASE = {"generator.pt", "privacy.json", "train_log.csv"}
@@ -219,7 +221,7 @@ def test_poisson_uniforms_are_float64():
 def test_buffer_overflow_is_handled_and_charged_to_delta(tmp_path, mnist):
     s = spec(reproducible=True)
     trainer = Trainer(s, *mnist, CPU)
-    default = trainer.privacy_record()
+    default = privacy_record(trainer)
     # Capacity: the smallest buffer whose overflow probability (larger neighbour, N + 1
     # records) is at most OVERFLOW_TAIL (binom.isf is imprecise there; we search).
     cap = trainer.sampler.capacity
@@ -230,7 +232,7 @@ def test_buffer_overflow_is_handled_and_charged_to_delta(tmp_path, mnist):
     for _ in range(4):
         assert np.isfinite(float(trainer.step()))  # never blocks
     assert int(trainer.sampler.overflows) >= 3
-    record = trainer.privacy_record()
+    record = privacy_record(trainer)
     p = binom.sf(30, 60001, 50 / 60000)
     assert record["poisson_overflow_probability_per_step"] == pytest.approx(p)
     # Coupling bound: (ε, δ + (1 + e^ε)·T·p)-DP.

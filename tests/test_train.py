@@ -26,9 +26,10 @@ from dpsinkhorn.ot.loss import feature_diameter
 from dpsinkhorn.privacy.accounting import compute_epsilon, paper_convention_epsilon
 from dpsinkhorn.privacy.mechanism import ParameterGradientSanitizer
 from dpsinkhorn.privacy.sampler import PoissonSampler
-from dpsinkhorn.train.run import WORKSPACE, train
+from dpsinkhorn.train.run import train
 from dpsinkhorn.train.signals import INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE, Preempted
 from dpsinkhorn.train.trainer import Trainer
+from dpsinkhorn.train.workspace import WORKSPACE
 
 # reproducible: these tests compare separate runs bit for bit (public noise key).
 TINY = {

@@ -18,7 +18,7 @@ COMMAND_MODULES = [
     "data.datasets",
     "data.celeba",
     "privacy.accounting",
-    "train.run",
+    "train.cli",
     "train.sweep",
     "evaluate.sample",
     "evaluate.fid",

@@ -39,7 +39,7 @@ class PoissonSampler:
     datasets under add/remove adjacency). An overflow is handled, not fatal: the batch
     is then a uniformly random subset of ``capacity`` of the sampled records.
 
-    Privacy cost of overflows (charged in ``train.trainer.Trainer.privacy_record``). Couple the
+    Privacy cost of overflows (charged in ``train.release.privacy_record``). Couple the
     trained mechanism M' with the ideal Poisson-subsampled Gaussian M through the same
     draws: they differ only if some step overflows, an event E with P(E) ≤ η = T·p
     (``overflow_probability`` p per step, for either neighbour). For any output set S,

@@ -40,16 +40,12 @@ from dpsinkhorn import config as config_lib
 from dpsinkhorn.config.identity import SWEEP_SHARED_KEYS, sweep_key
 from dpsinkhorn.devices import resolve_device
 from dpsinkhorn.privacy.factory import make_private_stack
-from dpsinkhorn.train.run import (
-    RunFiles,
-    add_training_arguments,
-    load_train_data,
-    released_on_error,
-    run_training_cli,
-)
+from dpsinkhorn.train.cli import add_training_arguments, run_training_cli
+from dpsinkhorn.train.run import load_train_data
 from dpsinkhorn.train.signals import StopSignal
 from dpsinkhorn.train.step import TrainingStep
 from dpsinkhorn.train.trainer import Trainer, check_batch_size, data_fingerprint
+from dpsinkhorn.train.workspace import RunFiles, released_on_error
 
 
 class SweepTrainer:

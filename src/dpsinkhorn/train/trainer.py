@@ -9,8 +9,9 @@ then privacy.json says there is no guarantee), the Poisson sampler, the sanitise
 the accountant. ``Trainer.step`` runs the one training step (``train.step``: draw,
 solve, sanitise, backward, update) as its K = 1 case and records it in the ledger.
 
-Files, checkpoints and the CLI of a run: ``train.run``; K runs advanced by the same
-step: ``train.sweep``.
+The loop: ``train.run``; a run's files and checkpoints: ``train.workspace``; what is
+published: ``train.release``; the CLI: ``train.cli``; K runs advanced by the same step:
+``train.sweep``.
 """
 
 from __future__ import annotations
@@ -27,11 +28,9 @@ from dpsinkhorn.data import datasets as data
 from dpsinkhorn.data.catalog import dataset_info
 from dpsinkhorn.models import GeneratorConfig, GeneratorPrecision, build_generator
 from dpsinkhorn.ot.loss import conditional_features, feature_diameter
-from dpsinkhorn.privacy.accounting import PrivacyAccountant, paper_convention_epsilon
 from dpsinkhorn.privacy.factory import PrivateRun, make_private
 from dpsinkhorn.privacy.mechanism import ParameterGradientSanitizer
 from dpsinkhorn.privacy.noise import (
-    NO_GUARANTEE_PUBLIC_SEED,
     rng_state_bytes,
     rng_state_tensor,
 )
@@ -221,85 +220,6 @@ class Trainer:
                     f"checkpoint ledger counts {self.accountant.steps} steps "
                     f"but the model has taken {self.step_count}"
                 )
-
-    def privacy_record(self) -> dict:
-        """Content of privacy.json."""
-        base = {
-            "experiment": self.settings.name,
-            "method": self.settings.method,
-            "q": self.q,
-            "batch_size": self.n,
-            "n_prime": self.n_prime,
-            "steps": self.step_count,
-            "poisson_capacity": self.sampler.capacity,
-            "reproducible": self.reproducible,
-        }
-        if self.sanitizer is None:
-            return {
-                **base,
-                "private": False,
-                "epsilon": None,
-                "epsilon_paper_convention": None,
-                "guarantee": None,
-            }
-        s = self.sanitizer
-        if self.perturbation == "parameter":
-            mechanism = (
-                "Gaussian mechanism on the generator's parameter gradient (all parameters "
-                "as one vector, clipped to L2 norm clip and noised), Poisson sampling, "
-                "add/remove-one adjacency"
-            )
-        else:
-            mechanism = (
-                "Gaussian mechanism on the gradient w.r.t. generated images "
-                "(rows 0:n clipped and noised; rows n:n+n' clipped only), Poisson sampling, "
-                "add/remove-one adjacency"
-            )
-        epsilon = self.epsilon()
-        overflow = self.sampler.overflow_probability
-        # (ε, δ + (1 + e^ε)·T·p)-DP: the coupling bound in PoissonSampler's docstring.
-        delta_overflow = (1 + math.exp(min(epsilon, 700))) * self.step_count * overflow
-        delta_total = self.accountant.delta + delta_overflow
-        if self.reproducible:
-            guarantee = NO_GUARANTEE_PUBLIC_SEED
-        else:
-            guarantee = (
-                f"(epsilon, delta)-DP with epsilon = {epsilon:.6g}, delta = {delta_total:.6g} "
-                "for generator.pt and everything computed from it, under add/remove-one "
-                "adjacency, N public, a secret noise key, and the Gaussian noise sampled "
-                "exactly (float32 noise is a known limitation)"
-            )
-        return {
-            **base,
-            "private": True,
-            "guarantee": guarantee,
-            "perturbation": self.perturbation,
-            "mechanism": mechanism,
-            "clipping": s.clipping,
-            "clip": s.clip,
-            "sigma": s.noise_scale,
-            "noise_std": s.noise_std,
-            "sensitivity": s.sensitivity,
-            "noise_multiplier": s.noise_multiplier,
-            "delta": self.accountant.delta,
-            "poisson_overflow_probability_per_step": overflow,
-            "delta_poisson_overflow": delta_overflow,
-            "delta_total": delta_total,
-            "delta_total_note": "delta of the accountant plus (1 + e^epsilon) x steps x the "
-            "per-step probability that the Poisson sample exceeded the buffer (then it is "
-            "truncated); epsilon holds at delta_total",
-            "target_epsilon": self.settings.target_epsilon,
-            "epsilon_convention": self.epsilon_convention,
-            "epsilon_convention_note": "convention under which target_epsilon solved sigma "
-            "or steps; epsilon is always the sound accountant's",
-            "epsilon": epsilon,
-            "epsilon_paper_convention": paper_convention_epsilon(
-                self.q, s.noise_scale, self.step_count, self.n, self.accountant.delta
-            ),
-            "epsilon_paper_convention_note": "compute_rdp(q, sigma, steps*n) as in the paper; "
-            "not a valid guarantee for this mechanism",
-            "accountant": f"{self.accountant.kind} ({PrivacyAccountant.describe()})",
-        }
 
 
 def spec_hash(spec: dict, fingerprint: str = "") -> str:

@@ -1,0 +1,140 @@
+"""The training commands' command line: ``dpsinkhorn train`` and what it shares with
+``train-sweep``.
+
+:func:`add_training_arguments` holds the options of both commands and
+:func:`run_training_cli` their one path from parsed arguments to trained runs (the
+loop: ``train.run``; ``train-sweep``'s parser and loop: ``train.sweep``). Exit codes:
+0 when done; 75 (``PREEMPTED_EXIT_CODE``) after SIGTERM / SIGUSR1 or ``--stop-after``,
+with a checkpoint: resubmit and the run resumes; 130 (``INTERRUPTED_EXIT_CODE``) after
+SIGINT, with a checkpoint; 2 on bad input. After 130 or 2, a note in the output folder
+(:data:`STOPPED_NAME`) makes a workflow retry end at once with the same code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from dpsinkhorn import config as config_lib
+from dpsinkhorn.fileio import NoSpaceError, write_text
+from dpsinkhorn.models import PRECISIONS
+from dpsinkhorn.train import memory
+from dpsinkhorn.train.run import train_runs
+from dpsinkhorn.train.signals import INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE, Preempted
+
+# A stop that retrying cannot fix (SIGINT, bad input) leaves this note in the output
+# folder; a workflow retry (``--attempt`` > 1) finds it and ends at once.
+STOPPED_NAME = ".dpsinkhorn.stopped"
+
+
+def register_cli(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("train", help="train one experiment of a config")
+    p.add_argument("--experiment", required=True)
+    p.add_argument("--out", required=True, help="output folder (results/<run>/<experiment>)")
+    add_training_arguments(p)
+    p.set_defaults(handler=_cli)
+
+
+def add_training_arguments(p: argparse.ArgumentParser) -> None:
+    """Options shared by ``dpsinkhorn train`` and ``dpsinkhorn train-sweep``."""
+    p.add_argument("--config", nargs="+", required=True, help="config YAML file(s)")
+    p.add_argument("--device", help="override the config's device (auto, cpu, cuda, cuda:N)")
+    p.add_argument("--data-dir", help="override the config's data_dir")
+    p.add_argument("--stop-after", type=int, help="checkpoint and exit after this many steps")
+    p.add_argument(
+        "--cuda-graphs",
+        action=argparse.BooleanOptionalAction,
+        help="replay the training step from a CUDA graph (CUDA only; default: config key "
+        "cuda_graphs)",
+    )
+    p.add_argument(
+        "--compile-solver",
+        action=argparse.BooleanOptionalAction,
+        help="torch.compile the Sinkhorn iterations (default: config key compile_solver)",
+    )
+    p.add_argument(
+        "--precision",
+        choices=PRECISIONS,
+        help="the generator's arithmetic while training (config key precision)",
+    )
+    p.add_argument("--no-progress", action="store_true")
+    p.add_argument(
+        "--attempt",
+        type=int,
+        default=1,
+        help="Snakemake's attempt number: a retry (> 1) after a stop that a retry cannot "
+        "fix (SIGINT, exit 130; bad input, exit 2) ends at once with the same code",
+    )
+
+
+#: How a command trains: ``(specs, out_dirs, data_dir, **options) -> privacy records``,
+#: ``run.train_runs`` (``dpsinkhorn train``) or ``sweep.train_sweep`` (``train-sweep``).
+TrainFn = Callable[..., list[dict]]
+
+
+def run_training_cli(
+    command: str,
+    args: argparse.Namespace,
+    cfg: dict,
+    train_fn: TrainFn,
+    specs: Sequence[dict],
+    outs: Sequence[Path],
+) -> int:
+    """Call ``train_fn(specs, outs, data_dir, ...)`` with the CLI options over the loaded
+    config ``cfg``; print each privacy record. The one path of both training commands.
+
+    Returns 0, or PREEMPTED_EXIT_CODE (75) after a signal or ``--stop-after`` checkpoint,
+    INTERRUPTED_EXIT_CODE (130) after SIGINT (checkpoint written too).
+    """
+    markers = [Path(d) / STOPPED_NAME for d in outs]
+    if args.attempt > 1:  # a workflow retry: repeat a final stop instead of running again
+        for marker in markers:
+            if marker.is_file():
+                note = json.loads(marker.read_text())
+                print(f"dpsinkhorn {command}: not retried: {note['message']}", file=sys.stderr)
+                return int(note["exit_code"])
+    for marker in markers:
+        marker.unlink(missing_ok=True)
+    try:
+        records = train_fn(
+            specs,
+            outs,
+            Path(args.data_dir or cfg["data_dir"]),
+            device=args.device or cfg["device"],
+            stop_after=args.stop_after,
+            progress=not args.no_progress,
+            cuda_graphs=config_lib.cli_or_config(args.cuda_graphs, cfg, "cuda_graphs"),
+            compile_solver=config_lib.cli_or_config(args.compile_solver, cfg, "compile_solver"),
+            precision=config_lib.cli_or_config(args.precision, cfg, "precision"),
+        )
+    except Preempted as stop:
+        print(f"dpsinkhorn {command}: {stop}")
+        if not stop.interrupted:
+            return PREEMPTED_EXIT_CODE  # a scheduler's stop: resubmit and resume
+        _final_stop(markers, INTERRUPTED_EXIT_CODE, f"stopped by the user ({stop})")
+        return INTERRUPTED_EXIT_CODE
+    except (ValueError, FileNotFoundError, KeyError, NoSpaceError) as err:
+        if isinstance(err, memory.TooLargeError):  # name the file that set the key
+            names = [s["name"] for s in specs]
+            where = config_lib.setting_source(args.config, names, err.key)
+            err = memory.TooLargeError(err.key, f"{where}: {err}")
+        _final_stop(markers, 2, str(err))  # cli.main prints it as one line, exit 2
+        raise err
+    for record in records:
+        print(json.dumps({k: record.get(k) for k in ("experiment", "steps", "epsilon")}))
+    return 0
+
+
+def _final_stop(markers: list[Path], exit_code: int, message: str) -> None:
+    """Note in each output folder that this run ended in a way a retry cannot fix."""
+    for marker in markers:
+        write_text(marker, json.dumps({"exit_code": exit_code, "message": message}) + "\n")
+
+
+def _cli(args: argparse.Namespace) -> int:
+    cfg = config_lib.load_config(args.config)  # loaded and validated once per command
+    spec = config_lib.trained_experiment(cfg, args.experiment, "nothing to train")
+    return run_training_cli("train", args, cfg, train_runs, [spec], [Path(args.out)])

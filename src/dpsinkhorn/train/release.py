@@ -1,0 +1,187 @@
+"""What a training run publishes, and its privacy ledger: the one file to read for that.
+
+A run's output folder ``<out>/`` receives exactly three files (:data:`OUTPUT_FILES`),
+written by :func:`publish` when the run completes, whether ``dpsinkhorn train`` or
+``train-sweep`` trained it. In a private run with a secret noise key, each is covered
+by the (ε, δ) guarantee recorded in privacy.json because it depends on the private data
+only through the sanitised gradient (``privacy.mechanism``) or not at all:
+
+* ``generator.pt`` (:func:`generator_payload`): the generator's weights and what rebuilds
+  it (``model_config``, ``dataset``, ``num_classes``, ``image_shape``, ``experiment``,
+  ``steps``). The weights are the mechanism's output: every step's private-data gradient
+  is clipped and noised before it reaches them, and the optimiser only post-processes
+  it. The other keys are the settings and the dataset's public format (the class count
+  comes from the dataset's catalogue entry, not from the private labels). Its bytes are
+  deterministic.
+* ``privacy.json`` (:func:`privacy_record`): the ledger itself: the mechanism, its
+  parameters (q, batch size, n', σ, clip, sensitivity, Poisson buffer capacity), ε and
+  δ from the accountant, the Poisson-overflow charge to δ, and the guarantee as a
+  sentence (none for a non-private run or a ``reproducible`` run, whose noise key is
+  public). All are functions of the public settings, N (public) and the step count;
+  ``content_sha256`` is a hash of generator.pt (post-processing of the released
+  generator) and ``threads`` a fact about the machine.
+* ``train_log.csv`` (:data:`LOG_COLUMNS`): step, ε spent, steps/s and elapsed time.
+  Nothing computed on the private data: ε is the accountant's (settings and step
+  count), and the times are of a step whose shapes are fixed whatever records the
+  Poisson sample drew.
+
+Nothing else leaves a run. Checkpoints (with the secret RNG state) and the un-noised
+private loss stay in the private workspace (``train.workspace``), which no guarantee
+covers; the output folder's ``.dpsinkhorn.lock`` and ``.dpsinkhorn.stopped`` are
+bookkeeping, never an output of a rule. :func:`commit_release` writes the ledger before
+the generator, so a generator never exists without its ledger.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+import math
+from pathlib import Path
+
+import torch
+
+from dpsinkhorn.fileio import torch_bytes, write_all, write_text
+from dpsinkhorn.privacy.accounting import PrivacyAccountant, paper_convention_epsilon
+from dpsinkhorn.privacy.noise import NO_GUARANTEE_PUBLIC_SEED
+from dpsinkhorn.train.trainer import Trainer
+
+#: The files a run publishes in its output folder.
+OUTPUT_FILES = ("generator.pt", "privacy.json", "train_log.csv")
+#: train_log.csv (released): nothing computed on the private data.
+LOG_COLUMNS = ["step", "epsilon", "steps_per_s", "elapsed_s"]
+
+
+def write_log(path: Path, rows: list[dict], columns: list[str] = LOG_COLUMNS) -> None:
+    """Write ``rows`` as a CSV file of ``columns`` (train_log.csv unless told otherwise)."""
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=columns, extrasaction="ignore")
+    writer.writeheader()
+    writer.writerows(rows)
+    write_text(path, buf.getvalue())
+
+
+def generator_payload(trainer: Trainer) -> bytes:
+    """The bytes of generator.pt: deterministic (no file name inside)."""
+    generator = {
+        "state_dict": trainer.model.state_dict(),
+        "model_config": trainer.model_config.to_dict(),
+        "dataset": trainer.settings.dataset,
+        "num_classes": trainer.num_classes,
+        "image_shape": list(trainer.image_shape),
+        "experiment": trainer.settings.name,
+        "steps": trainer.step_count,
+    }
+    return torch_bytes(generator)
+
+
+def privacy_record(trainer: Trainer) -> dict:
+    """The trainer's privacy ledger: privacy.json less ``content_sha256`` and ``threads``."""
+    base = {
+        "experiment": trainer.settings.name,
+        "method": trainer.settings.method,
+        "q": trainer.q,
+        "batch_size": trainer.n,
+        "n_prime": trainer.n_prime,
+        "steps": trainer.step_count,
+        "poisson_capacity": trainer.sampler.capacity,
+        "reproducible": trainer.reproducible,
+    }
+    if trainer.sanitizer is None:
+        return {
+            **base,
+            "private": False,
+            "epsilon": None,
+            "epsilon_paper_convention": None,
+            "guarantee": None,
+        }
+    s = trainer.sanitizer
+    if trainer.perturbation == "parameter":
+        mechanism = (
+            "Gaussian mechanism on the generator's parameter gradient (all parameters "
+            "as one vector, clipped to L2 norm clip and noised), Poisson sampling, "
+            "add/remove-one adjacency"
+        )
+    else:
+        mechanism = (
+            "Gaussian mechanism on the gradient w.r.t. generated images "
+            "(rows 0:n clipped and noised; rows n:n+n' clipped only), Poisson sampling, "
+            "add/remove-one adjacency"
+        )
+    epsilon = trainer.epsilon()
+    overflow = trainer.sampler.overflow_probability
+    # (ε, δ + (1 + e^ε)·T·p)-DP: the coupling bound in PoissonSampler's docstring.
+    delta_overflow = (1 + math.exp(min(epsilon, 700))) * trainer.step_count * overflow
+    delta_total = trainer.accountant.delta + delta_overflow
+    if trainer.reproducible:
+        guarantee = NO_GUARANTEE_PUBLIC_SEED
+    else:
+        guarantee = (
+            f"(epsilon, delta)-DP with epsilon = {epsilon:.6g}, delta = {delta_total:.6g} "
+            "for generator.pt and everything computed from it, under add/remove-one "
+            "adjacency, N public, a secret noise key, and the Gaussian noise sampled "
+            "exactly (float32 noise is a known limitation)"
+        )
+    return {
+        **base,
+        "private": True,
+        "guarantee": guarantee,
+        "perturbation": trainer.perturbation,
+        "mechanism": mechanism,
+        "clipping": s.clipping,
+        "clip": s.clip,
+        "sigma": s.noise_scale,
+        "noise_std": s.noise_std,
+        "sensitivity": s.sensitivity,
+        "noise_multiplier": s.noise_multiplier,
+        "delta": trainer.accountant.delta,
+        "poisson_overflow_probability_per_step": overflow,
+        "delta_poisson_overflow": delta_overflow,
+        "delta_total": delta_total,
+        "delta_total_note": "delta of the accountant plus (1 + e^epsilon) x steps x the "
+        "per-step probability that the Poisson sample exceeded the buffer (then it is "
+        "truncated); epsilon holds at delta_total",
+        "target_epsilon": trainer.settings.target_epsilon,
+        "epsilon_convention": trainer.epsilon_convention,
+        "epsilon_convention_note": "convention under which target_epsilon solved sigma "
+        "or steps; epsilon is always the sound accountant's",
+        "epsilon": epsilon,
+        "epsilon_paper_convention": paper_convention_epsilon(
+            trainer.q, s.noise_scale, trainer.step_count, trainer.n, trainer.accountant.delta
+        ),
+        "epsilon_paper_convention_note": "compute_rdp(q, sigma, steps*n) as in the paper; "
+        "not a valid guarantee for this mechanism",
+        "accountant": f"{trainer.accountant.kind} ({PrivacyAccountant.describe()})",
+    }
+
+
+def publish(trainer: Trainer, out_dir: Path, log_rows: list[dict]) -> dict:
+    """Write the run's release into ``out_dir``: train_log.csv, then privacy.json and
+    generator.pt together (:func:`commit_release`); returns privacy.json's content."""
+    payload = generator_payload(trainer)
+    record = {
+        **privacy_record(trainer),
+        # identifies the released generator; bit-identical reruns need equal threads
+        "content_sha256": hashlib.sha256(payload).hexdigest(),
+        "threads": torch.get_num_threads(),
+    }
+    write_log(out_dir / "train_log.csv", log_rows)
+    commit_release(
+        out_dir / "generator.pt",
+        payload,
+        out_dir / "privacy.json",
+        (json.dumps(record, indent=2) + "\n").encode(),
+    )
+    return record
+
+
+def commit_release(generator: Path, payload: bytes, ledger: Path, ledger_bytes: bytes) -> None:
+    """Write a generator and its privacy ledger so that the generator never exists alone.
+
+    Both are written in full to temporary files first (a full disk fails there, with
+    ``fileio.NoSpaceError`` naming the file, and changes nothing); then an older generator
+    is removed, the ledger moved into place, and the generator last (``fileio.write_all``).
+    """
+    write_all([(ledger, ledger_bytes), (generator, payload)], remove_first=[generator])

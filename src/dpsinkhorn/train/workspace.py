@@ -1,0 +1,212 @@
+"""One run's files while it trains: the output folder's lock, the private workspace,
+checkpoints and logs (:class:`RunFiles`).
+
+Checkpoints (model, optimiser, the secret RNG state, privacy ledger, logs) and the
+optional private-loss log live in ``<out>/private_workspace/`` (:data:`WORKSPACE`),
+which must never be shared and is deleted when the run completes unless
+``keep_private_workspace: true``. A checkpoint is written atomically every
+``checkpoint_every`` steps and when a signal stops the run (``train.signals``); a rerun
+resumes from it, bit-identical on CPU to an uninterrupted run at the same number of
+threads. What the finished run publishes, and why: ``train.release``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import time
+from pathlib import Path
+
+import torch
+
+from dpsinkhorn.fileio import remove_stale_temps, torch_bytes, write_bytes, write_text
+from dpsinkhorn.train.release import OUTPUT_FILES, publish, write_log
+from dpsinkhorn.train.runlock import OutputLock
+from dpsinkhorn.train.trainer import Trainer, spec_hash
+
+#: private_workspace/private_loss.csv (``log_private_loss: true``): the un-noised loss S.
+PRIVATE_LOG_COLUMNS = ["step", "loss"]
+#: The folder, inside a run's output folder, that must never be shared.
+WORKSPACE = "private_workspace"
+WORKSPACE_README = """PRIVATE: DO NOT SHARE OR PUBLISH THIS FOLDER.
+
+It holds training checkpoints (with the secret state of the random generator that drew
+the privacy noise and the Poisson samples) and, with log_private_loss, the un-noised
+loss on private data. None of it is covered by the (epsilon, delta) guarantee in
+../privacy.json. dpsinkhorn deletes it when training completes, unless the config sets
+keep_private_workspace: true.
+"""
+
+
+@contextlib.contextmanager
+def released_on_error(runs: list[RunFiles]):
+    """Release the runs' output-folder locks if the block raises (``finish`` releases
+    them otherwise), so a stopped run in this process does not block the next one."""
+    try:
+        yield
+    except BaseException:
+        for run in runs:
+            run.release()
+        raise
+
+
+def _save_checkpoint(
+    path: Path, trainer: Trainer, log_rows: list[dict], private_rows: list[dict], digest: str
+) -> None:
+    state = {
+        **trainer.state_dict(),
+        "log": log_rows,
+        "private_log": private_rows,
+        "spec_hash": digest,
+    }
+    # Serialised in memory, then written: a full disk is an OSError naming the file
+    # (io.NoSpaceError), not torch's "basic_ios::clear: iostream error".
+    write_bytes(path, torch_bytes(state))
+
+
+class CheckpointError(ValueError):
+    """checkpoint.pt cannot be read (truncated, corrupt, not ours); the message names it."""
+
+
+def _load_checkpoint(path: Path, device: torch.device) -> dict:
+    """Read a checkpoint, or raise ``CheckpointError`` naming the file and what to do."""
+    try:
+        state = torch.load(path, map_location=device, weights_only=False)
+        if not isinstance(state, dict) or not {"step", "model", "spec_hash"} <= set(state):
+            raise ValueError("not a dpsinkhorn training checkpoint")
+    except Exception as err:  # torch raises RuntimeError, EOFError, UnpicklingError, ...
+        reason = (str(err).strip().splitlines() or [""])[0][:200]
+        raise CheckpointError(
+            f"checkpoint {path} is damaged and cannot be resumed ({type(err).__name__}: "
+            f"{reason}); delete it to train this run again from step 0, or put back a "
+            "good copy"
+        ) from err
+    return state
+
+
+class RunFiles:
+    """One run's files: the release in ``out_dir``, checkpoints in its private workspace.
+
+    ``out_dir`` gets generator.pt, privacy.json and train_log.csv (``train.release``: no
+    private-data value outside the mechanism). ``out_dir/private_workspace/``
+    (:data:`WORKSPACE`) holds checkpoint.pt (model, optimiser, secret RNG state, ledger,
+    logs, ``spec_hash`` with the data fingerprint) and, with ``log_private_loss``,
+    private_loss.csv; it is deleted by :meth:`finish` unless ``keep_private_workspace``.
+    Shared by ``train.run.train`` (one run) and ``train.sweep`` (K runs in one process), so
+    a run writes the same files, and resumes from the same checkpoint, either way.
+    """
+
+    def __init__(self, trainer: Trainer, out_dir: Path):
+        self.trainer, self.spec, self.settings = trainer, trainer.spec, trainer.settings
+        self.out_dir = Path(out_dir)
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        # One writer per output folder (runlock): refused here, before anything is read.
+        self.lock = OutputLock(self.out_dir).acquire()
+        if self.lock.taken_over:
+            print(f"{self.out_dir}: taking over the lock of {self.lock.taken_over}, gone")
+        self.workspace = self.out_dir / WORKSPACE
+        self.workspace.mkdir(parents=True, exist_ok=True)
+        readme = self.workspace / "README.txt"
+        if not readme.exists():
+            write_text(readme, WORKSPACE_README)
+        legacy = self.out_dir / "checkpoint.pt"  # where versions before the workspace kept it
+        if legacy.exists():  # holds the RNG state: out of the release folder, deleted at the end
+            legacy.replace(self.workspace / "legacy_checkpoint.pt")
+            print(f"moved {legacy} (not resumable: older format) into {self.workspace}")
+        self.ckpt_path = self.workspace / "checkpoint.pt"
+        self.digest = spec_hash(self.spec, trainer.fingerprint)
+        self.log_private_loss = self.settings.log_private_loss
+        # A private-loss log is only useful if kept: log_private_loss keeps the workspace.
+        self.keep_workspace = self.log_private_loss or self.settings.keep_private_workspace
+        # Temporary files of a writer killed mid-write (SIGKILL); no one else writes here.
+        for name in (self.ckpt_path, *(self.out_dir / f for f in OUTPUT_FILES)):
+            remove_stale_temps(name)
+        self.log_rows: list[dict] = []
+        self.private_rows: list[dict] = []
+        if self.ckpt_path.exists():
+            # On the CPU: model and optimiser state are copied to the trainer's device by
+            # load_state_dict; the RNG state must stay a CPU ByteTensor (set_state).
+            state = _load_checkpoint(self.ckpt_path, torch.device("cpu"))
+            if state.get("spec_hash") == self.digest:
+                trainer.load_state_dict(state)
+                self.log_rows = state["log"]
+                self.private_rows = state.get("private_log", [])
+            else:
+                # Not printed: job logs are released, and whether the data changed since the
+                # checkpoint is a fact about the private data. Noted in the workspace only.
+                write_text(
+                    self.workspace / "ignored_checkpoint.txt",
+                    f"{time.strftime('%Y-%m-%d %H:%M:%S')}: ignored the checkpoint at step "
+                    f"{state.get('step')}: it belongs to other settings or other training "
+                    "data; started afresh\n",
+                )
+        self.start_step, self.t0 = trainer.step_count, time.perf_counter()
+
+    @property
+    def done(self) -> bool:
+        return self.trainer.step_count >= self.trainer.total_steps
+
+    def after_step(self, loss: torch.Tensor) -> dict | None:
+        """Log every ``log_every`` steps (and the last), checkpoint every ``checkpoint_every``.
+
+        Returns the new (public) log row, if one was written. The private loss is read
+        (a device sync) only with ``log_private_loss``, into the workspace.
+        """
+        step, row = self.trainer.step_count, None
+        if step % self.settings.log_every == 0 or self.done:
+            elapsed = time.perf_counter() - self.t0
+            row = {
+                "step": step,
+                "epsilon": self.trainer.epsilon(),
+                "steps_per_s": (step - self.start_step) / max(elapsed, 1e-9),
+                "elapsed_s": elapsed,
+            }
+            self.log_rows.append(row)
+            if self.log_private_loss:
+                self.private_rows.append({"step": step, "loss": float(loss)})
+        if step % self.settings.checkpoint_every == 0:
+            self.checkpoint()
+        return row
+
+    def checkpoint(self) -> None:
+        self._save()
+        write_log(self.out_dir / "train_log.csv", self.log_rows)
+
+    def _save(self) -> None:
+        _save_checkpoint(
+            self.ckpt_path, self.trainer, self.log_rows, self.private_rows, self.digest
+        )
+        if self.log_private_loss:
+            write_log(self.workspace / "private_loss.csv", self.private_rows, PRIVATE_LOG_COLUMNS)
+
+    def release(self) -> None:
+        """Give up the output folder's lock (``finish`` does it; also on errors)."""
+        self.lock.release()
+
+    def finish(self, remove_workspace: bool = True) -> dict:
+        """Write generator.pt, privacy.json, train_log.csv; returns the privacy record.
+
+        Then deletes the private workspace (:meth:`remove_workspace`), unless
+        ``remove_workspace`` is false (a sweep removes its members' workspaces when all
+        have finished, so a preempted sweep knows which members are done). A workspace
+        that stays gets the final checkpoint: a rerun finds every step done and only
+        rewrites the outputs.
+        """
+        try:
+            return self._finish(remove_workspace)
+        finally:
+            self.release()
+
+    def _finish(self, remove_workspace: bool) -> dict:
+        stays = self.keep_workspace or not remove_workspace
+        if stays and (self.trainer.step_count != self.start_step or not self.ckpt_path.exists()):
+            self._save()
+        record = publish(self.trainer, self.out_dir, self.log_rows)
+        if remove_workspace:
+            self.remove_workspace()
+        return record
+
+    def remove_workspace(self) -> None:
+        """Delete the private workspace, unless the config keeps it."""
+        if not self.keep_workspace:
+            shutil.rmtree(self.workspace, ignore_errors=True)
