@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import shared_path
+from helpers import require_shared, shared_path
 
 REPO = Path(__file__).resolve().parents[1]
 RUNBOOK = REPO / "benchmarks" / "gpu"
@@ -27,9 +27,7 @@ def load_targets():
 @pytest.fixture
 def h100_measurements() -> Path:
     path = shared_path("DPSINKHORN_DATA_MIRROR").parent / "measurements" / "h100-83ae335"
-    if not path.exists():
-        pytest.skip(f"{path} not found")
-    return path
+    return require_shared(path, "the H100 measurements beside the data mirror")
 
 
 def test_targets_on_the_h100_measurements_of_83ae335(h100_measurements, tmp_path):
