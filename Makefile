@@ -57,5 +57,6 @@ test-fast: install
 	$(IN_VENV) ruff check src tests
 	$(IN_VENV) pytest -m "not slow"
 
+# Snakemake's linter over Snakefile and workflow/rules (.ci/run runs it after `make test`).
 lint: install
 	$(IN_VENV) snakemake --lint

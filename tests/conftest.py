@@ -1,5 +1,6 @@
-"""Shared pytest fixtures: real data and weights from ``../shared`` (skipped when absent),
-and the command line run in-process."""
+"""Shared pytest fixtures: real data and weights from ``../shared`` (a test that needs a
+missing one is skipped, naming the file; under ``CI=true`` it fails instead), and the
+command line run in-process."""
 
 from __future__ import annotations
 
@@ -8,16 +9,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from helpers import shared_path
+from helpers import require_shared, shared_path
 
 from dpsinkhorn import cli
 
 
 def _shared_path(env_var: str) -> Path:
-    path = shared_path(env_var)
-    if not path.exists():
-        pytest.skip(f"{path} not found (set {env_var})")
-    return path
+    return require_shared(shared_path(env_var), f"set {env_var}")
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,5 @@
-"""Entropic OT against an independent solver (POT, float64) and the semi-debiased identity."""
+"""Entropic OT against an independent solver (POT, float64), the semi-debiased identity, and
+the training solver's handling of the Poisson buffer's padding rows."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from dpsinkhorn.ot.loss import (
     feature_diameter,
     mixed_cost,
     semi_debiased_sinkhorn,
+    semi_debiased_sinkhorn_with_grad,
 )
 
 LAMBDA = 0.05
@@ -111,8 +113,30 @@ def test_l2_cost_is_mixed_with_m0_and_l1_matches_pot():
     assert got.item() == pytest.approx(want.item(), rel=1e-12)
 
 
-def test_weights_ignore_zero_rows():
-    """Rows of weight 0 (padding of the Poisson buffer) do not change W."""
+def test_training_solver_ignores_zero_weight_rows():
+    """The Poisson buffer's padding rows (weight 0) do not change S or ∇_X S as the training
+    solver computes them (``semi_debiased_sinkhorn_with_grad``); the same row with weight 1
+    does, so the test sees the weights."""
+    n, p = 10, 0.4
+    x = _points(n + debias_size(n, p), 4, 4)
+    real, far = _points(7, 4, 5), 100 + _points(3, 4, 6)
+    pad = torch.cat([real, far])
+    solve = {"scaling": 0.5, "diameter": float(torch.cdist(x, torch.cat([x, pad])).max())}
+
+    def loss_and_grad(y: torch.Tensor, weights: list[float]):
+        w = torch.tensor(weights, dtype=x.dtype)
+        return semi_debiased_sinkhorn_with_grad(x, y, w, n, p, LAMBDA, 1.0, **solve)
+
+    value, grad = loss_and_grad(real, [1.0] * 7)
+    padded_value, padded_grad = loss_and_grad(pad, [1.0] * 7 + [0.0] * 3)
+    assert padded_value.item() == pytest.approx(value.item(), rel=1e-9)
+    torch.testing.assert_close(padded_grad, grad, rtol=1e-9, atol=1e-12)
+    one_more, _ = loss_and_grad(pad, [1.0] * 8 + [0.0] * 2)
+    assert one_more.item() != pytest.approx(value.item(), rel=1e-3)
+
+
+def test_geomloss_path_ignores_zero_weight_rows():
+    """The same for ``entropic_ot`` (geomloss; the gradient study's loss)."""
     x, y = _points(10, 4, 4), _points(7, 4, 5)
     pad = torch.cat([y, 100 + _points(3, 4, 6)])
     weights = torch.tensor([1 / 7] * 7 + [0.0] * 3, dtype=torch.float64)

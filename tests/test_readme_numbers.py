@@ -1,0 +1,204 @@
+"""The numbers README.md quotes, recomputed with the functions that produce them.
+
+Each number is parsed out of README.md next to a stable phrase (nothing is copied into this
+file), then checked against the project's own code: the config's generators and jobs
+(``config``, ``plan.job_count``, the same count as ``snakemake -n``), and σ and ε
+(``privacy.accounting``). A quoted number must equal the computed one rounded to the digits
+the README prints. The dotted names the docs give must exist.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from dpsinkhorn.config import load_config
+from dpsinkhorn.config.experiments import experiment, trained_experiments
+from dpsinkhorn.config.studies import study_cells, study_experiments
+from dpsinkhorn.config.validate import read_yaml
+from dpsinkhorn.plan import TRAIN_SIZES, job_count
+from dpsinkhorn.privacy.accounting import budget_of, compute_epsilon, paper_convention_epsilon
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+DOCS = ("README.md", "docs/CONTRACTS.md", "benchmarks/README.md")
+#: endings of file names, which the docs also write in backticks
+FILE_SUFFIXES = {"py", "md", "json", "jsonl", "yaml", "csv", "tsv", "npz", "pt", "pth", "txt",
+                 "smk", "sh", "png", "pdf", "tex", "toml", "lock", "log", "html"}  # fmt: skip
+
+
+def quoted(pattern: str, text: str = README) -> tuple[str, ...]:
+    """The groups of the one match of ``pattern`` in the README (a clear error if none)."""
+    found = re.findall(pattern, text, re.S | re.M)
+    assert len(found) == 1, f"README: expected one match of {pattern!r}, found {len(found)}"
+    return found[0] if isinstance(found[0], tuple) else (found[0],)
+
+
+def number(text: str) -> float:
+    """A README number ('160,000', '1e-5', '1.7 million')."""
+    text = text.replace(",", "")
+    if text.endswith(" million"):
+        return float(text.removesuffix(" million")) * 1e6
+    return float(text)
+
+
+def assert_printed_as(text: str, value: float) -> None:
+    """``value`` rounds to ``text`` at the number of decimals ``text`` shows."""
+    decimals = len(text.split(".")[1]) if "." in text else 0
+    assert round(value, decimals) == pytest.approx(float(text)), f"README {text}, computed {value}"
+
+
+def assert_solved_sigma_printed_as(text: str, epsilon: Callable[[float], float], target: float):
+    """The smallest noise multiplier z with ε(z) ≤ target rounds to ``text``: ε is above the
+    target half a printed digit below ``text`` and within it half a digit above."""
+    decimals = len(text.split(".")[1])
+    half = 0.5 * 10.0**-decimals
+    assert epsilon(float(text) - half) > target >= epsilon(float(text) + half), text
+
+
+@pytest.fixture(scope="module")
+def paper() -> dict:
+    return load_config(ROOT / "config" / "config.yaml")
+
+
+def q_of(spec: dict) -> float:
+    return spec["batch_size"] / TRAIN_SIZES[spec["dataset"]]
+
+
+def paper_epsilon(spec: dict) -> float:
+    """The paper-convention ε of an experiment (its B compositions per step)."""
+    return paper_convention_epsilon(
+        q_of(spec), spec["sigma"], spec["steps"], spec["batch_size"], spec["delta"]
+    )
+
+
+def test_generator_count(paper):
+    (count,) = quoted(r"The full config trains (\d+) generators")
+    assert int(count) == len(trained_experiments(paper))
+
+
+def test_smoke_job_count():
+    (jobs,) = quoted(r"`config/smoke.yaml` \| CI[^|]*\|[^|]*?(\d+) jobs")
+    smoke = load_config(ROOT / "config" / "smoke.yaml")
+    assert int(jobs) == sum(job_count(smoke).values())
+
+
+@pytest.mark.parametrize(
+    ("title", "name"), [("MNIST", "mnist_dpsinkhorn"), ("Fashion-MNIST", "fmnist_dpsinkhorn")]
+)
+def test_sound_and_paper_epsilon_table(paper, title, name):
+    """The privacy section's table: the config's σ and steps, their sound and paper ε."""
+    sigma, steps, rdp, pld, conv = quoted(
+        rf"^\| {title}, σ = ([\d.]+), ([\d,]+) steps \| ([\d.]+) \| ([\d.]+|—) \| ([\d.]+) \|$"
+    )
+    spec = experiment(paper, name)
+    assert (float(sigma), number(steps)) == (spec["sigma"], spec["steps"])
+    args = (spec["sigma"], q_of(spec), spec["steps"], spec["delta"])
+    assert_printed_as(rdp, compute_epsilon(*args))
+    if pld != "—":
+        assert_printed_as(pld, compute_epsilon(*args, accountant="pld"))
+    assert_printed_as(conv, paper_epsilon(spec))
+
+
+@pytest.mark.parametrize("accountant", ["rdp", "pld"])
+def test_solved_sigma_of_the_privacy_commands(accountant):
+    """`dpsinkhorn privacy ... --epsilon 10 [--accountant pld]  # σ = X`: X is what it solves."""
+    suffix = " --accountant pld" if accountant == "pld" else ""
+    q, delta, batch, steps, target, sigma = quoted(
+        r"^dpsinkhorn privacy --q ([\d.]+) --delta ([\de.-]+) --batch-size (\d+) --steps (\d+) "
+        rf"--epsilon ([\d.]+){suffix}\s+# (?:solves )?σ = ([\d.]+)$"
+    )
+    assert int(batch) == 50
+
+    def epsilon(z: float) -> float:
+        return compute_epsilon(z, float(q), int(steps), float(delta), accountant)
+
+    assert_solved_sigma_printed_as(sigma, epsilon, float(target))
+
+
+def test_fashion_mnist_sigma_at_sound_epsilon_10(paper):
+    steps, sigma = quoted(r"\(Fashion-MNIST, ([\d,]+) steps: σ = ([\d.]+)\)")
+    spec = experiment(paper, "fmnist_dpsinkhorn_eps10")
+    assert spec["target_epsilon"] == 10 and budget_of(spec, TRAIN_SIZES["fmnist"])[1] == number(
+        steps
+    )
+    assert_printed_as(sigma, budget_of(spec, TRAIN_SIZES["fmnist"])[0])
+
+
+def test_celeba_epsilon(paper):
+    batch, sigma, delta, steps, sound, conv = quoted(
+        r"use B = (\d+), σ = ([\d.]+),.*?δ = ([\de.-]+) and ([\d.]+ million) steps\.\s+"
+        r"That is sound ε = ([\d.]+) \(paper convention ([\d.]+)\)"
+    )
+    spec = experiment(paper, "celeba_dpsinkhorn")
+    assert (int(batch), float(sigma), float(delta), number(steps)) == (
+        spec["batch_size"], spec["sigma"], spec["delta"], spec["steps"],
+    )  # fmt: skip
+    args = (spec["sigma"], q_of(spec), spec["steps"], spec["delta"])
+    assert_printed_as(sound, compute_epsilon(*args))
+    assert_printed_as(conv, paper_epsilon(spec))
+
+
+def test_eps10_study_cells_and_sigmas(paper):
+    cells, new = quoted(r"(\d+) cells, (\d+) new generators")
+    assert int(cells) == len(study_cells(paper, "eps10"))
+    declared = read_yaml(ROOT / "config" / "config.yaml")["experiments"]
+    assert int(new) == len(set(study_experiments(paper, "eps10")) - set(declared))
+    b50, b50_row, b1000_steps, b1000, b1000_row = quoted(
+        r"B 50: ([\d.]+) with batch clipping, ([\d.]+) per-row; B 1000 at ([\d,]+)\s+steps:\s+"
+        r"([\d.]+) and ([\d.]+);"
+    )
+    for text, name in [
+        (b50, "mnist_dpsinkhorn_eps10"),
+        (b50_row, "eps10_b50_perrow"),
+        (b1000, "eps10_b1000"),
+        (b1000_row, "eps10_b1000_perrow"),
+    ]:
+        sigma, steps = budget_of(experiment(paper, name), TRAIN_SIZES["mnist"])
+        assert steps == (number(b1000_steps) if "b1000" in name else 160000), name
+        assert_printed_as(text, sigma)
+
+
+@pytest.mark.parametrize("name", ["mnist_dpsinkhorn", "mnist_perrow"])
+def test_results_set_epsilons_are_the_committed_ledgers(name):
+    """The paper-scale table's RDP and paper-convention ε are those of the committed ledger."""
+    rdp, conv = quoted(rf"^\| `{name}`: [^|]*\| ([\d.]+) / [\d.]+ \| ([\d.]+) \|")
+    ledger_file = ROOT / "results-paper-scale" / "h100-83ae335" / name / "privacy.json"
+    ledger = json.loads(ledger_file.read_text())
+    assert_printed_as(rdp, ledger["epsilon"])
+    assert_printed_as(conv, ledger["epsilon_paper_convention"])
+
+
+def _resolves(name: str) -> bool | None:
+    """Whether a dotted name in the docs exists: inside dpsinkhorn when its first part is a
+    dpsinkhorn module, else in the importable module it names; None when it names neither
+    (a JSON key, a file)."""
+    parts = name.removeprefix("dpsinkhorn.").split(".")
+    package = Path(importlib.import_module("dpsinkhorn").__file__).parent
+    ours = (package / parts[0]).is_dir() or (package / f"{parts[0]}.py").is_file()
+    prefix = "dpsinkhorn." if ours else ""
+    for i in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(prefix + ".".join(parts[:i]))
+        except ImportError:
+            continue
+        for attribute in parts[i:]:
+            if not hasattr(obj, attribute):
+                return False
+            obj = getattr(obj, attribute)
+        return True
+    return False if ours else None
+
+
+@pytest.mark.parametrize("doc", DOCS)
+def test_dotted_names_in_the_docs_exist(doc):
+    text = (ROOT / doc).read_text()
+    names = set(re.findall(r"`((?:[a-z_]+\.)+[A-Za-z_][A-Za-z0-9_]*)[`(\[]", text))
+    code = {n for n in names if n.rsplit(".", 1)[1] not in FILE_SUFFIXES}
+    missing = sorted(n for n in code if _resolves(n) is False)
+    assert not missing, f"{doc} names what does not exist: {', '.join(missing)}"
