@@ -45,11 +45,8 @@ from dpsinkhorn.ot.loss import (
     feature_diameter,
     semi_debiased_sinkhorn_with_grad,
 )
-from dpsinkhorn.privacy.accounting import (
-    PrivacyAccountant,
-    budget_of,
-    paper_convention_epsilon,
-)
+from dpsinkhorn.privacy.accounting import PrivacyAccountant, paper_convention_epsilon
+from dpsinkhorn.privacy.budget import budget_of
 from dpsinkhorn.privacy.mechanism import ImageGradientSanitizer, ParameterGradientSanitizer
 from dpsinkhorn.privacy.noise import (
     NO_GUARANTEE_PUBLIC_SEED,
