@@ -15,7 +15,7 @@ from scipy.stats import norm
 from dpsinkhorn.cli import main
 from dpsinkhorn.config import load_config, make_experiment
 from dpsinkhorn.config.spec import ExperimentSpec
-from dpsinkhorn.ot.loss import semi_debiased_sinkhorn
+from dpsinkhorn.ot.loss import geomloss_semi_debiased_sinkhorn
 from dpsinkhorn.privacy.accounting import (
     PLD_MIN_NOISE_MULTIPLIER,
     PrivacyAccountant,
@@ -148,7 +148,7 @@ def test_sensitivity_holds_for_neighbouring_real_batches():
         blocks = []
         for real in (y, torch.cat([y, 3 * torch.randn(1, 30, generator=g, dtype=x.dtype)])):
             xg = x.clone().requires_grad_(True)
-            semi_debiased_sinkhorn(xg, real, N, 0.4, 0.05, 1.0).backward()
+            geomloss_semi_debiased_sinkhorn(xg, real, N, 0.4, 0.05, 1.0).backward()
             blocks.append(_noise_free(s, xg.grad.float())[:N])
         worst = max(worst, (blocks[0] - blocks[1]).norm().item())
     assert 0 < worst <= 2 * CLIP * (1 + 1e-6)
@@ -244,7 +244,7 @@ def test_parameter_sanitizer_sensitivity_for_neighbouring_batches():
         clipped = []
         for real in (y, torch.cat([y, 3 * torch.randn(1, 30, generator=g, dtype=y.dtype)])):
             model.zero_grad()
-            semi_debiased_sinkhorn(model(z), real, N, 0.4, 0.05, 1.0).backward()
+            geomloss_semi_debiased_sinkhorn(model(z), real, N, 0.4, 0.05, 1.0).backward()
             flat = torch.cat([p.grad.flatten() for p in model.parameters()])
             clipped.append(_param_noise_free(s, flat.float()))
         worst = max(worst, (clipped[0] - clipped[1]).norm().item())
