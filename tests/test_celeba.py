@@ -17,7 +17,7 @@ from dpsinkhorn.data import celeba
 from dpsinkhorn.data import datasets as data
 from dpsinkhorn.models import (
     ConditionalBigGAN,
-    ConditionalDCGAN32,
+    ConditionalDCGAN,
     GeneratorConfig,
     build_generator,
 )
@@ -196,7 +196,7 @@ def test_dcgan32_shapes_and_old_configs_still_load():
     model = build_generator(
         GeneratorConfig(num_classes=2, latent_dim=32, out_channels=3, image_size=32)
     )
-    assert isinstance(model, ConditionalDCGAN32)
+    assert isinstance(model, ConditionalDCGAN)
     assert model(*model.sample_inputs(3)).shape == (3, 3, 32, 32)
     # a generator.pt written before this change has no architecture / image_size
     old = GeneratorConfig.from_dict({"num_classes": 10, "latent_dim": 12, "embed_dim": 4,

@@ -35,7 +35,7 @@ from dpsinkhorn import config as config_lib
 from dpsinkhorn.data import datasets as data
 from dpsinkhorn.ot.loss import (
     feature_diameter,
-    semi_debiased_sinkhorn,
+    geomloss_semi_debiased_sinkhorn,
     semi_debiased_sinkhorn_with_grad,
 )
 from dpsinkhorn.train.step import GraphedStep
@@ -162,7 +162,7 @@ def test_solver_in_float32_on_cuda_is_as_accurate_as_geomloss():
     y = torch.rand(108, 794, generator=g) * 2 - 1
     weights = (torch.rand(108, generator=g) < 0.45).float()
     xg = x.double().requires_grad_()
-    exact = semi_debiased_sinkhorn(
+    exact = geomloss_semi_debiased_sinkhorn(
         xg, y.double(), n, p, lam, 1.0, y_weights=weights.double(), diameter=diameter
     )
     (exact_grad,) = torch.autograd.grad(exact, xg)

@@ -11,10 +11,10 @@ import torch
 from dpsinkhorn.ot.loss import (
     conditional_features,
     debias_size,
-    entropic_ot,
     feature_diameter,
+    geomloss_entropic_ot,
+    geomloss_semi_debiased_sinkhorn,
     mixed_cost,
-    semi_debiased_sinkhorn,
     semi_debiased_sinkhorn_with_grad,
 )
 
@@ -42,7 +42,7 @@ def test_entropic_ot_matches_pot_value_and_gradient(m):
     x, y = _points(12, 5, 0), _points(9, 5, 1) + 0.2
     value_pot, plan = _pot_entropic_ot(x, y, LAMBDA, m)
     xg = x.clone().requires_grad_(True)
-    value = entropic_ot(xg, y, LAMBDA, m, scaling=0.999)  # slow annealing: converged
+    value = geomloss_entropic_ot(xg, y, LAMBDA, m, scaling=0.999)  # slow annealing: converged
     value.backward()
     assert value.item() == pytest.approx(value_pot, rel=1e-5)
     # Envelope theorem: dW/dx_i = sum_j P_ij dC(x_i, y_j)/dx_i.
@@ -59,7 +59,7 @@ def test_default_schedule_approximates_the_optimum():
     x, y = _points(20, 6, 2), _points(15, 6, 3)
     value_pot, _ = _pot_entropic_ot(x, y, LAMBDA, 1.0)
     errors = [
-        abs(entropic_ot(x, y, LAMBDA, 1.0, scaling=s).item() / value_pot - 1)
+        abs(geomloss_entropic_ot(x, y, LAMBDA, 1.0, scaling=s).item() / value_pot - 1)
         for s in (0.5, 0.9, 0.99)
     ]
     assert errors[0] < 0.05
@@ -91,8 +91,8 @@ def test_l2_and_l1_costs_equal_direct_computation():
 
 def test_l2_cost_is_mixed_with_m0_and_l1_matches_pot():
     x, y = _points(12, 5, 0), _points(9, 5, 1) + 0.2
-    l2 = entropic_ot(x, y, LAMBDA, 2.0, cost="l2")
-    assert l2.item() == entropic_ot(x, y, LAMBDA, 0.0).item()
+    l2 = geomloss_entropic_ot(x, y, LAMBDA, 2.0, cost="l2")
+    assert l2.item() == geomloss_entropic_ot(x, y, LAMBDA, 0.0).item()
     assert l2.item() == pytest.approx(_pot_entropic_ot(x, y, LAMBDA, 0.0)[0], rel=1e-2)
     # l1 alone against POT's log-domain Sinkhorn on the cityblock cost
     xn, yn = x.numpy(), y.numpy()
@@ -101,13 +101,13 @@ def test_l2_cost_is_mixed_with_m0_and_l1_matches_pot():
     plan = ot.sinkhorn(a, b, cost, LAMBDA, method="sinkhorn_log", numItermax=200000, stopThr=1e-13)
     kl = np.sum(plan * np.log(plan / np.outer(a, b)))
     expected = float(np.sum(cost * plan) + LAMBDA * kl)
-    value = entropic_ot(x, y, LAMBDA, 2.0, cost="l1", scaling=0.999)
+    value = geomloss_entropic_ot(x, y, LAMBDA, 2.0, cost="l1", scaling=0.999)
     assert value.item() == pytest.approx(expected, rel=1e-5)
     # the same cost through the semi-debiased loss
     n, p = 8, 0.5
     xs = _points(n + debias_size(n, p), 5, 2)
-    got = semi_debiased_sinkhorn(xs, y, n, p, LAMBDA, 2.0, cost="l1")
-    want = 2 * entropic_ot(xs[:n], y, LAMBDA, 0.0, cost="l1") - entropic_ot(
+    got = geomloss_semi_debiased_sinkhorn(xs, y, n, p, LAMBDA, 2.0, cost="l1")
+    want = 2 * geomloss_entropic_ot(xs[:n], y, LAMBDA, 0.0, cost="l1") - geomloss_entropic_ot(
         xs[:n], xs[debias_size(n, p) :], LAMBDA, 0.0, cost="l1"
     )
     assert got.item() == pytest.approx(want.item(), rel=1e-12)
@@ -136,12 +136,12 @@ def test_training_solver_ignores_zero_weight_rows():
 
 
 def test_geomloss_path_ignores_zero_weight_rows():
-    """The same for ``entropic_ot`` (geomloss; the gradient study's loss)."""
+    """The same for ``geomloss_entropic_ot`` (the reference path the solver is checked against)."""
     x, y = _points(10, 4, 4), _points(7, 4, 5)
     pad = torch.cat([y, 100 + _points(3, 4, 6)])
     weights = torch.tensor([1 / 7] * 7 + [0.0] * 3, dtype=torch.float64)
-    a = entropic_ot(x, y, LAMBDA, 1.0, diameter=10.0)
-    b = entropic_ot(x, pad, LAMBDA, 1.0, y_weights=weights, diameter=10.0)
+    a = geomloss_entropic_ot(x, y, LAMBDA, 1.0, diameter=10.0)
+    b = geomloss_entropic_ot(x, pad, LAMBDA, 1.0, y_weights=weights, diameter=10.0)
     assert b.item() == pytest.approx(a.item(), rel=1e-9)
 
 
@@ -157,22 +157,26 @@ def test_semi_debiased_identity(p):
     n = 10
     n_prime = debias_size(n, p)
     x, y = _points(n + n_prime, 4, 7), _points(8, 4, 8)
-    expected = 2 * entropic_ot(x[:n], y, LAMBDA, 1.0) - entropic_ot(
+    expected = 2 * geomloss_entropic_ot(x[:n], y, LAMBDA, 1.0) - geomloss_entropic_ot(
         x[:n], x[n_prime : n + n_prime], LAMBDA, 1.0
     )
-    got = semi_debiased_sinkhorn(x, y, n, p, LAMBDA, 1.0)
+    got = geomloss_semi_debiased_sinkhorn(x, y, n, p, LAMBDA, 1.0)
     assert got.item() == pytest.approx(expected.item(), rel=1e-12)
 
 
 def test_p0_is_biased_and_p1_fully_debiased():
     n = 10
     x, y = _points(2 * n, 4, 9), _points(8, 4, 10)
-    biased = 2 * entropic_ot(x[:n], y, LAMBDA, 1.0) - entropic_ot(x[:n], x[:n], LAMBDA, 1.0)
-    assert semi_debiased_sinkhorn(x[:n], y, n, 0.0, LAMBDA, 1.0).item() == pytest.approx(
+    biased = 2 * geomloss_entropic_ot(x[:n], y, LAMBDA, 1.0) - geomloss_entropic_ot(
+        x[:n], x[:n], LAMBDA, 1.0
+    )
+    assert geomloss_semi_debiased_sinkhorn(x[:n], y, n, 0.0, LAMBDA, 1.0).item() == pytest.approx(
         biased.item(), rel=1e-12
     )
-    debiased = 2 * entropic_ot(x[:n], y, LAMBDA, 1.0) - entropic_ot(x[:n], x[n:], LAMBDA, 1.0)
-    assert semi_debiased_sinkhorn(x, y, n, 1.0, LAMBDA, 1.0).item() == pytest.approx(
+    debiased = 2 * geomloss_entropic_ot(x[:n], y, LAMBDA, 1.0) - geomloss_entropic_ot(
+        x[:n], x[n:], LAMBDA, 1.0
+    )
+    assert geomloss_semi_debiased_sinkhorn(x, y, n, 1.0, LAMBDA, 1.0).item() == pytest.approx(
         debiased.item(), rel=1e-12
     )
 
@@ -183,7 +187,7 @@ def test_debiasing_rows_do_not_depend_on_real_data():
     grads = []
     for seed in (12, 13):
         x.grad = None
-        semi_debiased_sinkhorn(x, _points(9, 4, seed), n, p, LAMBDA, 1.0).backward()
+        geomloss_semi_debiased_sinkhorn(x, _points(9, 4, seed), n, p, LAMBDA, 1.0).backward()
         grads.append(x.grad.clone())
     assert torch.equal(grads[0][n:], grads[1][n:])  # rows n:n+n' never see Y
     assert not torch.allclose(grads[0][:n], grads[1][:n])  # rows 0:n do
@@ -193,11 +197,13 @@ def test_empty_real_batch_contributes_no_gradient():
     n, p = 10, 0.4
     x = _points(n + debias_size(n, p), 4, 14).requires_grad_(True)
     y = _points(6, 4, 15)
-    loss = semi_debiased_sinkhorn(x, y, n, p, LAMBDA, 1.0, y_weights=torch.zeros(6, dtype=x.dtype))
+    loss = geomloss_semi_debiased_sinkhorn(
+        x, y, n, p, LAMBDA, 1.0, y_weights=torch.zeros(6, dtype=x.dtype)
+    )
     loss.backward()
     grad_empty = x.grad.clone()
     x.grad = None
-    self_only = -entropic_ot(x[:n], x[debias_size(n, p) :], LAMBDA, 1.0)
+    self_only = -geomloss_entropic_ot(x[:n], x[debias_size(n, p) :], LAMBDA, 1.0)
     self_only.backward()
     assert torch.isfinite(grad_empty).all()
     assert loss.item() == pytest.approx(self_only.item(), rel=1e-12)

@@ -8,9 +8,9 @@ from geomloss._legacy.sinkhorn_divergence import epsilon_schedule as geomloss_sc
 
 from dpsinkhorn.ot import solver as ot
 from dpsinkhorn.ot.loss import (
-    entropic_ot,
-    semi_debiased_sinkhorn,
-    semi_debiased_sinkhorn_runs,
+    geomloss_entropic_ot,
+    geomloss_semi_debiased_sinkhorn,
+    geomloss_semi_debiased_sinkhorn_runs,
     semi_debiased_sinkhorn_with_grad,
     semi_debiased_sinkhorn_with_grad_runs,
 )
@@ -28,16 +28,16 @@ def clouds(n: int, m: int, d: int, seed: int, dtype=F64) -> tuple[torch.Tensor, 
     "diameter, blur, scaling",
     [(59.88, 0.05, 0.5), (20.0, 0.05, 0.9), (3.0, 1.0, 0.5), (1.0, 1.0, 0.5)],
 )
-def test_epsilon_schedule_is_geomloss(diameter, blur, scaling):
-    assert ot.epsilon_schedule(diameter, blur, scaling) == pytest.approx(
+def test_temperature_schedule_is_geomloss(diameter, blur, scaling):
+    assert ot.temperature_schedule(diameter, blur, scaling) == pytest.approx(
         geomloss_schedule(1, diameter, blur, scaling), rel=1e-15
     )
 
 
 @pytest.mark.parametrize("bad", [(0.0, 0.05, 0.5), (1.0, 0.0, 0.5), (1.0, 0.05, 1.0)])
-def test_epsilon_schedule_rejects_bad_values(bad):
+def test_temperature_schedule_rejects_bad_values(bad):
     with pytest.raises(ValueError, match="scaling"):
-        ot.epsilon_schedule(*bad)
+        ot.temperature_schedule(*bad)
 
 
 @pytest.mark.parametrize("cost", ["mixed", "l2", "l1"])
@@ -52,16 +52,16 @@ def test_value_and_gradients_equal_geomloss(cost):
         b[::4] = 0  # rows that were not drawn
         b = b / b.sum()
         xg, yg = x.clone().requires_grad_(), y.clone().requires_grad_()
-        value = entropic_ot(
+        value = geomloss_entropic_ot(
             xg, yg, LAMBDA, m, y_weights=b, scaling=SCALING, diameter=diameter, cost=cost
         )
         want.append((value.detach(), *torch.autograd.grad(value, [xg, yg])))
         xs.append(x), ys.append(y), bs.append(b)
     a = torch.full((3, 12), 1 / 12, dtype=F64)
     m = torch.tensor([m for m, _ in problems], dtype=F64)
-    eps_list = ot.epsilon_schedule(diameter, LAMBDA, SCALING)
+    temperatures = ot.temperature_schedule(diameter, LAMBDA, SCALING)
     value, grad_x, grad_y = ot.entropic_ot_with_grad(
-        torch.stack(xs), torch.stack(ys), a, torch.stack(bs), eps_list, m, cost
+        torch.stack(xs), torch.stack(ys), a, torch.stack(bs), temperatures, m, cost
     )
     for k, (v, gx, gy) in enumerate(want):
         torch.testing.assert_close(value[k], v, rtol=1e-12, atol=0)
@@ -75,14 +75,14 @@ def test_results_carry_no_autograd_history():
     x.requires_grad_()
     out = ot.entropic_ot_with_grad(
         x[None], y[None], torch.full((1, 5), 0.2, dtype=F64), torch.full((1, 6), 1 / 6, dtype=F64),
-        ot.epsilon_schedule(DIAMETER, LAMBDA, SCALING), torch.ones(1, dtype=F64),
+        ot.temperature_schedule(DIAMETER, LAMBDA, SCALING), torch.ones(1, dtype=F64),
     )  # fmt: skip
     assert not any(t.requires_grad for t in out)
 
 
 def _geomloss_loss_and_grad(x, y, weights, n, p, m, cost):
     xg = x.clone().requires_grad_()
-    loss = semi_debiased_sinkhorn(
+    loss = geomloss_semi_debiased_sinkhorn(
         xg, y, n, p, LAMBDA, m, y_weights=weights, scaling=SCALING, diameter=DIAMETER, cost=cost
     )
     return loss.detach(), torch.autograd.grad(loss, xg)[0]
@@ -140,7 +140,7 @@ def test_runs_are_independent_problems_with_their_own_m():
     weights[1] = 0  # run 1 drew nobody
     m = torch.tensor([0.0, 1.0, 3.0], dtype=F64)
     xcg, xsg = xc.clone().requires_grad_(), xs.clone().requires_grad_()
-    want = semi_debiased_sinkhorn_runs(
+    want = geomloss_semi_debiased_sinkhorn_runs(
         xcg, xsg, y, weights, LAMBDA, m, scaling=SCALING, diameter=DIAMETER
     )
     want_grads = torch.autograd.grad(want.sum(), [xcg, xsg])
@@ -170,7 +170,7 @@ def test_float32_is_as_accurate_as_geomloss_at_the_paper_scale():
 
     def geomloss(dtype):
         xg = x.to(dtype).requires_grad_()
-        loss = semi_debiased_sinkhorn(
+        loss = geomloss_semi_debiased_sinkhorn(
             xg, y.to(dtype), n, p, LAMBDA, 1.0, y_weights=weights.to(dtype),
             scaling=SCALING, diameter=diameter,
         )  # fmt: skip

@@ -20,11 +20,13 @@ from dpsinkhorn.ot.loss import semi_debiased_sinkhorn_with_grad
 from dpsinkhorn.privacy.accounting import (
     PLD_MIN_NOISE_MULTIPLIER,
     PrivacyAccountant,
+    compute_epsilon,
+    paper_convention_epsilon,
+)
+from dpsinkhorn.privacy.budget import (
     _bisect_noise,
     budget_of,
-    compute_epsilon,
     max_steps,
-    paper_convention_epsilon,
     privacy_report,
     resolve_budget,
     solve_noise_multiplier,

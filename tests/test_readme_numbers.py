@@ -22,7 +22,8 @@ from dpsinkhorn.config.experiments import experiment, trained_experiments
 from dpsinkhorn.config.studies import study_cells, study_experiments
 from dpsinkhorn.config.validate import read_yaml
 from dpsinkhorn.plan import TRAIN_SIZES, job_count
-from dpsinkhorn.privacy.accounting import budget_of, compute_epsilon, paper_convention_epsilon
+from dpsinkhorn.privacy.accounting import compute_epsilon, paper_convention_epsilon
+from dpsinkhorn.privacy.budget import budget_of
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()

@@ -14,7 +14,8 @@ from dpsinkhorn import config as config_lib
 from dpsinkhorn import plan
 from dpsinkhorn.config import studies, targets
 from dpsinkhorn.config.workflow import gradient_settings
-from dpsinkhorn.privacy.accounting import compute_epsilon, resolve_budget
+from dpsinkhorn.privacy.accounting import compute_epsilon
+from dpsinkhorn.privacy.budget import resolve_budget
 
 ROOT = Path(__file__).resolve().parent.parent
 BASE = {

@@ -17,7 +17,7 @@ from dpsinkhorn.fileio import NoSpaceError
 COMMAND_MODULES = [
     "data.datasets",
     "data.celeba",
-    "privacy.accounting",
+    "privacy.cli",
     "train.cli",
     "train.sweep",
     "evaluate.sample",

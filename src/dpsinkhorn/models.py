@@ -1,23 +1,29 @@
 """Generators of the paper (appendix D.3): conditional DCGAN and BigGAN-style.
 
 ``build_generator(GeneratorConfig)`` picks the class from ``architecture`` and
-``image_size``: the DCGAN at 28x28 (MNIST, Fashion-MNIST, below), the DCGAN at 32x32
-(:class:`ConditionalDCGAN32`) and the BigGAN-style residual generator at 32x32
+``image_size``: the DCGAN (:class:`ConditionalDCGAN`) at 28x28 (MNIST, Fashion-MNIST) or
+32x32 (CelebA, Table 6), and the BigGAN-style residual generator at 32x32
 (:class:`ConditionalBigGAN`, CelebA). ``GeneratorConfig.to_dict()`` is stored in
 generator.pt, so a saved generator names its own architecture.
 
-The 28x28 DCGAN:
+The DCGAN:
 
 g(z, label): z ~ Uniform(0, 1)^latent_dim and a learned label embedding of size
 embed_dim are concatenated and fed, as a 1x1 feature map, to four transposed
-convolutions:
+convolutions (``DCGAN_LAYERS`` holds their kernel, stride and padding per image size):
 
-    ConvT(latent+embed -> 256, k7, s1, p0)   1x1  -> 7x7
-    ConvT(256 -> 128, k4, s2, p1)            7x7  -> 14x14
-    ConvT(128 -> 64,  k4, s2, p1)            14x14 -> 28x28
-    ConvT(64 -> C,    k3, s1, p1)            28x28 -> 28x28
+    28x28                                    32x32
+    ConvT(latent+embed -> c1, k7, s1, p0)    ConvT(latent+embed -> c1, k4, s1, p0)
+        1x1   -> 7x7                             1x1   -> 4x4
+    ConvT(c1 -> c2, k4, s2, p1)              ConvT(c1 -> c2, k4, s2, p1)
+        7x7   -> 14x14                           4x4   -> 8x8
+    ConvT(c2 -> c3, k4, s2, p1)              ConvT(c2 -> c3, k4, s2, p1)
+        14x14 -> 28x28                           8x8   -> 16x16
+    ConvT(c3 -> C,  k3, s1, p1)              ConvT(c3 -> C,  k4, s2, p1)
+        28x28 -> 28x28                           16x16 -> 32x32
 
-with ReLU between layers and tanh at the output, so images lie in [-1, 1].
+with ReLU between layers and tanh at the output, so images lie in [-1, 1]. The paper's
+MNIST / Fashion-MNIST widths are (c1, c2, c3) = (256, 128, 64).
 """
 
 from __future__ import annotations
@@ -52,26 +58,35 @@ class GeneratorConfig:
         return cls(**{**d, "channels": tuple(d["channels"])})
 
 
+#: DCGAN image size -> (kernel, stride, padding) of its four transposed convolutions.
+DCGAN_LAYERS: dict[int, tuple[tuple[int, int, int], ...]] = {
+    28: ((7, 1, 0), (4, 2, 1), (4, 2, 1), (3, 1, 1)),
+    32: ((4, 1, 0), (4, 2, 1), (4, 2, 1), (4, 2, 1)),
+}
+
+
 class ConditionalDCGAN(nn.Module):
-    """Maps (z [N, latent_dim] in [0,1], labels [N] int64) to images [N, C, 28, 28] in [-1, 1]."""
+    """Maps (z [N, latent_dim] in [0,1], labels [N] int64) to images [N, C, S, S] in [-1, 1],
+    S = ``config.image_size`` (a key of :data:`DCGAN_LAYERS`)."""
 
     def __init__(self, config: GeneratorConfig = GeneratorConfig()):
         super().__init__()
         if len(config.channels) != 3:
             raise ValueError(f"channels must list 3 widths, got {list(config.channels)}")
+        if config.image_size not in DCGAN_LAYERS:
+            raise ValueError(f"no dcgan layout for {config.image_size}x{config.image_size} images")
         self.config = config
-        c1, c2, c3 = config.channels
+        # The embedding is created (and initialised from the global RNG) before the
+        # convolutions: that order is what makes a seeded generator reproducible.
         self.embedding = nn.Embedding(config.num_classes, config.embed_dim)
-        self.net = nn.Sequential(
-            nn.ConvTranspose2d(config.latent_dim + config.embed_dim, c1, 7, 1, 0),
-            nn.ReLU(),
-            nn.ConvTranspose2d(c1, c2, 4, 2, 1),
-            nn.ReLU(),
-            nn.ConvTranspose2d(c2, c3, 4, 2, 1),
-            nn.ReLU(),
-            nn.ConvTranspose2d(c3, config.out_channels, 3, 1, 1),
-            nn.Tanh(),
-        )
+        widths = [config.latent_dim + config.embed_dim, *config.channels, config.out_channels]
+        layers: list[nn.Module] = []
+        for c_in, c_out, (kernel, stride, padding) in zip(
+            widths[:-1], widths[1:], DCGAN_LAYERS[config.image_size], strict=True
+        ):
+            layers += [nn.ConvTranspose2d(c_in, c_out, kernel, stride, padding), nn.ReLU()]
+        layers[-1] = nn.Tanh()
+        self.net = nn.Sequential(*layers)
 
     def forward(self, z: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         h = torch.cat([z, self.embedding(labels)], dim=1)
@@ -96,40 +111,6 @@ class ConditionalDCGAN(nn.Module):
             0, self.config.num_classes, (num,), generator=generator, device=device, out=labels_out
         )
         return z, labels
-
-
-# ------------------------------------------------------------------ 32x32 RGB (CelebA)
-
-
-class ConditionalDCGAN32(ConditionalDCGAN):
-    """The DCGAN generator at 32x32 (CelebA, Table 6): four transposed convolutions.
-
-        ConvT(latent+embed -> c1, k4, s1, p0)   1x1   -> 4x4
-        ConvT(c1 -> c2, k4, s2, p1)             4x4   -> 8x8
-        ConvT(c2 -> c3, k4, s2, p1)             8x8   -> 16x16
-        ConvT(c3 -> C,  k4, s2, p1)             16x16 -> 32x32
-
-    ReLU between layers, tanh at the output; inputs, embedding and sampling as in
-    :class:`ConditionalDCGAN`.
-    """
-
-    def __init__(self, config: GeneratorConfig):
-        nn.Module.__init__(self)
-        if len(config.channels) != 3:
-            raise ValueError(f"channels must list 3 widths, got {list(config.channels)}")
-        self.config = config
-        c1, c2, c3 = config.channels
-        self.embedding = nn.Embedding(config.num_classes, config.embed_dim)
-        self.net = nn.Sequential(
-            nn.ConvTranspose2d(config.latent_dim + config.embed_dim, c1, 4, 1, 0),
-            nn.ReLU(),
-            nn.ConvTranspose2d(c1, c2, 4, 2, 1),
-            nn.ReLU(),
-            nn.ConvTranspose2d(c2, c3, 4, 2, 1),
-            nn.ReLU(),
-            nn.ConvTranspose2d(c3, config.out_channels, 4, 2, 1),
-            nn.Tanh(),
-        )
 
 
 def _sn(module: nn.Module) -> nn.Module:
@@ -205,7 +186,7 @@ class ConditionalBigGAN(nn.Module):
 #: (architecture, image size) -> generator class.
 GENERATORS = {
     ("dcgan", 28): ConditionalDCGAN,
-    ("dcgan", 32): ConditionalDCGAN32,
+    ("dcgan", 32): ConditionalDCGAN,
     ("biggan", 32): ConditionalBigGAN,
 }
 

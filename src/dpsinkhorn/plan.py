@@ -37,7 +37,7 @@ TRAIN_SIZES = {"mnist": 60000, "fmnist": 60000, "celeba": 162770}
 
 def resolved_steps(spec: Mapping) -> int:
     """Training steps of an experiment, solving them from target ε where they are null."""
-    from dpsinkhorn.privacy.accounting import budget_of
+    from dpsinkhorn.privacy.budget import budget_of
 
     if spec["method"] != "dp_sinkhorn" or spec["steps"] is not None:
         return int(spec["steps"])

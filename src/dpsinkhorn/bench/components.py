@@ -72,8 +72,8 @@ def solver_iteration_times(
     cost = torch.rand(2, n, rows, generator=g, device=dev) * 1.5e3
     a_log = torch.full((2, n), -math.log(n), device=dev)
     b_log = torch.full((2, rows), -math.log(rows), device=dev)
-    eps_list = tuple(
-        ot.epsilon_schedule(
+    temperatures = tuple(
+        ot.temperature_schedule(
             feature_diameter(image_numel, spec["alpha_c"], spec["cost"]),
             spec["entropy_reg"],
             spec["sinkhorn_scaling"],
@@ -81,11 +81,16 @@ def solver_iteration_times(
     )
     compiled = ot._compiled_iterations()
     start = time.perf_counter()
-    compiled(cost, a_log, b_log, eps_list)
+    compiled(cost, a_log, b_log, temperatures)
     sync(dev)
     compile_s = time.perf_counter() - start
     times = {}
     for name, fn in (("eager", ot.sinkhorn_iterations), ("compiled", compiled)):
-        rate = time_steps(lambda fn=fn: fn(cost, a_log, b_log, eps_list), dev, repeats, warmup)
+        rate = time_steps(lambda fn=fn: fn(cost, a_log, b_log, temperatures), dev, repeats, warmup)
         times[f"{name}_ms"] = 1e3 / rate
-    return {"shape": [2, n, rows], "iterations": len(eps_list) + 1, "compile_s": compile_s, **times}
+    return {
+        "shape": [2, n, rows],
+        "iterations": len(temperatures) + 1,
+        "compile_s": compile_s,
+        **times,
+    }

@@ -14,7 +14,7 @@ from geomloss import SamplesLoss
 from dpsinkhorn.models import ConditionalDCGAN, GeneratorConfig
 from dpsinkhorn.ot.loss import debias_size
 from dpsinkhorn.ot.solver import mixed_cost
-from dpsinkhorn.privacy.accounting import budget_of
+from dpsinkhorn.privacy.budget import budget_of
 
 
 class ReferenceStep:

@@ -1,10 +1,12 @@
 """Bias and variance of the generator-gradient estimator G_p against p (paper Figure 4c).
 
 G_p = ∇θ S_p(X(θ), Y) is the gradient, w.r.t. the generator parameters θ, of the
-semi-debiased Sinkhorn loss of one training step (``loss.semi_debiased_sinkhorn``), drawn
-exactly as a training step draws it, but WITHOUT clipping or noise: this analyses the
-estimator itself. For each p, ``batches`` independent draws give the sample mean and the
-trace of the sample covariance; bias is measured against the mean of G_1 (unbiased).
+semi-debiased Sinkhorn loss of one training step, drawn exactly as a training step draws
+it and computed as training computes it (∇_X S_p from the fixed-schedule solver,
+``loss.semi_debiased_sinkhorn_with_grad``, back-propagated through the generator), but
+WITHOUT clipping or noise: this analyses the estimator itself. For each p, ``batches``
+independent draws give the sample mean and the trace of the sample covariance; bias is
+measured against the mean of G_1 (unbiased).
 The real data enter un-noised, so the output is NOT differentially private.
 """
 
@@ -29,7 +31,7 @@ from dpsinkhorn.ot.loss import (
     conditional_features,
     debias_size,
     feature_diameter,
-    semi_debiased_sinkhorn,
+    semi_debiased_sinkhorn_with_grad,
 )
 from dpsinkhorn.privacy.sampler import PoissonSampler
 
@@ -56,7 +58,8 @@ class GradientEstimator:
     from the model's ``sample_inputs``, then a Poisson real batch (rate q = n / N, fixed
     capacity, 0/1 weights) from the same ``torch.Generator``; S_p with the spec's
     entropy_reg, m, sinkhorn_scaling, alpha_c and cost (default mixed) on
-    [image in [-1, 1], α_c · onehot] features, and the diameter training uses.
+    [image in [-1, 1], α_c · onehot] features, and the diameter training uses; ∇_X S_p by
+    the training solver (uncompiled), pulled back through the generator.
 
     The generator runs in training mode, as in training (the DCGAN has no batch norm or
     dropout; the BigGAN's spectral norm does one power iteration per forward in training
@@ -120,19 +123,20 @@ class GradientEstimator:
         images = self.model(z, gen_labels)
         x = conditional_features(images, gen_labels, self.num_classes, spec["alpha_c"])
         indices, weights = self.sampler.sample(generator)
-        loss = semi_debiased_sinkhorn(
-            x,
+        _, grad_x = semi_debiased_sinkhorn_with_grad(
+            x.detach(),
             self.real[indices],
+            weights,
             self.n,
             p,
             spec["entropy_reg"],
             spec["m"],
-            y_weights=weights,
             scaling=spec["sinkhorn_scaling"],
             diameter=self.diameter,
             cost=self.cost,
         )
-        grads = torch.autograd.grad(loss, self.params, allow_unused=True)
+        # ∇θ S = (∂X/∂θ)ᵀ ∇_X S, as the training step's images.backward(∇_images S).
+        grads = torch.autograd.grad(x, self.params, grad_x, allow_unused=True)
         return torch.cat(
             [
                 (g if g is not None else torch.zeros_like(q)).reshape(-1)

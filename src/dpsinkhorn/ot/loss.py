@@ -1,4 +1,4 @@
-"""Entropic optimal transport and the semi-debiased Sinkhorn loss (paper Eq. 6).
+"""The semi-debiased Sinkhorn loss (paper Eq. 6), by two solvers: one trains, one checks.
 
 Notation (per training step):
     X  generated samples, [n + n', D] rows, features = [image, α_c · onehot(label)]
@@ -10,10 +10,23 @@ Notation (per training step):
                   l1:    C_ij = ||a_i − b_j||₁                       (m ignored)
     S = 2 W_λ(X[0:n], Y) − W_λ(X[0:n], X[n':n+n']),   n' = floor(n · p)
 
-W_λ is computed with geomloss (``SamplesLoss("sinkhorn", p=1, blur=λ,
-debias=False, backend="tensorized")`` with our custom cost), whose returned
-value <a, f> + <b, g> equals the primal objective above at convergence, and
-whose gradient w.r.t. the sample positions follows from the dual potentials.
+λ is the Sinkhorn temperature (entropic regularisation; config key ``entropy_reg``),
+unrelated to the privacy budget ε.
+
+**Training path** (``train.trainer``, ``train.sweep``, ``privacy.audit``):
+:func:`semi_debiased_sinkhorn_with_grad` and :func:`semi_debiased_sinkhorn_with_grad_runs`.
+They solve with ``ot.solver``'s fixed-schedule Sinkhorn and return S together with ∇_X S
+in closed form, outside autograd, so the step can clip and noise ∇_X S before it enters
+the generator's backward pass.
+
+**Reference path** (the cross-check in ``tests/test_ot.py`` and ``tests/test_loss.py``;
+never used by training):
+:func:`geomloss_entropic_ot`, :func:`geomloss_semi_debiased_sinkhorn` and
+:func:`geomloss_semi_debiased_sinkhorn_runs`. They call geomloss
+(``SamplesLoss("sinkhorn", p=1, blur=λ, debias=False, backend="tensorized")`` with our
+cost), whose returned value <a, f> + <b, g> equals the primal objective above at
+convergence; gradients come from autograd. ``tests/test_ot.py`` checks that both paths
+agree (to 1e-12 in float64).
 """
 
 from __future__ import annotations
@@ -26,14 +39,18 @@ from dpsinkhorn.ot.solver import check_cost as _check_cost
 from dpsinkhorn.ot.solver import mixed_cost
 
 
-def _solver(
-    eps: float, m: float | torch.Tensor, scaling: float, diameter: float | None, cost: str = "mixed"
+def _geomloss_solver(
+    entropy_reg: float,
+    m: float | torch.Tensor,
+    scaling: float,
+    diameter: float | None,
+    cost: str = "mixed",
 ) -> SamplesLoss:
     _check_cost(cost)
     return SamplesLoss(
         "sinkhorn",
         p=1,
-        blur=eps,
+        blur=entropy_reg,  # geomloss's blur is the temperature λ for p = 1
         debias=False,
         scaling=scaling,
         diameter=diameter,
@@ -43,12 +60,13 @@ def _solver(
 
 
 def feature_diameter(image_numel: int, alpha_c: float, cost: str = "mixed") -> float:
-    """Data-independent ``diameter`` for geomloss: a bound on the distances between features.
+    """Data-independent ``diameter``: a bound on the distances between features.
 
-    Passing it to geomloss fixes the ε-scaling schedule (and so the number of Sinkhorn
-    iterations) in advance: no host synchronisation, and an iteration count that never
-    depends on the data. With p=1, geomloss anneals the temperature from ``diameter``
-    down to λ, i.e. it reads ``diameter`` as the largest distance between two points.
+    It fixes the temperature schedule (geomloss's "ε-scaling"; ``ot.temperature_schedule``)
+    and so the number of Sinkhorn iterations in advance: no host synchronisation, and an
+    iteration count that never depends on the data. With p=1 the temperature is annealed
+    from ``diameter`` down to λ, i.e. ``diameter`` is read as the largest distance between
+    two points. Both paths take it.
 
     mixed, l2: the Euclidean diameter. Pixels lie in [-1, 1] and two one-hot codes
     differ in two entries, so ||u - v||_2 <= sqrt(4 * image_numel + 2 * alpha_c**2).
@@ -65,10 +83,10 @@ def feature_diameter(image_numel: int, alpha_c: float, cost: str = "mixed") -> f
     return (4.0 * image_numel + 2.0 * alpha_c**2) ** 0.5
 
 
-def entropic_ot(
+def geomloss_entropic_ot(
     x: torch.Tensor,
     y: torch.Tensor,
-    eps: float,
+    entropy_reg: float,
     m: float,
     *,
     x_weights: torch.Tensor | None = None,
@@ -77,7 +95,8 @@ def entropic_ot(
     diameter: float | None = None,
     cost: str = "mixed",
 ) -> torch.Tensor:
-    """W_λ between the empirical measures of the rows of x [N,D] and y [M,D] (λ = ``eps``).
+    """W_λ between the empirical measures of the rows of x [N,D] and y [M,D] (λ =
+    ``entropy_reg``), by geomloss with autograd (reference path).
 
     Weights default to uniform (1/N, 1/M); given weights must be non-negative and
     sum to 1 (rows of weight 0 are ignored). ``diameter`` starts geomloss's ε-scaling
@@ -90,7 +109,7 @@ def entropic_ot(
         x_weights = torch.full((x.shape[0],), 1.0 / x.shape[0], dtype=x.dtype, device=x.device)
     if y_weights is None:
         y_weights = torch.full((y.shape[0],), 1.0 / y.shape[0], dtype=y.dtype, device=y.device)
-    return _solver(eps, m, scaling, diameter, cost)(x_weights, x, y_weights, y)
+    return _geomloss_solver(entropy_reg, m, scaling, diameter, cost)(x_weights, x, y_weights, y)
 
 
 def conditional_features(
@@ -110,12 +129,12 @@ def debias_size(n: int, p: float) -> int:
     return int(n * p)
 
 
-def semi_debiased_sinkhorn(
+def geomloss_semi_debiased_sinkhorn(
     x: torch.Tensor,
     y: torch.Tensor,
     n: int,
     p: float,
-    eps: float,
+    entropy_reg: float,
     m: float,
     *,
     y_weights: torch.Tensor | None = None,
@@ -123,7 +142,9 @@ def semi_debiased_sinkhorn(
     diameter: float | None = None,
     cost: str = "mixed",
 ) -> torch.Tensor:
-    """S = 2 W_λ(X[0:n], Y) − W_λ(X[0:n], X[n':n+n']) for x [n+n', D], y [M, D].
+    """S = 2 W_λ(X[0:n], Y) − W_λ(X[0:n], X[n':n+n']) for x [n+n', D], y [M, D], by
+    geomloss with autograd (reference path; training uses
+    :func:`semi_debiased_sinkhorn_with_grad`). λ = ``entropy_reg``.
 
     ``y_weights`` [M] marks the real rows actually drawn (any non-negative
     weights, normalised here); all-zero weights mean an empty real batch, for
@@ -136,13 +157,13 @@ def semi_debiased_sinkhorn(
         raise ValueError(f"x must have n + n' = {n + n_prime} rows, got {x.shape[0]}")
     x_cross = x[:n]
     solve = {"scaling": scaling, "diameter": diameter, "cost": cost}
-    self_term = entropic_ot(x_cross, x[n_prime : n + n_prime], eps, m, **solve)
+    self_term = geomloss_entropic_ot(x_cross, x[n_prime : n + n_prime], entropy_reg, m, **solve)
     if y_weights is None:
-        return 2 * entropic_ot(x_cross, y, eps, m, **solve) - self_term
+        return 2 * geomloss_entropic_ot(x_cross, y, entropy_reg, m, **solve) - self_term
     # Empty real batch: solve against uniform dummy weights (keeps the solver finite,
     # no host synchronisation) and multiply the data term by 0.
     weights, has_data = _real_batch_weights(y_weights)
-    data_term = entropic_ot(x_cross, y, eps, m, y_weights=weights, **solve)
+    data_term = geomloss_entropic_ot(x_cross, y, entropy_reg, m, y_weights=weights, **solve)
     return 2 * has_data * data_term - self_term
 
 
@@ -158,25 +179,26 @@ def _real_batch_weights(y_weights: torch.Tensor) -> tuple[torch.Tensor, torch.Te
     return weights, (total[..., 0] > 0).to(y_weights.dtype)
 
 
-def semi_debiased_sinkhorn_runs(
+def geomloss_semi_debiased_sinkhorn_runs(
     x_cross: torch.Tensor,
     x_self: torch.Tensor,
     y: torch.Tensor,
     y_weights: torch.Tensor,
-    eps: float,
+    entropy_reg: float,
     m: torch.Tensor,
     *,
     scaling: float = 0.5,
     diameter: float | None = None,
     cost: str = "mixed",
 ) -> torch.Tensor:
-    """S_k for K independent runs at once (sweeps) -> [K].
+    """S_k for K independent runs at once -> [K], by geomloss with autograd (reference
+    path; sweeps train with :func:`semi_debiased_sinkhorn_with_grad_runs`).
 
     Run k: S_k = 2 W_λ(x_cross[k], Y_k) − W_λ(x_cross[k], x_self[k]), where
     x_cross [K,n,D] = X_k[0:n], x_self [K,n,D] = X_k[n'_k:n'_k+n] (n'_k may differ
     between runs), Y_k = the rows of y [K,M,D] with weight y_weights [K,M] (0/1,
     normalised here; an empty batch gives a zero data term, as in
-    :func:`semi_debiased_sinkhorn`), and m [K] each run's L1 weight. One batched
+    :func:`geomloss_semi_debiased_sinkhorn`), and m [K] each run's L1 weight. One batched
     geomloss solve per term; the runs never mix (each batch entry is its own problem).
     """
     k, n = x_cross.shape[:2]
@@ -186,7 +208,7 @@ def semi_debiased_sinkhorn_runs(
             f"{tuple(x_cross.shape)}, {tuple(x_self.shape)}, {tuple(y.shape)}, "
             f"{tuple(y_weights.shape)}"
         )
-    solver = _solver(eps, m, scaling, diameter, cost)
+    solver = _geomloss_solver(entropy_reg, m, scaling, diameter, cost)
     uniform = torch.full((k, n), 1.0 / n, dtype=x_cross.dtype, device=x_cross.device)
     self_term = solver(uniform, x_cross, uniform, x_self)
     weights, has_data = _real_batch_weights(y_weights)
@@ -199,7 +221,7 @@ def semi_debiased_sinkhorn_with_grad_runs(
     x_self: torch.Tensor,
     y: torch.Tensor,
     y_weights: torch.Tensor,
-    eps: float,
+    entropy_reg: float,
     m: float | torch.Tensor,
     *,
     scaling: float,
@@ -207,7 +229,8 @@ def semi_debiased_sinkhorn_with_grad_runs(
     cost: str = "mixed",
     compile: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """S_k of :func:`semi_debiased_sinkhorn_runs` and its gradients, by ``ot``'s fixed solver.
+    """S_k of :func:`geomloss_semi_debiased_sinkhorn_runs` and its gradients, by ``ot``'s
+    fixed solver (training path, ``train.sweep``); λ = ``entropy_reg``.
 
     Same inputs (x_cross, x_self [K,n,D], y [K,M,D], y_weights [K,M] 0/1, m a number or
     [K]), but ``diameter`` is required (it fixes the schedule); ``compile`` compiles the
@@ -240,7 +263,7 @@ def semi_debiased_sinkhorn_with_grad_runs(
         torch.cat([pad(y), pad(x_self)]),
         torch.cat([uniform, uniform]),
         torch.cat([pad(weights), pad(uniform)]),
-        ot.epsilon_schedule(diameter, eps, scaling),
+        ot.temperature_schedule(diameter, entropy_reg, scaling),
         torch.cat([m, m]),
         cost,
         compile,
@@ -257,7 +280,7 @@ def semi_debiased_sinkhorn_with_grad(
     y_weights: torch.Tensor,
     n: int,
     p: float,
-    eps: float,
+    entropy_reg: float,
     m: float | torch.Tensor,
     *,
     scaling: float,
@@ -265,7 +288,8 @@ def semi_debiased_sinkhorn_with_grad(
     cost: str = "mixed",
     compile: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """S of :func:`semi_debiased_sinkhorn` and ∇_x S [n + n', D] by the fixed solver.
+    """S of :func:`geomloss_semi_debiased_sinkhorn` and ∇_x S [n + n', D] by the fixed
+    solver (training path: ``train.trainer``, ``privacy.audit``); λ = ``entropy_reg``.
 
     x [n + n', D], y [M, D], y_weights [M] (0/1; all zero: empty real batch). Returns
     (S scalar, ∇_x S); nothing is recorded for autograd.
@@ -278,7 +302,7 @@ def semi_debiased_sinkhorn_with_grad(
         x[None, n_prime : n + n_prime],
         y[None],
         y_weights[None],
-        eps,
+        entropy_reg,
         m,
         scaling=scaling,
         diameter=diameter,

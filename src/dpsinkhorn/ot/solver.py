@@ -5,8 +5,9 @@ The training step's solver. It runs the same algorithm as geomloss's tensorized
 and gradients equal geomloss's up to floating-point rounding (tests/test_ot.py checks
 this against geomloss for every cost). Two things differ, both for speed:
 
-* the ε-scaling schedule is built once from a data-independent diameter, so a solve is
-  a fixed sequence of tensor operations: no host synchronisation, no data-dependent
+* the temperature schedule (geomloss's "ε-scaling": λ annealed down from the diameter)
+  is built once from a data-independent diameter, so a solve is a fixed sequence of
+  tensor operations: no host synchronisation, no data-dependent
   control flow, the same kernels every step (capturable in a CUDA graph);
 * the gradients w.r.t. both point clouds are returned in closed form (nothing is
   recorded through the iterations, nothing reaches the caller's autograd graph), so
@@ -16,7 +17,8 @@ this against geomloss for every cost). Two things differ, both for speed:
 Notation, per batch entry b (B independent problems):
     x [N, D] with weights α [N], y [M, D] with weights β [M] (non-negative, summing
     to 1; weight-0 rows are ignored), cost C [N, M] (:func:`mixed_cost`),
-    W_λ(α, β) = <α, f> + <β, g> for the dual potentials (f, g) at temperature λ.
+    W_λ(α, β) = <α, f> + <β, g> for the dual potentials (f, g) at the Sinkhorn
+    temperature λ (the config's ``entropy_reg``; not the privacy budget ε).
 
 Gradients (envelope theorem, as geomloss obtains them by differentiating its final
 extrapolation step with the earlier potentials held fixed):
@@ -65,45 +67,48 @@ def mixed_cost(
     return out
 
 
-def epsilon_schedule(diameter: float, blur: float, scaling: float) -> list[float]:
-    """Temperatures of the ε-scaling descent for p = 1 (geomloss's schedule).
+def temperature_schedule(diameter: float, entropy_reg: float, scaling: float) -> list[float]:
+    """Sinkhorn temperatures of the annealed descent to λ = ``entropy_reg`` for p = 1
+    (geomloss's "ε-scaling" schedule, whose ``blur`` is λ for p = 1).
 
-    Starts at ``diameter`` and multiplies by ``scaling`` until ``blur`` is reached:
-    [diameter, diameter, diameter·s, diameter·s², ..., blur] (all > blur but the last).
+    Starts at ``diameter`` and multiplies by ``scaling`` until λ is reached:
+    [diameter, diameter, diameter·s, diameter·s², ..., λ] (all > λ but the last).
     """
-    if not (diameter > 0 and blur > 0 and 0 < scaling < 1):
+    if not (diameter > 0 and entropy_reg > 0 and 0 < scaling < 1):
         raise ValueError(
-            f"need diameter > 0, blur > 0, 0 < scaling < 1; got {diameter}, {blur}, {scaling}"
+            f"need diameter > 0, entropy_reg > 0, 0 < scaling < 1; got {diameter}, "
+            f"{entropy_reg}, {scaling}"
         )
     # Same values as geomloss: exp of an arithmetic sequence of logs (float64).
-    logs = np.arange(math.log(diameter), math.log(blur), math.log(scaling))
-    return [float(diameter)] + [float(np.exp(e)) for e in logs] + [float(blur)]
+    logs = np.arange(math.log(diameter), math.log(entropy_reg), math.log(scaling))
+    return [float(diameter)] + [float(np.exp(e)) for e in logs] + [float(entropy_reg)]
 
 
 def _log_weights(w: torch.Tensor) -> torch.Tensor:
     return torch.where(w > 0, w.clamp_min(1e-38).log(), torch.full_like(w, LOG_ZERO))
 
 
-def _softmin(eps: float, cost: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
-    """-ε log Σ_j exp(h_j − C_ij/ε) over the last axis: cost [B,N,M], h [B,M] -> [B,N]."""
-    return -eps * torch.logsumexp(h[:, None, :] - cost / eps, dim=2)
+def _softmin(lam: float, cost: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+    """-λ log Σ_j exp(h_j − C_ij/λ) over the last axis: cost [B,N,M], h [B,M] -> [B,N]."""
+    return -lam * torch.logsumexp(h[:, None, :] - cost / lam, dim=2)
 
 
 def sinkhorn_iterations(
-    c_xy: torch.Tensor, a_log: torch.Tensor, b_log: torch.Tensor, eps_list: tuple[float, ...]
+    c_xy: torch.Tensor, a_log: torch.Tensor, b_log: torch.Tensor, temperatures: tuple[float, ...]
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Symmetric log-domain Sinkhorn with ε-scaling, as geomloss's ``sinkhorn_loop``.
+    """Symmetric log-domain Sinkhorn annealed through ``temperatures``
+    (:func:`temperature_schedule`), as geomloss's ``sinkhorn_loop``.
 
     c_xy [B,N,M], log-weights a_log [B,N], b_log [B,M] -> potentials (f [B,N], g [B,M])
     at the last temperature, before the final extrapolation. No kernel truncation.
     """
     c_yx = c_xy.transpose(1, 2)
-    eps = eps_list[0]
-    f = _softmin(eps, c_xy, b_log)
-    g = _softmin(eps, c_yx, a_log)
-    for eps in eps_list:
-        f_next = _softmin(eps, c_xy, b_log + g / eps)
-        g_next = _softmin(eps, c_yx, a_log + f / eps)
+    lam = temperatures[0]
+    f = _softmin(lam, c_xy, b_log)
+    g = _softmin(lam, c_yx, a_log)
+    for lam in temperatures:
+        f_next = _softmin(lam, c_xy, b_log + g / lam)
+        g_next = _softmin(lam, c_yx, a_log + f / lam)
         f, g = 0.5 * (f + f_next), 0.5 * (g + g_next)
     return f, g
 
@@ -125,16 +130,16 @@ def entropic_ot_with_grad(
     y: torch.Tensor,
     x_weights: torch.Tensor,
     y_weights: torch.Tensor,
-    eps_list: list[float],
+    temperatures: list[float],
     m: torch.Tensor,
     cost: str = "mixed",
     compile: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """W_λ for B independent problems, with its gradients; λ = eps_list[-1].
+    """W_λ for B independent problems, with its gradients; λ = temperatures[-1].
 
     x [B,N,D], y [B,M,D], x_weights [B,N], y_weights [B,M] (each summing to 1),
-    m [B] (L1 weight of the mixed cost; ignored by l2 and l1), ``eps_list`` from
-    :func:`epsilon_schedule`. Returns (value [B], ∇_x W [B,N,D], ∇_y W [B,M,D]).
+    m [B] (L1 weight of the mixed cost; ignored by l2 and l1), ``temperatures`` from
+    :func:`temperature_schedule`. Returns (value [B], ∇_x W [B,N,D], ∇_y W [B,M,D]).
     ``compile``: run the iterations through ``torch.compile`` (:func:`_compiled_iterations`).
     Works on detached inputs; the results carry no autograd history.
     """
@@ -147,14 +152,14 @@ def entropic_ot_with_grad(
     a_log, b_log = _log_weights(x_weights), _log_weights(y_weights)
 
     iterate = _compiled_iterations() if compile else sinkhorn_iterations
-    f, g = iterate(c_xy, a_log, b_log, tuple(eps_list))
+    f, g = iterate(c_xy, a_log, b_log, tuple(temperatures))
 
     # Final extrapolation at λ: one more update of both potentials from (f, g).
-    eps = eps_list[-1]
-    logits_x = b_log[:, None, :] + (g[:, None, :] - c_xy) / eps  # [B,N,M], softmax over j
-    logits_y = a_log[:, :, None] + (f[:, :, None] - c_xy) / eps  # [B,N,M], softmax over i
-    f_final = -eps * torch.logsumexp(logits_x, dim=2)
-    g_final = -eps * torch.logsumexp(logits_y, dim=1)
+    lam = temperatures[-1]
+    logits_x = b_log[:, None, :] + (g[:, None, :] - c_xy) / lam  # [B,N,M], softmax over j
+    logits_y = a_log[:, :, None] + (f[:, :, None] - c_xy) / lam  # [B,N,M], softmax over i
+    f_final = -lam * torch.logsumexp(logits_x, dim=2)
+    g_final = -lam * torch.logsumexp(logits_y, dim=1)
     value = (x_weights * f_final).sum(1) + (y_weights * g_final).sum(1)
 
     # ∇_{x_i} W = Σ_j α_i P_ij ∇_x C_ij and ∇_{y_j} W = Σ_i β_j Q_ij ∇_y C_ij.

@@ -21,7 +21,7 @@ wires a model, an optimiser and a data loader:
   noise multiplier (noise std / sensitivity: σ, or σ/√n for per-sample clipping), at
   the experiment's δ.
 
-σ and the number of steps come from ``budget_of`` (σ and steps given, or solved from
+σ and the number of steps come from ``privacy.budget.budget_of`` (σ and steps given, or solved from
 ``target_epsilon``). Training (``train.trainer.Trainer``), sweeps (a stack of runs,
 :func:`make_private_stack`) and the audit (``privacy.audit``) all build their
 mechanism here, so what the ledger charges is what the step runs.
@@ -35,7 +35,8 @@ from dataclasses import dataclass
 import torch
 
 from dpsinkhorn.ot.loss import debias_size
-from dpsinkhorn.privacy.accounting import PrivacyAccountant, budget_of
+from dpsinkhorn.privacy.accounting import PrivacyAccountant
+from dpsinkhorn.privacy.budget import budget_of
 from dpsinkhorn.privacy.mechanism import (
     PERTURBATIONS,
     ImageGradientSanitizer,
