@@ -104,20 +104,29 @@ def test_a_single_run_is_the_step_of_a_sweep_of_one(mnist, settings):
     assert single.epsilon() == sweep.trainers[0].epsilon()
 
 
-def test_an_unsampled_record_changes_nothing_in_a_step(mnist):
+@pytest.mark.parametrize("value", [0, 255, 1e4, -1e4, math.inf, math.nan])
+def test_an_unsampled_record_changes_nothing_in_a_step(mnist, value):
     """Only the Poisson sample reaches the step: a record gathered into the fixed-shape
-    buffer at weight 0 (drawn uniform >= q), changed to its negative image, leaves the
-    released update unchanged bit for bit (the independence the mechanism assumes)."""
+    buffer at weight 0 (its uniform was >= q), set to an extreme image (all 0 or all 255,
+    with the L1 weight m = 3 of the paper's Fashion-MNIST setting), or its features set to
+    any value at all (±1e4, inf, NaN: no image has them; before the buffer was masked, a
+    non-finite one turned the whole step into NaN), leaves the released update unchanged
+    bit for bit."""
     images, labels = mnist
-    probe = Trainer(spec(), images, labels, CPU)
+    settings = {"m": 3.0, "sigma": 0.5}
+    probe = Trainer(spec(**settings), images, labels, CPU)
     probe.model.sample_inputs(probe.n + probe.n_prime, probe.rng, CPU)  # the step's order
     indices, weights = probe.sampler.sample(probe.rng)
-    unsampled = int(indices[weights == 0][0])  # in the buffer, weight 0
+    unsampled = indices[weights == 0]  # in the buffer, weight 0
+    assert len(unsampled) > 0
     changed = images.copy()
-    changed[unsampled] = 255 - changed[unsampled]
+    if value in (0, 255):  # an image
+        changed[unsampled.numpy()] = value
     states = []
     for imgs in (images, changed):
-        trainer = Trainer(spec(), imgs, labels, CPU)
+        trainer = Trainer(spec(**settings), imgs, labels, CPU)
+        if imgs is changed and value not in (0, 255):  # any value
+            trainer.real[unsampled] = value  # the step's copy of the record's features
         trainer.step()
         states.append(_state_bytes(trainer.model))
     for a, b in zip(*states, strict=True):

@@ -37,7 +37,9 @@ class PoissonSampler:
     it has at most ``capacity`` records. Capacity is the smallest c with
     P(Binomial(N + 1, q) > c) ≤ ``OVERFLOW_TAIL`` (N + 1: the larger of two neighbouring
     datasets under add/remove adjacency). An overflow is handled, not fatal: the batch
-    is then a uniformly random subset of ``capacity`` of the sampled records.
+    is then a uniformly random subset of ``capacity`` of the sampled records. Rows of
+    weight 0 hold records that were not sampled: the step zeroes their features before
+    the solve (``train.step``), so nothing of an unsampled record is computed on.
 
     Privacy cost of overflows (charged in ``train.release.privacy_record``). Couple the
     trained mechanism M' with the ideal Poisson-subsampled Gaussian M through the same

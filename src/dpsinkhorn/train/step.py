@@ -208,10 +208,14 @@ class TrainingStep:
             first.num_classes,
             settings.alpha_c,
         )  # [K * rows, D]
+        # The Poisson sample Y_k: the buffer's rows of weight 1. Rows of weight 0 (records
+        # gathered into the fixed-shape buffer but not sampled) are zeroed here, so no
+        # value of an unsampled record enters the solve (not even at weight 0).
+        real = torch.where(weights[..., None] > 0, first.real[indices], 0.0)
         losses, grad_cross, grad_self = semi_debiased_sinkhorn_with_grad_runs(
             x.unflatten(0, (k, rows))[:, :n],
             x.index_select(0, run_set.self_rows).unflatten(0, (k, n)),  # X_k[n'_k : n'_k + n]
-            first.real[indices],
+            real,
             weights,
             settings.entropy_reg,
             run_set.m,
