@@ -83,7 +83,7 @@ def test_sweep_follows_each_single_run(tmp_path, prepared_data, mnist):
         pairs = list(zip(single.model.parameters(), member.model.parameters(), strict=True))
         moved = max((p - q).abs().max().item() for p, q in pairs)
         scale = max(p.abs().max().item() for p, _ in pairs)
-        assert moved < 1e-5 * scale, (single.spec["name"], moved, scale)
+        assert moved < 1e-5 * scale, (single.settings.name, moved, scale)
         assert member.step_count == 5 and member.epsilon() == single.epsilon()
         if member.accountant is not None:
             assert member.accountant.steps == 5

@@ -64,8 +64,10 @@ def check_batch_size(spec: dict, num_records: int) -> None:
 class Trainer:
     """Holds the state of one training run and performs single steps.
 
-    ``spec``: a validated experiment dict (``config.experiment``), read once into
-    ``settings`` (:class:`ExperimentSpec`); the dict stays what ``spec_hash`` hashes.
+    ``spec``: a validated experiment dict (``config.experiment``), kept as ``experiment``
+    (what ``spec_hash`` hashes) and read once into ``settings`` (:class:`ExperimentSpec`,
+    what the step reads). ``private_run``: the run's mechanism from
+    ``privacy.factory.make_private`` (built here when not given; a sweep gives its own).
     ``fingerprint`` and ``real_features`` let a sweep hash the data and put its
     features on the device once for all its runs.
     """
@@ -83,7 +85,9 @@ class Trainer:
         real_features: torch.Tensor | None = None,
         private_run: PrivateRun | None = None,
     ):
-        self.spec, self.device = spec, device
+        # ``experiment``: the validated dict, what spec_hash hashes; ``settings``: the same,
+        # read once into a typed record (what the step reads).
+        self.experiment, self.device = spec, device
         self.settings = settings = ExperimentSpec.from_dict(spec)
         # Replay the step from a CUDA graph (GraphedStep); CUDA only, ignored elsewhere.
         self.cuda_graphs = cuda_graphs and device.type == "cuda"

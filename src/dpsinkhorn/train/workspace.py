@@ -97,7 +97,7 @@ class RunFiles:
     """
 
     def __init__(self, trainer: Trainer, out_dir: Path):
-        self.trainer, self.spec, self.settings = trainer, trainer.spec, trainer.settings
+        self.trainer, self.settings = trainer, trainer.settings
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         # One writer per output folder (runlock): refused here, before anything is read.
@@ -114,7 +114,7 @@ class RunFiles:
             legacy.replace(self.workspace / "legacy_checkpoint.pt")
             print(f"moved {legacy} (not resumable: older format) into {self.workspace}")
         self.ckpt_path = self.workspace / "checkpoint.pt"
-        self.digest = spec_hash(self.spec, trainer.fingerprint)
+        self.digest = spec_hash(trainer.experiment, trainer.fingerprint)
         self.log_private_loss = self.settings.log_private_loss
         # A private-loss log is only useful if kept: log_private_loss keeps the workspace.
         self.keep_workspace = self.log_private_loss or self.settings.keep_private_workspace
