@@ -231,3 +231,28 @@ def test_evaluation_group_fits_the_cap():
                          * cfg.needs_training(config, name))  # fmt: skip
         total += models * cluster.eval_runtime_minutes(config, "classify", name)
         assert total <= config["cluster"]["max_job_minutes"]
+
+
+def test_every_job_keeps_under_a_smaller_cap(tmp_path):
+    """max_job_minutes 60: no SLURM job of the paper's config asks for more."""
+    site = tmp_path / "site.yaml"
+    site.write_text("cluster:\n  max_job_minutes: 60\n")
+    result = snakemake(
+        tmp_path, "-n", "--profile", str(PROFILE), "--configfile", str(PAPER), str(site)
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    slurm = [j for j in dry_run_jobs(result.stdout) if j["rule"] not in local_rules()]
+    assert max(j["runtime"] for j in slurm) <= 60
+    groups: dict[str, int] = {}
+    for job in slurm:
+        if job["group"]:
+            groups[job["group"]] = groups.get(job["group"], 0) + job["runtime"]
+    assert max(groups.values()) <= 60
+
+
+def test_safety_factor_must_be_finite():
+    with pytest.raises(ValueError, match=r"cluster.safety_factor: bad value inf: must be a finite"):
+        cfg.validate(
+            {"cluster": {"safety_factor": math.inf}, "experiments": {"e": {"dataset": "mnist"}}},
+            "c.yaml",
+        )

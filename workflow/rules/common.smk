@@ -21,7 +21,12 @@ from dpsinkhorn.config import (
     wildcard_regex,
 )
 from dpsinkhorn.config import targets
-from dpsinkhorn.config.cluster import SLURM_SIGNAL, Requests, eval_runtime_minutes
+from dpsinkhorn.config.cluster import (
+    SLURM_SIGNAL,
+    Requests,
+    capped_minutes,
+    eval_runtime_minutes,
+)
 from dpsinkhorn.config.workflow import gradient_settings
 from dpsinkhorn.report import captions
 

@@ -79,7 +79,7 @@ rule fid_reference:
     resources:
         gpu=GPUS,
         mem_mb=8000,
-        runtime=120,
+        runtime=capped_minutes(config, 120),
     conda:
         CONDA_ENV
     shell:

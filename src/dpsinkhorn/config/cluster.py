@@ -164,9 +164,18 @@ def usable_minutes(cluster: Mapping) -> float:
     return cluster["max_job_minutes"] - cluster["startup_minutes"] - SIGNAL_LEAD_MINUTES
 
 
+def capped_minutes(config: Mapping, minutes: int) -> int:
+    """A fixed ``runtime`` (minutes), at most ``max_job_minutes``."""
+    return min(minutes, int(config["cluster"]["max_job_minutes"]))
+
+
 def cluster_errors(config: Mapping) -> list[tuple[list, str]]:
-    """(key path, message) when ``max_job_minutes`` leaves a job no time to train."""
+    """(key path, message) when ``max_job_minutes`` leaves a job no time to train, or the
+    safety factor is not finite (YAML's .inf passes the schema's minimum)."""
     cluster = config["cluster"]
+    if not math.isfinite(cluster["safety_factor"]):
+        value = cluster["safety_factor"]
+        return [(["cluster", "safety_factor"], f"bad value {value!r}: must be a finite number")]
     floor = cluster["startup_minutes"] + SIGNAL_LEAD_MINUTES
     if cluster["max_job_minutes"] <= floor:
         message = (
