@@ -256,3 +256,11 @@ def test_safety_factor_must_be_finite():
             {"cluster": {"safety_factor": math.inf}, "experiments": {"e": {"dataset": "mnist"}}},
             "c.yaml",
         )
+
+
+def test_plan_prints_the_request_the_rule_makes():
+    config = cfg.load_config([PAPER])
+    rates = cluster.load_rates(H100)
+    (job,) = plan.plan_from_rates(config, rates, ["mnist_dpsinkhorn"])["jobs"]
+    request = cluster.Requests(config, [REPO])("mnist_dpsinkhorn")
+    assert job["request_minutes"] == request.minutes == 26 and job["chain_jobs"] == 1
