@@ -43,7 +43,9 @@ BIN = Path(sys.executable).parent
 RUN = "results/slurm_test"
 LONG = "mnist_long"
 TARGETS = [f"{RUN}/tables/table1.csv", f"{RUN}/{LONG}/generator.pt"]
-SLURM_RULES = {"train", "sample", "fid_reference", "fid", "classify"}  # one GPU each, but Log-Reg
+# One GPU each. "eval": the group job of one experiment's sample, fid and classify steps
+# (workflow/rules/evaluate.smk), named eval_<exp>_<its rules> in the job's comment.
+SLURM_RULES = {"train", "fid_reference", "eval"}
 LOCAL_RULES = {"data", "sample_real", "table1"}
 
 
@@ -125,7 +127,8 @@ def run(tmp_path_factory) -> SimpleNamespace:
     run_id = re.search(r"SLURM run ID: (\S+)", output).group(1)
     jobs = [j for j in slurm_jobs() if j["JobName"] == run_id]
     for job in jobs:
-        job["Rule"] = re.match(r"rule_([a-z_0-9]+?)(_wildcards_|$)", job["Comment"]).group(1)
+        rule = re.match(r"rule_([a-z_0-9]+?)(_wildcards_|$)", job["Comment"]).group(1)
+        job["Rule"] = "eval" if rule.startswith("eval_") else rule
     print(f"\nworkflow through SLURM: {time.monotonic() - start:.0f} s, {len(jobs)} jobs")
     return SimpleNamespace(
         workdir=workdir, results=workdir / RUN, output=output, jobs=jobs, preemption=preemption
@@ -152,11 +155,11 @@ def test_network_steps_ran_as_slurm_jobs_with_one_gpu_each(run):
     rules = {job["Rule"] for job in run.jobs}
     assert rules == SLURM_RULES  # data, sample_real and table1 are local rules
     assert not rules & LOCAL_RULES
+    # one evaluation job per Table 1 experiment (its FID needs the GPU; Log-Reg runs beside)
+    experiments = yaml.safe_load(CONFIG.read_text())["experiments"].values()
+    rows = [e for e in experiments if "table1_row" in e]
+    assert sum(job["Rule"] == "eval" for job in run.jobs) == len(rows)
     for job in run.jobs:
-        if job["Rule"] == "classify" and "logreg" in job["Comment"]:
-            # scikit-learn on the CPU: a SLURM job that asks for no GPU (no TRES entry)
-            assert "gpu" not in job.get("TresPerJob", "") + job.get("JOB_GRES", ""), job
-            continue
         assert job["TresPerJob"] == "gres:gpu:1", job
         assert job["JOB_GRES"] == "gpu:1", job  # allocated, not only asked for
     done = [j for j in run.jobs if j["JobState"] == "COMPLETED"]

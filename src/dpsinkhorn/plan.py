@@ -13,8 +13,8 @@ import argparse
 import json
 import math
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 
+from dpsinkhorn.config.cluster import load_rates, matching_rate, rates_file, train_request
 from dpsinkhorn.config.experiments import (
     classifiers_of,
     dataset_of,
@@ -29,6 +29,8 @@ from dpsinkhorn.config.studies import study_experiments
 from dpsinkhorn.config.targets import available, cell_experiments, group_experiments, training_jobs
 from dpsinkhorn.config.validate import load_config
 
+#: ``--rates`` without a file: the config's ``cluster.step_rates`` (what the workflow reads).
+FROM_CONFIG = "<cluster.step_rates>"
 #: Records in each dataset's training split (fixes q = B / N before any data exists).
 TRAIN_SIZES = {"mnist": 60000, "fmnist": 60000, "celeba": 162770}
 
@@ -96,6 +98,15 @@ def job_count(config: Mapping) -> dict[str, int]:
     return {k: v for k, v in jobs.items() if v}
 
 
+def slurm_job_count(config: Mapping) -> int:
+    """SLURM jobs of a full build with profiles/slurm: each training or sweep, each FID
+    reference, each gradient study, and one group job per experiment for all of its
+    evaluation (sampling, FID, classifiers); data, real samples and reports run locally."""
+    jobs = job_count(config)
+    remote = ("train", "train_sweep", "fid_reference", "grad_study")
+    return sum(jobs.get(k, 0) for k in remote) + len(experiment_names(config))
+
+
 def plan(
     config: Mapping, device: str = "cpu", steps_per_s: float | None = None, bench_steps: int = 5
 ) -> dict:
@@ -118,6 +129,7 @@ def plan(
     return {
         "jobs": jobs,
         "total_jobs": sum(jobs.values()),
+        "slurm_jobs": slurm_job_count(config),
         "training": rows,
         "training_hours": sum(r["hours"] for r in rows),
         "training_steps": sum(r["steps"] for r in rows),
@@ -132,50 +144,17 @@ def plan(
 # ------------------------------------------------------------- from measured rates
 
 
-def load_rates(path: str | Path) -> list[dict]:
-    """Measured step rates (JSON ``{"rates": [{dataset, batch_size, runs, steps_per_s,
-    source}, ...]}``); a one-line error names the file and the bad entry."""
-    from dpsinkhorn import fileio
-
-    data = fileio.read_json(path)
-    rates = data.get("rates") if isinstance(data, dict) else None
-    if not isinstance(rates, list) or not rates:
-        raise ValueError(f"{path}: needs a non-empty list 'rates'")
-    for k, rate in enumerate(rates):
-        for key in ("dataset", "batch_size", "runs", "steps_per_s", "source"):
-            if key not in rate:
-                raise ValueError(f"{path}: rates[{k}] has no {key!r}")
-        if not rate["steps_per_s"] > 0:
-            raise ValueError(f"{path}: rates[{k}].steps_per_s must be > 0")
-    return rates
-
-
-def _matching_rate(rates: Sequence[dict], spec: Mapping, runs: int) -> tuple[dict | None, str]:
-    """The measured rate for a job of ``runs`` runs of this shape, and how it was matched.
-
-    A single run takes a ``runs: 1`` rate; a sweep of k runs the rate of the smallest
-    measured sweep of K >= k runs (a sweep step of fewer runs does no more work).
-    """
-    same = [r for r in rates if r["dataset"] == spec["dataset"]
-            and int(r["batch_size"]) == int(spec["batch_size"])]  # fmt: skip
-    if runs == 1:
-        found = [r for r in same if int(r["runs"]) == 1]
-        return (found[0], "measured") if found else (None, "")
-    found = sorted((r for r in same if int(r["runs"]) >= runs), key=lambda r: int(r["runs"]))
-    if not found:
-        return None, ""
-    how = "measured" if int(found[0]["runs"]) == runs else f"{found[0]['runs']}-run rate"
-    return found[0], how
-
-
 def plan_from_rates(
     config: Mapping, rates: Sequence[dict], experiments: Sequence[str], sweep_runs: int = 1
 ) -> dict:
     """Training hours of ``experiments`` (trained ones) from measured rates, job by job.
 
     Experiments are grouped into sweeps of at most ``sweep_runs`` as the workflow groups
-    them; a job's hours = its longest run's steps / the job's measured steps/s. A job with
-    no measured rate for its shape gets hours None and is counted apart, never guessed.
+    them; a job's hours = its longest run's steps / the job's measured steps/s (a sweep
+    with no measured sweep rate: the single-run rate / its runs). A job with no measured
+    rate for its shape gets hours None and is counted apart, never guessed. Each job also
+    carries its SLURM request (minutes, chain of jobs) as the workflow computes it
+    (:func:`dpsinkhorn.config.cluster.train_request`, the config's ``cluster:`` keys).
     """
     trained = [e for e in experiments if needs_training(config, e)]
     specs = [experiment(config, e) for e in trained]
@@ -183,12 +162,14 @@ def plan_from_rates(
     for group in group_experiments(specs, sweep_runs):
         spec = experiment(config, group[0])
         steps = max(resolved_steps(experiment(config, e)) for e in group)
-        rate, how = _matching_rate(rates, spec, len(group))
+        rate, source = matching_rate(rates, spec, len(group))
+        request = train_request(config, group, rates)  # what the cluster job asks for
         jobs.append({
             "experiments": group, "steps": steps, "batch_size": spec["batch_size"],
-            "steps_per_s": rate["steps_per_s"] if rate else None,
-            "hours": steps / rate["steps_per_s"] / 3600 if rate else None,
-            "rate_source": f"{how}: {rate['source']}" if rate else "no measured rate",
+            "steps_per_s": rate, "hours": steps / rate / 3600 if rate else None,
+            "rate_source": source or "no measured rate",
+            "request_minutes": request.minutes, "chain_jobs": request.chain_jobs,
+            "request_note": request.note,
         })  # fmt: skip
     known = [j for j in jobs if j["hours"] is not None]
     return {
@@ -200,7 +181,8 @@ def plan_from_rates(
 
 
 def _rates_cli(args: argparse.Namespace, config: Mapping, experiments: Sequence[str]) -> int:
-    result = plan_from_rates(config, load_rates(args.rates), experiments, args.sweep_runs)
+    path = rates_file(config) if args.rates == FROM_CONFIG else args.rates
+    result = plan_from_rates(config, load_rates(path), experiments, args.sweep_runs)
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
@@ -208,13 +190,23 @@ def _rates_cli(args: argparse.Namespace, config: Mapping, experiments: Sequence[
         rate = "no measured rate" if job["steps_per_s"] is None else f"{job['steps_per_s']:.1f}"
         hours = "?" if job["hours"] is None else f"{job['hours']:.2f}"
         runs, names = len(job["experiments"]), " ".join(job["experiments"])
+        chain = "?" if job["chain_jobs"] is None else job["chain_jobs"]
         print(f"  {runs} run(s) B {job['batch_size']:<5} {job['steps']:>9,} steps  "
-              f"{rate:>16} steps/s  {hours:>6} h  {names}")  # fmt: skip
+              f"{rate:>16} steps/s  {hours:>6} h  SLURM {job['request_minutes']:>5} min "
+              f"x {chain} job(s)  {names}")  # fmt: skip
     sources = dict.fromkeys(j["rate_source"] for j in result["jobs"] if j["steps_per_s"])
     print(f"GPU-hours from measured rates: {result['hours_measured']:.1f} h, one job at a time, "
           f"sweeps of at most {args.sweep_runs} run(s)")  # fmt: skip
     for source in sources:
         print(f"  rate: {source}")
+    cluster = config["cluster"]
+    print(f"SLURM requests: steps / rate / 60 x {cluster['safety_factor']} + "
+          f"{cluster['startup_minutes']} min, at most {cluster['max_job_minutes']} min "
+          "(cluster: keys of the config); x ? = chain length unknown")  # fmt: skip
+    for note in dict.fromkeys(j["request_note"] for j in result["jobs"] if j["chain_jobs"] is None):
+        print(f"  asks the cap: {note}")
+    if args.study is None:
+        print(f"SLURM jobs of a full build (profiles/slurm): {slurm_job_count(config)}")
     if result["unmeasured"]:
         print(f"  NOT included ({len(result['unmeasured'])} generators, no measured rate for "
               f"their batch size; measure one with dpsinkhorn bench on the GPU): "
@@ -246,6 +238,10 @@ def _plan_cli(args: argparse.Namespace) -> int:
     print(
         f"{result['total_jobs']} jobs: " + ", ".join(f"{k} {v}" for k, v in result["jobs"].items())
     )
+    print(
+        f"on SLURM (profiles/slurm): {result['slurm_jobs']} jobs, one per training or sweep, "
+        "FID reference and gradient study, and one per experiment for all its evaluation"
+    )
     print(f"training: {len(result['training'])} generators, {result['training_steps']:,} steps")
     for row in sorted(result["training"], key=lambda r: -r["hours"]):
         print(f"  {row['experiment']:40s} {row['steps']:>9,} steps  "
@@ -270,8 +266,11 @@ def register_cli(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.add_argument(
         "--rates",
+        nargs="?",
+        const=FROM_CONFIG,
         help="JSON of measured step rates (e.g. results-paper-scale/h100-83ae335/"
-        "step_rates.json): GPU-hours per job from them instead of timing steps here",
+        "step_rates.json; no file: the config's cluster.step_rates): GPU-hours and the "
+        "SLURM request per job from them instead of timing steps here",
     )
     p.add_argument("--study", help="with --rates: only the generators of this study")
     p.add_argument(

@@ -16,12 +16,17 @@ from dpsinkhorn.config import (
     prepare_workflow_process,
     real_experiments,
     table1_experiments,
-    train_runtime_minutes,
     trained_experiments,
     validate,
     wildcard_regex,
 )
 from dpsinkhorn.config import targets
+from dpsinkhorn.config.cluster import (
+    SLURM_SIGNAL,
+    Requests,
+    capped_minutes,
+    eval_runtime_minutes,
+)
 from dpsinkhorn.config.workflow import gradient_settings
 from dpsinkhorn.report import captions
 
@@ -68,6 +73,13 @@ CONDA_ENV = "../../envs/dpsinkhorn.yaml"
 # snakemake --report: each table/figure's caption is its rule's `caption` param, written
 # by dpsinkhorn.report.captions.caption (what was run: config, steps, sigma, epsilon, seeds).
 CAPTION = "../report/output.rst"
+
+# What the training jobs ask a cluster for (runtime, retries): from the measured step rates
+# of cluster.step_rates (dpsinkhorn.config.cluster; the same numbers as dpsinkhorn plan
+# --rates). Jobs without a measured rate ask for cluster.max_job_minutes and say so
+# (printed by the Snakemake that submits cluster jobs, and in dry runs).
+SUBMITS_JOBS = lambda: not workflow.remote_exec and workflow.non_local_exec_or_dryrun
+REQUESTS = Requests(config, [workflow.basedir], warn=SUBMITS_JOBS)
 
 TRAINED = wildcard_regex(trained_experiments(config))
 # sweep_runs > 1: SWEEPS lists the groups trained together (rule train_sweep_<first member>);

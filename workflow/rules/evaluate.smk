@@ -1,3 +1,11 @@
+# On a cluster all evaluation of one experiment (its sampling, FID and classifiers, every
+# seed) is one job: the group EVAL_GROUP, one per experiment. Each output is still its own
+# rule, so one cell can be rerun by its file. The runtimes (dpsinkhorn.config.cluster) are
+# scaled so that the group asks for at most cluster.max_job_minutes; profiles/slurm gives
+# a group one GPU (its steps take turns) and joins real-data groups' FID and classifiers.
+EVAL_GROUP = "eval_{exp}"
+
+
 rule sample:
     input:
         generator=f"{RESULTS}/{{exp}}/generator.pt",
@@ -17,7 +25,9 @@ rule sample:
     resources:
         gpu=GPUS,
         mem_mb=8000,
-        runtime=60,
+        runtime=lambda w: eval_runtime_minutes(config, "sample", w.exp),
+    group:
+        EVAL_GROUP
     conda:
         CONDA_ENV
     shell:
@@ -69,7 +79,7 @@ rule fid_reference:
     resources:
         gpu=GPUS,
         mem_mb=8000,
-        runtime=120,
+        runtime=capped_minutes(config, 120),
     conda:
         CONDA_ENV
     shell:
@@ -96,7 +106,9 @@ rule fid:
     resources:
         gpu=GPUS,
         mem_mb=8000,
-        runtime=120,
+        runtime=lambda w: eval_runtime_minutes(config, "fid", w.exp),
+    group:
+        EVAL_GROUP
     conda:
         CONDA_ENV
     shell:
@@ -131,7 +143,9 @@ rule classify:
     resources:
         gpu=lambda wildcards: classifier_gpus(wildcards.model),
         mem_mb=8000,
-        runtime=lambda wildcards: 240 * len(SEEDS),
+        runtime=lambda w: eval_runtime_minutes(config, "classify", w.exp),
+    group:
+        EVAL_GROUP
     conda:
         CONDA_ENV
     shell:

@@ -82,7 +82,7 @@ rule grad_study:
     resources:
         gpu=GPUS,
         mem_mb=8000,
-        runtime=120,
+        runtime=capped_minutes(config, 120),
     conda:
         CONDA_ENV
     shell:

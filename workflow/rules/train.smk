@@ -37,7 +37,7 @@ rule train:
     resources:
         gpu=GPUS,
         mem_mb=16000,
-        runtime=lambda w: train_runtime_minutes(config, w.exp),
+        runtime=lambda w: REQUESTS.minutes(w.exp),
         attempt=lambda w, attempt: attempt,  # Snakemake's attempt number: --attempt
     conda:
         CONDA_ENV
@@ -67,11 +67,15 @@ for members in SWEEPS:
         benchmark:
             f"{BENCH}/train_sweep_{members[0]}.tsv"
         threads: 4
-        retries: 0 if workflow.remote_exec else 3
+        # Its name is per sweep, so profiles/slurm cannot name it: the rule itself carries
+        # the SIGTERM before the time limit and the retries its chain of jobs needs (also
+        # on one machine: Snakemake cannot tell the executor while it reads the rules).
+        retries: 0 if workflow.remote_exec else REQUESTS.retries(members)
         resources:
             gpu=GPUS,
             mem_mb=16000,
-            runtime=sum(train_runtime_minutes(config, e) for e in members),
+            runtime=REQUESTS.runtime(members),
+            slurm_extra=SLURM_SIGNAL,
             attempt=lambda w, attempt: attempt,
         conda:
             CONDA_ENV

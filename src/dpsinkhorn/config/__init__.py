@@ -70,7 +70,6 @@ from dpsinkhorn.config.workflow import (
     config_file_args,
     data_inputs,
     prepare_workflow_process,
-    train_runtime_minutes,
     wildcard_regex,
 )
 
@@ -122,7 +121,6 @@ __all__ = [
     "config_file_args",
     "data_inputs",
     "prepare_workflow_process",
-    "train_runtime_minutes",
     "wildcard_regex",
     # identity, studies
     "IMPLICIT_DEFAULTS",

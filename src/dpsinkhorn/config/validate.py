@@ -26,6 +26,7 @@ import jsonschema
 import yaml
 
 from dpsinkhorn.config import studies
+from dpsinkhorn.config.cluster import cluster_errors
 from dpsinkhorn.config.experiments import (
     GENERATOR_WIDTHS,
     TABLE1_ROWS,
@@ -228,6 +229,7 @@ def _semantic_errors(config: dict) -> list[tuple[list, str]]:
     errors: list[tuple[list, str]] = []
     if config["precision"] == "bf16" and config["sweep_runs"] > 1:
         errors.append((["precision"], SWEEP_BF16_ERROR))
+    errors += cluster_errors(config)
     rows: dict[tuple[str, str], str] = {}
     table_rows: dict[tuple[str, str, str], str] = {}
     for name in experiment_names(config):

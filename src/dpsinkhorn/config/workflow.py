@@ -15,7 +15,7 @@ import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from dpsinkhorn.config.experiments import experiment, fixture_source
+from dpsinkhorn.config.experiments import fixture_source
 
 PathLike = str | os.PathLike
 
@@ -24,12 +24,6 @@ def data_inputs(config: Mapping, dataset: str) -> list[str]:
     """Inputs of the data rule: the fixture folder for a fixture CelebA, else nothing."""
     source = fixture_source(config) if dataset == "celeba" else None
     return [] if source is None else [source]
-
-
-def train_runtime_minutes(config: Mapping, name: str) -> int:
-    """Generous wall-time estimate for a SLURM job (paper: ~1 step/s on a V100)."""
-    steps = experiment(config, name)["steps"]
-    return 3 * 24 * 60 if steps is None else max(30, int(steps / 60 * 1.5) + 30)
 
 
 def config_file_args(files: Iterable[PathLike]) -> str:

@@ -1,0 +1,267 @@
+"""What a cluster job asks for: wall time from measured step rates, retries, evaluation.
+
+A training job's request (``runtime``, minutes) is::
+
+    estimate = steps / steps_per_s / 60 * safety_factor + startup_minutes
+    request  = min(ceil(estimate), max_job_minutes)
+
+with ``steps_per_s`` measured for the job's shape (dataset, batch size, runs in the job)
+and the other three from the config's ``cluster:`` section. A job with no measured rate
+for its shape, or whose steps are solved from ``target_epsilon`` when it starts (unknown
+here: Snakemake parses without torch), asks for ``max_job_minutes`` and says why
+(:attr:`TrainRequest.note`). A training longer than one request runs as a chain of jobs:
+SLURM sends SIGTERM :data:`SIGNAL_LEAD_MINUTES` before the limit, the training
+checkpoints and exits 75, and the retry resumes it (docs/CLUSTER.md).
+
+Evaluation (sampling, FID, classifiers) of one generator runs as one SLURM group job;
+:func:`eval_runtime_minutes` keeps the group's total request within ``max_job_minutes``.
+Torch-free: the Snakefile imports it while it parses the workflow.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from dpsinkhorn.config.experiments import classifiers_of, dataset_of, experiment, needs_training
+
+#: Minutes between SLURM's SIGTERM and the time limit (``--signal=TERM@300``).
+SIGNAL_LEAD_MINUTES = 5
+#: The sbatch option that sends it (slurm_extra of every training and sweep job).
+SLURM_SIGNAL = f"'--signal=TERM@{SIGNAL_LEAD_MINUTES * 60}'"
+#: Resubmissions of a job that stopped for any cause other than its time limit
+#: (a preemption that cancels, a node failure): the retries training always had.
+OTHER_RETRIES = 3
+#: Resubmissions of a training job of unknown chain length (no measured rate, or steps
+#: solved at run time); profiles/slurm gives ``train`` the same (``preemptible-retries``).
+UNKNOWN_CHAIN_RETRIES = 20
+#: Nominal minutes of an evaluation step per seed (before the group cap), by rule.
+EVAL_MINUTES_PER_SEED = {"sample": 60, "fid": 120, "classify": 240}
+
+PathLike = str | os.PathLike
+
+
+@dataclass(frozen=True)
+class TrainRequest:
+    """What one training job (``train`` or ``train_sweep_*``) asks the scheduler for."""
+
+    minutes: int  #: the request (SLURM --time), at most max_job_minutes
+    estimate_minutes: float | None  #: steps / rate / 60 × safety + start-up; None: no rate
+    chain_jobs: int | None  #: jobs the training needs at this request; None: unknown
+    steps: int | None  #: training steps of the job's longest run; None: solved at run time
+    steps_per_s: float | None  #: the job's measured rate (sweep steps/s for a sweep)
+    note: str  #: where the rate came from, or why the job asks for the cap
+
+    @property
+    def retries(self) -> int:
+        """Resubmissions the job needs: its chain's, plus :data:`OTHER_RETRIES`."""
+        if self.chain_jobs is None:
+            return UNKNOWN_CHAIN_RETRIES
+        return self.chain_jobs - 1 + OTHER_RETRIES
+
+
+# ------------------------------------------------------------------------- step rates
+
+
+def rates_file(config: Mapping, bases: Sequence[PathLike] = ()) -> Path:
+    """The step-rate file of ``cluster.step_rates``: a relative path is looked up in the
+    working directory, then in each of ``bases`` (the workflow's folder); the first that
+    exists, else the path as given (the error names it)."""
+    path = Path(config["cluster"]["step_rates"])
+    if path.is_absolute() or path.exists():
+        return path
+    for base in bases:
+        if (Path(base) / path).exists():
+            return Path(base) / path
+    return path
+
+
+def load_rates(path: PathLike) -> list[dict]:
+    """Measured step rates (JSON ``{"rates": [{dataset, batch_size, runs, steps_per_s,
+    source}, ...]}``); a one-line ``ValueError`` names the file and what is wrong."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise ValueError(f"{path}: step-rate file not found (cluster.step_rates)") from None
+    except (OSError, ValueError) as err:
+        raise ValueError(f"{path}: not a readable JSON step-rate file ({err})") from None
+    rates = data.get("rates") if isinstance(data, dict) else None
+    if not isinstance(rates, list) or not rates:
+        raise ValueError(f"{path}: needs a non-empty list 'rates'")
+    for k, rate in enumerate(rates):
+        if not isinstance(rate, dict):
+            raise ValueError(f"{path}: rates[{k}] must be a mapping")
+        for key in ("dataset", "batch_size", "runs", "steps_per_s", "source"):
+            if key not in rate:
+                raise ValueError(f"{path}: rates[{k}] has no {key!r}")
+        value = rate["steps_per_s"]
+        if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+            raise ValueError(f"{path}: rates[{k}].steps_per_s must be a number > 0")
+        if not math.isfinite(value):
+            raise ValueError(f"{path}: rates[{k}].steps_per_s must be finite")
+    return rates
+
+
+def matching_rate(rates: Sequence[dict], spec: Mapping, runs: int) -> tuple[float | None, str]:
+    """(steps/s of a job of ``runs`` runs of this shape, where it came from) or (None, "").
+
+    A shape is (dataset, batch size). A single run takes a ``runs: 1`` rate. A sweep of k
+    runs takes the rate of the smallest measured sweep of K >= k runs (a sweep step of
+    fewer runs does no more work), else the single-run rate / k (k runs one after another).
+    """
+    same = [r for r in rates if r["dataset"] == spec["dataset"]
+            and int(r["batch_size"]) == int(spec["batch_size"])]  # fmt: skip
+    single = [r for r in same if int(r["runs"]) == 1]
+    if runs == 1:
+        return (
+            (single[0]["steps_per_s"], f"measured: {single[0]['source']}") if single else (None, "")
+        )
+    found = sorted((r for r in same if int(r["runs"]) >= runs), key=lambda r: int(r["runs"]))
+    if found:
+        how = "measured" if int(found[0]["runs"]) == runs else f"{found[0]['runs']}-run rate"
+        return found[0]["steps_per_s"], f"{how}: {found[0]['source']}"
+    if single:
+        rate = single[0]["steps_per_s"] / runs
+        return rate, f"single-run rate / {runs}: {single[0]['source']}"
+    return None, ""
+
+
+# ----------------------------------------------------------------- training requests
+
+
+def train_request(config: Mapping, members: Sequence[str], rates: Sequence[dict]) -> TrainRequest:
+    """The request of the job that trains ``members`` (one experiment, or a sweep's runs)."""
+    cluster = config["cluster"]
+    cap = int(cluster["max_job_minutes"])
+    specs = [experiment(config, e) for e in members]
+    spec = specs[0]
+    shape = f"{spec['dataset']} B {spec['batch_size']}, {len(members)} run(s)"
+    if any(s["steps"] is None for s in specs):
+        note = "steps are solved from target_epsilon when training starts"
+        return TrainRequest(cap, None, None, None, None, f"{note}: asks max_job_minutes")
+    steps = max(int(s["steps"]) for s in specs)
+    rate, source = matching_rate(rates, spec, len(members))
+    if rate is None:
+        note = f"no measured step rate for {shape}: asks max_job_minutes"
+        return TrainRequest(cap, None, None, steps, None, note)
+    train_minutes = steps / rate / 60 * float(cluster["safety_factor"])
+    estimate = train_minutes + float(cluster["startup_minutes"])
+    if estimate <= cap:
+        chain = 1
+    else:  # each job of the chain trains for its limit less start-up and the signal lead
+        chain = math.ceil(train_minutes / usable_minutes(cluster))
+    return TrainRequest(min(math.ceil(estimate), cap), estimate, chain, steps, rate, source)
+
+
+def usable_minutes(cluster: Mapping) -> float:
+    """Minutes of one capped job left for training: max_job_minutes less start-up and
+    the SIGTERM lead (> 0 in a validated config, :func:`cluster_errors`)."""
+    return cluster["max_job_minutes"] - cluster["startup_minutes"] - SIGNAL_LEAD_MINUTES
+
+
+def capped_minutes(config: Mapping, minutes: int) -> int:
+    """A fixed ``runtime`` (minutes), at most ``max_job_minutes``."""
+    return min(minutes, int(config["cluster"]["max_job_minutes"]))
+
+
+def cluster_errors(config: Mapping) -> list[tuple[list, str]]:
+    """(key path, message) when ``max_job_minutes`` leaves a job no time to train, or the
+    safety factor is not finite (YAML's .inf passes the schema's minimum)."""
+    cluster = config["cluster"]
+    if not math.isfinite(cluster["safety_factor"]):
+        value = cluster["safety_factor"]
+        return [(["cluster", "safety_factor"], f"bad value {value!r}: must be a finite number")]
+    floor = cluster["startup_minutes"] + SIGNAL_LEAD_MINUTES
+    if cluster["max_job_minutes"] <= floor:
+        message = (
+            f"bad value {cluster['max_job_minutes']!r}: must exceed the SIGTERM lead "
+            f"({SIGNAL_LEAD_MINUTES} min) + cluster.startup_minutes "
+            f"({cluster['startup_minutes']} min) = {floor} min, or a job never trains"
+        )
+        return [(["cluster", "max_job_minutes"], message)]
+    return []
+
+
+class Requests:
+    """Training requests of one config, the rate file read once (for the rules and plan).
+
+    ``warn`` (called when a request is first made) says whether to print, once per
+    reason, a line on stderr for jobs that ask for the cap without an estimate: the
+    workflow passes "the Snakemake that submits cluster jobs".
+    """
+
+    def __init__(
+        self,
+        config: Mapping,
+        bases: Sequence[PathLike] = (),
+        warn: Callable[[], bool] = lambda: False,
+    ):
+        self.config = config
+        self.path = rates_file(config, bases)
+        self.rates = load_rates(self.path)
+        self.warn = warn
+        self._cache: dict[tuple[str, ...], TrainRequest] = {}
+        self._warned: set[str] = set()
+
+    def __call__(self, members: Sequence[str] | str) -> TrainRequest:
+        """The request of the job that trains ``members`` (a name or a sweep's names)."""
+        key = (members,) if isinstance(members, str) else tuple(members)
+        if key not in self._cache:
+            self._cache[key] = train_request(self.config, key, self.rates)
+        return self._cache[key]
+
+    def minutes(self, members: Sequence[str] | str) -> int:
+        """The job's ``runtime`` resource (minutes); says so when it is the cap."""
+        request = self(members)
+        if request.estimate_minutes is None and request.note not in self._warned and self.warn():
+            self._warned.add(request.note)
+            names = members if isinstance(members, str) else " ".join(members)
+            print(
+                f"cluster: train {names}: {request.note} = {request.minutes} min, a chain "
+                f"of unknown length (rates: {self.path}; this line once per reason, "
+                "dpsinkhorn plan --rates lists every job)",
+                file=sys.stderr,
+            )
+        return request.minutes
+
+    def runtime(self, members: Sequence[str]) -> Callable[[Mapping], int]:
+        """A resource function for the job of ``members``: evaluated when Snakemake makes
+        the job (the executor then known, for :attr:`warn`), not while it reads the rules."""
+        return lambda wildcards: self.minutes(members)
+
+    def retries(self, members: Sequence[str] | str) -> int:
+        """Resubmissions the job may have: its chain less one plus :data:`OTHER_RETRIES`
+        (:data:`UNKNOWN_CHAIN_RETRIES` when the chain's length is unknown)."""
+        return self(members).retries
+
+
+# ------------------------------------------------------------------------- evaluation
+
+
+def eval_group_minutes(config: Mapping, name: str) -> int:
+    """Nominal minutes of all evaluation of experiment ``name`` (one SLURM group job):
+    sampling (trained experiments only; real-data samples are drawn locally), FID and each
+    classifier, every seed, one after another."""
+    seeds = len(config["seeds"])
+    per_seed = EVAL_MINUTES_PER_SEED
+    sample = per_seed["sample"] if needs_training(config, name) else 0
+    models = len(classifiers_of(config, dataset_of(config, name)))
+    return seeds * (sample + per_seed["fid"] + models * per_seed["classify"])
+
+
+def eval_runtime_minutes(config: Mapping, rule: str, name: str) -> int:
+    """``runtime`` of evaluation rule ``rule`` (sample, fid, classify) of experiment ``name``.
+
+    Its nominal minutes (:data:`EVAL_MINUTES_PER_SEED`, classify: all seeds), scaled down
+    so that the experiment's whole evaluation group asks for at most ``max_job_minutes``.
+    """
+    per_seed = EVAL_MINUTES_PER_SEED[rule]
+    nominal = per_seed * len(config["seeds"]) if rule == "classify" else per_seed
+    cap = int(config["cluster"]["max_job_minutes"])
+    total = eval_group_minutes(config, name)
+    return nominal if total <= cap else max(1, math.floor(nominal * cap / total))

@@ -1,0 +1,266 @@
+"""What SLURM jobs ask for (dpsinkhorn.config.cluster, profiles/slurm), without a cluster.
+
+A dry run of config/config.yaml through profiles/slurm lists every job with its resources;
+its group jobs are the evaluation of one experiment each.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dpsinkhorn import config as cfg
+from dpsinkhorn import plan
+from dpsinkhorn.config import cluster
+
+REPO = Path(__file__).resolve().parents[1]
+SNAKEMAKE = Path(sys.executable).with_name("snakemake")
+PAPER = REPO / "config" / "config.yaml"
+QUICK = REPO / "config" / "quick.yaml"
+PROFILE = REPO / "profiles" / "slurm"
+H100 = REPO / "results-paper-scale" / "h100-83ae335" / "step_rates.json"
+DAY = 24 * 60
+
+
+def snakemake(workdir: Path, *args: str) -> subprocess.CompletedProcess:
+    """The repo's workflow in ``workdir`` (the checkout gets no .snakemake/)."""
+    env = {**os.environ, "PATH": f"{SNAKEMAKE.parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    cmd = [str(SNAKEMAKE), "-s", str(REPO / "Snakefile"), "-d", str(workdir), *args]
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+
+
+def local_rules() -> set[str]:
+    """The Snakefile's ``localrules`` (they run where Snakemake runs, never as a job)."""
+    block = (REPO / "Snakefile").read_text().split("localrules:")[1].split("\n\n")[0]
+    return set(re.findall(r"(\w+),", block))
+
+
+def dry_run_jobs(output: str) -> list[dict]:
+    """Every job of a dry run: rule, wildcards, runtime, slurm_extra and group (or None)."""
+    jobs, group = [], None
+    for block in re.split(r"\n(?=\[[^\]]+\] Group job | *rule [\w-]+:)", output):
+        header = re.match(r"\[[^\]]+\] Group job (\S+)", block)
+        if header:
+            group = header.group(1)
+            continue
+        rule = re.match(r"( *)rule ([\w-]+):", block)
+        if not rule:
+            continue
+        wildcards = re.search(r"wildcards: (.*)", block)
+        runtime = re.search(r"runtime=(\d+)", block)
+        extra = re.search(r"slurm_extra=('[^']*')", block)
+        jobs.append({
+            "rule": rule.group(2),
+            "wildcards": dict(w.split("=", 1) for w in wildcards.group(1).split(", "))
+            if wildcards else {},
+            "runtime": int(runtime.group(1)) if runtime else None,
+            "slurm_extra": extra.group(1) if extra else None,
+            "group": group if rule.group(1) else None,  # group members are indented
+        })  # fmt: skip
+    return jobs
+
+
+@pytest.fixture(scope="module")
+def paper_jobs(tmp_path_factory) -> list[dict]:
+    result = snakemake(
+        tmp_path_factory.mktemp("paper"), "-n", "--profile", str(PROFILE),
+        "--configfile", str(PAPER), "--config", "sweep_runs=8",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    return dry_run_jobs(result.stdout)
+
+
+def test_paper_config_asks_at_most_a_day_per_job(paper_jobs):
+    slurm = [j for j in paper_jobs if j["rule"] not in local_rules()]
+    assert all(j["runtime"] is not None for j in slurm)
+    assert max(j["runtime"] for j in slurm) <= DAY
+    groups: dict[str, int] = {}
+    for job in slurm:
+        if job["group"]:
+            groups[job["group"]] = groups.get(job["group"], 0) + job["runtime"]
+    # A group job asks for at most the sum of its members (less where some run side by side).
+    assert groups and max(groups.values()) <= DAY
+
+
+def test_mnist_training_asks_for_its_measured_time(tmp_path):
+    """The 160k-step MNIST training: 160,000 / 516.85 steps/s (H100) x 3 + 10 min."""
+    result = snakemake(
+        tmp_path, "results/paper/mnist_dpsinkhorn/generator.pt", "-n", "--profile",
+        str(PROFILE), "--configfile", str(PAPER),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    (train,) = [j for j in dry_run_jobs(result.stdout) if j["rule"] == "train"]
+    assert train["runtime"] == math.ceil(160000 / 516.85 / 60 * 3 + 10) == 26
+    assert train["runtime"] <= 12 * 60
+
+
+def test_sweeps_get_the_signal_and_a_rate_based_request(paper_jobs):
+    sweeps = [j for j in paper_jobs if j["rule"].startswith("train_sweep_")]
+    assert sweeps
+    assert all(j["slurm_extra"] == cluster.SLURM_SIGNAL for j in sweeps)
+    # the B 50 MNIST sweeps of 8: 160,000 sweep steps at the measured 114.84 sweep steps/s
+    b50 = [j for j in sweeps if j["rule"] == "train_sweep_table2_param_l2"]
+    assert [j["runtime"] for j in b50] == [math.ceil(160000 / 114.84 / 60 * 3 + 10)]
+
+
+def test_evaluation_of_one_experiment_is_one_group(paper_jobs):
+    evaluation = [j for j in paper_jobs if j["rule"] in ("sample", "fid", "classify")]
+    assert evaluation
+    for job in evaluation:
+        assert job["group"] == f"eval_{job['wildcards']['exp']}", job
+
+
+def test_slurm_job_count_matches_the_dry_run(paper_jobs):
+    config = cfg.load_config([PAPER])
+    config["sweep_runs"] = 8
+    remote = [j for j in paper_jobs if j["rule"] not in local_rules()]
+    groups = {j["group"] for j in remote if j["group"]}
+    assert len(groups) == len(cfg.experiment_names(config))
+    count = sum(1 for j in remote if not j["group"]) + len(groups)
+    assert count == plan.slurm_job_count(config)
+
+
+def test_profile_signal_and_retries_cover_the_chains():
+    profile = yaml.safe_load((PROFILE / "config.v8+.yaml").read_text())
+    assert profile["set-resources"]["train"]["slurm_extra"] == cluster.SLURM_SIGNAL
+    assert profile["preemptible-rules"] == ["train"]
+    assert profile["preemptible-retries"] == cluster.UNKNOWN_CHAIN_RETRIES
+    assert profile["group-components"] == ["eval_{exp}=1000"]
+    config = cfg.load_config([PAPER])
+    requests = cluster.Requests(config, [REPO])
+    needed = max(requests.retries(e) for e in cfg.trained_experiments(config))
+    assert needed <= profile["preemptible-retries"]
+
+
+def test_a_long_training_runs_as_a_chain():
+    config = cfg.load_config([PAPER])
+    config["cluster"] = {**config["cluster"], "max_job_minutes": 20}  # 5 min to train each
+    request = cluster.train_request(config, ["mnist_dpsinkhorn"], cluster.load_rates(H100))
+    train_minutes = 160000 / 516.85 / 60 * 3
+    assert request.minutes == 20 and request.chain_jobs == math.ceil(train_minutes / 5) == 4
+    assert request.retries == 3 + cluster.OTHER_RETRIES
+
+
+def test_unmeasured_shape_asks_for_the_cap():
+    config = cfg.load_config([PAPER])
+    rates = cluster.load_rates(H100)
+    request = cluster.train_request(config, ["fmnist_dpsinkhorn"], rates)
+    assert request.minutes == DAY and request.chain_jobs is None
+    assert "no measured step rate for fmnist B 50" in request.note
+    assert request.retries == cluster.UNKNOWN_CHAIN_RETRIES
+    solved = cluster.train_request(config, ["table4_s1p1_c1p0_p0p2_m1"], rates)
+    assert solved.minutes == DAY and "solved from target_epsilon" in solved.note
+
+
+def test_sweep_without_a_sweep_rate_takes_the_single_rate_per_run():
+    spec = {"dataset": "mnist", "batch_size": 50}
+    rate, source = cluster.matching_rate(cluster.load_rates(H100), spec, 16)
+    assert rate == pytest.approx(516.85 / 16) and source.startswith("single-run rate / 16")
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        (None, "step-rate file not found (cluster.step_rates)"),
+        ("{not json", "not a readable JSON step-rate file"),
+        ('{"rates": []}', "needs a non-empty list 'rates'"),
+        ('{"rates": [{"dataset": "mnist", "batch_size": 50, "runs": 1}]}', "has no 'steps_per_s'"),
+    ],
+)
+def test_bad_rate_file_is_one_line_naming_it(tmp_path, text, message):
+    path = tmp_path / "rates.json"
+    if text is not None:
+        path.write_text(text)
+    with pytest.raises(ValueError) as err:
+        cluster.load_rates(path)
+    assert str(err.value).startswith(f"{path}: ") and message in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_workflow_names_a_missing_rate_file(tmp_path):
+    conf = tmp_path / "c.yaml"
+    data = yaml.safe_load(QUICK.read_text())
+    data["cluster"] = {"step_rates": "no/such/rates.json"}
+    conf.write_text(yaml.safe_dump(data))
+    result = snakemake(tmp_path, "-n", "--configfile", str(conf))
+    assert result.returncode != 0
+    assert "no/such/rates.json: step-rate file not found" in result.stdout + result.stderr
+
+
+def test_plan_names_a_malformed_rate_file(tmp_path, capsys):
+    from dpsinkhorn import cli
+
+    conf = tmp_path / "c.yaml"
+    data = yaml.safe_load(QUICK.read_text())
+    rates = tmp_path / "rates.json"
+    rates.write_text(json.dumps({"rates": [{"dataset": "mnist"}]}))
+    data["cluster"] = {"step_rates": str(rates)}
+    conf.write_text(yaml.safe_dump(data))
+    assert cli.main(["plan", "--config", str(conf), "--rates"]) == 2
+    assert f"{rates}: rates[0] has no 'batch_size'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("minutes", [1, 15])
+def test_max_job_minutes_must_leave_time_to_train(minutes):
+    with pytest.raises(ValueError) as err:
+        cfg.validate(
+            {"cluster": {"max_job_minutes": minutes}, "experiments": {"e": {"dataset": "mnist"}}},
+            "c.yaml",
+        )
+    assert str(err.value) == (
+        f"c.yaml: cluster.max_job_minutes: bad value {minutes}: must exceed the SIGTERM lead "
+        "(5 min) + cluster.startup_minutes (10 min) = 15 min, or a job never trains"
+    )
+
+
+def test_evaluation_group_fits_the_cap():
+    config = cfg.load_config([PAPER])
+    for name in ("mnist_dpsinkhorn", "real_mnist", "celeba_dpsinkhorn"):
+        seeds = len(config["seeds"])
+        models = len(cfg.classifiers_of(config, cfg.dataset_of(config, name)))
+        total = seeds * (cluster.eval_runtime_minutes(config, "fid", name)
+                         + cluster.eval_runtime_minutes(config, "sample", name)
+                         * cfg.needs_training(config, name))  # fmt: skip
+        total += models * cluster.eval_runtime_minutes(config, "classify", name)
+        assert total <= config["cluster"]["max_job_minutes"]
+
+
+def test_every_job_keeps_under_a_smaller_cap(tmp_path):
+    """max_job_minutes 60: no SLURM job of the paper's config asks for more."""
+    site = tmp_path / "site.yaml"
+    site.write_text("cluster:\n  max_job_minutes: 60\n")
+    result = snakemake(
+        tmp_path, "-n", "--profile", str(PROFILE), "--configfile", str(PAPER), str(site)
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    slurm = [j for j in dry_run_jobs(result.stdout) if j["rule"] not in local_rules()]
+    assert max(j["runtime"] for j in slurm) <= 60
+    groups: dict[str, int] = {}
+    for job in slurm:
+        if job["group"]:
+            groups[job["group"]] = groups.get(job["group"], 0) + job["runtime"]
+    assert max(groups.values()) <= 60
+
+
+def test_safety_factor_must_be_finite():
+    with pytest.raises(ValueError, match=r"cluster.safety_factor: bad value inf: must be a finite"):
+        cfg.validate(
+            {"cluster": {"safety_factor": math.inf}, "experiments": {"e": {"dataset": "mnist"}}},
+            "c.yaml",
+        )
+
+
+def test_plan_prints_the_request_the_rule_makes():
+    config = cfg.load_config([PAPER])
+    rates = cluster.load_rates(H100)
+    (job,) = plan.plan_from_rates(config, rates, ["mnist_dpsinkhorn"])["jobs"]
+    request = cluster.Requests(config, [REPO])("mnist_dpsinkhorn")
+    assert job["request_minutes"] == request.minutes == 26 and job["chain_jobs"] == 1
