@@ -76,12 +76,18 @@ def test_generated_batch_has_fixed_size_whatever_the_poisson_draw(tmp_path, prep
         return out
 
     trainer.model.forward = recording_forward
-    sample = trainer.sampler.sample
-    trainer.sampler.sample = lambda g: (lambda r: (counts.append(int(r[1].sum())), r)[1])(sample(g))
+    select = trainer.sampler.select  # what the step calls on the Poisson uniforms
+
+    def recording_select(u):
+        indices, weights, overflow = select(u)
+        counts.append(int(weights.sum()))
+        return indices, weights, overflow
+
+    trainer.sampler.select = recording_select
     for _ in range(6):
         trainer.step()
     assert shapes == {(20 + 8, 1, 28, 28)}
-    assert len(set(counts)) > 1  # the real batch size varies, the generated one does not
+    assert len(counts) == 6 and len(set(counts)) > 1  # the real batch varies, X does not
 
 
 def test_poisson_sampler_is_poisson():
