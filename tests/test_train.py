@@ -391,3 +391,38 @@ def test_workspace_that_cannot_be_deleted_fails_the_run(tmp_path, prepared_data,
     monkeypatch.undo()
     record = train(spec_of(cfg), tmp_path / "api", prepared_data, "cpu", progress=False)
     assert record["steps"] == 2 and not (tmp_path / "api" / WORKSPACE).exists()
+
+
+class _WritesAFileWhenUnpickled:
+    """A pickle payload: unpickling it calls open(marker, "w"), i.e. runs code."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (str(self.marker), "w"))
+
+
+def test_sample_refuses_a_generator_whose_pickle_would_run_code(tmp_path, prepared_data,
+                                                               capsys):  # fmt: skip
+    """generator.pt is read with weights_only=True: a downloaded file cannot run code."""
+    spec = spec_of(make_config(tmp_path, prepared_data, steps=2))
+    train(spec, tmp_path / "g", prepared_data, "cpu", progress=False)
+    real = tmp_path / "g" / "generator.pt"
+    good = torch.load(real, weights_only=True)  # the real payload passes the safe loader
+    marker = tmp_path / "code_ran"
+    evil = tmp_path / "evil" / "generator.pt"
+    evil.parent.mkdir()
+    torch.save({**good, "extra": _WritesAFileWhenUnpickled(marker)}, evil)
+
+    sample = ["sample", "--num", "20", "--seed", "0", "--device", "cpu"]
+    assert cli.main([*sample, "--generator", str(evil), "--out", str(tmp_path / "e.npz")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and str(evil) in err[0] and "not loaded" in err[0], err
+    assert not marker.exists()  # the pickle's code never ran
+    assert not (tmp_path / "e.npz").exists()
+
+    # a real generator still samples, through the CLI
+    assert cli.main([*sample, "--generator", str(real), "--out", str(tmp_path / "s.npz")]) == 0
+    with np.load(tmp_path / "s.npz") as samples:
+        assert samples["labels"].shape == (20,)
