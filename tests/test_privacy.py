@@ -169,6 +169,78 @@ def test_sensitivity_holds_for_neighbouring_real_batches():
     assert raw > 2 * CLIP  # without clipping the bound would not hold
 
 
+def _with_non_finite(grad: torch.Tensor) -> torch.Tensor:
+    """``grad`` with a NaN row, an inf entry and a -inf entry in the private block and
+    a NaN entry in the debiasing rows: what a diverged solver or generator returns."""
+    bad = grad.clone()
+    bad[3] = float("nan")
+    bad[7, 0, 5, 5] = float("inf")
+    bad[11, 0, 0, 1] = float("-inf")
+    bad[N + 2, 0, 1, 1] = float("nan")
+    return bad
+
+
+def _zeroed(bad: torch.Tensor) -> torch.Tensor:
+    return torch.where(torch.isfinite(bad), bad, torch.zeros_like(bad))
+
+
+@pytest.mark.parametrize("scale", [10.0, 1e-4])  # clipped, and below the bound
+def test_non_finite_gradient_is_clipped_to_delta_and_the_release_is_finite(scale):
+    """NaN / inf entries count as 0 before the norm: the clipped block has norm <= Δ
+    (the sensitivity bound holds for every input) and the release is finite."""
+    bad = _with_non_finite(_grad(scale=scale))
+    for clipping in ("batch", "per_sample"):
+        s = ImageGradientSanitizer(N, N_PRIME, CLIP, SIGMA, clipping)
+        expected = _noise_free(s, _zeroed(bad))  # the same entries, finite from the start
+        clipped = _noise_free(s, bad)
+        assert torch.isfinite(clipped).all()
+        torch.testing.assert_close(clipped, expected)
+        if clipping == "batch":
+            norms = torch.stack([clipped[:N].norm(), clipped[N:].norm()])
+        else:
+            norms = clipped.flatten(1).norm(dim=1)
+            assert norms[3].item() == 0.0  # the NaN row carries nothing
+        assert torch.all(norms <= CLIP * (1 + 1e-5)), norms
+        if scale > 1:
+            assert norms.max().item() == pytest.approx(CLIP, rel=1e-5)
+        s.generator = torch.Generator().manual_seed(3)
+        assert torch.isfinite(s(bad)).all()  # the release itself
+    # and on the training path (train.step.sanitize, one run)
+    s = ImageGradientSanitizer(N, N_PRIME, CLIP, SIGMA, "batch", torch.Generator().manual_seed(0))
+    run = SimpleNamespace(n=N, n_prime=N_PRIME, sanitizer=s)
+    assert torch.isfinite(sanitize([run], bad[None])).all()
+
+
+def test_overflowing_norm_clips_to_zero_not_nan():
+    """Finite entries whose squared norm overflows (inf norm): the block goes to 0."""
+    for clipping in ("batch", "per_sample"):
+        s = ImageGradientSanitizer(N, N_PRIME, CLIP, SIGMA, clipping)
+        clipped = _noise_free(s, torch.full((N + N_PRIME, 1, 28, 28), 1e30))
+        assert torch.count_nonzero(clipped) == 0
+
+
+def test_parameter_sanitizer_non_finite_gradient_is_clipped_to_delta():
+    s = ParameterGradientSanitizer(CLIP, SIGMA)
+    large = 10.0 * torch.randn(5000, generator=torch.Generator().manual_seed(0))
+    bad = large.clone()
+    bad[:10] = float("nan")
+    bad[10] = float("inf")
+    bad[11] = float("-inf")
+    clipped = _param_noise_free(s, bad)
+    assert torch.isfinite(clipped).all()
+    assert clipped.norm().item() == pytest.approx(CLIP, rel=1e-5)
+    torch.testing.assert_close(clipped, _param_noise_free(s, _zeroed(bad)))
+    # through apply(): a NaN in one parameter's .grad leaves every released .grad finite
+    model = torch.nn.Linear(6, 5)
+    model(torch.randn(8, 6)).sum().backward()
+    model.weight.grad[0, 0] = float("nan")
+    model.bias.grad[1] = float("inf")
+    ParameterGradientSanitizer(CLIP, SIGMA, torch.Generator().manual_seed(2)).apply(
+        model.parameters()
+    )
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters())
+
+
 def test_empty_batch_still_gets_noise():
     s = ImageGradientSanitizer(N, N_PRIME, CLIP, SIGMA, generator=torch.Generator().manual_seed(0))
     out = s(torch.zeros(N + N_PRIME, 1, 28, 28))

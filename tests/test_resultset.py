@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import shutil
 from pathlib import Path
 
@@ -34,6 +35,7 @@ def ledger(clipping: str, steps: int = 200, sigma: float = 1.5) -> dict:
         "epsilon": accounting.compute_epsilon(z, q, steps, 1e-5),
         "epsilon_paper_convention": accounting.paper_convention_epsilon(q, sigma, steps, 50, 1e-5),
         "accountant": "rdp (dp-accounting)",
+        "guarantee": "(epsilon, delta)-DP with epsilon = ..., a secret noise key",
     }  # fmt: skip
 
 
@@ -98,7 +100,8 @@ def test_a_set_without_provenance_is_refused(small_set):
 
 
 def test_committed_h100_set_holds_no_loss_no_generator_and_its_table_is_current(tmp_path):
-    """The committed table is what the command renders from the committed files."""
+    """The committed table is what the command renders from the committed files, and it
+    says that the set's ε carry no privacy guarantee (public noise seed)."""
     files = [p for p in H100.rglob("*") if p.is_file()]
     assert not any(p.name == "generator.pt" for p in files)
     assert all(p.stat().st_size < 2_000_000 for p in files)
@@ -111,8 +114,64 @@ def test_committed_h100_set_holds_no_loss_no_generator_and_its_table_is_current(
         assert (copy / name).read_text() == (H100 / name).read_text(), name
     md = (copy / "table1.md").read_text()
     perrow = row_cells(md, "mnist_perrow")
-    assert perrow[3] == "983.70"  # sound ε (RDP) of the per-row ledger
+    assert perrow[3] == "983.70 †"  # sound ε (RDP) of the per-row ledger, without guarantee
     assert perrow[6].startswith("missing (0/5 seeds)")  # no FID at paper scale
     # the small-sample CPU FID is shown apart, with its sizes, never in the FID column
     small = md.split("## Small-sample FID on CPU (not the paper's protocol)")[1]
     assert "| `mnist_perrow` | 51.8 | 2000 | 2000 | pytorch_fid |" in small
+    _says_no_guarantee(copy)
+
+
+PUBLIC_83AE335 = "none: the noise seed was public (commit 83ae335)"
+
+
+def _says_no_guarantee(set_dir: Path) -> None:
+    """Commit 83ae335 seeded the noise from the config: its ledgers say so, and every sound
+    ε of the rendered set is marked, with the ledger's reason beside it."""
+    for name in ("mnist_dpsinkhorn", "mnist_perrow"):
+        assert fileio.read_json(set_dir / name / "privacy.json")["guarantee"] == PUBLIC_83AE335
+    md = (set_dir / "table1.md").read_text()
+    for name in ("mnist_dpsinkhorn", "mnist_perrow"):
+        cells = row_cells(md, name)
+        assert cells[3].endswith(" †") and cells[4].endswith(" †"), cells  # RDP and PLD
+        assert not cells[5].endswith("†")  # the paper convention is no guarantee anyway
+    note = next(line for line in md.splitlines() if line.startswith("**† "))
+    assert "`mnist_dpsinkhorn`, `mnist_perrow`" in note and PUBLIC_83AE335 in note
+    assert f'(no guarantee; ledger: "{PUBLIC_83AE335}")' in md.split("ε = 10 means")[1]
+    csv_rows = list(csv.DictReader((set_dir / "table1.csv").read_text().splitlines()))
+    assert [r["guarantee"] for r in csv_rows] == [PUBLIC_83AE335] * 2
+
+
+def test_guarantee_marks_follow_each_ledger(small_set):
+    """A sound guarantee: no mark; no guarantee field: "unknown guarantee" (‡); a public
+    seed: † and the ledger's reason."""
+    path = small_set / "mnist_dpsinkhorn" / "privacy.json"
+    variants = {
+        "unknown": (
+            {k: v for k, v in ledger("batch").items() if k != "guarantee"},
+            " ‡",
+            "Unknown guarantee for `mnist_dpsinkhorn`",
+        ),
+        "sound": (ledger("batch"), "", None),
+        "none": (
+            {**ledger("batch"), "guarantee": "none: the noise seed is public"},
+            " †",
+            '"guarantee": "none: the noise seed is public"',
+        ),
+    }
+    for kind, (privacy, mark, note) in variants.items():
+        fileio.write_json(path, privacy)
+        resultset.render(small_set)
+        md = (small_set / "table1.md").read_text()
+        cells = row_cells(md, "mnist_dpsinkhorn")
+        eps = accounting.compute_epsilon(privacy["noise_multiplier"], privacy["q"], 200, 1e-5)
+        assert cells[3] == f"{eps:.2f}{mark}", (kind, cells)
+        assert cells[4].endswith(mark) and (mark or cells[4][-1].isdigit()), (kind, cells)
+        notes = [line for line in md.splitlines() if line.startswith(("**† ", "**‡ "))]
+        if note is None:
+            assert notes == [], kind
+            assert "guarantee" not in md.replace("without guarantee", ""), kind
+        else:
+            assert len(notes) == 1 and note in notes[0], (kind, notes)
+        (row,) = csv.DictReader((small_set / "table1.csv").read_text().splitlines())
+        assert row["guarantee"] == privacy.get("guarantee", "unknown"), kind

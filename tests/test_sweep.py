@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -17,6 +18,7 @@ from dpsinkhorn.train.run import train
 from dpsinkhorn.train.signals import Preempted
 from dpsinkhorn.train.sweep import SweepTrainer, train_sweep
 from dpsinkhorn.train.trainer import Trainer
+from dpsinkhorn.train.workspace import WorkspaceRemovalError
 
 # reproducible: sweep members and single runs are compared draw for draw (public keys).
 TINY = {
@@ -174,3 +176,22 @@ def test_sweep_step_never_synchronises(tmp_path, prepared_data, mnist):
         specs_of(write_config(tmp_path, prepared_data)), *mnist, torch.device("cpu")
     )
     assert count_ops(lambda: sweep.step(sweep.trainers))["host_syncs_per_step"] == 0
+
+
+def test_sweep_fails_when_a_workspace_cannot_be_deleted(tmp_path, prepared_data, monkeypatch):
+    """Every member's workspace is tried; those that stay are named in one error."""
+
+    def refuse(path, ignore_errors=False, onerror=None, **kwargs):  # a refusing file server
+        if not ignore_errors:
+            raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(shutil, "rmtree", refuse)
+    specs = specs_of(write_config(tmp_path, prepared_data), names=("b", "d"))
+    dirs = [tmp_path / "run" / s["name"] for s in specs]
+    with pytest.raises(WorkspaceRemovalError) as caught:
+        train_sweep(specs, dirs, prepared_data, "cpu", progress=False)
+    message = str(caught.value)
+    assert "\n" not in message
+    for out in dirs:
+        assert str(out / "private_workspace") in message
+        assert (out / "private_workspace").is_dir()

@@ -7,6 +7,7 @@ import csv
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -18,6 +19,7 @@ import pytest
 import torch
 import yaml
 
+from dpsinkhorn import cli
 from dpsinkhorn import config as config_lib
 from dpsinkhorn.data import datasets as data
 from dpsinkhorn.data.catalog import DATASETS
@@ -29,7 +31,7 @@ from dpsinkhorn.privacy.sampler import PoissonSampler
 from dpsinkhorn.train.run import train
 from dpsinkhorn.train.signals import INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE, Preempted
 from dpsinkhorn.train.trainer import Trainer
-from dpsinkhorn.train.workspace import WORKSPACE
+from dpsinkhorn.train.workspace import WORKSPACE, WorkspaceRemovalError
 
 # reproducible: these tests compare separate runs bit for bit (public noise key).
 TINY = {
@@ -359,3 +361,74 @@ def test_parameter_perturbation_needs_batch_clipping(tmp_path, prepared_data):
             "clipping": "per_sample"}  # fmt: skip
     with pytest.raises(ValueError, match="experiment e: perturbation parameter"):
         Trainer(spec, *data.load_split(prepared_data, "mnist", "train"), torch.device("cpu"))
+
+
+def _refusing_rmtree(monkeypatch) -> None:
+    """Make shutil.rmtree behave as on a file server that refuses (NFS ``.nfs*`` files held
+    open, a permission error): it raises, or, with ``ignore_errors``, returns and leaves
+    the folder where it is."""
+
+    def refuse(path, ignore_errors=False, onerror=None, **kwargs):
+        if not ignore_errors:
+            raise PermissionError(13, "Permission denied", str(Path(path) / "checkpoint.pt"))
+
+    monkeypatch.setattr(shutil, "rmtree", refuse)
+
+
+def test_workspace_that_cannot_be_deleted_fails_the_run(tmp_path, prepared_data, capsys,
+                                                        monkeypatch):  # fmt: skip
+    """The workspace (generator state, secret noise-RNG state) must not stay silently in
+    the release folder: `dpsinkhorn train` exits 2 with one line naming it."""
+    cfg = make_config(tmp_path, prepared_data, steps=2)
+    out = tmp_path / "run"
+    _refusing_rmtree(monkeypatch)
+    args = ["train", "--config", str(cfg), "--experiment", "e", "--out", str(out)]
+    assert cli.main([*args, "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert str(out / WORKSPACE) in err[0] and "private" in err[0]
+    assert "must be deleted before" in err[0]
+    assert (out / WORKSPACE / "README.txt").exists()  # it is there: the error said so
+
+    # Through the Python API: the error type the CLI turns into exit 2, naming the folder.
+    with pytest.raises(WorkspaceRemovalError, match="private workspace .*private_workspace"):
+        train(spec_of(cfg), tmp_path / "api", prepared_data, "cpu", progress=False)
+    # and the lock was given back: with a working rmtree the rerun finishes and cleans up
+    monkeypatch.undo()
+    record = train(spec_of(cfg), tmp_path / "api", prepared_data, "cpu", progress=False)
+    assert record["steps"] == 2 and not (tmp_path / "api" / WORKSPACE).exists()
+
+
+class _WritesAFileWhenUnpickled:
+    """A pickle payload: unpickling it calls open(marker, "w"), i.e. runs code."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (str(self.marker), "w"))
+
+
+def test_sample_refuses_a_generator_whose_pickle_would_run_code(tmp_path, prepared_data,
+                                                               capsys):  # fmt: skip
+    """generator.pt is read with weights_only=True: a downloaded file cannot run code."""
+    spec = spec_of(make_config(tmp_path, prepared_data, steps=2))
+    train(spec, tmp_path / "g", prepared_data, "cpu", progress=False)
+    real = tmp_path / "g" / "generator.pt"
+    good = torch.load(real, weights_only=True)  # the real payload passes the safe loader
+    marker = tmp_path / "code_ran"
+    evil = tmp_path / "evil" / "generator.pt"
+    evil.parent.mkdir()
+    torch.save({**good, "extra": _WritesAFileWhenUnpickled(marker)}, evil)
+
+    sample = ["sample", "--num", "20", "--seed", "0", "--device", "cpu"]
+    assert cli.main([*sample, "--generator", str(evil), "--out", str(tmp_path / "e.npz")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and str(evil) in err[0] and "not loaded" in err[0], err
+    assert not marker.exists()  # the pickle's code never ran
+    assert not (tmp_path / "e.npz").exists()
+
+    # a real generator still samples, through the CLI
+    assert cli.main([*sample, "--generator", str(real), "--out", str(tmp_path / "s.npz")]) == 0
+    with np.load(tmp_path / "s.npz") as samples:
+        assert samples["labels"].shape == (20,)

@@ -25,7 +25,7 @@ from tqdm import tqdm
 from dpsinkhorn import config as config_lib
 from dpsinkhorn.data import datasets as data
 from dpsinkhorn.devices import resolve_device
-from dpsinkhorn.evaluate.sample import load_generator
+from dpsinkhorn.evaluate.sample import load_generator, read_generator_file
 from dpsinkhorn.fileio import check_samples, load_samples, write_json
 from dpsinkhorn.ot.loss import (
     conditional_features,
@@ -298,7 +298,7 @@ def _cli(args: argparse.Namespace) -> int:
     images, labels = load_samples(Path(args.data))
     device = resolve_device(args.device or cfg["device"])
     model = load_generator(Path(args.generator), device)
-    stored = torch.load(args.generator, map_location="cpu", weights_only=False)
+    stored = read_generator_file(Path(args.generator))
     if stored.get("experiment") not in (None, args.experiment):
         raise ValueError(
             f"{args.generator} was trained for experiment {stored['experiment']!r}, "

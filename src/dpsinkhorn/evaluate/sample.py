@@ -18,12 +18,34 @@ from dpsinkhorn.fileio import load_samples, save_samples
 from dpsinkhorn.models import GeneratorConfig, build_generator
 
 
-def load_generator(path: Path, device: torch.device) -> torch.nn.Module:
-    """Load generator.pt written by ``dpsinkhorn train`` (any architecture of ``models``)."""
+def read_generator_file(path: Path) -> dict:
+    """The dict stored in generator.pt, read with ``torch.load(weights_only=True)``.
+
+    generator.pt may come from elsewhere (downloaded, shared): its pickle must not run
+    code. ``weights_only`` unpickles tensors and plain containers only, which is all
+    ``train.release.generator_payload`` writes; anything else (a class, a ``__reduce__``
+    that would call a function) is refused with one line naming the file.
+    """
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"generator not found: {path} (train the experiment first)")
-    state = torch.load(path, map_location=device, weights_only=False)
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # UnpicklingError (refused type), RuntimeError, EOFError, ...
+        reason = (str(err).strip().splitlines() or [""])[0][:200]
+        raise ValueError(
+            f"{path} is not a generator.pt that can be loaded safely ({type(err).__name__}: "
+            f"{reason}); it was not loaded: only tensors and plain values are accepted"
+        ) from err
+    if not isinstance(state, dict) or not {"state_dict", "model_config"} <= set(state):
+        raise ValueError(f"{path} is not a dpsinkhorn generator.pt (no state_dict/model_config)")
+    return state
+
+
+def load_generator(path: Path, device: torch.device) -> torch.nn.Module:
+    """Load generator.pt written by ``dpsinkhorn train`` (any architecture of ``models``);
+    read safely (:func:`read_generator_file`: no code in the file runs)."""
+    state = read_generator_file(path)
     model = build_generator(GeneratorConfig.from_dict(state["model_config"])).to(device)
     model.load_state_dict(state["state_dict"])
     return model.eval()

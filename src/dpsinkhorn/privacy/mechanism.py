@@ -19,6 +19,14 @@ Mechanism (one training step), the version this project implements:
   multiplier is σ/√n. The accountant must be given σ/√n. (The paper's appendix
   instead composes n "per-row" mechanisms that share one Poisson sample, which
   is not a valid analysis; we never do that.)
+* Non-finite entries. Before any norm is taken, every NaN or ±inf entry of the
+  block is replaced by 0 (:func:`finite_or_zero`, elementwise, no host
+  synchronisation: the step runs inside a CUDA graph). Clipping is then the map
+  g ↦ c(g) = f(g)·min(1, Δ/‖f(g)‖) with f = finite_or_zero, and ‖c(g)‖ ≤ Δ for
+  EVERY input g, finite or not (a norm that overflows to inf scales the block to
+  0). The sensitivity bounds below use only ‖c(g)‖ ≤ Δ, so they hold whatever the
+  solver or the generator returns; without f, one NaN would make the clipped
+  block, and hence the release, NaN: a data-dependent event seen in the output.
 * Rows [n:n+n'] are clipped to Δ (one vector in ``batch`` mode, per row in
   ``per_sample`` mode) and receive no noise: they are a function of X alone.
 * Release. The generator update is post-processing of the sanitised gradient
@@ -30,9 +38,10 @@ Baseline ``perturbation: parameter`` (paper Table 2, ``ParameterGradientSanitize
 noise on the generator's parameter gradient instead of the image gradient. The
 query is the whole parameter gradient g = ∇_θ S (all parameters, one vector),
 which depends on Y through every row of X. It is clipped as ONE vector to L2 norm
-Δ, so, under the same add/remove-one adjacency and Poisson sampling, neighbouring
-batches move the clipped vector by at most 2Δ: sensitivity 2Δ. Each element gets
-N(0, (2Δσ)²) noise: noise multiplier σ, the same accounting as above. Only
+Δ (non-finite entries set to 0 first, as above), so, under the same add/remove-one
+adjacency and Poisson sampling, neighbouring batches move the clipped vector by at
+most 2Δ: sensitivity 2Δ. Each element gets N(0, (2Δσ)²) noise: noise multiplier σ,
+the same accounting as above. Only
 ``clipping: batch`` exists for it (there are no per-record rows to clip).
 
 Names. σ (config key ``sigma``, attribute ``noise_scale``) is the noise std in units of
@@ -75,8 +84,21 @@ def sigma_from_noise_multiplier(z: float, batch_size: int, clipping: str = "batc
     return z if clipping == "batch" else z * math.sqrt(batch_size)
 
 
+def finite_or_zero(block: torch.Tensor) -> torch.Tensor:
+    """``block`` with every NaN, +inf and -inf entry replaced by 0 (elementwise: no host
+    synchronisation, safe inside a CUDA graph). Finite entries are unchanged."""
+    return torch.nan_to_num(block, nan=0.0, posinf=0.0, neginf=0.0)
+
+
 def clip_block(block: torch.Tensor, clip: float, per_row: bool) -> torch.Tensor:
-    """Scale ``block`` [k, ...] so its L2 norm (or each row's) is at most ``clip``."""
+    """Scale ``block`` [k, ...] so its L2 norm (or each row's) is at most ``clip``.
+
+    Non-finite entries are set to 0 first (:func:`finite_or_zero`), so the result is
+    finite with norm ≤ ``clip`` for every input: the sensitivity bound of the module
+    docstring holds even when the solver or the generator returns NaN or inf. A norm
+    that overflows to inf scales the block (or row) to 0.
+    """
+    block = finite_or_zero(block)
     if block.shape[0] == 0:
         return block
     if per_row:
@@ -174,7 +196,11 @@ class ParameterGradientSanitizer:
         return self.noise_scale
 
     def __call__(self, grad: torch.Tensor) -> torch.Tensor:
-        """Return clip_Δ(grad) + N(0, (2Δσ)²) elementwise; ``grad`` is a flat vector [P]."""
+        """Return clip_Δ(grad) + N(0, (2Δσ)²) elementwise; ``grad`` is a flat vector [P].
+
+        clip_Δ is :func:`clip_block`: non-finite entries count as 0, so the clipped vector
+        has norm ≤ Δ (sensitivity 2Δ) and the release is finite whatever ``grad`` holds.
+        """
         if grad.ndim != 1:
             raise ValueError(f"expected a flat gradient vector, got shape {tuple(grad.shape)}")
         clipped = clip_block(grad, self.clip, per_row=False)

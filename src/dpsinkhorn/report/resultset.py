@@ -14,11 +14,20 @@ file exists, with the seed count, and ``missing`` where no seed has one. Nothing
 in. Each ledger must match the config's experiment (σ, steps, clipping, Δ, B, δ), so a row's
 label is the one the config gives it. Adding files from a later run and rerunning the
 command is all it takes to update the table.
+
+A sound ε is only a guarantee if the run's noise was secret. Each DP row's ledger is read
+for its ``guarantee`` (:func:`guarantee_status`): one that starts with ``none`` (a public
+noise seed) marks both sound-ε cells with :data:`NO_GUARANTEE_MARK` and a note quoting the
+ledger's reason; a ledger without the field (written before it existed) is marked
+:data:`UNKNOWN_GUARANTEE_MARK`, "unknown guarantee". The CSV's ``guarantee`` column holds
+the ledger's text (``unknown`` without one; empty for rows that are not DP).
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
+import io
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -30,12 +39,12 @@ from dpsinkhorn.report.common import (
     DATASET_TITLES,
     METRIC_TITLES,
     METRICS,
+    NO_GUARANTEE_PREFIX,
     ROW_LABELS,
     Row,
     accuracy_percent,
     epsilon_text,
     epsilon_value,
-    guarantee_note,
     mean_std,
     mechanism_note,
     paper_number,
@@ -51,6 +60,65 @@ LEDGER_KEYS = ("sigma", "steps", "clipping", "clip", "batch_size", "delta")
 #: Root of the committed sets, relative to the repository root.
 SETS_DIR = "results-paper-scale"
 MISSING = "missing"
+#: Beside a sound ε whose ledger says there is no guarantee (public noise seed).
+NO_GUARANTEE_MARK = "†"
+#: Beside a sound ε whose ledger has no ``guarantee`` field.
+UNKNOWN_GUARANTEE_MARK = "‡"
+UNKNOWN_GUARANTEE = "unknown"
+
+
+def guarantee_status(privacy: dict) -> tuple[str, str] | None:
+    """(status, text) of a DP row's ledger; None for rows without a ledger (not DP).
+
+    status ``none``: ``guarantee`` starts with "none" (the noise seed was public: anyone
+    can subtract the noise, so ε bounds nothing); ``unknown``: no ``guarantee`` field (or
+    not a string), so whether the seed was secret is not recorded; ``sound``: any other
+    text, the (ε, δ)-DP statement train wrote. ``text`` is the ledger's own words.
+    """
+    if not privacy:
+        return None
+    text = privacy.get("guarantee")
+    if not isinstance(text, str) or not text.strip():
+        return UNKNOWN_GUARANTEE, UNKNOWN_GUARANTEE
+    if text.startswith(NO_GUARANTEE_PREFIX):
+        return "none", text
+    return "sound", text
+
+
+def _epsilon_mark(row: Row) -> str:
+    """`` †`` / `` ‡`` after a sound ε without a (known) guarantee; '' otherwise."""
+    status = guarantee_status(row.privacy)
+    if status is None or status[0] == "sound":
+        return ""
+    return " " + (NO_GUARANTEE_MARK if status[0] == "none" else UNKNOWN_GUARANTEE_MARK)
+
+
+def guarantee_notes(rows: Sequence[Row]) -> list[str]:
+    """Footnotes of the marks: which rows' ε carry no guarantee, and the ledger's reason."""
+    none: dict[str, list[str]] = {}
+    unknown = []
+    for r in rows:
+        status = guarantee_status(r.privacy)
+        if status is None or status[0] == "sound":
+            continue
+        if status[0] == "none":
+            none.setdefault(status[1], []).append(f"`{r.exp_name}`")
+        else:
+            unknown.append(f"`{r.exp_name}`")
+    notes = [
+        f"**{NO_GUARANTEE_MARK} No privacy guarantee for {', '.join(names)}: their ledgers "
+        f'say "guarantee": "{reason}". With a public noise seed anyone can subtract the '
+        "noise; their sound ε is what the same mechanism would spend with a secret seed, "
+        "not a bound on what the release reveals.**"
+        for reason, names in none.items()
+    ]
+    if unknown:
+        notes.append(
+            f"**{UNKNOWN_GUARANTEE_MARK} Unknown guarantee for {', '.join(unknown)}: their "
+            'ledgers have no "guarantee" field, so whether the noise seed was secret is not '
+            "recorded; their ε carries no guarantee until it is.**"
+        )
+    return notes
 
 
 def load_provenance(set_dir: Path) -> dict:
@@ -145,6 +213,16 @@ def cpu_fid(set_dir: Path) -> dict[str, dict]:
     return found
 
 
+def _guarantee_clause(row: Row) -> str:
+    """``" (no guarantee: <ledger's reason>)"`` / ``" (unknown guarantee)"``; '' if sound."""
+    status = guarantee_status(row.privacy)
+    if status is None or status[0] == "sound":
+        return ""
+    if status[0] == "none":
+        return f' (no guarantee; ledger: "{status[1]}")'
+    return " (unknown guarantee: the ledger has no guarantee field)"
+
+
 def epsilon_meaning(rows: Sequence[Row], provenance: dict) -> list[str]:
     """Markdown lines of "What the paper's ε = 10 means", from the paper-setting rows."""
     sound = {
@@ -178,8 +256,8 @@ def epsilon_meaning(rows: Sequence[Row], provenance: dict) -> list[str]:
         lines.append(
             f"- {title}, `{r.exp_name}`, {clip}: noise multiplier "
             f"{r.privacy.get('noise_multiplier', float('nan')):.3g}, sound ε "
-            f"{eps.get('rdp', math.nan):.2f} (RDP) / {eps.get('pld', math.nan):.2f} (PLD), "
-            f"paper-convention ε {r.epsilon_paper:.2f}; {accs}."
+            f"{eps.get('rdp', math.nan):.2f} (RDP) / {eps.get('pld', math.nan):.2f} (PLD)"
+            f"{_guarantee_clause(r)}, paper-convention ε {r.epsilon_paper:.2f}; {accs}."
         )
         command = commands.get(r.exp_name, {}).get("command")
         if command:
@@ -192,7 +270,8 @@ def epsilon_meaning(rows: Sequence[Row], provenance: dict) -> list[str]:
             f"Of these, the row closest to the paper's CNN accuracy "
             f"({best.paper['acc_cnn']:g}%) is `{best.exp_name}` "
             f"({best.mean['acc_cnn']:.1f}%), whose sound ε is "
-            f"{best.epsilon:.4g} at δ = {best.privacy.get('delta', math.nan):g}.",
+            f"{best.epsilon:.4g} at δ = {best.privacy.get('delta', math.nan):g}"
+            f"{_guarantee_clause(best)}.",
         ]
     return lines + [""]
 
@@ -219,6 +298,7 @@ def markdown(rows: Sequence[Row], config: dict, set_dir: Path, provenance: dict)
             if provenance.get("removed")
             else ""
         )  # fmt: skip
+        + (f"; added after the run: {provenance['added']}" if provenance.get("added") else "")
         + ". Rendered by `dpsinkhorn report results-set --dir "
         f"{SETS_DIR}/{set_dir.name}`.",
         "",
@@ -229,15 +309,17 @@ def markdown(rows: Sequence[Row], config: dict, set_dir: Path, provenance: dict)
         "test set; `(paper X)` is the paper's Table 1.",
         "",
     ]
-    lines += [n for n in (guarantee_note(rows), mechanism_note(rows)) if n]
-    lines += ["", "| Dataset | Row | Experiment | ε sound (RDP) | ε sound (PLD) | "
+    for note in [*guarantee_notes(rows), mechanism_note(rows)]:
+        lines += [note, ""] if note else []
+    lines += ["| Dataset | Row | Experiment | ε sound (RDP) | ε sound (PLD) | "
               "ε paper conv. | FID ↓ | Log Reg | MLP | CNN |", "|" + "---|" * 10]  # fmt: skip
     for r in rows:
         eps = sound_epsilons(r.privacy)
         title = DATASET_TITLES.get(r.dataset, r.dataset)
         cells = [title, r.method, f"`{r.exp_name}`"]
         if r.privacy:
-            cells += [f"{eps.get('rdp', math.nan):.2f}", f"{eps.get('pld', math.nan):.2f}"]
+            mark = _epsilon_mark(r)
+            cells += [f"{eps.get(a, math.nan):.2f}{mark}" for a in ("rdp", "pld")]
         else:
             cells += [epsilon_text(r.epsilon, False)] * 2
         cells.append(epsilon_text(r.epsilon_paper, False))
@@ -296,8 +378,21 @@ def render(set_dir: str | Path, config_files: Sequence[str | Path] | None = None
     md = markdown(rows, config, set_dir, provenance)
     written = [set_dir / "table1.md", set_dir / "table1.csv"]
     fileio.write_text(written[0], md)
-    fileio.write_text(written[1], to_csv(rows))
+    fileio.write_text(written[1], set_csv(rows))
     return written
+
+
+def set_csv(rows: Sequence[Row]) -> str:
+    """:func:`report.common.to_csv` with a last column ``guarantee``: the ledger's text,
+    ``unknown`` for a DP row whose ledger has none, empty for rows that are not DP."""
+    table = list(csv.reader(io.StringIO(to_csv(rows))))
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow([*table[0], "guarantee"])
+    for row, cells in zip(rows, table[1:], strict=True):
+        status = guarantee_status(row.privacy)
+        writer.writerow([*cells, "" if status is None else status[1]])
+    return buffer.getvalue()
 
 
 def committed_sets(root: str | Path = ".") -> list[Path]:

@@ -45,7 +45,7 @@ from dpsinkhorn.train.run import load_train_data
 from dpsinkhorn.train.signals import StopSignal
 from dpsinkhorn.train.step import TrainingStep
 from dpsinkhorn.train.trainer import Trainer, check_batch_size, data_fingerprint
-from dpsinkhorn.train.workspace import RunFiles, released_on_error
+from dpsinkhorn.train.workspace import RunFiles, WorkspaceRemovalError, released_on_error
 
 
 class SweepTrainer:
@@ -169,8 +169,15 @@ def train_sweep(
                 paths = ", ".join(str(run.ckpt_path) for run in unfinished)
                 raise stop.preempted(stop_after, f"checkpoints after {taken} steps in {paths}")
     bar.close()
+    # Every member's workspace is tried; one that stays fails the sweep, naming each.
+    failures = []
     for run in runs:
-        run.remove_workspace()
+        try:
+            run.remove_workspace()
+        except WorkspaceRemovalError as err:
+            failures.append(str(err))
+    if failures:
+        raise WorkspaceRemovalError("; ".join(failures))
     return [records[i] for i in range(len(runs))]
 
 

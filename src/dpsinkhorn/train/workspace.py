@@ -4,10 +4,12 @@ checkpoints and logs (:class:`RunFiles`).
 Checkpoints (model, optimiser, the secret RNG state, privacy ledger, logs) and the
 optional private-loss log live in ``<out>/private_workspace/`` (:data:`WORKSPACE`),
 which must never be shared and is deleted when the run completes unless
-``keep_private_workspace: true``. A checkpoint is written atomically every
-``checkpoint_every`` steps and when a signal stops the run (``train.signals``); a rerun
-resumes from it, bit-identical on CPU to an uninterrupted run at the same number of
-threads. What the finished run publishes, and why: ``train.release``.
+``keep_private_workspace: true``; a workspace that cannot be deleted fails the run
+(:class:`WorkspaceRemovalError`, exit 2, naming the folder), it never silently stays.
+A checkpoint is written atomically every ``checkpoint_every`` steps and when a signal
+stops the run (``train.signals``); a rerun resumes from it, bit-identical on CPU to an
+uninterrupted run at the same number of threads. What the finished run publishes, and
+why: ``train.release``.
 """
 
 from __future__ import annotations
@@ -82,6 +84,34 @@ def _load_checkpoint(path: Path, device: torch.device) -> dict:
             "good copy"
         ) from err
     return state
+
+
+class WorkspaceRemovalError(ValueError):
+    """The private workspace could not be deleted; the message names it (CLI: exit 2)."""
+
+
+def remove_private_workspace(workspace: Path) -> None:
+    """Delete ``workspace``, or raise :class:`WorkspaceRemovalError` naming it.
+
+    Never silent: the folder holds the generator's training state and the secret state of
+    the random generator that drew the privacy noise, neither covered by the (ε, δ)
+    guarantee, and it sits inside the release folder. A file server that refuses
+    (NFS ``.nfs*`` files, permissions) must fail the run, not leave it there unnoticed.
+    """
+    error: OSError | None = None
+    try:
+        shutil.rmtree(workspace)
+    except FileNotFoundError:
+        pass  # already gone
+    except OSError as err:
+        error = err
+    if error is not None or workspace.exists():
+        why = f" ({type(error).__name__}: {error})" if error is not None else ""
+        raise WorkspaceRemovalError(
+            f"could not delete the private workspace {workspace}{why}; it holds private "
+            "state (checkpoints with the secret noise RNG state) and must be deleted before "
+            "the run folder is published"
+        ) from error
 
 
 class RunFiles:
@@ -207,6 +237,7 @@ class RunFiles:
         return record
 
     def remove_workspace(self) -> None:
-        """Delete the private workspace, unless the config keeps it."""
+        """Delete the private workspace, unless the config keeps it; a folder that cannot be
+        deleted is an error naming it (:func:`remove_private_workspace`)."""
         if not self.keep_workspace:
-            shutil.rmtree(self.workspace, ignore_errors=True)
+            remove_private_workspace(self.workspace)
