@@ -23,7 +23,7 @@ wires a model, an optimiser and a data loader:
 
 σ and the number of steps come from ``privacy.budget.budget_of`` (σ and steps given, or solved from
 ``target_epsilon``). Training (``train.trainer.Trainer``), sweeps (a stack of runs,
-:func:`make_private_stack`) and the audit (``privacy.audit``) all build their
+:func:`make_private_stack`) and the audit (``train.audit``) all build their
 mechanism here, so what the ledger charges is what the step runs.
 """
 

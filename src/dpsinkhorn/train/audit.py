@@ -145,6 +145,8 @@ def _worst(name: str, **kw) -> AuditConfig:
 #: claims ε = 1.27 (PLD); the √2 slip makes the true z = 3/√2.
 _N = 16  # generated rows n = batch_size (per-sample clipping: z = σ/√n)
 _QUICK_COMMON = {"num_records": 40 * _N, "batch_size": _N, "steps": 2, "releases": 2_000_000}
+#: Gross slips need few releases.
+_QUICK_FEW = {**_QUICK_COMMON, "releases": 200_000}
 QUICK: list[AuditConfig] = [
     _worst("worst/batch", sigmas=(3.0,), **_QUICK_COMMON),
     _worst("worst/per_sample", sigmas=(3.0 * math.sqrt(_N),), clipping="per_sample",
@@ -152,9 +154,9 @@ QUICK: list[AuditConfig] = [
     _worst("worst/sweep", sigmas=(3.0, 4.0), **_QUICK_COMMON),
     _worst("worst/parameter", sigmas=(3.0,), perturbation="parameter", **_QUICK_COMMON),
     _worst("worst/batch", sigmas=(3.0,), mechanism="noise_over_sqrt_2", **_QUICK_COMMON),
-    _worst("worst/batch", sigmas=(3.0,), mechanism="noise_off", **_QUICK_COMMON),
+    _worst("worst/batch", sigmas=(3.0,), mechanism="noise_off", **_QUICK_FEW),
     _worst("worst/per_sample", sigmas=(3.0 * math.sqrt(_N),), clipping="per_sample",
-           mechanism="noise_over_sqrt_n", **_QUICK_COMMON),
+           mechanism="noise_over_sqrt_n", **_QUICK_FEW),
 ]  # fmt: skip
 
 #: The paper's rate q = 1/1200 (B = 16 of N = 19,200: the paper's B = 50 of 60,000 gives
@@ -242,7 +244,8 @@ def build_runs(cfg: AuditConfig, data_root: Path) -> tuple[list[Trainer], Traini
 class _CanaryHook:
     """Wraps the first run's ``sampler.select`` (the step's one batched selection):
     records which runs drew the canary (index ``canary``); ``mode`` "peek" stops a step
-    without the canary after its draws, "out" gives the canary weight 0 (dataset D)."""
+    without the canary after its draws, "draws" stops every step there (only the draws),
+    "out" gives the canary weight 0 (dataset D)."""
 
     class Skip(Exception):
         pass
@@ -258,7 +261,7 @@ class _CanaryHook:
         drawn = (indices == self.canary) & (weights > 0)
         if not torch.equal(drawn.any(-1).cpu(), self.included) and not overflow.any():
             raise AssertionError("the Poisson buffer disagrees with the canary's uniform")
-        if self.mode == "peek" and not self.included.any():
+        if self.mode == "draws" or (self.mode == "peek" and not self.included.any()):
             raise self.Skip
         if self.mode == "out":
             weights = torch.where(indices == self.canary, torch.zeros_like(weights), weights)
