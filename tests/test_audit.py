@@ -53,6 +53,7 @@ def test_sound_sanitisers_stay_within_their_claims(results, name):
     assert len(runs) == (2 if name == "worst/sweep" else 1)
     for r in runs:
         assert r["passed"] and r["noise_check_passed"] and r["sensitivity_respected"]
+        assert r["steps_debias_rows_differ"] == 0  # released without noise: canary-free
         assert 0.5 < r["epsilon_certified_95"] <= r["epsilon_claimed_one_step_q1"]
         # the worst-case canary moves the clipped release by a full sensitivity
         assert r["distance_min_over_sensitivity"] == pytest.approx(1.0, abs=1e-3)

@@ -301,7 +301,7 @@ def collect(
     hook = _CanaryHook(trainers[0].sampler, cfg.num_records - 1)
     pairs: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[] for _ in trainers]
     checks: list[list[torch.Tensor]] = [[] for _ in trainers]
-    draws = identical = 0
+    draws = identical = debias_differ = 0
     while min(len(p) for p in pairs) < cfg.steps:
         if draws >= max_draws:
             raise AuditError(f"{cfg.name}: fewer than {cfg.steps} canary steps in {draws} draws")
@@ -320,6 +320,10 @@ def collect(
         stepper.forward_backward(trainers)
         for k, t in enumerate(trainers):
             a, b = _noise_free(t, _query(t)), _noise_free(t, queries_in[k])
+            if isinstance(t.sanitizer, ImageGradientSanitizer):  # released without noise
+                debias_differ += not torch.equal(
+                    t.sanitizer.clipped(_query(t))[1], t.sanitizer.clipped(queries_in[k])[1]
+                )
             if not included[k]:
                 if not torch.equal(a, b):
                     raise AssertionError(f"{cfg.name}: run {k} differs without the canary")
@@ -329,7 +333,8 @@ def collect(
                 pairs[k].append((a, b))
                 unit = (b - a) / (b - a).norm()
                 checks[k].append((_real_releases(t, queries_in[k], CHECK_CALLS) - b) @ unit)
-    return {"pairs": pairs, "checks": checks, "draws": draws, "identical": identical}
+    return {"pairs": pairs, "checks": checks, "draws": draws, "identical": identical,
+            "debias_differ": debias_differ}  # fmt: skip
 
 
 def _noise_check(projected: torch.Tensor, distances: torch.Tensor, noise_std: float) -> dict:
@@ -425,7 +430,11 @@ def audit(
                         "num_records": cfg.num_records, "batch_size": cfg.batch_size,
                         "accountant": cfg.accountant, "delta": cfg.delta,
                         "draws": got["draws"], "canary_steps": cfg.steps,
+                        "steps_debias_rows_differ": got["debias_differ"],
                         "releases_per_dataset": cfg.releases, **res})  # fmt: skip
+    for r in results:
+        if got["debias_differ"] and r["mechanism"] == "sound":
+            r["passed"] = False  # the rows released without noise depend on the canary
     elapsed = time.perf_counter() - start
     for r in results:
         r["seconds"] = round(elapsed, 1)
@@ -433,8 +442,8 @@ def audit(
 
 
 def failed(result: dict) -> bool:
-    """A sound mechanism whose certified ε exceeds its claim (or whose noise/sensitivity
-    departs from what it declares)."""
+    """A sound mechanism whose certified ε exceeds its claim (or whose noise or sensitivity
+    departs from what it declares, or whose noise-free debiasing rows depend on the canary)."""
     return result["mechanism"] == "sound" and not result["passed"]
 
 
