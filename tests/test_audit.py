@@ -120,6 +120,7 @@ def test_a_sound_mechanism_over_its_claim_exits_1(monkeypatch, capsys):
     [
         (["--releases", "10"], "releases ≥ 1000"),
         (["--only", "nothing"], "no configuration matches"),
+        (["--sharp", "--only", "mnist", "--data-root", "/nonexistent"], "not found"),
     ],
 )
 def test_bad_input_exits_2_with_one_line(capsys, args, message):

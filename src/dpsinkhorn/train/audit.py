@@ -79,7 +79,7 @@ import torch
 from scipy.stats import chi2
 
 from dpsinkhorn.config import make_experiment
-from dpsinkhorn.data.datasets import load_split
+from dpsinkhorn.data.datasets import load_split, split_path
 from dpsinkhorn.privacy.audit import (
     IMAGE_MECHANISMS,
     epsilon_lower_bound,
@@ -467,6 +467,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not configs:
         print("audit: error: no configuration matches --only / --mechanism", file=sys.stderr)
         return 2
+    if any(c.data == "mnist" for c in configs):  # refuse before hours of work, not after
+        path = split_path(args.data_root, "mnist", "train")
+        if not path.is_file():
+            print(f"audit: error: {path} not found (give --data-root)", file=sys.stderr)
+            return 2
     overrides = {
         k: v for k, v in (("releases", args.releases), ("steps", args.steps)) if v is not None
     }
