@@ -150,7 +150,7 @@ ALLOWED_IMPORTS = {
     "data": {"fileio"},
     "models": set(),
     "ot": set(),
-    "privacy": {"ot"},  # the audit runs the real loss
+    "privacy": {"ot"},  # the factory sizes the debiasing rows (ot.loss.debias_size)
     "train": {"config", "data", "devices", "fileio", "models", "ot", "privacy"},
     "evaluate": {"config", "data", "devices", "fileio", "models", "ot", "privacy"},
     "report": {"config", "data", "fileio", "privacy"},

@@ -1,33 +1,145 @@
-"""Empirical privacy audit of one sanitised step (dpsinkhorn.privacy.audit): an attack on the
-real mechanism stays within the accountant's ε, and catches two broken mechanisms."""
+"""Empirical privacy audit of the production step (``dpsinkhorn.train.audit``, statistics in
+``dpsinkhorn.privacy.audit``): the Trainer's / sweep's step at the config's sampling rate,
+for all four sanitisers; sound ones stay within the accountant's one-step ε, broken ones
+(noise off, noise ÷ √n, noise ÷ √2) are caught; the CLI fails on an exceeded claim."""
 
 from __future__ import annotations
 
+import json
+import math
+from pathlib import Path
+
+import numpy as np
 import pytest
+import torch
+from scipy.stats import binomtest
 
-from dpsinkhorn.privacy.audit import audit, clopper_pearson_upper
+from dpsinkhorn.privacy import audit as stats
+from dpsinkhorn.privacy.mechanism import ParameterGradientSanitizer
+from dpsinkhorn.train import audit as prod
 
-RELEASES = 10000  # per dataset; the whole file runs in about 20 s on one CPU core
+CONFIGS = {(c.name, c.mechanism): c for c in prod.QUICK}
+
+
+@pytest.fixture(scope="module")
+def results():
+    """Every quick configuration audited once (the whole file: about 30 s on one core)."""
+    return {key: prod.audit(cfg) for key, cfg in CONFIGS.items()}
 
 
 def test_clopper_pearson_upper_bound():
     # no success in n trials: the bound solves (1 - p)^n = alpha
-    assert clopper_pearson_upper(0, 1000, 0.025) == pytest.approx(1 - 0.025 ** (1 / 1000))
-    assert clopper_pearson_upper(1000, 1000, 0.025) == 1.0
-    assert 0.5 < clopper_pearson_upper(50, 100, 0.025) < 0.61
+    assert stats.clopper_pearson_upper(0, 1000, 0.025) == pytest.approx(1 - 0.025 ** (1 / 1000))
+    assert stats.clopper_pearson_upper(1000, 1000, 0.025) == 1.0
+    assert 0.5 < stats.clopper_pearson_upper(50, 100, 0.025) < 0.61
 
 
-@pytest.mark.parametrize("clipping", ["batch", "per_sample"])
-def test_real_mechanism_stays_within_the_claimed_epsilon(clipping):
-    result = audit("real", clipping, RELEASES)
-    # the canary is worst-case: the clipped blocks are a full sensitivity apart
-    assert result["distance_of_clipped_blocks"] == pytest.approx(result["sensitivity_claimed"])
-    assert 0 < result["epsilon_lower_bound_95"] <= result["epsilon_claimed_one_step"]
+def test_bound_of_gaussian_scores_is_below_the_exact_epsilon_and_of_separable_ones_is_cp():
+    rng = np.random.default_rng(0)
+    mu, delta, r = 1.0 / 3.0, 1e-5, 200_000  # Gaussian mechanism with noise multiplier 3
+    bound = stats.epsilon_lower_bound(rng.normal(-mu / 2, 1, r), rng.normal(mu / 2, 1, r), delta)
+    assert 0.3 < bound < stats.one_step_claim(3.0, delta, "pld") == pytest.approx(1.271, abs=1e-3)
+    # perfectly separable: no error in r/2 on either side, cp = CP(0 of r/2 at 97.5%)
+    separable = stats.epsilon_lower_bound(-np.ones(r), np.ones(r), delta)
+    cp = stats.clopper_pearson_upper(0, r // 2, 0.025)
+    assert separable == pytest.approx(math.log((1 - delta - cp) / cp))  # FPR and FNR both ≤ cp
 
 
 @pytest.mark.parametrize(
-    "mechanism, clipping", [("noise_off", "batch"), ("noise_over_sqrt_n", "per_sample")]
+    "name", ["worst/batch", "worst/per_sample", "worst/sweep", "worst/parameter"]
 )
-def test_audit_catches_a_broken_mechanism(mechanism, clipping):
-    result = audit(mechanism, clipping, RELEASES)
-    assert result["epsilon_lower_bound_95"] > result["epsilon_claimed_one_step"]
+def test_sound_sanitisers_stay_within_their_claims(results, name):
+    runs = results[(name, "sound")]
+    assert len(runs) == (2 if name == "worst/sweep" else 1)
+    for r in runs:
+        assert r["passed"] and r["noise_check_passed"] and r["sensitivity_respected"]
+        assert r["steps_debias_rows_differ"] == 0  # released without noise: canary-free
+        assert 0.5 < r["epsilon_certified_95"] <= r["epsilon_claimed_one_step_q1"]
+        # the worst-case canary moves the clipped release by a full sensitivity
+        assert r["distance_min_over_sensitivity"] == pytest.approx(1.0, abs=1e-3)
+        assert r["distance_max_over_sensitivity"] == pytest.approx(1.0, abs=1e-3)
+    if name == "worst/sweep":  # two members, different σ, each audited against its own z
+        assert [r["noise_multiplier_claimed"] for r in runs] == [3.0, 4.0]
+        assert runs[0]["epsilon_claimed_one_step_q1"] > runs[1]["epsilon_claimed_one_step_q1"]
+    expected = "ParameterGradientSanitizer" if name == "worst/parameter" else "ImageGradient"
+    assert runs[0]["sanitizer"].startswith(expected)
+
+
+def test_sharp_configuration_certifies_within_a_factor_1_5_of_the_claim(results):
+    (r,) = results[("worst/batch", "sound")]
+    assert r["epsilon_claimed_one_step_q1"] / r["epsilon_certified_95"] < 1.5
+
+
+@pytest.mark.parametrize(
+    "name, mechanism",
+    [
+        ("worst/batch", "noise_over_sqrt_2"),
+        ("worst/batch", "noise_off"),
+        ("worst/per_sample", "noise_over_sqrt_n"),
+    ],
+)
+def test_broken_sanitisers_are_caught(results, name, mechanism):
+    (r,) = results[(name, mechanism)]
+    assert r["caught"] and r["epsilon_certified_95"] > r["epsilon_claimed_one_step_q1"]
+    assert r["noise_check_passed"]  # caught by the bound, not by the noise check
+
+
+def test_sampling_rate_is_the_configs(results):
+    for (name, _), runs in results.items():
+        cfg = CONFIGS[(name, runs[0]["mechanism"])]
+        for r in runs:
+            assert r["q"] == r["sampler_rate"] == cfg.batch_size / cfg.num_records
+            assert r["epsilon_accountant_one_step_at_q"] < r["epsilon_claimed_one_step_q1"]
+
+
+def test_canary_inclusion_is_the_runs_own_poisson_draw():
+    """The hook reads inclusion from the step's own draws; its frequency is q."""
+    cfg = CONFIGS[("worst/batch", "sound")]
+    trainers, stepper = prod.build_runs(cfg, Path("unused"))
+    hook = prod._CanaryHook(trainers[0].sampler, cfg.num_records - 1)  # wraps the sampler
+    hook.mode, draws, included = "draws", 2000, 0
+    for _ in range(draws):
+        with pytest.raises(prod._CanaryHook.Skip):
+            stepper.forward_backward(trainers)
+        included += int(hook.included[0])
+    assert binomtest(included, draws, cfg.batch_size / cfg.num_records).pvalue > 1e-4
+
+
+def test_a_sound_mechanism_over_its_claim_exits_1(monkeypatch, capsys):
+    monkeypatch.setattr(prod, "one_step_claim", lambda z, delta, accountant: 0.01)
+    args = ["--only", "worst/batch", "--mechanism", "sound", "--releases", "20000"]
+    assert prod.main(args) == 1
+    (line,) = capsys.readouterr().out.splitlines()
+    result = json.loads(line)
+    assert result["passed"] is False and result["epsilon_certified_95"] > 0.01
+    assert result["commit"] and result["config"] == "worst/batch"
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--releases", "10"], "releases ≥ 1000"),
+        (["--only", "nothing"], "no configuration matches"),
+        (["--sharp", "--only", "mnist", "--data-root", "/nonexistent"], "not found"),
+    ],
+)
+def test_bad_input_exits_2_with_one_line(capsys, args, message):
+    assert prod.main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
+
+
+def test_noise_check_rejects_a_sanitiser_whose_noise_is_not_its_noise_std():
+    draws = torch.randn(4, 32, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    distances = torch.ones(4)
+    assert prod._noise_check(draws, distances, 1.0)["noise_check_passed"]
+    assert not prod._noise_check(draws / math.sqrt(2) / 2, distances, 1.0)["noise_check_passed"]
+    assert not prod._noise_check(draws, distances, 0.0)["noise_check_passed"]
+
+
+def test_parameter_sanitiser_clipped_is_its_noise_free_release():
+    sanitizer = ParameterGradientSanitizer(1.0, 2.0, torch.Generator().manual_seed(1))
+    grad = torch.full((10,), 3.0)
+    assert sanitizer.clipped(grad).norm() == pytest.approx(1.0)
+    noise = (sanitizer(grad) - sanitizer.clipped(grad)) / sanitizer.noise_std
+    assert 0.2 < float(noise.std()) < 2.5

@@ -13,7 +13,7 @@ Notation (per training step):
 λ is the Sinkhorn temperature (entropic regularisation; config key ``entropy_reg``),
 unrelated to the privacy budget ε.
 
-**Training path** (``train.trainer``, ``train.sweep``, ``privacy.audit``):
+**Training path** (``train.trainer``, ``train.sweep``, ``train.audit``):
 :func:`semi_debiased_sinkhorn_with_grad` and :func:`semi_debiased_sinkhorn_with_grad_runs`.
 They solve with ``ot.solver``'s fixed-schedule Sinkhorn and return S together with ∇_X S
 in closed form, outside autograd, so the step can clip and noise ∇_X S before it enters
@@ -289,7 +289,7 @@ def semi_debiased_sinkhorn_with_grad(
     compile: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """S of :func:`geomloss_semi_debiased_sinkhorn` and ∇_x S [n + n', D] by the fixed
-    solver (training path: ``train.trainer``, ``privacy.audit``); λ = ``entropy_reg``.
+    solver (training path: ``train.trainer``, ``train.audit``); λ = ``entropy_reg``.
 
     x [n + n', D], y [M, D], y_weights [M] (0/1; all zero: empty real batch). Returns
     (S scalar, ∇_x S); nothing is recorded for autograd.

@@ -23,7 +23,7 @@ wires a model, an optimiser and a data loader:
 
 σ and the number of steps come from ``privacy.budget.budget_of`` (σ and steps given, or solved from
 ``target_epsilon``). Training (``train.trainer.Trainer``), sweeps (a stack of runs,
-:func:`make_private_stack`) and the audit (``privacy.audit``) all build their
+:func:`make_private_stack`) and the audit (``train.audit``) all build their
 mechanism here, so what the ledger charges is what the step runs.
 """
 
@@ -123,13 +123,17 @@ def make_private(
 
 
 def make_private_stack(
-    specs: Sequence[Mapping], num_records: int, device: torch.device
+    specs: Sequence[Mapping],
+    num_records: int,
+    device: torch.device,
+    image_sanitizer: type[ImageGradientSanitizer] = ImageGradientSanitizer,
 ) -> list[PrivateRun]:
     """:func:`make_private` for K runs stepped together (a sweep). Each run keeps its own
     generator (its own key: members never share noise or Poisson draws), sanitiser (its
     Δ, σ, clipping, n') and accountant. The runs must draw real batches of one shape
-    (same n, hence the same q and Poisson capacity): one batched selection serves all."""
-    runs = [make_private(spec, num_records, device) for spec in specs]
+    (same n, hence the same q and Poisson capacity): one batched selection serves all.
+    ``image_sanitizer`` as in :func:`make_private` (only the audit passes another)."""
+    runs = [make_private(spec, num_records, device, image_sanitizer) for spec in specs]
     shapes = {(run.n, run.sampler.capacity) for run in runs}
     if len(shapes) > 1:
         raise ValueError(

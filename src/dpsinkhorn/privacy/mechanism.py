@@ -143,16 +143,23 @@ class ImageGradientSanitizer:
         per_sample = self.clipping == "per_sample"
         return 2.0 * self.clip * (math.sqrt(self.n) if per_sample else 1.0)
 
-    def __call__(self, grad: torch.Tensor) -> torch.Tensor:
-        """Return the sanitised gradient (same shape as ``grad`` [n + n', ...])."""
+    def clipped(self, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The noise-free part of the release: (clipped G[0:n] [n, ...], clipped debiasing
+        rows G[n:n+n'] [n', ...]). The release is ``private + noise_std * N(0, I)``, ``debias``;
+        the audit (``train.audit``) draws many releases from this and :attr:`noise_std`."""
         if grad.shape[0] != self.n + self.n_prime:
             raise ValueError(f"expected {self.n + self.n_prime} rows, got {grad.shape[0]}")
         per_row = self.clipping == "per_sample"
-        private = clip_block(grad[: self.n], self.clip, per_row)
+        return clip_block(grad[: self.n], self.clip, per_row), clip_block(
+            grad[self.n :], self.clip, per_row
+        )
+
+    def __call__(self, grad: torch.Tensor) -> torch.Tensor:
+        """Return the sanitised gradient (same shape as ``grad`` [n + n', ...])."""
+        private, debias = self.clipped(grad)
         noise = torch.randn(
             private.shape, generator=self.generator, device=grad.device, dtype=grad.dtype
         )
-        debias = clip_block(grad[self.n :], self.clip, per_row)
         return torch.cat([private + self.noise_std * noise, debias])
 
 
@@ -195,15 +202,20 @@ class ParameterGradientSanitizer:
         """Noise std / sensitivity = σ."""
         return self.noise_scale
 
-    def __call__(self, grad: torch.Tensor) -> torch.Tensor:
-        """Return clip_Δ(grad) + N(0, (2Δσ)²) elementwise; ``grad`` is a flat vector [P].
+    def clipped(self, grad: torch.Tensor) -> torch.Tensor:
+        """The noise-free part of the release: clip_Δ(grad) [P] (``grad`` flat [P]).
 
         clip_Δ is :func:`clip_block`: non-finite entries count as 0, so the clipped vector
-        has norm ≤ Δ (sensitivity 2Δ) and the release is finite whatever ``grad`` holds.
+        has norm ≤ Δ (sensitivity 2Δ) whatever ``grad`` holds.
         """
         if grad.ndim != 1:
             raise ValueError(f"expected a flat gradient vector, got shape {tuple(grad.shape)}")
-        clipped = clip_block(grad, self.clip, per_row=False)
+        return clip_block(grad, self.clip, per_row=False)
+
+    def __call__(self, grad: torch.Tensor) -> torch.Tensor:
+        """Return clip_Δ(grad) + N(0, (2Δσ)²) elementwise (finite whatever ``grad`` holds);
+        ``grad`` is a flat vector [P]."""
+        clipped = self.clipped(grad)
         noise = torch.randn(
             clipped.shape, generator=self.generator, device=grad.device, dtype=grad.dtype
         )

@@ -39,7 +39,7 @@ from tqdm import tqdm
 from dpsinkhorn import config as config_lib
 from dpsinkhorn.config.identity import SWEEP_SHARED_KEYS, sweep_key
 from dpsinkhorn.devices import resolve_device
-from dpsinkhorn.privacy.factory import make_private_stack
+from dpsinkhorn.privacy.factory import PrivateRun, make_private_stack
 from dpsinkhorn.train.cli import add_training_arguments, run_training_cli
 from dpsinkhorn.train.run import load_train_data
 from dpsinkhorn.train.signals import StopSignal
@@ -62,7 +62,10 @@ class SweepTrainer:
         cuda_graphs: bool = False,
         compile_solver: bool = False,
         precision: str = "fp32",
+        private_runs: Sequence[PrivateRun] | None = None,
     ):
+        """``private_runs``: the members' mechanisms, by default
+        ``make_private_stack(specs, ...)`` (the audit passes its own stack)."""
         if not specs:
             raise ValueError("a sweep needs at least one experiment")
         if precision == "bf16":
@@ -79,7 +82,8 @@ class SweepTrainer:
         # Each run keys its own generator (a fresh secret, or in reproducible mode one
         # from its seed and name): no two members share noise or Poisson draws.
         check_batch_size(specs[0], len(train_labels))
-        private_runs = make_private_stack(specs, len(train_labels), device)
+        if private_runs is None:
+            private_runs = make_private_stack(specs, len(train_labels), device)
         fingerprint = data_fingerprint(train_images, train_labels)  # hashed once
         self.trainers: list[Trainer] = []
         for spec, private_run in zip(specs, private_runs, strict=True):

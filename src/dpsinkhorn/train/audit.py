@@ -1,0 +1,491 @@
+"""Empirical privacy audit of the production training step (issue 22).
+
+``python -m dpsinkhorn.train.audit [--sharp] [--releases R] [--steps S]`` attacks the
+step that training runs, built as training builds it, and prints one JSON line per
+(configuration, sanitiser): commit, configuration, sanitiser, claimed and certified ε.
+Exit 1 if a sound mechanism's certified bound exceeds its claim (or its measured noise or
+sensitivity departs from what it declares); exit 2 on bad input.
+
+What is attacked. For each configuration (:data:`QUICK`, :data:`SHARP`) the audit builds
+an experiment with ``config.make_experiment`` and the real objects from it: the
+mechanism through ``privacy.factory.make_private`` / ``make_private_stack`` (keyed
+generator, Poisson sampler at q = batch_size / N, sanitiser, accountant), then a
+``train.trainer.Trainer`` (one run) or a ``train.sweep.SweepTrainer`` (K ≥ 2 runs with
+different σ), whose ``stepper.forward_backward`` is the step: generator forward, the
+float32 Sinkhorn solve and cost of the config, the sanitised backward. Sanitisers
+covered: image gradient with ``batch`` clipping (sensitivity 2Δ, noise std 2Δσ, noise
+multiplier z = σ), with ``per_sample`` clipping (2Δ√n, 2Δσ, z = σ/√n), a sweep member
+(each run its own σ), and ``perturbation: parameter`` (the whole ∇_θ S clipped to Δ:
+2Δ, 2Δσ, z = σ). Adjacency: add/remove one record; D' = D ∪ {canary}, the canary is the
+last record.
+
+The adversary (white box, knows everything but the bit "canary in D"). Each step draws
+z, labels and the Poisson sample from the run's own generator, exactly as training; a
+hook on the run's ``PoissonSampler.select`` reads whether the canary was drawn (its
+uniform < q) — the inclusion pattern is random at the config's rate. Steps without the
+canary release the same thing from D and D' (checked: identical clipped blocks) and
+carry no information; the hook stops them right after the draws. For a step with the
+canary, the step is run twice from the same generator state: with the canary (D') and
+with its weight set to 0 (D: an unsampled record leaves the step unchanged, as
+``tests/test_step.py`` checks). The release the adversary sees is the sanitiser's output
+(image: what flows into the generator; parameter: the sanitised ∇_θ); the generator
+update is post-processing. Its noise-free parts a (from D) and b (from D') come from the
+sanitiser's own ``clipped``.
+
+Statistic. The release is c + noise_std·ξ, ξ ~ N(0, I), c ∈ {a, b}. Its projection on
+u = (b − a)/‖b − a‖ about the midpoint is ±d/2 + noise_std·N(0, 1) (d = ‖b − a‖): the
+likelihood-ratio statistic of the step, hence the most powerful test (Neyman–Pearson).
+Steps are pooled with the score s·d (the log-likelihood ratio up to a constant factor).
+Vectorised: R releases per dataset are drawn at once, release r from included step
+r mod S, with the sanitiser's own ``noise_std`` and the run's own generator; so that
+this 1-D draw is the sanitiser's noise, every included step also calls the real
+sanitiser ``CHECK_CALLS`` times and the audit requires the projected noise of those
+releases to have variance noise_std² (χ² test at 10⁻⁶) and mean ±d/2.
+Threshold selection and bound: ``privacy.audit.epsilon_lower_bound`` (thresholds on half
+the releases, Clopper–Pearson on the other half, 95%).
+
+What the bound means. Given the canary's inclusion, one step is the Gaussian mechanism
+without subsampling (q = 1) with the sanitiser's noise multiplier; the claim compared
+with is the accountant's ε for exactly that (``privacy.audit.one_step_claim``, the
+config's accountant, δ). A certified ε above it refutes the sensitivity or noise
+calibration of the mechanism actually run. Amplification by Poisson sampling at q and
+composition over T steps are the accountant's (``privacy.accounting``) and not tested
+here; the whole training's ε is the accountant's composition of these steps.
+
+Configurations. ``worst_case``: N − 1 identical grey records (pixel 127) and a white
+canary (255), the generator's last layer set to zero (every generated row the image
+0: a worst-case previous step, reachable as any θ is), cost l2. Every generated row's
+gradient then points away from the batch mean, and the canary flips its sign, so the
+clipped blocks are a full sensitivity apart (d = 2Δ, 2Δ√n): the tight configuration.
+``mnist``: the first N − 1 MNIST training images, the white canary labelled 0, the
+seeded initial generator, the config's default cost: real data, not sharp.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+import torch
+from scipy.stats import chi2
+
+from dpsinkhorn.config import make_experiment
+from dpsinkhorn.data.datasets import load_split, split_path
+from dpsinkhorn.privacy.audit import (
+    IMAGE_MECHANISMS,
+    epsilon_lower_bound,
+    one_step_claim,
+)
+from dpsinkhorn.privacy.factory import make_private, make_private_stack
+from dpsinkhorn.privacy.mechanism import ImageGradientSanitizer, ParameterGradientSanitizer
+from dpsinkhorn.train.step import TrainingStep
+from dpsinkhorn.train.sweep import SweepTrainer
+from dpsinkhorn.train.trainer import Trainer
+
+#: Real sanitiser calls per included step that check the bulk draw's noise law.
+CHECK_CALLS = 32
+#: Two-sided level of that check (χ² on the variance, z on the mean).
+CHECK_LEVEL = 1e-6
+#: Pixel values (uint8) of the worst-case records and of the canary.
+GREY, WHITE = 127, 255
+#: Relative slack on "d ≤ sensitivity" (float32 rounding).
+SENSITIVITY_SLACK = 1e-4
+
+
+class AuditError(ValueError):
+    """Bad audit input or set-up (exit 2)."""
+
+
+@dataclass(frozen=True)
+class AuditConfig:
+    """One audited configuration: data, the experiment settings that differ from the
+    schema defaults, the sanitiser class, and how many canary steps / releases.
+
+    ``sigmas``: one σ per run (K = len; K ≥ 2 is a sweep). ``num_records``: N, the
+    canary included (q = batch_size / N). ``steps``: included steps S per run;
+    ``releases``: R per dataset and run."""
+
+    name: str
+    data: str  # "worst_case" or "mnist"
+    num_records: int
+    batch_size: int
+    sigmas: tuple[float, ...]
+    clipping: str = "batch"
+    perturbation: str = "image"
+    mechanism: str = "sound"  # key of privacy.audit.IMAGE_MECHANISMS
+    clip: float = 1e-4
+    accountant: str = "pld"
+    cost: str | None = "l2"  # None: the schema default
+    channels: tuple[int, ...] = (16, 8, 4)
+    delta: float = 1e-5
+    steps: int = 4
+    releases: int = 2_000_000
+    seed: int = 0
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def sound(self) -> bool:
+        return self.mechanism == "sound"
+
+
+def _worst(name: str, **kw) -> AuditConfig:
+    return AuditConfig(name=name, data="worst_case", **kw)
+
+
+#: z = 3 (σ = 3, or σ = 3√n for per-sample clipping): one step at δ = 1e-5
+#: claims ε = 1.27 (PLD); the √2 slip makes the true z = 3/√2.
+_N = 16  # generated rows n = batch_size (per-sample clipping: z = σ/√n)
+_QUICK_COMMON = {"num_records": 40 * _N, "batch_size": _N, "steps": 2, "releases": 2_000_000}
+#: Gross slips need few releases.
+_QUICK_FEW = {**_QUICK_COMMON, "releases": 200_000}
+QUICK: list[AuditConfig] = [
+    _worst("worst/batch", sigmas=(3.0,), **_QUICK_COMMON),
+    _worst("worst/per_sample", sigmas=(3.0 * math.sqrt(_N),), clipping="per_sample",
+           **_QUICK_COMMON),
+    _worst("worst/sweep", sigmas=(3.0, 4.0), **_QUICK_COMMON),
+    _worst("worst/parameter", sigmas=(3.0,), perturbation="parameter", **_QUICK_COMMON),
+    _worst("worst/batch", sigmas=(3.0,), mechanism="noise_over_sqrt_2", **_QUICK_COMMON),
+    _worst("worst/batch", sigmas=(3.0,), mechanism="noise_off", **_QUICK_FEW),
+    _worst("worst/per_sample", sigmas=(3.0 * math.sqrt(_N),), clipping="per_sample",
+           mechanism="noise_over_sqrt_n", **_QUICK_FEW),
+]  # fmt: skip
+
+#: The paper's rate q = 1/1200 (B = 16 of N = 19,200: the paper's B = 50 of 60,000 gives
+#: the same q; n = 16 keeps the step cheap), more canary steps and releases.
+_SHARP_COMMON = {"num_records": 1200 * _N, "batch_size": _N, "steps": 16, "releases": 4_000_000}
+_MNIST = {"data": "mnist", "cost": None, "clip": 0.5, "accountant": "rdp", "steps": 8,
+          "num_records": 60000, "batch_size": 50, "releases": 1_000_000}  # fmt: skip
+SHARP: list[AuditConfig] = [
+    *(replace(c, **_SHARP_COMMON) for c in QUICK),
+    AuditConfig("mnist/batch", sigmas=(1.0,), **_MNIST),
+    AuditConfig("mnist/per_sample", sigmas=(math.sqrt(50),), clipping="per_sample", **_MNIST),
+    AuditConfig("mnist/sweep", sigmas=(1.0, 1.5), **_MNIST),
+    AuditConfig("mnist/parameter", sigmas=(1.0,), perturbation="parameter", **_MNIST),
+]
+
+
+def _recording(cls: type[ImageGradientSanitizer]) -> type[ImageGradientSanitizer]:
+    """``cls`` that also keeps its last input ∇_X S [n + n', ...] (what the step sanitised)."""
+
+    class Recording(cls):  # type: ignore[misc, valid-type]
+        last_input: torch.Tensor | None = None
+
+        def __call__(self, grad: torch.Tensor) -> torch.Tensor:
+            self.last_input = grad.detach().clone()
+            return super().__call__(grad)
+
+    Recording.__name__ = Recording.__qualname__ = cls.__name__
+    return Recording
+
+
+def build_data(cfg: AuditConfig, data_root: Path) -> tuple[np.ndarray, np.ndarray]:
+    """D' = D ∪ {canary}: images uint8 [N, 28, 28], labels int64 [N]; canary last."""
+    base = cfg.num_records - 1
+    if cfg.data == "worst_case":
+        images = np.full((base, 28, 28), GREY, dtype=np.uint8)
+        labels = np.zeros(base, dtype=np.int64)
+    elif cfg.data == "mnist":
+        try:
+            images, labels = load_split(data_root, "mnist", "train")
+        except FileNotFoundError as error:
+            raise AuditError(f"configuration {cfg.name}: {error}") from None
+        if len(labels) < base:
+            raise AuditError(f"{cfg.name}: needs {base} MNIST records, found {len(labels)}")
+        images, labels = images[:base], labels[:base].astype(np.int64)
+    else:
+        raise AuditError(f"data must be worst_case or mnist, got {cfg.data!r}")
+    canary = np.full((1, 28, 28), WHITE, dtype=np.uint8)
+    return np.concatenate([images, canary]), np.concatenate([labels, [0]])
+
+
+def build_runs(cfg: AuditConfig, data_root: Path) -> tuple[list[Trainer], TrainingStep]:
+    """The runs of ``cfg`` as training builds them (factory, then Trainer / SweepTrainer),
+    and the step that advances them together."""
+    images, labels = build_data(cfg, data_root)
+    settings = {"batch_size": cfg.batch_size, "clip": cfg.clip, "clipping": cfg.clipping,
+                "perturbation": cfg.perturbation, "accountant": cfg.accountant,
+                "delta": cfg.delta, "channels": list(cfg.channels), "steps": 1,
+                "reproducible": True, "seed": cfg.seed, **cfg.extra}  # fmt: skip
+    if cfg.cost is not None:
+        settings["cost"] = cfg.cost
+    specs = [
+        make_experiment(f"audit-{cfg.name}-{cfg.mechanism}-{k}".replace("/", "-"),
+                        dataset="mnist", sigma=sigma, **settings)
+        for k, sigma in enumerate(cfg.sigmas)
+    ]  # fmt: skip
+    sanitizer = _recording(IMAGE_MECHANISMS[cfg.mechanism])
+    cpu = torch.device("cpu")
+    if len(specs) == 1:
+        run = make_private(specs[0], len(labels), cpu, sanitizer)
+        trainers = [Trainer(specs[0], images, labels, cpu, private_run=run)]
+        stepper = trainers[0].stepper
+    else:
+        stack = make_private_stack(specs, len(labels), cpu, sanitizer)
+        sweep = SweepTrainer(specs, images, labels, cpu, private_runs=stack)
+        trainers, stepper = sweep.trainers, sweep.stepper
+    if cfg.data == "worst_case":  # every generated image 0: the adversary's choice of θ
+        with torch.no_grad():
+            for t in trainers:
+                last = [m for m in t.model.modules() if isinstance(m, torch.nn.ConvTranspose2d)]
+                last[-1].weight.zero_()
+                last[-1].bias.zero_()
+    return trainers, stepper
+
+
+class _CanaryHook:
+    """Wraps the first run's ``sampler.select`` (the step's one batched selection):
+    records which runs drew the canary (index ``canary``); ``mode`` "peek" stops a step
+    without the canary after its draws, "draws" stops every step there (only the draws),
+    "out" gives the canary weight 0 (dataset D)."""
+
+    class Skip(Exception):
+        pass
+
+    def __init__(self, sampler, canary: int):
+        self.select, self.rate, self.canary = sampler.select, sampler.rate, canary
+        self.mode, self.included = "peek", torch.zeros(0, dtype=torch.bool)
+        sampler.select = self
+
+    def __call__(self, u: torch.Tensor):
+        indices, weights, overflow = self.select(u)
+        self.included = (u[:, self.canary] < self.rate).cpu()
+        drawn = (indices == self.canary) & (weights > 0)
+        if not torch.equal(drawn.any(-1).cpu(), self.included) and not overflow.any():
+            raise AssertionError("the Poisson buffer disagrees with the canary's uniform")
+        if self.mode == "draws" or (self.mode == "peek" and not self.included.any()):
+            raise self.Skip
+        if self.mode == "out":
+            weights = torch.where(indices == self.canary, torch.zeros_like(weights), weights)
+        return indices, weights, overflow
+
+
+def _query(t: Trainer) -> torch.Tensor:
+    """What run ``t``'s sanitiser received in the last step: ∇_X S [n + n', ...] (image)
+    or the flat ∇_θ S [P] (parameter; ``forward_backward`` leaves it unsanitised)."""
+    if isinstance(t.sanitizer, ParameterGradientSanitizer):
+        return torch.cat([p.grad.reshape(-1) for p in t.model.parameters() if p.requires_grad])
+    return t.sanitizer.last_input
+
+
+def _noise_free(t: Trainer, query: torch.Tensor) -> torch.Tensor:
+    """The part of the release the noise is added to, noise-free, flattened."""
+    if isinstance(t.sanitizer, ParameterGradientSanitizer):
+        return t.sanitizer.clipped(query).double()
+    return t.sanitizer.clipped(query)[0].flatten().double()
+
+
+def _real_releases(t: Trainer, query: torch.Tensor, calls: int) -> torch.Tensor:
+    """``calls`` releases [calls, P] from the sanitiser's own ``__call__``."""
+    out = []
+    for _ in range(calls):
+        release = t.sanitizer(query)
+        out.append(release if release.ndim == 1 else release[: t.n].flatten())
+    return torch.stack(out).double()
+
+
+def collect(
+    cfg: AuditConfig, trainers: list[Trainer], stepper: TrainingStep, max_draws: int
+) -> dict:
+    """Run the step until every run drew the canary ``cfg.steps`` times; per run: the
+    noise-free blocks (a from D, b from D') of each included step, and the projected
+    noise of ``CHECK_CALLS`` real releases per step (normalised: release − b on u)."""
+    hook = _CanaryHook(trainers[0].sampler, cfg.num_records - 1)
+    pairs: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[] for _ in trainers]
+    checks: list[list[torch.Tensor]] = [[] for _ in trainers]
+    draws = identical = debias_differ = 0
+    while min(len(p) for p in pairs) < cfg.steps:
+        if draws >= max_draws:
+            raise AuditError(f"{cfg.name}: fewer than {cfg.steps} canary steps in {draws} draws")
+        draws += 1
+        states = [t.rng.get_state() for t in trainers]
+        hook.mode = "peek"
+        try:
+            stepper.forward_backward(trainers)
+        except _CanaryHook.Skip:
+            continue
+        queries_in = [_query(t).clone() for t in trainers]
+        included = hook.included.clone()
+        for t, state in zip(trainers, states, strict=True):
+            t.rng.set_state(state)
+        hook.mode = "out"
+        stepper.forward_backward(trainers)
+        for k, t in enumerate(trainers):
+            a, b = _noise_free(t, _query(t)), _noise_free(t, queries_in[k])
+            if isinstance(t.sanitizer, ImageGradientSanitizer):  # released without noise
+                debias_differ += not torch.equal(
+                    t.sanitizer.clipped(_query(t))[1], t.sanitizer.clipped(queries_in[k])[1]
+                )
+            if not included[k]:
+                if not torch.equal(a, b):
+                    raise AssertionError(f"{cfg.name}: run {k} differs without the canary")
+                identical += 1
+                continue
+            if len(pairs[k]) < cfg.steps:
+                pairs[k].append((a, b))
+                unit = (b - a) / (b - a).norm()
+                checks[k].append((_real_releases(t, queries_in[k], CHECK_CALLS) - b) @ unit)
+    return {"pairs": pairs, "checks": checks, "draws": draws, "identical": identical,
+            "debias_differ": debias_differ}  # fmt: skip
+
+
+def _noise_check(projected: torch.Tensor, distances: torch.Tensor, noise_std: float) -> dict:
+    """Does the real sanitiser's projected noise have mean 0 and variance noise_std²?
+    ``projected`` [S, CHECK_CALLS]: (release − b)·u of D' releases."""
+    values = projected.flatten()
+    df = values.numel()
+    measured = float(values.pow(2).mean().sqrt())
+    if noise_std == 0:
+        ok = measured <= 1e-6 * float(distances.max())
+    else:
+        ratio = float(values.pow(2).sum()) / noise_std**2
+        lo, hi = chi2.ppf(CHECK_LEVEL / 2, df), chi2.isf(CHECK_LEVEL / 2, df)
+        z_mean = float(values.mean()) / (noise_std / math.sqrt(df))
+        ok = lo <= ratio <= hi and abs(z_mean) < 5.0
+    return {"noise_std_measured": measured, "noise_check_passed": bool(ok)}
+
+
+def audit_run(cfg: AuditConfig, t: Trainer, pairs, checks, rng: torch.Generator) -> dict:
+    """Bulk releases, certified bound and claim for one run."""
+    sanitizer = t.sanitizer
+    a = torch.stack([p[0] for p in pairs])
+    b = torch.stack([p[1] for p in pairs])
+    distances = (b - a).norm(dim=1)  # [S]
+    steps = torch.arange(cfg.releases) % len(pairs)
+    d = distances[steps]
+    std = sanitizer.noise_std
+    noise = torch.randn(2, cfg.releases, generator=rng, dtype=torch.float64)
+    scores_out = ((-d / 2 + std * noise[0]) * d).numpy()  # LLR up to a factor 1/std²
+    scores_in = ((d / 2 + std * noise[1]) * d).numpy()
+    certified = epsilon_lower_bound(scores_out, scores_in, cfg.delta)
+    claimed = one_step_claim(sanitizer.noise_multiplier, cfg.delta, cfg.accountant)
+    sens = sanitizer.sensitivity
+    result = {
+        "sanitizer": type(sanitizer).__name__,
+        "mechanism": cfg.mechanism,
+        "clipping": sanitizer.clipping,
+        "sigma": sanitizer.noise_scale,
+        "noise_multiplier_claimed": sanitizer.noise_multiplier,
+        "q": t.q,
+        "sampler_rate": t.sampler.rate,
+        "sensitivity_claimed": sens,
+        "distance_max_over_sensitivity": float(distances.max()) / sens,
+        "distance_min_over_sensitivity": float(distances.min()) / sens,
+        "noise_std_declared": std,
+        **_noise_check(torch.stack(checks), distances, std),
+        "epsilon_claimed_one_step_q1": claimed,
+        "epsilon_certified_95": certified,
+        "epsilon_accountant_one_step_at_q": t.accountant.epsilon() if t.accountant.steps else None,
+    }
+    result["sensitivity_respected"] = bool(float(distances.max()) <= sens * (1 + SENSITIVITY_SLACK))
+    if cfg.sound:
+        result["passed"] = bool(
+            certified <= claimed
+            and result["noise_check_passed"]
+            and result["sensitivity_respected"]
+        )
+    else:
+        result["caught"] = bool(certified > claimed or not result["noise_check_passed"])
+    return result
+
+
+def commit() -> str:
+    """``git rev-parse --short HEAD`` of this source tree, or "unknown"."""
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=Path(__file__).resolve().parent, capture_output=True, text=True, timeout=10,
+        )  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else "unknown"
+
+
+def audit(
+    cfg: AuditConfig, data_root: Path = Path("data"), max_draws: int | None = None
+) -> list[dict]:
+    """Audit ``cfg``: one result dict per run (K for a sweep)."""
+    if cfg.steps < 1 or cfg.releases < 1000:
+        raise AuditError(f"{cfg.name}: steps must be ≥ 1 and releases ≥ 1000")
+    start = time.perf_counter()
+    torch.manual_seed(cfg.seed)
+    trainers, stepper = build_runs(cfg, data_root)
+    q = trainers[0].q
+    max_draws = max_draws or int(50 * cfg.steps / q + 1000)
+    got = collect(cfg, trainers, stepper, max_draws)
+    results = []
+    for k, t in enumerate(trainers):
+        t.accountant.step()  # the run's ledger for one step at its rate q (context only)
+        res = audit_run(cfg, t, got["pairs"][k], got["checks"][k], t.rng)
+        results.append({"commit": commit(), "config": cfg.name, "data": cfg.data, "run": k,
+                        "runs": len(trainers), "perturbation": cfg.perturbation,
+                        "num_records": cfg.num_records, "batch_size": cfg.batch_size,
+                        "accountant": cfg.accountant, "delta": cfg.delta,
+                        "draws": got["draws"], "canary_steps": cfg.steps,
+                        "steps_debias_rows_differ": got["debias_differ"],
+                        "releases_per_dataset": cfg.releases, **res})  # fmt: skip
+    for r in results:
+        if got["debias_differ"] and r["mechanism"] == "sound":
+            r["passed"] = False  # the rows released without noise depend on the canary
+    elapsed = time.perf_counter() - start
+    for r in results:
+        r["seconds"] = round(elapsed, 1)
+    return results
+
+
+def failed(result: dict) -> bool:
+    """A sound mechanism whose certified ε exceeds its claim (or whose noise or sensitivity
+    departs from what it declares, or whose noise-free debiasing rows depend on the canary)."""
+    return result["mechanism"] == "sound" and not result["passed"]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sharp", action="store_true", help="the sharp configurations")
+    parser.add_argument("--releases", type=int, help="releases per dataset and run")
+    parser.add_argument("--steps", type=int, help="canary steps per run")
+    parser.add_argument("--only", help="configurations whose name contains this")
+    parser.add_argument("--mechanism", choices=sorted(IMAGE_MECHANISMS), help="only this one")
+    parser.add_argument("--data-root", type=Path, default=Path(os.environ.get(
+        "DPSINKHORN_AUDIT_DATA", "data")), help="folder with mnist/train.npz")  # fmt: skip
+    args = parser.parse_args(argv)
+    configs = SHARP if args.sharp else QUICK
+    configs = [
+        c
+        for c in configs
+        if (args.only is None or args.only in c.name)
+        and (args.mechanism is None or c.mechanism == args.mechanism)
+    ]
+    if not configs:
+        print("audit: error: no configuration matches --only / --mechanism", file=sys.stderr)
+        return 2
+    if any(c.data == "mnist" for c in configs):  # refuse before hours of work, not after
+        path = split_path(args.data_root, "mnist", "train")
+        if not path.is_file():
+            print(f"audit: error: {path} not found (give --data-root)", file=sys.stderr)
+            return 2
+    overrides = {
+        k: v for k, v in (("releases", args.releases), ("steps", args.steps)) if v is not None
+    }
+    status = 0
+    try:
+        for cfg in configs:
+            for result in audit(replace(cfg, **overrides), args.data_root):
+                print(json.dumps(result), flush=True)
+                status = 1 if failed(result) else status
+    except AuditError as error:
+        print(f"audit: error: {error}", file=sys.stderr)
+        return 2
+    return status
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
