@@ -96,16 +96,22 @@ def clip_block(block: torch.Tensor, clip: float, per_row: bool) -> torch.Tensor:
     Non-finite entries are set to 0 first (:func:`finite_or_zero`), so the result is
     finite with norm ≤ ``clip`` for every input: the sensitivity bound of the module
     docstring holds even when the solver or the generator returns NaN or inf. A norm
-    that overflows to inf scales the block (or row) to 0.
+    that overflows to inf scales the block (or row) to 0. (The norm is taken of
+    ``block`` itself and replaced by the zero-filled block's only where it is not
+    finite: a reduction over ``block``'s own memory layout keeps a run's bits those of
+    the norm without the check.)
     """
-    block = finite_or_zero(block)
     if block.shape[0] == 0:
         return block
+    finite = finite_or_zero(block)
     if per_row:
-        norms = block.flatten(1).norm(dim=1).view(-1, *([1] * (block.ndim - 1)))
+        norms = block.flatten(1).norm(dim=1)
+        norms = torch.where(norms.isfinite(), norms, finite.flatten(1).norm(dim=1))
+        norms = norms.view(-1, *([1] * (block.ndim - 1)))
     else:
         norms = block.norm()
-    return block * (clip / (norms + 1e-12)).clamp(max=1.0)
+        norms = torch.where(norms.isfinite(), norms, finite.norm())
+    return finite * (clip / (norms + 1e-12)).clamp(max=1.0)
 
 
 class ImageGradientSanitizer:
