@@ -95,8 +95,10 @@ SlurmdDebug=info
 AccountingStorageType=accounting_storage/none
 JobAcctGatherType=jobacct_gather/none
 JobCompType=jobcomp/none
-# Finished jobs stay in squeue for 10 min: the slurm executor polls at most every 3 min.
-MinJobAge=600
+# Finished jobs stay in squeue for 2 h: the slurm executor polls at most every 3 min, and
+# tests/test_slurm.py reads every job of the workflow (scontrol) once it has finished, which
+# on a loaded 2-core machine took over 17 min (jobs older than MinJobAge are forgotten).
+MinJobAge=7200
 # Time limits: SIGTERM at the limit, SIGKILL 10 s later.
 OverTimeLimit=0
 KillWait=10
