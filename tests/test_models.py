@@ -14,7 +14,13 @@ import hashlib
 import pytest
 import torch
 
-from dpsinkhorn.models import DCGAN_LAYERS, ConditionalDCGAN, GeneratorConfig, build_generator
+from dpsinkhorn.models import (
+    DCGAN_LAYERS,
+    ConditionalDCGAN,
+    GeneratorConfig,
+    build_generator,
+    dcgan_widths,
+)
 
 CONFIGS = {
     28: GeneratorConfig(),
@@ -85,12 +91,47 @@ def test_dcgan_loads_an_old_layout_state_dict(size):
 
 def test_dcgan_layer_table():
     for size, layers in DCGAN_LAYERS.items():
-        model = build_generator(GeneratorConfig(image_size=size, channels=(8, 8, 8)))
+        widths = (8,) * dcgan_widths(size)
+        model = build_generator(GeneratorConfig(image_size=size, channels=widths))
         convs = [m for m in model.net if isinstance(m, torch.nn.ConvTranspose2d)]
         assert [(c.kernel_size[0], c.stride[0], c.padding[0]) for c in convs] == list(layers)
-        assert [type(m).__name__ for m in model.net] == ["ConvTranspose2d", "ReLU"] * 3 + [
-            "ConvTranspose2d",
-            "Tanh",
-        ]
-    with pytest.raises(ValueError, match="no dcgan layout for 64x64"):
+        assert [type(m).__name__ for m in model.net] == ["ConvTranspose2d", "ReLU"] * len(
+            widths
+        ) + ["ConvTranspose2d", "Tanh"]
+    with pytest.raises(ValueError, match="no dcgan layout for 48x48"):
+        ConditionalDCGAN(GeneratorConfig(image_size=48))
+    with pytest.raises(
+        ValueError, match=r"channels must list 4 widths at 64x64, got \[256, 128, 64\]"
+    ):
         ConditionalDCGAN(GeneratorConfig(image_size=64))
+
+
+#: The 64x64 DCGAN (added with issue 21; pinned when it was added, not from an older class).
+CONFIG_64 = {
+    1: GeneratorConfig(num_classes=4, channels=(64, 32, 16, 8), image_size=64),
+    3: GeneratorConfig(num_classes=1, channels=(64, 32, 16, 8), out_channels=3, image_size=64),
+}
+FROZEN_64 = {
+    1: (
+        "20b3c104d226f85854cdc1b744bf26827efd195d498ebe4e6ee0b675c9f9018b",
+        "99befb32ea072e7f2dd866385a02d277307c76b368561ae26dd86d215f82a6b0",
+    ),
+    3: (
+        "06cb495ce591deb4b598e6fd0bd2f8e0c1b6ff1104fcc3355dd2f601fb86342a",
+        "9c3057e5354dc9002f303682d13ffbf30f2182cd4c9a895147317f3a78ea8162",
+    ),
+}
+
+
+@pytest.mark.parametrize("out_channels", [1, 3])
+def test_dcgan_64_shapes_and_frozen_hashes(out_channels):
+    config = CONFIG_64[out_channels]
+    torch.manual_seed(1234)
+    model = build_generator(config)
+    assert type(model) is ConditionalDCGAN
+    z, labels = model.sample_inputs(5, generator=torch.Generator().manual_seed(3))
+    images = model(z, labels)
+    assert images.shape == (5, out_channels, 64, 64)
+    assert images.abs().max() <= 1
+    assert state_sha(model) == FROZEN_64[out_channels][0]
+    assert output_sha(model) == FROZEN_64[out_channels][1]

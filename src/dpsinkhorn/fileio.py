@@ -208,6 +208,21 @@ def channels_last(images: np.ndarray, where: str) -> np.ndarray:
     return images[..., None] if images.ndim == 3 else images
 
 
+def check_class_names(names, where: str) -> tuple[str, ...]:
+    """``names`` as a tuple, refused (ValueError naming ``where`` and the name) unless one or
+    more distinct non-empty strings usable as a folder name (no path separator, not . or ..)."""
+    names = tuple(names) if not isinstance(names, str) else (names,)
+    if not names:
+        raise ValueError(f"{where}: no class names given (need at least one)")
+    for name in names:
+        if not isinstance(name, str) or name in ("", ".", "..") or any(c in name for c in "/\\\0"):
+            raise ValueError(f"{where}: class name {name!r} is not usable as a folder name")
+    if len(set(names)) != len(names):
+        dup = next(n for n in names if names.count(n) > 1)
+        raise ValueError(f"{where}: class name {dup!r} is given twice")
+    return names
+
+
 def check_samples(images: np.ndarray, labels: np.ndarray, where: str) -> None:
     """Raise ``ValueError`` naming ``where`` unless the arrays follow the sample contract."""
     check_images(images, where)

@@ -1,8 +1,8 @@
 """Generators of the paper (appendix D.3): conditional DCGAN and BigGAN-style.
 
 ``build_generator(GeneratorConfig)`` picks the class from ``architecture`` and
-``image_size``: the DCGAN (:class:`ConditionalDCGAN`) at 28x28 (MNIST, Fashion-MNIST) or
-32x32 (CelebA, Table 6), and the BigGAN-style residual generator at 32x32
+``image_size``: the DCGAN (:class:`ConditionalDCGAN`) at 28x28 (MNIST, Fashion-MNIST),
+32x32 (CelebA, Table 6) or 64x64 (your own images), and the BigGAN-style residual generator at 32x32
 (:class:`ConditionalBigGAN`, CelebA). ``GeneratorConfig.to_dict()`` is stored in
 generator.pt, so a saved generator names its own architecture.
 
@@ -23,7 +23,13 @@ convolutions (``DCGAN_LAYERS`` holds their kernel, stride and padding per image 
         28x28 -> 28x28                           16x16 -> 32x32
 
 with ReLU between layers and tanh at the output, so images lie in [-1, 1]. The paper's
-MNIST / Fashion-MNIST widths are (c1, c2, c3) = (256, 128, 64).
+MNIST / Fashion-MNIST widths are (c1, c2, c3) = (256, 128, 64). At 64x64 (your own
+images; not in the paper) it is the standard DCGAN stack of five transposed
+convolutions, 1x1 -> 4x4 (k4, s1, p0) then four doublings (k4, s2, p1) to 64x64, with
+four widths (c1, c2, c3, c4), e.g. (512, 256, 128, 64).
+
+An unconditional generator (experiment key ``conditional: false``) is the same network
+with ``num_classes = 1``: its label is always 0, so the embedding is a learned constant.
 """
 
 from __future__ import annotations
@@ -62,7 +68,14 @@ class GeneratorConfig:
 DCGAN_LAYERS: dict[int, tuple[tuple[int, int, int], ...]] = {
     28: ((7, 1, 0), (4, 2, 1), (4, 2, 1), (3, 1, 1)),
     32: ((4, 1, 0), (4, 2, 1), (4, 2, 1), (4, 2, 1)),
+    # The standard DCGAN stack (Radford et al. 2016): 1 -> 4 -> 8 -> 16 -> 32 -> 64.
+    64: ((4, 1, 0), (4, 2, 1), (4, 2, 1), (4, 2, 1), (4, 2, 1)),
 }
+
+
+def dcgan_widths(image_size: int) -> int:
+    """How many hidden widths (``channels``) the DCGAN at this image size takes."""
+    return len(DCGAN_LAYERS[image_size]) - 1
 
 
 class ConditionalDCGAN(nn.Module):
@@ -71,10 +84,14 @@ class ConditionalDCGAN(nn.Module):
 
     def __init__(self, config: GeneratorConfig = GeneratorConfig()):
         super().__init__()
-        if len(config.channels) != 3:
-            raise ValueError(f"channels must list 3 widths, got {list(config.channels)}")
         if config.image_size not in DCGAN_LAYERS:
             raise ValueError(f"no dcgan layout for {config.image_size}x{config.image_size} images")
+        widths_needed = dcgan_widths(config.image_size)
+        if len(config.channels) != widths_needed:
+            raise ValueError(
+                f"channels must list {widths_needed} widths at {config.image_size}x"
+                f"{config.image_size}, got {list(config.channels)}"
+            )
         self.config = config
         # The embedding is created (and initialised from the global RNG) before the
         # convolutions: that order is what makes a seeded generator reproducible.
@@ -187,6 +204,7 @@ class ConditionalBigGAN(nn.Module):
 GENERATORS = {
     ("dcgan", 28): ConditionalDCGAN,
     ("dcgan", 32): ConditionalDCGAN,
+    ("dcgan", 64): ConditionalDCGAN,
     ("biggan", 32): ConditionalBigGAN,
 }
 

@@ -29,8 +29,21 @@ TABLE_ROWS = {
 }
 #: Table 6 compares generators: its DP rows need this ``generator``.
 TABLE6_GENERATOR = {"dcgan": "dcgan", "biggan": "biggan"}
-#: Generator widths (``channels``) each architecture takes.
-GENERATOR_WIDTHS = {"dcgan": 3, "biggan": 4}
+#: Generator widths (``channels``) each architecture takes, per image size (as
+#: ``models.DCGAN_LAYERS`` / ``models.GENERATORS`` build them).
+GENERATOR_WIDTHS = {"dcgan": {28: 3, 32: 3, 64: 4}, "biggan": {32: 4}}
+
+
+def generator_widths(generator: str, image_size: int | None = None) -> tuple[int, ...]:
+    """How many ``channels`` the generator may take at ``image_size`` (None: not known
+    from the config, e.g. arrays given to the Python API: any of its sizes; the
+    generator itself then refuses a wrong count for the data's size)."""
+    by_size = GENERATOR_WIDTHS[generator]
+    if image_size in by_size:
+        return (by_size[image_size],)
+    return tuple(sorted(set(by_size.values())))
+
+
 #: Where the smoke run's synthetic CelebA source goes, under data_dir (``celeba_fixture``).
 FIXTURE_SOURCE = "celeba_source"
 

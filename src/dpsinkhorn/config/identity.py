@@ -37,7 +37,12 @@ NON_SEMANTIC_KEYS = (
 #: Settings added after experiments had been trained, with the value that reproduces
 #: the earlier behaviour. At that value they are left out of :func:`experiment_spec_of`,
 #: so adding them changed neither the spec (no Snakemake retraining) nor checkpoint hashes.
-IMPLICIT_DEFAULTS = {"perturbation": "image", "cost": "mixed", "epsilon_convention": "sound"}
+IMPLICIT_DEFAULTS = {
+    "perturbation": "image",
+    "cost": "mixed",
+    "epsilon_convention": "sound",
+    "conditional": True,
+}
 
 
 def experiment_spec_of(spec: Mapping) -> str:
@@ -63,6 +68,7 @@ SWEEP_SHARED_KEYS = (
     "channels",
     "batch_size",
     "alpha_c",
+    "conditional",
     "entropy_reg",
     "sinkhorn_scaling",
     "cost",
@@ -71,6 +77,4 @@ SWEEP_SHARED_KEYS = (
 
 def sweep_key(spec: Mapping) -> tuple:
     """What must be equal for two experiments to train in one sweep."""
-    return tuple(
-        json.dumps(spec.get(key, "mixed" if key == "cost" else None)) for key in SWEEP_SHARED_KEYS
-    )
+    return tuple(json.dumps(spec.get(key, IMPLICIT_DEFAULTS.get(key))) for key in SWEEP_SHARED_KEYS)

@@ -43,6 +43,7 @@ class ExperimentSpec:
     entropy_reg: float
     sinkhorn_scaling: float
     alpha_c: float  # weight of the one-hot label features
+    conditional: bool  # False: one class, no label term in the cost, real labels never read
     # Generator
     generator: str  # dcgan | biggan
     latent_dim: int
@@ -66,7 +67,9 @@ class ExperimentSpec:
         """From a validated experiment dict (keys beyond the fields are ignored); a missing
         setting is a ValueError naming it."""
         missing = [
-            key for key in cls.__dataclass_fields__ if key not in spec and key != "generator"
+            key
+            for key in cls.__dataclass_fields__
+            if key not in spec and key not in ("generator", "conditional")
         ]
         if missing:
             raise ValueError(
@@ -83,6 +86,8 @@ class ExperimentSpec:
                 "betas": tuple(spec["betas"]),
                 # The schema gives no default (a CelebA experiment names its generator).
                 "generator": spec.get("generator", "dcgan"),
+                # Added with issue 21; an experiment dict from before it is conditional.
+                "conditional": bool(spec.get("conditional", True)),
                 "latent_dim": int(spec["latent_dim"]),
                 "embed_dim": int(spec["embed_dim"]),
                 "channels": tuple(spec["channels"]),

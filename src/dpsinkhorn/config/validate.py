@@ -28,12 +28,12 @@ import yaml
 from dpsinkhorn.config import studies
 from dpsinkhorn.config.cluster import cluster_errors
 from dpsinkhorn.config.experiments import (
-    GENERATOR_WIDTHS,
     TABLE1_ROWS,
     TABLE6_GENERATOR,
     TABLE_ROWS,
     experiment,
     experiment_names,
+    generator_widths,
 )
 from dpsinkhorn.config.identity import deep_merge
 
@@ -297,12 +297,17 @@ def _celeba_errors(config: dict, exp: dict, at: list, seen: dict) -> list[tuple[
     """Generator widths, and the Table 3 / Table 6 rows of one experiment."""
     errors = []
     generator = exp.get("generator") or "dcgan"
-    widths = GENERATOR_WIDTHS[generator]
-    if exp["method"] != "real_data" and len(exp["channels"]) != widths:
+    # A dataset declared in the config (``datasets:``) names its image size; the paper's
+    # datasets are 28x28 or 32x32.
+    declared = ((config.get("datasets") or {}).get(exp["dataset"]) or {}).get("image_size")
+    widths = generator_widths(generator, declared)
+    if exp["method"] != "real_data" and len(exp["channels"]) not in widths:
+        size = f" at {declared}x{declared}" if declared else ""
+        count = " or ".join(map(str, widths))
         errors.append(
             (
                 at + ["channels"],
-                f"generator {generator} needs {widths} widths, got {exp['channels']}",
+                f"generator {generator} needs {count} widths{size}, got {exp['channels']}",
             )
         )
     if generator == "biggan" and exp["dataset"] != "celeba":

@@ -8,8 +8,9 @@ only through the sanitised gradient (``privacy.mechanism``) or not at all:
 
 * ``generator.pt`` (:func:`generator_payload`): the generator's weights and what rebuilds
   it (``model_config``, ``dataset``, ``num_classes``, ``image_shape``, ``experiment``,
-  ``steps``). The weights are the mechanism's output: every step's private-data gradient
-  is clipped and noised before it reaches them, and the optimiser only post-processes
+  ``steps``; ``class_names`` when the caller declared them, ``conditional: false`` for an
+  unconditional generator). The weights are the mechanism's output: every step's
+  private-data gradient is clipped and noised before it reaches them, and the optimiser only post-processes
   it. The other keys are the settings and the dataset's public format (the class count
   comes from the dataset's catalogue entry, not from the private labels). Its bytes are
   deterministic.
@@ -74,6 +75,13 @@ def generator_payload(trainer: Trainer) -> bytes:
         "experiment": trainer.settings.name,
         "steps": trainer.step_count,
     }
+    # Added with issue 21, only where they say something (earlier payloads keep their bytes):
+    # the declared class names (public: given by the caller, not read from the data) and
+    # an unconditional generator's flag.
+    if trainer.classes_declared:
+        generator["class_names"] = list(trainer.class_names)
+    if not trainer.conditional:
+        generator["conditional"] = False
     return torch_bytes(generator)
 
 

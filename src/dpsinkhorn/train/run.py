@@ -35,11 +35,13 @@ def train(
     cuda_graphs: bool = False,
     compile_solver: bool = False,
     precision: str = "fp32",
+    classes: Sequence[str] | None = None,
 ) -> dict:
     """Train one experiment into ``out_dir``; returns the privacy record.
 
     The private data is ``<data_dir>/<dataset>/train.npz``, or ``train_data`` =
-    (images uint8 [N,28,28] or [N,28,28,C], labels int64 [N]) for your own data.
+    (images uint8 [N,S,S] or [N,S,S,C], S in 28, 32, 64, C in 1, 3; labels int64 [N])
+    for your own data.
     Writes generator.pt, privacy.json and train_log.csv; checkpoints go to
     ``out_dir/private_workspace/``, deleted on completion unless ``keep_private_workspace``
     (then the final checkpoint lets a finished run rerun in seconds). ``stop_after`` ends
@@ -47,11 +49,16 @@ def train(
     ``Preempted``. ``cuda_graphs`` replays the step from a CUDA graph (CUDA devices only,
     see ``GraphedStep``); ``compile_solver`` runs the Sinkhorn iterations through
     ``torch.compile`` (``ot._compiled_iterations``); ``precision`` is the generator's
-    arithmetic (``models.GeneratorPrecision``: fp32, tf32, bf16).
+    arithmetic (``models.GeneratorPrecision``: fp32, tf32, bf16). ``classes``: the
+    declared class names of ``train_data`` (the generator gets their count and
+    generator.pt their names; a label outside them is refused); None: the classes of the
+    catalogue's ``dataset``. Never counted from the labels.
     """
     images, labels = load_train_data(spec, data_dir, train_data)
     device = resolve_device(device)
-    trainer = Trainer(spec, images, labels, device, cuda_graphs, compile_solver, precision)
+    trainer = Trainer(
+        spec, images, labels, device, cuda_graphs, compile_solver, precision, classes=classes
+    )
     run = RunFiles(trainer, out_dir)
     bar = tqdm(
         total=trainer.total_steps,

@@ -56,7 +56,7 @@ class Trainer(Protocol):
     sanitizer: ImageGradientSanitizer | ParameterGradientSanitizer | None
     precision: GeneratorPrecision
     real: torch.Tensor  # [N, D] real features on the device
-    num_classes: int
+    feature_classes: int  # one-hot label columns of the cost (0: unconditional)
     diameter: float  # the feature bound that fixes the solver's schedule
     cost: str
     compile_solver: bool
@@ -205,7 +205,7 @@ class TrainingStep:
         x = conditional_features(
             images.detach().float().flatten(0, 1),
             labels.flatten(),
-            first.num_classes,
+            first.feature_classes,
             settings.alpha_c,
         )  # [K * rows, D]
         # The Poisson sample Y_k: the buffer's rows of weight 1. Rows of weight 0 (records

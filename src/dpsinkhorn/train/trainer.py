@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -26,6 +27,7 @@ from dpsinkhorn import config as config_lib
 from dpsinkhorn.config.spec import ExperimentSpec
 from dpsinkhorn.data import datasets as data
 from dpsinkhorn.data.catalog import dataset_info
+from dpsinkhorn.fileio import check_class_names
 from dpsinkhorn.models import GeneratorConfig, GeneratorPrecision, build_generator
 from dpsinkhorn.ot.loss import conditional_features, feature_diameter
 from dpsinkhorn.privacy.factory import PrivateRun, make_private
@@ -61,6 +63,25 @@ def check_batch_size(spec: dict, num_records: int) -> None:
         )
 
 
+def declared_classes(dataset: str, classes: Sequence[str] | None) -> tuple[str, ...]:
+    """The class names a run trains on: ``classes`` as declared (checked: one or more
+    distinct names usable as folder names), else the dataset's catalogue entry."""
+    if classes is None:
+        return dataset_info(dataset).class_names
+    return check_class_names(classes, "classes")
+
+
+def check_labels(labels: np.ndarray, class_names: Sequence[str], name: str) -> None:
+    """Refuse (ValueError naming the value) a label outside [0, len(class_names))."""
+    labels = np.asarray(labels)
+    bad = labels[(labels < 0) | (labels >= len(class_names))]
+    if len(bad):
+        raise ValueError(
+            f"experiment {name}: training label {int(bad[0])} is outside the "
+            f"{len(class_names)} declared classes (labels 0..{len(class_names) - 1})"
+        )
+
+
 class Trainer:
     """Holds the state of one training run and performs single steps.
 
@@ -69,7 +90,8 @@ class Trainer:
     what the step reads). ``private_run``: the run's mechanism from
     ``privacy.factory.make_private`` (built here when not given; a sweep gives its own).
     ``fingerprint`` and ``real_features`` let a sweep hash the data and put its
-    features on the device once for all its runs.
+    features on the device once for all its runs. ``classes``: the declared class names
+    (their count is the generator's; None: the dataset's catalogue entry).
     """
 
     def __init__(
@@ -84,6 +106,7 @@ class Trainer:
         fingerprint: str | None = None,
         real_features: torch.Tensor | None = None,
         private_run: PrivateRun | None = None,
+        classes: Sequence[str] | None = None,
     ):
         # ``experiment``: the validated dict, what spec_hash hashes; ``settings``: the same,
         # read once into a typed record (what the step reads).
@@ -93,7 +116,7 @@ class Trainer:
         self.cuda_graphs = cuda_graphs and device.type == "cuda"
         self.compile_solver = compile_solver  # torch.compile the Sinkhorn iterations
         self.precision = GeneratorPrecision(precision, device)  # the generator's arithmetic
-        num_records = len(train_labels)
+        num_records = len(train_images)
         check_batch_size(spec, num_records)
         # The run's generator (z, labels, Poisson draws, noise), sampler, sanitiser and
         # accountant, all from the one factory (a sweep passes its members' own).
@@ -106,14 +129,22 @@ class Trainer:
             self.private_run.q,
         )
         self.total_steps = self.private_run.total_steps
-        # From the dataset's definition, never from the private labels (a label held by
-        # one record would change the embedding's shape).
-        self.num_classes = dataset_info(settings.dataset).num_classes
-        if len(train_labels) and (train_labels.min() < 0 or train_labels.max() >= self.num_classes):
-            raise ValueError(
-                f"experiment {settings.name}: training labels must lie in "
-                f"[0, {self.num_classes}) for dataset {settings.dataset}"
-            )
+        # The classes come from their declaration (``classes``, else the dataset's catalogue
+        # entry), never from the private labels (a label held by one record would change
+        # the embedding's shape). Unconditional (``conditional: false``): one class, and
+        # the real labels are replaced by zeros here, before anything reads them.
+        self.conditional = settings.conditional
+        self.class_names = declared_classes(settings.dataset, classes)
+        self.classes_declared = classes is not None  # then generator.pt names them
+        if self.conditional:
+            self.num_classes = len(self.class_names)
+            check_labels(train_labels, self.class_names, settings.name)
+        else:
+            self.num_classes = 1
+            train_labels = np.zeros(num_records, dtype=np.int64)
+        # Columns α_c · onehot(label) of the cost: none for an unconditional generator.
+        self.feature_classes = self.num_classes if self.conditional else 0
+        alpha_c = settings.alpha_c if self.conditional else 0.0
         self.private = settings.private
         self.reproducible = settings.reproducible
         self.fingerprint = fingerprint or data_fingerprint(train_images, train_labels)
@@ -123,10 +154,10 @@ class Trainer:
         labels = torch.as_tensor(train_labels, device=device)
         self.image_shape = tuple(images.shape[1:])
         if real_features is None:
-            real_features = conditional_features(images, labels, self.num_classes, settings.alpha_c)
+            real_features = conditional_features(images, labels, self.feature_classes, alpha_c)
         self.real = real_features
         self.cost = settings.cost
-        self.diameter = feature_diameter(images[0].numel(), settings.alpha_c, self.cost)
+        self.diameter = feature_diameter(images[0].numel(), alpha_c, self.cost)
 
         torch.manual_seed(settings.seed)
         self.model_config = GeneratorConfig(
