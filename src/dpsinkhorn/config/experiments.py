@@ -146,6 +146,16 @@ def classifiers_of(config: Mapping, dataset: str) -> list[str]:
     return list(evaluation["classifiers_by_dataset"].get(dataset, evaluation["classifiers"]))
 
 
+def experiment_classifiers(config: Mapping, name: str) -> list[str]:
+    """The classifiers trained on one experiment's samples: its dataset's
+    (:func:`classifiers_of`), none for an unconditional generator (``conditional: false``:
+    its samples have no labels; only FID evaluates it)."""
+    exp = experiment(config, name)
+    if exp.get("conditional", True) is False:
+        return []
+    return classifiers_of(config, exp["dataset"])
+
+
 def all_classifiers(config: Mapping) -> list[str]:
     """Every classifier used by any experiment (the ``model`` wildcard's values)."""
     return list(dict.fromkeys(m for d in datasets(config) for m in classifiers_of(config, d)))

@@ -26,9 +26,8 @@ from pathlib import Path
 
 from dpsinkhorn.config.experiments import (
     TABLE_ROWS,
-    classifiers_of,
-    dataset_of,
     experiment,
+    experiment_classifiers,
     figure_datasets,
     figure_experiment,
     needs_training,
@@ -82,13 +81,13 @@ PathLike = str | os.PathLike
 
 
 def evaluation_files(config: Mapping, results: PathLike, experiments: Iterable[str]) -> list[str]:
-    """FID and classifier result files of every seed of these experiments."""
+    """FID and classifier result files of every seed of these experiments (no classifier
+    files for an unconditional one: ``experiment_classifiers``)."""
     results = Path(results)
     return [
         str(results / exp / f"{metric}_seed{seed}.json")
         for exp in dict.fromkeys(experiments)
-        for metric in ["fid"]
-        + [f"acc_{m}" for m in classifiers_of(config, dataset_of(config, exp))]
+        for metric in ["fid"] + [f"acc_{m}" for m in experiment_classifiers(config, exp)]
         for seed in config["seeds"]
     ]
 

@@ -1,5 +1,9 @@
 """Synthetic datasets: balanced labelled samples from a trained generator.
 
+``dpsinkhorn sample`` writes them as a sample file (npz), and on request as a PNG grid
+(``--png-grid``) and a folder per class (``--png-dir``; ``evaluate.pngs``). Samples of an
+unconditional generator are labelled -1.
+
 Also draws the "Real data" rows' samples, a seeded subset of the real training
 set, so that every Table 1 row is evaluated by the same FID and classifier code.
 """
@@ -13,8 +17,10 @@ import numpy as np
 import torch
 
 from dpsinkhorn.data import datasets as data
+from dpsinkhorn.data.catalog import DATASETS
 from dpsinkhorn.devices import resolve_device
-from dpsinkhorn.fileio import load_samples, save_samples
+from dpsinkhorn.evaluate.pngs import UNCONDITIONAL_FOLDER, save_png_dir, save_png_grid
+from dpsinkhorn.fileio import check_class_names, load_samples, save_samples
 from dpsinkhorn.models import GeneratorConfig, build_generator
 
 
@@ -42,12 +48,29 @@ def read_generator_file(path: Path) -> dict:
     return state
 
 
+def generator_classes(state: dict) -> tuple[bool, tuple[str, ...]]:
+    """(conditional, class names) of a generator.pt's dict: the declared ``class_names``,
+    else the catalogue's names of its ``dataset``, else "0", "1", ...; an unconditional
+    generator (``conditional: false``) has the one class ``unconditional``."""
+    if state.get("conditional", True) is False:
+        return False, (UNCONDITIONAL_FOLDER,)
+    num_classes = GeneratorConfig.from_dict(state["model_config"]).num_classes
+    names = state.get("class_names")
+    if names is None and state.get("dataset") in DATASETS:
+        names = DATASETS[state["dataset"]].class_names
+    if names is None or len(names) != num_classes:
+        names = [str(k) for k in range(num_classes)]
+    return True, check_class_names(names, "generator.pt class_names")
+
+
 def load_generator(path: Path, device: torch.device) -> torch.nn.Module:
     """Load generator.pt written by ``dpsinkhorn train`` (any architecture of ``models``);
-    read safely (:func:`read_generator_file`: no code in the file runs)."""
+    read safely (:func:`read_generator_file`: no code in the file runs). The model gets
+    ``conditional`` and ``class_names`` attributes (:func:`generator_classes`)."""
     state = read_generator_file(path)
     model = build_generator(GeneratorConfig.from_dict(state["model_config"])).to(device)
     model.load_state_dict(state["state_dict"])
+    model.conditional, model.class_names = generator_classes(state)
     return model.eval()
 
 
@@ -62,7 +85,11 @@ def balanced_labels(num: int, num_classes: int, rng: np.random.Generator) -> np.
 def sample_generator(
     model: torch.nn.Module, num: int, seed: int, batch_size: int = 5000
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Draw ``num`` samples with balanced labels: images uint8 [N,H,W(,C)], labels int64 [N]."""
+    """Draw ``num`` samples with balanced labels: images uint8 [N,H,W(,C)], labels int64 [N].
+
+    An unconditional generator (``model.conditional`` False, set by :func:`load_generator`)
+    is fed its one class 0 and its samples are labelled -1 (no class: the classifiers
+    are not trained on them)."""
     device = next(model.parameters()).device
     labels = balanced_labels(num, model.config.num_classes, np.random.default_rng(seed))
     gen = torch.Generator(device=device).manual_seed(seed)
@@ -72,6 +99,8 @@ def sample_generator(
         z = torch.rand(len(y), model.config.latent_dim, generator=gen, device=device)
         chunks.append(data.from_unit_range(model(z, y)))
     images = np.concatenate(chunks) if chunks else np.zeros((0, 28, 28), np.uint8)
+    if not getattr(model, "conditional", True):
+        labels = np.full(num, -1, np.int64)
     return images, labels
 
 
@@ -91,6 +120,15 @@ def register_cli(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, required=True)
     p.add_argument("--out", required=True, help="samples_seed<k>.npz")
     p.add_argument("--device", default="auto")
+    p.add_argument(
+        "--png-grid",
+        help="also write a PNG grid: a row per class (unconditional: rows of --png-per-class)",
+    )
+    p.add_argument("--png-per-class", type=int, default=10, help="grid columns (default 10)")
+    p.add_argument(
+        "--png-dir",
+        help="also write DIR/<class name>/<i>.png (unconditional: DIR/unconditional/<i>.png)",
+    )
     p.set_defaults(handler=_cli_sample)
 
     r = subparsers.add_parser("sample-real", help="a seeded subset of the real training set")
@@ -104,10 +142,18 @@ def register_cli(subparsers: argparse._SubParsersAction) -> None:
 def _cli_sample(args: argparse.Namespace) -> int:
     if args.num < 1:
         raise ValueError(f"--num must be positive, got {args.num}")
+    if args.png_per_class < 1:
+        raise ValueError(f"--png-per-class must be positive, got {args.png_per_class}")
     model = load_generator(Path(args.generator), resolve_device(args.device))
     images, labels = sample_generator(model, args.num, args.seed)
     save_samples(args.out, images, labels)
     print(f"wrote {len(labels)} samples to {args.out}")
+    if args.png_grid:
+        save_png_grid(args.png_grid, images, labels, len(model.class_names), args.png_per_class)
+        print(f"wrote a PNG grid to {args.png_grid}")
+    if args.png_dir:
+        files = save_png_dir(args.png_dir, images, labels, model.class_names)
+        print(f"wrote {len(files)} PNG files under {args.png_dir}")
     return 0
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from dpsinkhorn import fileio
-from dpsinkhorn.config import classifiers_of, experiment, load_config
+from dpsinkhorn.config import experiment, experiment_classifiers, load_config
 from dpsinkhorn.data.catalog import DATASETS
 
 METRICS = ("fid", "acc_logreg", "acc_mlp", "acc_cnn")
@@ -38,6 +38,8 @@ CSV_COLUMNS = (
     "acc_cnn_std",
     "source",
 )
+#: A classifier cell of an unconditional generator (its samples have no labels).
+UNCONDITIONAL_CELL = "n/a (unconditional)"
 #: Row sources: measured by this run, or copied from the paper.
 THIS_RUN, REPORTED = "this run", "reported in paper"
 
@@ -86,6 +88,7 @@ class Row:
     seeds: int = 0
     privacy: dict = field(default_factory=dict)  # our DP rows: the privacy.json ledger
     counts: dict[str, int] = field(default_factory=dict)  # results sets: seeds per metric
+    unconditional: bool = False  # our rows: no labels, so no classifier cells
 
 
 # ---------------------------------------------------------------------- reading
@@ -149,7 +152,8 @@ def measured_row(
     dataset, exp_dir, seeds = spec["dataset"], results_dir / name, config["seeds"]
     row = Row(label, dataset, THIS_RUN, exp_name=name, seeds=len(seeds))
     per_metric = {"fid": [read_number(exp_dir / f"fid_seed{s}.json", "fid") for s in seeds]}
-    for model in classifiers_of(config, dataset):
+    row.unconditional = spec.get("conditional", True) is False
+    for model in experiment_classifiers(config, name):
         per_metric[f"acc_{model}"] = [
             accuracy_percent(exp_dir / f"acc_{model}_seed{s}.json") for s in seeds
         ]
@@ -229,6 +233,8 @@ def to_csv(rows: Sequence[Row], metrics: Sequence[str] = METRICS) -> str:
 def cell_text(row: Row, metric: str, pm: str = " ± ", latex: bool = False) -> str:
     """A metric cell: mean (± std with several seeds), then ``(paper X)`` in Markdown."""
     mean = row.mean.get(metric)
+    if mean is None and row.unconditional and metric.startswith("acc_"):
+        return UNCONDITIONAL_CELL if not latex else "n/a"
     if mean is None:
         return "–" if not latex else "--"
     text = f"{mean:g}" if row.source == REPORTED else f"{mean:.1f}"  # reported: as printed

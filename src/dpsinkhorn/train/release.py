@@ -10,9 +10,10 @@ only through the sanitised gradient (``privacy.mechanism``) or not at all:
   it (``model_config``, ``dataset``, ``num_classes``, ``image_shape``, ``experiment``,
   ``steps``; ``class_names`` when the caller declared them, ``conditional: false`` for an
   unconditional generator). The weights are the mechanism's output: every step's
-  private-data gradient is clipped and noised before it reaches them, and the optimiser only post-processes
-  it. The other keys are the settings and the dataset's public format (the class count
-  comes from the dataset's catalogue entry, not from the private labels). Its bytes are
+  private-data gradient is clipped and noised before it reaches them, and the optimiser
+  only post-processes it. The other keys are the settings and the dataset's public format
+  (the class count comes from the declared classes or the dataset's catalogue entry, never
+  from the private labels). Its bytes are
   deterministic.
 * ``privacy.json`` (:func:`privacy_record`): the ledger itself: the mechanism, its
   parameters (q, batch size, n', σ, clip, sensitivity, Poisson buffer capacity), ε and
