@@ -1,0 +1,178 @@
+"""The Python API (README "Python API", run as written), 64x64 and unconditional training,
+declared classes, and the PNG outputs of ``api.save_pngs`` and ``dpsinkhorn sample``."""
+
+from __future__ import annotations
+
+import pickle
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from sklearn.datasets import load_digits
+
+from dpsinkhorn import api, cli
+from dpsinkhorn.config import make_experiment
+from dpsinkhorn.config.targets import evaluation_files
+from dpsinkhorn.fileio import torch_bytes, write_bytes
+from dpsinkhorn.models import GeneratorConfig, build_generator
+from dpsinkhorn.report.common import UNCONDITIONAL_CELL, Row, cell_text
+from dpsinkhorn.train.trainer import Trainer
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+TINY = {"steps": 3, "sigma": 1.0, "batch_size": 16, "delta": 1e-5, "checkpoint_every": 100}
+
+
+def readme_example() -> str:
+    section = README.read_text().split("### Python API", 1)[1]
+    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+
+
+def digits(size: int, channels: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """sklearn's digits (8x8, 0..16) upscaled to size x size uint8, grayscale or RGB."""
+    d = load_digits()
+    images = (np.kron(d.images, np.ones((size // 8, size // 8))) * 255 / 16).astype(np.uint8)
+    if size % 8:
+        pad = (size - images.shape[1]) // 2
+        images = np.pad(images, ((0, 0), (pad, pad), (pad, pad)))
+    if channels == 3:
+        images = np.repeat(images[..., None], 3, axis=-1)
+    return images, d.target.astype(np.int64)
+
+
+def test_readme_example_runs_as_written(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    exec(compile(readme_example(), "README.md", "exec"), {})
+    run = tmp_path / "runs" / "digits"
+    assert {p.name for p in run.iterdir()} >= {"generator.pt", "privacy.json", "train_log.csv"}
+    state = torch.load(run / "generator.pt", weights_only=True)
+    assert state["class_names"] == [str(d) for d in range(10)]
+    assert state["model_config"]["num_classes"] == 10 and "conditional" not in state
+    files = sorted((run / "pngs").rglob("*.png"))
+    assert len(files) == 100
+    assert sorted(p.name for p in (run / "pngs").iterdir()) == sorted(str(d) for d in range(10))
+    with Image.open(files[0]) as im:
+        assert im.size == (28, 28) and im.mode == "L"
+    with Image.open(run / "grid.png") as im:  # 10 rows x 10 columns of 28 px, 2 px padding
+        assert im.size == (10 * 30 + 2, 10 * 30 + 2)
+
+
+def test_unconditional_28px_ignores_labels_and_samples_minus_one(tmp_path):
+    images, labels = digits(28)
+    labels = labels + 100  # outside any class: never read when unconditional
+    record = api.train(
+        {**TINY, "conditional": False}, tmp_path / "run", train_data=(images, labels)
+    )
+    assert record["steps"] == 3
+    generator = tmp_path / "run" / "generator.pt"
+    assert torch.load(generator, weights_only=True)["conditional"] is False
+    samples, out_labels = api.sample(generator, num=12, seed=1, device="cpu")
+    assert samples.shape == (12, 28, 28) and (out_labels == -1).all()
+    assert api.class_names(generator) == ("unconditional",)
+    files = api.save_pngs(
+        samples, out_labels, api.class_names(generator), out_dir=tmp_path / "pngs",
+        grid=tmp_path / "grid.png", per_class=5,
+    )  # fmt: skip
+    assert len(list((tmp_path / "pngs" / "unconditional").glob("*.png"))) == 12
+    assert len(files) == 13
+    with Image.open(tmp_path / "grid.png") as im:  # 12 samples in rows of 5: 3 rows
+        assert im.size == (5 * 30 + 2, 3 * 30 + 2)
+
+
+def test_64px_rgb_run(tmp_path):
+    images, labels = digits(64, channels=3)
+    keep = labels < 3
+    api.train(
+        {**TINY, "channels": [16, 8, 8, 4]}, tmp_path / "run",
+        train_data=(images[keep], labels[keep]), classes=["zero", "one", "two"],
+    )  # fmt: skip
+    samples, out_labels = api.sample(tmp_path / "run" / "generator.pt", 6, seed=0, device="cpu")
+    assert samples.shape == (6, 64, 64, 3) and sorted(out_labels) == [0, 0, 1, 1, 2, 2]
+    files = api.save_pngs(samples, out_labels, ["zero", "one", "two"], out_dir=tmp_path / "p")
+    assert len(files) == 6
+    with Image.open(tmp_path / "p" / "two" / "1.png") as im:
+        assert im.size == (64, 64) and im.mode == "RGB"
+
+
+def test_class_count_comes_from_the_declared_classes():
+    images, labels = digits(28)
+    keep = labels < 4
+    spec = make_experiment("four", **TINY)
+    trainer = Trainer(
+        spec, images[keep], labels[keep], torch.device("cpu"), classes=["a", "b", "c", "d"]
+    )
+    assert trainer.num_classes == 4 and trainer.model.embedding.num_embeddings == 4
+    assert trainer.real.shape[1] == 28 * 28 + 4
+    with pytest.raises(ValueError, match="training label 4 is outside the 4 declared classes"):
+        Trainer(spec, images, labels, torch.device("cpu"), classes=["a", "b", "c", "d"])
+    with pytest.raises(ValueError, match="^classes: declare the class names"):
+        api.train(TINY, "unused", train_data=(images, labels))
+    with pytest.raises(ValueError, match="class name 'a/b' is not usable"):
+        Trainer(spec, images, labels, torch.device("cpu"), classes=["a/b"])
+
+
+@pytest.mark.parametrize("conditional", [False, True])
+def test_unconditional_step_does_not_read_the_labels(conditional):
+    """Reproducible mode (public noise key): one step on the same images with other labels
+    gives bit-identical weights when unconditional (and different ones when conditional)."""
+    images, labels = digits(28)
+    spec = make_experiment(
+        "u", **{**TINY, "channels": [8, 8, 8]}, conditional=conditional, reproducible=True
+    )
+    states = []
+    for labels_k in (labels, (labels + 3) % 10):
+        torch.manual_seed(0)
+        trainer = Trainer(spec, images, labels_k, torch.device("cpu"))
+        trainer.step()
+        states.append(trainer.model.state_dict())
+    same = all(torch.equal(states[0][k], states[1][k]) for k in states[0])
+    assert same is not conditional
+    if not conditional:
+        assert trainer.real.shape[1] == 28 * 28  # no label columns in the cost
+
+
+def test_sample_cli_writes_png_grid_and_folders(tmp_path, capsys):
+    torch.manual_seed(0)
+    config = GeneratorConfig(num_classes=2, out_channels=3, image_size=32, latent_dim=8)
+    model = build_generator(config)
+    payload = {"state_dict": model.state_dict(), "model_config": config.to_dict(),
+               "dataset": "celeba", "num_classes": 2, "image_shape": [3, 32, 32],
+               "experiment": "x", "steps": 0}  # fmt: skip
+    write_bytes(tmp_path / "generator.pt", torch_bytes(payload))
+    args = ["sample", "--generator", str(tmp_path / "generator.pt"), "--num", "7", "--seed",
+            "0", "--out", str(tmp_path / "s.npz"), "--device", "cpu", "--png-grid",
+            str(tmp_path / "g.png"), "--png-per-class", "3", "--png-dir", str(tmp_path / "d")]  # fmt: skip
+    assert cli.main(args) == 0
+    assert len(list((tmp_path / "d" / "female").glob("*.png"))) == 4  # catalogue's names
+    assert len(list((tmp_path / "d" / "male").glob("*.png"))) == 3
+    with Image.open(tmp_path / "g.png") as im:
+        assert im.size == (3 * 34 + 2, 2 * 34 + 2) and im.mode == "RGB"
+
+
+class _RunsCode:
+    def __reduce__(self):
+        return (print, ("pickle ran code",))
+
+
+def test_api_sample_loads_weights_only(tmp_path, capsys):
+    (tmp_path / "generator.pt").write_bytes(pickle.dumps({"state_dict": _RunsCode()}))
+    with pytest.raises(ValueError, match="not a generator.pt that can be loaded safely"):
+        api.sample(tmp_path / "generator.pt", 1, seed=0, device="cpu")
+    assert "pickle ran code" not in capsys.readouterr().out
+
+
+def test_unconditional_experiment_has_no_classifier_outputs():
+    from dpsinkhorn.config import validate
+
+    config = validate(
+        {"experiments": {"u": {"dataset": "mnist", "conditional": False},
+                         "c": {"dataset": "mnist"}}}, "test"
+    )  # fmt: skip
+    assert [Path(f).name for f in evaluation_files(config, "r", ["u"])] == [
+        f"fid_seed{s}.json" for s in config["seeds"]
+    ]
+    assert any("acc_cnn" in f for f in evaluation_files(config, "r", ["c"]))
+    row = Row("x", "mnist", "this run", mean={"fid": 3.0}, unconditional=True)
+    assert cell_text(row, "acc_mlp") == UNCONDITIONAL_CELL and cell_text(row, "fid") == "3.0"
