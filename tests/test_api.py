@@ -143,7 +143,8 @@ def test_sample_cli_writes_png_grid_and_folders(tmp_path, capsys):
     write_bytes(tmp_path / "generator.pt", torch_bytes(payload))
     args = ["sample", "--generator", str(tmp_path / "generator.pt"), "--num", "7", "--seed",
             "0", "--out", str(tmp_path / "s.npz"), "--device", "cpu", "--png-grid",
-            str(tmp_path / "g.png"), "--png-per-class", "3", "--png-dir", str(tmp_path / "d")]  # fmt: skip
+            str(tmp_path / "g.png"), "--png-per-class", "3",
+            "--png-dir", str(tmp_path / "d")]  # fmt: skip
     assert cli.main(args) == 0
     assert len(list((tmp_path / "d" / "female").glob("*.png"))) == 4  # catalogue's names
     assert len(list((tmp_path / "d" / "male").glob("*.png"))) == 3
