@@ -27,8 +27,10 @@ N_DIGITS = 1797
 def entry(path: Path, **settings) -> dict:
     """A validated ``datasets.digits`` entry (schema defaults filled)."""
     cfg = validate(
-        {"datasets": {"digits": {"path": str(path), **settings}},
-         "experiments": {"e": {"dataset": "digits"}}},
+        {
+            "datasets": {"digits": {"path": str(path), **settings}},
+            "experiments": {"e": {"dataset": "digits"}},
+        },
         "test",
     )
     return cfg["datasets"]["digits"]
@@ -62,7 +64,10 @@ def digits_split_folder(tmp_path_factory) -> Path:
 def test_image_folder_sizes_labels_and_held_out_split(digits_folder, tmp_path, size) -> None:
     definition = entry(digits_folder, image_size=size, resize=True)
     paths = prepare_own("digits", definition, tmp_path)
-    (x, y), (xt, yt) = load_split(tmp_path, "digits", "train"), load_split(tmp_path, "digits", "test")
+    (x, y), (xt, yt) = (
+        load_split(tmp_path, "digits", "train"),
+        load_split(tmp_path, "digits", "test"),
+    )
     n_test = round(N_DIGITS * 0.1)
     assert x.shape == (N_DIGITS - n_test, size, size) and xt.shape == (n_test, size, size)
     assert x.dtype == np.uint8 and y.dtype == np.int64
@@ -87,8 +92,10 @@ def test_resized_pixels_follow_the_source(digits_folder, tmp_path) -> None:
     order = np.concatenate([np.flatnonzero(labels == d) for d in range(10)])  # files 0000.png...
     train = order[np.sort(np.random.default_rng(0).permutation(N_DIGITS)[180:])]
     expected = np.stack(
-        [np.asarray(Image.fromarray(images[i]).resize((28, 28), Image.Resampling.BILINEAR))
-         for i in train]
+        [
+            np.asarray(Image.fromarray(images[i]).resize((28, 28), Image.Resampling.BILINEAR))
+            for i in train
+        ]
     )
     assert np.array_equal(y, labels[train])
     assert np.array_equal(x, expected)
@@ -97,8 +104,11 @@ def test_resized_pixels_follow_the_source(digits_folder, tmp_path) -> None:
 def test_split_seed_gives_the_same_split(digits_folder, tmp_path) -> None:
     splits = []
     for run, seed in enumerate([3, 3, 4]):
-        prepare_own("digits", entry(digits_folder, image_size=28, resize=True, split_seed=seed),
-                    tmp_path / str(run))
+        prepare_own(
+            "digits",
+            entry(digits_folder, image_size=28, resize=True, split_seed=seed),
+            tmp_path / str(run),
+        )
         splits.append(load_split(tmp_path / str(run), "digits", "test"))
     assert np.array_equal(splits[0][0], splits[1][0]) and np.array_equal(splits[0][1], splits[1][1])
     assert not np.array_equal(splits[0][0], splits[2][0])
@@ -108,10 +118,17 @@ def test_given_test_folder_and_declared_classes(digits_split_folder, tmp_path) -
     classes = [f"digit {d}" for d in range(10)]
     definition = entry(digits_split_folder, image_size=32, resize=True)
     prepare_own("digits", definition, tmp_path)
-    (x, y), (xt, yt) = load_split(tmp_path, "digits", "train"), load_split(tmp_path, "digits", "test")
+    (x, y), (xt, yt) = (
+        load_split(tmp_path, "digits", "train"),
+        load_split(tmp_path, "digits", "test"),
+    )
     assert len(xt) == len(range(0, N_DIGITS, 5)) and len(x) + len(xt) == N_DIGITS
     _, labels = digits_arrays()
     assert np.array_equal(np.bincount(yt, minlength=10), np.bincount(labels[::5], minlength=10))
+    assert np.array_equal(
+        np.bincount(y, minlength=10),
+        np.bincount(labels, minlength=10) - np.bincount(labels[::5], minlength=10),
+    )
     record = json.loads((tmp_path / "digits" / "dataset.json").read_text())
     assert record["split"] == {"test": "given"}
     # Declared names that are not the folder names: the folders are refused, by name.
@@ -133,8 +150,10 @@ def test_npz_one_to_three_channels(tmp_path) -> None:
 
 def test_experiment_carries_its_dataset_definition(digits_folder) -> None:
     cfg = validate(
-        {"datasets": {"digits": {"path": str(digits_folder), "title": "Digits"}},
-         "experiments": {"e": {"dataset": "digits"}, "m": {"dataset": "mnist"}}},
+        {
+            "datasets": {"digits": {"path": str(digits_folder), "title": "Digits"}},
+            "experiments": {"e": {"dataset": "digits"}, "m": {"dataset": "mnist"}},
+        },
         "test",
     )
     info = experiment_dataset(experiment(cfg, "e"))
@@ -219,9 +238,21 @@ def _bad_npz(tmp_path: Path, case: str) -> tuple[Path, Path, dict]:
 
 @pytest.mark.parametrize(
     "case",
-    ["no images", "empty class", "mixed sizes", "mixed modes", "undeclared class", "corrupt",
-     "truncated", "npz:no labels", "npz:no images", "npz:lengths", "npz:label out of classes",
-     "npz:float images", "npz:not an npz"],
+    [
+        "no images",
+        "empty class",
+        "mixed sizes",
+        "mixed modes",
+        "undeclared class",
+        "corrupt",
+        "truncated",
+        "npz:no labels",
+        "npz:no images",
+        "npz:lengths",
+        "npz:label out of classes",
+        "npz:float images",
+        "npz:not an npz",
+    ],
 )
 def test_bad_input_is_one_line_naming_the_file(tmp_path, run_cli, capsys, case) -> None:
     if case.startswith("npz:"):
@@ -261,8 +292,17 @@ def test_unknown_own_dataset_without_config(run_cli, capsys) -> None:
 
 def test_changed_definition_is_refused(digits_folder, tmp_path, run_cli, capsys) -> None:
     config = write_config(tmp_path, digits_folder, image_size=28)
-    argv = ["data", "--dataset", "digits", "--root", str(tmp_path / "d"), "--config", str(config),
-            "--definition-sha256", "0" * 16]
+    argv = [
+        "data",
+        "--dataset",
+        "digits",
+        "--root",
+        str(tmp_path / "d"),
+        "--config",
+        str(config),
+        "--definition-sha256",
+        "0" * 16,
+    ]
     assert run_cli(argv) == 2
     assert "datasets.digits changed since the workflow read it" in capsys.readouterr().err
 
@@ -276,9 +316,23 @@ def test_snakemake_dry_run_resolves_an_own_dataset(digits_folder, tmp_path) -> N
     snakemake = Path(sys.executable).parent / "snakemake"
     env = {**os.environ, "PATH": f"{snakemake.parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     result = subprocess.run(
-        [str(snakemake), str(tmp_path / "data" / "digits" / "train.npz"), "-s",
-         str(REPO / "Snakefile"), "-d", str(tmp_path), "-n", "-p", "--configfile", str(config)],
-        capture_output=True, text=True, env=env, timeout=300, stdin=subprocess.DEVNULL,
+        [
+            str(snakemake),
+            str(tmp_path / "data" / "digits" / "train.npz"),
+            "-s",
+            str(REPO / "Snakefile"),
+            "-d",
+            str(tmp_path),
+            "-n",
+            "-p",
+            "--configfile",
+            str(config),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        stdin=subprocess.DEVNULL,
     )
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-4000:]

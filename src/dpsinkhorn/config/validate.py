@@ -249,7 +249,10 @@ def _semantic_errors(config: dict) -> list[tuple[list, str]]:
         known = [*BUILTIN_DATASETS, *(config.get("datasets") or {})]
         if exp["dataset"] not in known:
             errors.append(
-                (at + ["dataset"], f"bad value {exp['dataset']!r}: must be one of {', '.join(known)}")
+                (
+                    at + ["dataset"],
+                    f"bad value {exp['dataset']!r}: must be one of {', '.join(known)}",
+                )
             )
         for key, value in exp.items():  # YAML's .nan / .inf pass the schema's bounds
             if isinstance(value, float) and not math.isfinite(value):
@@ -313,7 +316,9 @@ def own_dataset_errors(config: dict) -> list[tuple[list, str]]:
     for name, entry in (config.get("datasets") or {}).items():
         at = ["datasets", name]
         if name in RESERVED_DATASET_NAMES:
-            errors.append((at, f"bad name {name!r}: taken by a built-in dataset or a data_dir folder"))
+            errors.append(
+                (at, f"bad name {name!r}: taken by a built-in dataset or a data_dir folder")
+            )
         if str(entry["path"]).lower().endswith(".npz") and entry["classes"] is None:
             errors.append(
                 (

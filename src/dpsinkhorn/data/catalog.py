@@ -124,7 +124,9 @@ def folder_classes(root: Path) -> tuple[str, ...]:
     if not root.is_dir():
         raise FileNotFoundError(f"{root}: image folder not found")
     base = root / "train" if (root / "train").is_dir() else root
-    return tuple(sorted(d.name for d in base.iterdir() if d.is_dir() and not d.name.startswith(".")))
+    return tuple(
+        sorted(d.name for d in base.iterdir() if d.is_dir() and not d.name.startswith("."))
+    )
 
 
 def resize_statement(definition: Mapping[str, Any]) -> str:

@@ -23,6 +23,7 @@ Torch-free.
 
 from __future__ import annotations
 
+import json
 import zipfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -32,7 +33,7 @@ import numpy as np
 
 from dpsinkhorn.data.catalog import (
     IMAGE_EXTENSIONS,
-    folder_classes,
+    DatasetInfo,
     own_dataset_info,
     own_layout,
     resize_statement,
@@ -160,15 +161,19 @@ def _npz_pair(
 ) -> Arrays:
     """Check and convert one (images, labels) pair of an .npz."""
     images, labels = (np.asarray(arrays[k]) for k in keys)
-    if images.dtype != np.uint8 or images.ndim not in (3, 4) or (
-        images.ndim == 4 and images.shape[3] not in (1, 3)
+    if (
+        images.dtype != np.uint8
+        or images.ndim not in (3, 4)
+        or (images.ndim == 4 and images.shape[3] not in (1, 3))
     ):
         raise DatasetError(
             f"{path}: {keys[0]} must be uint8 [N,H,W] or [N,H,W,C] with C 1 or 3, got "
             f"{images.dtype} {list(images.shape)}"
         )
     if labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer):
-        raise DatasetError(f"{path}: {keys[1]} must be integers [N], got {labels.dtype} {list(labels.shape)}")
+        raise DatasetError(
+            f"{path}: {keys[1]} must be integers [N], got {labels.dtype} {list(labels.shape)}"
+        )
     if len(labels) != len(images):
         raise DatasetError(
             f"{path}: {len(images)} {keys[0]} but {len(labels)} {keys[1]} (lengths must match)"
@@ -192,7 +197,9 @@ def _npz_pair(
     return np.stack(pixels), labels.astype(np.int64)
 
 
-def _read_npz(path: Path, definition: Mapping[str, Any], field: str) -> tuple[Arrays, Arrays | None]:
+def _read_npz(
+    path: Path, definition: Mapping[str, Any], field: str
+) -> tuple[Arrays, Arrays | None]:
     """(train, test or None) of an .npz (``test_images`` / ``test_labels`` = a given test split)."""
     if not path.is_file():
         raise FileNotFoundError(f"{path}: .npz file not found")
@@ -209,8 +216,14 @@ def _read_npz(path: Path, definition: Mapping[str, Any], field: str) -> tuple[Ar
     train = _npz_pair(path, arrays, ("images", "labels"), definition, field)
     given = [key for key in ("test_images", "test_labels") if key in arrays]
     if len(given) == 1:
-        raise DatasetError(f"{path}: {given[0]} without its pair (give test_images and test_labels)")
-    test = _npz_pair(path, arrays, ("test_images", "test_labels"), definition, field) if given else None
+        raise DatasetError(
+            f"{path}: {given[0]} without its pair (give test_images and test_labels)"
+        )
+    test = (
+        _npz_pair(path, arrays, ("test_images", "test_labels"), definition, field)
+        if given
+        else None
+    )
     return train, test
 
 
@@ -260,7 +273,9 @@ def prepare_own(
         train, test = _read_image_folder(source, info.class_names, definition, field)
     split: dict[str, Any] = {"test": "given"}
     if test is None:
-        train, test = split_off(train, definition["test_fraction"], definition["split_seed"], source)
+        train, test = split_off(
+            train, definition["test_fraction"], definition["split_seed"], source
+        )
         split = {
             "test": "held out",
             "test_fraction": definition["test_fraction"],
@@ -313,3 +328,22 @@ def record_path(root: Path, name: str) -> Path:
     """``<root>/<name>/dataset.json``."""
     return Path(root) / name / RECORD
 
+
+def prepared_dataset_info(folder: Path) -> DatasetInfo:
+    """The facts of an own dataset prepared in ``folder`` (from its public dataset.json)."""
+    path = Path(folder) / RECORD
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: not found (prepare the dataset with dpsinkhorn data)")
+    record = json.loads(path.read_text())
+    size, channels = int(record["image_size"]), int(record["channels"])
+    return DatasetInfo(
+        key=record["name"],
+        torchvision_class="",
+        folder=record["name"],
+        num_classes=len(record["classes"]),
+        image_shape=(channels, size, size),
+        class_names=tuple(record["classes"]),
+        title=record["title"],
+        source=f"{record['layout']} {record['path']}",
+        resize=record["resize"],
+    )

@@ -108,7 +108,9 @@ class Trainer:
         self.total_steps = self.private_run.total_steps
         # From the dataset's definition, never from the private labels (a label held by
         # one record would change the embedding's shape).
-        self.num_classes = dataset_info(settings.dataset).num_classes
+        self.num_classes = dataset_info(
+            settings.dataset, spec.get("dataset_definition")
+        ).num_classes
         if len(train_labels) and (train_labels.min() < 0 or train_labels.max() >= self.num_classes):
             raise ValueError(
                 f"experiment {settings.name}: training labels must lie in "
