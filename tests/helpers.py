@@ -61,3 +61,42 @@ def read_csv_columns(path: Path) -> tuple[list[str], list[dict[str, str]]]:
     with open(path, newline="") as fh:
         reader = csv.DictReader(fh)
         return list(reader.fieldnames or []), list(reader)
+
+
+# --------------------------------------------------------------------------- own datasets
+
+
+def digits_arrays() -> tuple:
+    """scikit-learn's ``load_digits`` (1,797 8x8 images, 10 classes) as uint8 [N,8,8] in
+    0..255 (the 0..16 values scaled by 255/16, rounded) and int64 labels [N]."""
+    import numpy as np
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    images = np.round(digits.images * (255 / 16)).astype(np.uint8)
+    return images, digits.target.astype(np.int64)
+
+
+def write_digits_imagefolder(root: Path, split: bool = False) -> Path:
+    """The digits as an ImageFolder of grayscale PNGs: ``root/<digit>/<index>.png``; with
+    ``split``, every fifth image (index % 5 == 0) under ``root/test/`` and the rest under
+    ``root/train/``. Returns ``root``."""
+    from PIL import Image
+
+    images, labels = digits_arrays()
+    for i, (image, label) in enumerate(zip(images, labels, strict=True)):
+        base = root / ("test" if i % 5 == 0 else "train") if split else root
+        folder = base / str(int(label))
+        folder.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(image).save(folder / f"{i:04d}.png")
+    return root
+
+
+def write_digits_npz(path: Path) -> Path:
+    """The digits as an ``.npz`` with ``images`` uint8 [1797,8,8] and ``labels`` int64."""
+    import numpy as np
+
+    images, labels = digits_arrays()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.savez(path, images=images, labels=labels)
+    return path

@@ -147,7 +147,7 @@ ALLOWED_IMPORTS = {
     "fileio": set(),
     "devices": set(),
     "config": set(),
-    "data": {"fileio"},
+    "data": {"config", "fileio"},  # dpsinkhorn data --config (own datasets: datasets:)
     "models": set(),
     "ot": set(),
     "privacy": {"ot"},  # the factory sizes the debiasing rows (ot.loss.debias_size)

@@ -27,7 +27,7 @@ from dpsinkhorn.config.cluster import (
     capped_minutes,
     eval_runtime_minutes,
 )
-from dpsinkhorn.config.workflow import gradient_settings
+from dpsinkhorn.config.workflow import data_source_args, gradient_settings
 from dpsinkhorn.report import captions
 
 # Same schema and messages as the CLI: fills defaults, names the file and key of an error.

@@ -1,12 +1,13 @@
 rule data:
     input:
-        lambda w: data_inputs(config, w.dataset),  # the synthetic CelebA, if configured
+        lambda w: data_inputs(config, w.dataset),  # synthetic CelebA, an own dataset's path
     output:
         train=f"{DATA}/{{dataset}}/train.npz",
         test=f"{DATA}/{{dataset}}/test.npz",
     params:
         root=lambda w, output: Path(output.train).parent.parent,
-        mirror=lambda w: flag("--mirror", data_mirror_of(config, w.dataset)),
+        # --mirror for a built-in dataset; --config and its entry's hash for an own one
+        mirror=lambda w: data_source_args(config, w.dataset, CONFIG_FILES),
     log:
         f"{LOGS}/data_{{dataset}}.log",
     benchmark:

@@ -44,6 +44,10 @@ def generator_widths(generator: str, image_size: int | None = None) -> tuple[int
     return tuple(sorted(set(by_size.values())))
 
 
+#: The datasets dpsinkhorn knows by name (their facts: ``data.catalog.DATASETS``); any
+#: other dataset is declared under the config's ``datasets:``.
+BUILTIN_DATASETS = ("mnist", "fmnist", "celeba")
+
 #: Where the smoke run's synthetic CelebA source goes, under data_dir (``celeba_fixture``).
 FIXTURE_SOURCE = "celeba_source"
 
@@ -62,8 +66,22 @@ def experiment(config: Mapping, name: str) -> dict:
     spec = deep_merge(config.get("training_defaults") or {}, experiments[name])
     spec.setdefault("table1_row", None)
     spec.setdefault("rows", {})
+    definition = dataset_definition(config, spec.get("dataset"))
+    if definition is not None:  # an own dataset: its entry travels with the experiment
+        spec["dataset_definition"] = definition
     spec["name"] = name
     return spec
+
+
+def dataset_definition(config: Mapping, dataset: str | None) -> dict | None:
+    """The config's ``datasets.<dataset>`` entry (an own dataset), or None (built-in / unknown).
+
+    An experiment of an own dataset carries it as ``dataset_definition``, so every stage
+    that reads the experiment can build the dataset's facts
+    (``data.catalog.dataset_info(name, definition)``) without the whole config.
+    """
+    entry = (config.get("datasets") or {}).get(dataset) if dataset else None
+    return None if entry is None else dict(entry)
 
 
 def experiment_spec(config: Mapping, name: str) -> str:

@@ -28,6 +28,8 @@ import yaml
 from dpsinkhorn.config import studies
 from dpsinkhorn.config.cluster import cluster_errors
 from dpsinkhorn.config.experiments import (
+    BUILTIN_DATASETS,
+    FIXTURE_SOURCE,
     TABLE1_ROWS,
     TABLE6_GENERATOR,
     TABLE_ROWS,
@@ -60,6 +62,9 @@ SWEEP_BF16_ERROR = (
 )
 
 PathLike = str | os.PathLike
+
+#: Names an own dataset (``datasets:``) may not take: built-ins and folders of data_dir.
+RESERVED_DATASET_NAMES = (*BUILTIN_DATASETS, "torchvision", FIXTURE_SOURCE)
 
 
 def cli_or_config(cli_value: Any, cfg: Mapping[str, Any], key: str) -> Any:
@@ -126,6 +131,9 @@ def validate(config: Mapping, source: str | Sequence[PathLike] = "config") -> di
     """
     filled = copy.deepcopy(dict(config))
     _fill_defaults(filled, load_schema())
+    for entry in (filled.get("datasets") or {}).values():  # own datasets: under patternProperties
+        if isinstance(entry, dict):
+            _fill_defaults(entry, load_schema()["$defs"]["own_dataset"])
     messages = _schema_errors(filled)
     if not messages and filled.get("studies"):
         # Each study cell becomes an experiment, checked like any other (dpsinkhorn.config.studies).
@@ -230,6 +238,7 @@ def _semantic_errors(config: dict) -> list[tuple[list, str]]:
     if config["precision"] == "bf16" and config["sweep_runs"] > 1:
         errors.append((["precision"], SWEEP_BF16_ERROR))
     errors += cluster_errors(config)
+    errors += own_dataset_errors(config)
     rows: dict[tuple[str, str], str] = {}
     table_rows: dict[tuple[str, str, str], str] = {}
     for name in experiment_names(config):
@@ -237,6 +246,14 @@ def _semantic_errors(config: dict) -> list[tuple[list, str]]:
         at = ["experiments", name]
         method = exp["method"]
         errors += _celeba_errors(config, exp, at, table_rows)
+        known = [*BUILTIN_DATASETS, *(config.get("datasets") or {})]
+        if exp["dataset"] not in known:
+            errors.append(
+                (
+                    at + ["dataset"],
+                    f"bad value {exp['dataset']!r}: must be one of {', '.join(known)}",
+                )
+            )
         for key, value in exp.items():  # YAML's .nan / .inf pass the schema's bounds
             if isinstance(value, float) and not math.isfinite(value):
                 errors.append((at + [key], f"bad value {value!r}: must be a finite number"))
@@ -289,6 +306,26 @@ def _semantic_errors(config: dict) -> list[tuple[list, str]]:
         if other != name:
             errors.append(
                 (at + ["table1_row"], f"{exp['dataset']} row {row!r} is already filled by {other}")
+            )
+    return errors
+
+
+def own_dataset_errors(config: dict) -> list[tuple[list, str]]:
+    """Names and class lists of the ``datasets:`` entries (the schema checks the rest)."""
+    errors: list[tuple[list, str]] = []
+    for name, entry in (config.get("datasets") or {}).items():
+        at = ["datasets", name]
+        if name in RESERVED_DATASET_NAMES:
+            errors.append(
+                (at, f"bad name {name!r}: taken by a built-in dataset or a data_dir folder")
+            )
+        if str(entry["path"]).lower().endswith(".npz") and entry["classes"] is None:
+            errors.append(
+                (
+                    at + ["classes"],
+                    "an .npz dataset needs its class list (public, in label order): classes are "
+                    "never counted from the private labels",
+                )
             )
     return errors
 

@@ -7,6 +7,8 @@ Snakemake imports it while it parses the workflow.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import re
 import shlex
@@ -15,15 +17,36 @@ import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from dpsinkhorn.config.experiments import fixture_source
+from dpsinkhorn.config.experiments import data_mirror_of, dataset_definition, fixture_source
 
 PathLike = str | os.PathLike
 
 
 def data_inputs(config: Mapping, dataset: str) -> list[str]:
-    """Inputs of the data rule: the fixture folder for a fixture CelebA, else nothing."""
+    """Inputs of the data rule: the fixture folder for a fixture CelebA, an own dataset's
+    folder or .npz (``datasets.<name>.path``), else nothing."""
+    definition = dataset_definition(config, dataset)
+    if definition is not None:
+        return [str(definition["path"])]
     source = fixture_source(config) if dataset == "celeba" else None
     return [] if source is None else [source]
+
+
+def data_source_args(config: Mapping, dataset: str, config_files: str) -> str:
+    """Where ``dpsinkhorn data`` reads a dataset: ``--mirror <folder>`` (built-in, when there
+    is one), or for an own dataset ``--config <files> --definition-sha256 <hash>`` (the hash
+    of its ``datasets:`` entry: a changed entry changes the rule's params, so it reruns, and
+    the command checks the files still hold that entry)."""
+    definition = dataset_definition(config, dataset)
+    if definition is not None:
+        return f"--config {config_files} --definition-sha256 {definition_sha256(definition)}"
+    mirror = data_mirror_of(config, dataset)
+    return "" if mirror is None else f"--mirror {mirror}"
+
+
+def definition_sha256(definition: Mapping) -> str:
+    """SHA-256 of an own dataset's validated entry, as canonical JSON (first 16 hex digits)."""
+    return hashlib.sha256(json.dumps(definition, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def config_file_args(files: Iterable[PathLike]) -> str:

@@ -2,12 +2,17 @@
 
 Every stage takes a dataset's class count, shape and names from :data:`DATASETS`, and the
 report takes its title from there too: adding a dataset starts here (docs/ARCHITECTURE.md).
+A user's own dataset (config ``datasets:``) gets the same facts from its config entry
+(:func:`own_dataset_info`); its class list is declared or read from folder names, never
+counted from the private labels.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -21,6 +26,10 @@ class DatasetInfo:
     image_shape: tuple[int, int, int]
     class_names: tuple[str, ...]
     title: str  # as tables and figures name it
+    # Own datasets (config ``datasets:``) only: where the images come from and how they
+    # were brought to image_shape; the ledger and the tables state both.
+    source: str | None = None  # e.g. "image folder /data/scans" or "npz /data/x.npz"
+    resize: str | None = None  # e.g. "resized to 32x32 px (PIL bilinear), converted to L"
 
     def torchvision_dataset(self) -> type:
         """The torchvision dataset class (imported lazily)."""
@@ -77,11 +86,83 @@ DATASETS: dict[str, DatasetInfo] = {
 }
 
 
-def dataset_info(name: str) -> DatasetInfo:
-    """Look up a dataset by our key; ``ValueError`` naming the valid keys otherwise."""
-    try:
+#: Image files an image folder may hold (torchvision's ImageFolder takes these too).
+IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg")
+
+
+def dataset_info(name: str, definition: Mapping[str, Any] | None = None) -> DatasetInfo:
+    """A built-in dataset by our key, or an own one from its ``datasets.<name>`` config entry
+    (``definition``; an experiment carries it as ``dataset_definition``).
+
+    ``ValueError`` naming the valid keys otherwise.
+    """
+    if name in DATASETS:
         return DATASETS[name]
-    except KeyError:
-        raise ValueError(
-            f"unknown dataset {name!r}; valid datasets: {', '.join(sorted(DATASETS))}"
-        ) from None
+    if definition is not None:
+        return own_dataset_info(name, definition)
+    raise ValueError(
+        f"unknown dataset {name!r}; valid datasets: {', '.join(sorted(DATASETS))} or a name "
+        "declared under the config's datasets:"
+    )
+
+
+def experiment_dataset(exp: Mapping[str, Any]) -> DatasetInfo:
+    """The dataset facts of a validated experiment dict (``config.experiment``)."""
+    return dataset_info(exp["dataset"], exp.get("dataset_definition"))
+
+
+def own_layout(path: Path) -> str:
+    """``"npz"`` for a ``.npz`` file, else ``"image folder"``."""
+    return "npz" if Path(path).suffix.lower() == ".npz" else "image folder"
+
+
+def folder_classes(root: Path) -> tuple[str, ...]:
+    """Class names of an image folder: its sub-folder names (of ``root/train`` when there is
+    one), sorted, hidden ones left out. Folder names are public: no label is counted.
+    ``FileNotFoundError`` naming ``root`` when it is not a folder."""
+    root = Path(root)
+    if not root.is_dir():
+        raise FileNotFoundError(f"{root}: image folder not found")
+    base = root / "train" if (root / "train").is_dir() else root
+    return tuple(
+        sorted(d.name for d in base.iterdir() if d.is_dir() and not d.name.startswith("."))
+    )
+
+
+def resize_statement(definition: Mapping[str, Any]) -> str:
+    """How an own dataset's images reach the generator's size, in words (ledger, tables)."""
+    size, mode = definition["image_size"], "L" if definition["channels"] == 1 else "RGB"
+    if definition["resize"]:
+        return (
+            f"every image converted to PIL mode {mode} and resized to {size}x{size} px "
+            "(PIL bilinear, antialiased when shrinking; aspect ratio not kept)"
+        )
+    return f"none: every image is {size}x{size} px in mode {mode} as given"
+
+
+def own_dataset_info(name: str, definition: Mapping[str, Any]) -> DatasetInfo:
+    """The facts of an own dataset from its validated ``datasets.<name>`` entry.
+
+    The class list is the entry's ``classes``, or an image folder's sorted folder names.
+    """
+    path = Path(definition["path"])
+    layout = own_layout(path)
+    classes = definition.get("classes")
+    if classes is None:
+        if layout == "npz":
+            raise ValueError(f"datasets.{name}.classes: an .npz dataset needs its class list")
+        classes = folder_classes(path)
+        if not classes:
+            raise ValueError(f"{path}: no class folders (expected {path}/<class>/*.png|jpg)")
+    channels, size = int(definition["channels"]), int(definition["image_size"])
+    return DatasetInfo(
+        key=name,
+        torchvision_class="",
+        folder=name,
+        num_classes=len(classes),
+        image_shape=(channels, size, size),
+        class_names=tuple(str(c) for c in classes),
+        title=definition.get("title") or name,
+        source=f"{layout} {path}",
+        resize=resize_statement(definition),
+    )

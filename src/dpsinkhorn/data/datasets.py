@@ -26,14 +26,17 @@ import numpy as np
 import torch
 
 from dpsinkhorn.data.catalog import DATASETS, DatasetInfo, dataset_info
+from dpsinkhorn.data.owndata import is_prepared_own, prepare_own
 from dpsinkhorn.fileio import atomic_path, load_samples, md5_of, save_samples
 
 SPLITS = ("train", "test")
 
 
 def split_path(root: Path, dataset: str, split: str) -> Path:
-    """Where ``prepare`` writes one split: ``<root>/<dataset>/<split>.npz``."""
-    dataset_info(dataset)
+    """Where ``prepare`` (or ``owndata.prepare_own``) writes one split:
+    ``<root>/<dataset>/<split>.npz``. An own dataset is known by its ``dataset.json`` there."""
+    if not is_prepared_own(root, dataset):
+        dataset_info(dataset)
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; valid splits: {', '.join(SPLITS)}")
     return Path(root) / dataset / f"{split}.npz"
@@ -242,24 +245,61 @@ def from_unit_range(x: torch.Tensor) -> np.ndarray:
 # ------------------------------------------------------------------------------- CLI
 
 
+def _check_definition(args: argparse.Namespace, dataset: str, definition: dict) -> None:
+    """Refuse a ``datasets.<dataset>`` entry that differs from the one the workflow hashed."""
+    from dpsinkhorn.config.workflow import definition_sha256
+
+    if args.definition_sha256 and definition_sha256(definition) != args.definition_sha256:
+        raise ValueError(
+            f"{', '.join(args.config)}: datasets.{dataset} changed since the workflow read it "
+            f"(sha256 {definition_sha256(definition)}, expected {args.definition_sha256})"
+        )
+
+
+def _largest_batch(cfg: dict, dataset: str) -> tuple[int | None, str]:
+    """(largest batch_size, its experiment) of the config's trained experiments on ``dataset``."""
+    from dpsinkhorn.config import experiment, experiment_names
+
+    batches = [
+        (int(exp["batch_size"]), f"experiment {name}")
+        for name in experiment_names(cfg)
+        if (exp := experiment(cfg, name))["dataset"] == dataset and exp["method"] != "real_data"
+    ]
+    return max(batches, default=(None, ""))
+
+
 def register_cli(subparsers: argparse._SubParsersAction) -> None:
     """Add ``dpsinkhorn data``."""
     parser = subparsers.add_parser(
         "data",
         help="prepare datasets as <root>/<dataset>/{train,test}.npz",
-        description="Download (or copy from a local mirror) MNIST / Fashion-MNIST / CelebA and "
-        "write <root>/<dataset>/{train,test}.npz (images uint8 [N,28,28] or, for CelebA, "
-        "[N,32,32,3]; labels int64 [N]).",
+        description="Download (or copy from a local mirror) MNIST / Fashion-MNIST / CelebA, or "
+        "read an own dataset (config datasets:, an image folder or an .npz), and write "
+        "<root>/<dataset>/{train,test}.npz (images uint8 [N,28,28]; CelebA [N,32,32,3]; own "
+        "[N,S,S] or [N,S,S,3]; labels int64 [N]; own datasets also dataset.json).",
     )
     parser.add_argument(
         "--dataset",
         nargs="+",
         action="extend",
-        choices=sorted(DATASETS),
         required=True,
-        help="one or more datasets (repeatable: --dataset mnist fmnist)",
+        help=f"one or more datasets (repeatable: --dataset mnist fmnist): {', '.join(DATASETS)} "
+        "or an own dataset declared under the --config file's datasets:",
     )
     parser.add_argument("--root", type=Path, default=Path("data"), help="output folder")
+    parser.add_argument(
+        "--config",
+        nargs="+",
+        default=None,
+        help="config file(s): needed for own datasets (datasets:); their experiments' "
+        "batch_size is checked against the training records",
+    )
+    parser.add_argument(
+        "--definition-sha256",
+        default=None,
+        help="(workflow) refuse an own dataset whose datasets: entry in --config does not "
+        "have this hash (config.workflow.definition_sha256)",
+    )
     parser.add_argument(
         "--mirror",
         type=Path,
@@ -271,8 +311,25 @@ def register_cli(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _cli_handler(args: argparse.Namespace) -> int:
+    cfg = None
+    if args.config:
+        from dpsinkhorn.config import load_config
+
+        cfg = load_config(args.config)
+    own = (cfg or {}).get("datasets") or {}
+    for dataset in dict.fromkeys(args.dataset):  # check every name before preparing any
+        if dataset not in DATASETS and dataset not in own:
+            where = f" in {', '.join(args.config)}" if args.config else " (give --config)"
+            raise ValueError(
+                f"--dataset {dataset}: unknown dataset; built-in: {', '.join(DATASETS)}; "
+                f"own (datasets:){where}: {', '.join(own) or 'none'}"
+            )
     for dataset in dict.fromkeys(args.dataset):  # de-duplicated, order kept
-        paths = prepare(dataset, args.root, mirror=args.mirror)
+        if dataset in DATASETS:
+            paths = prepare(dataset, args.root, mirror=args.mirror)
+        else:
+            _check_definition(args, dataset, own[dataset])
+            paths = prepare_own(dataset, own[dataset], args.root, *_largest_batch(cfg, dataset))
         for split, path in paths.items():
             print(f"{dataset} {split}: wrote {path}")
     return 0

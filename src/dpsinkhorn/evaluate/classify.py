@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import argparse
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
 
 from dpsinkhorn import fileio
-from dpsinkhorn.data.catalog import dataset_info
+from dpsinkhorn.data.catalog import DATASETS, dataset_info
+from dpsinkhorn.data.owndata import prepared_dataset_info
 from dpsinkhorn.devices import resolve_device
 from dpsinkhorn.evaluate.classifiers import (
     MODELS,
@@ -45,12 +47,18 @@ def _check_labels(labels: np.ndarray, n: int, where: str) -> np.ndarray:
     return labels.astype(np.int64)
 
 
-def resolve_num_classes(num_classes: int | None, dataset: str | None) -> int | None:
-    """The class count: ``data.catalog.DATASETS[dataset].num_classes``, or ``num_classes``
-    (both must agree when both are given), or None (then the largest label + 1)."""
+def resolve_num_classes(
+    num_classes: int | None, dataset: str | None, test_file: str | None = None
+) -> int | None:
+    """The class count: ``data.catalog.DATASETS[dataset].num_classes`` (an own dataset: the
+    ``dataset.json`` beside ``test_file``), or ``num_classes`` (both must agree when both
+    are given), or None (then the largest label + 1)."""
     if dataset is None:
         return num_classes
-    defined = dataset_info(dataset).num_classes
+    if dataset not in DATASETS and test_file is not None:
+        defined = prepared_dataset_info(Path(test_file).parent).num_classes
+    else:
+        defined = dataset_info(dataset).num_classes
     if num_classes is not None and num_classes != defined:
         raise ValueError(f"num_classes={num_classes} but dataset {dataset!r} has {defined} classes")
     return defined
@@ -239,7 +247,7 @@ def _cmd_classify(args: argparse.Namespace) -> int:
             f"--train, --seed and --out need one value per seed, got {len(args.train)}, "
             f"{len(args.seed)} and {len(args.out)}"
         )
-    num_classes = resolve_num_classes(args.num_classes, args.dataset)
+    num_classes = resolve_num_classes(args.num_classes, args.dataset, args.test)
     train_sets = [fileio.load_samples(path) for path in args.train]
     test_images, test_labels = fileio.load_samples(args.test)
     results = train_and_evaluate_seeds(

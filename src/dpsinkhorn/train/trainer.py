@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import torch
@@ -63,11 +63,14 @@ def check_batch_size(spec: dict, num_records: int) -> None:
         )
 
 
-def declared_classes(dataset: str, classes: Sequence[str] | None) -> tuple[str, ...]:
+def declared_classes(
+    dataset: str, classes: Sequence[str] | None, definition: Mapping | None = None
+) -> tuple[str, ...]:
     """The class names a run trains on: ``classes`` as declared (checked: one or more
-    distinct names usable as folder names), else the dataset's catalogue entry."""
+    distinct names usable as folder names), else the dataset's catalogue entry (an own
+    dataset's: from its ``definition``, the config's ``datasets:`` entry)."""
     if classes is None:
-        return dataset_info(dataset).class_names
+        return dataset_info(dataset, definition).class_names
     return check_class_names(classes, "classes")
 
 
@@ -130,12 +133,15 @@ class Trainer:
         )
         self.total_steps = self.private_run.total_steps
         # The classes come from their declaration (``classes``, else the dataset's catalogue
-        # entry), never from the private labels (a label held by one record would change
+        # entry or its definition under the config's ``datasets:``), never from the private labels (a label held by one record would change
         # the embedding's shape). Unconditional (``conditional: false``): one class, and
         # the real labels are replaced by zeros here, before anything reads them.
         self.conditional = settings.conditional
-        self.class_names = declared_classes(settings.dataset, classes)
-        self.classes_declared = classes is not None  # then generator.pt names them
+        self.class_names = declared_classes(
+            settings.dataset, classes, spec.get("dataset_definition")
+        )
+        # Then generator.pt names them (declared here, or by an own dataset's definition).
+        self.classes_declared = classes is not None or "dataset_definition" in spec
         if self.conditional:
             self.num_classes = len(self.class_names)
             check_labels(train_labels, self.class_names, settings.name)

@@ -1,0 +1,349 @@
+"""Own datasets (config ``datasets:``): an image folder or an .npz -> ``{train,test}.npz``.
+
+Two layouts are read, the ones users already have:
+
+* an **image folder** in torchvision's ``ImageFolder`` convention, ``path/<class>/*.png|jpg|jpeg``
+  (sub-folders of a class folder included, hidden files and other extensions ignored),
+  or ``path/train/<class>/...`` with an optional ``path/test/<class>/...``;
+* an **.npz** with ``images`` (uint8 [N,H,W] or [N,H,W,C], C in 1, 3) and ``labels``
+  (integers [N]), optionally ``test_images`` / ``test_labels``.
+
+The class list is the entry's ``classes`` or the sorted class folder names (both public),
+never counted from the labels. Images are brought to the entry's ``channels`` and
+``image_size`` only with ``resize: true`` (``catalog.resize_statement`` says how); without
+it an image of another size or mode is an error. Without a given test split, a fraction
+``test_fraction`` is held out by a permutation seeded with ``split_seed``.
+
+:func:`prepare_own` writes ``<root>/<name>/{train,test}.npz`` (images uint8 [N,S,S] for
+one channel, [N,S,S,3] for three; labels int64 [N]) and the public
+``<root>/<name>/dataset.json`` (layout, classes, size, resizing, how the test split was
+made, record counts). Every bad input is a :class:`DatasetError`: one line naming the file.
+Torch-free.
+"""
+
+from __future__ import annotations
+
+import json
+import zipfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dpsinkhorn.data.catalog import (
+    IMAGE_EXTENSIONS,
+    DatasetInfo,
+    own_dataset_info,
+    own_layout,
+    resize_statement,
+)
+from dpsinkhorn.fileio import save_samples, write_json
+
+#: The public record of a prepared own dataset, beside its train.npz / test.npz.
+RECORD = "dataset.json"
+
+Arrays = tuple[np.ndarray, np.ndarray]  # images uint8 [N,S,S(,3)], labels int64 [N]
+
+
+class DatasetError(ValueError):
+    """A bad own dataset; the message is one line that names the file or folder."""
+
+
+def _one_line(err: BaseException) -> str:
+    text = " ".join(str(err).split())
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__
+
+
+# ------------------------------------------------------------------------------ images
+
+
+def _mode(channels: int) -> str:
+    return "L" if channels == 1 else "RGB"
+
+
+def _to_pixels(image: Any, where: Path | str, definition: Mapping[str, Any]) -> np.ndarray:
+    """One PIL image -> uint8 [S,S] (channels 1) or [S,S,3], converted and resized only
+    with ``resize: true``; otherwise a :class:`DatasetError` when size or mode differ."""
+    from PIL import Image
+
+    size, mode = int(definition["image_size"]), _mode(int(definition["channels"]))
+    if definition["resize"]:
+        if image.mode != mode:
+            image = image.convert(mode)
+        if image.size != (size, size):
+            image = image.resize((size, size), Image.Resampling.BILINEAR)
+    elif image.mode != mode or image.size != (size, size):
+        width, height = image.size
+        raise DatasetError(
+            f"{where}: {width}x{height} px in mode {image.mode}, but the dataset is "
+            f"{size}x{size} px in mode {mode} (image_size, channels); set resize: true to "
+            "convert and resize every image"
+        )
+    return np.asarray(image, dtype=np.uint8)
+
+
+def _read_image(path: Path, definition: Mapping[str, Any]) -> np.ndarray:
+    """Decode one image file (fully: a truncated file fails here) -> pixels."""
+    from PIL import Image
+
+    try:
+        with Image.open(path) as image:
+            image.load()
+            return _to_pixels(image, path, definition)
+    except DatasetError:
+        raise
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as err:
+        raise DatasetError(f"{path}: not a readable image ({_one_line(err)})") from err
+
+
+# ------------------------------------------------------------------------ image folder
+
+
+def _image_files(folder: Path) -> list[Path]:
+    """Image files under ``folder`` (recursively, sorted; hidden files left out)."""
+    return sorted(
+        p
+        for p in folder.rglob("*")
+        if p.is_file()
+        and p.suffix.lower() in IMAGE_EXTENSIONS
+        and not any(part.startswith(".") for part in p.relative_to(folder).parts)
+    )
+
+
+def _read_class_folders(
+    base: Path, classes: tuple[str, ...], definition: Mapping[str, Any], field: str
+) -> Arrays:
+    """Read ``base/<class>/*`` with labels = index in ``classes``."""
+    if not base.is_dir():
+        raise FileNotFoundError(f"{base}: image folder not found")
+    class_dirs = sorted(d for d in base.iterdir() if d.is_dir() and not d.name.startswith("."))
+    if not class_dirs:
+        loose = "; images must lie in <class>/ sub-folders" if _image_files(base) else ""
+        raise DatasetError(f"{base}: no images (expected {base}/<class>/*.png|jpg|jpeg){loose}")
+    index = {name: i for i, name in enumerate(classes)}
+    images, labels = [], []
+    for folder in class_dirs:
+        if folder.name not in index:
+            raise DatasetError(
+                f"{folder}: class folder {folder.name!r} is not among the declared classes "
+                f"({field}: {', '.join(classes)})"
+            )
+        files = _image_files(folder)
+        if not files:
+            raise DatasetError(f"{folder}: class folder without images (.png, .jpg, .jpeg)")
+        for file in files:
+            images.append(_read_image(file, definition))
+        labels += [index[folder.name]] * len(files)
+    return np.stack(images), np.asarray(labels, dtype=np.int64)
+
+
+def _read_image_folder(
+    root: Path, classes: tuple[str, ...], definition: Mapping[str, Any], field: str
+) -> tuple[Arrays, Arrays | None]:
+    """(train, test or None) of an image folder; ``root/train`` marks the split layout."""
+    if not root.is_dir():
+        raise FileNotFoundError(f"{root}: image folder not found")
+    if (root / "train").is_dir():
+        train = _read_class_folders(root / "train", classes, definition, field)
+        test = None
+        if (root / "test").is_dir():
+            test = _read_class_folders(root / "test", classes, definition, field)
+        return train, test
+    return _read_class_folders(root, classes, definition, field), None
+
+
+# --------------------------------------------------------------------------------- npz
+
+
+def _npz_pair(
+    path: Path, arrays: Mapping[str, np.ndarray], keys: tuple[str, str], definition, field
+) -> Arrays:
+    """Check and convert one (images, labels) pair of an .npz."""
+    images, labels = (np.asarray(arrays[k]) for k in keys)
+    if (
+        images.dtype != np.uint8
+        or images.ndim not in (3, 4)
+        or (images.ndim == 4 and images.shape[3] not in (1, 3))
+    ):
+        raise DatasetError(
+            f"{path}: {keys[0]} must be uint8 [N,H,W] or [N,H,W,C] with C 1 or 3, got "
+            f"{images.dtype} {list(images.shape)}"
+        )
+    if labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer):
+        raise DatasetError(
+            f"{path}: {keys[1]} must be integers [N], got {labels.dtype} {list(labels.shape)}"
+        )
+    if len(labels) != len(images):
+        raise DatasetError(
+            f"{path}: {len(images)} {keys[0]} but {len(labels)} {keys[1]} (lengths must match)"
+        )
+    if len(images) == 0:
+        raise DatasetError(f"{path}: {keys[0]} holds no images")
+    num_classes = len(definition["classes"])
+    if labels.min() < 0 or labels.max() >= num_classes:
+        # No label value is printed: the labels are private.
+        raise DatasetError(
+            f"{path}: {keys[1]} outside the {num_classes} declared classes (values must lie "
+            f"in [0, {num_classes}), {field})"
+        )
+    from PIL import Image
+
+    pixels = []
+    for i, image in enumerate(images):
+        if image.ndim == 3 and image.shape[2] == 1:
+            image = image[:, :, 0]
+        pixels.append(_to_pixels(Image.fromarray(image), f"{path} ({keys[0]}[{i}])", definition))
+    return np.stack(pixels), labels.astype(np.int64)
+
+
+def _read_npz(
+    path: Path, definition: Mapping[str, Any], field: str
+) -> tuple[Arrays, Arrays | None]:
+    """(train, test or None) of an .npz (``test_images`` / ``test_labels`` = a given test split)."""
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: .npz file not found")
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            arrays = {key: data[key] for key in data.files}
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:
+        raise DatasetError(f"{path}: not a readable .npz ({_one_line(err)})") from err
+    for key in ("images", "labels"):
+        if key not in arrays:
+            raise DatasetError(
+                f"{path}: no {key!r} array (has: {', '.join(sorted(arrays)) or 'nothing'})"
+            )
+    train = _npz_pair(path, arrays, ("images", "labels"), definition, field)
+    given = [key for key in ("test_images", "test_labels") if key in arrays]
+    if len(given) == 1:
+        raise DatasetError(
+            f"{path}: {given[0]} without its pair (give test_images and test_labels)"
+        )
+    test = (
+        _npz_pair(path, arrays, ("test_images", "test_labels"), definition, field)
+        if given
+        else None
+    )
+    return train, test
+
+
+# ------------------------------------------------------------------------------ splits
+
+
+def split_off(arrays: Arrays, fraction: float, seed: int, where: Path) -> tuple[Arrays, Arrays]:
+    """Hold out ``round(N * fraction)`` records (at least 1) as the test split.
+
+    The held-out records are the first of ``numpy.random.default_rng(seed).permutation(N)``;
+    both splits keep the source order. Same input, fraction and seed: same split.
+    """
+    images, labels = arrays
+    n = len(labels)
+    n_test = max(1, round(n * fraction))
+    if n - n_test < 1:
+        raise DatasetError(f"{where}: {n} records cannot be split into train and test")
+    order = np.random.default_rng(seed).permutation(n)
+    test, train = np.sort(order[:n_test]), np.sort(order[n_test:])
+    return (images[train], labels[train]), (images[test], labels[test])
+
+
+# ----------------------------------------------------------------------------- prepare
+
+
+def prepare_own(
+    name: str,
+    definition: Mapping[str, Any],
+    root: Path,
+    batch_size: int | None = None,
+    batch_owner: str = "",
+) -> dict[str, Path]:
+    """Write ``<root>/<name>/{train,test}.npz`` and ``dataset.json``; return {split: path}.
+
+    ``definition``: the validated ``datasets.<name>`` entry. ``batch_size`` (the largest
+    batch of the experiments on this dataset, ``batch_owner`` naming one) is checked
+    against the training records before anything is written.
+    """
+    info = own_dataset_info(name, definition)
+    declared = definition.get("classes") is not None
+    definition = {**definition, "classes": list(info.class_names)}
+    source, layout = Path(definition["path"]), own_layout(Path(definition["path"]))
+    field = f"datasets.{name}.classes" if declared else f"the folder names of {source}"
+    if layout == "npz":
+        train, test = _read_npz(source, definition, f"datasets.{name}.classes")
+    else:
+        train, test = _read_image_folder(source, info.class_names, definition, field)
+    split: dict[str, Any] = {"test": "given"}
+    if test is None:
+        train, test = split_off(
+            train, definition["test_fraction"], definition["split_seed"], source
+        )
+        split = {
+            "test": "held out",
+            "test_fraction": definition["test_fraction"],
+            "split_seed": definition["split_seed"],
+            "how": "numpy.random.default_rng(split_seed).permutation(N): the first "
+            "round(N * test_fraction) records are the test split",
+        }
+    out = Path(root) / name
+    paths = {"train": out / "train.npz", "test": out / "test.npz"}
+    if batch_size is not None and batch_size > len(train[1]):
+        raise DatasetError(
+            f"{paths['train']} (from {source}): {len(train[1])} training records, fewer than "
+            f"batch_size {batch_size}{f' of {batch_owner}' if batch_owner else ''}: the "
+            "sampling rate q = batch_size / N must be at most 1"
+        )
+    record = {
+        "name": name,
+        "title": info.title,
+        "layout": layout,
+        "path": str(source),
+        "classes": list(info.class_names),
+        "classes_from": "config" if declared else "folder names",
+        "image_size": int(definition["image_size"]),
+        "channels": int(definition["channels"]),
+        "resize": resize_statement(definition),
+        "split": split,
+        "num_train": len(train[1]),
+        "num_test": len(test[1]),
+        "note": "public: no label is counted here; an evaluation on the test split uses "
+        "private data and is not covered by the privacy guarantee",
+    }
+    (out / RECORD).unlink(missing_ok=True)  # no record of a half-written dataset
+    try:
+        save_samples(paths["train"], *train)
+        save_samples(paths["test"], *test)
+    except BaseException:
+        for path in paths.values():  # never leave one split without the other
+            path.unlink(missing_ok=True)
+        raise
+    write_json(out / RECORD, record)
+    return paths
+
+
+def is_prepared_own(root: Path, name: str) -> bool:
+    """Whether ``<root>/<name>/dataset.json`` exists (an own dataset prepared there)."""
+    return (Path(root) / name / RECORD).is_file()
+
+
+def record_path(root: Path, name: str) -> Path:
+    """``<root>/<name>/dataset.json``."""
+    return Path(root) / name / RECORD
+
+
+def prepared_dataset_info(folder: Path) -> DatasetInfo:
+    """The facts of an own dataset prepared in ``folder`` (from its public dataset.json)."""
+    path = Path(folder) / RECORD
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: not found (prepare the dataset with dpsinkhorn data)")
+    record = json.loads(path.read_text())
+    size, channels = int(record["image_size"]), int(record["channels"])
+    return DatasetInfo(
+        key=record["name"],
+        torchvision_class="",
+        folder=record["name"],
+        num_classes=len(record["classes"]),
+        image_shape=(channels, size, size),
+        class_names=tuple(record["classes"]),
+        title=record["title"],
+        source=f"{record['layout']} {record['path']}",
+        resize=record["resize"],
+    )

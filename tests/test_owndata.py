@@ -1,0 +1,340 @@
+"""Own datasets (config ``datasets:``): scikit-learn's digits as an image folder and as an
+.npz, prepared into ``{train,test}.npz`` at 28, 32 and 64 px; every bad input is one line
+naming the file, exit 2 through the CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from helpers import REPO, digits_arrays, write_digits_imagefolder, write_digits_npz
+from PIL import Image
+
+from dpsinkhorn.config import experiment, validate
+from dpsinkhorn.data.catalog import dataset_info, experiment_dataset
+from dpsinkhorn.data.datasets import load_split
+from dpsinkhorn.data.owndata import DatasetError, prepare_own
+
+N_DIGITS = 1797
+
+
+def entry(path: Path, **settings) -> dict:
+    """A validated ``datasets.digits`` entry (schema defaults filled)."""
+    cfg = validate(
+        {
+            "datasets": {"digits": {"path": str(path), **settings}},
+            "experiments": {"e": {"dataset": "digits"}},
+        },
+        "test",
+    )
+    return cfg["datasets"]["digits"]
+
+
+def write_config(tmp_path: Path, source: Path, batch_size: int = 50, **settings) -> Path:
+    cfg = {
+        "data_dir": str(tmp_path / "data"),
+        "datasets": {"digits": {"path": str(source), "resize": True, **settings}},
+        "experiments": {"e": {"dataset": "digits", "batch_size": batch_size}},
+    }
+    path = tmp_path / "own.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+@pytest.fixture(scope="module")
+def digits_folder(tmp_path_factory) -> Path:
+    return write_digits_imagefolder(tmp_path_factory.mktemp("digits") / "folder")
+
+
+@pytest.fixture(scope="module")
+def digits_split_folder(tmp_path_factory) -> Path:
+    return write_digits_imagefolder(tmp_path_factory.mktemp("digits") / "split", split=True)
+
+
+# ------------------------------------------------------------------------------ layouts
+
+
+@pytest.mark.parametrize("size", [28, 32, 64])
+def test_image_folder_sizes_labels_and_held_out_split(digits_folder, tmp_path, size) -> None:
+    definition = entry(digits_folder, image_size=size, resize=True)
+    paths = prepare_own("digits", definition, tmp_path)
+    (x, y), (xt, yt) = (
+        load_split(tmp_path, "digits", "train"),
+        load_split(tmp_path, "digits", "test"),
+    )
+    n_test = round(N_DIGITS * 0.1)
+    assert x.shape == (N_DIGITS - n_test, size, size) and xt.shape == (n_test, size, size)
+    assert x.dtype == np.uint8 and y.dtype == np.int64
+    # Every record lands in one split with its own label: per-class totals are the digits'.
+    _, labels = digits_arrays()
+    assert np.array_equal(np.bincount(np.concatenate([y, yt])), np.bincount(labels))
+    record = json.loads((paths["train"].parent / "dataset.json").read_text())
+    assert record["classes"] == [str(d) for d in range(10)]
+    assert record["classes_from"] == "folder names"
+    assert record["split"]["test"] == "held out" and record["split"]["split_seed"] == 0
+    assert (record["num_train"], record["num_test"]) == (len(y), len(yt))
+    assert "bilinear" in record["resize"] and f"{size}x{size}" in record["resize"]
+
+
+def test_resized_pixels_follow_the_source(digits_folder, tmp_path) -> None:
+    """Each prepared record is the PIL bilinear resize of its PNG, in the documented order:
+    class folders sorted, files sorted, test = the first round(N * 0.1) of the seeded
+    permutation, both splits in source order."""
+    prepare_own("digits", entry(digits_folder, image_size=28, resize=True), tmp_path)
+    x, y = load_split(tmp_path, "digits", "train")
+    images, labels = digits_arrays()
+    order = np.concatenate([np.flatnonzero(labels == d) for d in range(10)])  # files 0000.png...
+    train = order[np.sort(np.random.default_rng(0).permutation(N_DIGITS)[180:])]
+    expected = np.stack(
+        [
+            np.asarray(Image.fromarray(images[i]).resize((28, 28), Image.Resampling.BILINEAR))
+            for i in train
+        ]
+    )
+    assert np.array_equal(y, labels[train])
+    assert np.array_equal(x, expected)
+
+
+def test_split_seed_gives_the_same_split(digits_folder, tmp_path) -> None:
+    splits = []
+    for run, seed in enumerate([3, 3, 4]):
+        prepare_own(
+            "digits",
+            entry(digits_folder, image_size=28, resize=True, split_seed=seed),
+            tmp_path / str(run),
+        )
+        splits.append(load_split(tmp_path / str(run), "digits", "test"))
+    assert np.array_equal(splits[0][0], splits[1][0]) and np.array_equal(splits[0][1], splits[1][1])
+    assert not np.array_equal(splits[0][0], splits[2][0])
+
+
+def test_given_test_folder_and_declared_classes(digits_split_folder, tmp_path) -> None:
+    classes = [f"digit {d}" for d in range(10)]
+    definition = entry(digits_split_folder, image_size=32, resize=True)
+    prepare_own("digits", definition, tmp_path)
+    (x, y), (xt, yt) = (
+        load_split(tmp_path, "digits", "train"),
+        load_split(tmp_path, "digits", "test"),
+    )
+    assert len(xt) == len(range(0, N_DIGITS, 5)) and len(x) + len(xt) == N_DIGITS
+    _, labels = digits_arrays()
+    assert np.array_equal(np.bincount(yt, minlength=10), np.bincount(labels[::5], minlength=10))
+    assert np.array_equal(
+        np.bincount(y, minlength=10),
+        np.bincount(labels, minlength=10) - np.bincount(labels[::5], minlength=10),
+    )
+    record = json.loads((tmp_path / "digits" / "dataset.json").read_text())
+    assert record["split"] == {"test": "given"}
+    # Declared names that are not the folder names: the folders are refused, by name.
+    with pytest.raises(DatasetError, match=r"train/0: class folder '0' is not among"):
+        prepare_own("digits", entry(digits_split_folder, classes=classes, resize=True), tmp_path)
+
+
+def test_npz_one_to_three_channels(tmp_path) -> None:
+    npz = write_digits_npz(tmp_path / "digits.npz")
+    classes = [str(d) for d in range(10)]
+    definition = entry(npz, classes=classes, image_size=64, channels=3, resize=True)
+    prepare_own("digits", definition, tmp_path / "data")
+    x, y = load_split(tmp_path / "data", "digits", "train")
+    assert x.shape == (N_DIGITS - 180, 64, 64, 3)
+    assert np.array_equal(x[..., 0], x[..., 1]) and np.array_equal(x[..., 0], x[..., 2])
+    info = dataset_info("digits", definition)
+    assert (info.num_classes, info.image_shape, info.source) == (10, (3, 64, 64), f"npz {npz}")
+
+
+def test_experiment_carries_its_dataset_definition(digits_folder) -> None:
+    cfg = validate(
+        {
+            "datasets": {"digits": {"path": str(digits_folder), "title": "Digits"}},
+            "experiments": {"e": {"dataset": "digits"}, "m": {"dataset": "mnist"}},
+        },
+        "test",
+    )
+    info = experiment_dataset(experiment(cfg, "e"))
+    assert (info.title, info.num_classes, info.image_shape) == ("Digits", 10, (1, 32, 32))
+    assert "dataset_definition" not in experiment(cfg, "m")
+
+
+# ------------------------------------------------------------------------------ config
+
+
+@pytest.mark.parametrize(
+    ("datasets", "dataset", "message"),
+    [
+        ({}, "digits", "experiments.e.dataset: bad value 'digits': must be one of mnist, fmnist"),
+        ({"d": {"path": "x.npz"}}, "d", "datasets.d.classes: an .npz dataset needs its class list"),
+        ({"mnist": {"path": "x"}}, "mnist", "datasets.mnist: bad name 'mnist'"),
+        ({"d": {"path": "x", "image_size": 48}}, "d", "datasets.d.image_size: bad value 48"),
+    ],
+)
+def test_config_errors_name_the_key(datasets, dataset, message) -> None:
+    with pytest.raises(ValueError) as excinfo:
+        validate({"datasets": datasets, "experiments": {"e": {"dataset": dataset}}}, "c.yaml")
+    assert f"c.yaml: {message}" in str(excinfo.value)
+
+
+# ------------------------------------------------------------------------------ bad input
+
+
+def _png(path: Path, size: int = 28, mode: str = "L") -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.new(mode, (size, size)).save(path)
+
+
+def _bad_folder(tmp_path: Path, case: str) -> tuple[Path, Path, dict]:
+    """(source, the file the error must name, entry settings) of one bad input."""
+    root = tmp_path / "src"
+    for i in range(3):
+        _png(root / "a" / f"{i}.png")
+    settings: dict = {"image_size": 28, "resize": False}
+    if case == "no images":
+        root = tmp_path / "empty"
+        root.mkdir()
+        return root, root, settings
+    if case == "empty class":
+        (root / "b").mkdir()
+        return root, root / "b", settings
+    if case == "mixed sizes":
+        _png(root / "a" / "9.png", size=30)
+        return root, root / "a" / "9.png", settings
+    if case == "mixed modes":
+        _png(root / "a" / "9.png", mode="RGB")
+        return root, root / "a" / "9.png", settings
+    if case == "undeclared class":
+        _png(root / "z" / "0.png")
+        return root, root / "z", {**settings, "classes": ["a"]}
+    if case == "corrupt":
+        (root / "a" / "5.png").write_bytes(b"\x89PNG not really")
+        return root, root / "a" / "5.png", settings
+    if case == "truncated":
+        data = (root / "a" / "0.png").read_bytes()
+        (root / "a" / "0.png").write_bytes(data[: len(data) // 2])
+        return root, root / "a" / "0.png", settings
+    raise AssertionError(case)
+
+
+def _bad_npz(tmp_path: Path, case: str) -> tuple[Path, Path, dict]:
+    path = tmp_path / "bad.npz"
+    images, labels = np.zeros((4, 28, 28), np.uint8), np.arange(4)
+    arrays = {
+        "no labels": {"images": images},
+        "no images": {"labels": labels},
+        "lengths": {"images": images, "labels": labels[:3]},
+        "label out of classes": {"images": images, "labels": labels},  # 4 labels, 3 classes
+        "float images": {"images": images.astype(np.float32), "labels": labels},
+    }
+    if case == "not an npz":
+        path.write_bytes(b"PK garbage")
+    else:
+        np.savez(path, **arrays[case])
+    return path, path, {"image_size": 28, "classes": ["a", "b", "c"]}
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "no images",
+        "empty class",
+        "mixed sizes",
+        "mixed modes",
+        "undeclared class",
+        "corrupt",
+        "truncated",
+        "npz:no labels",
+        "npz:no images",
+        "npz:lengths",
+        "npz:label out of classes",
+        "npz:float images",
+        "npz:not an npz",
+    ],
+)
+def test_bad_input_is_one_line_naming_the_file(tmp_path, run_cli, capsys, case) -> None:
+    if case.startswith("npz:"):
+        source, named, settings = _bad_npz(tmp_path, case.removeprefix("npz:"))
+    else:
+        source, named, settings = _bad_folder(tmp_path, case)
+    config = write_config(tmp_path, source, batch_size=2, **settings)
+    root = tmp_path / "data"
+    argv = ["data", "--dataset", "digits", "--root", str(root), "--config", str(config)]
+    assert run_cli(argv) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1, err
+    assert str(named) in err, err
+    assert not (root / "digits" / "train.npz").exists()
+
+
+def test_dataset_smaller_than_the_batch(digits_folder, tmp_path, run_cli, capsys) -> None:
+    config = write_config(tmp_path, digits_folder, batch_size=2000, image_size=28)
+    root = tmp_path / "data"
+    argv = ["data", "--dataset", "digits", "--root", str(root), "--config", str(config)]
+    assert run_cli(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert f"{root / 'digits' / 'train.npz'}" in err and "batch_size 2000 of experiment e" in err
+    assert not (root / "digits" / "train.npz").exists()
+    # The same config with a batch that fits prepares it.
+    config = write_config(tmp_path, digits_folder, batch_size=50, image_size=28)
+    argv[-1] = str(config)
+    assert run_cli(argv) == 0
+    assert load_split(root, "digits", "train")[0].shape == (N_DIGITS - 180, 28, 28)
+
+
+def test_unknown_own_dataset_without_config(run_cli, capsys) -> None:
+    assert run_cli(["data", "--dataset", "digits"]) == 2
+    assert "--dataset digits: unknown dataset" in capsys.readouterr().err
+
+
+def test_changed_definition_is_refused(digits_folder, tmp_path, run_cli, capsys) -> None:
+    config = write_config(tmp_path, digits_folder, image_size=28)
+    argv = [
+        "data",
+        "--dataset",
+        "digits",
+        "--root",
+        str(tmp_path / "d"),
+        "--config",
+        str(config),
+        "--definition-sha256",
+        "0" * 16,
+    ]
+    assert run_cli(argv) == 2
+    assert "datasets.digits changed since the workflow read it" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------ workflow
+
+
+def test_snakemake_dry_run_resolves_an_own_dataset(digits_folder, tmp_path) -> None:
+    """The data rule of an own dataset reads its folder and passes --config with its hash."""
+    config = write_config(tmp_path, digits_folder, image_size=28)
+    snakemake = Path(sys.executable).parent / "snakemake"
+    env = {**os.environ, "PATH": f"{snakemake.parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    result = subprocess.run(
+        [
+            str(snakemake),
+            str(tmp_path / "data" / "digits" / "train.npz"),
+            "-s",
+            str(REPO / "Snakefile"),
+            "-d",
+            str(tmp_path),
+            "-n",
+            "-p",
+            "--configfile",
+            str(config),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        stdin=subprocess.DEVNULL,
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-4000:]
+    assert "dpsinkhorn data --dataset digits" in output and "--definition-sha256" in output
+    assert str(digits_folder) in output  # the source folder is the rule's input
