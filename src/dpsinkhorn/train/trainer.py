@@ -133,8 +133,8 @@ class Trainer:
         )
         self.total_steps = self.private_run.total_steps
         # The classes come from their declaration (``classes``, else the dataset's catalogue
-        # entry or its definition under the config's ``datasets:``), never from the private labels (a label held by one record would change
-        # the embedding's shape). Unconditional (``conditional: false``): one class, and
+        # entry or its definition under the config's ``datasets:``), never from the private
+        # labels (a label held by one record would change the embedding's shape). Unconditional (``conditional: false``): one class, and
         # the real labels are replaced by zeros here, before anything reads them.
         self.conditional = settings.conditional
         self.class_names = declared_classes(
