@@ -134,8 +134,9 @@ class Trainer:
         self.total_steps = self.private_run.total_steps
         # The classes come from their declaration (``classes``, else the dataset's catalogue
         # entry or its definition under the config's ``datasets:``), never from the private
-        # labels (a label held by one record would change the embedding's shape). Unconditional (``conditional: false``): one class, and
-        # the real labels are replaced by zeros here, before anything reads them.
+        # labels (a label held by one record would change the embedding's shape).
+        # Unconditional (``conditional: false``): one class, and the real labels are
+        # replaced by zeros here, before anything reads them.
         self.conditional = settings.conditional
         self.class_names = declared_classes(
             settings.dataset, classes, spec.get("dataset_definition")
