@@ -24,12 +24,17 @@ from dpsinkhorn.data.owndata import DatasetError, prepare_own
 N_DIGITS = 1797
 
 
+def widths(settings: dict) -> dict:
+    """The generator widths a 64 px dataset needs (the 5-layer DCGAN: four); none otherwise."""
+    return {"channels": [512, 256, 128, 64]} if settings.get("image_size") == 64 else {}
+
+
 def entry(path: Path, **settings) -> dict:
     """A validated ``datasets.digits`` entry (schema defaults filled)."""
     cfg = validate(
         {
             "datasets": {"digits": {"path": str(path), **settings}},
-            "experiments": {"e": {"dataset": "digits"}},
+            "experiments": {"e": {"dataset": "digits", **widths(settings)}},
         },
         "test",
     )
@@ -40,7 +45,7 @@ def write_config(tmp_path: Path, source: Path, batch_size: int = 50, **settings)
     cfg = {
         "data_dir": str(tmp_path / "data"),
         "datasets": {"digits": {"path": str(source), "resize": True, **settings}},
-        "experiments": {"e": {"dataset": "digits", "batch_size": batch_size}},
+        "experiments": {"e": {"dataset": "digits", "batch_size": batch_size, **widths(settings)}},
     }
     path = tmp_path / "own.yaml"
     path.write_text(yaml.safe_dump(cfg))
