@@ -2,7 +2,8 @@
 
 Every cell of every table of the run that the paper reports, with the paper's value,
 ours and the difference; then the sound ε = 10 study (when configured) and what the
-paper's ε = 10 means, for this run and for each committed results set.
+paper's ε = 10 means, for this run and for each committed results set; last, privacy
+across releases (``report.privacy_summary``: the composed ε of all DP releases per dataset).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 from dpsinkhorn import fileio
 from dpsinkhorn.config import report_tables, table1_experiments
 from dpsinkhorn.config.studies import TABLE_STUDIES, configured_studies
-from dpsinkhorn.config.targets import CELEBA_TABLES, TITLES
+from dpsinkhorn.config.targets import CELEBA_TABLES, TITLES, privacy_summary_file
 from dpsinkhorn.report import resultset
 from dpsinkhorn.report.celeba import CELEBA_TABLES as CELEBA_TABLE_SPECS
 from dpsinkhorn.report.celeba import celeba_rows
@@ -43,6 +44,7 @@ from dpsinkhorn.report.paper import (
     loss_kind,
     perturbation_kind,
 )
+from dpsinkhorn.report.privacy_summary import privacy_summary, summary_markdown
 from dpsinkhorn.report.studies import study_table_results
 from dpsinkhorn.report.table1 import table1_rows
 
@@ -188,7 +190,14 @@ def reproduction_markdown(config: Mapping, out_dir: Path, files: Sequence[str] =
     if "eps10" in configured_studies(config):
         lines += eps10_section(config, out_dir)
     lines += _epsilon_meaning_lines(config, out_dir, tables)
+    lines += ["", *summary_markdown(_privacy_summary(config, out_dir))]
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _privacy_summary(config: Mapping, out_dir: Path) -> dict:
+    """The run's privacy_summary.json (its rule wrote it), else computed from the ledgers."""
+    path = Path(privacy_summary_file(out_dir))
+    return fileio.read_json(path) if path.exists() else privacy_summary(config, out_dir)
 
 
 def _epsilon_meaning_lines(config: Mapping, out_dir: Path, tables: Sequence[str]) -> list[str]:
