@@ -219,7 +219,7 @@ def test_privacy_summary_of_the_run(run):
     ledgers = [fileio.read_json(root / e / "privacy.json") for e in ("dp_a", "dp_b")]
     assert summary["dataset"] == "mnist" and summary["releases"] == 2
     assert summary["release_epsilons"] == {
-        e: x["epsilon"] for e, x in zip(("dp_a", "dp_b"), ledgers)
+        e: x["epsilon"] for e, x in zip(("dp_a", "dp_b"), ledgers, strict=True)
     }
     assert summary["configurations_tried"] == 3  # dp_a, dp_b and the non-private np
     (a, b) = ledgers

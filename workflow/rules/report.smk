@@ -70,6 +70,7 @@ rule privacy_summary:
         targets.privacy_summary_file(RESULTS),
     params:
         config_files=CONFIG_FILES,
+        results=RESULTS,
     log:
         f"{LOGS}/privacy_summary.log",
     threads: 1
@@ -79,7 +80,7 @@ rule privacy_summary:
     conda:
         CONDA_ENV
     shell:
-        "dpsinkhorn privacy-summary --config {params.config_files} --results {RESULTS}"
+        "dpsinkhorn privacy-summary --config {params.config_files} --results {params.results}"
         " --out {output} > {log} 2>&1"
 
 
@@ -92,6 +93,7 @@ rule release_manifest:
         targets.release_manifest_file(RESULTS),
     params:
         config_files=CONFIG_FILES,
+        results=RESULTS,
     log:
         f"{LOGS}/release_manifest.log",
     threads: 1
@@ -101,5 +103,5 @@ rule release_manifest:
     conda:
         CONDA_ENV
     shell:
-        "dpsinkhorn release-manifest --config {params.config_files} --results {RESULTS}"
+        "dpsinkhorn release-manifest --config {params.config_files} --results {params.results}"
         " > {log} 2>&1"
