@@ -70,7 +70,7 @@ rule privacy_summary:
         targets.privacy_summary_file(RESULTS),
     params:
         config_files=CONFIG_FILES,
-        results=RESULTS,
+        results=lambda w, output: Path(output[0]).parent,
     log:
         f"{LOGS}/privacy_summary.log",
     threads: 1
@@ -93,7 +93,7 @@ rule release_manifest:
         targets.release_manifest_file(RESULTS),
     params:
         config_files=CONFIG_FILES,
-        results=RESULTS,
+        results=lambda w, output: Path(output[0]).parent,
     log:
         f"{LOGS}/release_manifest.log",
     threads: 1
