@@ -85,7 +85,7 @@ def run(tmp_path: Path) -> tuple[Path, Path]:
         fileio.write_json(out / name / "privacy.json", privacy)
         ps = [0.0, 0.5, 1.0]
         fileio.write_json(
-            out / name / "gradstudy.json",
+            out / "nonprivate" / name / "gradstudy.json",
             {
                 "experiment": name,
                 "trained_p": spec["p"],

@@ -52,12 +52,14 @@ def run(tmp_path: Path) -> tuple[Path, Path]:
     config.write_text(CONFIG)
     out = tmp_path / "results" / "fake"
     for exp, per_seed in RESULTS.items():
+        # Non-private rows live under nonprivate/ (config.experiment_dir), DP rows beside it.
+        where = out / ("" if "dpsinkhorn" in exp else "nonprivate") / exp
         for seed, (fid, *accs) in enumerate(per_seed):
-            fileio.write_json(out / exp / f"fid_seed{seed}.json", {"fid": fid})
+            fileio.write_json(where / f"fid_seed{seed}.json", {"fid": fid})
             for model, acc in zip(["logreg", "mlp", "cnn"], accs, strict=True):
-                fileio.write_json(out / exp / f"acc_{model}_seed{seed}.json", {"accuracy": acc})
+                fileio.write_json(where / f"acc_{model}_seed{seed}.json", {"accuracy": acc})
         if exp in PRIVACY:
-            fileio.write_json(out / exp / "privacy.json", {"mechanism": "x", **PRIVACY[exp]})
+            fileio.write_json(where / "privacy.json", {"mechanism": "x", **PRIVACY[exp]})
     rng = np.random.default_rng(0)
     for exp in ["mnist_dpsinkhorn", "fmnist_dpsinkhorn"]:
         images = rng.integers(0, 256, size=(40, 28, 28), dtype=np.uint8)
@@ -179,7 +181,7 @@ def test_missing_result_file_is_named(run):
 
 def test_accuracy_in_percent_is_refused(run):
     config, out = run
-    fileio.write_json(out / "real_mnist" / "acc_cnn_seed0.json", {"accuracy": 99.0})
+    fileio.write_json(out / "nonprivate" / "real_mnist" / "acc_cnn_seed0.json", {"accuracy": 99.0})
     with pytest.raises(ValueError, match="real_mnist/acc_cnn_seed0.json.*fraction"):
         table1([config], out)
 

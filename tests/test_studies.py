@@ -150,7 +150,7 @@ def test_outputs_inputs_and_targets_cli(tmp_path):
     assert targets.outputs(config, "table4", results)["csv"] == str(results / "tables/table4.csv")
     inputs = targets.inputs(config, "fig4c", results)
     assert inputs["gradients"] == [
-        str(results / e / "gradstudy.json") for e in ("fig4c_p0", "fig4c_p1")
+        str(results / "nonprivate" / e / "gradstudy.json") for e in ("fig4c_p0", "fig4c_p1")
     ]
     assert len(inputs["results"]) == 2 * 2 * 4  # 2 experiments x 2 seeds x (fid + 3 classifiers)
     assert gradient_settings(config) == {

@@ -10,10 +10,12 @@ from dpsinkhorn.config import (
     data_mirror_of,
     dataset_of,
     datasets,
+    experiment_dir,
     experiment_names,
     experiment_spec,
     figure_datasets,
     prepare_workflow_process,
+    private_experiments,
     real_experiments,
     table1_experiments,
     trained_experiments,
@@ -89,7 +91,11 @@ TRAINED_ALONE = wildcard_regex(TRAINED_ALONE)
 REAL = wildcard_regex(real_experiments(config))
 
 
+# An experiment's files live in {RESULTS}/{home}{exp}/: home is "" for a DP release and
+# "nonprivate/" for everything no ledger covers (dpsinkhorn.config.experiment_home); the
+# file lists of dpsinkhorn.config.targets pick the home, the rules only match it.
 wildcard_constraints:
+    home=r"(nonprivate/)?",
     dataset=wildcard_regex(datasets(config)),
     exp=wildcard_regex(experiment_names(config)),
     model=wildcard_regex(all_classifiers(config)),
@@ -108,7 +114,12 @@ def dataset_file(split):
 
 def fid_reference(w):
     """Input function: the FID statistics of the experiment's real test set."""
-    return f"{RESULTS}/fid_ref_{dataset_of(config, w.exp)}.npz"
+    return targets.fid_reference_file(RESULTS, dataset_of(config, w.exp))
+
+
+def experiment_file(name):
+    """Input function: a file in the experiment's own folder (its generator, samples)."""
+    return lambda w: f"{experiment_dir(config, RESULTS, w.exp)}/{name.format(**dict(w.items()))}"
 
 
 def evaluation_outputs(experiments):

@@ -8,18 +8,18 @@ EVAL_GROUP = "eval_{exp}"
 
 rule sample:
     input:
-        generator=f"{RESULTS}/{{exp}}/generator.pt",
+        generator=f"{RESULTS}/{{home}}{{exp}}/generator.pt",
     output:
-        f"{RESULTS}/{{exp}}/samples_seed{{seed}}.npz",
+        f"{RESULTS}/{{home}}{{exp}}/samples_seed{{seed}}.npz",
     params:
         num=EVAL["num_samples"],
         device=DEVICE,
     wildcard_constraints:
         exp=TRAINED,
     log:
-        f"{LOGS}/sample_{{exp}}_seed{{seed}}.log",
+        f"{LOGS}/{{home}}sample_{{exp}}_seed{{seed}}.log",
     benchmark:
-        f"{BENCH}/sample_{{exp}}_seed{{seed}}.tsv"
+        f"{BENCH}/{{home}}sample_{{exp}}_seed{{seed}}.tsv"
     priority: 20
     threads: 2
     resources:
@@ -40,15 +40,15 @@ rule sample_real:
     input:
         data=dataset_file("train"),
     output:
-        f"{RESULTS}/{{exp}}/samples_seed{{seed}}.npz",
+        f"{RESULTS}/{{home}}{{exp}}/samples_seed{{seed}}.npz",
     params:
         num=EVAL["num_samples"],
     wildcard_constraints:
         exp=REAL,
     log:
-        f"{LOGS}/sample_{{exp}}_seed{{seed}}.log",
+        f"{LOGS}/{{home}}sample_{{exp}}_seed{{seed}}.log",
     benchmark:
-        f"{BENCH}/sample_{{exp}}_seed{{seed}}.tsv"
+        f"{BENCH}/{{home}}sample_{{exp}}_seed{{seed}}.tsv"
     priority: 20
     threads: 1
     resources:
@@ -65,7 +65,7 @@ rule fid_reference:
     input:
         test=f"{DATA}/{{dataset}}/test.npz",
     output:
-        f"{RESULTS}/fid_ref_{{dataset}}.npz",
+        f"{RESULTS}/nonprivate/fid_ref_{{dataset}}.npz",  # = targets.fid_reference_file
     params:
         subset=FID_SUBSET,
         weights=flag("--weights", config["fid_weights"]),
@@ -89,18 +89,18 @@ rule fid_reference:
 
 rule fid:
     input:
-        samples=f"{RESULTS}/{{exp}}/samples_seed{{seed}}.npz",
+        samples=experiment_file("samples_seed{seed}.npz"),  # scores may live elsewhere
         reference=fid_reference,
     output:
-        f"{RESULTS}/{{exp}}/fid_seed{{seed}}.json",
+        f"{RESULTS}/{{home}}{{exp}}/fid_seed{{seed}}.json",
     params:
         weights=flag("--weights", config["fid_weights"]),
         device=DEVICE,
         sqrtm=EVAL["fid_sqrtm"],
     log:
-        f"{LOGS}/fid_{{exp}}_seed{{seed}}.log",
+        f"{LOGS}/{{home}}fid_{{exp}}_seed{{seed}}.log",
     benchmark:
-        f"{BENCH}/fid_{{exp}}_seed{{seed}}.tsv"
+        f"{BENCH}/{{home}}fid_{{exp}}_seed{{seed}}.tsv"
     priority: 10
     threads: 2
     resources:
@@ -121,10 +121,10 @@ rule fid:
 # The class count comes from the dataset definition (--dataset), never from the labels.
 rule classify:
     input:
-        train=expand(f"{RESULTS}/{{{{exp}}}}/samples_seed{{seed}}.npz", seed=SEEDS),
+        train=lambda w: [experiment_file(f"samples_seed{s}.npz")(w) for s in SEEDS],
         test=dataset_file("test"),
     output:
-        expand(f"{RESULTS}/{{{{exp}}}}/acc_{{{{model}}}}_seed{{seed}}.json", seed=SEEDS),
+        expand(f"{RESULTS}/{{{{home}}}}{{{{exp}}}}/acc_{{{{model}}}}_seed{{seed}}.json", seed=SEEDS),
     params:
         seeds=" ".join(map(str, SEEDS)),
         dataset=lambda wildcards: dataset_of(config, wildcards.exp),
@@ -134,9 +134,9 @@ rule classify:
         max_iter=EVAL["logreg_max_iter"],
         device=DEVICE,
     log:
-        f"{LOGS}/classify_{{exp}}_{{model}}.log",
+        f"{LOGS}/{{home}}classify_{{exp}}_{{model}}.log",
     benchmark:
-        f"{BENCH}/classify_{{exp}}_{{model}}.tsv"
+        f"{BENCH}/{{home}}classify_{{exp}}_{{model}}.tsv"
     # FID (priority 10) and sampling (20) go first: FID never waits for the classifiers.
     priority: 0
     threads: 2

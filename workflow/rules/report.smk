@@ -59,3 +59,49 @@ for celeba_table in targets.CELEBA_TABLES:
         shell:
             "dpsinkhorn report {params.table}"
             " --config {params.config_files} --out-dir {params.out_dir} > {log} 2>&1"
+
+
+# Accounting across releases: per dataset, the DP releases, their composed epsilon and the
+# configurations tried (dpsinkhorn.report.privacy_summary). Reads the ledgers only.
+rule privacy_summary:
+    input:
+        targets.privacy_files(config, RESULTS, private_experiments(config)),
+    output:
+        targets.privacy_summary_file(RESULTS),
+    params:
+        config_files=CONFIG_FILES,
+        results=lambda w, output: Path(output[0]).parent,
+    log:
+        f"{LOGS}/privacy_summary.log",
+    threads: 1
+    resources:
+        mem_mb=4000,
+        runtime=30,
+    conda:
+        CONDA_ENV
+    shell:
+        "dpsinkhorn privacy-summary --config {params.config_files} --results {params.results}"
+        " --out {output} > {log} 2>&1"
+
+
+# The release, defined by the code: every publishable file (the DP experiments' folders and
+# the summary) with its hash and ledger; `dpsinkhorn release` copies exactly these.
+rule release_manifest:
+    input:
+        targets.release_inputs(config, RESULTS),
+    output:
+        targets.release_manifest_file(RESULTS),
+    params:
+        config_files=CONFIG_FILES,
+        results=lambda w, output: Path(output[0]).parent,
+    log:
+        f"{LOGS}/release_manifest.log",
+    threads: 1
+    resources:
+        mem_mb=4000,
+        runtime=30,
+    conda:
+        CONDA_ENV
+    shell:
+        "dpsinkhorn release-manifest --config {params.config_files} --results {params.results}"
+        " > {log} 2>&1"

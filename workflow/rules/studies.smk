@@ -60,13 +60,13 @@ rule study_figure:
 
 
 # Figure 4c: bias and variance of the generator-gradient estimator of one trained generator
-# (non-private analysis of the training data; the result is a figure, not a release).
+# (non-private analysis of the training data: it lives under nonprivate/, never in a release).
 rule grad_study:
     input:
-        generator=f"{RESULTS}/{{exp}}/generator.pt",
+        generator=experiment_file("generator.pt"),
         train=dataset_file("train"),
     output:
-        f"{RESULTS}/{{exp}}/gradstudy.json",
+        f"{RESULTS}/nonprivate/{{exp}}/gradstudy.json",  # = targets.gradstudy_file
     params:
         config_files=CONFIG_FILES,
         p_values=" ".join(str(p) for p in gradient_settings(config)["p_values"]),

@@ -9,16 +9,17 @@
 # warning, a preemption) reaches it without first killing that shell.
 # The outputs are the release only. Checkpoints live in {exp}/private_workspace/ (never
 # an output, never to be shared; deleted when training completes, see README "Privacy").
-TRAINING_FILES = ("generator.pt", "privacy.json", "train_log.csv")
+# A DP release trains into {RESULTS}/{exp}/, anything else into {RESULTS}/nonprivate/{exp}/.
+TRAINING_FILES = targets.TRAINING_FILES
 
 
 rule train:
     input:
         train=dataset_file("train"),
     output:
-        generator=f"{RESULTS}/{{exp}}/generator.pt",
-        privacy=f"{RESULTS}/{{exp}}/privacy.json",
-        log_csv=f"{RESULTS}/{{exp}}/train_log.csv",  # = TRAINING_FILES
+        generator=f"{RESULTS}/{{home}}{{exp}}/generator.pt",
+        privacy=f"{RESULTS}/{{home}}{{exp}}/privacy.json",
+        log_csv=f"{RESULTS}/{{home}}{{exp}}/train_log.csv",  # = TRAINING_FILES
     params:
         config_files=CONFIG_FILES,
         out=lambda w, output: Path(output.generator).parent,
@@ -27,9 +28,9 @@ rule train:
     wildcard_constraints:
         exp=TRAINED_ALONE,
     log:
-        f"{LOGS}/train_{{exp}}.log",
+        f"{LOGS}/{{home}}train_{{exp}}.log",
     benchmark:
-        f"{BENCH}/train_{{exp}}.tsv"
+        f"{BENCH}/{{home}}train_{{exp}}.tsv"
     threads: 4
     # Retries come from the main Snakemake process only (a new job, once the old one is
     # gone), never from the Snakemake that runs the step inside a cluster job.
@@ -56,7 +57,7 @@ for members in SWEEPS:
         input:
             train=f"{DATA}/{dataset_of(config, members[0])}/train.npz",
         output:
-            [f"{RESULTS}/{e}/{f}" for e in members for f in TRAINING_FILES],
+            [f"{experiment_dir(config, RESULTS, e)}/{f}" for e in members for f in TRAINING_FILES],
         params:
             config_files=CONFIG_FILES,
             experiments=" ".join(members),

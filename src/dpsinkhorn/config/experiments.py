@@ -48,6 +48,14 @@ def generator_widths(generator: str, image_size: int | None = None) -> tuple[int
 #: other dataset is declared under the config's ``datasets:``.
 BUILTIN_DATASETS = ("mnist", "fmnist", "celeba")
 
+#: The folder under results/<run>/ of everything computed from the private data that no
+#: privacy ledger covers: non-private experiments (``sinkhorn``, ``real_data``), gradient
+#: studies, FID statistics of a test split, and scores against a private test split.
+NONPRIVATE = "nonprivate"
+#: Datasets whose test split is public (published benchmarks): FID and classifier scores of a
+#: DP generator's samples against it are post-processing of the release plus public data.
+#: Any other dataset's test split is private: those scores live under ``nonprivate/``.
+PUBLIC_TEST_SPLITS = ("mnist", "fmnist", "celeba")
 #: Where the smoke run's synthetic CelebA source goes, under data_dir (``celeba_fixture``).
 FIXTURE_SOURCE = "celeba_source"
 
@@ -108,6 +116,39 @@ def dataset_of(config: Mapping, name: str) -> str:
 def needs_training(config: Mapping, name: str) -> bool:
     """Whether the experiment trains a generator (everything but ``real_data``)."""
     return experiment(config, name)["method"] != "real_data"
+
+
+def is_private(config: Mapping, name: str) -> bool:
+    """Whether the experiment is a DP release (``dp_sinkhorn``: a ledger covers its folder)."""
+    return experiment(config, name)["method"] == "dp_sinkhorn"
+
+
+def private_experiments(config: Mapping) -> list[str]:
+    """The DP releases of the config (:func:`is_private`), in config order."""
+    return [n for n in experiment_names(config) if is_private(config, n)]
+
+
+def experiment_home(config: Mapping, name: str) -> str:
+    """``""`` for a DP release, else ``"nonprivate/"``: its folder is results/<run>/<home><name>."""
+    return "" if is_private(config, name) else f"{NONPRIVATE}/"
+
+
+def experiment_dir(config: Mapping, results: str | Path, name: str) -> Path:
+    """The folder of an experiment's generator, ledger and samples (see :func:`experiment_home`)."""
+    return Path(results) / f"{experiment_home(config, name)}{name}"
+
+
+def evaluation_home(config: Mapping, name: str) -> str:
+    """Where the FID / classifier scores go: the experiment's folder when its test split is
+    public (:data:`PUBLIC_TEST_SPLITS`), else ``"nonprivate/"`` (scores against private data)."""
+    if dataset_of(config, name) not in PUBLIC_TEST_SPLITS:
+        return f"{NONPRIVATE}/"
+    return experiment_home(config, name)
+
+
+def evaluation_dir(config: Mapping, results: str | Path, name: str) -> Path:
+    """The folder of an experiment's ``fid_seed*.json`` and ``acc_*_seed*.json``."""
+    return Path(results) / f"{evaluation_home(config, name)}{name}"
 
 
 def trained_experiments(config: Mapping) -> list[str]:

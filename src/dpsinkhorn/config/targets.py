@@ -25,12 +25,16 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from dpsinkhorn.config.experiments import (
+    NONPRIVATE,
     TABLE_ROWS,
+    evaluation_dir,
     experiment,
     experiment_classifiers,
+    experiment_dir,
     figure_datasets,
     figure_experiment,
     needs_training,
+    private_experiments,
     table1_experiments,
     table_experiments,
     trained_experiments,
@@ -75,6 +79,8 @@ assert set(NAMES) == {*MAIN_TABLES, *TABLE_STUDIES, *FIGURE_STUDIES, *SAMPLE_FIG
 assert set(CELEBA_TABLES) == set(TABLE_ROWS) == set(TABLE_FIGURES), "CelebA tables: rows, figure"
 
 PathLike = str | os.PathLike
+#: The files a training run writes into its folder (``train.release.OUTPUT_FILES``).
+TRAINING_FILES = ("generator.pt", "privacy.json", "train_log.csv")
 
 
 # ------------------------------------------------------------------ per-experiment files
@@ -83,9 +89,8 @@ PathLike = str | os.PathLike
 def evaluation_files(config: Mapping, results: PathLike, experiments: Iterable[str]) -> list[str]:
     """FID and classifier result files of every seed of these experiments (no classifier
     files for an unconditional one: ``experiment_classifiers``)."""
-    results = Path(results)
     return [
-        str(results / exp / f"{metric}_seed{seed}.json")
+        str(evaluation_dir(config, results, exp) / f"{metric}_seed{seed}.json")
         for exp in dict.fromkeys(experiments)
         for metric in ["fid"] + [f"acc_{m}" for m in experiment_classifiers(config, exp)]
         for seed in config["seeds"]
@@ -95,7 +100,7 @@ def evaluation_files(config: Mapping, results: PathLike, experiments: Iterable[s
 def privacy_files(config: Mapping, results: PathLike, experiments: Iterable[str]) -> list[str]:
     """The privacy reports (``privacy.json``) of those of these experiments that train."""
     return [
-        str(Path(results) / exp / "privacy.json")
+        str(experiment_dir(config, results, exp) / "privacy.json")
         for exp in dict.fromkeys(experiments)
         if needs_training(config, exp)
     ]
@@ -104,7 +109,49 @@ def privacy_files(config: Mapping, results: PathLike, experiments: Iterable[str]
 def sample_files(config: Mapping, results: PathLike, experiments: Iterable[str]) -> list[str]:
     """The first seed's samples of these experiments (what the sample figures show)."""
     seed = config["seeds"][0]
-    return [str(Path(results) / exp / f"samples_seed{seed}.npz") for exp in experiments]
+    return [
+        str(experiment_dir(config, results, e) / f"samples_seed{seed}.npz") for e in experiments
+    ]
+
+
+def fid_reference_file(results: PathLike, dataset: str) -> str:
+    """FID statistics of a dataset's test split (computed from it: never in a release)."""
+    return str(Path(results) / NONPRIVATE / f"fid_ref_{dataset}.npz")
+
+
+def gradstudy_file(results: PathLike, exp: str) -> str:
+    """Figure 4c's gradient study of a trained generator (un-noised statistics of the
+    training data: never in a release, also for a DP experiment)."""
+    return str(Path(results) / NONPRIVATE / exp / "gradstudy.json")
+
+
+def release_manifest_file(results: PathLike) -> str:
+    """The run's publishable files and the ledger covering each (``dpsinkhorn release``)."""
+    return str(Path(results) / "release_manifest.json")
+
+
+def privacy_summary_file(results: PathLike) -> str:
+    """Per dataset: the DP releases, their composed ε, the configurations tried."""
+    return str(Path(results) / "privacy_summary.json")
+
+
+def release_inputs(config: Mapping, results: PathLike) -> list[str]:
+    """What the release manifest covers: every DP experiment's files, and the summary."""
+    exps = private_experiments(config)
+    return [
+        *(str(experiment_dir(config, results, e) / f) for e in exps for f in TRAINING_FILES),
+        *(
+            str(experiment_dir(config, results, e) / f"samples_seed{s}.npz")
+            for e in exps
+            for s in config["seeds"]
+        ),  # fmt: skip
+        *(f for f in evaluation_files(config, results, exps) if _in_release(results, f)),
+        privacy_summary_file(results),
+    ]
+
+
+def _in_release(results: PathLike, path: str) -> bool:
+    return not Path(path).is_relative_to(Path(results) / NONPRIVATE)
 
 
 # ----------------------------------------------------------------------- main tables
@@ -223,13 +270,14 @@ def inputs(config: Mapping, name: str, results: PathLike) -> dict[str, list[str]
         files = {"tables": [outputs(config, t, results)["csv"] for t in tables]}
         if "eps10" in available(config):  # its cells are a section of reproduction.md
             files["studies"] = [outputs(config, "eps10", results)["csv"]]
+        files["privacy_summary"] = [privacy_summary_file(results)]
         return files
     files = {
         "results": evaluation_files(config, results, exps),
         "privacy": privacy_files(config, results, exps),
     }
     if name == "fig4c":
-        files["gradients"] = [str(results / e / "gradstudy.json") for e in exps]
+        files["gradients"] = [gradstudy_file(results, e) for e in exps]
     return files
 
 

@@ -148,3 +148,24 @@ class PrivacyAccountant:
     @staticmethod
     def describe() -> str:
         return f"dp-accounting {importlib.metadata.version('dp-accounting')}"
+
+
+def composed_epsilon(mechanisms: list[tuple[float, float, int]], delta: float) -> float:
+    """ε at ``delta`` of publishing several releases trained on the same private data.
+
+    Each entry (q, z, steps) is one run: ``steps`` Poisson-subsampled Gaussian mechanisms
+    (rate q, noise multiplier z, add/remove-one adjacency), as :class:`PrivacyAccountant`
+    records them. All runs compose (sequential composition on one dataset: their noise
+    keys are independent): dp-accounting's RDP accountant adds their RDP curves order by
+    order, then converts once to ε at δ. Two identical runs give the ε of one run with
+    twice the steps (RDP of T + T steps of one mechanism is that of 2T steps).
+    """
+    check_delta(delta)
+    acc = rdp_lib.RdpAccountant()
+    for q, z, steps in mechanisms:
+        check_rate(q)
+        check_positive("noise multiplier", z)
+        check_count("steps", steps)
+        if steps:
+            acc.compose(_step_event(z, q), int(steps))
+    return float(acc.get_epsilon(delta)) if any(t for _, _, t in mechanisms) else 0.0

@@ -12,9 +12,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from dpsinkhorn import fileio
-from dpsinkhorn.config import (
-    experiment,
-)
+from dpsinkhorn.config import experiment, experiment_dir
 from dpsinkhorn.config.studies import STUDIES, study_cells
 from dpsinkhorn.config.targets import CELEBA_TABLES, NAMES, SAMPLE_FIGURES, TITLES, cell_experiments
 from dpsinkhorn.report.common import (
@@ -54,7 +52,7 @@ def _experiment_text(config: Mapping, out_dir: Path, name: str) -> str:
         return f"{name} ({dataset}, real training data)"
     if spec["method"] != "dp_sinkhorn":
         return f"{name} ({dataset}, non-private Sinkhorn, {spec['steps']} steps)"
-    privacy = _read_privacy(out_dir / name / "privacy.json")
+    privacy = _read_privacy(experiment_dir(config, out_dir, name) / "privacy.json")
     eps, eps_paper = privacy.get("epsilon"), privacy.get("epsilon_paper_convention")
     if isinstance(eps, int | float) and privacy.get("steps") is not None:
         sigma = privacy.get("sigma", spec["sigma"])
@@ -155,9 +153,9 @@ def caption(
     public = [
         e
         for e in exps
-        if str(_read_privacy(out_dir / e / "privacy.json").get("guarantee", "")).startswith(
-            NO_GUARANTEE_PREFIX
-        )
+        if str(
+            _read_privacy(experiment_dir(config, out_dir, e) / "privacy.json").get("guarantee", "")
+        ).startswith(NO_GUARANTEE_PREFIX)
     ]
     if public:
         parts.append(

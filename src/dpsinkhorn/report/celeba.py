@@ -16,6 +16,7 @@ from dpsinkhorn import fileio
 from dpsinkhorn.config import (
     TABLE_FIGURES,
     experiment,
+    experiment_dir,
     load_config,
     table_experiments,
     table_figure_experiments,
@@ -126,7 +127,7 @@ def celeba_table(table: str, config_files: Sequence[str | Path], out_dir: str | 
     labels = {n: r.method.removesuffix("+DP-Sinkhorn") for r in rows if (n := r.exp_name)}
     panels = []
     for name in names:
-        samples = out_dir / name / f"samples_seed{seed}.npz"
+        samples = experiment_dir(config, out_dir, name) / f"samples_seed{seed}.npz"
         check_exist([samples])
         images, sample_labels = fileio.load_samples(samples)
         panels.append((images, sample_labels, labels[name] if len(names) > 1 else ""))

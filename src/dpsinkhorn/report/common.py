@@ -19,7 +19,13 @@ from pathlib import Path
 import numpy as np
 
 from dpsinkhorn import fileio
-from dpsinkhorn.config import experiment, experiment_classifiers, load_config
+from dpsinkhorn.config import (
+    evaluation_dir,
+    experiment,
+    experiment_classifiers,
+    experiment_dir,
+    load_config,
+)
 from dpsinkhorn.data.catalog import DATASETS
 
 METRICS = ("fid", "acc_logreg", "acc_mlp", "acc_cnn")
@@ -149,13 +155,17 @@ def measured_row(
     ``paper`` holds the paper's values for ``metrics`` (None where it has none).
     """
     spec = experiment(config, name)
-    dataset, exp_dir, seeds = spec["dataset"], results_dir / name, config["seeds"]
+    dataset, seeds = spec["dataset"], config["seeds"]
+    exp_dir, eval_dir = (
+        experiment_dir(config, results_dir, name),
+        evaluation_dir(config, results_dir, name),
+    )
     row = Row(label, dataset, THIS_RUN, exp_name=name, seeds=len(seeds))
-    per_metric = {"fid": [read_number(exp_dir / f"fid_seed{s}.json", "fid") for s in seeds]}
+    per_metric = {"fid": [read_number(eval_dir / f"fid_seed{s}.json", "fid") for s in seeds]}
     row.unconditional = spec.get("conditional", True) is False
     for model in experiment_classifiers(config, name):
         per_metric[f"acc_{model}"] = [
-            accuracy_percent(exp_dir / f"acc_{model}_seed{s}.json") for s in seeds
+            accuracy_percent(eval_dir / f"acc_{model}_seed{s}.json") for s in seeds
         ]
     for metric in metrics:
         values = per_metric.get(metric)

@@ -18,9 +18,15 @@ from pathlib import Path
 import numpy as np
 
 from dpsinkhorn import fileio
-from dpsinkhorn.config import classifiers_of, experiment, figure_datasets, figure_experiment
+from dpsinkhorn.config import (
+    classifiers_of,
+    experiment,
+    experiment_dir,
+    figure_datasets,
+    figure_experiment,
+)
 from dpsinkhorn.config.studies import FIGURE_STUDIES, study_cells
-from dpsinkhorn.config.targets import SAMPLE_FIGURES, TITLES
+from dpsinkhorn.config.targets import SAMPLE_FIGURES, TITLES, gradstudy_file
 from dpsinkhorn.report.common import (
     CLASS_NAMES,
     DATASET_TITLES,
@@ -305,7 +311,7 @@ FIG4C_COLUMNS += ("variance_normalised", "bias_noise_floor", "batches")
 
 def _fig4c(config: Mapping, out_dir: Path) -> list[Path]:
     cells = study_cells(config, "fig4c")
-    paths = {c.experiment: out_dir / c.experiment / "gradstudy.json" for c in cells}
+    paths = {c.experiment: Path(gradstudy_file(out_dir, c.experiment)) for c in cells}
     check_exist(paths.values())
     fig, axes = _figure(1, 2)
     records, lines = [], []
@@ -354,7 +360,8 @@ def _samples_figure(config: Mapping, out_dir: Path, name: str) -> list[Path]:
         )
     seed = config["seeds"][0]
     sources = {
-        d: out_dir / figure_experiment(config, d) / f"samples_seed{seed}.npz" for d in datasets
+        d: experiment_dir(config, out_dir, figure_experiment(config, d)) / f"samples_seed{seed}.npz"
+        for d in datasets
     }
     check_exist(sources.values())
     side_by_side = name == "fig2"

@@ -2,7 +2,8 @@
 
 Every cell of every table of the run that the paper reports, with the paper's value,
 ours and the difference; then the sound ε = 10 study (when configured) and what the
-paper's ε = 10 means, for this run and for each committed results set.
+paper's ε = 10 means, for this run and for each committed results set; last, privacy
+across releases (``report.privacy_summary``: the composed ε of all DP releases per dataset).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 from dpsinkhorn import fileio
 from dpsinkhorn.config import report_tables, table1_experiments
 from dpsinkhorn.config.studies import TABLE_STUDIES, configured_studies
-from dpsinkhorn.config.targets import CELEBA_TABLES, TITLES
+from dpsinkhorn.config.targets import CELEBA_TABLES, TITLES, privacy_summary_file
 from dpsinkhorn.report import resultset
 from dpsinkhorn.report.celeba import CELEBA_TABLES as CELEBA_TABLE_SPECS
 from dpsinkhorn.report.celeba import celeba_rows
@@ -43,6 +44,7 @@ from dpsinkhorn.report.paper import (
     loss_kind,
     perturbation_kind,
 )
+from dpsinkhorn.report.privacy_summary import summary_markdown
 from dpsinkhorn.report.studies import study_table_results
 from dpsinkhorn.report.table1 import table1_rows
 
@@ -188,6 +190,12 @@ def reproduction_markdown(config: Mapping, out_dir: Path, files: Sequence[str] =
     if "eps10" in configured_studies(config):
         lines += eps10_section(config, out_dir)
     lines += _epsilon_meaning_lines(config, out_dir, tables)
+    summary = Path(privacy_summary_file(out_dir))  # an input of the reproduction rule
+    if summary.exists():
+        lines += ["", *summary_markdown(fileio.read_json(summary))]
+    else:
+        lines += ["", f"No {summary.name}: run `dpsinkhorn privacy-summary` for privacy "
+                  "across releases."]  # fmt: skip
     return "\n".join(lines).rstrip() + "\n"
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dpsinkhorn import fileio
-from dpsinkhorn.config import experiment
+from dpsinkhorn.config import experiment, experiment_dir
 from dpsinkhorn.config.studies import TABLE_STUDIES, configured_studies, study_cells
 from dpsinkhorn.config.targets import TITLES, evaluation_files, privacy_files
 from dpsinkhorn.report.common import (
@@ -101,7 +101,9 @@ def measure_study(
         row = measured_row(config, out_dir, cell.experiment, cell.label, values, metrics)
         privacy = {}
         if spec["method"] == "dp_sinkhorn":
-            privacy = fileio.read_json(out_dir / cell.experiment / "privacy.json")
+            privacy = fileio.read_json(
+                experiment_dir(config, out_dir, cell.experiment) / "privacy.json"
+            )
         results.append(CellResult(cell.label, cell.experiment, cell.base, spec, row, privacy))
     return results
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from dpsinkhorn.config import (
     experiment,
+    experiment_dir,
     figure_experiment,
     load_config,
     table1_experiments,
@@ -167,7 +168,7 @@ def table1(config_files: Sequence[str | Path], out_dir: str | Path) -> list[Path
         if name is None:
             continue
         png = out_dir / "figures" / f"samples_{dataset}.png"
-        samples = out_dir / name / f"samples_seed{seed}.npz"
+        samples = experiment_dir(config, out_dir, name) / f"samples_seed{seed}.npz"
         check_exist([samples])
         title = f"{DATASET_TITLES.get(dataset, dataset)}: {name} (seed {seed})"
         save_sample_figure(samples, png, dataset, title)

@@ -1,7 +1,8 @@
 """Sweeps: K independent training runs in one process on one device.
 
 ``dpsinkhorn train-sweep --config ... --experiments A B C --out-root results/<run>``
-trains each experiment into ``<out-root>/<name>/`` with exactly the files, checkpoints
+trains each experiment into ``<out-root>/<name>/`` (``<out-root>/nonprivate/<name>/`` when
+not a DP release: ``config.experiment_dir``) with exactly the files, checkpoints
 and privacy ledger of ``dpsinkhorn train`` (a sweep member can be resumed by either).
 
 The step is the single run's (``train.step.TrainingStep``, K = the active runs); what is
@@ -190,7 +191,9 @@ def register_cli(subparsers: argparse._SubParsersAction) -> None:
         "train-sweep", help="train several experiments together in one process (one device)"
     )
     p.add_argument("--experiments", nargs="+", required=True)
-    p.add_argument("--out-root", required=True, help="run folder: <out-root>/<experiment>/")
+    p.add_argument(
+        "--out-root", required=True, help="run folder: <out-root>/[nonprivate/]<experiment>/"
+    )
     add_training_arguments(p)
     p.set_defaults(handler=_cli)
 
@@ -198,5 +201,5 @@ def register_cli(subparsers: argparse._SubParsersAction) -> None:
 def _cli(args: argparse.Namespace) -> int:
     cfg = config_lib.load_config(args.config)  # loaded and validated once per command
     specs = [config_lib.trained_experiment(cfg, e, "nothing to train") for e in args.experiments]
-    outs = [Path(args.out_root) / spec["name"] for spec in specs]
+    outs = [config_lib.experiment_dir(cfg, args.out_root, spec["name"]) for spec in specs]
     return run_training_cli("train-sweep", args, cfg, train_sweep, specs, outs)

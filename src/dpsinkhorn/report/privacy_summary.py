@@ -1,0 +1,160 @@
+"""Accounting across releases: what publishing every DP release of a run costs, per dataset.
+
+Each DP experiment's ledger (``privacy.json``) covers its own release. Releases trained on
+the same private dataset compose: publishing all of them is one mechanism, the sequence
+of every run's Poisson-subsampled Gaussian steps (add/remove-one adjacency), whose ε at δ
+is :func:`dpsinkhorn.privacy.accounting.composed_epsilon` (RDP curves added across runs,
+then converted once). Tuning is not free either: every configuration trained on the data
+(non-private ones and sweep members included) looked at it, so the summary counts them.
+
+``dpsinkhorn privacy-summary --config ... --results results/<run>`` writes
+``results/<run>/privacy_summary.json`` (:func:`privacy_summary`); reproduction.md shows it
+as a section (:func:`summary_markdown`). It reads the ledgers only (public settings, N,
+step counts), so it is itself covered by them and belongs to the release.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Mapping
+from pathlib import Path
+
+from dpsinkhorn import fileio
+from dpsinkhorn.config import (
+    dataset_of,
+    datasets,
+    experiment_dir,
+    is_private,
+    load_config,
+    trained_experiments,
+)
+from dpsinkhorn.config.targets import privacy_summary_file
+from dpsinkhorn.privacy.accounting import composed_epsilon, compute_epsilon
+
+#: Ledger keys the composition reads.
+LEDGER_KEYS = ("q", "noise_multiplier", "steps", "delta", "epsilon", "accountant", "guarantee")
+#: privacy.json ``guarantee`` of a run without one starts with this.
+NO_GUARANTEE = "none"
+#: Relative tolerance between a ledger's ε and the ε recomputed from its (q, z, steps).
+EPSILON_RTOL = 1e-6
+
+
+def read_ledger(path: Path) -> dict:
+    """A DP release's privacy.json, checked: its ε is that of one (q, z, steps) mechanism.
+
+    A ledger whose run changed σ on resume has several segments that privacy.json does not
+    list; its ε then differs from the recomputed one and the summary refuses it.
+    """
+    ledger = fileio.read_json(path)
+    if not ledger.get("private"):
+        raise ValueError(f"{path}: not a DP ledger (private is {ledger.get('private')!r})")
+    missing = [k for k in LEDGER_KEYS if k not in ledger]
+    if missing:
+        raise ValueError(f"{path}: missing key {missing[0]!r}")
+    kind = str(ledger["accountant"]).split(" ", 1)[0]
+    again = compute_epsilon(
+        ledger["noise_multiplier"], ledger["q"], int(ledger["steps"]), ledger["delta"], kind
+    )
+    if not math.isclose(again, float(ledger["epsilon"]), rel_tol=EPSILON_RTOL):
+        raise ValueError(
+            f"{path}: epsilon {ledger['epsilon']} is not that of its q, noise_multiplier and "
+            f"steps ({again:.6g} by {kind}); its run had several mechanisms"
+        )
+    return ledger
+
+
+def dataset_summary(config: Mapping, results: Path, dataset: str) -> dict:
+    """The releases of one dataset, their composed ε at the largest δ any of them claims."""
+    tried = [e for e in trained_experiments(config) if dataset_of(config, e) == dataset]
+    names = [e for e in tried if is_private(config, e)]
+    ledgers = {e: read_ledger(experiment_dir(config, results, e) / "privacy.json") for e in names}
+    delta = max((float(x["delta"]) for x in ledgers.values()), default=None)
+    summary: dict = {
+        "dataset": dataset,
+        "releases": len(names),
+        "release_epsilons": {e: float(x["epsilon"]) for e, x in ledgers.items()},
+        "configurations_tried": len(tried),
+        "configurations": tried,
+        "mechanism": "Poisson-subsampled Gaussian, add/remove-one adjacency; every step of "
+        "every release composed (RDP, dp-accounting)",
+        "delta": delta,
+        "epsilon_composed": None,
+    }
+    if ledgers:
+        mechanisms = [(float(x["q"]), float(x["noise_multiplier"]), int(x["steps"]))
+                      for x in ledgers.values()]  # fmt: skip
+        eps = composed_epsilon(mechanisms, delta)
+        overflow = sum(
+            int(x["steps"]) * float(x.get("poisson_overflow_probability_per_step", 0.0))
+            for x in ledgers.values()
+        )
+        summary["epsilon_composed"] = eps
+        # The coupling bound of each ledger's delta_total, over all steps of all releases.
+        summary["delta_total"] = delta + (1 + math.exp(min(eps, 700))) * overflow
+    public = [e for e, x in ledgers.items() if str(x["guarantee"]).startswith(NO_GUARANTEE)]
+    if public:
+        summary["no_guarantee"] = public
+    warnings = []
+    if len(names) > 1:
+        warnings.append(
+            f"{len(names)} DP releases were trained on {dataset}: publishing all of them costs "
+            f"epsilon = {summary['epsilon_composed']:.4g} (composed), not the epsilon of each"
+        )
+    if len(tried) > len(names) or len(names) > 1:
+        warnings.append(
+            f"{len(tried)} configurations were trained on {dataset}; choosing among them used "
+            "the private data, which no ledger counts"
+        )
+    if public:
+        warnings.append(f"no guarantee for {', '.join(public)}: the noise seed was public")
+    summary["warnings"] = warnings
+    return summary
+
+
+def privacy_summary(config: Mapping, results: str | Path) -> dict:
+    """``{"datasets": [dataset_summary, ...]}`` for every dataset the config uses."""
+    results = Path(results)
+    return {"datasets": [dataset_summary(config, results, d) for d in datasets(config)]}
+
+
+def summary_markdown(summary: Mapping) -> list[str]:
+    """The reproduction.md section: one row per dataset, then the warnings."""
+    lines = [
+        "## Privacy across releases",
+        "",
+        "Publishing several DP releases trained on the same data composes their ε "
+        "(RDP, every step of every release); `privacy_summary.json` has the details.",
+        "",
+        "| dataset | DP releases | ε of each | ε of all (composed) | δ | configurations tried |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for d in summary["datasets"]:
+        each = ", ".join(f"{e}: {v:.4g}" for e, v in d["release_epsilons"].items()) or "–"
+        eps = "–" if d["epsilon_composed"] is None else f"{d['epsilon_composed']:.4g}"
+        delta = "–" if d["delta"] is None else f"{d['delta']:g}"
+        lines.append(
+            f"| {d['dataset']} | {d['releases']} | {each} | {eps} | {delta} | "
+            f"{d['configurations_tried']} |"
+        )
+    warnings = [w for d in summary["datasets"] for w in d["warnings"]]
+    lines += [""] + [f"**Warning:** {w}." for w in warnings] + ([""] if warnings else [])
+    return lines
+
+
+def _cli(args: argparse.Namespace) -> int:
+    config = load_config(args.config)
+    out = args.out or privacy_summary_file(args.results)
+    fileio.write_json(out, privacy_summary(config, args.results))
+    print(out)
+    return 0
+
+
+def register_cli(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "privacy-summary", help="per dataset: DP releases, their composed epsilon, configs tried"
+    )
+    p.add_argument("--config", nargs="+", default=["config/config.yaml"])
+    p.add_argument("--results", required=True, help="results/<run>")
+    p.add_argument("--out", help="default: <results>/privacy_summary.json")
+    p.set_defaults(handler=_cli)
