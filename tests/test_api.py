@@ -57,6 +57,26 @@ def test_readme_example_runs_as_written(tmp_path, monkeypatch):
         assert im.size == (28, 28) and im.mode == "L"
     with Image.open(run / "grid.png") as im:  # 10 rows x 10 columns of 28 px, 2 px padding
         assert im.size == (10 * 30 + 2, 10 * 30 + 2)
+    # api.release: exactly the files the ledger covers, with their manifest.
+    published = sorted(p.name for p in (tmp_path / "publish" / "digits").iterdir())
+    assert published == ["generator.pt", "privacy.json", "release_manifest.json", "train_log.csv"]
+    assert (tmp_path / "publish/digits/generator.pt").read_bytes() == (
+        run / "generator.pt"
+    ).read_bytes()
+
+
+def test_api_release_refuses_a_public_seed_and_a_workspace(tmp_path):
+    images, labels = digits(28)
+    api.train({**TINY, "reproducible": True}, tmp_path / "run", train_data=(images, labels),
+              classes=[str(d) for d in range(10)])  # fmt: skip
+    with pytest.raises(ValueError, match="accept-no-guarantee"):
+        api.release(tmp_path / "run", tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    files = api.release(tmp_path / "run", tmp_path / "out", accept_no_guarantee=True)
+    assert len(files) == 4
+    (tmp_path / "run" / "private_workspace").mkdir()
+    with pytest.raises(ValueError, match="private workspace"):
+        api.release(tmp_path / "run", tmp_path / "out2")
 
 
 def test_unconditional_28px_ignores_labels_and_samples_minus_one(tmp_path):

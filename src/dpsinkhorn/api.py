@@ -1,4 +1,4 @@
-"""The Python API for one experiment on your own images: train, sample, save PNGs.
+"""The Python API for one experiment on your own images: train, sample, save PNGs, release.
 
     from dpsinkhorn import api
     api.train({"steps": 2000, "sigma": 1.0}, "runs/mine",
@@ -6,12 +6,14 @@
     images, labels = api.sample("runs/mine/generator.pt", num=100, seed=0)
     api.save_pngs(images, labels, api.class_names("runs/mine/generator.pt"),
                   out_dir="runs/mine/pngs", grid="runs/mine/grid.png")
+    api.release("runs/mine", "publish/mine")  # generator.pt, privacy.json, train_log.csv
 
 ``images`` are uint8 [N,S,S] or [N,S,S,C] with S in 28, 32, 64 and C in 1, 3; ``labels``
 int64 [N] in 0..len(classes)-1. The class count is the declared ``classes``', never
 counted from the labels; with ``conditional: False`` the labels are not read at all.
 The run's folder receives what ``dpsinkhorn train`` publishes (generator.pt,
-privacy.json, train_log.csv; ``train.release``). The README's "Python API" section is
+privacy.json, train_log.csv; ``train.release``); :func:`release` copies exactly those,
+with their manifest, and refuses what they do not cover. The README's "Python API" section is
 this module's example (``tests/test_api.py`` runs it).
 """
 
@@ -32,6 +34,8 @@ from dpsinkhorn.evaluate.sample import (
     read_generator_file,
     sample_generator,
 )
+from dpsinkhorn.train.publish import release as release_run
+from dpsinkhorn.train.publish import write_experiment_manifest
 from dpsinkhorn.train.run import train as train_run
 
 PathLike = str | os.PathLike
@@ -114,3 +118,15 @@ def save_pngs(
         save_png_grid(grid, images, labels, len(class_names), per_class)
         written.append(Path(grid))
     return written
+
+
+def release(run_dir: PathLike, out: PathLike, accept_no_guarantee: bool = False) -> list[Path]:
+    """Publish one trained experiment: write its manifest (``release_manifest.json``: the
+    files its ledger covers, with their sha256) and copy exactly those into ``out`` (new or
+    empty), as ``dpsinkhorn release`` does for a workflow run. Refuses (one-line error) a
+    folder with a private workspace left, a missing or changed file, a non-private run, and
+    a ledger whose guarantee is ``none…`` (public noise seed) unless ``accept_no_guarantee``.
+    Samples and PNGs you drew are post-processing of the generator: publish them yourself.
+    """
+    write_experiment_manifest(run_dir)
+    return release_run(run_dir, out, accept_no_guarantee)

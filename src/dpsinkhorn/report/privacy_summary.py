@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -64,9 +65,12 @@ def read_ledger(path: Path) -> dict:
     return ledger
 
 
-def dataset_summary(config: Mapping, results: Path, dataset: str) -> dict:
-    """The releases of one dataset, their composed ε at the largest δ any of them claims."""
-    tried = [e for e in trained_experiments(config) if dataset_of(config, e) == dataset]
+def dataset_summary(config: Mapping, results: Path, dataset: str | list[str]) -> dict:
+    """The releases of one dataset (or of several datasets read from the same private
+    source: :func:`data_source`), their composed ε at the largest δ any of them claims."""
+    names_of = [dataset] if isinstance(dataset, str) else list(dataset)
+    dataset = "+".join(names_of)
+    tried = [e for e in trained_experiments(config) if dataset_of(config, e) in names_of]
     names = [e for e in tried if is_private(config, e)]
     ledgers = {e: read_ledger(experiment_dir(config, results, e) / "privacy.json") for e in names}
     delta = max((float(x["delta"]) for x in ledgers.values()), default=None)
@@ -112,10 +116,22 @@ def dataset_summary(config: Mapping, results: Path, dataset: str) -> dict:
     return summary
 
 
+def data_source(config: Mapping, dataset: str) -> str:
+    """What private data a dataset is: its name for a built-in one, else the path of its
+    definition (``datasets.<name>.path``): two own datasets read from the same folder or
+    .npz (e.g. at two resolutions) are the same private data and compose."""
+    definition = (config.get("datasets") or {}).get(dataset)
+    return dataset if definition is None else os.path.normpath(str(definition["path"]))
+
+
 def privacy_summary(config: Mapping, results: str | Path) -> dict:
-    """``{"datasets": [dataset_summary, ...]}`` for every dataset the config uses."""
+    """``{"datasets": [dataset_summary, ...]}``, one per private data source the config
+    uses (datasets sharing a source are summarised together, named ``a+b``)."""
     results = Path(results)
-    return {"datasets": [dataset_summary(config, results, d) for d in datasets(config)]}
+    sources: dict[str, list[str]] = {}
+    for d in datasets(config):
+        sources.setdefault(data_source(config, d), []).append(d)
+    return {"datasets": [dataset_summary(config, results, names) for names in sources.values()]}
 
 
 def summary_markdown(summary: Mapping) -> list[str]:

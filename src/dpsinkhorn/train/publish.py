@@ -113,6 +113,43 @@ def write_manifest(config: Mapping, results: str | Path) -> Path:
     return path
 
 
+#: What a single experiment folder (``dpsinkhorn train --out``, ``api.train``) publishes:
+#: the files its ledger covers, as ``train.release`` writes them.
+EXPERIMENT_FILES = ("generator.pt", LEDGER, "train_log.csv")
+
+
+def write_experiment_manifest(exp_dir: str | Path) -> Path:
+    """The manifest of one experiment folder trained alone (no workflow run around it):
+    its ``generator.pt``, ``privacy.json`` and ``train_log.csv``, all covered by that
+    ``privacy.json``. Refuses (ValueError / FileNotFoundError, one line) a folder with a
+    private workspace left, a missing file, or a ledger that is not a DP one."""
+    exp = Path(exp_dir)
+    left = _workspaces(exp)
+    if left:
+        raise ValueError(f"{left[0]}: a private workspace is left (the run is not complete)")
+    for name in EXPERIMENT_FILES:
+        if not (exp / name).is_file():
+            raise FileNotFoundError(f"{exp / name}: missing (the run is not complete)")
+    record = fileio.read_json(exp / LEDGER)
+    if record.get("private") is not True:
+        raise ValueError(f"{exp / LEDGER}: not a DP ledger (private is {record.get('private')!r})")
+    guarantee = record.get("guarantee")
+    manifest = {
+        "version": MANIFEST_VERSION,
+        "run": record.get("experiment"),
+        "ledgers": {LEDGER: guarantee},
+        "files": [
+            {"path": name, "sha256": sha256_of(exp / name), "ledgers": [LEDGER],
+             "guarantees": [guarantee]}
+            for name in EXPERIMENT_FILES
+        ],
+        "not_released": f"everything else under {exp}/",
+    }  # fmt: skip
+    path = exp / MANIFEST
+    fileio.write_json(path, manifest)
+    return path
+
+
 def _checked_entry(run: Path, entry: Mapping, ledgers: Mapping, accept_none: bool) -> Path:
     """The file of one manifest entry, after every refusal that concerns it."""
     rel = PurePosixPath(str(entry.get("path", "")))
@@ -152,7 +189,7 @@ def check_release(run: str | Path, accept_no_guarantee: bool = False) -> list[Pa
     if manifest.get("version") != MANIFEST_VERSION:
         raise ValueError(f"{manifest_path}: version {manifest.get('version')!r}, expected 1")
     ledgers = manifest.get("ledgers") or {}
-    on_disk = {p.relative_to(run).as_posix() for p in run.glob(f"*/{LEDGER}")}
+    on_disk = {p.relative_to(run).as_posix() for p in [*run.glob(LEDGER), *run.glob(f"*/{LEDGER}")]}
     unlisted = sorted(on_disk - set(ledgers))
     if unlisted:
         raise ValueError(f"{run / unlisted[0]}: a ledger the manifest does not list (stale?)")

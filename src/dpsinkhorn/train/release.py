@@ -45,6 +45,7 @@ from pathlib import Path
 
 import torch
 
+from dpsinkhorn.data.catalog import own_layout, resize_statement
 from dpsinkhorn.fileio import torch_bytes, write_all, write_text
 from dpsinkhorn.privacy.accounting import PrivacyAccountant, paper_convention_epsilon
 from dpsinkhorn.privacy.noise import NO_GUARANTEE_PUBLIC_SEED
@@ -98,6 +99,17 @@ def privacy_record(trainer: Trainer) -> dict:
         "poisson_capacity": trainer.sampler.capacity,
         "reproducible": trainer.reproducible,
     }
+    definition = trainer.experiment.get("dataset_definition")
+    if definition is not None:  # an own dataset: say what the generator was trained on
+        base["data"] = {
+            "dataset": trainer.settings.dataset,
+            "layout": own_layout(definition["path"]),
+            "image_size": definition["image_size"],
+            "channels": definition["channels"],
+            "preparation": resize_statement(definition),
+            "test_split": "not covered: an evaluation against the private test split is "
+            "computed from private data and is not part of the release",
+        }
     if trainer.sanitizer is None:
         return {
             **base,
