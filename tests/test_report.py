@@ -12,7 +12,7 @@ import pytest
 from dpsinkhorn import fileio
 from dpsinkhorn.report import cli as report_cli
 from dpsinkhorn.report.common import CSV_COLUMNS, ROW_LABELS
-from dpsinkhorn.report.figures import sample_grid
+from dpsinkhorn.report.grids import sample_grid
 from dpsinkhorn.report.table1 import table1
 
 CONFIG = """

@@ -196,7 +196,14 @@ def figure_experiment(config: Mapping, dataset: str) -> str | None:
 
 
 def figure_datasets(config: Mapping) -> list[str]:
+    """Datasets with a Table 1 DP experiment, whose samples Table 1 shows (samples_<d>.png)."""
     return [d for d in datasets(config) if figure_experiment(config, d) is not None]
+
+
+def paper_figure_datasets(config: Mapping) -> list[str]:
+    """Those of the paper's datasets: the sample grids of Figures 2 and 7 put them side by
+    side (same image size); an own dataset's samples are in Table 1's samples_<d>.png."""
+    return [d for d in figure_datasets(config) if d in BUILTIN_DATASETS]
 
 
 def classifiers_of(config: Mapping, dataset: str) -> list[str]:

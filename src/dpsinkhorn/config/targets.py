@@ -34,6 +34,7 @@ from dpsinkhorn.config.experiments import (
     figure_datasets,
     figure_experiment,
     needs_training,
+    paper_figure_datasets,
     private_experiments,
     table1_experiments,
     table_experiments,
@@ -214,7 +215,7 @@ def available(config: Mapping) -> list[str]:
         names.append("table1")
     names += report_tables(config)
     names += configured_studies(config)
-    names += [f for f in SAMPLE_FIGURES if figure_datasets(config)]
+    names += [f for f in SAMPLE_FIGURES if paper_figure_datasets(config)]
     names.append("reproduction")
     return [n for n in NAMES if n in names]
 
@@ -251,7 +252,7 @@ def cell_experiments(config: Mapping, name: str) -> list[str]:
     if name in CELEBA_TABLES:
         return list(table_experiments(config, name).values())
     if name in SAMPLE_FIGURES:
-        return [figure_experiment(config, d) for d in figure_datasets(config)]
+        return [figure_experiment(config, d) for d in paper_figure_datasets(config)]
     if name == "reproduction":
         return list(
             dict.fromkeys(e for n in available(config)[:-1] for e in cell_experiments(config, n))

@@ -17,7 +17,6 @@ from dpsinkhorn.config import (
     TABLE_FIGURES,
     experiment,
     experiment_dir,
-    load_config,
     table_experiments,
     table_figure_experiments,
     table_files,
@@ -31,11 +30,12 @@ from dpsinkhorn.report.common import (
     guarantee_note,
     markdown_table,
     measured_row,
+    report_config,
     to_csv,
     to_latex,
     write_tables,
 )
-from dpsinkhorn.report.figures import save_grid_figure
+from dpsinkhorn.report.grids import save_grid_figure
 from dpsinkhorn.report.paper import (
     CELEBA_METRICS,
     CELEBA_PAPER,
@@ -118,7 +118,7 @@ def _fixture_note(config: dict) -> str:
 def celeba_table(table: str, config_files: Sequence[str | Path], out_dir: str | Path) -> list[Path]:
     """Write Table 3 or 6 (md, csv, tex) and its figure (fig3 / fig6); return the paths."""
     spec = CELEBA_TABLES[table]
-    config, out_dir = load_config(config_files), Path(out_dir)
+    config, out_dir = report_config(config_files), Path(out_dir)
     rows = celeba_rows(config, table, out_dir)
     seed = config["seeds"][0]
     figure_name, _ = TABLE_FIGURES[table]

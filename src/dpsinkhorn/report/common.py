@@ -26,7 +26,7 @@ from dpsinkhorn.config import (
     experiment_dir,
     load_config,
 )
-from dpsinkhorn.data.catalog import DATASETS
+from dpsinkhorn.data.catalog import DATASETS, own_dataset_info
 
 METRICS = ("fid", "acc_logreg", "acc_mlp", "acc_cnn")
 CSV_COLUMNS = (
@@ -184,12 +184,27 @@ def measured_row(
     return row
 
 
+def learn_own_datasets(config: Mapping) -> dict:
+    """Add the config's own datasets (``datasets:``: their ``title`` and class names, both
+    public) to :data:`DATASET_TITLES` and :data:`CLASS_NAMES`, which every table and figure
+    reads; returns ``config``. Called wherever the report loads a config."""
+    for name, definition in (config.get("datasets") or {}).items():
+        info = own_dataset_info(name, definition)
+        DATASET_TITLES[name], CLASS_NAMES[name] = info.title, list(info.class_names)
+    return config
+
+
+def report_config(files: Sequence[str | os.PathLike]) -> dict:
+    """The validated config of these files, its own datasets known to the report."""
+    return learn_own_datasets(load_config(files))
+
+
 def load_config_like(config: ConfigLike) -> tuple[dict, list[str]]:
     """(validated config, its files): from config file(s), or an already loaded mapping."""
     if isinstance(config, Mapping):
-        return dict(config), []
+        return learn_own_datasets(dict(config)), []
     files = [config] if isinstance(config, str | os.PathLike) else list(config)
-    return load_config(files), [str(f) for f in files]
+    return report_config(files), [str(f) for f in files]
 
 
 # ------------------------------------------------------------------------- writing

@@ -22,13 +22,12 @@ from dpsinkhorn.config import (
     classifiers_of,
     experiment,
     experiment_dir,
-    figure_datasets,
     figure_experiment,
+    paper_figure_datasets,
 )
 from dpsinkhorn.config.studies import FIGURE_STUDIES, study_cells
 from dpsinkhorn.config.targets import SAMPLE_FIGURES, TITLES, gradstudy_file
 from dpsinkhorn.report.common import (
-    CLASS_NAMES,
     DATASET_TITLES,
     METRIC_TITLES_TEX,
     METRICS,
@@ -40,75 +39,9 @@ from dpsinkhorn.report.common import (
     load_config_like,
     write_csv,
 )
+from dpsinkhorn.report.grids import grid_classes, sample_grid
 from dpsinkhorn.report.paper import PAPER_CLAIM, PAPER_DP
 from dpsinkhorn.report.studies import CellResult, measure_study, require_study
-
-# ------------------------------------------------------------------- sample grids
-
-
-def sample_grid(
-    images: np.ndarray, labels: np.ndarray, num_classes: int, per_class: int
-) -> np.ndarray:
-    """Mosaic with one row per class (its first ``per_class`` samples), 2 px gaps.
-
-    A class with fewer samples leaves its remaining cells blank (white).
-    """
-    if images.ndim == 4 and images.shape[-1] == 1:
-        images = images[..., 0]
-    h, w = images.shape[1:3]
-    pad = 2
-    shape = (num_classes * (h + pad) - pad, per_class * (w + pad) - pad) + images.shape[3:]
-    grid = np.full(shape, 255, dtype=np.uint8)  # white gaps, like the page
-    for c in range(num_classes):
-        for j, idx in enumerate(np.flatnonzero(labels == c)[:per_class]):
-            y, x = c * (h + pad), j * (w + pad)
-            grid[y : y + h, x : x + w] = images[idx]
-    return grid
-
-
-def save_sample_figure(
-    samples: Path, out: Path, dataset: str, title: str, per_class: int = 10
-) -> None:
-    """PNG of a sample file: one row per class with the class name as label (atomic)."""
-    images, labels = fileio.load_samples(samples)
-    names = CLASS_NAMES.get(dataset) or [str(c) for c in range(int(labels.max()) + 1)]
-    save_grid_figure([(images, labels, "")], names, out, title, per_class)
-
-
-def save_grid_figure(
-    panels: Sequence[tuple[np.ndarray, np.ndarray, str]],
-    class_names: Sequence[str],
-    out: Path,
-    title: str,
-    per_class: int = 10,
-) -> None:
-    """PNG of sample sets stacked top to bottom, one row per class of each (atomic).
-
-    ``panels`` holds (images, labels, row-label prefix) per sample set, e.g. the DCGAN's
-    then the BigGAN's samples for the paper's Figure 6.
-    """
-    from matplotlib.figure import Figure  # Agg via Figure.savefig; no pyplot state
-
-    grids, names = [], []
-    for images, labels, prefix in panels:
-        grids.append(sample_grid(images, labels, len(class_names), per_class))
-        names += [f"{prefix} {c}".strip() for c in class_names]
-    blank = np.full((2, *grids[0].shape[1:]), 255, dtype=np.uint8)  # the 2 px gap
-    grid = np.concatenate([g for grid in grids for g in (grid, blank)][:-1])
-    h = panels[0][0].shape[1] + 2
-    fig = Figure(figsize=(1.0 + 0.45 * per_class, 0.5 + 0.45 * len(names)), dpi=100)
-    ax = fig.add_subplot()
-    ax.imshow(grid, cmap="gray" if grid.ndim == 2 else None, vmin=0, vmax=255)
-    ax.set_yticks([c * h + (h - 2) / 2 for c in range(len(names))], names)
-    ax.set_xticks([])
-    ax.tick_params(length=0)
-    for spine in ax.spines.values():
-        spine.set_visible(False)
-    ax.set_title(title, fontsize=9)
-    fig.tight_layout()
-    with fileio.atomic_path(out) as tmp:
-        fig.savefig(tmp, format="png", bbox_inches="tight")
-
 
 # ------------------------------------------------------------------ study figures
 
@@ -352,7 +285,7 @@ def _fig4c(config: Mapping, out_dir: Path) -> list[Path]:
 
 def _samples_figure(config: Mapping, out_dir: Path, name: str) -> list[Path]:
     per_class = SAMPLE_FIGURES[name]
-    datasets = figure_datasets(config)
+    datasets = paper_figure_datasets(config)
     if not datasets:
         raise ValueError(
             f"{name}: the config has no Table 1 DP experiment (table1_row: paper or sound10) "
@@ -367,10 +300,7 @@ def _samples_figure(config: Mapping, out_dir: Path, name: str) -> list[Path]:
     side_by_side = name == "fig2"
     panels, records = [], []
     for dataset, path in sources.items():
-        images, labels = fileio.load_samples(path)
-        names = list(CLASS_NAMES.get(dataset) or [])
-        if len(names) <= int(labels.max()):
-            names = [str(c) for c in range(int(labels.max()) + 1)]
+        images, labels, names = grid_classes(*fileio.load_samples(path), dataset)
         panels.append((dataset, sample_grid(images, labels, len(names), per_class), names))
         for c, class_name in enumerate(names):
             available = int(np.count_nonzero(labels == c))

@@ -20,7 +20,6 @@ from dpsinkhorn.config import (
     experiment,
     experiment_dir,
     figure_experiment,
-    load_config,
     table1_experiments,
 )
 from dpsinkhorn.config.targets import TITLES, table1_files
@@ -36,12 +35,13 @@ from dpsinkhorn.report.common import (
     markdown_table,
     measured_row,
     mechanism_note,
+    report_config,
     sound_epsilons,
     to_csv,
     to_latex,
     write_tables,
 )
-from dpsinkhorn.report.figures import save_sample_figure
+from dpsinkhorn.report.grids import save_sample_figure
 from dpsinkhorn.report.paper import (
     BASELINE_EPSILON,
     GPATE_NOTE,
@@ -158,7 +158,7 @@ def to_markdown(rows: Sequence[Row], config: dict, figures: dict[str, tuple[str,
 
 def table1(config_files: Sequence[str | Path], out_dir: str | Path) -> list[Path]:
     """Write Table 1 (md, csv, tex) and the sample figures; return the written paths."""
-    config = load_config(config_files)
+    config = report_config(config_files)
     out_dir = Path(out_dir)
     rows = table1_rows(config, out_dir)
     seed = config["seeds"][0]
