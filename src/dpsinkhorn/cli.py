@@ -28,6 +28,7 @@ COMMAND_MODULES = [
     "evaluate.gradstudy",
     "config.targets",
     "plan",
+    "window",
 ]
 
 
