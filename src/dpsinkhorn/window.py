@@ -438,7 +438,7 @@ def gpu_window(args: argparse.Namespace) -> int:
                        args.cores, state, log)  # fmt: skip
         state["calls"].append({"call": len(state["calls"]) + 1, "device": device, "commit": commit,
                                "started": started, "finished": _now(), "outcome": outcome,
-                               "command": shlex.join(sys.argv)})  # fmt: skip
+                               "command": shlex.join(["dpsinkhorn", *sys.argv[1:]])})  # fmt: skip
         fileio.write_json(state_path, state)
         name = args.set_name or f"{device_slug(device)}-{commit}"
         if args.results_set:
