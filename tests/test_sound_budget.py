@@ -45,8 +45,9 @@ def _most_steps(spec: dict) -> bool:
     return eps[0] <= spec["target_epsilon"] < eps[1]
 
 
-@pytest.mark.parametrize(("name", "dataset"), [("mnist_sound_official", "mnist"),
-                                               ("fmnist_sound_official", "fmnist")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("name", "dataset"), [("mnist_sound_official", "mnist"), ("fmnist_sound_official", "fmnist")]
+)
 def test_table1_official_rows_train_the_steps_their_budget_allows(paper, name, dataset):
     spec = experiment(paper, name)
     assert spec["table1_row"] == "sound_official" and spec["dataset"] == dataset
@@ -78,8 +79,10 @@ def test_plan_gives_gpu_hours_and_day_long_requests_of_the_long_cells(paper):
 
 def test_official_row_needs_a_fixed_sigma(tmp_path):
     bad = tmp_path / "c.yaml"
-    bad.write_text("experiments:\n  x: {dataset: mnist, table1_row: sound_official, sigma: null,"
-                   " target_epsilon: 10.0, steps: 100}\n")  # fmt: skip
+    bad.write_text(
+        "experiments:\n  x: {dataset: mnist, table1_row: sound_official, sigma: null,"
+        " target_epsilon: 10.0, steps: 100}\n"
+    )
     with pytest.raises(ValueError, match="table1_row.*sound_official"):
         load_config(bad)
 

@@ -27,9 +27,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
-import fnmatch
 import hashlib
-import json
 import os
 import re
 import shlex
@@ -37,7 +35,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
@@ -48,12 +45,19 @@ import yaml
 from dpsinkhorn import fileio
 from dpsinkhorn.config.experiments import classifiers_of, dataset_of, experiment_names
 from dpsinkhorn.config.validate import OVERRIDABLE, load_config
+from dpsinkhorn.fileio import pack, unpack
 
 REPO = Path(__file__).resolve().parents[2]
 STATE = "window_state.json"
 #: What a call can rebuild and the archive therefore leaves out (paths in the working folder).
-DEFAULT_EXCLUDE = ("data/*", "*/samples_seed*.npz", "*/fid_ref_*.npz", ".snakemake/locks/*",
-                   ".snakemake/log/*", ".snakemake/auxiliary/*")  # fmt: skip
+DEFAULT_EXCLUDE = (
+    "data/*",
+    "*/samples_seed*.npz",
+    "*/fid_ref_*.npz",
+    ".snakemake/locks/*",
+    ".snakemake/log/*",
+    ".snakemake/auxiliary/*",
+)
 WINDOW_KEYS = {"configfile", "overrides", "work", "archive_exclude", "signal_grace_s", "outputs"}
 ITEM_KEYS = {"name", "experiments", "import", "outputs"}
 OUTPUTS = ("fid", "classify")
@@ -75,14 +79,19 @@ def load_window(path: str | Path) -> dict:
         raise ValueError(f"{path}: must be a mapping")
     for key in data:
         if key not in WINDOW_KEYS:
-            raise ValueError(f"{path}: unknown key {key!r} (known: {', '.join(sorted(WINDOW_KEYS))})")
+            raise ValueError(
+                f"{path}: unknown key {key!r} (known: {', '.join(sorted(WINDOW_KEYS))})"
+            )
     for key in ("configfile", "work"):
         if key not in data:
             raise ValueError(f"{path}: missing key {key!r}")
     config_path = Path(data["configfile"])
     if not config_path.is_absolute():
-        config_path = (path.parent / config_path) if (path.parent / config_path).is_file() \
-            else REPO / config_path  # fmt: skip
+        config_path = (
+            (path.parent / config_path)
+            if (path.parent / config_path).is_file()
+            else REPO / config_path
+        )
     window = {
         "path": path,
         "configfile": str(data["configfile"]),
@@ -94,8 +103,9 @@ def load_window(path: str | Path) -> dict:
     }
     for override in window["overrides"]:
         if override.split("=")[0] not in OVERRIDABLE or "=" not in override:
-            raise ValueError(f"{path}: overrides: {override!r} is not KEY=VALUE of "
-                             f"{', '.join(OVERRIDABLE)}")  # fmt: skip
+            raise ValueError(
+                f"{path}: overrides: {override!r} is not KEY=VALUE of {', '.join(OVERRIDABLE)}"
+            )
     config = load_config([window["config_path"]])
     known = set(experiment_names(config))
     default_outputs = list(data.get("outputs") or OUTPUTS)
@@ -106,12 +116,16 @@ def load_window(path: str | Path) -> dict:
             raise ValueError(f"{at}: each item needs a name")
         for key in item:
             if key not in ITEM_KEYS:
-                raise ValueError(f"{at}: unknown key {key!r} (known: {', '.join(sorted(ITEM_KEYS))})")
+                raise ValueError(
+                    f"{at}: unknown key {key!r} (known: {', '.join(sorted(ITEM_KEYS))})"
+                )
         if item["name"] in names:
             raise ValueError(f"{at}.name: {item['name']!r} used twice")
         names.add(item["name"])
         imports = dict(item.get("import") or {})
-        exps = list(item.get("experiments") or []) + [e for e in imports if e not in (item.get("experiments") or [])]
+        exps = list(item.get("experiments") or []) + [
+            e for e in imports if e not in (item.get("experiments") or [])
+        ]
         if not exps:
             raise ValueError(f"{at}: give experiments or import")
         for exp in exps:
@@ -121,8 +135,9 @@ def load_window(path: str | Path) -> dict:
         for out in outputs:
             if out not in OUTPUTS:
                 raise ValueError(f"{at}.outputs: unknown {out!r} (known: {', '.join(OUTPUTS)})")
-        window["work"].append({"name": item["name"], "experiments": exps, "import": imports,
-                               "outputs": outputs})  # fmt: skip
+        window["work"].append(
+            {"name": item["name"], "experiments": exps, "import": imports, "outputs": outputs}
+        )
     return window
 
 
@@ -143,72 +158,6 @@ def item_targets(config: Mapping, item: Mapping) -> list[str]:
                 for model in classifiers_of(config, dataset_of(config, exp)):
                     targets.append(f"{root}/{exp}/acc_{model}_seed{seed}.json")
     return targets
-
-
-# ---------------------------------------------------------------------------- archive
-
-
-def _excluded(rel: str, patterns: Sequence[str]) -> bool:
-    return any(fnmatch.fnmatch(rel, p) for p in patterns)
-
-
-def archive_parts(path: str | Path) -> list[Path]:
-    """The file(s) of an archive: ``path`` itself, else ``path.part000``, ``.part001``, ..."""
-    path = Path(path)
-    if path.is_file():
-        return [path]
-    parts = sorted(path.parent.glob(path.name + ".part[0-9][0-9][0-9]"))
-    if not parts:
-        raise FileNotFoundError(f"{path}: archive not found (nor {path.name}.part000, ...)")
-    return parts
-
-
-def unpack(archive: str | Path, workdir: Path) -> None:
-    """Extract an archive (or its parts, joined) into ``workdir``."""
-    parts = archive_parts(archive)
-    with tempfile.TemporaryDirectory() as tmp:
-        joined = Path(tmp) / "joined.tar.gz"
-        with open(joined, "wb") as out:
-            for part in parts:
-                with open(part, "rb") as fh:
-                    shutil.copyfileobj(fh, out)
-        try:
-            with tarfile.open(joined, "r:gz") as tar:
-                tar.extractall(workdir, filter="data")
-        except (tarfile.TarError, OSError) as err:
-            raise ValueError(f"{archive}: not a readable window archive ({err})") from None
-
-
-def pack(workdir: Path, archive: str | Path, exclude: Sequence[str], part_mib: float) -> list[Path]:
-    """Tar + gzip ``workdir`` less ``exclude`` into ``archive`` atomically; split it into
-    ``archive.partNNN`` files of at most ``part_mib`` MiB when it is larger. Returns the
-    files written (old parts of the same name are removed)."""
-    archive = Path(archive)
-    archive.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(dir=archive.parent, prefix=f".{archive.name}.")
-    os.close(fd)
-    tmp = Path(tmp_name)
-    try:
-        with tarfile.open(tmp, "w:gz") as tar:
-            for path in sorted(workdir.rglob("*")):
-                rel = path.relative_to(workdir).as_posix()
-                if path.is_file() and not path.is_symlink() and not _excluded(rel, exclude):
-                    tar.add(path, arcname=rel, recursive=False)
-        for old in [archive, *archive.parent.glob(archive.name + ".part[0-9][0-9][0-9]")]:
-            old.unlink(missing_ok=True)
-        limit = int(part_mib * 2**20)
-        if tmp.stat().st_size <= limit:
-            os.replace(tmp, archive)
-            return [archive]
-        written = []
-        with open(tmp, "rb") as fh:
-            for k, chunk in enumerate(iter(lambda: fh.read(limit), b"")):
-                part = archive.parent / f"{archive.name}.part{k:03d}"
-                fileio.write_bytes(part, chunk)
-                written.append(part)
-        return written
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 # ------------------------------------------------------------------------- the device
@@ -235,8 +184,12 @@ def device_slug(name: str) -> str:
 def commit_of(repo: Path) -> str:
     """``git rev-parse --short HEAD`` of ``repo``, ``unknown`` outside a repository."""
     try:
-        out = subprocess.run(["git", "-C", str(repo), "rev-parse", "--short", "HEAD"],
-                             capture_output=True, text=True, timeout=30)  # fmt: skip
+        out = subprocess.run(
+            ["git", "-C", str(repo), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return "unknown"
     return out.stdout.strip() if out.returncode == 0 else "unknown"
@@ -257,13 +210,21 @@ def _sha256(path: Path) -> str:
 # -------------------------------------------------------------------------- the work
 
 
-def snakemake_command(window: Mapping, workdir: Path, targets: Sequence[str],
-                      extra_config: Sequence[str], cores: str) -> list[str]:  # fmt: skip
+def snakemake_command(
+    window: Mapping, workdir: Path, targets: Sequence[str], extra_config: Sequence[str], cores: str
+) -> list[str]:
     """The Snakemake call for ``targets`` in ``workdir`` (mtime is no rerun trigger: data
     rebuilt from the mirror in a fresh call must not retrain a finished generator)."""
     exe = Path(sys.executable).with_name("snakemake")
-    cmd = [str(exe) if exe.exists() else "snakemake", "-s", str(REPO / "Snakefile"),
-           "-d", str(workdir), "--configfile", str(window["config_path"])]  # fmt: skip
+    cmd = [
+        str(exe) if exe.exists() else "snakemake",
+        "-s",
+        str(REPO / "Snakefile"),
+        "-d",
+        str(workdir),
+        "--configfile",
+        str(window["config_path"]),
+    ]
     overrides = [*window["overrides"], *extra_config]
     if overrides:
         cmd += ["--config", *overrides]
@@ -279,11 +240,18 @@ def run_until(cmd: Sequence[str], deadline: float, grace_s: float, log: Path) ->
     with open(log, "a") as out:
         out.write(f"\n$ {shlex.join(cmd)}\n")
         out.flush()
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+        proc = subprocess.Popen(
+            cmd,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         stop = []  # this command stopped (SIGTERM, SIGINT): stop Snakemake as at the deadline
-        handlers = {sig: signal.signal(sig, lambda *_: stop.append(1))
-                    for sig in (signal.SIGTERM, signal.SIGINT)}  # fmt: skip
+        handlers = {
+            sig: signal.signal(sig, lambda *_: stop.append(1))
+            for sig in (signal.SIGTERM, signal.SIGINT)
+        }
         try:
             while proc.poll() is None and time.monotonic() < deadline and not stop:
                 time.sleep(0.2)
@@ -305,8 +273,9 @@ def run_until(cmd: Sequence[str], deadline: float, grace_s: float, log: Path) ->
         return "deadline"
 
 
-def import_generators(item: Mapping, config: Mapping, workdir: Path, import_root: Path | None,
-                      state: dict) -> None:  # fmt: skip
+def import_generators(
+    item: Mapping, config: Mapping, workdir: Path, import_root: Path | None, state: dict
+) -> None:
     """Copy a committed run's generator.pt, privacy.json and train_log.csv into the working
     folder (once): its FID is then measured by the workflow's own rules."""
     for exp, source in item["import"].items():
@@ -316,8 +285,9 @@ def import_generators(item: Mapping, config: Mapping, workdir: Path, import_root
         src = Path(source) if Path(source).is_absolute() else None
         if src is None:
             if import_root is None:
-                raise ValueError(f"work item {item['name']}: import {exp} from {source!r} "
-                                 "needs --import-root")  # fmt: skip
+                raise ValueError(
+                    f"work item {item['name']}: import {exp} from {source!r} needs --import-root"
+                )
             src = import_root / source
         if not (src / "generator.pt").is_file() or not (src / "privacy.json").is_file():
             raise FileNotFoundError(f"{src}: no generator.pt and privacy.json to import for {exp}")
@@ -327,12 +297,22 @@ def import_generators(item: Mapping, config: Mapping, workdir: Path, import_root
                 shutil.copy2(src / name, dest / name)
         gen = dest / "generator.pt"
         state.setdefault("imports", {})[exp] = {
-            "source": str(source), "bytes": gen.stat().st_size, "sha256": _sha256(gen),
-        }  # fmt: skip
+            "source": str(source),
+            "bytes": gen.stat().st_size,
+            "sha256": _sha256(gen),
+        }
 
 
-def work(window: Mapping, workdir: Path, deadline: float, extra_config: Sequence[str],
-         import_root: Path | None, cores: str, state: dict, log: Path) -> str:  # fmt: skip
+def work(
+    window: Mapping,
+    workdir: Path,
+    deadline: float,
+    extra_config: Sequence[str],
+    import_root: Path | None,
+    cores: str,
+    state: dict,
+    log: Path,
+) -> str:
     """Run the work list in order until done or the deadline; returns how the call ended:
     ``done`` (nothing left), ``deadline`` or ``failed:<item>``."""
     config = load_config([window["config_path"]])
@@ -345,10 +325,19 @@ def work(window: Mapping, workdir: Path, deadline: float, extra_config: Sequence
             return "deadline"
         cmd = snakemake_command(window, workdir, pending, extra_config, cores)
         for exp in item["experiments"]:
-            state.setdefault("commands", {}).setdefault(exp, shlex.join(
-                ["snakemake", "--configfile", window["configfile"], *(
-                    ["--config", *window["overrides"]] if window["overrides"] else []),
-                 "--", *[t for t in item_targets(config, item) if f"/{exp}/" in t]]))  # fmt: skip
+            state.setdefault("commands", {}).setdefault(
+                exp,
+                shlex.join(
+                    [
+                        "snakemake",
+                        "--configfile",
+                        window["configfile"],
+                        *(["--config", *window["overrides"]] if window["overrides"] else []),
+                        "--",
+                        *[t for t in item_targets(config, item) if f"/{exp}/" in t],
+                    ]
+                ),
+            )
         outcome = run_until(cmd, deadline, window["signal_grace_s"], log)
         if outcome == "deadline":
             return "deadline"
@@ -380,13 +369,17 @@ def write_set(window: Mapping, workdir: Path, set_dir: Path, state: dict) -> lis
             gen = src / "generator.pt"
             if exp in state.get("imports", {}):
                 entry["generator"] = state["imports"][exp]
-                entry["imported"] = "generator, ledger and training log copied from a committed run; only the evaluation was run in this window"
+                entry["imported"] = (
+                    "generator, ledger and training log copied from a committed run; "
+                    "only the evaluation was run in this window"
+                )
             elif gen.is_file():
                 entry["generator"] = {"bytes": gen.stat().st_size, "sha256": _sha256(gen)}
             experiments[exp] = entry
     provenance = {
         "name": set_dir.name,
-        "what": "outputs of `dpsinkhorn gpu-window` calls (evaluation results, training ledgers and logs, no generators)",
+        "what": "outputs of `dpsinkhorn gpu-window` calls (evaluation results, training "
+        "ledgers and logs, no generators)",
         "device": calls[-1]["device"] if calls else device_name(),
         "commit": calls[-1]["commit"] if calls else "unknown",
         "date": calls[-1]["finished"][:10] if calls else _now()[:10],
@@ -425,7 +418,9 @@ def gpu_window(args: argparse.Namespace) -> int:
         window = load_window(args.config)
         if args.export_set:
             calls = state["calls"]
-            name = args.set_name or (f"{device_slug(calls[-1]['device'])}-{calls[-1]['commit']}" if calls else "unknown")
+            name = args.set_name or (
+                f"{device_slug(calls[-1]['device'])}-{calls[-1]['commit']}" if calls else "unknown"
+            )
             for path in write_set(window, workdir, Path(args.export_set) / name, state):
                 print(path)
             return 0
@@ -434,19 +429,37 @@ def gpu_window(args: argparse.Namespace) -> int:
         device, commit = args.device_name or device_name(), args.commit or commit_of(REPO)
         deadline = start + args.budget_s - args.reserve_s
         log = Path(args.log) if args.log else workdir / "window.log"
-        outcome = work(window, workdir, deadline, args.snakemake_config, args.import_root,
-                       args.cores, state, log)  # fmt: skip
-        state["calls"].append({"call": len(state["calls"]) + 1, "device": device, "commit": commit,
-                               "started": started, "finished": _now(), "outcome": outcome,
-                               "command": shlex.join(["dpsinkhorn", *sys.argv[1:]])})  # fmt: skip
+        outcome = work(
+            window,
+            workdir,
+            deadline,
+            args.snakemake_config,
+            args.import_root,
+            args.cores,
+            state,
+            log,
+        )
+        state["calls"].append(
+            {
+                "call": len(state["calls"]) + 1,
+                "device": device,
+                "commit": commit,
+                "started": started,
+                "finished": _now(),
+                "outcome": outcome,
+                "command": shlex.join(["dpsinkhorn", *sys.argv[1:]]),
+            }
+        )
         fileio.write_json(state_path, state)
         name = args.set_name or f"{device_slug(device)}-{commit}"
         if args.results_set:
             write_set(window, workdir, Path(args.results_set) / name, state)
             fileio.write_json(state_path, state)
         parts = pack(workdir, args.archive_out, window["archive_exclude"], args.part_mib)
-        print(f"gpu-window call {len(state['calls'])}: {outcome}; archive "
-              + " ".join(str(p) for p in parts))  # fmt: skip
+        print(
+            f"gpu-window call {len(state['calls'])}: {outcome}; archive "
+            + " ".join(str(p) for p in parts)
+        )
         return 0 if outcome in ("done", "deadline") else 1
     finally:
         if not keep:
@@ -463,8 +476,9 @@ def register_cli(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--archive-in", help="what the last call left (absent: start empty)")
     p.add_argument("--archive-out", help="where this call leaves its state (tar.gz, parts)")
     p.add_argument("--budget-s", type=float, default=540, help="seconds this call may take")
-    p.add_argument("--reserve-s", type=float, default=45,
-                   help="seconds kept for stopping and packing")  # fmt: skip
+    p.add_argument(
+        "--reserve-s", type=float, default=45, help="seconds kept for stopping and packing"
+    )
     p.add_argument("--part-mib", type=float, default=15, help="largest archive file (MiB)")
     p.add_argument("--results-set", help="root of results sets (e.g. results-paper-scale)")
     p.add_argument("--export-set", help="with --archive-in and no work: write the set here")
@@ -475,6 +489,10 @@ def register_cli(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--workdir", help="keep the working folder here (default: a temp folder)")
     p.add_argument("--log", help="Snakemake's output (default <workdir>/window.log)")
     p.add_argument("--cores", default="all", help="Snakemake --cores")
-    p.add_argument("--snakemake-config", nargs="*", default=[],
-                   help="extra KEY=VALUE for snakemake --config (data_mirror, fid_weights, device)")  # fmt: skip
+    p.add_argument(
+        "--snakemake-config",
+        nargs="*",
+        default=[],
+        help="extra KEY=VALUE for snakemake --config (data_mirror, fid_weights, device)",
+    )
     p.set_defaults(handler=gpu_window)

@@ -70,7 +70,8 @@ def sok_note(datasets: Sequence[str]) -> str:
         "Row *official code's σ, sound ε=10*: the official code's noise multiplier, batch "
         "clipping, B = 50, trained for the steps that spend a sound ε = 10 (δ = 1e-5). "
         f"{SOK_CITATION} re-ran the official code at this budget and report "
-        + "; ".join(parts) + " (their numbers, not measured here)."
+        + "; ".join(parts)
+        + " (their numbers, not measured here)."
     )
 
 
