@@ -207,7 +207,7 @@ def test_window_file_errors_name_the_key(tmp_path):
 
 
 def test_paper_window_file_loads_in_order():
-    loaded = window.load_window(REPO / "config" / "gpu_window.yaml")
+    loaded = window.load_window(REPO / "benchmarks" / "gpu" / "window.yaml")
     names = [item["name"] for item in loaded["work"]]
     assert names[0].startswith("fid_") and names[-1] == "sound_budget"
     first = loaded["work"][0]

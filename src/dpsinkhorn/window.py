@@ -472,7 +472,7 @@ def register_cli(subparsers: argparse._SubParsersAction) -> None:
         help="fill a short GPU allocation: resume from an archive, run the work list in order "
         "until a deadline, pack the archive, write the finished cells as a results set",
     )
-    p.add_argument("--config", default="config/gpu_window.yaml", help="the window file")
+    p.add_argument("--config", default="benchmarks/gpu/window.yaml", help="the window file")
     p.add_argument("--archive-in", help="what the last call left (absent: start empty)")
     p.add_argument("--archive-out", help="where this call leaves its state (tar.gz, parts)")
     p.add_argument("--budget-s", type=float, default=540, help="seconds this call may take")
