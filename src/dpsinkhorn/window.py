@@ -49,6 +49,8 @@ from dpsinkhorn.fileio import pack, unpack
 
 REPO = Path(__file__).resolve().parents[2]
 STATE = "window_state.json"
+#: The workflow config's copy in the working folder (a path equal in every call).
+CONFIG_COPY = "window/config.yaml"
 #: What a call can rebuild and the archive therefore leaves out (paths in the working folder).
 DEFAULT_EXCLUDE = (
     "data/*",
@@ -213,8 +215,10 @@ def _sha256(path: Path) -> str:
 def snakemake_command(
     window: Mapping, workdir: Path, targets: Sequence[str], extra_config: Sequence[str], cores: str
 ) -> list[str]:
-    """The Snakemake call for ``targets`` in ``workdir`` (mtime is no rerun trigger: data
-    rebuilt from the mirror in a fresh call must not retrain a finished generator)."""
+    """The Snakemake call for ``targets``, run with ``workdir`` as its current folder. The
+    config is read from its copy ``workdir/CONFIG_COPY`` by that relative path, so the rules'
+    params (which name the config file) are equal in every call, wherever the folder lies;
+    mtime is no rerun trigger: data rebuilt in a fresh call must not retrain a generator."""
     exe = Path(sys.executable).with_name("snakemake")
     cmd = [
         str(exe) if exe.exists() else "snakemake",
@@ -223,7 +227,7 @@ def snakemake_command(
         "-d",
         str(workdir),
         "--configfile",
-        str(window["config_path"]),
+        CONFIG_COPY,
     ]
     overrides = [*window["overrides"], *extra_config]
     if overrides:
@@ -233,7 +237,9 @@ def snakemake_command(
     return cmd
 
 
-def run_until(cmd: Sequence[str], deadline: float, grace_s: float, log: Path) -> str:
+def run_until(
+    cmd: Sequence[str], deadline: float, grace_s: float, log: Path, cwd: Path | None = None
+) -> str:
     """Run ``cmd`` in its own process group until it ends or ``deadline`` (time.monotonic);
     at the deadline SIGTERM the group, after ``grace_s`` SIGKILL it. Returns ``done``,
     ``failed`` or ``deadline``."""
@@ -246,6 +252,7 @@ def run_until(cmd: Sequence[str], deadline: float, grace_s: float, log: Path) ->
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
+            cwd=cwd,
         )
         stop = []  # this command stopped (SIGTERM, SIGINT): stop Snakemake as at the deadline
         handlers = {
@@ -316,6 +323,7 @@ def work(
     """Run the work list in order until done or the deadline; returns how the call ended:
     ``done`` (nothing left), ``deadline`` or ``failed:<item>``."""
     config = load_config([window["config_path"]])
+    fileio.write_bytes(workdir / CONFIG_COPY, Path(window["config_path"]).read_bytes())
     for item in window["work"]:
         import_generators(item, config, workdir, import_root, state)
         pending = [t for t in item_targets(config, item) if not (workdir / t).is_file()]
@@ -338,7 +346,7 @@ def work(
                     ]
                 ),
             )
-        outcome = run_until(cmd, deadline, window["signal_grace_s"], log)
+        outcome = run_until(cmd, deadline, window["signal_grace_s"], log, cwd=workdir)
         if outcome == "deadline":
             return "deadline"
         if outcome == "failed":
