@@ -319,9 +319,9 @@ def test_dry_run_default_config_and_overrides(tmp_path):
     overrides = ["data_mirror=../m", "fid_weights=w.pth", "device=cpu"]
     result = snakemake(tmp_path, "-n", "--config", *overrides)
     assert result.returncode == 0, result.stdout + result.stderr
-    # Table 1: 8 MNIST / Fashion-MNIST, Tables 3/6: 3 CelebA, studies: 43 more, and the
-    # sound ε = 10 study 19 (its b50 cell is mnist_dpsinkhorn_eps10).
-    assert job_counts(result.stdout)["train"] == 11 + 43 + 19
+    # Table 1: 10 MNIST / Fashion-MNIST, Tables 3/6: 3 CelebA, studies: 43 more, and the
+    # sound ε = 10 study 22 (its b50 cell is mnist_dpsinkhorn_eps10, b50_s1p1 mnist_sound_official).
+    assert job_counts(result.stdout)["train"] == 13 + 43 + 22
     assert "dpsinkhorn data --dataset mnist --root data --mirror ../m" in result.stdout
     assert "--weights w.pth --device cpu" in result.stdout
     paper = REPO / "config" / "config.yaml"

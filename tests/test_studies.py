@@ -194,16 +194,21 @@ def test_eps10_study_hours_from_measured_h100_rates():
     """The sound ε = 10 study of config.yaml, planned from the committed H100 rates."""
     config = config_lib.load_config([ROOT / "config" / "config.yaml"])
     names = studies.study_experiments(config, "eps10")
-    assert names[0] == "mnist_dpsinkhorn_eps10" and len(names) == 20
-    for name in names:  # every cell spends a sound ε = 10 with its own solved σ
+    assert names[0] == "mnist_dpsinkhorn_eps10" and len(names) == 24
+    long = {"eps10_b50_s0p7", "eps10_b50_s0p9", "mnist_sound_official", "eps10_b50_s1p3"}
+    for name in names:  # every cell spends a sound ε = 10: σ solved, or steps (long cells)
         spec = config_lib.experiment(config, name)
-        assert spec["target_epsilon"] == 10.0 and spec["sigma"] is None
+        assert spec["target_epsilon"] == 10.0 and (spec["sigma"] is None) == (name not in long)
     rates = plan.load_rates(H100_RATES)
     result = plan.plan_from_rates(config, rates, names, sweep_runs=8)
     b50 = [j for j in result["jobs"] if j["batch_size"] == 50]
-    assert len(b50) == 1 and len(b50[0]["experiments"]) == 6  # one sweep of the B 50 cells
-    assert b50[0]["steps_per_s"] == 114.84 and b50[0]["rate_source"].startswith("8-run rate")
-    assert result["hours_measured"] == pytest.approx(160000 / 114.84 / 3600)
+    # sweeps group by shape, not length: the six 160k cells with σ 0.7 and 0.9, then σ 1.1, 1.3
+    assert [len(j["experiments"]) for j in b50] == [8, 2]
+    assert [j["steps"] for j in b50] == [2096011, 6353758]
+    assert all(j["steps_per_s"] == 114.84 for j in b50)
+    assert b50[0]["rate_source"].startswith("measured")
+    assert b50[1]["rate_source"].startswith("8-run rate")
+    assert result["hours_measured"] == pytest.approx((2096011 + 6353758) / 114.84 / 3600)
     # B 250 and 1000 were never timed on the GPU: listed, not guessed
     assert len(result["unmeasured"]) == 14
     assert all(j["hours"] is None for j in result["jobs"] if j["batch_size"] != 50)

@@ -30,6 +30,7 @@ COMMAND_MODULES = [
     "evaluate.gradstudy",
     "config.targets",
     "plan",
+    "window",
 ]
 
 

@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fnmatch
 import hashlib
 import io
 import json
 import os
+import shutil
+import tarfile
 import tempfile
 import zipfile
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -252,3 +255,69 @@ def load_samples(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
         raise ValueError(f"{path}: not a readable .npz sample file ({err})") from err
     check_samples(images, labels, str(path))
     return images, labels.astype(np.int64)
+
+
+# --------------------------------------------- archives (dpsinkhorn gpu-window's state)
+
+
+def _excluded(rel: str, patterns: Sequence[str]) -> bool:
+    return any(fnmatch.fnmatch(rel, p) for p in patterns)
+
+
+def archive_parts(path: str | Path) -> list[Path]:
+    """The file(s) of an archive: ``path`` itself, else ``path.part000``, ``.part001``, ..."""
+    path = Path(path)
+    if path.is_file():
+        return [path]
+    parts = sorted(path.parent.glob(path.name + ".part[0-9][0-9][0-9]"))
+    if not parts:
+        raise FileNotFoundError(f"{path}: archive not found (nor {path.name}.part000, ...)")
+    return parts
+
+
+def unpack(archive: str | Path, workdir: Path) -> None:
+    """Extract an archive (or its parts, joined) into ``workdir``."""
+    parts = archive_parts(archive)
+    with tempfile.TemporaryDirectory() as tmp:
+        joined = Path(tmp) / "joined.tar.gz"
+        with open(joined, "wb") as out:
+            for part in parts:
+                with open(part, "rb") as fh:
+                    shutil.copyfileobj(fh, out)
+        try:
+            with tarfile.open(joined, "r:gz") as tar:
+                tar.extractall(workdir, filter="data")
+        except (tarfile.TarError, OSError) as err:
+            raise ValueError(f"{archive}: not a readable tar.gz archive ({err})") from None
+
+
+def pack(workdir: Path, archive: str | Path, exclude: Sequence[str], part_mib: float) -> list[Path]:
+    """Tar + gzip ``workdir`` less ``exclude`` into ``archive`` atomically; split it into
+    ``archive.partNNN`` files of at most ``part_mib`` MiB when it is larger. Returns the
+    files written (old parts of the same name are removed)."""
+    archive = Path(archive)
+    archive.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(dir=archive.parent, prefix=f".{archive.name}.")
+    os.close(fd)
+    tmp = Path(tmp_name)
+    try:
+        with tarfile.open(tmp, "w:gz") as tar:
+            for path in sorted(workdir.rglob("*")):
+                rel = path.relative_to(workdir).as_posix()
+                if path.is_file() and not path.is_symlink() and not _excluded(rel, exclude):
+                    tar.add(path, arcname=rel, recursive=False)
+        for old in [archive, *archive.parent.glob(archive.name + ".part[0-9][0-9][0-9]")]:
+            old.unlink(missing_ok=True)
+        limit = int(part_mib * 2**20)
+        if tmp.stat().st_size <= limit:
+            os.replace(tmp, archive)
+            return [archive]
+        written = []
+        with open(tmp, "rb") as fh:
+            for k, chunk in enumerate(iter(lambda: fh.read(limit), b"")):
+                part = archive.parent / f"{archive.name}.part{k:03d}"
+                write_bytes(part, chunk)
+                written.append(part)
+        return written
+    finally:
+        tmp.unlink(missing_ok=True)

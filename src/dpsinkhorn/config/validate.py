@@ -294,6 +294,19 @@ def _semantic_errors(config: dict) -> list[tuple[list, str]]:
                     "(so that the target is what sets the noise or the length)",
                 )
             )
+        if row == "sound_official" and not (
+            exp["target_epsilon"] == 10
+            and exp["sigma"] is not None
+            and exp["clipping"] == "batch"
+            and exp["epsilon_convention"] == "sound"
+        ):
+            errors.append(
+                (
+                    at + ["table1_row"],
+                    "row 'sound_official' needs the official code's sigma, clipping: batch and "
+                    "target_epsilon: 10 (sound), so that the budget sets the steps",
+                )
+            )
         if row == "perrow" and exp["clipping"] != "per_sample":
             errors.append(
                 (

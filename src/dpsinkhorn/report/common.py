@@ -58,6 +58,7 @@ ROW_LABELS = {
     "paper": "DP-Sinkhorn (paper setting)",
     "perrow": "DP-Sinkhorn (paper setting, per-row clipping)",
     "sound10": "DP-Sinkhorn (sound ε=10)",
+    "sound_official": "DP-Sinkhorn (official code's σ, sound ε=10)",
 }
 #: What each clipping mode does to the block of generated-image gradients (captions).
 CLIPPING_TEXT = {

@@ -52,7 +52,7 @@ from dpsinkhorn.report.common import (
     sound_epsilons,
     to_csv,
 )
-from dpsinkhorn.report.paper import PAPER_DP, PAPER_DP_EPSILON, table1_paper_values
+from dpsinkhorn.report.paper import PAPER_DP, PAPER_DP_EPSILON, sok_note, table1_paper_values
 
 PROVENANCE = "provenance.json"
 #: Ledger keys that must equal the config's experiment for its row label to be right.
@@ -309,7 +309,8 @@ def markdown(rows: Sequence[Row], config: dict, set_dir: Path, provenance: dict)
         "test set; `(paper X)` is the paper's Table 1.",
         "",
     ]
-    for note in [*guarantee_notes(rows), mechanism_note(rows)]:
+    official = [r.dataset for r in rows if r.method == ROW_LABELS["sound_official"]]
+    for note in [*guarantee_notes(rows), mechanism_note(rows), sok_note(official)]:
         lines += [note, ""] if note else []
     lines += ["| Dataset | Row | Experiment | ε sound (RDP) | ε sound (PLD) | "
               "ε paper conv. | FID ↓ | Log Reg | MLP | CNN |", "|" + "---|" * 10]  # fmt: skip

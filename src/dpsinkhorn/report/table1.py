@@ -48,6 +48,7 @@ from dpsinkhorn.report.paper import (
     PAPER_DP_EPSILON,
     PAPER_SETTING_ROWS,
     REPORTED_BASELINES,
+    sok_note,
     table1_paper_values,
 )
 
@@ -121,7 +122,9 @@ def to_markdown(rows: Sequence[Row], config: dict, figures: dict[str, tuple[str,
         "Rows *reported in paper* are copied from the paper (– = N/A or not run).",
         "",
     ]
-    lines += [note for note in (guarantee_note(rows), mechanism_note(rows)) if note]
+    official = [r.dataset for r in rows if r.method == ROW_LABELS["sound_official"]]
+    notes = (guarantee_note(rows), mechanism_note(rows), sok_note(official))
+    lines += [note for note in notes if note]
     lines += [""] if lines[-1] else []
     paper_eps = {ROW_LABELS[k]: PAPER_DP_EPSILON for k in PAPER_SETTING_ROWS}
     for dataset in dict.fromkeys(r.dataset for r in rows):

@@ -1,0 +1,506 @@
+"""A short GPU window filled in one go: ``dpsinkhorn gpu-window``.
+
+Many users get a GPU only briefly, in separate commands of a few minutes, each starting from
+a fresh checkout. Each call of this command:
+
+1. unpacks ``--archive-in`` (what the last call left: the workflow's ``results/`` with
+   training checkpoints, Snakemake's metadata and this window's own log) into a working
+   folder, or starts empty;
+2. works through the window file's ``work`` list in order, each item one Snakemake call
+   for the evaluation files of its experiments that do not exist yet (training, sampling,
+   FID and classifiers follow from the rules), until ``--budget-s`` less ``--reserve-s``
+   has passed; then the Snakemake process group gets SIGTERM (training checkpoints and
+   exits 75, Snakemake removes incomplete outputs) and, after ``signal_grace_s``, SIGKILL;
+3. packs the working folder into ``--archive-out`` (atomically; split into parts of at most
+   ``--part-mib`` MiB) and writes the finished cells as a results set
+   (``<results-set root>/<device>-<commit>/``, :mod:`dpsinkhorn.report.resultset`) with
+   provenance: device, commit, config, the command, each call's start and end.
+
+The archive holds private workspaces (checkpoints): it stays with the user, never publish
+it. Left out of it, because every call can rebuild them: ``data/`` (from the mirror),
+synthetic samples and FID reference statistics (``archive_exclude``). Snakemake runs with
+``--rerun-triggers`` without ``mtime``, so freshly prepared data never retrains a finished
+generator.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import hashlib
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import yaml
+
+from dpsinkhorn import fileio
+from dpsinkhorn.config.experiments import classifiers_of, dataset_of, experiment_names
+from dpsinkhorn.config.validate import OVERRIDABLE, load_config
+from dpsinkhorn.fileio import pack, unpack
+
+REPO = Path(__file__).resolve().parents[2]
+STATE = "window_state.json"
+#: The workflow config's copy in the working folder (a path equal in every call).
+CONFIG_COPY = "window/config.yaml"
+#: What a call can rebuild and the archive therefore leaves out (paths in the working folder).
+DEFAULT_EXCLUDE = (
+    "data/*",
+    "*/samples_seed*.npz",
+    "*/fid_ref_*.npz",
+    ".snakemake/locks/*",
+    ".snakemake/log/*",
+    ".snakemake/auxiliary/*",
+)
+WINDOW_KEYS = {"configfile", "overrides", "work", "archive_exclude", "signal_grace_s", "outputs"}
+ITEM_KEYS = {"name", "experiments", "import", "outputs"}
+OUTPUTS = ("fid", "classify")
+#: Files of an experiment folder that a results set holds (never generator.pt or samples).
+SET_FILES = ("privacy.json", "train_log.csv", "fid_seed*.json", "acc_*_seed*.json")
+
+
+# ---------------------------------------------------------------------- window file
+
+
+def load_window(path: str | Path) -> dict:
+    """The window file, checked: unknown keys, a missing work list or a bad item are
+    one-line errors naming the file and key."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: window file not found")
+    data = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: must be a mapping")
+    for key in data:
+        if key not in WINDOW_KEYS:
+            raise ValueError(
+                f"{path}: unknown key {key!r} (known: {', '.join(sorted(WINDOW_KEYS))})"
+            )
+    for key in ("configfile", "work"):
+        if key not in data:
+            raise ValueError(f"{path}: missing key {key!r}")
+    config_path = Path(data["configfile"])
+    if not config_path.is_absolute():
+        config_path = (
+            (path.parent / config_path)
+            if (path.parent / config_path).is_file()
+            else REPO / config_path
+        )
+    window = {
+        "path": path,
+        "configfile": str(data["configfile"]),
+        "config_path": config_path.resolve(),
+        "overrides": [str(o) for o in data.get("overrides") or []],
+        "archive_exclude": list(data.get("archive_exclude") or DEFAULT_EXCLUDE),
+        "signal_grace_s": float(data.get("signal_grace_s", 60)),
+        "work": [],
+    }
+    for override in window["overrides"]:
+        if override.split("=")[0] not in OVERRIDABLE or "=" not in override:
+            raise ValueError(
+                f"{path}: overrides: {override!r} is not KEY=VALUE of {', '.join(OVERRIDABLE)}"
+            )
+    config = load_config([window["config_path"]])
+    known = set(experiment_names(config))
+    default_outputs = list(data.get("outputs") or OUTPUTS)
+    names = set()
+    for k, item in enumerate(data["work"] or []):
+        at = f"{path}: work[{k}]"
+        if not isinstance(item, dict) or "name" not in item:
+            raise ValueError(f"{at}: each item needs a name")
+        for key in item:
+            if key not in ITEM_KEYS:
+                raise ValueError(
+                    f"{at}: unknown key {key!r} (known: {', '.join(sorted(ITEM_KEYS))})"
+                )
+        if item["name"] in names:
+            raise ValueError(f"{at}.name: {item['name']!r} used twice")
+        names.add(item["name"])
+        imports = dict(item.get("import") or {})
+        exps = list(item.get("experiments") or []) + [
+            e for e in imports if e not in (item.get("experiments") or [])
+        ]
+        if not exps:
+            raise ValueError(f"{at}: give experiments or import")
+        for exp in exps:
+            if exp not in known:
+                raise ValueError(f"{at}: unknown experiment {exp!r} of {config_path}")
+        outputs = list(item.get("outputs") or default_outputs)
+        for out in outputs:
+            if out not in OUTPUTS:
+                raise ValueError(f"{at}.outputs: unknown {out!r} (known: {', '.join(OUTPUTS)})")
+        window["work"].append(
+            {"name": item["name"], "experiments": exps, "import": imports, "outputs": outputs}
+        )
+    return window
+
+
+def results_dir(config: Mapping) -> str:
+    """The workflow's results folder, relative to its working folder."""
+    return f"results/{config['run_name']}"
+
+
+def item_targets(config: Mapping, item: Mapping) -> list[str]:
+    """The evaluation files of an item's experiments (relative to the working folder)."""
+    root = results_dir(config)
+    targets = []
+    for exp in item["experiments"]:
+        for seed in config["seeds"]:
+            if "fid" in item["outputs"]:
+                targets.append(f"{root}/{exp}/fid_seed{seed}.json")
+            if "classify" in item["outputs"]:
+                for model in classifiers_of(config, dataset_of(config, exp)):
+                    targets.append(f"{root}/{exp}/acc_{model}_seed{seed}.json")
+    return targets
+
+
+# ------------------------------------------------------------------------- the device
+
+
+def device_name() -> str:
+    """The GPU's name (torch), else ``cpu (<processor>)``."""
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return f"{torch.cuda.get_device_name(0)} (torch {torch.__version__})"
+        return f"cpu (torch {torch.__version__}, {os.cpu_count()} cores)"
+    except ImportError:
+        return f"cpu ({os.cpu_count()} cores)"
+
+
+def device_slug(name: str) -> str:
+    """``NVIDIA H100 80GB HBM3`` -> ``h100``; a CPU -> ``cpu``."""
+    found = re.search(r"\b([A-Z]{1,2}\d{2,4}[A-Z]?)\b", name.split("(")[0])
+    return found.group(1).lower() if found else "cpu"
+
+
+def commit_of(repo: Path) -> str:
+    """``git rev-parse --short HEAD`` of ``repo``, ``unknown`` outside a repository."""
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(repo), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    return out.stdout.strip() if out.returncode == 0 else "unknown"
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+# -------------------------------------------------------------------------- the work
+
+
+def snakemake_command(
+    window: Mapping, workdir: Path, targets: Sequence[str], extra_config: Sequence[str], cores: str
+) -> list[str]:
+    """The Snakemake call for ``targets``, run with ``workdir`` as its current folder. The
+    config is read from its copy ``workdir/CONFIG_COPY`` by that relative path, so the rules'
+    params (which name the config file) are equal in every call, wherever the folder lies;
+    mtime is no rerun trigger: data rebuilt in a fresh call must not retrain a generator."""
+    exe = Path(sys.executable).with_name("snakemake")
+    cmd = [
+        str(exe) if exe.exists() else "snakemake",
+        "-s",
+        str(REPO / "Snakefile"),
+        "-d",
+        str(workdir),
+        "--configfile",
+        CONFIG_COPY,
+    ]
+    overrides = [*window["overrides"], *extra_config]
+    if overrides:
+        cmd += ["--config", *overrides]
+    cmd += ["--cores", cores, "--rerun-incomplete", "--printshellcmds"]
+    cmd += ["--rerun-triggers", "params", "input", "software-env", "code", "--", *targets]
+    return cmd
+
+
+def run_until(
+    cmd: Sequence[str], deadline: float, grace_s: float, log: Path, cwd: Path | None = None
+) -> str:
+    """Run ``cmd`` in its own process group until it ends or ``deadline`` (time.monotonic);
+    at the deadline SIGTERM the group, after ``grace_s`` SIGKILL it. Returns ``done``,
+    ``failed`` or ``deadline``."""
+    with open(log, "a") as out:
+        out.write(f"\n$ {shlex.join(cmd)}\n")
+        out.flush()
+        proc = subprocess.Popen(
+            cmd,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            cwd=cwd,
+        )
+        stop = []  # this command stopped (SIGTERM, SIGINT): stop Snakemake as at the deadline
+        handlers = {
+            sig: signal.signal(sig, lambda *_: stop.append(1))
+            for sig in (signal.SIGTERM, signal.SIGINT)
+        }
+        try:
+            while proc.poll() is None and time.monotonic() < deadline and not stop:
+                time.sleep(0.2)
+        finally:
+            for sig, handler in handlers.items():
+                signal.signal(sig, handler)
+        if proc.poll() is not None:
+            return "done" if proc.returncode == 0 else "failed"
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        try:  # children of the group that outlived Snakemake
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        return "deadline"
+
+
+def import_generators(
+    item: Mapping, config: Mapping, workdir: Path, import_root: Path | None, state: dict
+) -> None:
+    """Copy a committed run's generator.pt, privacy.json and train_log.csv into the working
+    folder (once): its FID is then measured by the workflow's own rules."""
+    for exp, source in item["import"].items():
+        dest = workdir / results_dir(config) / exp
+        if (dest / "generator.pt").is_file():
+            continue
+        src = Path(source) if Path(source).is_absolute() else None
+        if src is None:
+            if import_root is None:
+                raise ValueError(
+                    f"work item {item['name']}: import {exp} from {source!r} needs --import-root"
+                )
+            src = import_root / source
+        if not (src / "generator.pt").is_file() or not (src / "privacy.json").is_file():
+            raise FileNotFoundError(f"{src}: no generator.pt and privacy.json to import for {exp}")
+        dest.mkdir(parents=True, exist_ok=True)
+        for name in ("generator.pt", "privacy.json", "train_log.csv"):
+            if (src / name).is_file():
+                shutil.copy2(src / name, dest / name)
+        gen = dest / "generator.pt"
+        state.setdefault("imports", {})[exp] = {
+            "source": str(source),
+            "bytes": gen.stat().st_size,
+            "sha256": _sha256(gen),
+        }
+
+
+def work(
+    window: Mapping,
+    workdir: Path,
+    deadline: float,
+    extra_config: Sequence[str],
+    import_root: Path | None,
+    cores: str,
+    state: dict,
+    log: Path,
+) -> str:
+    """Run the work list in order until done or the deadline; returns how the call ended:
+    ``done`` (nothing left), ``deadline`` or ``failed:<item>``."""
+    config = load_config([window["config_path"]])
+    fileio.write_bytes(workdir / CONFIG_COPY, Path(window["config_path"]).read_bytes())
+    for item in window["work"]:
+        import_generators(item, config, workdir, import_root, state)
+        pending = [t for t in item_targets(config, item) if not (workdir / t).is_file()]
+        if not pending:
+            continue
+        if time.monotonic() >= deadline:
+            return "deadline"
+        cmd = snakemake_command(window, workdir, pending, extra_config, cores)
+        for exp in item["experiments"]:
+            state.setdefault("commands", {}).setdefault(
+                exp,
+                shlex.join(
+                    [
+                        "snakemake",
+                        "--configfile",
+                        window["configfile"],
+                        *(["--config", *window["overrides"]] if window["overrides"] else []),
+                        "--",
+                        *[t for t in item_targets(config, item) if f"/{exp}/" in t],
+                    ]
+                ),
+            )
+        outcome = run_until(cmd, deadline, window["signal_grace_s"], log, cwd=workdir)
+        if outcome == "deadline":
+            return "deadline"
+        if outcome == "failed":
+            return f"failed:{item['name']}"
+    return "done"
+
+
+# ------------------------------------------------------------------------ results set
+
+
+def write_set(window: Mapping, workdir: Path, set_dir: Path, state: dict) -> list[Path]:
+    """Copy the finished cells into ``set_dir`` with ``provenance.json``; render its
+    Table 1 (:func:`dpsinkhorn.report.resultset.render`) when it holds a Table 1 row."""
+    from dpsinkhorn.report.resultset import render
+
+    config = load_config([window["config_path"]])
+    calls = state.get("calls", [])
+    experiments = {}
+    for item in window["work"]:
+        for exp in item["experiments"]:
+            src = workdir / results_dir(config) / exp
+            files = sorted({p for pat in SET_FILES for p in src.glob(pat)})
+            if not any(p.name.startswith(("fid_", "acc_")) for p in files):
+                continue
+            for path in files:
+                fileio.write_bytes(set_dir / exp / path.name, path.read_bytes())
+            entry = {"work_item": item["name"], "command": state.get("commands", {}).get(exp, "")}
+            gen = src / "generator.pt"
+            if exp in state.get("imports", {}):
+                entry["generator"] = state["imports"][exp]
+                entry["imported"] = (
+                    "generator, ledger and training log copied from a committed run; "
+                    "only the evaluation was run in this window"
+                )
+            elif gen.is_file():
+                entry["generator"] = {"bytes": gen.stat().st_size, "sha256": _sha256(gen)}
+            experiments[exp] = entry
+    provenance = {
+        "name": set_dir.name,
+        "what": "outputs of `dpsinkhorn gpu-window` calls (evaluation results, training "
+        "ledgers and logs, no generators)",
+        "device": calls[-1]["device"] if calls else device_name(),
+        "commit": calls[-1]["commit"] if calls else "unknown",
+        "date": calls[-1]["finished"][:10] if calls else _now()[:10],
+        "config": window["configfile"],
+        "config_changes": [f"snakemake --config {o}" for o in window["overrides"]],
+        "window": str(window["path"]),
+        "calls": calls,
+        "experiments": experiments,
+    }
+    fileio.write_json(set_dir / "provenance.json", provenance)
+    written = [set_dir / "provenance.json"]
+    try:
+        written += render(set_dir, [window["config_path"]])
+    except ValueError as err:  # no Table 1 row yet: the set still holds its files
+        state.setdefault("notes", []).append(f"results set not rendered: {err}")
+    return written
+
+
+# ------------------------------------------------------------------------------- CLI
+
+
+def gpu_window(args: argparse.Namespace) -> int:
+    """One call: unpack, work until the deadline, pack, write the results set."""
+    start = time.monotonic()
+    started = _now()
+    if args.archive_in is None and args.export_set:
+        raise ValueError("--export-set needs --archive-in")
+    keep = args.workdir is not None
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="dpsinkhorn-window-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    try:
+        if args.archive_in:
+            unpack(args.archive_in, workdir)
+        state_path = workdir / STATE
+        state = fileio.read_json(state_path) if state_path.is_file() else {"calls": []}
+        window = load_window(args.config)
+        if args.export_set:
+            calls = state["calls"]
+            name = args.set_name or (
+                f"{device_slug(calls[-1]['device'])}-{calls[-1]['commit']}" if calls else "unknown"
+            )
+            for path in write_set(window, workdir, Path(args.export_set) / name, state):
+                print(path)
+            return 0
+        if args.archive_out is None:
+            raise ValueError("--archive-out is required (where the next call resumes from)")
+        device, commit = args.device_name or device_name(), args.commit or commit_of(REPO)
+        deadline = start + args.budget_s - args.reserve_s
+        log = Path(args.log) if args.log else workdir / "window.log"
+        outcome = work(
+            window,
+            workdir,
+            deadline,
+            args.snakemake_config,
+            args.import_root,
+            args.cores,
+            state,
+            log,
+        )
+        state["calls"].append(
+            {
+                "call": len(state["calls"]) + 1,
+                "device": device,
+                "commit": commit,
+                "started": started,
+                "finished": _now(),
+                "outcome": outcome,
+                "command": shlex.join(["dpsinkhorn", *sys.argv[1:]]),
+            }
+        )
+        fileio.write_json(state_path, state)
+        name = args.set_name or f"{device_slug(device)}-{commit}"
+        if args.results_set:
+            write_set(window, workdir, Path(args.results_set) / name, state)
+            fileio.write_json(state_path, state)
+        parts = pack(workdir, args.archive_out, window["archive_exclude"], args.part_mib)
+        print(
+            f"gpu-window call {len(state['calls'])}: {outcome}; archive "
+            + " ".join(str(p) for p in parts)
+        )
+        return 0 if outcome in ("done", "deadline") else 1
+    finally:
+        if not keep:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+def register_cli(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "gpu-window",
+        help="fill a short GPU allocation: resume from an archive, run the work list in order "
+        "until a deadline, pack the archive, write the finished cells as a results set",
+    )
+    p.add_argument("--config", default="benchmarks/gpu/window.yaml", help="the window file")
+    p.add_argument("--archive-in", help="what the last call left (absent: start empty)")
+    p.add_argument("--archive-out", help="where this call leaves its state (tar.gz, parts)")
+    p.add_argument("--budget-s", type=float, default=540, help="seconds this call may take")
+    p.add_argument(
+        "--reserve-s", type=float, default=45, help="seconds kept for stopping and packing"
+    )
+    p.add_argument("--part-mib", type=float, default=15, help="largest archive file (MiB)")
+    p.add_argument("--results-set", help="root of results sets (e.g. results-paper-scale)")
+    p.add_argument("--export-set", help="with --archive-in and no work: write the set here")
+    p.add_argument("--set-name", help="results set name (default <device>-<commit>)")
+    p.add_argument("--commit", help="the checkout's commit (default git rev-parse)")
+    p.add_argument("--device-name", help="the device, in words (default: torch's name)")
+    p.add_argument("--import-root", type=Path, help="folder holding the import: sources")
+    p.add_argument("--workdir", help="keep the working folder here (default: a temp folder)")
+    p.add_argument("--log", help="Snakemake's output (default <workdir>/window.log)")
+    p.add_argument("--cores", default="all", help="Snakemake --cores")
+    p.add_argument(
+        "--snakemake-config",
+        nargs="*",
+        default=[],
+        help="extra KEY=VALUE for snakemake --config (data_mirror, fid_weights, device)",
+    )
+    p.set_defaults(handler=gpu_window)

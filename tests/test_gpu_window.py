@@ -1,0 +1,286 @@
+"""``dpsinkhorn gpu-window`` on the CPU: a tiny two-experiment window split over several
+calls that each stop at their deadline, each call in a fresh folder given only the last
+call's archive, ends where one uninterrupted call ends (generator bytes identical in
+reproducible mode, each ledger's steps counted once), and its results set renders."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from helpers import REPO, require_shared, shared_path
+
+from dpsinkhorn import fileio, window
+
+TINY = """\
+run_name: window
+data_dir: DATA
+device: cpu
+seeds: [0]
+evaluation:
+  num_samples: 100
+  fid_reference_size: 100
+  fid_sqrtm: eigh
+  classifiers: [logreg]
+  logreg_max_iter: 50
+  max_epochs: 2
+  patience: 1
+  batch_size: 128
+training_defaults:
+  steps: 60
+  checkpoint_every: 5
+  log_every: 10
+  channels: [32, 16, 8]   # a small generator: the budget goes to steps, not to one step
+  reproducible: true
+experiments:
+  mnist_dpsinkhorn: {dataset: mnist, table1_row: paper, sigma: 1.5}
+  mnist_nonprivate:
+    {dataset: mnist, table1_row: nonprivate, method: sinkhorn, batch_size: 100, steps: 30}
+"""
+WINDOW = """\
+configfile: tiny.yaml
+signal_grace_s: 30
+outputs: [classify]   # no Inception on the CPU: training, sampling and a classifier
+work:
+  - {name: dp, experiments: [mnist_dpsinkhorn]}
+  - {name: nonprivate, experiments: [mnist_nonprivate]}
+"""
+
+
+def call(root: Path, tmp: Path, archive_in: Path | None, archive_out: Path, budget: float):
+    """One call from a fresh folder holding only the window files (and the archive)."""
+    fresh = tmp / f"call-{archive_out.name}"
+    fresh.mkdir()
+    shutil.copy(root / "tiny.yaml", fresh)
+    shutil.copy(root / "window.yaml", fresh)
+    mirror = require_shared(shared_path("DPSINKHORN_DATA_MIRROR"), "MNIST mirror")
+    weights = require_shared(shared_path("DPSINKHORN_FID_WEIGHTS"), "Inception weights")
+    cmd = [
+        sys.executable,
+        "-m",
+        "dpsinkhorn",
+        "gpu-window",
+        "--config",
+        str(fresh / "window.yaml"),
+        "--archive-out",
+        str(archive_out),
+        "--budget-s",
+        str(budget),
+        "--reserve-s",
+        "0",
+        "--results-set",
+        str(fresh / "sets"),
+        "--set-name",
+        "cpu-test",
+        "--commit",
+        "test",
+        "--snakemake-config",
+        f"data_mirror={mirror}",
+        f"fid_weights={weights}",
+    ]
+    if archive_in is not None:
+        cmd += ["--archive-in", str(archive_in)]
+    env = {
+        **os.environ,
+        "PYTHONPATH": f"{REPO / 'src'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+    }
+    result = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, cwd=fresh)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return fresh / "sets" / "cpu-test"
+
+
+def without_times(record: dict) -> dict:
+    """A result record less its wall-clock fields (``seconds``: how long the job ran)."""
+    return {k: v for k, v in record.items() if k != "seconds"}
+
+
+def final_state(archive: Path, into: Path) -> Path:
+    into.mkdir()
+    fileio.unpack(archive, into)
+    return into
+
+
+def prepared_data(tmp_path: Path) -> Path:
+    """MNIST prepared once, outside every call's folder (as a warm machine's /tmp keeps it):
+    the calls' budgets then go to training, not to decoding the archives again."""
+    mirror = require_shared(shared_path("DPSINKHORN_DATA_MIRROR"), "MNIST mirror")
+    root = tmp_path / "data"
+    cmd = [
+        sys.executable,
+        "-m",
+        "dpsinkhorn",
+        "data",
+        "--dataset",
+        "mnist",
+        "--root",
+        str(root),
+        "--mirror",
+        str(mirror),
+    ]
+    subprocess.run(cmd, check=True, capture_output=True, timeout=300)
+    return root
+
+
+@pytest.mark.slow
+def test_window_split_over_interrupted_calls_equals_one_call(tmp_path):
+    (tmp_path / "tiny.yaml").write_text(TINY.replace("DATA", str(prepared_data(tmp_path))))
+    (tmp_path / "window.yaml").write_text(WINDOW)
+    began = time.monotonic()
+    one = call(tmp_path, tmp_path, None, tmp_path / "one.tar.gz", budget=900)
+    # a third of what one call took (the machine's load sets it): >= 3 calls stop at it
+    budget = max(20.0, (time.monotonic() - began) / 3)
+    whole = final_state(tmp_path / "one.tar.gz", tmp_path / "whole")
+    state = json.loads((whole / window.STATE).read_text())
+    assert [c["outcome"] for c in state["calls"]] == ["done"]
+
+    archive, outcomes = None, []
+    for k in range(20):
+        out = tmp_path / f"a{k}.tar.gz"
+        split = call(tmp_path, tmp_path, archive, out, budget=budget)
+        archive = out
+        outcomes = [
+            c["outcome"]
+            for c in json.loads((final_state(out, tmp_path / f"s{k}") / window.STATE).read_text())[
+                "calls"
+            ]
+        ]
+        if outcomes[-1] == "done":
+            break
+    assert outcomes[-1] == "done" and outcomes.count("deadline") >= 3, outcomes
+    parts = final_state(archive, tmp_path / "parts")
+    log = (parts / "window.log").read_text()  # every call's Snakemake output, in order
+    assert "Params have changed" not in log  # no call retrained what an earlier one finished
+    for exp in ("mnist_dpsinkhorn", "mnist_nonprivate"):
+        a, b = whole / "results/window" / exp, parts / "results/window" / exp
+        assert (a / "generator.pt").read_bytes() == (b / "generator.pt").read_bytes(), exp
+        ledger_a = json.loads((a / "privacy.json").read_text())
+        ledger_b = json.loads((b / "privacy.json").read_text())
+        assert ledger_a["steps"] == ledger_b["steps"] == {"mnist_dpsinkhorn": 60}.get(exp, 30)
+        assert ledger_b.get("epsilon") == ledger_a.get("epsilon")
+        assert not (b / "private_workspace").exists()  # removed when training completed
+    # the results set: the same files, provenance of every call, Table 1 rendered
+    for path in sorted(p for p in one.rglob("*.json") if p.name != "provenance.json"):
+        a, b = (json.loads(p.read_text()) for p in (path, split / path.relative_to(one)))
+        assert without_times(a) == without_times(b), path.name
+    provenance = json.loads((split / "provenance.json").read_text())
+    assert len(provenance["calls"]) == len(outcomes)
+    assert set(provenance["experiments"]) == {"mnist_dpsinkhorn", "mnist_nonprivate"}
+    table = (split / "table1.md").read_text()
+    assert "DP-Sinkhorn (paper setting)" in table and "Non-private Sinkhorn" in table
+
+
+def test_archive_round_trip_in_parts_and_exclusions(tmp_path):
+    work = tmp_path / "w"
+    (work / "results/r/e/private_workspace").mkdir(parents=True)
+    (work / "data/mnist").mkdir(parents=True)
+    (work / "results/r/e/private_workspace/ckpt.pt").write_bytes(os.urandom(300_000))
+    (work / "results/r/e/samples_seed0.npz").write_bytes(b"x")
+    (work / "data/mnist/train.npz").write_bytes(b"x")
+    parts = fileio.pack(work, tmp_path / "a.tar.gz", window.DEFAULT_EXCLUDE, part_mib=0.1)
+    assert len(parts) >= 3 and not (tmp_path / "a.tar.gz").exists()
+    back = tmp_path / "back"
+    fileio.unpack(tmp_path / "a.tar.gz", back)
+    got = {p.relative_to(back).as_posix() for p in back.rglob("*") if p.is_file()}
+    assert got == {"results/r/e/private_workspace/ckpt.pt"}
+    assert (back / got.pop()).read_bytes() == (
+        work / "results/r/e/private_workspace/ckpt.pt"
+    ).read_bytes()
+
+
+def test_window_file_errors_name_the_key(tmp_path):
+    (tmp_path / "tiny.yaml").write_text(TINY)
+    (tmp_path / "w.yaml").write_text(
+        "configfile: tiny.yaml\nwork:\n  - {name: a, experiments: [nope]}\n"
+    )
+    with pytest.raises(ValueError, match=r"work\[0\]: unknown experiment 'nope'"):
+        window.load_window(tmp_path / "w.yaml")
+    (tmp_path / "w.yaml").write_text("configfile: tiny.yaml\nwork: []\nextra: 1\n")
+    with pytest.raises(ValueError, match="unknown key 'extra'"):
+        window.load_window(tmp_path / "w.yaml")
+    assert window.device_slug("NVIDIA H100 80GB HBM3 (torch 2.11)") == "h100"
+    assert window.device_slug("cpu (torch 2.14, 2 cores)") == "cpu"
+
+
+def test_paper_window_file_loads_in_order():
+    loaded = window.load_window(REPO / "benchmarks" / "gpu" / "window.yaml")
+    names = [item["name"] for item in loaded["work"]]
+    assert names[0].startswith("fid_") and names[-1] == "sound_budget"
+    first = loaded["work"][0]
+    assert set(first["import"]) == {"mnist_dpsinkhorn", "mnist_perrow"} and first["outputs"] == [
+        "fid"
+    ]
+    config = window.load_config([loaded["config_path"]])
+    targets = window.item_targets(config, loaded["work"][0])
+    assert targets[0] == "results/paper/mnist_dpsinkhorn/fid_seed0.json" and len(targets) == 10
+
+
+def test_export_set_from_an_archive_and_imported_generator(tmp_path):
+    """--export-set (no work): the archive's cells become a results set with provenance;
+    an imported generator is copied once and its source and sha256 recorded."""
+    (tmp_path / "tiny.yaml").write_text(TINY.replace("DATA", str(tmp_path / "data")))
+    (tmp_path / "w.yaml").write_text(
+        "configfile: tiny.yaml\nwork:\n  - {name: fid, import: {mnist_dpsinkhorn: run1}, "
+        "outputs: [classify]}\n"
+    )
+    source = tmp_path / "committed" / "run1"
+    ledger = {
+        "sigma": 1.5,
+        "steps": 60,
+        "clipping": "batch",
+        "clip": 0.5,
+        "batch_size": 50,
+        "delta": 1e-5,
+        "epsilon": 0.23,
+        "guarantee": "none: the noise seed is public",
+    }
+    fileio.write_json(source / "privacy.json", ledger)
+    fileio.write_bytes(source / "generator.pt", b"weights")
+    work = tmp_path / "work"
+    loaded = window.load_window(tmp_path / "w.yaml")
+    config = window.load_config([loaded["config_path"]])
+    state = {
+        "calls": [
+            {
+                "call": 1,
+                "device": "NVIDIA H100 80GB HBM3 (torch 2.11)",
+                "commit": "abc1234",
+                "started": "s",
+                "finished": "2026-11-25T00:00:00",
+                "outcome": "done",
+            }
+        ]
+    }
+    window.import_generators(loaded["work"][0], config, work, tmp_path / "committed", state)
+    window.import_generators(loaded["work"][0], config, work, None, state)  # once: no root needed
+    fileio.write_json(
+        work / "results/window/mnist_dpsinkhorn/acc_logreg_seed0.json", {"accuracy": 0.5}
+    )
+    fileio.write_json(work / window.STATE, state)
+    fileio.pack(work, tmp_path / "state.tgz", window.DEFAULT_EXCLUDE, part_mib=15)
+    from dpsinkhorn.cli import main
+
+    code = main(
+        [
+            "gpu-window",
+            "--config",
+            str(tmp_path / "w.yaml"),
+            "--archive-in",
+            str(tmp_path / "state.tgz"),
+            "--export-set",
+            str(tmp_path / "sets"),
+        ]
+    )
+    assert code == 0
+    set_dir = tmp_path / "sets" / "h100-abc1234"
+    provenance = json.loads((set_dir / "provenance.json").read_text())
+    imported = provenance["experiments"]["mnist_dpsinkhorn"]["generator"]
+    assert imported["source"] == "run1" and imported["bytes"] == len(b"weights")
+    assert "| 50.0 (1/1 seed)" in (set_dir / "table1.md").read_text()
+    assert not (set_dir / "mnist_dpsinkhorn" / "generator.pt").exists()
