@@ -43,7 +43,12 @@ from pathlib import Path
 import yaml
 
 from dpsinkhorn import fileio
-from dpsinkhorn.config.experiments import classifiers_of, dataset_of, experiment_names
+from dpsinkhorn.config.experiments import (
+    evaluation_dir,
+    experiment_classifiers,
+    experiment_dir,
+    experiment_names,
+)
 from dpsinkhorn.config.validate import OVERRIDABLE, load_config
 from dpsinkhorn.fileio import pack, unpack
 
@@ -153,12 +158,13 @@ def item_targets(config: Mapping, item: Mapping) -> list[str]:
     root = results_dir(config)
     targets = []
     for exp in item["experiments"]:
+        where = evaluation_dir(config, root, exp).as_posix()  # under nonprivate/ unless DP
         for seed in config["seeds"]:
             if "fid" in item["outputs"]:
-                targets.append(f"{root}/{exp}/fid_seed{seed}.json")
+                targets.append(f"{where}/fid_seed{seed}.json")
             if "classify" in item["outputs"]:
-                for model in classifiers_of(config, dataset_of(config, exp)):
-                    targets.append(f"{root}/{exp}/acc_{model}_seed{seed}.json")
+                for model in experiment_classifiers(config, exp):
+                    targets.append(f"{where}/acc_{model}_seed{seed}.json")
     return targets
 
 
@@ -286,7 +292,7 @@ def import_generators(
     """Copy a committed run's generator.pt, privacy.json and train_log.csv into the working
     folder (once): its FID is then measured by the workflow's own rules."""
     for exp, source in item["import"].items():
-        dest = workdir / results_dir(config) / exp
+        dest = experiment_dir(config, workdir / results_dir(config), exp)
         if (dest / "generator.pt").is_file():
             continue
         src = Path(source) if Path(source).is_absolute() else None
@@ -367,8 +373,9 @@ def write_set(window: Mapping, workdir: Path, set_dir: Path, state: dict) -> lis
     experiments = {}
     for item in window["work"]:
         for exp in item["experiments"]:
-            src = workdir / results_dir(config) / exp
-            files = sorted({p for pat in SET_FILES for p in src.glob(pat)})
+            src = experiment_dir(config, workdir / results_dir(config), exp)
+            scores = evaluation_dir(config, workdir / results_dir(config), exp)
+            files = sorted({p for d in (src, scores) for pat in SET_FILES for p in d.glob(pat)})
             if not any(p.name.startswith(("fid_", "acc_")) for p in files):
                 continue
             for path in files:
