@@ -24,7 +24,13 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers import read_csv, shared_config_overrides, write_digits_imagefolder, write_digits_npz
+from helpers import (
+    read_csv,
+    require_shared,
+    shared_path,
+    write_digits_imagefolder,
+    write_digits_npz,
+)
 from PIL import Image
 
 pytestmark = pytest.mark.slow
@@ -80,11 +86,10 @@ def workdir(tmp_path_factory) -> Path:
         },
     }  # fmt: skip
     (workdir / "digits.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
-    overrides = [o for o in shared_config_overrides() if o.startswith("fid_weights=")]
+    weights = require_shared(shared_path("DPSINKHORN_FID_WEIGHTS"), "FID_WEIGHTS=PATH")
     run(
         str(BIN / "snakemake"), "-s", str(REPO / "Snakefile"), "-d", str(workdir), "-c", "2",
-        "--configfile", str(workdir / "digits.yaml"),
-        *(["--config", *overrides] if overrides else []),
+        "--configfile", str(workdir / "digits.yaml"), "--config", f"fid_weights={weights}",
         cwd=workdir,
     )  # fmt: skip
     run(str(BIN / "dpsinkhorn"), "release", "--run", "results/digits", "--out", "published",
