@@ -67,6 +67,10 @@ def snakemake_command(workdir: Path, *args: str) -> tuple[list[str], dict]:
     cmd = [str(BIN / "snakemake"), *args, "-s", str(REPO / "Snakefile"), "-d", str(workdir)]
     for profile in PROFILES:
         cmd += ["--profile", str(profile)]
+    # one CPU per job (threads: max-threads in the overlay; an evaluation group's steps one
+    # after another, not side by side): two jobs share the 2-CPU node. (On the command
+    # line: profiles/default, the workflow profile, would replace a profile's cores.)
+    cmd += ["--cores", "1"]
     cmd += ["--configfile", str(CONFIG), *(["--config", *overrides] if overrides else [])]
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
     return cmd, env
@@ -174,16 +178,30 @@ def test_network_steps_ran_as_slurm_jobs_with_one_gpu_each(run):
     for job in run.jobs:
         assert job["TresPerJob"] == "gres:gpu:1", job
         assert job["JOB_GRES"] == "gpu:1", job  # allocated, not only asked for
-    done = [j for j in run.jobs if j["JobState"] == "COMPLETED"]
-    assert len(done) == len(run.jobs) - len(failed_long_jobs(run))
+    # Only trainings fail: a job that got SIGTERM before it finished (it comes 5 min before
+    # the 6-minute limit: under load even a 20-step training may get it) and checkpointed;
+    # each training's last job completed.
+    trainings: dict[str, list[dict]] = {}
+    for job in run.jobs:
+        if job["Rule"] == "train":
+            trainings.setdefault(job["Comment"], []).append(job)
+        else:
+            assert job["JobState"] == "COMPLETED", job
+    for comment, jobs in trainings.items():
+        states = [j["JobState"] for j in jobs]
+        assert states == ["FAILED"] * (len(jobs) - 1) + ["COMPLETED"], (comment, states)
+        exp = comment.removeprefix("rule_train_wildcards_")
+        if exp != LONG:  # (mnist_long: test_preempted_and_time_limited_...)
+            assert exits_75(run, exp) == len(jobs) - 1, (exp, states)
 
 
 def long_jobs(run) -> list[dict]:
     return [j for j in run.jobs if j["Comment"] == f"rule_train_wildcards_{LONG}"]
 
 
-def failed_long_jobs(run) -> list[dict]:
-    return [j for j in long_jobs(run) if j["JobState"] != "COMPLETED"]
+def exits_75(run, exp: str) -> int:
+    """Jobs of experiment ``exp``'s training that stopped on a signal with a checkpoint."""
+    return len(re.findall(rf"--experiment {exp} .*returned non-zero exit status 75", run.output))
 
 
 def test_preempted_and_time_limited_training_checkpoints_and_resumes(run):
@@ -193,7 +211,8 @@ def test_preempted_and_time_limited_training_checkpoints_and_resumes(run):
     spec = yaml.safe_load(CONFIG.read_text())["experiments"][LONG]
     requeued, at = run.preemption.job, run.preemption.step
     # Checkpoints written on the signal (not at a multiple of checkpoint_every).
-    stops = [int(s) for s in re.findall(r"signal 15: checkpoint at step (\d+)", run.output)]
+    stops = re.findall(rf"signal 15: checkpoint at step (\d+) in {RUN}/{LONG}/", run.output)
+    stops = [int(s) for s in stops]
     report = f"job {requeued} requeued at step {at}; " + ", ".join(
         f"job {j['JobId']} {j['JobState']} after {j['RunTime']}"
         + (f" at step {stops[i]}" if i < len(stops) else "")
@@ -221,8 +240,7 @@ def test_preempted_and_time_limited_training_checkpoints_and_resumes(run):
         # before the limit: not killed by it
         assert seconds(job["RunTime"]) < seconds(job["TimeLimit"]), job
     assert sum(j["ExitCode"] == "1:0" for j in jobs[:-1]) >= len(jobs) - 1 - finished_then_signalled
-    exits_75 = run.output.count("returned non-zero exit status 75")
-    assert exits_75 == len(jobs) - 1 - finished_then_signalled
+    assert exits_75(run, LONG) == len(jobs) - 1 - finished_then_signalled
     privacy = json.loads((run.results / LONG / "privacy.json").read_text())
     assert privacy["steps"] == spec["steps"]
     ckpt = run.results / LONG / "private_workspace" / "checkpoint.pt"
@@ -297,7 +315,11 @@ def test_each_experiments_evaluation_ran_as_one_job(run):
     evals = [j for j in run.jobs if j["Rule"] == "eval"]
     report = []
     for exp in rows:
-        jobs = [j for j in evals if re.match(rf"rule_eval_{exp}(_|$)", j["Comment"])]
+        jobs = [
+            j
+            for j in evals
+            if re.fullmatch(rf"rule_eval_{exp}(_(classify|fid|sample))+", j["Comment"])
+        ]
         assert len(jobs) == 1, (exp, [j["Comment"] for j in evals])
         text = Path(jobs[0]["StdOut"]).read_text()
         steps = {(r, w) for r, w in eval_steps_of_log(text) if r in EVAL_RULES}
