@@ -4,14 +4,23 @@ Run by ``make test-slurm`` (tests/slurm/run_live_cluster.sh), which installs SLU
 starts a cluster on this machine (tests/slurm/cluster.sh), sets SLURM_CONF and
 DPSINKHORN_SLURM=1, and stops the cluster afterwards. Without it only the profile check runs.
 
-One Snakemake run (config/slurm_test.yaml: the MNIST rows of Table 1 at smoke sizes,
-one classifier, plus ``mnist_long``) with ``--profile profiles/slurm --profile
-tests/slurm/profile``. The overlay only changes what a cluster without accounting and
-a test in minutes need: status from squeue, and training jobs limited to 2 minutes with
-SLURM's SIGTERM 60 s before the limit (production: 5 min). ``mnist_long`` is preempted
-once (``scontrol requeue``, as PreemptMode=REQUEUE does) and needs more than one 2-minute
-job: each time it checkpoints, and the requeued job or the retry resumes it. The result
-must equal, bit for bit, an uninterrupted local training.
+The cluster enforces its partitions' limits at submission (EnforcePartLimits=ALL). One
+Snakemake run (config/slurm_test.yaml: the MNIST rows of Table 1 at smoke sizes, one
+classifier, plus ``mnist_long``) with ``--profile profiles/slurm --profile
+tests/slurm/profile`` on the default partition ``short`` (MaxTime 6 min). The overlay only
+reads status from squeue and caps threads; every job asks for what production code
+computes: config/slurm_test.yaml's ``cluster:`` section caps requests at 6 min, and the
+SIGTERM comes 5 min before the limit (profiles/slurm). ``mnist_long`` asks for the cap
+(its measured CPU rate says it needs longer), is preempted once (``scontrol requeue``, as
+PreemptMode=REQUEUE does) and runs as a chain of jobs: each time it checkpoints, and the
+requeued job or the retry resumes it. The result must equal, bit for bit, an
+uninterrupted local training. Each experiment's evaluation must run as one job.
+
+Apart from that, every SLURM job of config/config.yaml, as the plugin submits it with
+profiles/slurm, must be accepted by the partition ``long48`` (MaxTime 48 h, DOWN: nothing
+starts): the paper's workflow runs twice against it with stand-in files, once with only the
+data present (every training, FID reference and gradient study is submitted) and once with
+everything but the evaluation present (every evaluation group), and its jobs are cancelled.
 """
 
 from __future__ import annotations
@@ -34,6 +43,8 @@ import torch
 import yaml
 from helpers import shared_config_overrides
 
+from dpsinkhorn.config import cluster, load_config
+
 pytestmark = pytest.mark.slurm
 
 REPO = Path(__file__).resolve().parents[1]
@@ -47,6 +58,7 @@ TARGETS = [f"{RUN}/tables/table1.csv", f"{RUN}/{LONG}/generator.pt"]
 # (workflow/rules/evaluate.smk), named eval_<exp>_<its rules> in the job's comment.
 SLURM_RULES = {"train", "fid_reference", "eval"}
 LOCAL_RULES = {"data", "sample_real", "table1"}
+EVAL_RULES = {"sample", "fid", "classify"}
 
 
 def snakemake_command(workdir: Path, *args: str) -> tuple[list[str], dict]:
@@ -55,6 +67,10 @@ def snakemake_command(workdir: Path, *args: str) -> tuple[list[str], dict]:
     cmd = [str(BIN / "snakemake"), *args, "-s", str(REPO / "Snakefile"), "-d", str(workdir)]
     for profile in PROFILES:
         cmd += ["--profile", str(profile)]
+    # one CPU per job (threads: max-threads in the overlay; an evaluation group's steps one
+    # after another, not side by side): two jobs share the 2-CPU node. (On the command
+    # line: profiles/default, the workflow profile, would replace a profile's cores.)
+    cmd += ["--cores", "1"]
     cmd += ["--configfile", str(CONFIG), *(["--config", *overrides] if overrides else [])]
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
     return cmd, env
@@ -162,16 +178,30 @@ def test_network_steps_ran_as_slurm_jobs_with_one_gpu_each(run):
     for job in run.jobs:
         assert job["TresPerJob"] == "gres:gpu:1", job
         assert job["JOB_GRES"] == "gpu:1", job  # allocated, not only asked for
-    done = [j for j in run.jobs if j["JobState"] == "COMPLETED"]
-    assert len(done) == len(run.jobs) - len(failed_long_jobs(run))
+    # Only trainings fail: a job that got SIGTERM before it finished (it comes 5 min before
+    # the 6-minute limit: under load even a 20-step training may get it) and checkpointed;
+    # each training's last job completed.
+    trainings: dict[str, list[dict]] = {}
+    for job in run.jobs:
+        if job["Rule"] == "train":
+            trainings.setdefault(job["Comment"], []).append(job)
+        else:
+            assert job["JobState"] == "COMPLETED", job
+    for comment, jobs in trainings.items():
+        states = [j["JobState"] for j in jobs]
+        assert states == ["FAILED"] * (len(jobs) - 1) + ["COMPLETED"], (comment, states)
+        exp = comment.removeprefix("rule_train_wildcards_")
+        if exp != LONG:  # (mnist_long: test_preempted_and_time_limited_...)
+            assert exits_75(run, exp) == len(jobs) - 1, (exp, states)
 
 
 def long_jobs(run) -> list[dict]:
     return [j for j in run.jobs if j["Comment"] == f"rule_train_wildcards_{LONG}"]
 
 
-def failed_long_jobs(run) -> list[dict]:
-    return [j for j in long_jobs(run) if j["JobState"] != "COMPLETED"]
+def exits_75(run, exp: str) -> int:
+    """Jobs of experiment ``exp``'s training that stopped on a signal with a checkpoint."""
+    return len(re.findall(rf"--experiment {exp} .*returned non-zero exit status 75", run.output))
 
 
 def test_preempted_and_time_limited_training_checkpoints_and_resumes(run):
@@ -181,13 +211,20 @@ def test_preempted_and_time_limited_training_checkpoints_and_resumes(run):
     spec = yaml.safe_load(CONFIG.read_text())["experiments"][LONG]
     requeued, at = run.preemption.job, run.preemption.step
     # Checkpoints written on the signal (not at a multiple of checkpoint_every).
-    stops = [int(s) for s in re.findall(r"signal 15: checkpoint at step (\d+)", run.output)]
+    stops = re.findall(rf"signal 15: checkpoint at step (\d+) in {RUN}/{LONG}/", run.output)
+    stops = [int(s) for s in stops]
     report = f"job {requeued} requeued at step {at}; " + ", ".join(
         f"job {j['JobId']} {j['JobState']} after {j['RunTime']}"
         + (f" at step {stops[i]}" if i < len(stops) else "")
         for i, j in enumerate(jobs)
     )
     print(f"\n{LONG} ({spec['steps']} steps, limit {jobs[0]['TimeLimit']}): {report}")
+    # the request production code computes (the cap: its measured rate says it needs
+    # longer), on the partition that enforces its MaxTime
+    request = cluster.Requests(load_config([CONFIG]), [REPO])(LONG)
+    assert all(seconds(j["TimeLimit"]) == 60 * request.minutes for j in jobs), report
+    assert {j["Partition"] for j in run.jobs} == {"short"}
+    assert all(seconds(j["TimeLimit"]) <= 60 * request.minutes for j in run.jobs)
     assert requeued == jobs[0]["JobId"] and jobs[0]["Restarts"] == "1", report
     assert all(j["Restarts"] == "0" for j in jobs[1:]), report
     assert len(jobs) >= 2, report
@@ -203,8 +240,7 @@ def test_preempted_and_time_limited_training_checkpoints_and_resumes(run):
         # before the limit: not killed by it
         assert seconds(job["RunTime"]) < seconds(job["TimeLimit"]), job
     assert sum(j["ExitCode"] == "1:0" for j in jobs[:-1]) >= len(jobs) - 1 - finished_then_signalled
-    exits_75 = run.output.count("returned non-zero exit status 75")
-    assert exits_75 == len(jobs) - 1 - finished_then_signalled
+    assert exits_75(run, LONG) == len(jobs) - 1 - finished_then_signalled
     privacy = json.loads((run.results / LONG / "privacy.json").read_text())
     assert privacy["steps"] == spec["steps"]
     ckpt = run.results / LONG / "private_workspace" / "checkpoint.pt"
@@ -244,14 +280,57 @@ def test_resumed_generator_equals_an_uninterrupted_run(run, tmp_path):
         assert (run.results / LONG / name).read_text() == (out / name).read_text()
 
 
-def test_profiles_agree_on_everything_but_the_time_limit():
-    """The overlay changes the training's runtime and signal lead, nothing else of a rule."""
-    slurm, overlay = (yaml.safe_load((p / "config.v8+.yaml").read_text()) for p in PROFILES)
-    assert set(overlay["set-resources"]) == set(slurm["set-resources"]) == {"train"}
-    assert overlay["set-resources"]["train"]["runtime"] == 2
-    lead = r"'--signal=TERM@(\d+)'"
-    assert re.fullmatch(lead, slurm["set-resources"]["train"]["slurm_extra"])
-    assert re.fullmatch(lead, overlay["set-resources"]["train"]["slurm_extra"])
+def test_overlay_changes_no_request_and_requests_fit_the_short_partition():
+    """The overlay sets no resources of a rule; the test config caps every request at the
+    partition ``short``'s MaxTime, and mnist_long's request is the cap, a chain of jobs."""
+    overlay = yaml.safe_load((PROFILES[1] / "config.v8+.yaml").read_text())
+    assert not {"set-resources", "default-resources", "resources"} & set(overlay)
+    script = (REPO / "tests" / "slurm" / "cluster.sh").read_text()
+    short = int(re.search(r"^SHORT_MINUTES=(\d+)$", script, re.M).group(1))
+    assert "PartitionName=short Nodes=$node Default=YES MaxTime=$SHORT_MINUTES" in script
+    config = load_config([CONFIG])
+    assert config["cluster"]["max_job_minutes"] == short
+    request = cluster.Requests(config, [REPO])(LONG)
+    assert request.estimate_minutes > short and request.minutes == short, request
+    assert request.chain_jobs > 1, request
+
+
+def eval_steps_of_log(text: str) -> set[tuple[str, str]]:
+    """(rule, wildcards) of every step that the Snakemake inside a group job ran."""
+    blocks = re.split(r"\n(?=\S*\s*rule \w+:)", text)
+    steps = set()
+    for block in blocks:
+        rule = re.search(r"rule (\w+):", block)
+        wildcards = re.search(r"wildcards: (.*)", block)
+        if rule and wildcards:
+            steps.add((rule.group(1), wildcards.group(1).strip()))
+    return steps
+
+
+def test_each_experiments_evaluation_ran_as_one_job(run):
+    """All sampling, FID and classifier steps of one experiment: one SLURM job, whose
+    log shows each of them run and finished; no other job ran any."""
+    config = yaml.safe_load(CONFIG.read_text())
+    rows = [n for n, e in config["experiments"].items() if "table1_row" in e]
+    evals = [j for j in run.jobs if j["Rule"] == "eval"]
+    report = []
+    for exp in rows:
+        jobs = [
+            j
+            for j in evals
+            if re.fullmatch(rf"rule_eval_{exp}(_(classify|fid|sample))+", j["Comment"])
+        ]
+        assert len(jobs) == 1, (exp, [j["Comment"] for j in evals])
+        text = Path(jobs[0]["StdOut"]).read_text()
+        steps = {(r, w) for r, w in eval_steps_of_log(text) if r in EVAL_RULES}
+        rules = sorted({r for r, _ in steps})
+        trained = config["experiments"][exp].get("method") != "real_data"
+        assert rules == (["classify", "fid", "sample"] if trained else ["classify", "fid"])
+        assert all(f"exp={exp}" in w for _, w in steps), steps
+        assert text.count("Finished job") >= len(steps), text[-3000:]
+        report.append(f"{exp}: job {jobs[0]['JobId']}, {len(steps)} steps ({', '.join(rules)})")
+    assert len(evals) == len(rows)
+    print("\nevaluation, one job per experiment: " + "; ".join(report))
 
 
 def test_finished_workflow_has_nothing_to_do(run):
@@ -259,3 +338,126 @@ def test_finished_workflow_has_nothing_to_do(run):
     result = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
     assert result.returncode == 0, result.stderr[-4000:]
     assert "Nothing to be done" in result.stdout + result.stderr
+
+
+# ---------------------------------------------- every paper job, accepted by a 48 h partition
+
+PAPER = REPO / "config" / "config.yaml"
+LONG48 = "long48"  # tests/slurm/cluster.sh: MaxTime 2-00:00:00, State=DOWN
+#: Rules whose outputs exist before the first submission (stand-in files).
+UPSTREAM_LOCAL = {"data", "celeba_fixture", "sample_real"}
+
+
+def paper_dry_run(workdir: Path) -> list[tuple[str, list[str], str | None]]:
+    """(rule, outputs, group) of every job of config/config.yaml through profiles/slurm."""
+    cmd = [str(BIN / "snakemake"), "-n", "-s", str(REPO / "Snakefile"), "-d", str(workdir)]
+    cmd += ["--profile", str(PROFILES[0]), "--configfile", str(PAPER), "--cores", "64"]
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, check=True)
+    jobs, group = [], None
+    for block in re.split(r"\n(?=\[[^\]]+\] Group job | *rule [\w-]+:)", out.stdout):
+        header = re.match(r"\[[^\]]+\] Group job (\S+)", block)
+        if header:
+            group = header.group(1)
+            continue
+        rule = re.match(r"( *)rule ([\w-]+):", block)
+        if rule:
+            output = re.search(r"output: (.*)", block)
+            files = output.group(1).split(", ") if output else []
+            jobs.append((rule.group(2), files, group if rule.group(1) else None))
+    return jobs
+
+
+def submit_paper_jobs(workdir: Path, dag: list, present: set[str]) -> tuple[list, int, str]:
+    """Runs the paper's workflow through profiles/slurm on partition long48 in ``workdir``,
+    the outputs of the rules ``present`` there already (stand-ins, all with one mtime),
+    until all jobs of its first round ("Execute N jobs") are in the queue (or Snakemake
+    stops); then cancels them and stops Snakemake. Returns the jobs (scontrol), N and
+    Snakemake's output. ``dag``: :func:`paper_dry_run`'s jobs."""
+    stamp = time.time() - 3600
+    for rule, files, _ in dag:
+        for name in files if rule in present else ():
+            path = workdir / name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text("stand-in\n")
+            os.utime(path, (stamp, stamp))
+    cmd = [str(BIN / "snakemake"), "-s", str(REPO / "Snakefile"), "-d", str(workdir)]
+    cmd += ["--profile", str(PROFILES[0]), "--configfile", str(PAPER)]
+    # the status command only (no accounting database); --cores: a login node's, not this
+    # machine's 2 (Snakemake caps a job's CPUs at --cores; docs/CLUSTER.md)
+    cmd += ["--slurm-status-command", "squeue", "--cores", "64"]
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+    env["SBATCH_PARTITION"] = LONG48  # profiles/slurm: slurm_partition
+    log = workdir / "snakemake.out"
+    start, jobs, run_id, expected = time.monotonic(), [], None, 0
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env
+        )
+        try:
+            while proc.poll() is None and time.monotonic() - start < 240:
+                text = log.read_text()
+                found = re.search(r"SLURM run ID: (\S+)", text)
+                run_id = found.group(1) if found else None
+                found = re.search(r"Execute (\d+) jobs", text)
+                expected = int(found.group(1)) if found else 0
+                jobs = [j for j in slurm_jobs() if run_id and j["JobName"] == run_id]
+                if expected and len(jobs) >= expected:
+                    time.sleep(3)  # anything more would come now
+                    jobs = [j for j in slurm_jobs() if j["JobName"] == run_id]
+                    break
+                time.sleep(1)
+        finally:
+            # Snakemake interrupted waits for its jobs (the plugin does not cancel them):
+            # cancel them (its run ID is their name), then stop it.
+            if run_id:
+                subprocess.run(["scancel", "--name", run_id], check=False)
+            if proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+    return jobs, expected, log.read_text()
+
+
+def test_every_paper_job_is_accepted_by_a_48h_partition(tmp_path):
+    if os.environ.get("DPSINKHORN_SLURM") != "1":
+        pytest.skip("needs the live test cluster: make test-slurm (sets DPSINKHORN_SLURM=1)")
+    start = time.monotonic()
+    dag = paper_dry_run(tmp_path / "dag")
+    local = set(re.findall(r"(\w+),", (REPO / "Snakefile").read_text().split("localrules:")[1]
+                           .split("\n\n")[0]))  # fmt: skip
+    groups = {g for rule, _, g in dag if g}
+    singles = [rule for rule, _, g in dag if not g and rule not in local]
+    assert {r for r, _, g in dag if g} == EVAL_RULES
+    # 1: the data present: every training and FID reference is submitted
+    first, n1, out1 = submit_paper_jobs(tmp_path / "first", dag, UPSTREAM_LOCAL)
+    # 2: all but the evaluation, what follows it and what 1 did not submit (the gradient
+    # studies, which read a generator) present: the rest, every evaluation group included
+    done = {re.match(r"rule_(\w+?)_wildcards_", j["Comment"]).group(1) for j in first}
+    second, n2, out2 = submit_paper_jobs(tmp_path / "second", dag, UPSTREAM_LOCAL | done)
+    submitted = first + second
+    rejected = [
+        line
+        for line in (out1 + out2).splitlines()
+        if re.search(r"submission failed|sbatch: error|Error submitting", line, re.I)
+    ]
+    limits = sorted({j["TimeLimit"] for j in submitted}, key=seconds)
+    print(
+        f"\nconfig/config.yaml on partition {LONG48}: {len(submitted)} of "
+        f"{len(singles) + len(groups)} SLURM jobs submitted and accepted "
+        f"({len(first)} with the data present, {len(second)} with the trainings'), {len(rejected)} "
+        f"refused, time limits {limits[0]} - {limits[-1]}, "
+        f"{time.monotonic() - start:.0f} s"
+    )
+    assert not rejected, rejected[:10]
+    assert (len(first), len(second)) == (n1, n2), (out1 + out2)[-5000:]
+    assert len(submitted) == len(singles) + len(groups), (out1 + out2)[-5000:]
+    kinds = [re.match(r"rule_([\w-]+?)(_wildcards_|$)", j["Comment"]).group(1) for j in submitted]
+    assert sorted(k for k in kinds if not k.startswith("eval_")) == sorted(singles)
+    assert sum(k.startswith("eval_") for k in kinds) == len(groups)
+    for job in submitted:
+        assert job["Partition"] == LONG48 and job["JobState"] in ("PENDING", "CANCELLED"), job
+        assert 0 < seconds(job["TimeLimit"]) <= 48 * 3600, job

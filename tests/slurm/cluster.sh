@@ -12,11 +12,21 @@
 # The node is this machine with its real CPUs and memory and two stand-in GPUs (gres
 # gpu:2 on /dev/null), so that the profile's GPU requests (--gpus=1) are scheduled and
 # allocated as on a GPU cluster (CUDA_VISIBLE_DEVICES is set); the jobs compute on the
-# CPU. No cgroups, no accounting database: job status comes from squeue (MinJobAge keeps
+# CPU. Partitions (EnforcePartLimits=ALL: a request over a limit is refused at sbatch):
+# `short` (default, MaxTime $SHORT_MINUTES min) runs the test workflow; `long48`
+# (MaxTime 48 h, DOWN: accepts jobs, starts none) adds a never-started 32-CPU, 4-GPU node
+# for the check that every job of config/config.yaml is accepted (tests/test_slurm.py). No cgroups, no accounting database: job status comes from squeue (MinJobAge keeps
 # finished jobs visible long enough). Jobs are killed 10 s after their time limit's
 # SIGTERM (OverTimeLimit=0, KillWait=10).
 set -euo pipefail
 export PATH=$PATH:/usr/sbin:/sbin
+
+# MaxTime (minutes) of the partition `short`: cluster.max_job_minutes of
+# config/slurm_test.yaml (tests/test_slurm.py checks that they agree).
+SHORT_MINUTES=6
+# The stand-in production GPU node of the partition long48: CPUs, memory (MB).
+BIG_CPUS=32
+BIG_MEM_MB=256000
 
 die() {
     echo "cluster.sh: $*" >&2
@@ -106,8 +116,18 @@ KillWait=10
 AuthInfo=cred_expire=30
 InactiveLimit=0
 ReturnToService=2
+# A job that asks for more than its partition allows (time, CPUs, memory, GPUs) is
+# refused at submission, not left pending forever.
+EnforcePartLimits=ALL
 NodeName=$node NodeAddr=127.0.0.1 CPUs=$cpus RealMemory=$mem Gres=gpu:2 State=UNKNOWN
-PartitionName=debug Nodes=$node Default=YES MaxTime=INFINITE State=UP
+# A GPU node of the size a production cluster has. It never runs anything (no slurmd;
+# State=FUTURE: slurmctld does not wait for it), but counts for what long48 can accept.
+NodeName=gpunode NodeAddr=127.0.0.2 CPUs=$BIG_CPUS RealMemory=$BIG_MEM_MB Gres=gpu:4 State=FUTURE
+# short: the test workflow's jobs (config/slurm_test.yaml asks for at most $SHORT_MINUTES min).
+PartitionName=short Nodes=$node Default=YES MaxTime=$SHORT_MINUTES State=UP
+# long48: a 48 h partition for the acceptance check of config/config.yaml's jobs; DOWN,
+# so its jobs are accepted (or refused) at submission but never start.
+PartitionName=long48 Nodes=$node,gpunode MaxTime=2-00:00:00 State=DOWN
 EOF
     # Two stand-in GPU device files (SLURM wants character devices: /dev/null will do).
     mkdir -p "$dir/dev"
@@ -146,7 +166,7 @@ start() {
     slurmd --conf-server 127.0.0.1
     local state=""
     for _ in $(seq 120); do
-        state=$(sinfo -h -o %t 2>/dev/null || true)
+        state=$(sinfo -h -p short -n "$(hostname -s)" -o %t 2>/dev/null || true)
         [[ $state == idle ]] && break
         [[ $state == *inval* || $state == *drain* ]] && break
         sleep 0.5
