@@ -149,6 +149,16 @@ def test_a_long_training_runs_as_a_chain():
     assert request.retries == 3 + cluster.OTHER_RETRIES
 
 
+def test_a_short_training_asks_for_more_than_the_signal_lead():
+    """A limit under the SIGTERM lead would signal the job as it starts: never asked."""
+    config = cfg.load_config([PAPER])
+    config["cluster"] = {**config["cluster"], "startup_minutes": 0, "safety_factor": 1}
+    config["experiments"]["mnist_dpsinkhorn"]["steps"] = 1000  # ~2 s at the H100's rate
+    request = cluster.train_request(config, ["mnist_dpsinkhorn"], cluster.load_rates(H100))
+    assert request.estimate_minutes < 1
+    assert request.minutes == cluster.SIGNAL_LEAD_MINUTES + 1 and request.chain_jobs == 1
+
+
 def test_unmeasured_shape_asks_for_the_cap():
     config = cfg.load_config([PAPER])
     rates = cluster.load_rates(H100)

@@ -155,7 +155,10 @@ def train_request(config: Mapping, members: Sequence[str], rates: Sequence[dict]
         chain = 1
     else:  # each job of the chain trains for its limit less start-up and the signal lead
         chain = math.ceil(train_minutes / usable_minutes(cluster))
-    return TrainRequest(min(math.ceil(estimate), cap), estimate, chain, steps, rate, source)
+    # At least the SIGTERM lead plus a minute: a shorter limit would signal the job (to
+    # checkpoint and stop) as it starts, and the chain would never advance.
+    minutes = max(math.ceil(estimate), SIGNAL_LEAD_MINUTES + 1)
+    return TrainRequest(min(minutes, cap), estimate, chain, steps, rate, source)
 
 
 def usable_minutes(cluster: Mapping) -> float:

@@ -13,7 +13,7 @@ per class) under ``--out-dir``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from dpsinkhorn.config import (
@@ -23,6 +23,7 @@ from dpsinkhorn.config import (
     table1_experiments,
 )
 from dpsinkhorn.config.targets import TITLES, table1_files
+from dpsinkhorn.data.catalog import own_layout, resize_statement
 from dpsinkhorn.report.common import (
     DATASET_TITLES,
     METRICS,
@@ -98,6 +99,22 @@ def table1_rows(config: dict, results_dir: Path) -> list[Row]:
     return [r for d in datasets for r in ours + theirs if r.dataset == d]
 
 
+def own_dataset_note(config: Mapping, dataset: str) -> list[str]:
+    """For a dataset declared under ``datasets:``: where it comes from, how its images were
+    prepared (as its ledgers state it), and that scores against its held-out split, which
+    is private, are not covered by the privacy guarantee. Nothing for the paper's datasets."""
+    definition = (config.get("datasets") or {}).get(dataset)
+    if definition is None:
+        return []
+    return [
+        f"Own dataset ({own_layout(definition['path'])}): {resize_statement(definition)}. "
+        "Its test split is private data: the FID and accuracies below are computed against "
+        "it and are not covered by the privacy guarantee (they are kept under `nonprivate/`, "
+        "out of the release).",
+        "",
+    ]
+
+
 def to_markdown(rows: Sequence[Row], config: dict, figures: dict[str, tuple[str, str]]) -> str:
     """Markdown: one table per dataset, the paper's value next to each reproduced cell.
 
@@ -129,6 +146,7 @@ def to_markdown(rows: Sequence[Row], config: dict, figures: dict[str, tuple[str,
     paper_eps = {ROW_LABELS[k]: PAPER_DP_EPSILON for k in PAPER_SETTING_ROWS}
     for dataset in dict.fromkeys(r.dataset for r in rows):
         lines += [f"## {DATASET_TITLES.get(dataset, dataset)}", ""]
+        lines += own_dataset_note(config, dataset)
         in_dataset = [r for r in rows if r.dataset == dataset]
         lines += markdown_table(in_dataset, METRICS, paper_eps, {"G-PATE": "¹"}) + [""]
     lines.append(GPATE_NOTE)
