@@ -134,8 +134,9 @@ def test_window_split_over_interrupted_calls_equals_one_call(tmp_path):
     (tmp_path / "window.yaml").write_text(WINDOW)
     began = time.monotonic()
     one = call(tmp_path, tmp_path, None, tmp_path / "one.tar.gz", budget=900)
-    # a third of what one call took (the machine's load sets it): >= 3 calls stop at it
-    budget = max(20.0, (time.monotonic() - began) / 3)
+    # a sixth of what one call took (the machine's load sets it; later calls skip what the
+    # archive brings and may run faster): at least two calls stop at it
+    budget = max(15.0, (time.monotonic() - began) / 6)
     whole = final_state(tmp_path / "one.tar.gz", tmp_path / "whole")
     state = json.loads((whole / window.STATE).read_text())
     assert [c["outcome"] for c in state["calls"]] == ["done"]
@@ -153,7 +154,7 @@ def test_window_split_over_interrupted_calls_equals_one_call(tmp_path):
         ]
         if outcomes[-1] == "done":
             break
-    assert outcomes[-1] == "done" and outcomes.count("deadline") >= 3, outcomes
+    assert outcomes[-1] == "done" and outcomes.count("deadline") >= 2, outcomes
     parts = final_state(archive, tmp_path / "parts")
     log = (parts / "window.log").read_text()  # every call's Snakemake output, in order
     assert "Params have changed" not in log  # no call retrained what an earlier one finished
