@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from dpsinkhorn import fileio
-from dpsinkhorn.config import make_experiment
+from dpsinkhorn.config import experiment_dir, load_config, make_experiment
 from dpsinkhorn.data import celeba
 from dpsinkhorn.data import datasets as data
 from dpsinkhorn.models import (
@@ -283,18 +283,20 @@ def celeba_run(tmp_path):
     config = tmp_path / "config.yaml"
     config.write_text(CONFIG.format(data_dir=data_dir))
     out = tmp_path / "results" / "fake"
+    loaded = load_config([config])
     rng = np.random.default_rng(0)
     for exp, per_seed in RESULTS.items():
+        home = experiment_dir(loaded, out, exp)  # non-private ones under nonprivate/
         for seed, (fid, mlp, cnn) in enumerate(per_seed):
-            fileio.write_json(out / exp / f"fid_seed{seed}.json", {"fid": fid})
-            fileio.write_json(out / exp / f"acc_mlp_seed{seed}.json", {"accuracy": mlp})
-            fileio.write_json(out / exp / f"acc_cnn_seed{seed}.json", {"accuracy": cnn})
+            fileio.write_json(home / f"fid_seed{seed}.json", {"fid": fid})
+            fileio.write_json(home / f"acc_mlp_seed{seed}.json", {"accuracy": mlp})
+            fileio.write_json(home / f"acc_cnn_seed{seed}.json", {"accuracy": cnn})
         if exp != "real_celeba":
             eps = (None, None) if exp == "celeba_nonprivate" else (0.9, 10.3)
             privacy = {"epsilon": eps[0], "epsilon_paper_convention": eps[1]}
-            fileio.write_json(out / exp / "privacy.json", privacy)
+            fileio.write_json(home / "privacy.json", privacy)
         images = rng.integers(0, 256, size=(40, 32, 32, 3), dtype=np.uint8)
-        fileio.save_samples(out / exp / "samples_seed0.npz", images, np.arange(40) % 2)
+        fileio.save_samples(home / "samples_seed0.npz", images, np.arange(40) % 2)
     return config, out
 
 

@@ -163,9 +163,9 @@ def test_train_sweep_cli(tmp_path, prepared_data, capsys):
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [(r["experiment"], r["steps"]) for r in lines] == [("b", 5), ("d", 6)]
     assert lines[1]["epsilon"] is None  # d is non-private
-    for name in ("b", "d"):
+    for folder in ("b", "nonprivate/d"):  # d is not a DP release: under nonprivate/
         for file in ("generator.pt", "privacy.json", "train_log.csv"):
-            assert (tmp_path / "run" / name / file).exists()
+            assert (tmp_path / "run" / folder / file).exists()
 
 
 def test_sweep_step_never_synchronises(tmp_path, prepared_data, mnist):
