@@ -197,3 +197,19 @@ def test_unconditional_experiment_has_no_classifier_outputs():
     assert any("acc_cnn" in f for f in evaluation_files(config, "r", ["c"]))
     row = Row("x", "mnist", "this run", mean={"fid": 3.0}, unconditional=True)
     assert cell_text(row, "acc_mlp") == UNCONDITIONAL_CELL and cell_text(row, "fid") == "3.0"
+
+
+def test_catalogue_class_names_with_a_slash_sample_and_write_pngs(tmp_path):
+    """Fashion-MNIST's "T-shirt/top": sampling works and its PNG folder is T-shirt-top/."""
+    from dpsinkhorn.evaluate.sample import generator_classes
+
+    config = GeneratorConfig(num_classes=10, out_channels=1, image_size=28, latent_dim=8)
+    state = {"model_config": config.to_dict(), "dataset": "fmnist"}
+    conditional, names = generator_classes(state)
+    assert conditional and names[0] == "T-shirt/top"
+    with pytest.raises(ValueError, match="not usable as a folder name"):
+        generator_classes({**state, "class_names": ["../x"] + [str(k) for k in range(9)]})
+    images, labels = np.zeros((20, 28, 28), np.uint8), np.arange(20) % 10
+    api.save_pngs(images, labels, names, out_dir=tmp_path / "p")
+    assert (tmp_path / "p" / "T-shirt-top" / "0.png").is_file()
+    assert len(list((tmp_path / "p").iterdir())) == 10

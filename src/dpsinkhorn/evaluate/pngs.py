@@ -85,12 +85,14 @@ def save_png_dir(
     labels: np.ndarray,
     class_names: Sequence[str],
 ) -> list[Path]:
-    """Write ``out_dir/<class name>/<i>.png`` (i counts within the class, from 0); an
+    """Write ``out_dir/<class name>/<i>.png`` (i counts within the class, from 0; a path
+    separator in a name becomes "-": Fashion-MNIST's "T-shirt/top" → ``T-shirt-top/``); an
     unconditional generator's samples (labels -1) go to ``out_dir/unconditional/``.
     All files are committed together; returns their paths."""
     images = channels_last(images, "images")
     labels = np.asarray(labels)
-    names = check_class_names(class_names, "class names")
+    folders = [str(n).replace("/", "-").replace("\\", "-") for n in class_names]
+    names = check_class_names(folders, "class names")
     groups = _groups(labels, len(names))
     if unconditional(labels):
         names = (UNCONDITIONAL_FOLDER,)

@@ -56,11 +56,13 @@ def generator_classes(state: dict) -> tuple[bool, tuple[str, ...]]:
         return False, (UNCONDITIONAL_FOLDER,)
     num_classes = GeneratorConfig.from_dict(state["model_config"]).num_classes
     names = state.get("class_names")
-    if names is None and state.get("dataset") in DATASETS:
+    if names is not None:  # from the file (it may come from elsewhere): checked
+        names = check_class_names(names, "generator.pt class_names")
+    elif state.get("dataset") in DATASETS:  # the catalogue's (e.g. "T-shirt/top"): trusted
         names = DATASETS[state["dataset"]].class_names
     if names is None or len(names) != num_classes:
         names = [str(k) for k in range(num_classes)]
-    return True, check_class_names(names, "generator.pt class_names")
+    return True, tuple(names)
 
 
 def load_generator(path: Path, device: torch.device) -> torch.nn.Module:
