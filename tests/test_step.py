@@ -10,7 +10,7 @@ import torch
 
 from dpsinkhorn.config import make_experiment
 from dpsinkhorn.data import datasets as data
-from dpsinkhorn.privacy.factory import make_private, make_private_stack
+from dpsinkhorn.privacy.factory import SPEC_KEYS, make_private, make_private_stack
 from dpsinkhorn.privacy.mechanism import ImageGradientSanitizer, ParameterGradientSanitizer
 from dpsinkhorn.train.sweep import SweepTrainer
 from dpsinkhorn.train.trainer import Trainer
@@ -72,6 +72,10 @@ def test_make_private_refuses_bad_settings_naming_the_experiment():
         make_private({**spec(perturbation="parameter"), "clipping": "per_sample"}, N, CPU)
     with pytest.raises(ValueError, match=r"experiment s: batch_size 20 must be in \[1, 10\]"):
         make_private(spec(), 10, CPU)
+    for key in SPEC_KEYS:  # a raw dict lacking a setting the factory reads is refused by name
+        incomplete = {k: v for k, v in spec().items() if k != key}
+        with pytest.raises(ValueError, match=f"setting '{key}' missing"):
+            make_private(incomplete, N, CPU)
     with pytest.raises(ValueError, match="cannot be stepped together"):
         make_private_stack([spec("a"), spec("b", batch_size=30)], N, CPU)
 

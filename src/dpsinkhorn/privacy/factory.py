@@ -83,9 +83,13 @@ def make_private(
 
     ``image_sanitizer`` is the class of the image-gradient mechanism; only the audit
     passes another one (deliberately broken subclasses it must catch).
-    A ValueError names the experiment and the bad setting.
+    A ValueError names the experiment and the bad setting (or the first of
+    :data:`SPEC_KEYS` that ``spec`` lacks: build it with ``config.make_experiment``).
     """
-    name = spec["name"]
+    name = spec.get("name", "?")
+    missing = [key for key in SPEC_KEYS if key not in spec]
+    if missing:
+        raise ValueError(f"experiment {name}: setting {missing[0]!r} missing")
     n = int(spec["batch_size"])
     if not 0 < n <= num_records:
         raise ValueError(
