@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 
 from dpsinkhorn.config import load_config
-from dpsinkhorn.config.experiments import experiment, trained_experiments
+from dpsinkhorn.config.experiments import experiment, experiment_names, trained_experiments
 from dpsinkhorn.config.studies import study_cells, study_experiments
 from dpsinkhorn.config.validate import read_yaml
-from dpsinkhorn.plan import TRAIN_SIZES, job_count
+from dpsinkhorn.plan import TRAIN_SIZES, job_count, slurm_job_count
 from dpsinkhorn.privacy.accounting import compute_epsilon, paper_convention_epsilon
 from dpsinkhorn.privacy.budget import budget_of
 
@@ -87,6 +87,30 @@ def test_smoke_job_count():
     (jobs,) = quoted(r"`config/smoke.yaml` \| CI[^|]*\|[^|]*?(\d+) jobs")
     smoke = load_config(ROOT / "config" / "smoke.yaml")
     assert int(jobs) == sum(job_count(smoke).values())
+
+
+def test_slurm_job_counts_of_the_paper_config(paper):
+    """README's and docs/CLUSTER.md's SLURM job counts of config/config.yaml (profiles/slurm;
+    tests/test_cluster.py checks the count against the dry run)."""
+    cluster_doc = (ROOT / "docs" / "CLUSTER.md").read_text()
+    (readme,) = quoted(r"and ([\d,]+) SLURM jobs instead of")
+    total, swept = quoted(
+        r"SLURM jobs of a full build \|[^|]*\| ([\d,]+) \(([\d,]+) with", cluster_doc
+    )
+    trainings, references, studies, groups, again = quoted(
+        r"(\d+) trainings \+ (\d+) FID references \+ (\d+) gradient studies \+ (\d+) "
+        r"evaluation groups = ([\d,]+)",
+        cluster_doc,
+    )
+    jobs = job_count(paper)
+    assert (int(trainings), int(references), int(studies)) == (
+        jobs["train"],
+        jobs["fid_reference"],
+        jobs["grad_study"],
+    )
+    assert int(groups) == len(experiment_names(paper))
+    assert number(readme) == number(total) == number(again) == slurm_job_count(paper)
+    assert number(swept) == slurm_job_count({**paper, "sweep_runs": 8})
 
 
 @pytest.mark.parametrize(
