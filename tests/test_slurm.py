@@ -43,7 +43,7 @@ import torch
 import yaml
 from helpers import shared_config_overrides
 
-from dpsinkhorn.config import cluster, load_config
+from dpsinkhorn.config import cluster, load_config, trained_experiments
 
 pytestmark = pytest.mark.slurm
 
@@ -58,6 +58,14 @@ TARGETS = [f"{RUN}/tables/table1.csv", f"{RUN}/{LONG}/generator.pt"]
 # (workflow/rules/evaluate.smk), named eval_<exp>_<its rules> in the job's comment.
 SLURM_RULES = {"train", "fid_reference", "eval"}
 LOCAL_RULES = {"data", "sample_real", "table1"}
+#: SLURM comment of mnist_long's training jobs: the plugin writes rule_<rule>_wildcards_ and
+#: the wildcards joined by "_" ("/" as "_"): home "" (a DP release), then exp.
+LONG_COMMENT = f"rule_train_wildcards__{LONG}"
+
+
+def trained_experiment(comment: str) -> str:
+    """The experiment of a train job's comment (home "" or "nonprivate/", then exp)."""
+    return comment.removeprefix("rule_train_wildcards_").removeprefix("nonprivate_")[1:]
 EVAL_RULES = {"sample", "fid", "classify"}
 
 
@@ -106,7 +114,7 @@ class Preemption:
             running = [
                 j
                 for j in slurm_jobs()
-                if j["Comment"] == f"rule_train_wildcards_{LONG}" and j["JobState"] == "RUNNING"
+                if j["Comment"] == LONG_COMMENT and j["JobState"] == "RUNNING"
             ]
             text = self.log.read_text() if running and self.log.exists() else ""
             steps = re.findall(r"(\d+)/\d+ \[", text)
@@ -187,16 +195,19 @@ def test_network_steps_ran_as_slurm_jobs_with_one_gpu_each(run):
             trainings.setdefault(job["Comment"], []).append(job)
         else:
             assert job["JobState"] == "COMPLETED", job
+    assert {trained_experiment(c) for c in trainings} == set(
+        trained_experiments(load_config([CONFIG]))
+    ), sorted(trainings)
     for comment, jobs in trainings.items():
         states = [j["JobState"] for j in jobs]
         assert states == ["FAILED"] * (len(jobs) - 1) + ["COMPLETED"], (comment, states)
-        exp = comment.removeprefix("rule_train_wildcards_")
+        exp = trained_experiment(comment)
         if exp != LONG:  # (mnist_long: test_preempted_and_time_limited_...)
             assert exits_75(run, exp) == len(jobs) - 1, (exp, states)
 
 
 def long_jobs(run) -> list[dict]:
-    return [j for j in run.jobs if j["Comment"] == f"rule_train_wildcards_{LONG}"]
+    return [j for j in run.jobs if j["Comment"] == LONG_COMMENT]
 
 
 def exits_75(run, exp: str) -> int:
@@ -346,6 +357,9 @@ PAPER = REPO / "config" / "config.yaml"
 LONG48 = "long48"  # tests/slurm/cluster.sh: MaxTime 2-00:00:00, State=DOWN
 #: Rules whose outputs exist before the first submission (stand-in files).
 UPSTREAM_LOCAL = {"data", "celeba_fixture", "sample_real"}
+#: Local rules that read only the trainings' outputs: present in the second round too (on
+#: stand-in ledgers privacy_summary would run, and fail, on the login node).
+LEDGER_LOCAL = {"privacy_summary"}
 
 
 def paper_dry_run(workdir: Path) -> list[tuple[str, list[str], str | None]]:
@@ -437,7 +451,8 @@ def test_every_paper_job_is_accepted_by_a_48h_partition(tmp_path):
     # 2: all but the evaluation, what follows it and what 1 did not submit (the gradient
     # studies, which read a generator) present: the rest, every evaluation group included
     done = {re.match(r"rule_(\w+?)_wildcards_", j["Comment"]).group(1) for j in first}
-    second, n2, out2 = submit_paper_jobs(tmp_path / "second", dag, UPSTREAM_LOCAL | done)
+    present = UPSTREAM_LOCAL | LEDGER_LOCAL | done
+    second, n2, out2 = submit_paper_jobs(tmp_path / "second", dag, present)
     submitted = first + second
     rejected = [
         line
