@@ -58,6 +58,7 @@ TARGETS = [f"{RUN}/tables/table1.csv", f"{RUN}/{LONG}/generator.pt"]
 # (workflow/rules/evaluate.smk), named eval_<exp>_<its rules> in the job's comment.
 SLURM_RULES = {"train", "fid_reference", "eval"}
 LOCAL_RULES = {"data", "sample_real", "table1"}
+EVAL_RULES = {"sample", "fid", "classify"}
 #: SLURM comment of mnist_long's training jobs: the plugin writes rule_<rule>_wildcards_ and
 #: the wildcards joined by "_" ("/" as "_"): home "" (a DP release), then exp.
 LONG_COMMENT = f"rule_train_wildcards__{LONG}"
@@ -66,7 +67,6 @@ LONG_COMMENT = f"rule_train_wildcards__{LONG}"
 def trained_experiment(comment: str) -> str:
     """The experiment of a train job's comment (home "" or "nonprivate/", then exp)."""
     return comment.removeprefix("rule_train_wildcards_").removeprefix("nonprivate_")[1:]
-EVAL_RULES = {"sample", "fid", "classify"}
 
 
 def snakemake_command(workdir: Path, *args: str) -> tuple[list[str], dict]:
