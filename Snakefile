@@ -39,7 +39,6 @@ localrules:
     all,
     data,
     celeba_fixture,
-    sample_real,
     table1,
     table3,
     table6,

@@ -422,3 +422,33 @@ def test_fid_refuses_images_of_different_shapes(mnist_test, fid_weights, tmp_pat
         err = capsys.readouterr().err
         assert "one shape" in err and "[8, 8, 1]" in err and "[28, 28, 1]" in err
         assert not out.exists()
+
+
+def test_weights_without_fc_give_the_same_features_and_name(
+    mnist_test, fid_weights, tmp_path, run_cli
+):
+    """`fid-weights --strip-fc`: the copy (what a short GPU call carries: 87 of 96 MB) is
+    accepted by its pool3 tensors, named by the whole file's SHA-256 (so statistics from
+    either file compare), and gives identical features; a stripped copy with one pool3
+    tensor changed, or a copy that still holds a changed fc, is refused."""
+    import torch
+
+    if inception.sha256_of(fid_weights) not in inception.KNOWN_POOL3_SHA256.values():
+        pytest.skip("the pool3 hash is listed for the offline rebuild only")
+    stripped = tmp_path / "inception_pool3.pth"
+    assert run_cli(["fid-weights", "--weights", str(fid_weights), "--strip-fc", str(stripped)]) == 0
+    state = torch.load(stripped, weights_only=True)
+    assert not any(k.startswith("fc.") for k in state)
+    assert stripped.stat().st_size < fid_weights.stat().st_size - 8_000_000  # 2048 x 1008 fp32
+    assert inception.verify_weights(stripped) == inception.verify_weights(fid_weights)
+    images = mnist_test[0][:6]
+    np.testing.assert_array_equal(
+        inception.activations(images, stripped, DEVICE),
+        inception.activations(images, fid_weights, DEVICE),
+    )
+    key = "Conv2d_1a_3x3.conv.weight"
+    state[key] = state[key] * 1.001
+    tampered = tmp_path / "tampered.pth"
+    torch.save(state, tampered)
+    with pytest.raises(ValueError, match="nor its pool3 layers without fc"):
+        inception.verify_weights(tampered)

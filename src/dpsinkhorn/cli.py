@@ -24,6 +24,7 @@ COMMAND_MODULES = [
     "evaluate.sample",
     "evaluate.fid",
     "evaluate.classify",
+    "evaluate.job",
     "report.cli",
     "report.privacy_summary",
     "bench.cli",

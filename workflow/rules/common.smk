@@ -10,7 +10,10 @@ from dpsinkhorn.config import (
     data_mirror_of,
     dataset_of,
     datasets,
+    evaluation_dir,
+    experiment_classifiers,
     experiment_dir,
+    experiment_home,
     experiment_names,
     experiment_spec,
     figure_datasets,
@@ -62,14 +65,16 @@ TRAIN_DEVICE = (
 # at the number of local GPUs and dpsinkhorn.devices gives each step a GPU of its own.
 GPUS = 0 if config["device"] == "cpu" else 1
 
-
-def classifier_gpus(model):
-    """Log-Reg is scikit-learn on the CPU: it never holds a GPU (or a GPU slot)."""
-    return 0 if model == "logreg" else GPUS
-
 # FID reference statistics: the whole real test set, or a seeded random subset of it.
 FID_SIZE = EVAL["fid_reference_size"]
 FID_SUBSET = "" if FID_SIZE is None else f"--num {FID_SIZE} --seed 0"
+# What every evaluation job passes on from the config's `evaluation:` and fid_weights.
+EVAL_OPTIONS = (
+    ("" if config["fid_weights"] is None else f"--weights {config['fid_weights']} ")
+    + f"--sqrtm {EVAL['fid_sqrtm']} --max-epochs {EVAL['max_epochs']}"
+    + f" --patience {EVAL['patience']} --batch-size {EVAL['batch_size']}"
+    + f" --max-iter {EVAL['logreg_max_iter']}"
+)
 # Only used with --software-deployment-method conda (path relative to the rule files).
 CONDA_ENV = "../../envs/dpsinkhorn.yaml"
 # snakemake --report: each table/figure's caption is its rule's `caption` param, written
@@ -107,9 +112,14 @@ def flag(name, value):
     return "" if value is None else f"{name} {value}"
 
 
+def prepared_file(dataset, split):
+    """The prepared <split>.npz of a dataset."""
+    return f"{DATA}/{dataset}/{split}.npz"
+
+
 def dataset_file(split):
     """Input function: the prepared <split>.npz of the experiment's dataset."""
-    return lambda w: f"{DATA}/{dataset_of(config, w.exp)}/{split}.npz"
+    return lambda w: prepared_file(dataset_of(config, w.exp), split)
 
 
 def fid_reference(w):

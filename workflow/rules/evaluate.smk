@@ -1,64 +1,10 @@
-# On a cluster all evaluation of one experiment (its sampling, FID and classifiers, every
-# seed) is one job: the group EVAL_GROUP, one per experiment. Each output is still its own
-# rule, so one cell can be rerun by its file. The runtimes (dpsinkhorn.config.cluster) are
-# scaled so that the group asks for at most cluster.max_job_minutes; profiles/slurm gives
-# a group one GPU (its steps take turns) and joins real-data groups' FID and classifiers.
-EVAL_GROUP = "eval_{exp}"
-
-
-rule sample:
-    input:
-        generator=f"{RESULTS}/{{home}}{{exp}}/generator.pt",
-    output:
-        f"{RESULTS}/{{home}}{{exp}}/samples_seed{{seed}}.npz",
-    params:
-        num=EVAL["num_samples"],
-        device=DEVICE,
-    wildcard_constraints:
-        exp=TRAINED,
-    log:
-        f"{LOGS}/{{home}}sample_{{exp}}_seed{{seed}}.log",
-    benchmark:
-        f"{BENCH}/{{home}}sample_{{exp}}_seed{{seed}}.tsv"
-    priority: 20
-    threads: 2
-    resources:
-        gpu=GPUS,
-        mem_mb=8000,
-        runtime=lambda w: eval_runtime_minutes(config, "sample", w.exp),
-    group:
-        EVAL_GROUP
-    conda:
-        CONDA_ENV
-    shell:
-        "dpsinkhorn sample --generator {input.generator} --num {params.num}"
-        " --seed {wildcards.seed} --out {output} {params.device} > {log} 2>&1"
-
-
-# Real-data rows: the "samples" are a draw from the real training set.
-rule sample_real:
-    input:
-        data=dataset_file("train"),
-    output:
-        f"{RESULTS}/{{home}}{{exp}}/samples_seed{{seed}}.npz",
-    params:
-        num=EVAL["num_samples"],
-    wildcard_constraints:
-        exp=REAL,
-    log:
-        f"{LOGS}/{{home}}sample_{{exp}}_seed{{seed}}.log",
-    benchmark:
-        f"{BENCH}/{{home}}sample_{{exp}}_seed{{seed}}.tsv"
-    priority: 20
-    threads: 1
-    resources:
-        mem_mb=4000,
-        runtime=30,
-    conda:
-        CONDA_ENV
-    shell:
-        "dpsinkhorn sample-real --data {input.data} --num {params.num}"
-        " --seed {wildcards.seed} --out {output} > {log} 2>&1"
+# One job per experiment evaluates it whole (dpsinkhorn.evaluate.job): every seed's
+# samples, FID against the cached reference statistics and the classifiers, seeds batched,
+# in one process (one generator load, one Inception load, one test-set transfer). Its
+# outputs are still one file per cell, so one cell is rerun by asking for its file. The
+# rule is made per experiment (evaluate_<exp>), as its outputs differ (no classifiers for
+# an unconditional generator, none of Log-Reg on CelebA); its runtime request comes from
+# dpsinkhorn.config.cluster.eval_runtime_minutes.
 
 
 rule fid_reference:
@@ -87,70 +33,49 @@ rule fid_reference:
         " {params.weights} {params.device} > {log} 2>&1"
 
 
-rule fid:
-    input:
-        samples=experiment_file("samples_seed{seed}.npz"),  # scores may live elsewhere
-        reference=fid_reference,
-    output:
-        f"{RESULTS}/{{home}}{{exp}}/fid_seed{{seed}}.json",
-    params:
-        weights=flag("--weights", config["fid_weights"]),
-        device=DEVICE,
-        sqrtm=EVAL["fid_sqrtm"],
-    log:
-        f"{LOGS}/{{home}}fid_{{exp}}_seed{{seed}}.log",
-    benchmark:
-        f"{BENCH}/{{home}}fid_{{exp}}_seed{{seed}}.tsv"
-    priority: 10
-    threads: 2
-    resources:
-        gpu=GPUS,
-        mem_mb=8000,
-        runtime=lambda w: eval_runtime_minutes(config, "fid", w.exp),
-    group:
-        EVAL_GROUP
-    conda:
-        CONDA_ENV
-    shell:
-        "dpsinkhorn fid --a {input.samples} --b {input.reference} --out {output}"
-        " --sqrtm {params.sqrtm} {params.weights} {params.device} > {log} 2>&1"
+for exp in experiment_names(config):
+    trained = exp in trained_experiments(config)
+    models = experiment_classifiers(config, exp)
 
-
-# One job per (experiment, classifier) trains all seeds in one process (test set moved to
-# the device once, no process start and CUDA set-up per seed); one result file per seed.
-# The class count comes from the dataset definition (--dataset), never from the labels.
-rule classify:
-    input:
-        train=lambda w: [experiment_file(f"samples_seed{s}.npz")(w) for s in SEEDS],
-        test=dataset_file("test"),
-    output:
-        expand(f"{RESULTS}/{{{{home}}}}{{{{exp}}}}/acc_{{{{model}}}}_seed{{seed}}.json", seed=SEEDS),
-    params:
-        seeds=" ".join(map(str, SEEDS)),
-        dataset=lambda wildcards: dataset_of(config, wildcards.exp),
-        max_epochs=EVAL["max_epochs"],
-        patience=EVAL["patience"],
-        batch_size=EVAL["batch_size"],
-        max_iter=EVAL["logreg_max_iter"],
-        device=DEVICE,
-    log:
-        f"{LOGS}/{{home}}classify_{{exp}}_{{model}}.log",
-    benchmark:
-        f"{BENCH}/{{home}}classify_{{exp}}_{{model}}.tsv"
-    # FID (priority 10) and sampling (20) go first: FID never waits for the classifiers.
-    priority: 0
-    threads: 2
-    resources:
-        gpu=lambda wildcards: classifier_gpus(wildcards.model),
-        mem_mb=8000,
-        runtime=lambda w: eval_runtime_minutes(config, "classify", w.exp),
-    group:
-        EVAL_GROUP
-    conda:
-        CONDA_ENV
-    shell:
-        "dpsinkhorn classify --model {wildcards.model} --train {input.train} --test {input.test}"
-        " --seed {params.seeds} --out {output} --dataset {params.dataset}"
-        " --max-epochs {params.max_epochs}"
-        " --patience {params.patience} --batch-size {params.batch_size}"
-        " --max-iter {params.max_iter} {params.device} > {log} 2>&1"
+    rule:
+        name:
+            f"evaluate_{exp}"
+        input:
+            source=(
+                f"{experiment_dir(config, RESULTS, exp)}/generator.pt"
+                if trained
+                else prepared_file(dataset_of(config, exp), "train")
+            ),
+            test=prepared_file(dataset_of(config, exp), "test"),
+            reference=targets.fid_reference_file(RESULTS, dataset_of(config, exp)),
+        output:
+            samples=targets.samples_files(config, RESULTS, exp),
+            scores=targets.evaluation_files(config, RESULTS, [exp]),
+        params:
+            source="--generator" if trained else "--real-data",
+            seeds=" ".join(map(str, SEEDS)),
+            samples_dir=experiment_dir(config, RESULTS, exp),
+            scores_dir=evaluation_dir(config, RESULTS, exp),
+            classifiers=" ".join(models),
+            dataset=dataset_of(config, exp),
+            num=EVAL["num_samples"],
+            options=EVAL_OPTIONS,
+            device=DEVICE,
+        log:
+            f"{LOGS}/{experiment_home(config, exp)}evaluate_{exp}.log",
+        benchmark:
+            f"{BENCH}/{experiment_home(config, exp)}evaluate_{exp}.tsv"
+        priority: 10
+        threads: 2
+        resources:
+            gpu=GPUS,
+            mem_mb=16000,
+            runtime=eval_runtime_minutes(config, exp),
+        conda:
+            CONDA_ENV
+        shell:
+            "dpsinkhorn evaluate {params.source} {input.source} --test {input.test}"
+            " --reference {input.reference} --seed {params.seeds} --num {params.num}"
+            " --samples-dir {params.samples_dir} --scores-dir {params.scores_dir}"
+            " --classifiers {params.classifiers} --dataset {params.dataset}"
+            " {params.options} {params.device} > {log} 2>&1"

@@ -13,8 +13,8 @@ here: Snakemake parses without torch), asks for ``max_job_minutes`` and says why
 SLURM sends SIGTERM :data:`SIGNAL_LEAD_MINUTES` before the limit, the training
 checkpoints and exits 75, and the retry resumes it (docs/CLUSTER.md).
 
-Evaluation (sampling, FID, classifiers) of one generator runs as one SLURM group job;
-:func:`eval_runtime_minutes` keeps the group's total request within ``max_job_minutes``.
+Evaluation (sampling, FID, classifiers) of one generator is one job (``evaluate_<exp>``);
+:func:`eval_runtime_minutes` is its request, at most ``max_job_minutes``.
 Torch-free: the Snakefile imports it while it parses the workflow.
 """
 
@@ -28,7 +28,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from dpsinkhorn.config.experiments import classifiers_of, dataset_of, experiment, needs_training
+from dpsinkhorn.config.experiments import (
+    experiment,
+    experiment_classifiers,
+    needs_training,
+)
 
 #: Minutes between SLURM's SIGTERM and the time limit (``--signal=TERM@300``).
 SIGNAL_LEAD_MINUTES = 5
@@ -40,7 +44,7 @@ OTHER_RETRIES = 3
 #: Resubmissions of a training job of unknown chain length (no measured rate, or steps
 #: solved at run time); profiles/slurm gives ``train`` the same (``preemptible-retries``).
 UNKNOWN_CHAIN_RETRIES = 20
-#: Nominal minutes of an evaluation step per seed (before the group cap), by rule.
+#: Nominal minutes of each part of an evaluation job per seed (before the cap).
 EVAL_MINUTES_PER_SEED = {"sample": 60, "fid": 120, "classify": 240}
 
 PathLike = str | os.PathLike
@@ -246,25 +250,13 @@ class Requests:
 # ------------------------------------------------------------------------- evaluation
 
 
-def eval_group_minutes(config: Mapping, name: str) -> int:
-    """Nominal minutes of all evaluation of experiment ``name`` (one SLURM group job):
-    sampling (trained experiments only; real-data samples are drawn locally), FID and each
-    classifier, every seed, one after another."""
+def eval_runtime_minutes(config: Mapping, name: str) -> int:
+    """``runtime`` of experiment ``name``'s evaluation job (``evaluate_<name>``): nominal
+    minutes of sampling (trained experiments only), FID and each classifier, every seed
+    (:data:`EVAL_MINUTES_PER_SEED`), capped at ``cluster.max_job_minutes``."""
     seeds = len(config["seeds"])
     per_seed = EVAL_MINUTES_PER_SEED
     sample = per_seed["sample"] if needs_training(config, name) else 0
-    models = len(classifiers_of(config, dataset_of(config, name)))
-    return seeds * (sample + per_seed["fid"] + models * per_seed["classify"])
-
-
-def eval_runtime_minutes(config: Mapping, rule: str, name: str) -> int:
-    """``runtime`` of evaluation rule ``rule`` (sample, fid, classify) of experiment ``name``.
-
-    Its nominal minutes (:data:`EVAL_MINUTES_PER_SEED`, classify: all seeds), scaled down
-    so that the experiment's whole evaluation group asks for at most ``max_job_minutes``.
-    """
-    per_seed = EVAL_MINUTES_PER_SEED[rule]
-    nominal = per_seed * len(config["seeds"]) if rule == "classify" else per_seed
-    cap = int(config["cluster"]["max_job_minutes"])
-    total = eval_group_minutes(config, name)
-    return nominal if total <= cap else max(1, math.floor(nominal * cap / total))
+    models = len(experiment_classifiers(config, name))
+    nominal = seeds * (sample + per_seed["fid"] + models * per_seed["classify"])
+    return min(nominal, int(config["cluster"]["max_job_minutes"]))

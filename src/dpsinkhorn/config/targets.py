@@ -107,6 +107,14 @@ def privacy_files(config: Mapping, results: PathLike, experiments: Iterable[str]
     ]
 
 
+def samples_files(config: Mapping, results: PathLike, exp: str) -> list[str]:
+    """Every seed's synthetic dataset of one experiment (written by its evaluation job)."""
+    return [
+        str(experiment_dir(config, results, exp) / f"samples_seed{seed}.npz")
+        for seed in config["seeds"]
+    ]
+
+
 def sample_files(config: Mapping, results: PathLike, experiments: Iterable[str]) -> list[str]:
     """The first seed's samples of these experiments (what the sample figures show)."""
     seed = config["seeds"][0]

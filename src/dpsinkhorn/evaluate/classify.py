@@ -29,6 +29,7 @@ from dpsinkhorn.devices import resolve_device
 from dpsinkhorn.evaluate.classifiers import (
     MODELS,
     train_logreg,
+    train_logreg_torch,
     train_torch,
     train_torch_batched,
 )
@@ -106,9 +107,11 @@ def train_and_evaluate_seeds(
 ) -> list[dict]:
     """Train ``model`` once per (training set, seed) pair, in this process; one result each.
 
-    ``batched`` (mlp/cnn): all seeds in one vmapped training
+    ``batched``: all seeds trained together on the device: mlp/cnn in one vmapped training
     (:func:`classifiers.train_torch_batched`; the CNN's dropout masks then differ from the
-    sequential run's); otherwise one after another.
+    sequential run's), logreg by torch's L-BFGS (:func:`classifiers.train_logreg_torch`,
+    scikit-learn's objective); otherwise one after another (logreg: scikit-learn on the
+    host).
 
     ``train_sets``: (images uint8 [N,H,W(,C)], labels int [N]) per seed. The test set
     is converted and moved to the device once; every set is validated before any
@@ -125,25 +128,23 @@ def train_and_evaluate_seeds(
     for k, (images, labels) in enumerate(train_sets):
         x = to_float(images, "training set" if len(seeds) == 1 else f"training set {k}")
         checked.append((x, *_check_sets(x, x_test, labels, test_labels, num_classes)))
-    dev = torch.device("cpu") if model == "logreg" else resolve_device(device)
-    if model != "logreg":
+    on_host = model == "logreg" and not batched  # scikit-learn
+    dev = torch.device("cpu") if on_host else resolve_device(device)
+    if not on_host:
         x_test_dev = torch.from_numpy(x_test).to(dev)
         y_test_dev = torch.from_numpy(checked[0][2]).to(dev)
     shared = time.perf_counter() - start  # test set conversion and transfer, counted once
-    if batched and model != "logreg":
+    if batched:
         classes = max(c[3] for c in checked)  # one model shape for all seeds
-        trained = train_torch_batched(
-            model,
-            [torch.from_numpy(x).to(dev) for x, *_ in checked],
-            [torch.from_numpy(y).to(dev) for _, y, *_ in checked],
-            x_test_dev,
-            y_test_dev,
-            classes,
-            seeds,
-            max_epochs,
-            patience,
-            batch_size,
-        )
+        xs = [torch.from_numpy(x).to(dev) for x, *_ in checked]
+        ys = [torch.from_numpy(y).to(dev) for _, y, *_ in checked]
+        if model == "logreg":
+            trained = train_logreg_torch(xs, ys, x_test_dev, y_test_dev, classes, max_iter)
+        else:
+            trained = train_torch_batched(
+                model, xs, ys, x_test_dev, y_test_dev, classes, seeds, max_epochs, patience,
+                batch_size,
+            )  # fmt: skip
         seconds = (time.perf_counter() - start) / len(seeds)  # the shared run, split evenly
         return [
             _record(model, seed, result, len(x), len(x_test), classes, dev, seconds)

@@ -26,9 +26,9 @@ from dpsinkhorn.evaluate.inception import (
     WEIGHTS_FILE_NAME,
     activations,
     hub_cache_file,
-    sha256_of,
+    network_sha256,
+    strip_fc,
     verify_weights,
-    weights_file,
 )
 
 
@@ -308,6 +308,39 @@ def fid_between(
         raise ValueError(f"unknown FID sqrtm method {sqrtm!r}; choose from {SQRTM_METHODS}")
     paths = [Path(a), Path(b)]
     loaded = [_read_input(paths[0], num_a, seed), _read_input(paths[1], num_b, seed)]
+    return _fid_of_inputs(paths, loaded, weights, device, batch_size, sqrtm) | {"seed": seed}
+
+
+def fid_against_reference(
+    images: np.ndarray,
+    reference: str | os.PathLike,
+    name: str,
+    weights: str | os.PathLike | None = None,
+    device: str | torch.device = "auto",
+    batch_size: int | None = None,
+    sqrtm: str = "pytorch_fid",
+) -> dict:
+    """:func:`fid_between` of a sample file ``name`` holding ``images`` (uint8 [N,H,W(,C)],
+    already in memory) and the statistics file ``reference``: the same checks, features
+    and record, without reading the images again."""
+    if sqrtm not in SQRTM_METHODS:
+        raise ValueError(f"unknown FID sqrtm method {sqrtm!r}; choose from {SQRTM_METHODS}")
+    paths = [Path(name), Path(reference)]
+    if not _is_statistics_file(paths[1]):
+        raise ValueError(f"{reference}: not an FID statistics file (mu, sigma, num_images)")
+    loaded = [fileio.channels_last(images, name), load_statistics(paths[1])]
+    return _fid_of_inputs(paths, loaded, weights, device, batch_size, sqrtm) | {"seed": 0}
+
+
+def _fid_of_inputs(
+    paths: list[Path],
+    loaded: list[Statistics | np.ndarray],
+    weights: str | os.PathLike | None,
+    device: str | torch.device,
+    batch_size: int | None,
+    sqrtm: str,
+) -> dict:
+    """The FID record of two loaded sides (images [N,H,W,C] or statistics)."""
     meta = [_input_metadata(p, x) for p, x in zip(paths, loaded, strict=True)]
     needs_network = any(not isinstance(x, tuple) for x in loaded)
     network_sha = None
@@ -318,7 +351,7 @@ def fid_between(
         _statistics_of_input(x, weights, device, batch_size) for x in loaded
     )
     if needs_network and network_sha is None:  # pytorch-fid's download, verified on loading
-        network_sha = sha256_of(weights_file(weights))
+        network_sha = network_sha256(weights)
     weights_sha = _check_same_inputs(paths, meta, network_sha)
     return {
         "fid": fid_from_stats(mu_a, s_a, mu_b, s_b, method=sqrtm),
@@ -328,9 +361,8 @@ def fid_between(
         "weights": str(weights) if weights is not None else f"pytorch-fid ({hub_cache_file()})",
         "weights_sha256": weights_sha,
         "image_shape": next((m["image_shape"] for m in meta if m["image_shape"]), None),
-        "a": str(a),
-        "b": str(b),
-        "seed": seed,
+        "a": str(paths[0]),
+        "b": str(paths[1]),
     }
 
 
@@ -372,9 +404,15 @@ def _cmd_fid_stats(args: argparse.Namespace) -> int:
     if isinstance(images, tuple):
         raise ValueError(f"{args.samples}: already a statistics file, not a sample file")
     mu, sigma = statistics(images, args.weights, args.device, args.batch_size)
-    sha = sha256_of(weights_file(args.weights))  # verified when the network was loaded
+    sha = network_sha256(args.weights)  # verified when the network was loaded
     save_statistics(args.out, mu, sigma, len(images), images.shape[1:], sha)
     print(f"FID statistics of {len(images)} images from {args.samples} -> {args.out}")
+    return 0
+
+
+def _cmd_fid_weights(args: argparse.Namespace) -> int:
+    size = strip_fc(args.weights, args.strip_fc)
+    print(f"{args.strip_fc}: {size} bytes (Inception without fc; verified pool3 layers)")
     return 0
 
 
@@ -395,6 +433,13 @@ def register_cli(subparsers: argparse._SubParsersAction) -> None:
     )
     _add_common(p)
     p.set_defaults(handler=_cmd_fid)
+
+    p = subparsers.add_parser(
+        "fid-weights", help="copy the Inception weights without the fc layer FID never reads"
+    )
+    p.add_argument("--weights", required=True, help=f"pytorch-fid's {WEIGHTS_FILE_NAME}")
+    p.add_argument("--strip-fc", required=True, help="where the copy without fc goes")
+    p.set_defaults(handler=_cmd_fid_weights)
 
     p = subparsers.add_parser("fid-stats", help="Inception statistics of a sample file")
     p.add_argument("--samples", required=True, help="sample file")

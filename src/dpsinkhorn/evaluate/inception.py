@@ -42,6 +42,18 @@ KNOWN_WEIGHTS_SHA256: dict[str, str] = {
     ),
 }
 
+#: The 1008-class layer FID never reads: a weights file may leave it out (:func:`strip_fc`).
+FC_PREFIX = "fc."
+#: SHA-256 of a weights file's pool3 tensors (:func:`pool3_sha256`, everything but the fc
+#: layer) -> the SHA-256 of the whole known file they come from. A file without the fc layer
+#: is accepted when its pool3 tensors are those of a known file, and is named by that file.
+KNOWN_POOL3_SHA256: dict[str, str] = {
+    # the offline rebuild (../shared/weights): `dpsinkhorn fid-weights --strip-fc` of it
+    "178b172e05124baa80c52185e5211cde2e6e9c059cc3fc02eb8bfd946ba5bc07": (
+        "d9b36da80a6304d8ab322478ec0416c4a40882483c18593cf29fbe0cc25e83cd"
+    ),
+}
+
 _MODELS: dict[tuple[str | None, str], pfi.InceptionV3] = {}
 _SHA256: dict[tuple[str, int, int], str] = {}  # (resolved path, size, mtime_ns) -> hex digest
 
@@ -65,21 +77,66 @@ def sha256_of(path: str | os.PathLike) -> str:
     return _SHA256[key]
 
 
+def pool3_sha256(state_dict: dict[str, torch.Tensor]) -> str:
+    """SHA-256 over the tensors FID uses (all but ``fc.*``), in name order: each name, dtype,
+    shape and raw bytes. Equal for a full weights file and its :func:`strip_fc` copy."""
+    digest = hashlib.sha256()
+    for name in sorted(k for k in state_dict if not k.startswith(FC_PREFIX)):
+        tensor = state_dict[name].detach().cpu().contiguous()
+        digest.update(f"{name}|{tensor.dtype}|{list(tensor.shape)}|".encode())
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def _read_state_dict(path: Path) -> dict[str, torch.Tensor]:
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # torch raises several types for a bad file
+        raise ValueError(f"{path}: cannot read FID Inception weights ({err})") from err
+
+
 def verify_weights(path: str | os.PathLike) -> str:
-    """SHA-256 of the weights file at ``path``; ``ValueError`` unless it is a known file.
+    """SHA-256 of the known weights file that ``path`` is, or whose pool3 tensors it holds
+    without the fc layer (:data:`KNOWN_POOL3_SHA256`); ``ValueError`` otherwise.
 
     Known files: :data:`KNOWN_WEIGHTS_SHA256` (pytorch-fid's published file and the
     offline rebuild listed in ../shared/weights/SHA256SUMS). A file that loads but was
     modified (e.g. one tensor rescaled) would silently give another FID.
     """
     digest = sha256_of(path)
-    if digest not in KNOWN_WEIGHTS_SHA256:
+    if digest in KNOWN_WEIGHTS_SHA256:
+        return digest
+    key = (digest, "pool3")
+    if key not in _SHA256:
+        state = _read_state_dict(Path(path))
+        known = not any(k.startswith(FC_PREFIX) for k in state)
+        _SHA256[key] = KNOWN_POOL3_SHA256.get(pool3_sha256(state), "") if known else ""
+    if not _SHA256[key]:
         raise ValueError(
             f"{path}: FID Inception weights have SHA-256 {digest}, not that of pytorch-fid's "
-            f"{WEIGHTS_FILE_NAME} ({', '.join(k[:12] + '...' for k in KNOWN_WEIGHTS_SHA256)}); "
-            "the file is modified or another network: replace it"
+            f"{WEIGHTS_FILE_NAME} ({', '.join(k[:12] + '...' for k in KNOWN_WEIGHTS_SHA256)}) "
+            "nor its pool3 layers without fc; the file is modified or another network: "
+            "replace it"
         )
-    return digest
+    return _SHA256[key]
+
+
+def strip_fc(source: str | os.PathLike, out: str | os.PathLike) -> int:
+    """Write ``source``'s weights without the fc layer to ``out`` (atomically); returns its
+    bytes. ``source`` must verify; so does the result (same pool3 tensors)."""
+    from dpsinkhorn.fileio import atomic_path
+
+    verify_weights(source)
+    state = _read_state_dict(Path(source))
+    pool3 = {k: v for k, v in state.items() if not k.startswith(FC_PREFIX)}
+    if pool3_sha256(pool3) not in KNOWN_POOL3_SHA256:
+        raise ValueError(
+            f"{source}: its pool3 layers are not listed in KNOWN_POOL3_SHA256; a copy without "
+            "fc could not be verified"
+        )
+    with atomic_path(out) as tmp:
+        torch.save(pool3, tmp)
+    return Path(out).stat().st_size
 
 
 def _local_inception(path: Path) -> pfi.InceptionV3:
@@ -96,10 +153,7 @@ def _local_inception(path: Path) -> pfi.InceptionV3:
             f"{WEIGHTS_FILE_NAME}: {HOW_TO_PASS}"
         )
     verify_weights(path)
-    try:
-        state_dict = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # torch raises several types for a bad file
-        raise ValueError(f"{path}: cannot read FID Inception weights ({err})") from err
+    state_dict = _read_state_dict(path)
 
     net = pfi._inception_v3(num_classes=1008, aux_logits=False, weights=None)
     net.Mixed_5b = pfi.FIDInceptionA(192, pool_features=32)
@@ -112,7 +166,10 @@ def _local_inception(path: Path) -> pfi.InceptionV3:
     net.Mixed_7b = pfi.FIDInceptionE_1(1280)
     net.Mixed_7c = pfi.FIDInceptionE_2(2048)
     try:
-        net.load_state_dict(state_dict)
+        missing = net.load_state_dict(state_dict, strict=False)
+        bad = [k for k in missing.missing_keys if not k.startswith(FC_PREFIX)]
+        if bad or missing.unexpected_keys:
+            raise RuntimeError(f"missing {bad[:3]}, unexpected {missing.unexpected_keys[:3]}")
     except (RuntimeError, TypeError, AttributeError) as err:
         raise ValueError(
             f"{path}: not pytorch-fid's Inception weights ({WEIGHTS_FILE_NAME}): {err}"
@@ -171,6 +228,12 @@ def _downloaded_inception() -> pfi.InceptionV3:
 def weights_file(weights: str | os.PathLike | None) -> Path:
     """The weights file FID reads: ``weights``, or pytorch-fid's torch hub cache file."""
     return hub_cache_file() if weights is None else Path(weights)
+
+
+def network_sha256(weights: str | os.PathLike | None) -> str:
+    """The SHA-256 that names the network FID used: the known whole file's, also when
+    ``weights`` is its copy without the fc layer (:func:`verify_weights`)."""
+    return verify_weights(weights_file(weights))
 
 
 def load_inception(

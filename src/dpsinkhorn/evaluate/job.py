@@ -1,0 +1,213 @@
+"""One generator's whole evaluation in one process: ``dpsinkhorn evaluate``.
+
+For every seed: draw the synthetic dataset (a trained generator's balanced samples, or a
+real-data row's seeded subset of the training set), its FID against cached reference
+statistics, and the classifiers trained on it and tested on the real test set. Writes
+exactly the files the per-step commands write (``sample``/``sample-real``, ``fid``,
+``classify``), with the same names and fields:
+
+- ``<samples-dir>/samples_seed<s>.npz``,
+- ``<scores-dir>/fid_seed<s>.json``, ``<scores-dir>/acc_<model>_seed<s>.json``.
+
+What one process saves: the generator, the Inception network, the reference statistics
+and the test set are loaded once; the samples never go to disk and back; each classifier
+trains all seeds together on the device (``batched``: vmapped MLP/CNN, Log-Reg by torch's
+L-BFGS, :mod:`dpsinkhorn.evaluate.classifiers`). A seed's samples and FID equal the
+per-step path's exactly (same generator stream, same features); its accuracies agree
+within the seed-to-seed spread (the CNN's dropout masks and the Log-Reg solver differ).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from dpsinkhorn import fileio
+from dpsinkhorn.devices import resolve_device
+from dpsinkhorn.evaluate.classifiers import MODELS
+from dpsinkhorn.evaluate.classify import resolve_num_classes, train_and_evaluate_seeds
+from dpsinkhorn.evaluate.fid import SQRTM_METHODS, fid_against_reference
+from dpsinkhorn.evaluate.sample import load_generator, sample_generator, sample_real
+
+
+def sample_files(samples_dir: str | Path, seeds: list[int]) -> list[Path]:
+    """``<samples_dir>/samples_seed<s>.npz`` for each seed."""
+    return [Path(samples_dir) / f"samples_seed{s}.npz" for s in seeds]
+
+
+def score_files(scores_dir: str | Path, seeds: list[int], classifiers: list[str]) -> list[Path]:
+    """FID then classifier result files of every seed, in the order they are written."""
+    scores = Path(scores_dir)
+    return [scores / f"fid_seed{s}.json" for s in seeds] + [
+        scores / f"acc_{m}_seed{s}.json" for m in classifiers for s in seeds
+    ]
+
+
+def evaluate(
+    *,
+    seeds: list[int],
+    num: int,
+    test: str | Path,
+    reference: str | Path,
+    samples_dir: str | Path,
+    scores_dir: str | Path,
+    generator: str | Path | None = None,
+    real_data: str | Path | None = None,
+    classifiers: tuple[str, ...] | list[str] = MODELS,
+    dataset: str | None = None,
+    weights: str | Path | None = None,
+    device: str = "auto",
+    sqrtm: str = "pytorch_fid",
+    fid_batch_size: int | None = None,
+    max_epochs: int = 1000,
+    patience: int = 30,
+    batch_size: int = 128,
+    max_iter: int = 5000,
+    fid: bool = True,
+) -> dict[str, float]:
+    """Evaluate one generator (``generator``) or real-data row (``real_data``: its
+    ``train.npz``) for ``seeds``; writes the files listed in the module docstring and
+    returns wall seconds per phase (``sample``, ``fid``, ``classify_<model>``, ``total``).
+    ``fid`` False leaves FID out (only the classifiers' files are written).
+
+    ``num`` samples per seed; ``test`` the real test split (sample file); ``reference``
+    its FID statistics (``dpsinkhorn fid-stats``). Every argument is checked before any
+    work: unknown classifiers, a missing file, an unconditional generator with
+    classifiers, a bad ``sqrtm``.
+    """
+    start = time.perf_counter()
+    if (generator is None) == (real_data is None):
+        raise ValueError("give exactly one of --generator and --real-data")
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise ValueError(f"--seed needs distinct seeds, got {seeds}")
+    if num < 2:
+        raise ValueError(f"--num must be at least 2 (FID needs 2 images), got {num}")
+    unknown = [m for m in classifiers if m not in MODELS]
+    if unknown:
+        raise ValueError(f"unknown classifier {unknown[0]!r}; choose from {', '.join(MODELS)}")
+    if sqrtm not in SQRTM_METHODS:
+        raise ValueError(f"unknown FID sqrtm method {sqrtm!r}; choose from {SQRTM_METHODS}")
+    for path in [test, reference, generator, real_data]:
+        if path is not None and not Path(path).is_file():
+            raise FileNotFoundError(f"{path}: file not found")
+    timings: dict[str, float] = {}
+
+    begin = time.perf_counter()
+    if generator is not None:
+        model = load_generator(Path(generator), resolve_device(device))
+        if not model.conditional and classifiers:
+            raise ValueError(
+                f"{generator} is unconditional: its samples have no labels, so no classifier "
+                f"({', '.join(classifiers)}) can be trained on them"
+            )
+        draws = [sample_generator(model, num, seed) for seed in seeds]
+        del model
+    else:
+        draws = [sample_real(Path(real_data), num, seed) for seed in seeds]
+    for path, (images, labels) in zip(sample_files(samples_dir, seeds), draws, strict=True):
+        fileio.save_samples(path, images, labels)
+    timings["sample"] = time.perf_counter() - begin
+
+    if fid:
+        begin = time.perf_counter()
+        files = sample_files(samples_dir, seeds)
+        for seed, path, (images, _) in zip(seeds, files, draws, strict=True):
+            record = fid_against_reference(
+                images, reference, str(path), weights, device, fid_batch_size, sqrtm
+            )
+            fileio.write_json(Path(scores_dir) / f"fid_seed{seed}.json", record)
+            print(f"FID {record['fid']:.3f} (seed {seed})", flush=True)
+        timings["fid"] = time.perf_counter() - begin
+
+    if classifiers:
+        num_classes = resolve_num_classes(None, dataset, str(test))
+        test_images, test_labels = fileio.load_samples(test)
+        for model_name in classifiers:
+            begin = time.perf_counter()
+            results = train_and_evaluate_seeds(
+                model_name,
+                draws,
+                test_images,
+                test_labels,
+                seeds,
+                num_classes=num_classes,
+                device=device,
+                max_epochs=max_epochs,
+                patience=patience,
+                batch_size=batch_size,
+                max_iter=max_iter,
+                batched=True,
+            )
+            for path, result in zip(sample_files(samples_dir, seeds), results, strict=True):
+                result.update(train=str(path), test=str(test))
+                if dataset is not None:
+                    result["dataset"] = dataset
+                out = Path(scores_dir) / f"acc_{model_name}_seed{result['seed']}.json"
+                fileio.write_json(out, result)
+                print(f"{model_name} accuracy {result['accuracy']:.4f} (seed {result['seed']})")
+            timings[f"classify_{model_name}"] = time.perf_counter() - begin
+    timings["total"] = time.perf_counter() - start
+    return timings
+
+
+def _cmd_evaluate(args: argparse.Namespace) -> int:
+    timings = evaluate(
+        seeds=args.seed,
+        num=args.num,
+        test=args.test,
+        reference=args.reference,
+        samples_dir=args.samples_dir,
+        scores_dir=args.scores_dir,
+        generator=args.generator,
+        real_data=args.real_data,
+        classifiers=args.classifiers,
+        dataset=args.dataset,
+        weights=args.weights,
+        device=args.device,
+        sqrtm=args.sqrtm,
+        fid_batch_size=args.fid_batch_size,
+        max_epochs=args.max_epochs,
+        patience=args.patience,
+        batch_size=args.batch_size,
+        max_iter=args.max_iter,
+        fid=not args.no_fid,
+    )
+    line = ", ".join(f"{k} {v:.1f} s" for k, v in timings.items())
+    print(f"evaluation of {len(args.seed)} seeds: {line}")
+    if args.timings:
+        fileio.write_json(args.timings, {"seeds": args.seed, "num": args.num, "seconds": timings})
+    return 0
+
+
+def register_cli(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``evaluate``."""
+    p = subparsers.add_parser(
+        "evaluate",
+        help="one generator's whole evaluation in one process: samples, FID and the "
+        "classifiers of every seed",
+    )
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--generator", help="generator.pt of a trained experiment")
+    source.add_argument("--real-data", help="train.npz: a real-data row (seeded subsets)")
+    p.add_argument("--test", required=True, help="the real test split (test.npz)")
+    p.add_argument("--reference", required=True, help="its FID statistics (fid-stats)")
+    p.add_argument("--seed", type=int, nargs="+", required=True, help="evaluation seeds")
+    p.add_argument("--num", type=int, required=True, help="samples per seed")
+    p.add_argument("--samples-dir", required=True, help="where samples_seed<s>.npz go")
+    p.add_argument("--scores-dir", required=True, help="where fid_/acc_*_seed<s>.json go")
+    p.add_argument(
+        "--classifiers", nargs="*", default=list(MODELS), help="of logreg, mlp, cnn (none: FID)"
+    )
+    p.add_argument("--dataset", default=None, help="dataset whose class count applies")
+    p.add_argument("--weights", default=None, help="pytorch-fid's Inception weights file")
+    p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, ...")
+    p.add_argument("--sqrtm", choices=SQRTM_METHODS, default="pytorch_fid")
+    p.add_argument("--fid-batch-size", type=int, default=None, help="Inception batch")
+    p.add_argument("--max-epochs", type=int, default=1000, help="mlp/cnn epoch cap")
+    p.add_argument("--patience", type=int, default=30, help="mlp/cnn early-stopping epochs")
+    p.add_argument("--batch-size", type=int, default=128, help="mlp/cnn batch size")
+    p.add_argument("--max-iter", type=int, default=5000, help="logreg L-BFGS iterations")
+    p.add_argument("--no-fid", action="store_true", help="classifiers only (no FID files)")
+    p.add_argument("--timings", default=None, help="also write the phase times (JSON)")
+    p.set_defaults(handler=_cmd_evaluate)

@@ -1,0 +1,144 @@
+"""``dpsinkhorn evaluate``: one generator's whole evaluation in one process gives what the
+per-step commands (sample, sample-real, fid, classify) give for the same inputs.
+
+Sizes are small (a few dozen images per seed) because the properties checked do not
+depend on size: the samples come from the same seeded streams, the FID from the same
+Inception features and formula (equal to float precision), and each classifier sees the
+same training sets (MLP: exactly the sequential result; Log-Reg: the same optimum).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from dpsinkhorn import fileio
+from dpsinkhorn.models import GeneratorConfig, build_generator
+
+DEVICE = ["--device", "cpu"]
+NUM = 12  # images per seed (Inception on a 2-core CPU: ~6 images/s)
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory, prepared_mnist, fid_weights):
+    """A small random conditional MNIST generator, the prepared MNIST splits and FID
+    reference statistics of 16 real test images."""
+    from dpsinkhorn.evaluate.fid import save_statistics, statistics
+
+    root = tmp_path_factory.mktemp("evaluate")
+    torch.manual_seed(0)
+    config = GeneratorConfig(channels=(16, 8, 4))
+    model = build_generator(config)
+    gen = root / "generator.pt"
+    payload = {"state_dict": model.state_dict(), "model_config": config.to_dict()}
+    torch.save({**payload, "dataset": "mnist"}, gen)
+    test = prepared_mnist / "mnist" / "test.npz"
+    images, _ = fileio.load_samples(test)
+    mu, sigma = statistics(images[:16], fid_weights, "cpu")
+    ref = root / "fid_ref.npz"
+    from dpsinkhorn.evaluate.inception import sha256_of
+
+    save_statistics(ref, mu, sigma, 16, (28, 28, 1), sha256_of(fid_weights))
+    return {"generator": gen, "test": test, "train": prepared_mnist / "mnist" / "train.npz",
+            "reference": ref, "weights": fid_weights}  # fmt: skip
+
+
+def _json(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def test_generator_job_equals_the_per_step_path(files, tmp_path, run_cli):
+    """Samples byte-equal in content and FID equal to float precision (same features)."""
+    job = tmp_path / "job"
+    common = ["--weights", str(files["weights"]), "--sqrtm", "eigh", *DEVICE]
+    argv = ["evaluate", "--generator", str(files["generator"]), "--test", str(files["test"])]
+    argv += ["--reference", str(files["reference"]), "--seed", "0", "3", "--num", str(NUM)]
+    argv += ["--samples-dir", str(job), "--scores-dir", str(job / "scores"), "--classifiers"]
+    argv += ["--timings", str(job / "timings.json"), *common]
+    assert run_cli(argv) == 0
+    for seed in (0, 3):
+        step = tmp_path / f"samples_seed{seed}.npz"
+        gen = ["sample", "--generator", str(files["generator"]), "--num", str(NUM)]
+        assert run_cli([*gen, "--seed", str(seed), "--out", str(step), *DEVICE]) == 0
+        for a, b in zip(
+            fileio.load_samples(step), fileio.load_samples(job / step.name), strict=True
+        ):
+            np.testing.assert_array_equal(a, b)
+        fid = tmp_path / f"fid_seed{seed}.json"
+        assert run_cli(["fid", "--a", str(step), "--b", str(files["reference"]),
+                        "--out", str(fid), *common]) == 0  # fmt: skip
+        ours, theirs = _json(job / "scores" / fid.name), _json(fid)
+        assert ours["fid"] == pytest.approx(theirs["fid"], rel=1e-9, abs=1e-9)
+        assert {k: v for k, v in ours.items() if k not in ("fid", "a")} == {
+            k: v for k, v in theirs.items() if k not in ("fid", "a")
+        }
+        assert ours["a"] == str(job / step.name) and ours["num_images_a"] == NUM
+    assert not list((job / "scores").glob("acc_*"))  # --classifiers with none: FID only
+    timings = _json(job / "timings.json")["seconds"]
+    assert set(timings) == {"sample", "fid", "total"} and timings["total"] > 0
+
+
+def test_real_data_job_classifiers_equal_the_per_step_path(files, tmp_path, run_cli):
+    """A real-data row: seeded subsets as sample-real draws them; MLP accuracies exactly
+    the per-seed `classify` results (batched MLP = sequential), Log-Reg within half a
+    point of scikit-learn's (same optimum); every cell's file written. FID is left out
+    (--no-fid): the generator test checks it, and Inception on 600 images costs minutes
+    on this CPU."""
+    job = tmp_path / "job"
+    num, seeds = 300, ["1", "2"]
+    fit = ["--max-epochs", "2", "--patience", "1", "--dataset", "mnist", *DEVICE]
+    argv = ["evaluate", "--real-data", str(files["train"]), "--test", str(files["test"])]
+    argv += ["--reference", str(files["reference"]), "--seed", *seeds, "--num", str(num)]
+    argv += ["--samples-dir", str(job), "--scores-dir", str(job), "--no-fid"]
+    argv += ["--classifiers", "logreg", "mlp", *fit]
+    assert run_cli(argv) == 0
+    steps = []
+    for seed in seeds:
+        step = tmp_path / f"samples_seed{seed}.npz"
+        real = ["sample-real", "--data", str(files["train"]), "--num", str(num), "--seed", seed]
+        assert run_cli([*real, "--out", str(step)]) == 0
+        for a, b in zip(
+            fileio.load_samples(step), fileio.load_samples(job / step.name), strict=True
+        ):
+            np.testing.assert_array_equal(a, b)
+        steps.append(step)
+        assert not (job / f"fid_seed{seed}.json").exists()
+    for model in ("logreg", "mlp"):
+        outs = [tmp_path / f"acc_{model}_seed{s}.json" for s in seeds]
+        argv = ["classify", "--model", model, "--train", *map(str, steps), "--test"]
+        argv += [str(files["test"]), "--seed", *seeds, "--out", *map(str, outs), *fit]
+        assert run_cli(argv) == 0
+        for seed, out in zip(seeds, outs, strict=True):
+            ours, theirs = _json(job / out.name), _json(out)
+            assert ours["seed"] == theirs["seed"] == int(seed)
+            assert ours["num_train"] == num and ours["dataset"] == "mnist"
+            if model == "mlp":
+                assert ours["accuracy"] == theirs["accuracy"]
+            else:
+                assert abs(ours["accuracy"] - theirs["accuracy"]) <= 0.005
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (["--classifiers", "svm"], "unknown classifier 'svm'"),
+        (["--seed", "1", "1"], "distinct seeds"),
+        (["--test", "missing.npz"], "missing.npz: file not found"),
+        (["--num", "1"], "--num must be at least 2"),
+    ],
+)
+def test_bad_arguments_are_one_line_and_write_nothing(
+    change, message, files, tmp_path, run_cli, capsys
+):
+    argv = ["evaluate", "--generator", str(files["generator"]), "--test", str(files["test"])]
+    argv += ["--reference", str(files["reference"]), "--seed", "0", "--num", "4"]
+    argv += ["--samples-dir", str(tmp_path / "out"), "--scores-dir", str(tmp_path / "out")]
+    argv += [*DEVICE, *change]
+    assert run_cli(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+    assert not (tmp_path / "out").exists()
