@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from helpers import REPO, require_shared, shared_path
 
-from dpsinkhorn import fileio, window
+from dpsinkhorn import fileio, window, window_setup
 
 TINY = """\
 run_name: window
@@ -184,7 +184,7 @@ def test_archive_round_trip_in_parts_and_exclusions(tmp_path):
     (work / "results/r/e/private_workspace/ckpt.pt").write_bytes(os.urandom(300_000))
     (work / "results/r/e/samples_seed0.npz").write_bytes(b"x")
     (work / "data/mnist/train.npz").write_bytes(b"x")
-    parts = fileio.pack(work, tmp_path / "a.tar.gz", window.DEFAULT_EXCLUDE, part_mib=0.1)
+    parts = fileio.pack(work, tmp_path / "a.tar.gz", window_setup.DEFAULT_EXCLUDE, part_mib=0.1)
     assert len(parts) >= 3 and not (tmp_path / "a.tar.gz").exists()
     back = tmp_path / "back"
     fileio.unpack(tmp_path / "a.tar.gz", back)
@@ -264,7 +264,7 @@ def test_export_set_from_an_archive_and_imported_generator(tmp_path):
         work / "results/window/mnist_dpsinkhorn/acc_logreg_seed0.json", {"accuracy": 0.5}
     )
     fileio.write_json(work / window.STATE, state)
-    fileio.pack(work, tmp_path / "state.tgz", window.DEFAULT_EXCLUDE, part_mib=15)
+    fileio.pack(work, tmp_path / "state.tgz", window_setup.DEFAULT_EXCLUDE, part_mib=15)
     from dpsinkhorn.cli import main
 
     code = main(

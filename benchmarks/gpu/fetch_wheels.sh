@@ -3,7 +3,8 @@
 # dpsinkhorn and its workflow, for that machine's Python (default 3.12, x86-64 Linux).
 # Versions are those installed in this project's .venv (so the GPU run uses what CI tests).
 # Packages that a PyTorch GPU image already ships (torch, numpy, scipy, pandas, pillow,
-# pyyaml, requests, jinja2, ...) are left out: see SKIP. Pure-Python packages that PyPI
+# pyyaml, requests, jinja2, ...) are left out: see SKIP. So is pulp (16 MB, the ILP
+# scheduler's solver): without it the window runs Snakemake with --scheduler greedy. Pure-Python packages that PyPI
 # has only as source are built into wheels here.
 #
 #   benchmarks/gpu/fetch_wheels.sh [DEST=.whl] [PYTHON_VERSION=3.12]
@@ -14,7 +15,7 @@ DEST=${1:-.whl}
 PYVER=${2:-3.12}
 VENV_PY=${VENV_PY:-.venv/bin/python}
 ROOTS="snakemake snakemake-executor-plugin-slurm geomloss dp-accounting pytorch-fid jsonschema"
-SKIP='^(torch|torchvision|triton|nvidia-.*|cuda-.*|numpy|scipy|pandas|pillow|sympy|networkx|filelock|fsspec|jinja2|markupsafe|packaging|psutil|pyyaml|requests|urllib3|idna|certifi|charset-normalizer|attrs|absl-py|mpmath|tqdm|typing-extensions|wrapt|tabulate|python-dateutil|setuptools|tzdata|six)$'
+SKIP='^(pulp|torch|torchvision|triton|nvidia-.*|cuda-.*|numpy|scipy|pandas|pillow|sympy|networkx|filelock|fsspec|jinja2|markupsafe|packaging|psutil|pyyaml|requests|urllib3|idna|certifi|charset-normalizer|attrs|absl-py|mpmath|tqdm|typing-extensions|wrapt|tabulate|python-dateutil|setuptools|tzdata|six)$'
 
 mkdir -p "$DEST"
 # name==version of every installed package the roots depend on (recursively).

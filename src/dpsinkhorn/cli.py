@@ -25,6 +25,7 @@ COMMAND_MODULES = [
     "evaluate.fid",
     "evaluate.classify",
     "evaluate.job",
+    "window_setup",
     "report.cli",
     "report.privacy_summary",
     "bench.cli",

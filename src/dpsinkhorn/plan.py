@@ -13,6 +13,7 @@ import argparse
 import json
 import math
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 from dpsinkhorn.config.cluster import load_rates, matching_rate, rates_file, train_request
 from dpsinkhorn.config.experiments import (
@@ -23,6 +24,7 @@ from dpsinkhorn.config.experiments import (
     experiment_names,
     fixture_source,
     needs_training,
+    table1_experiments,
     trained_experiments,
 )
 from dpsinkhorn.config.studies import study_experiments
@@ -216,6 +218,95 @@ def _rates_cli(args: argparse.Namespace, config: Mapping, experiments: Sequence[
     return 0
 
 
+# ------------------------------------------------------------------- GPU windows
+
+
+def remaining_table1(config: Mapping, sets: Sequence[Path]) -> list[str]:
+    """Table 1 experiments with a cell (FID or classifier of any seed) in none of the
+    results sets ``sets`` (folders ``<set>/<experiment>/``)."""
+    from dpsinkhorn.config.targets import evaluation_files
+
+    missing = []
+    for exp in table1_experiments(config).values():
+        names = [Path(f).name for f in evaluation_files(config, "", [exp])]
+        if not all(any((s / exp / n).is_file() for s in sets) for n in names):
+            missing.append(exp)
+    return missing
+
+
+def plan_windows(
+    config: Mapping,
+    rates: Sequence[dict],
+    sets: Sequence[Path],
+    trained: Sequence[str],
+    eval_minutes: float,
+    work_minutes: float,
+) -> dict:
+    """GPU windows the remaining Table 1 cells need: per remaining experiment its training
+    (unless in ``trained``: a generator exists) at the measured rate of its step's shape
+    and one evaluation (``eval_minutes``: the measured whole evaluation of one generator);
+    their sum over ``work_minutes`` of work per window, rounded up. An experiment without
+    a measured rate for its shape is listed apart, never guessed."""
+    rows, unmeasured = [], []
+    for exp in remaining_table1(config, sets):
+        train = 0.0
+        if needs_training(config, exp) and exp not in trained:
+            rate, _ = matching_rate(rates, experiment(config, exp), 1)
+            if rate is None:
+                unmeasured.append(exp)
+                continue
+            train = resolved_steps(experiment(config, exp)) / rate / 60
+        rows.append({"experiment": exp, "train_minutes": train, "eval_minutes": eval_minutes})
+    minutes = sum(r["train_minutes"] + r["eval_minutes"] for r in rows)
+    return {
+        "remaining": rows,
+        "unmeasured": unmeasured,
+        "minutes": minutes,
+        "work_minutes_per_window": work_minutes,
+        "windows": math.ceil(minutes / work_minutes) if rows else 0,
+    }
+
+
+def measured_eval_minutes(sets: Sequence[Path]) -> float:
+    """The longest whole evaluation of one generator recorded in the sets' provenance
+    (``evaluate_seconds``, from the job's Snakemake benchmark), in minutes."""
+    seconds = [
+        entry["evaluate_seconds"]
+        for s in sets
+        if (s / "provenance.json").is_file()
+        for entry in json.loads((s / "provenance.json").read_text())["experiments"].values()
+        if "evaluate_seconds" in entry
+    ]
+    if not seconds:
+        raise ValueError(
+            f"no results set under {sets[0].parent if sets else '?'} records evaluate_seconds: "
+            "give --eval-minutes (one generator's measured evaluation)"
+        )
+    return max(seconds) / 60
+
+
+def _windows_cli(args: argparse.Namespace, config: Mapping) -> int:
+    from dpsinkhorn.window_setup import load_window
+
+    path = rates_file(config) if args.rates == FROM_CONFIG else args.rates
+    sets = sorted(p for p in Path(args.sets).iterdir() if p.is_dir())
+    trained = [e for i in load_window(args.window)["work"] for e in i["import"]]
+    eval_minutes = args.eval_minutes or measured_eval_minutes(sets)
+    result = plan_windows(
+        config, load_rates(path), sets, trained, eval_minutes, args.window_work_minutes
+    )
+    for row in result["remaining"]:
+        print(f"  {row['experiment']:28s} train {row['train_minutes']:6.1f} min  "
+              f"evaluate {row['eval_minutes']:5.1f} min")  # fmt: skip
+    print(f"Table 1 cells left in {args.sets}: {len(result['remaining'])} experiments, "
+          f"{result['minutes']:.1f} GPU-minutes at {eval_minutes:.1f} min per evaluation: "
+          f"{result['windows']} windows of {args.window_work_minutes} work minutes")  # fmt: skip
+    if result["unmeasured"]:
+        print("  NOT included (no measured rate for their step's shape): "
+              + " ".join(result["unmeasured"]))  # fmt: skip
+    return 0
+
+
 # ----------------------------------------------------------------------------- CLI
 
 
@@ -227,6 +318,10 @@ def _plan_cli(args: argparse.Namespace) -> int:
         experiments = study_experiments(config, args.study)
     else:
         experiments = trained_experiments(config)
+    if args.windows:
+        if not args.rates:
+            raise ValueError("--windows needs --rates (measured step rates of the GPU)")
+        return _windows_cli(args, config)
     if args.rates:
         return _rates_cli(args, config, experiments)
     if args.study is not None:
@@ -277,5 +372,25 @@ def register_cli(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--study", help="with --rates: only the generators of this study")
     p.add_argument(
         "--sweep-runs", type=int, default=1, help="with --rates: runs per sweep job (sweep_runs)"
+    )
+    p.add_argument(
+        "--windows",
+        action="store_true",
+        help="with --rates: how many GPU windows the Table 1 cells missing from --sets need",
+    )
+    p.add_argument("--sets", default="results-paper-scale", help="results sets (--windows)")
+    p.add_argument("--window", default="benchmarks/gpu/window.yaml", help="its imports")
+    p.add_argument(
+        "--eval-minutes",
+        type=float,
+        default=None,
+        help="measured minutes of one generator's whole evaluation (--windows)",
+    )
+    p.add_argument(
+        "--window-work-minutes",
+        type=float,
+        default=11.0,
+        help="work minutes of one 15-minute allocation (--windows; default 11: machine start "
+        "and each call's transfers, install and packing taken off)",
     )
     p.set_defaults(handler=_plan_cli)

@@ -28,11 +28,11 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import hashlib
+import importlib.util
 import os
 import re
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -40,112 +40,24 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-import yaml
-
 from dpsinkhorn import fileio
 from dpsinkhorn.config.experiments import (
     evaluation_dir,
     experiment_classifiers,
     experiment_dir,
-    experiment_names,
+    experiment_home,
+    needs_training,
 )
-from dpsinkhorn.config.validate import OVERRIDABLE, load_config
+from dpsinkhorn.config.validate import load_config
 from dpsinkhorn.fileio import pack, unpack
+from dpsinkhorn.window_setup import load_window, run_until
 
 REPO = Path(__file__).resolve().parents[2]
 STATE = "window_state.json"
 #: The workflow config's copy in the working folder (a path equal in every call).
 CONFIG_COPY = "window/config.yaml"
-#: What a call can rebuild and the archive therefore leaves out (paths in the working folder).
-DEFAULT_EXCLUDE = (
-    "data/*",
-    "*/samples_seed*.npz",
-    "*/fid_ref_*.npz",
-    ".snakemake/locks/*",
-    ".snakemake/log/*",
-    ".snakemake/auxiliary/*",
-)
-WINDOW_KEYS = {"configfile", "overrides", "work", "archive_exclude", "signal_grace_s", "outputs"}
-ITEM_KEYS = {"name", "experiments", "import", "outputs"}
-OUTPUTS = ("fid", "classify")
 #: Files of an experiment folder that a results set holds (never generator.pt or samples).
 SET_FILES = ("privacy.json", "train_log.csv", "fid_seed*.json", "acc_*_seed*.json")
-
-
-# ---------------------------------------------------------------------- window file
-
-
-def load_window(path: str | Path) -> dict:
-    """The window file, checked: unknown keys, a missing work list or a bad item are
-    one-line errors naming the file and key."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: window file not found")
-    data = yaml.safe_load(path.read_text()) or {}
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: must be a mapping")
-    for key in data:
-        if key not in WINDOW_KEYS:
-            raise ValueError(
-                f"{path}: unknown key {key!r} (known: {', '.join(sorted(WINDOW_KEYS))})"
-            )
-    for key in ("configfile", "work"):
-        if key not in data:
-            raise ValueError(f"{path}: missing key {key!r}")
-    config_path = Path(data["configfile"])
-    if not config_path.is_absolute():
-        config_path = (
-            (path.parent / config_path)
-            if (path.parent / config_path).is_file()
-            else REPO / config_path
-        )
-    window = {
-        "path": path,
-        "configfile": str(data["configfile"]),
-        "config_path": config_path.resolve(),
-        "overrides": [str(o) for o in data.get("overrides") or []],
-        "archive_exclude": list(data.get("archive_exclude") or DEFAULT_EXCLUDE),
-        "signal_grace_s": float(data.get("signal_grace_s", 60)),
-        "work": [],
-    }
-    for override in window["overrides"]:
-        if override.split("=")[0] not in OVERRIDABLE or "=" not in override:
-            raise ValueError(
-                f"{path}: overrides: {override!r} is not KEY=VALUE of {', '.join(OVERRIDABLE)}"
-            )
-    config = load_config([window["config_path"]])
-    known = set(experiment_names(config))
-    default_outputs = list(data.get("outputs") or OUTPUTS)
-    names = set()
-    for k, item in enumerate(data["work"] or []):
-        at = f"{path}: work[{k}]"
-        if not isinstance(item, dict) or "name" not in item:
-            raise ValueError(f"{at}: each item needs a name")
-        for key in item:
-            if key not in ITEM_KEYS:
-                raise ValueError(
-                    f"{at}: unknown key {key!r} (known: {', '.join(sorted(ITEM_KEYS))})"
-                )
-        if item["name"] in names:
-            raise ValueError(f"{at}.name: {item['name']!r} used twice")
-        names.add(item["name"])
-        imports = dict(item.get("import") or {})
-        exps = list(item.get("experiments") or []) + [
-            e for e in imports if e not in (item.get("experiments") or [])
-        ]
-        if not exps:
-            raise ValueError(f"{at}: give experiments or import")
-        for exp in exps:
-            if exp not in known:
-                raise ValueError(f"{at}: unknown experiment {exp!r} of {config_path}")
-        outputs = list(item.get("outputs") or default_outputs)
-        for out in outputs:
-            if out not in OUTPUTS:
-                raise ValueError(f"{at}.outputs: unknown {out!r} (known: {', '.join(OUTPUTS)})")
-        window["work"].append(
-            {"name": item["name"], "experiments": exps, "import": imports, "outputs": outputs}
-        )
-    return window
 
 
 def results_dir(config: Mapping) -> str:
@@ -166,6 +78,16 @@ def item_targets(config: Mapping, item: Mapping) -> list[str]:
                 for model in experiment_classifiers(config, exp):
                     targets.append(f"{where}/acc_{model}_seed{seed}.json")
     return targets
+
+
+def training_targets(config: Mapping, item: Mapping) -> list[str]:
+    """The ledgers (privacy.json) of an item's experiments that train here (not imported)."""
+    root = results_dir(config)
+    return [
+        (experiment_dir(config, root, exp) / "privacy.json").as_posix()
+        for exp in item["experiments"]
+        if needs_training(config, exp) and exp not in item["import"]
+    ]
 
 
 # ------------------------------------------------------------------------- the device
@@ -239,51 +161,10 @@ def snakemake_command(
     if overrides:
         cmd += ["--config", *overrides]
     cmd += ["--cores", cores, "--rerun-incomplete", "--printshellcmds"]
+    if importlib.util.find_spec("pulp") is None:  # the ILP scheduler's solver (16 MB wheel)
+        cmd += ["--scheduler", "greedy"]
     cmd += ["--rerun-triggers", "params", "input", "software-env", "code", "--", *targets]
     return cmd
-
-
-def run_until(
-    cmd: Sequence[str], deadline: float, grace_s: float, log: Path, cwd: Path | None = None
-) -> str:
-    """Run ``cmd`` in its own process group until it ends or ``deadline`` (time.monotonic);
-    at the deadline SIGTERM the group, after ``grace_s`` SIGKILL it. Returns ``done``,
-    ``failed`` or ``deadline``."""
-    with open(log, "a") as out:
-        out.write(f"\n$ {shlex.join(cmd)}\n")
-        out.flush()
-        proc = subprocess.Popen(
-            cmd,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-            cwd=cwd,
-        )
-        stop = []  # this command stopped (SIGTERM, SIGINT): stop Snakemake as at the deadline
-        handlers = {
-            sig: signal.signal(sig, lambda *_: stop.append(1))
-            for sig in (signal.SIGTERM, signal.SIGINT)
-        }
-        try:
-            while proc.poll() is None and time.monotonic() < deadline and not stop:
-                time.sleep(0.2)
-        finally:
-            for sig, handler in handlers.items():
-                signal.signal(sig, handler)
-        if proc.poll() is not None:
-            return "done" if proc.returncode == 0 else "failed"
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        try:  # children of the group that outlived Snakemake
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        return "deadline"
 
 
 def import_generators(
@@ -316,6 +197,12 @@ def import_generators(
         }
 
 
+def _override(options: Sequence[str], key: str) -> Path | None:
+    """The path of ``key=PATH`` among Snakemake --config options (None when absent)."""
+    found = [o.split("=", 1)[1] for o in options if o.startswith(f"{key}=")]
+    return Path(found[-1]) if found else None
+
+
 def work(
     window: Mapping,
     workdir: Path,
@@ -326,14 +213,34 @@ def work(
     state: dict,
     log: Path,
 ) -> str:
-    """Run the work list in order until done or the deadline; returns how the call ended:
-    ``done`` (nothing left), ``deadline`` or ``failed:<item>``."""
+    """Run the work list until done or the deadline; returns how the call ended: ``done``
+    (nothing left), ``deadline``, or ``failed:<items>`` (the list went on past them).
+
+    Items are independent: one whose datasets or FID weights are not here yet waits (and
+    is not run), one that fails is recorded in ``state["items"]`` and the next starts;
+    items that failed before come after the others, so one broken item never stalls the
+    list. Each item's wall seconds and outcome add up in ``state["items"]``."""
+    from dpsinkhorn.window_setup import missing_needs
+
     config = load_config([window["config_path"]])
     fileio.write_bytes(workdir / CONFIG_COPY, Path(window["config_path"]).read_bytes())
-    for item in window["work"]:
+    options = [*window["overrides"], *extra_config]
+    mirror, weights = _override(options, "data_mirror"), _override(options, "fid_weights")
+    records = state.setdefault("items", {})
+    order = sorted(window["work"], key=lambda i: records.get(i["name"], {}).get("failures", 0) > 0)
+    failed = []
+    for item in order:
+        record = records.setdefault(item["name"], {"seconds": 0.0, "failures": 0})
+        missing = missing_needs(config, item, mirror, workdir / config["data_dir"], weights)
+        if any(not m.startswith("FID weights") for m in missing):
+            record["outcome"] = "waiting: needs " + ", ".join(missing)
+            continue
         import_generators(item, config, workdir, import_root, state)
-        pending = [t for t in item_targets(config, item) if not (workdir / t).is_file()]
+        # without the FID weights (still travelling), an item's trainings can already run
+        targets = training_targets(config, item) if missing else item_targets(config, item)
+        pending = [t for t in targets if not (workdir / t).is_file()]
         if not pending:
+            record["outcome"] = "waiting: needs " + ", ".join(missing) if missing else "done"
             continue
         if time.monotonic() >= deadline:
             return "deadline"
@@ -352,12 +259,16 @@ def work(
                     ]
                 ),
             )
+        begin = time.monotonic()
         outcome = run_until(cmd, deadline, window["signal_grace_s"], log, cwd=workdir)
+        record["seconds"] += time.monotonic() - begin
+        record["outcome"] = outcome
         if outcome == "deadline":
             return "deadline"
         if outcome == "failed":
-            return f"failed:{item['name']}"
-    return "done"
+            record["failures"] += 1
+            failed.append(item["name"])
+    return f"failed:{','.join(failed)}" if failed else "done"
 
 
 # ------------------------------------------------------------------------ results set
@@ -390,6 +301,12 @@ def write_set(window: Mapping, workdir: Path, set_dir: Path, state: dict) -> lis
                 )
             elif gen.is_file():
                 entry["generator"] = {"bytes": gen.stat().st_size, "sha256": _sha256(gen)}
+            bench = workdir / results_dir(config) / "benchmarks"
+            bench = bench / f"{experiment_home(config, exp)}evaluate_{exp}.tsv"
+            if bench.is_file():  # Snakemake's benchmark of the evaluation job (one line)
+                head, first = bench.read_text().splitlines()[:2]
+                row = dict(zip(head.split("\t"), first.split("\t"), strict=True))
+                entry["evaluate_seconds"] = float(row["s"])
             experiments[exp] = entry
     provenance = {
         "name": set_dir.name,
@@ -402,6 +319,7 @@ def write_set(window: Mapping, workdir: Path, set_dir: Path, state: dict) -> lis
         "config_changes": [f"snakemake --config {o}" for o in window["overrides"]],
         "window": str(window["path"]),
         "calls": calls,
+        "items": state.get("items", {}),
         "experiments": experiments,
     }
     fileio.write_json(set_dir / "provenance.json", provenance)
@@ -441,6 +359,12 @@ def gpu_window(args: argparse.Namespace) -> int:
             return 0
         if args.archive_out is None:
             raise ValueError("--archive-out is required (where the next call resumes from)")
+        for folder in args.setup:  # what this call carried: into the machine's cache
+            from dpsinkhorn.window_setup import take_setup
+
+            print(f"setup {folder}: " + ", ".join(take_setup(Path(folder), Path(args.cache))))
+        # compiled kernels (compile_solver) travel in the archive: no recompiling per call
+        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(workdir / "inductor-cache"))
         device, commit = args.device_name or device_name(), args.commit or commit_of(REPO)
         deadline = start + args.budget_s - args.reserve_s
         log = Path(args.log) if args.log else workdir / "window.log"
@@ -504,6 +428,10 @@ def register_cli(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--workdir", help="keep the working folder here (default: a temp folder)")
     p.add_argument("--log", help="Snakemake's output (default <workdir>/window.log)")
     p.add_argument("--cores", default="all", help="Snakemake --cores")
+    p.add_argument(
+        "--setup", nargs="*", default=[], help="carried setup folders (gpu-window-carry)"
+    )
+    p.add_argument("--cache", default="/tmp/window", help="where setup folders are taken")
     p.add_argument(
         "--snakemake-config",
         nargs="*",

@@ -111,15 +111,37 @@ def load_rates(path: PathLike) -> list[dict]:
     return rates
 
 
+#: [H, W, C] of the built-in datasets' images. A training step's cost depends on the image
+#: shape and the batch size, never on the dataset's name: MNIST's rates hold for
+#: Fashion-MNIST, and for an own dataset of 28 x 28 grayscale images.
+BUILTIN_IMAGE_SHAPES = {"mnist": (28, 28, 1), "fmnist": (28, 28, 1), "celeba": (32, 32, 3)}
+
+
+def step_shape_key(entry: Mapping) -> tuple | None:
+    """(image [H, W, C], batch size) of a rate entry or an experiment spec: a rate's
+    ``image_shape``, an own dataset's ``dataset_definition`` (image_size, channels), else the
+    built-in dataset's shape; None when unknown."""
+    if "image_shape" in entry:
+        shape = tuple(int(v) for v in entry["image_shape"])
+    elif entry.get("dataset_definition"):
+        definition = entry["dataset_definition"]
+        size, channels = int(definition["image_size"]), int(definition["channels"])
+        shape = (size, size, channels)
+    else:
+        shape = BUILTIN_IMAGE_SHAPES.get(entry["dataset"])
+    return None if shape is None else (shape, int(entry["batch_size"]))
+
+
 def matching_rate(rates: Sequence[dict], spec: Mapping, runs: int) -> tuple[float | None, str]:
     """(steps/s of a job of ``runs`` runs of this shape, where it came from) or (None, "").
 
-    A shape is (dataset, batch size). A single run takes a ``runs: 1`` rate. A sweep of k
-    runs takes the rate of the smallest measured sweep of K >= k runs (a sweep step of
-    fewer runs does no more work), else the single-run rate / k (k runs one after another).
+    A shape is the step's image shape and batch size (:func:`step_shape_key`), whatever
+    the dataset's name. A single run takes a ``runs: 1`` rate. A sweep of k runs takes
+    the rate of the smallest measured sweep of K >= k runs (a sweep step of fewer runs
+    does no more work), else the single-run rate / k (k runs one after another).
     """
-    same = [r for r in rates if r["dataset"] == spec["dataset"]
-            and int(r["batch_size"]) == int(spec["batch_size"])]  # fmt: skip
+    key = step_shape_key(spec)
+    same = [r for r in rates if key is not None and step_shape_key(r) == key]
     single = [r for r in same if int(r["runs"]) == 1]
     if runs == 1:
         return (
