@@ -36,20 +36,9 @@ from dpsinkhorn.privacy.noise import (
     rng_state_bytes,
     rng_state_tensor,
 )
+from dpsinkhorn.privacy.trainings import data_fingerprint
 from dpsinkhorn.train import memory
 from dpsinkhorn.train.step import TrainingStep
-
-
-def data_fingerprint(images: np.ndarray, labels: np.ndarray) -> str:
-    """SHA-256 (hex) of the training data: shapes, dtypes and bytes of images and labels.
-
-    Part of the checkpoint's ``spec_hash``, so a resume on other data is refused. Kept
-    in the private workspace only (it identifies the private dataset)."""
-    digest = hashlib.sha256()
-    for array in (np.ascontiguousarray(images), np.ascontiguousarray(labels)):
-        digest.update(f"{array.dtype.str}{array.shape}".encode())
-        digest.update(memoryview(array).cast("B"))
-    return digest.hexdigest()
 
 
 def check_batch_size(spec: dict, num_records: int) -> None:
