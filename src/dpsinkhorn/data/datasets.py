@@ -37,11 +37,20 @@ def split_path(root: Path, dataset: str, split: str, definition: dict | None = N
     """Where ``prepare`` (or ``owndata.prepare_own``) writes one split:
     ``<root>/<folder>/<split>.npz``, the folder ``config.prepared_folder(dataset, definition)``
     (the name of a built-in dataset; ``<name>-<entry hash>`` of an own one, whose
-    ``datasets:`` entry is ``definition``). A folder holding ``dataset.json`` is an own
-    dataset prepared there."""
+    ``datasets:`` entry is ``definition``; without it, the one own dataset of that name
+    prepared under ``root``)."""
     folder = prepared_folder(dataset, definition)
     if definition is None and not is_prepared_own(root, dataset):
-        dataset_info(dataset)
+        own = sorted(p.parent.name for p in Path(root).glob(f"{dataset}-*/dataset.json"))
+        if len(own) > 1:
+            raise ValueError(
+                f"{root}: {len(own)} prepared datasets named {dataset} ({', '.join(own)}); "
+                "give its datasets: entry to choose one"
+            )
+        if own:
+            folder = own[0]
+        else:
+            dataset_info(dataset)
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; valid splits: {', '.join(SPLITS)}")
     return Path(root) / folder / f"{split}.npz"

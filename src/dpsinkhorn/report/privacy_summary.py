@@ -221,7 +221,7 @@ def summary_markdown(summary: Mapping) -> list[str]:
 def _cli(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     out = args.out or privacy_summary_file(args.results)
-    fileio.write_json(out, privacy_summary(config, args.results))
+    fileio.write_json(out, privacy_summary(config, args.results), record=True)
     print(out)
     return 0
 

@@ -127,9 +127,12 @@ class Trainer:
         # Unconditional (``conditional: false``): one class, and the real labels are
         # replaced by zeros here, before anything reads them.
         self.conditional = settings.conditional
-        self.class_names = declared_classes(
-            settings.dataset, classes, spec.get("dataset_definition")
-        )
+        if classes is None and not self.conditional and "dataset_definition" not in spec:
+            self.class_names = ("unconditional",)  # any dataset name: no class is read
+        else:
+            self.class_names = declared_classes(
+                settings.dataset, classes, spec.get("dataset_definition")
+            )
         # Then generator.pt names them (declared here, or by an own dataset's definition).
         self.classes_declared = classes is not None or "dataset_definition" in spec
         if self.conditional:
