@@ -65,11 +65,38 @@ def test_readme_example_runs_as_written(tmp_path, monkeypatch):
     ).read_bytes()
 
 
+def test_api_run_on_arrays_is_labelled_and_released_only_as_trained(tmp_path):
+    """Arrays given to api.train are named as such (not "mnist"); the manifest holds
+    relative paths; a train_log.csv edited after training is refused, nothing written."""
+    import json
+
+    images, labels = digits(28)
+    classes = [str(d) for d in range(10)]
+    run = tmp_path / "run"
+    api.train(TINY, run, train_data=(images, labels), classes=classes, dataset="digits")
+    assert torch.load(run / "generator.pt", weights_only=True)["dataset"] == "digits"
+    ledger = json.loads((run / "privacy.json").read_text())
+    assert ledger["data"]["dataset"] == "digits" and "api.train" in ledger["data"]["layout"]
+    log = run / "train_log.csv"
+    original = log.read_bytes()
+    log.write_bytes(original.replace(b"step,", b"step ,"))
+    with pytest.raises(ValueError, match=r"train_log.csv: not the file that was produced"):
+        api.release(run, tmp_path / "out")
+    assert not (tmp_path / "out").exists() and not (run / "release_manifest.json").exists()
+    log.write_bytes(original)
+    api.release(run, tmp_path / "out")
+    manifest = (tmp_path / "out" / "release_manifest.json").read_text()
+    assert str(tmp_path) not in manifest
+    with pytest.raises(ValueError, match=r"dataset: 'mnist' cannot name train_data"):
+        api.train(TINY, tmp_path / "r2", train_data=(images, labels), classes=classes,
+                  dataset="mnist")  # fmt: skip
+
+
 def test_api_release_refuses_a_public_seed_and_a_workspace(tmp_path):
     images, labels = digits(28)
     api.train({**TINY, "reproducible": True}, tmp_path / "run", train_data=(images, labels),
               classes=[str(d) for d in range(10)])  # fmt: skip
-    with pytest.raises(ValueError, match="accept-no-guarantee"):
+    with pytest.raises(ValueError, match=r"pass accept_no_guarantee=True to"):
         api.release(tmp_path / "run", tmp_path / "out")
     assert not (tmp_path / "out").exists()
     files = api.release(tmp_path / "run", tmp_path / "out", accept_no_guarantee=True)

@@ -16,7 +16,7 @@ import yaml
 from helpers import REPO, digits_arrays, write_digits_imagefolder, write_digits_npz
 from PIL import Image
 
-from dpsinkhorn.config import experiment, validate
+from dpsinkhorn.config import experiment, load_config, prepared_folder_of, validate
 from dpsinkhorn.data.catalog import dataset_info, experiment_dataset
 from dpsinkhorn.data.datasets import load_split
 from dpsinkhorn.data.owndata import DatasetError, prepare_own
@@ -134,7 +134,8 @@ def test_given_test_folder_and_declared_classes(digits_split_folder, tmp_path) -
         np.bincount(y, minlength=10),
         np.bincount(labels, minlength=10) - np.bincount(labels[::5], minlength=10),
     )
-    record = json.loads((tmp_path / "digits" / "dataset.json").read_text())
+    (folder,) = tmp_path.glob("digits-*")  # <name>-<entry hash> (config.prepared_folder)
+    record = json.loads((folder / "dataset.json").read_text())
     assert record["split"] == {"test": "given"}
     # Declared names that are not the folder names: the folders are refused, by name.
     with pytest.raises(DatasetError, match=r"train/0: class folder '0' is not among"):
@@ -271,7 +272,7 @@ def test_bad_input_is_one_line_naming_the_file(tmp_path, run_cli, capsys, case) 
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1, err
     assert str(named) in err, err
-    assert not (root / "digits" / "train.npz").exists()
+    assert not list(root.glob("digits*/train.npz"))
 
 
 def test_dataset_smaller_than_the_batch(digits_folder, tmp_path, run_cli, capsys) -> None:
@@ -281,8 +282,8 @@ def test_dataset_smaller_than_the_batch(digits_folder, tmp_path, run_cli, capsys
     assert run_cli(argv) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1
-    assert f"{root / 'digits' / 'train.npz'}" in err and "batch_size 2000 of experiment e" in err
-    assert not (root / "digits" / "train.npz").exists()
+    assert f"{root}/digits-" in err and "batch_size 2000 of experiment e" in err
+    assert not list(root.glob("digits*/train.npz"))
     # The same config with a batch that fits prepares it.
     config = write_config(tmp_path, digits_folder, batch_size=50, image_size=28)
     argv[-1] = str(config)
@@ -314,6 +315,8 @@ def test_changed_definition_is_refused(digits_folder, tmp_path, run_cli, capsys)
 
 # ------------------------------------------------------------------------------ workflow
 
+TRAIN = "train.npz"
+
 
 def test_snakemake_dry_run_resolves_an_own_dataset(digits_folder, tmp_path) -> None:
     """The data rule of an own dataset reads its folder and passes --config with its hash."""
@@ -323,7 +326,12 @@ def test_snakemake_dry_run_resolves_an_own_dataset(digits_folder, tmp_path) -> N
     result = subprocess.run(
         [
             str(snakemake),
-            str(tmp_path / "data" / "digits" / "train.npz"),
+            str(
+                tmp_path
+                / "data"
+                / prepared_folder_of(load_config([config]), "digits")
+                / "train.npz"
+            ),
             "-s",
             str(REPO / "Snakefile"),
             "-d",

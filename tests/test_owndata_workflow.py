@@ -128,7 +128,8 @@ def test_table_states_the_preparation_and_the_private_test_split(results):
 
 def test_samples_figure_and_prepared_data(workdir, results):
     for dataset, size, channels in [("digits", 28, 1), ("digits32", 32, 3), ("digits64", 64, 1)]:
-        facts = json.loads((workdir / "data" / dataset / "dataset.json").read_text())
+        (folder,) = (workdir / "data").glob(f"{dataset}-*/")  # <name>-<entry hash>
+        facts = json.loads((folder / "dataset.json").read_text())
         assert facts["image_size"] == size and facts["classes"] == DIGITS, facts
         assert facts["channels"] == channels, facts
     figure = results / "figures" / "samples_digits.png"

@@ -52,7 +52,8 @@ def make_run(root, mnist_dir, mnist, reproducible: bool = False):
     config = run_config(reproducible)
     for exp in config_lib.trained_experiments(config):
         out = config_lib.experiment_dir(config, root, exp)
-        train(config_lib.experiment(config, exp), out, train_data=mnist, progress=False)
+        train(config_lib.experiment(config, exp), out, train_data=mnist, progress=False,
+              record_dir=root.parent / "trainings")  # fmt: skip
         samples = out / "samples_seed0.npz"
         args = ["sample", "--generator", str(out / "generator.pt"), "--num", "20"]
         assert cli.main(args + ["--seed", "0", "--out", str(samples), "--device", "cpu"]) == 0
@@ -63,9 +64,10 @@ def make_run(root, mnist_dir, mnist, reproducible: bool = False):
     for exp in config_lib.experiment_names(config):
         # Scores: only their place matters to the release (their bytes are hashed as they are).
         for path in targets.evaluation_files(config, root, [exp]):
-            fileio.write_json(path, {"score": 0.0, "experiment": exp})
+            fileio.write_json(path, {"score": 0.0, "experiment": exp}, record=True)
     fileio.write_json(targets.gradstudy_file(root, "dp_a"), {"p": [0.2]})
-    fileio.write_json(targets.privacy_summary_file(root), privacy_summary(config, root))
+    summary = privacy_summary(config, root)
+    fileio.write_json(targets.privacy_summary_file(root), summary, record=True)
     write_manifest(config, root)
     return config
 
@@ -92,20 +94,21 @@ def test_private_and_nonprivate_files_live_apart(run):
     config, root = run
     assert config_lib.private_experiments(config) == ["dp_a", "dp_b"]
     top = {p.name for p in root.iterdir()}
-    assert top == {"dp_a", "dp_b", "nonprivate", MANIFEST, "privacy_summary.json"}
+    assert top == {"dp_a", "dp_b", "nonprivate", MANIFEST, "privacy_summary.json",
+                   "privacy_summary.json.sha256"}  # fmt: skip
     assert {p.name for p in (root / "nonprivate").iterdir()} == {"np", "real", "dp_a"}
     assert (root / "nonprivate" / "dp_a" / "gradstudy.json").is_file()
     assert not (root / "dp_a" / "gradstudy.json").exists()
     ledger = fileio.read_json(root / "nonprivate" / "np" / "privacy.json")
     assert ledger["private"] is False and ledger["guarantee"] is None
     for exp in ("dp_a", "dp_b"):
+        hashed = ("samples_seed0.npz", "fid_seed0.json", "acc_logreg_seed0.json")
         assert {p.name for p in (root / exp).iterdir()} - {".dpsinkhorn.lock"} == {
             "generator.pt",
             "privacy.json",
             "train_log.csv",
-            "samples_seed0.npz",
-            "fid_seed0.json",
-            "acc_logreg_seed0.json",
+            *hashed,
+            *(f"{name}.sha256" for name in hashed),  # recorded by their writers
         }
 
 
@@ -184,6 +187,59 @@ def test_release_refuses_what_no_ledger_covers(run, tmp_path, capsys):
     (incomplete := copy("incomplete"))
     (incomplete / MANIFEST).unlink()
     _refused(argv(incomplete), capsys, MANIFEST, "not complete")
+    assert not (tmp_path / "o").exists()
+
+
+def _copy(root, dst):
+    shutil.copytree(root, dst)
+    return dst
+
+
+def test_a_swapped_generator_is_refused_by_every_publication_path(run, tmp_path, capsys):
+    """The non-private generator put in place of a DP one: release-manifest and release
+    refuse it (its sha256 is not the ledger's content_sha256), and write nothing."""
+    config, root = run
+    swapped = _copy(root, tmp_path / "swapped")
+    shutil.copy(swapped / "nonprivate" / "np" / "generator.pt", swapped / "dp_a" / "generator.pt")
+    manifest = (swapped / MANIFEST).read_bytes()
+    with pytest.raises(ValueError, match=r"dp_a/generator.pt: not the file that was produced"):
+        write_manifest(config, swapped)
+    assert (swapped / MANIFEST).read_bytes() == manifest
+    # The manifest rewritten by hand with the swapped file's hash: release refuses it too.
+    listed = fileio.read_json(swapped / MANIFEST)
+    for entry in listed["files"]:
+        if entry["path"] == "dp_a/generator.pt":
+            entry["sha256"] = sha256_of(swapped / "dp_a" / "generator.pt")
+    fileio.write_json(swapped / MANIFEST, listed)
+    argv = ["release", "--run", str(swapped), "--out", str(tmp_path / "o")]
+    _refused(argv, capsys, "dp_a/generator.pt", "content_sha256")
+    assert not (tmp_path / "o").exists()
+
+
+def test_an_edited_train_log_is_refused_even_with_a_fresh_manifest(run, tmp_path, capsys):
+    config, root = run
+    edited = _copy(root, tmp_path / "edited")
+    log = edited / "dp_b" / "train_log.csv"
+    log.write_text(log.read_text().replace("step,", "step ,"))
+    with pytest.raises(ValueError, match=r"dp_b/train_log.csv: .*train_log_sha256"):
+        write_manifest(config, edited)
+
+
+@pytest.mark.parametrize("name", ["train_copy.npz", "samples_seed9.npz"])
+def test_a_hand_listed_file_is_refused(run, prepared_data, tmp_path, capsys, name):
+    """A copy of the training data listed by hand in the manifest of a DP folder: refused
+    as a file the code does not publish, or as one no writer recorded a hash for."""
+    _, root = run
+    sneaked = _copy(root, tmp_path / "sneaked")
+    shutil.copy(prepared_data / "mnist" / "train.npz", sneaked / "dp_a" / name)
+    manifest = fileio.read_json(sneaked / MANIFEST)
+    manifest["files"].append({"path": f"dp_a/{name}", "sha256": sha256_of(sneaked / "dp_a" / name),
+                              "ledgers": ["dp_a/privacy.json"],
+                              "guarantees": manifest["files"][0]["guarantees"]})  # fmt: skip
+    fileio.write_json(sneaked / MANIFEST, manifest)
+    words = ("not a file dpsinkhorn publishes",) if "copy" in name else ("no hash recorded",)
+    _refused(["release", "--run", str(sneaked), "--out", str(tmp_path / "o")], capsys,
+             f"dp_a/{name}", *words)  # fmt: skip
     assert not (tmp_path / "o").exists()
 
 

@@ -20,12 +20,14 @@ this module's example (``tests/test_api.py`` runs it).
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 
 from dpsinkhorn.config import experiment, load_config, make_experiment
+from dpsinkhorn.data.catalog import DATASETS
 from dpsinkhorn.devices import resolve_device
 from dpsinkhorn.evaluate.pngs import save_png_dir, save_png_grid
 from dpsinkhorn.evaluate.sample import (
@@ -34,8 +36,8 @@ from dpsinkhorn.evaluate.sample import (
     read_generator_file,
     sample_generator,
 )
+from dpsinkhorn.train.publish import check_out, write_experiment_manifest
 from dpsinkhorn.train.publish import release as release_run
-from dpsinkhorn.train.publish import write_experiment_manifest
 from dpsinkhorn.train.run import train as train_run
 
 PathLike = str | os.PathLike
@@ -51,6 +53,9 @@ def train(
     classes: Sequence[str] | None = None,
     device: str = "auto",
     progress: bool = False,
+    dataset: str = "arrays",
+    retrain: bool = False,
+    record_dir: PathLike | None = None,
 ) -> dict:
     """Train one experiment into ``out_dir``; returns its privacy record (privacy.json).
 
@@ -58,7 +63,13 @@ def train(
     schema fills the rest, i.e. the paper's MNIST setting) or a config file, with
     ``name`` the experiment in it. The data: ``train_data`` = (images, labels) with
     ``classes`` (the class names, required unless ``conditional`` is False), or the
-    prepared ``<data_dir>/<dataset>/train.npz`` of the experiment's dataset.
+    prepared data of the experiment's dataset under ``data_dir``. ``dataset``: the name
+    generator.pt and privacy.json give ``train_data`` (never a built-in's, e.g. "mnist").
+
+    Every training is appended to its data's training record (``privacy.trainings``):
+    ``record_dir``, default ``<data_dir>/trainings``, else ``<out_dir>/../trainings``.
+    Training again into a folder whose secret-key DP training finished is refused unless
+    ``retrain`` (the record counts it).
     """
     if isinstance(settings, Mapping):
         settings = dict(settings)
@@ -72,6 +83,15 @@ def train(
             "classes: declare the class names of train_data (e.g. classes=['cat', 'dog']); "
             "the class count is never counted from the private labels"
         )
+    if train_data is not None:  # the arrays' own name, never the schema's default "mnist"
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", str(dataset)) or dataset in DATASETS:
+            raise ValueError(
+                f"dataset: {dataset!r} cannot name train_data (letters, digits, _ . -; not a "
+                f"built-in dataset's name: {', '.join(DATASETS)})"
+            )
+        spec = {**spec, "dataset": dataset}
+    elif data_dir is None:
+        raise ValueError("data_dir: give data_dir (prepared data) or train_data (arrays)")
     return train_run(
         spec,
         Path(out_dir),
@@ -80,6 +100,8 @@ def train(
         progress=progress,
         train_data=train_data,
         classes=classes,
+        retrain=retrain,
+        record_dir=Path(record_dir) if record_dir is not None else None,
     )
 
 
@@ -124,9 +146,13 @@ def release(run_dir: PathLike, out: PathLike, accept_no_guarantee: bool = False)
     """Publish one trained experiment: write its manifest (``release_manifest.json``: the
     files its ledger covers, with their sha256) and copy exactly those into ``out`` (new or
     empty), as ``dpsinkhorn release`` does for a workflow run. Refuses (one-line error) a
-    folder with a private workspace left, a missing or changed file, a non-private run, and
-    a ledger whose guarantee is ``none…`` (public noise seed) unless ``accept_no_guarantee``.
+    folder with a private workspace left, a missing file, one whose bytes are not those
+    training recorded in privacy.json (``content_sha256``, ``train_log_sha256``), a
+    non-private run, and a ledger whose guarantee is ``none…`` (public noise seed) unless
+    ``accept_no_guarantee``.
     Samples and PNGs you drew are post-processing of the generator: publish them yourself.
     """
+    flag = "accept_no_guarantee=True"
+    check_out(out)
     write_experiment_manifest(run_dir)
-    return release_run(run_dir, out, accept_no_guarantee)
+    return release_run(run_dir, out, accept_no_guarantee, flag)

@@ -165,10 +165,46 @@ def md5_of(path: str | os.PathLike) -> str:
     return digest.hexdigest()
 
 
-def write_json(path: str | os.PathLike, obj: Any) -> None:
-    """Write ``obj`` as indented JSON, atomically."""
+#: Beside a file ``x``, ``x.sha256`` holds the sha256 its writer computed of what it wrote
+#: (``sha256sum`` format). A release (``train.publish``) accepts a file only if it matches.
+SHA256_SUFFIX = ".sha256"
+
+
+def sha256_of(path: str | os.PathLike) -> str:
+    """Hex SHA-256 of a file (read in 1 MiB chunks)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def record_sha256(path: str | os.PathLike) -> str:
+    """Record the sha256 of the file just written at ``path`` in ``<path>.sha256`` (atomic);
+    return it. Every step that writes a file a release may publish calls it (directly, or
+    through :func:`save_samples` / ``write_json(..., record=True)``)."""
+    path = Path(path)
+    digest = sha256_of(path)
+    write_text(path.with_name(path.name + SHA256_SUFFIX), f"{digest}  {path.name}\n")
+    return digest
+
+
+def recorded_sha256(path: str | os.PathLike) -> str | None:
+    """The sha256 the writer of ``path`` recorded (:func:`record_sha256`), or None."""
+    path = Path(path)
+    sidecar = path.with_name(path.name + SHA256_SUFFIX)
+    if not sidecar.is_file():
+        return None
+    return (sidecar.read_text().split() or [""])[0]
+
+
+def write_json(path: str | os.PathLike, obj: Any, record: bool = False) -> None:
+    """Write ``obj`` as indented JSON, atomically; ``record``: and its sha256
+    (:func:`record_sha256`), for a file a release may publish (scores, summaries)."""
     with atomic_path(path) as tmp:
         tmp.write_text(json.dumps(obj, indent=2, sort_keys=False) + "\n")
+    if record:
+        record_sha256(path)
 
 
 def write_text(path: str | os.PathLike, text: str) -> None:
@@ -183,13 +219,15 @@ def read_json(path: str | os.PathLike) -> Any:
 
 
 def save_samples(path: str | os.PathLike, images: np.ndarray, labels: np.ndarray) -> None:
-    """Save a sample file: ``images`` uint8 [N,H,W] or [N,H,W,C], ``labels`` int64 [N]."""
+    """Save a sample file: ``images`` uint8 [N,H,W] or [N,H,W,C], ``labels`` int64 [N];
+    then its sha256 in ``<path>.sha256`` (:func:`record_sha256`)."""
     images = np.asarray(images)
     labels = np.asarray(labels)
     check_samples(images, labels, str(path))
     with atomic_path(path) as tmp:
         with open(tmp, "wb") as fh:
             np.savez(fh, images=images, labels=labels.astype(np.int64))
+    record_sha256(path)
 
 
 def check_images(images: np.ndarray, where: str) -> None:

@@ -17,6 +17,7 @@ from dpsinkhorn.config import (
     experiment_names,
     experiment_spec,
     figure_datasets,
+    prepared_folder_of,
     prepare_workflow_process,
     private_experiments,
     real_experiments,
@@ -95,6 +96,11 @@ TRAINED_ALONE, SWEEPS = targets.training_jobs(config)
 TRAINED_ALONE = wildcard_regex(TRAINED_ALONE)
 REAL = wildcard_regex(real_experiments(config))
 
+# Prepared data: {DATA}/<folder>/{train,test}.npz, the folder a built-in dataset's name or
+# an own dataset's <name>-<entry hash> (dpsinkhorn.config.prepared_folder): two configs
+# that give the same name to other data never write, or delete, each other's files.
+PREPARED = {prepared_folder_of(config, d): d for d in datasets(config)}
+
 
 # An experiment's files live in {RESULTS}/{home}{exp}/: home is "" for a DP release and
 # "nonprivate/" for everything no ledger covers (dpsinkhorn.config.experiment_home); the
@@ -102,6 +108,7 @@ REAL = wildcard_regex(real_experiments(config))
 wildcard_constraints:
     home=r"(nonprivate/)?",
     dataset=wildcard_regex(datasets(config)),
+    folder=wildcard_regex(PREPARED),
     exp=wildcard_regex(experiment_names(config)),
     model=wildcard_regex(all_classifiers(config)),
     seed=r"\d+",
@@ -114,7 +121,7 @@ def flag(name, value):
 
 def prepared_file(dataset, split):
     """The prepared <split>.npz of a dataset."""
-    return f"{DATA}/{dataset}/{split}.npz"
+    return f"{DATA}/{prepared_folder_of(config, dataset)}/{split}.npz"
 
 
 def dataset_file(split):

@@ -1,17 +1,18 @@
 rule data:
     input:
-        lambda w: data_inputs(config, w.dataset),  # synthetic CelebA, an own dataset's path
+        lambda w: data_inputs(config, PREPARED[w.folder]),  # synthetic CelebA, own data's path
     output:
-        train=f"{DATA}/{{dataset}}/train.npz",
-        test=f"{DATA}/{{dataset}}/test.npz",
+        train=f"{DATA}/{{folder}}/train.npz",  # = prepared_file (common.smk)
+        test=f"{DATA}/{{folder}}/test.npz",
     params:
         root=lambda w, output: Path(output.train).parent.parent,
+        dataset=lambda w: PREPARED[w.folder],
         # --mirror for a built-in dataset; --config and its entry's hash for an own one
-        mirror=lambda w: data_source_args(config, w.dataset, CONFIG_FILES),
+        mirror=lambda w: data_source_args(config, PREPARED[w.folder], CONFIG_FILES),
     log:
-        f"{LOGS}/data_{{dataset}}.log",
+        f"{LOGS}/data_{{folder}}.log",
     benchmark:
-        f"{BENCH}/data_{{dataset}}.tsv"
+        f"{BENCH}/data_{{folder}}.tsv"
     threads: 1
     resources:
         mem_mb=4000,
@@ -19,7 +20,7 @@ rule data:
     conda:
         CONDA_ENV
     shell:
-        "dpsinkhorn data --dataset {wildcards.dataset} --root {params.root} {params.mirror}"
+        "dpsinkhorn data --dataset {params.dataset} --root {params.root} {params.mirror}"
         " > {log} 2>&1"
 
 

@@ -9,7 +9,7 @@
 
 rule fid_reference:
     input:
-        test=f"{DATA}/{{dataset}}/test.npz",
+        test=lambda w: prepared_file(w.dataset, "test"),
     output:
         f"{RESULTS}/nonprivate/fid_ref_{{dataset}}.npz",  # = targets.fid_reference_file
     params:

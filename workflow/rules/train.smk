@@ -55,7 +55,7 @@ for members in SWEEPS:
         name:
             f"train_sweep_{members[0]}"
         input:
-            train=f"{DATA}/{dataset_of(config, members[0])}/train.npz",
+            train=prepared_file(dataset_of(config, members[0]), "train"),
         output:
             [f"{experiment_dir(config, RESULTS, e)}/{f}" for e in members for f in TRAINING_FILES],
         params:

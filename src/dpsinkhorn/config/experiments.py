@@ -7,6 +7,8 @@ are what the workflow, the CLI steps and the reports share. Torch-free.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -91,6 +93,26 @@ def dataset_definition(config: Mapping, dataset: str | None) -> dict | None:
     """
     entry = (config.get("datasets") or {}).get(dataset) if dataset else None
     return None if entry is None else dict(entry)
+
+
+def definition_sha256(definition: Mapping) -> str:
+    """SHA-256 of an own dataset's validated entry, as canonical JSON (first 16 hex digits)."""
+    return hashlib.sha256(json.dumps(definition, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def prepared_folder(dataset: str, definition: Mapping | None) -> str:
+    """The folder under ``data_dir`` that holds a dataset's prepared ``{train,test}.npz``.
+
+    A built-in dataset: its name. An own dataset: ``<name>-<definition_sha256>``, keyed by
+    its whole ``datasets:`` entry (source path, size, channels, resizing, split), so two
+    configs, or two entries of the same name, never write, or delete, each other's files.
+    """
+    return dataset if definition is None else f"{dataset}-{definition_sha256(definition)}"
+
+
+def prepared_folder_of(config: Mapping, dataset: str) -> str:
+    """:func:`prepared_folder` of a config's dataset."""
+    return prepared_folder(dataset, dataset_definition(config, dataset))
 
 
 def experiment_spec(config: Mapping, name: str) -> str:

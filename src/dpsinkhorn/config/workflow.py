@@ -7,8 +7,6 @@ Snakemake imports it while it parses the workflow.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import re
 import shlex
@@ -17,7 +15,12 @@ import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from dpsinkhorn.config.experiments import data_mirror_of, dataset_definition, fixture_source
+from dpsinkhorn.config.experiments import (
+    data_mirror_of,
+    dataset_definition,
+    definition_sha256,
+    fixture_source,
+)
 
 PathLike = str | os.PathLike
 
@@ -42,11 +45,6 @@ def data_source_args(config: Mapping, dataset: str, config_files: str) -> str:
         return f"--config {config_files} --definition-sha256 {definition_sha256(definition)}"
     mirror = data_mirror_of(config, dataset)
     return "" if mirror is None else f"--mirror {mirror}"
-
-
-def definition_sha256(definition: Mapping) -> str:
-    """SHA-256 of an own dataset's validated entry, as canonical JSON (first 16 hex digits)."""
-    return hashlib.sha256(json.dumps(definition, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def config_file_args(files: Iterable[PathLike]) -> str:

@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from dpsinkhorn.config.experiments import prepared_folder
 from dpsinkhorn.data.catalog import DATASETS, DatasetInfo, dataset_info
 from dpsinkhorn.data.owndata import is_prepared_own, prepare_own
 from dpsinkhorn.fileio import atomic_path, load_samples, md5_of, save_samples
@@ -32,14 +33,27 @@ from dpsinkhorn.fileio import atomic_path, load_samples, md5_of, save_samples
 SPLITS = ("train", "test")
 
 
-def split_path(root: Path, dataset: str, split: str) -> Path:
+def split_path(root: Path, dataset: str, split: str, definition: dict | None = None) -> Path:
     """Where ``prepare`` (or ``owndata.prepare_own``) writes one split:
-    ``<root>/<dataset>/<split>.npz``. An own dataset is known by its ``dataset.json`` there."""
-    if not is_prepared_own(root, dataset):
-        dataset_info(dataset)
+    ``<root>/<folder>/<split>.npz``, the folder ``config.prepared_folder(dataset, definition)``
+    (the name of a built-in dataset; ``<name>-<entry hash>`` of an own one, whose
+    ``datasets:`` entry is ``definition``; without it, the one own dataset of that name
+    prepared under ``root``)."""
+    folder = prepared_folder(dataset, definition)
+    if definition is None and not is_prepared_own(root, dataset):
+        own = sorted(p.parent.name for p in Path(root).glob(f"{dataset}-*/dataset.json"))
+        if len(own) > 1:
+            raise ValueError(
+                f"{root}: {len(own)} prepared datasets named {dataset} ({', '.join(own)}); "
+                "give its datasets: entry to choose one"
+            )
+        if own:
+            folder = own[0]
+        else:
+            dataset_info(dataset)
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; valid splits: {', '.join(SPLITS)}")
-    return Path(root) / dataset / f"{split}.npz"
+    return Path(root) / folder / f"{split}.npz"
 
 
 # --------------------------------------------------------------------------- prepare
@@ -195,9 +209,11 @@ def _read_with_torchvision(
 # ----------------------------------------------------------------------------- load
 
 
-def load_split(root: Path, dataset: str, split: str) -> tuple[np.ndarray, np.ndarray]:
-    """Read ``<root>/<dataset>/<split>.npz``: (images uint8 [N,H,W(,C)], labels int64 [N])."""
-    path = split_path(root, dataset, split)
+def load_split(
+    root: Path, dataset: str, split: str, definition: dict | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Read :func:`split_path`: (images uint8 [N,H,W(,C)], labels int64 [N])."""
+    path = split_path(root, dataset, split, definition)
     if not path.exists():
         raise FileNotFoundError(
             f"{path} not found; run `dpsinkhorn data --dataset {dataset} --root {root}` first"
@@ -247,7 +263,7 @@ def from_unit_range(x: torch.Tensor) -> np.ndarray:
 
 def _check_definition(args: argparse.Namespace, dataset: str, definition: dict) -> None:
     """Refuse a ``datasets.<dataset>`` entry that differs from the one the workflow hashed."""
-    from dpsinkhorn.config.workflow import definition_sha256
+    from dpsinkhorn.config.experiments import definition_sha256
 
     if args.definition_sha256 and definition_sha256(definition) != args.definition_sha256:
         raise ValueError(
@@ -298,7 +314,7 @@ def register_cli(subparsers: argparse._SubParsersAction) -> None:
         "--definition-sha256",
         default=None,
         help="(workflow) refuse an own dataset whose datasets: entry in --config does not "
-        "have this hash (config.workflow.definition_sha256)",
+        "have this hash (config.experiments.definition_sha256)",
     )
     parser.add_argument(
         "--mirror",

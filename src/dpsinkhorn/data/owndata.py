@@ -14,10 +14,12 @@ never counted from the labels. Images are brought to the entry's ``channels`` an
 it an image of another size or mode is an error. Without a given test split, a fraction
 ``test_fraction`` is held out by a permutation seeded with ``split_seed``.
 
-:func:`prepare_own` writes ``<root>/<name>/{train,test}.npz`` (images uint8 [N,S,S] for
+:func:`prepare_own` writes ``<root>/<folder>/{train,test}.npz`` (images uint8 [N,S,S] for
 one channel, [N,S,S,3] for three; labels int64 [N]) and the public
-``<root>/<name>/dataset.json`` (layout, classes, size, resizing, how the test split was
-made, record counts). Every bad input is a :class:`DatasetError`: one line naming the file.
+``<root>/<folder>/dataset.json`` (layout, classes, size, resizing, how the test split was
+made, record counts). The folder is ``<name>-<entry hash>`` (``config.prepared_folder``):
+an entry of the same name in another config never writes or deletes its files. Every bad
+input is a :class:`DatasetError`: one line naming the file.
 Torch-free.
 """
 
@@ -31,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from dpsinkhorn.config.experiments import prepared_folder
 from dpsinkhorn.data.catalog import (
     IMAGE_EXTENSIONS,
     DatasetInfo,
@@ -256,13 +259,15 @@ def prepare_own(
     batch_size: int | None = None,
     batch_owner: str = "",
 ) -> dict[str, Path]:
-    """Write ``<root>/<name>/{train,test}.npz`` and ``dataset.json``; return {split: path}.
+    """Write ``<root>/<name>-<entry hash>/{train,test}.npz`` and ``dataset.json``; return
+    {split: path}.
 
     ``definition``: the validated ``datasets.<name>`` entry. ``batch_size`` (the largest
     batch of the experiments on this dataset, ``batch_owner`` naming one) is checked
     against the training records before anything is written.
     """
     info = own_dataset_info(name, definition)
+    out = Path(root) / prepared_folder(name, definition)
     declared = definition.get("classes") is not None
     definition = {**definition, "classes": list(info.class_names)}
     source, layout = Path(definition["path"]), own_layout(Path(definition["path"]))
@@ -283,7 +288,6 @@ def prepare_own(
             "how": "numpy.random.default_rng(split_seed).permutation(N): the first "
             "round(N * test_fraction) records are the test split",
         }
-    out = Path(root) / name
     paths = {"train": out / "train.npz", "test": out / "test.npz"}
     if batch_size is not None and batch_size > len(train[1]):
         raise DatasetError(

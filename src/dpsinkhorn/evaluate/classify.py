@@ -269,7 +269,7 @@ def _cmd_classify(args: argparse.Namespace) -> int:
         result.update(train=str(train), test=str(args.test))
         if args.dataset is not None:
             result["dataset"] = args.dataset
-        fileio.write_json(out, result)
+        fileio.write_json(out, result, record=True)  # its sha256: train.publish
         print(f"{args.model} accuracy {result['accuracy']:.4f} (seed {result['seed']}) -> {out}")
     return 0
 

@@ -394,7 +394,7 @@ def _cmd_fid(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         sqrtm=args.sqrtm,
     )
-    fileio.write_json(args.out, result)
+    fileio.write_json(args.out, result, record=True)  # its sha256: train.publish
     print(f"FID {result['fid']:.3f} ({args.a} vs {args.b}) -> {args.out}")
     return 0
 

@@ -116,7 +116,7 @@ def evaluate(
             record = fid_against_reference(
                 images, reference, str(path), weights, device, fid_batch_size, sqrtm
             )
-            fileio.write_json(Path(scores_dir) / f"fid_seed{seed}.json", record)
+            fileio.write_json(Path(scores_dir) / f"fid_seed{seed}.json", record, record=True)
             print(f"FID {record['fid']:.3f} (seed {seed})", flush=True)
         timings["fid"] = time.perf_counter() - begin
 
@@ -144,7 +144,7 @@ def evaluate(
                 if dataset is not None:
                     result["dataset"] = dataset
                 out = Path(scores_dir) / f"acc_{model_name}_seed{result['seed']}.json"
-                fileio.write_json(out, result)
+                fileio.write_json(out, result, record=True)  # its sha256: train.publish
                 print(f"{model_name} accuracy {result['accuracy']:.4f} (seed {result['seed']})")
             timings[f"classify_{model_name}"] = time.perf_counter() - begin
     timings["total"] = time.perf_counter() - start

@@ -16,10 +16,11 @@ dpsinkhorn.train.audit``), since ``privacy`` may not import ``train``. What is h
   claims for ONE un-subsampled (q = 1) Gaussian mechanism with noise multiplier z
   (noise std / L2 sensitivity), at δ. This is the claim of a training step when the
   canary's inclusion in that step's Poisson sample is known to the adversary.
-* Broken image sanitisers (subclasses of ``privacy.mechanism.ImageGradientSanitizer``
-  that the audit must catch): noise off; per-sample noise ÷ √n (sensitivity of
-  per-sample clipping taken as 2Δ); noise ÷ √2 (sensitivity taken as Δ instead of 2Δ:
-  the replace-one vs add/remove-one slip).
+* Broken sanitisers, image and parameter alike (subclasses of the sound ones in
+  ``privacy.mechanism`` that the audit must catch): noise off; noise ÷ √n (sensitivity
+  of per-sample clipping taken as 2Δ); noise ÷ √2 in ``noise_std`` (sensitivity taken as
+  Δ√2: the replace-one vs add/remove-one slip); ÷ √2 inside ``__call__`` only, while
+  ``noise_std`` stays right.
 """
 
 from __future__ import annotations
@@ -27,49 +28,104 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from scipy.stats import beta
+import torch
+from scipy.stats import beta, chi2, norm
 
 from dpsinkhorn.privacy.accounting import PrivacyAccountant
-from dpsinkhorn.privacy.mechanism import ImageGradientSanitizer
+from dpsinkhorn.privacy.mechanism import ImageGradientSanitizer, ParameterGradientSanitizer
 
 #: Joint confidence of every certified bound.
 CONFIDENCE = 0.95
 
 
-class NoiselessSanitizer(ImageGradientSanitizer):
-    """BROKEN on purpose (audit only): clips, adds no noise."""
+#: How much noise each broken variant really adds, as a fraction of the sound noise std
+#: 2Δσ (used only to compute the audit's power against it, ``train.audit``).
+TRUE_NOISE_FRACTION = {
+    "sound": 1.0,
+    "noise_off": 0.0,
+    "noise_over_sqrt_2": 1 / math.sqrt(2.0),
+    "sqrt_2_in_call": 1 / math.sqrt(2.0),
+    "noise_over_sqrt_n": None,  # 1/√n: n is the run's batch size
+}
+
+
+class _Noise:
+    """Mixins of the broken variants (audit only): what ``noise_std`` declares, and the
+    std ``__call__`` really adds (``_drawn_std``)."""
+
+    n: int  # the batch size (set on a parameter sanitiser by the audit)
+
+    def _drawn_std(self) -> float:
+        return self.noise_std
+
+
+class _NoiseOff(_Noise):
+    """BROKEN on purpose: clips, adds no noise (declares it)."""
 
     @property
     def noise_std(self) -> float:
         return 0.0
 
 
-class NoiseOverRootNSanitizer(ImageGradientSanitizer):
-    """BROKEN on purpose (audit only): noise std 2Δσ/√n, as if the sensitivity of
-    per-sample clipping were 2Δ instead of 2Δ√n."""
+class _OverRootN(_Noise):
+    """BROKEN on purpose: noise std 2Δσ/√n, as if the sensitivity of per-sample clipping
+    were 2Δ instead of 2Δ√n (declares it)."""
 
     @property
     def noise_std(self) -> float:
         return 2.0 * self.clip * self.noise_scale / math.sqrt(self.n)
 
 
-class NoiseOverRoot2Sanitizer(ImageGradientSanitizer):
-    """BROKEN on purpose (audit only): noise std 2Δσ/√2 = √2·Δσ, as if add/remove-one
-    moved the clipped block by Δ√2 (or replace-one's 2Δ were halved): the true noise
-    multiplier is σ/√2 while the accountant is told σ."""
+class _OverRoot2(_Noise):
+    """BROKEN on purpose: noise std 2Δσ/√2, as if add/remove-one moved the clipped block by
+    Δ√2 (declares it): the true noise multiplier is σ/√2 while the accountant is told σ."""
 
     @property
     def noise_std(self) -> float:
         return 2.0 * self.clip * self.noise_scale / math.sqrt(2.0)
 
 
+class _Root2InCall(_Noise):
+    """BROKEN on purpose: ``noise_std`` stays 2Δσ, but ``__call__`` adds 2Δσ/√2."""
+
+    def _drawn_std(self) -> float:
+        return self.noise_std / math.sqrt(2.0)
+
+
+def _broken_call(self, grad: torch.Tensor) -> torch.Tensor:
+    """The sound ``__call__`` with the variant's drawn noise std (same noise stream)."""
+    private, rest = (self.clipped(grad), None)
+    if isinstance(private, tuple):
+        private, rest = private
+    noise = torch.randn(private.shape, generator=self.generator, device=grad.device,
+                        dtype=grad.dtype)  # fmt: skip
+    out = private + self._drawn_std() * noise
+    return out if rest is None else torch.cat([out, rest])
+
+
+def _variant(base: type, mixin: type, name: str) -> type:
+    return type(name, (mixin, base), {"__call__": _broken_call, "__doc__": mixin.__doc__})
+
+
+_MIXINS = {"noise_off": _NoiseOff, "noise_over_sqrt_n": _OverRootN,
+           "noise_over_sqrt_2": _OverRoot2, "sqrt_2_in_call": _Root2InCall}  # fmt: skip
 #: Image sanitiser classes by audit name; "sound" is the one training uses.
 IMAGE_MECHANISMS: dict[str, type[ImageGradientSanitizer]] = {
     "sound": ImageGradientSanitizer,
-    "noise_off": NoiselessSanitizer,
-    "noise_over_sqrt_n": NoiseOverRootNSanitizer,
-    "noise_over_sqrt_2": NoiseOverRoot2Sanitizer,
+    **{
+        k: _variant(ImageGradientSanitizer, m, f"Image{m.__name__[1:]}") for k, m in _MIXINS.items()
+    },
 }
+#: Parameter sanitiser classes by audit name (their ``apply`` is the sound one: it calls
+#: ``__call__``). ``noise_over_sqrt_n`` needs ``n`` set (``train.audit`` subclasses it).
+PARAMETER_MECHANISMS: dict[str, type[ParameterGradientSanitizer]] = {
+    "sound": ParameterGradientSanitizer,
+    **{k: _variant(ParameterGradientSanitizer, m, f"Parameter{m.__name__[1:]}")
+       for k, m in _MIXINS.items()},
+}  # fmt: skip
+NoiselessSanitizer = IMAGE_MECHANISMS["noise_off"]
+NoiseOverRootNSanitizer = IMAGE_MECHANISMS["noise_over_sqrt_n"]
+NoiseOverRoot2Sanitizer = IMAGE_MECHANISMS["noise_over_sqrt_2"]
 
 
 def clopper_pearson_upper(successes: int, trials: int, alpha: float) -> float:
@@ -131,3 +187,67 @@ def one_step_claim(noise_multiplier: float, delta: float, accountant: str = "rdp
     ledger = PrivacyAccountant(1.0, noise_multiplier, delta, accountant)
     ledger.step()
     return ledger.epsilon()
+
+
+def noise_check(values: torch.Tensor, distances: torch.Tensor, noise_std: float, level: float):
+    """Does the real sanitiser's noise have mean 0 and variance noise_std² per coordinate?
+    ``values`` [V]: release − noise-free part, every coordinate of every check release;
+    two-sided χ² on the variance and z on the mean, at ``level`` (noise_std 0: all ≈ 0)."""
+    df = values.numel()
+    measured = float(values.pow(2).mean().sqrt())
+    if noise_std == 0:
+        ok = measured <= 1e-6 * float(distances.max())
+    else:
+        ratio = float(values.pow(2).sum()) / noise_std**2
+        lo, hi = chi2.ppf(level / 2, df), chi2.isf(level / 2, df)
+        z_mean = float(values.mean()) / (noise_std / math.sqrt(df))
+        ok = lo <= ratio <= hi and abs(z_mean) < 5.0
+    return {"noise_std_measured": measured, "noise_check_passed": bool(ok),
+            "noise_check_df": df}  # fmt: skip
+
+
+def audit_power(
+    true_std: float,
+    declared_std: float,
+    claim: float,
+    distance: float,
+    df: int,
+    check_level: float,
+    releases: int,
+    delta: float,
+    sims: int = 4000,
+) -> dict:
+    """The audit's power against a mechanism whose noise std is really ``true_std`` while it
+    declares ``declared_std`` and claims ε = ``claim`` for one step:
+
+    * of the noise check: a two-sided χ² test at ``check_level`` on ``df`` values of the
+      real noise, exact (the sum of squares / declared² is (true/declared)² · χ²_df);
+    * of the bound: releases ∓d/2 + N(0, true_std²) (d = ``distance``), the threshold that
+      maximises the bound at the expected error counts; the false positives and negatives
+      on the R/2 tested releases per dataset are binomial: P(certified ε > claim) from
+      ``sims`` seeded draws of them (the threshold the audit selects on the other half
+      approaches this one);
+    * of either: the two use independent draws.
+    """
+    check = 0.0
+    if declared_std > 0:
+        r = (true_std / declared_std) ** 2
+        lo, hi = chi2.ppf(check_level / 2, df), chi2.isf(check_level / 2, df)
+        check = float(chi2.cdf(lo / r, df) + chi2.sf(hi / r, df)) if r > 0 else 1.0
+    half = releases - releases // 2
+    alpha = (1.0 - CONFIDENCE) / 2
+    if true_std == 0:
+        fpr = fnr = 0.0
+    else:
+        mu = distance / true_std
+        grid = np.linspace(-mu / 2 - 8, mu / 2 + 8, 4001)
+        rates = norm.sf(grid + mu / 2), norm.cdf(grid - mu / 2)
+        expected = _bounds(np.round(rates[0] * half), np.round(rates[1] * half), half, half,
+                           alpha, delta)  # fmt: skip
+        best = int(np.argmax(expected))
+        fpr, fnr = float(rates[0][best]), float(rates[1][best])
+    rng = np.random.default_rng(0)
+    fp, fn = rng.binomial(half, fpr, sims), rng.binomial(half, fnr, sims)
+    bound = float(np.mean(_bounds(fp, fn, half, half, alpha, delta) > claim))
+    return {"power_noise_check": check, "power_bound": bound,
+            "power": 1 - (1 - check) * (1 - bound)}  # fmt: skip

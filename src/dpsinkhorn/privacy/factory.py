@@ -77,12 +77,13 @@ def make_private(
     num_records: int,
     device: torch.device,
     image_sanitizer: type[ImageGradientSanitizer] = ImageGradientSanitizer,
+    parameter_sanitizer: type[ParameterGradientSanitizer] = ParameterGradientSanitizer,
 ) -> PrivateRun:
     """Generator, sampler, sanitiser and accountant of the experiment ``spec`` on
     ``num_records`` records (public N), on ``device``.
 
-    ``image_sanitizer`` is the class of the image-gradient mechanism; only the audit
-    passes another one (deliberately broken subclasses it must catch).
+    ``image_sanitizer`` / ``parameter_sanitizer`` are the classes of the two mechanisms;
+    only the audit passes others (deliberately broken subclasses it must catch).
     A ValueError names the experiment and the bad setting (or the first of
     :data:`SPEC_KEYS` that ``spec`` lacks: build it with ``config.make_experiment``).
     """
@@ -121,7 +122,7 @@ def make_private(
     if perturbation == "image":
         sanitizer = image_sanitizer(n, n_prime, spec["clip"], sigma, clipping, generator)
     else:
-        sanitizer = ParameterGradientSanitizer(spec["clip"], sigma, generator)
+        sanitizer = parameter_sanitizer(spec["clip"], sigma, generator)
     accountant = PrivacyAccountant(q, sanitizer.noise_multiplier, spec["delta"], spec["accountant"])
     return PrivateRun(generator, sampler, sanitizer, accountant, n, n_prime, q, total_steps)
 
@@ -131,13 +132,17 @@ def make_private_stack(
     num_records: int,
     device: torch.device,
     image_sanitizer: type[ImageGradientSanitizer] = ImageGradientSanitizer,
+    parameter_sanitizer: type[ParameterGradientSanitizer] = ParameterGradientSanitizer,
 ) -> list[PrivateRun]:
     """:func:`make_private` for K runs stepped together (a sweep). Each run keeps its own
     generator (its own key: members never share noise or Poisson draws), sanitiser (its
     Δ, σ, clipping, n') and accountant. The runs must draw real batches of one shape
     (same n, hence the same q and Poisson capacity): one batched selection serves all.
     ``image_sanitizer`` as in :func:`make_private` (only the audit passes another)."""
-    runs = [make_private(spec, num_records, device, image_sanitizer) for spec in specs]
+    runs = [
+        make_private(spec, num_records, device, image_sanitizer, parameter_sanitizer)
+        for spec in specs
+    ]
     shapes = {(run.n, run.sampler.capacity) for run in runs}
     if len(shapes) > 1:
         raise ValueError(

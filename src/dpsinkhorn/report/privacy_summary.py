@@ -7,10 +7,18 @@ is :func:`dpsinkhorn.privacy.accounting.composed_epsilon` (RDP curves added acro
 then converted once). Tuning is not free either: every configuration trained on the data
 (non-private ones and sweep members included) looked at it, so the summary counts them.
 
+Every training of the data counts too, not only the releases of this run: the training
+record of each private data source (``privacy.trainings``, beside the prepared data, keyed
+by the data's content) lists every training that drew noise from it, in any run folder
+and config, finished, interrupted or retrained. :func:`trainings_summary` composes all of
+them at the largest δ (of the ledgers and the record), and a warning says when a source
+was trained more often than this run releases.
+
 ``dpsinkhorn privacy-summary --config ... --results results/<run>`` writes
 ``results/<run>/privacy_summary.json`` (:func:`privacy_summary`); reproduction.md shows it
-as a section (:func:`summary_markdown`). It reads the ledgers only (public settings, N,
-step counts), so it is itself covered by them and belongs to the release.
+as a section (:func:`summary_markdown`). It reads the ledgers and the training records'
+public settings and step counts only, so it is itself covered by them and belongs to the
+release.
 """
 
 from __future__ import annotations
@@ -28,9 +36,12 @@ from dpsinkhorn.config import (
     experiment_dir,
     is_private,
     load_config,
+    prepared_folder,
     trained_experiments,
 )
+from dpsinkhorn.config.experiments import dataset_definition
 from dpsinkhorn.config.targets import privacy_summary_file
+from dpsinkhorn.privacy import trainings as record
 from dpsinkhorn.privacy.accounting import composed_epsilon, compute_epsilon
 
 #: Ledger keys the composition reads.
@@ -116,6 +127,46 @@ def dataset_summary(config: Mapping, results: Path, dataset: str | list[str]) ->
     return summary
 
 
+def trainings_summary(config: Mapping, names: list[str], summary: dict) -> dict:
+    """Every DP training recorded for the datasets ``names`` (one private source), composed
+    at the largest δ of the record and of ``summary`` (:func:`dataset_summary`); adds a
+    warning to ``summary["warnings"]`` when the source was trained more often than released."""
+    data_dir = Path(config["data_dir"])
+    found: list[dict] = []
+    unread = []
+    for name in names:
+        path = data_dir / prepared_folder(name, dataset_definition(config, name)) / "train.npz"
+        if not path.is_file():
+            unread.append(str(path))
+            continue
+        fingerprint = record.data_fingerprint(*fileio.load_samples(path))
+        found += record.source_trainings(data_dir / record.RECORD_DIR, fingerprint)
+    out = record.composed(found)
+    deltas = [d for d in (out["delta"], summary["delta"]) if d is not None]
+    if found and deltas and max(deltas) != out["delta"]:
+        out["delta"] = max(deltas)
+        out["epsilon_composed"] = record.composed([{**t, "delta": out["delta"]} for t in found])[
+            "epsilon_composed"
+        ]
+    out["experiments"] = sorted({t["experiment"] for t in found if t.get("private")})
+    out["run_folders"] = len({str(Path(t["out"]).parent) for t in found if t.get("private")})
+    out["note"] = (
+        "every DP training recorded for this data (any run folder or config; unfinished ones "
+        "at their planned steps), composed (RDP) at the largest delta"
+    )
+    if unread:
+        out["not_read"] = unread
+    if out["trainings"] > summary["releases"]:
+        summary["warnings"].append(
+            f"{summary['dataset']} was trained {out['trainings']} times with DP "
+            f"({out['finished']} finished, {out['unfinished']} unfinished, {out['retrained']} "
+            f"retrained) but this run releases {summary['releases']}: everything trained on it "
+            f"costs epsilon = {out['epsilon_composed']:.4g} (composed at delta "
+            f"{out['delta']:g}), not the epsilon of the releases"
+        )
+    return out
+
+
 def data_source(config: Mapping, dataset: str) -> str:
     """What private data a dataset is: its name for a built-in one, else the path of its
     definition (``datasets.<name>.path``): two own datasets read from the same folder or
@@ -131,7 +182,12 @@ def privacy_summary(config: Mapping, results: str | Path) -> dict:
     sources: dict[str, list[str]] = {}
     for d in datasets(config):
         sources.setdefault(data_source(config, d), []).append(d)
-    return {"datasets": [dataset_summary(config, results, names) for names in sources.values()]}
+    out = []
+    for names in sources.values():
+        summary = dataset_summary(config, results, names)
+        summary["all_trainings"] = trainings_summary(config, names, summary)
+        out.append(summary)
+    return {"datasets": out}
 
 
 def summary_markdown(summary: Mapping) -> list[str]:
@@ -142,16 +198,20 @@ def summary_markdown(summary: Mapping) -> list[str]:
         "Publishing several DP releases trained on the same data composes their ε "
         "(RDP, every step of every release); `privacy_summary.json` has the details.",
         "",
-        "| dataset | DP releases | ε of each | ε of all (composed) | δ | configurations tried |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "| dataset | DP releases | ε of each | ε of all (composed) | δ | configurations tried "
+        "| DP trainings recorded | ε of every training |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for d in summary["datasets"]:
         each = ", ".join(f"{e}: {v:.4g}" for e, v in d["release_epsilons"].items()) or "–"
         eps = "–" if d["epsilon_composed"] is None else f"{d['epsilon_composed']:.4g}"
         delta = "–" if d["delta"] is None else f"{d['delta']:g}"
+        every = d.get("all_trainings") or {}
+        eps_all = every.get("epsilon_composed")
         lines.append(
             f"| {d['dataset']} | {d['releases']} | {each} | {eps} | {delta} | "
-            f"{d['configurations_tried']} |"
+            f"{d['configurations_tried']} | {every.get('trainings', '–')} | "
+            f"{'–' if eps_all is None else f'{eps_all:.4g}'} |"
         )
     warnings = [w for d in summary["datasets"] for w in d["warnings"]]
     lines += [""] + [f"**Warning:** {w}." for w in warnings] + ([""] if warnings else [])
@@ -161,7 +221,7 @@ def summary_markdown(summary: Mapping) -> list[str]:
 def _cli(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     out = args.out or privacy_summary_file(args.results)
-    fileio.write_json(out, privacy_summary(config, args.results))
+    fileio.write_json(out, privacy_summary(config, args.results), record=True)
     print(out)
     return 0
 

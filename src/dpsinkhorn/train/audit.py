@@ -32,15 +32,16 @@ with its weight set to 0 (D: an unsampled record leaves the step unchanged, as
 update is post-processing. Its noise-free parts a (from D) and b (from D') come from the
 sanitiser's own ``clipped``.
 
-Statistic. The release is c + noise_std·ξ, ξ ~ N(0, I), c ∈ {a, b}. Its projection on
-u = (b − a)/‖b − a‖ about the midpoint is ±d/2 + noise_std·N(0, 1) (d = ‖b − a‖): the
-likelihood-ratio statistic of the step, hence the most powerful test (Neyman–Pearson).
-Steps are pooled with the score s·d (the log-likelihood ratio up to a constant factor).
-Vectorised: R releases per dataset are drawn at once, release r from included step
-r mod S, with the sanitiser's own ``noise_std`` and the run's own generator; so that
-this 1-D draw is the sanitiser's noise, every included step also calls the real
-sanitiser ``CHECK_CALLS`` times and the audit requires the projected noise of those
-releases to have variance noise_std² (χ² test at 10⁻⁶) and mean ±d/2.
+Statistic. The release is c + e, c ∈ {a, b}, e the sanitiser's noise. Its projection on
+u = (b − a)/‖b − a‖ about the midpoint, ±d/2 + e·u (d = ‖b − a‖), is the likelihood-ratio
+statistic of the step (Neyman–Pearson); steps are pooled with the score s·d. Every score's
+noise is drawn by the real sanitiser (``_real_noise``: image, its ``__call__``; parameter,
+its ``apply`` on the parameters' ``.grad``) on the step's own D or D' query: e·u has the
+law of one coordinate of its noise, whose coordinates are iid (R releases per dataset from
+⌈R/P⌉ calls, P coordinates each). Per included step, ``CHECK_CALLS`` more real calls test
+every coordinate of the noise for mean 0 and variance noise_std² (χ² at 10⁻⁶): a
+sanitiser that draws other noise than it declares fails there. For each broken variant
+the result states the power computed against it (``privacy.audit.audit_power``).
 Threshold selection and bound: ``privacy.audit.epsilon_lower_bound`` (thresholds on half
 the releases, Clopper–Pearson on the other half, 95%).
 
@@ -76,13 +77,16 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from scipy.stats import chi2
 
 from dpsinkhorn.config import make_experiment
 from dpsinkhorn.data.datasets import load_split, split_path
 from dpsinkhorn.privacy.audit import (
     IMAGE_MECHANISMS,
+    PARAMETER_MECHANISMS,
+    TRUE_NOISE_FRACTION,
+    audit_power,
     epsilon_lower_bound,
+    noise_check,
     one_step_claim,
 )
 from dpsinkhorn.privacy.factory import make_private, make_private_stack
@@ -153,10 +157,16 @@ QUICK: list[AuditConfig] = [
            **_QUICK_COMMON),
     _worst("worst/sweep", sigmas=(3.0, 4.0), **_QUICK_COMMON),
     _worst("worst/parameter", sigmas=(3.0,), perturbation="parameter", **_QUICK_COMMON),
-    _worst("worst/batch", sigmas=(3.0,), mechanism="noise_over_sqrt_2", **_QUICK_COMMON),
+    *(_worst(name, sigmas=(3.0,), mechanism=m, perturbation=p, **_QUICK_COMMON)
+      for name, p in (("worst/batch", "image"), ("worst/parameter", "parameter"))
+      for m in ("noise_over_sqrt_2", "sqrt_2_in_call")),
     _worst("worst/batch", sigmas=(3.0,), mechanism="noise_off", **_QUICK_FEW),
+    _worst("worst/parameter", sigmas=(3.0,), mechanism="noise_off", perturbation="parameter",
+           **_QUICK_FEW),
     _worst("worst/per_sample", sigmas=(3.0 * math.sqrt(_N),), clipping="per_sample",
            mechanism="noise_over_sqrt_n", **_QUICK_FEW),
+    _worst("worst/parameter", sigmas=(3.0,), mechanism="noise_over_sqrt_n",
+           perturbation="parameter", **_QUICK_FEW),
 ]  # fmt: skip
 
 #: The paper's rate q = 1/1200 (B = 16 of N = 19,200: the paper's B = 50 of 60,000 gives
@@ -223,13 +233,15 @@ def build_runs(cfg: AuditConfig, data_root: Path) -> tuple[list[Trainer], Traini
         for k, sigma in enumerate(cfg.sigmas)
     ]  # fmt: skip
     sanitizer = _recording(IMAGE_MECHANISMS[cfg.mechanism])
+    parameter = PARAMETER_MECHANISMS[cfg.mechanism]
+    parameter = type(parameter.__name__, (parameter,), {"n": cfg.batch_size})  # for ÷ √n
     cpu = torch.device("cpu")
     if len(specs) == 1:
-        run = make_private(specs[0], len(labels), cpu, sanitizer)
+        run = make_private(specs[0], len(labels), cpu, sanitizer, parameter)
         trainers = [Trainer(specs[0], images, labels, cpu, private_run=run)]
         stepper = trainers[0].stepper
     else:
-        stack = make_private_stack(specs, len(labels), cpu, sanitizer)
+        stack = make_private_stack(specs, len(labels), cpu, sanitizer, parameter)
         sweep = SweepTrainer(specs, images, labels, cpu, private_runs=stack)
         trainers, stepper = sweep.trainers, sweep.stepper
     if cfg.data == "worst_case":  # every generated image 0: the adversary's choice of θ
@@ -283,13 +295,24 @@ def _noise_free(t: Trainer, query: torch.Tensor) -> torch.Tensor:
     return t.sanitizer.clipped(query)[0].flatten().double()
 
 
-def _real_releases(t: Trainer, query: torch.Tensor, calls: int) -> torch.Tensor:
-    """``calls`` releases [calls, P] from the sanitiser's own ``__call__``."""
-    out = []
-    for _ in range(calls):
-        release = t.sanitizer(query)
-        out.append(release if release.ndim == 1 else release[: t.n].flatten())
-    return torch.stack(out).double()
+def _real_noise(t: Trainer, query: torch.Tensor, count: int) -> torch.Tensor:
+    """At least ``count`` noise values [≥ count] drawn by the run's real sanitiser: each
+    call releases the query sanitised (image: ``__call__``, its rows 0:n; parameter: the
+    ``.grad`` of the parameters after the real ``apply``), minus its noise-free part."""
+    free = _noise_free(t, query)
+    params = [p for p in t.model.parameters() if p.requires_grad]
+    out, got = [], 0
+    while got < count:
+        if isinstance(t.sanitizer, ParameterGradientSanitizer):
+            for p, chunk in zip(params, query.split([p.numel() for p in params]), strict=True):
+                p.grad = chunk.view_as(p).clone()
+            t.sanitizer.apply(params)
+            release = torch.cat([p.grad.reshape(-1) for p in params])
+        else:
+            release = t.sanitizer(query)[: t.n].flatten()
+        out.append(release.double() - free)
+        got += free.numel()
+    return torch.cat(out)
 
 
 def collect(
@@ -330,41 +353,33 @@ def collect(
                 identical += 1
                 continue
             if len(pairs[k]) < cfg.steps:
-                pairs[k].append((a, b))
-                unit = (b - a) / (b - a).norm()
-                checks[k].append((_real_releases(t, queries_in[k], CHECK_CALLS) - b) @ unit)
+                pairs[k].append((a, b, _query(t).clone(), queries_in[k]))
+                checks[k].append(_real_noise(t, queries_in[k], CHECK_CALLS * b.numel()))
     return {"pairs": pairs, "checks": checks, "draws": draws, "identical": identical,
             "debias_differ": debias_differ}  # fmt: skip
 
 
-def _noise_check(projected: torch.Tensor, distances: torch.Tensor, noise_std: float) -> dict:
-    """Does the real sanitiser's projected noise have mean 0 and variance noise_std²?
-    ``projected`` [S, CHECK_CALLS]: (release − b)·u of D' releases."""
-    values = projected.flatten()
-    df = values.numel()
-    measured = float(values.pow(2).mean().sqrt())
-    if noise_std == 0:
-        ok = measured <= 1e-6 * float(distances.max())
-    else:
-        ratio = float(values.pow(2).sum()) / noise_std**2
-        lo, hi = chi2.ppf(CHECK_LEVEL / 2, df), chi2.isf(CHECK_LEVEL / 2, df)
-        z_mean = float(values.mean()) / (noise_std / math.sqrt(df))
-        ok = lo <= ratio <= hi and abs(z_mean) < 5.0
-    return {"noise_std_measured": measured, "noise_check_passed": bool(ok)}
-
-
 def audit_run(cfg: AuditConfig, t: Trainer, pairs, checks, rng: torch.Generator) -> dict:
-    """Bulk releases, certified bound and claim for one run."""
+    """Releases drawn by the real sanitiser (every score's noise is its noise), certified
+    bound, claim, and for a broken variant the computed power against it."""
     sanitizer = t.sanitizer
     a = torch.stack([p[0] for p in pairs])
     b = torch.stack([p[1] for p in pairs])
     distances = (b - a).norm(dim=1)  # [S]
-    steps = torch.arange(cfg.releases) % len(pairs)
-    d = distances[steps]
     std = sanitizer.noise_std
-    noise = torch.randn(2, cfg.releases, generator=rng, dtype=torch.float64)
-    scores_out = ((-d / 2 + std * noise[0]) * d).numpy()  # LLR up to a factor 1/std²
-    scores_in = ((d / 2 + std * noise[1]) * d).numpy()
+    per_step = -(-cfg.releases // len(pairs))
+    scores_out, scores_in = [], []
+    for k, (_, _, query_out, query_in) in enumerate(pairs):
+        d = distances[k]
+        # Release c + e projected on u about the midpoint: ∓d/2 + e·u; e·u has the law of
+        # one coordinate of the sanitiser's iid noise (variance checked per coordinate).
+        noise_out = _real_noise(t, query_out, per_step)[:per_step]
+        noise_in = _real_noise(t, query_in, per_step)[:per_step]
+        scores_out.append(((-d / 2 + noise_out) * d).numpy())  # LLR up to a factor 1/std²
+        scores_in.append(((d / 2 + noise_in) * d).numpy())
+    order = np.argsort(np.arange(per_step * len(pairs)) % per_step, kind="stable")
+    scores_out = np.concatenate(scores_out)[order][: cfg.releases]  # steps interleaved
+    scores_in = np.concatenate(scores_in)[order][: cfg.releases]
     certified = epsilon_lower_bound(scores_out, scores_in, cfg.delta)
     claimed = one_step_claim(sanitizer.noise_multiplier, cfg.delta, cfg.accountant)
     sens = sanitizer.sensitivity
@@ -380,7 +395,7 @@ def audit_run(cfg: AuditConfig, t: Trainer, pairs, checks, rng: torch.Generator)
         "distance_max_over_sensitivity": float(distances.max()) / sens,
         "distance_min_over_sensitivity": float(distances.min()) / sens,
         "noise_std_declared": std,
-        **_noise_check(torch.stack(checks), distances, std),
+        **(check := noise_check(torch.stack(checks).flatten(), distances, std, CHECK_LEVEL)),
         "epsilon_claimed_one_step_q1": claimed,
         "epsilon_certified_95": certified,
         "epsilon_accountant_one_step_at_q": t.accountant.epsilon() if t.accountant.steps else None,
@@ -394,6 +409,16 @@ def audit_run(cfg: AuditConfig, t: Trainer, pairs, checks, rng: torch.Generator)
         )
     else:
         result["caught"] = bool(certified > claimed or not result["noise_check_passed"])
+        fraction = TRUE_NOISE_FRACTION[cfg.mechanism]  # of 2Δσ; None: 1/√n
+        true_std = (
+            2
+            * sanitizer.clip
+            * sanitizer.noise_scale
+            * (1 / math.sqrt(cfg.batch_size) if fraction is None else fraction)
+        )
+        result.update(audit_power(true_std, std, claimed, float(distances.mean()),
+                                  check["noise_check_df"], CHECK_LEVEL, cfg.releases,
+                                  cfg.delta))  # fmt: skip
     return result
 
 

@@ -62,6 +62,12 @@ def add_training_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--no-progress", action="store_true")
     p.add_argument(
+        "--retrain",
+        action="store_true",
+        help="train again an experiment whose secret-key DP training finished (refused "
+        "otherwise; the training record counts it). Workflow: DPSINKHORN_RETRAIN=<exp,...|all>",
+    )
+    p.add_argument(
         "--attempt",
         type=int,
         default=1,
@@ -109,6 +115,7 @@ def run_training_cli(
             cuda_graphs=config_lib.cli_or_config(args.cuda_graphs, cfg, "cuda_graphs"),
             compile_solver=config_lib.cli_or_config(args.compile_solver, cfg, "compile_solver"),
             precision=config_lib.cli_or_config(args.precision, cfg, "precision"),
+            retrain=args.retrain,
         )
     except Preempted as stop:
         print(f"dpsinkhorn {command}: {stop}")

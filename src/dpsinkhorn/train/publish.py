@@ -26,8 +26,8 @@ seed) unless ``--accept-no-guarantee``. Torch-free.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import os
+import re
 import shutil
 from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
@@ -39,6 +39,7 @@ from dpsinkhorn.config.targets import (
     release_inputs,
     release_manifest_file,
 )
+from dpsinkhorn.fileio import sha256_of
 
 MANIFEST = "release_manifest.json"
 LEDGER = "privacy.json"
@@ -49,12 +50,65 @@ NO_GUARANTEE = "none"
 MANIFEST_VERSION = 1
 
 
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
+#: What the code publishes, by kind: a file of a DP folder ``<exp>/<name>`` or the run's
+#: summary, and where the hash it is checked against was written when it was produced.
+KINDS = {
+    "generator": "generator.pt: content_sha256 in its ledger (train.release.publish)",
+    "ledger": "privacy.json: the ledger itself",
+    "train_log": "train_log.csv: train_log_sha256 in its ledger (train.release.publish)",
+    "samples": "samples_seed<k>.npz: <file>.sha256 (fileio.save_samples)",
+    "scores": "fid_seed<k>.json, acc_<model>_seed<k>.json: <file>.sha256 "
+    "(fileio.write_json(..., record=True))",
+    "privacy_summary": "privacy_summary.json: <file>.sha256 (dpsinkhorn privacy-summary)",
+}
+_IN_DP_FOLDER = {
+    "generator": r"generator\.pt",
+    "ledger": re.escape(LEDGER),
+    "train_log": r"train_log\.csv",
+    "samples": r"samples_seed\d+\.npz",
+    "scores": r"(fid|acc_[a-z0-9]+)_seed\d+\.json",
+}
+
+
+def file_kind(rel: str) -> str | None:
+    """The kind (:data:`KINDS`) of a path relative to a run or experiment folder, or None:
+    a file the code never publishes."""
+    parts = PurePosixPath(rel).parts
+    if parts == ("privacy_summary.json",):
+        return "privacy_summary"
+    if not 1 <= len(parts) <= 2 or (len(parts) == 2 and parts[0] in (NONPRIVATE, WORKSPACE)):
+        return None
+    return next(
+        (k for k, pattern in _IN_DP_FOLDER.items() if re.fullmatch(pattern, parts[-1])), None
+    )
+
+
+def check_produced(path: Path, rel: str) -> None:
+    """Refuse (ValueError, one line naming the file) a file the code does not publish, or
+    whose bytes are not those its producing step recorded (:data:`KINDS`)."""
+    kind = file_kind(rel)
+    if kind is None:
+        raise ValueError(
+            f"{path}: not a file dpsinkhorn publishes (no ledger covers it); refusing an "
+            "entry the code did not write"
+        )
+    if kind == "ledger":
+        return
+    digest = sha256_of(path)
+    if kind in ("generator", "train_log"):
+        ledger_path = path.parent / LEDGER
+        key = "content_sha256" if kind == "generator" else "train_log_sha256"
+        expected = fileio.read_json(ledger_path).get(key) if ledger_path.is_file() else None
+        where = f"{key} in {ledger_path}"
+    else:
+        expected, where = fileio.recorded_sha256(path), f"{path.name}{fileio.SHA256_SUFFIX}"
+    if expected is None:
+        raise ValueError(f"{path}: no hash recorded when it was produced ({where} missing)")
+    if digest != expected:
+        raise ValueError(
+            f"{path}: not the file that was produced (sha256 differs from {where}); "
+            "refusing to publish it"
+        )
 
 
 def _workspaces(run: Path) -> list[Path]:
@@ -87,6 +141,7 @@ def build_manifest(config: Mapping, results: str | Path) -> dict:
         rel = Path(path).relative_to(run).as_posix()
         if not Path(path).is_file():
             raise FileNotFoundError(f"{path}: missing (the run is not complete)")
+        check_produced(Path(path), rel)
         covering = (
             sorted(ledgers.values()) if rel == summary else [rel.split("/")[0] + "/" + LEDGER]
         )
@@ -101,7 +156,7 @@ def build_manifest(config: Mapping, results: str | Path) -> dict:
         "run": config.get("run_name"),
         "ledgers": guarantees,
         "files": files,
-        "not_released": f"everything else under {run}/, {NONPRIVATE}/ first: it is computed "
+        "not_released": f"everything else in this folder, {NONPRIVATE}/ first: it is computed "
         "from the private data without a ledger, or mixes such rows (tables, figures, reports)",
     }
 
@@ -133,6 +188,8 @@ def write_experiment_manifest(exp_dir: str | Path) -> Path:
     record = fileio.read_json(exp / LEDGER)
     if record.get("private") is not True:
         raise ValueError(f"{exp / LEDGER}: not a DP ledger (private is {record.get('private')!r})")
+    for name in EXPERIMENT_FILES:
+        check_produced(exp / name, name)
     guarantee = record.get("guarantee")
     manifest = {
         "version": MANIFEST_VERSION,
@@ -143,14 +200,20 @@ def write_experiment_manifest(exp_dir: str | Path) -> Path:
              "guarantees": [guarantee]}
             for name in EXPERIMENT_FILES
         ],
-        "not_released": f"everything else under {exp}/",
+        "not_released": "everything else in this folder",
     }  # fmt: skip
     path = exp / MANIFEST
     fileio.write_json(path, manifest)
     return path
 
 
-def _checked_entry(run: Path, entry: Mapping, ledgers: Mapping, accept_none: bool) -> Path:
+#: How ``dpsinkhorn release`` names the option that accepts a public-seed ledger.
+ACCEPT_FLAG = "--accept-no-guarantee"
+
+
+def _checked_entry(
+    run: Path, entry: Mapping, ledgers: Mapping, accept_none: bool, flag: str = ACCEPT_FLAG
+) -> Path:
     """The file of one manifest entry, after every refusal that concerns it."""
     rel = PurePosixPath(str(entry.get("path", "")))
     if rel.is_absolute() or ".." in rel.parts or not rel.parts:
@@ -165,19 +228,30 @@ def _checked_entry(run: Path, entry: Mapping, ledgers: Mapping, accept_none: boo
             raise ValueError(f"{run / ledger}: no guarantee (a non-private run); refusing")
         if str(guarantee).startswith(NO_GUARANTEE) and not accept_none:
             raise ValueError(
-                f"{run / ledger}: guarantee is {guarantee!r}; pass --accept-no-guarantee to "
-                "publish it anyway"
+                f"{run / ledger}: guarantee is {guarantee!r}; pass {flag} to publish it anyway"
             )
+    if file_kind(str(rel)) is None:
+        raise ValueError(
+            f"{run / rel}: not a file dpsinkhorn publishes (no ledger covers it); refusing a "
+            "manifest entry the code did not write"
+        )
+    expected = [rel.parts[0] + "/" + LEDGER] if len(rel.parts) == 2 else None
+    if expected is not None and list(entry.get("ledgers") or []) != expected:
+        raise ValueError(f"{run / rel}: listed with ledgers {entry.get('ledgers')!r}, not its own")
     path = run / rel
     if not path.is_file():
         raise FileNotFoundError(f"{path}: missing (the run is not complete)")
     if sha256_of(path) != entry.get("sha256"):
         raise ValueError(f"{path}: changed since the manifest was written (sha256 differs)")
+    check_produced(path, str(rel))
     return path
 
 
-def check_release(run: str | Path, accept_no_guarantee: bool = False) -> list[Path]:
-    """The files a release of ``run`` copies (its manifest first), or a one-line refusal."""
+def check_release(
+    run: str | Path, accept_no_guarantee: bool = False, flag: str = ACCEPT_FLAG
+) -> list[Path]:
+    """The files a release of ``run`` copies (its manifest first), or a one-line refusal
+    (``flag``: how the caller names the option that accepts a public-seed ledger)."""
     run = Path(run)
     manifest_path = run / MANIFEST
     if not manifest_path.is_file():
@@ -196,7 +270,7 @@ def check_release(run: str | Path, accept_no_guarantee: bool = False) -> list[Pa
     entries = manifest.get("files") or []
     if not entries:
         raise ValueError(f"{manifest_path}: lists no DP release (nothing to publish)")
-    paths = [_checked_entry(run, e, ledgers, accept_no_guarantee) for e in entries]
+    paths = [_checked_entry(run, e, ledgers, accept_no_guarantee, flag) for e in entries]
     listed = {e["path"] for e in entries}
     for ledger in ledgers:
         if ledger not in listed:
@@ -204,12 +278,20 @@ def check_release(run: str | Path, accept_no_guarantee: bool = False) -> list[Pa
     return [manifest_path, *paths]
 
 
-def release(run: str | Path, out: str | Path, accept_no_guarantee: bool = False) -> list[Path]:
-    """Copy the run's release into ``out`` (new or empty), all at once; return its files."""
-    run, out = Path(run), Path(out)
+def check_out(out: str | Path) -> None:
+    """Refuse a release folder that exists and is not an empty folder."""
+    out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ValueError(f"{out}: exists and is not an empty folder")
-    files = check_release(run, accept_no_guarantee)
+
+
+def release(
+    run: str | Path, out: str | Path, accept_no_guarantee: bool = False, flag: str = ACCEPT_FLAG
+) -> list[Path]:
+    """Copy the run's release into ``out`` (new or empty), all at once; return its files."""
+    run, out = Path(run), Path(out)
+    check_out(out)
+    files = check_release(run, accept_no_guarantee, flag)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     if tmp.exists():
         shutil.rmtree(tmp)

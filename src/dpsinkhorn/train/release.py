@@ -21,7 +21,8 @@ only through the sanitised gradient (``privacy.mechanism``) or not at all:
   sentence (none for a non-private run or a ``reproducible`` run, whose noise key is
   public). All are functions of the public settings, N (public) and the step count;
   ``content_sha256`` is a hash of generator.pt (post-processing of the released
-  generator) and ``threads`` a fact about the machine.
+  generator), ``train_log_sha256`` one of train_log.csv (what every publication path,
+  ``train.publish``, checks the two files against) and ``threads`` a fact about the machine.
 * ``train_log.csv`` (:data:`LOG_COLUMNS`): step, ε spent, steps/s and elapsed time.
   Nothing computed on the private data: ε is the accountant's (settings and step
   count), and the times are of a step whose shapes are fixed whatever records the
@@ -45,8 +46,8 @@ from pathlib import Path
 
 import torch
 
-from dpsinkhorn.data.catalog import own_layout, resize_statement
-from dpsinkhorn.fileio import torch_bytes, write_all, write_text
+from dpsinkhorn.data.catalog import DATASETS, own_layout, resize_statement
+from dpsinkhorn.fileio import sha256_of, torch_bytes, write_all, write_text
 from dpsinkhorn.privacy.accounting import PrivacyAccountant, paper_convention_epsilon
 from dpsinkhorn.privacy.noise import NO_GUARANTEE_PUBLIC_SEED
 from dpsinkhorn.train.trainer import Trainer
@@ -57,13 +58,15 @@ OUTPUT_FILES = ("generator.pt", "privacy.json", "train_log.csv")
 LOG_COLUMNS = ["step", "epsilon", "steps_per_s", "elapsed_s"]
 
 
-def write_log(path: Path, rows: list[dict], columns: list[str] = LOG_COLUMNS) -> None:
-    """Write ``rows`` as a CSV file of ``columns`` (train_log.csv unless told otherwise)."""
+def write_log(path: Path, rows: list[dict], columns: list[str] = LOG_COLUMNS) -> str:
+    """Write ``rows`` as a CSV file of ``columns`` (train_log.csv unless told otherwise);
+    returns the sha256 of the bytes written."""
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=columns, extrasaction="ignore")
     writer.writeheader()
     writer.writerows(rows)
     write_text(path, buf.getvalue())
+    return sha256_of(path)
 
 
 def generator_payload(trainer: Trainer) -> bytes:
@@ -109,6 +112,13 @@ def privacy_record(trainer: Trainer) -> dict:
             "preparation": resize_statement(definition),
             "test_split": "not covered: an evaluation against the private test split is "
             "computed from private data and is not part of the release",
+        }
+    elif trainer.settings.dataset not in DATASETS:  # arrays given to the Python API
+        base["data"] = {
+            "dataset": trainer.settings.dataset,
+            "layout": "arrays given to api.train",
+            "image_shape": list(trainer.image_shape),
+            "test_split": "none given",
         }
     if trainer.sanitizer is None:
         return {
@@ -182,13 +192,15 @@ def publish(trainer: Trainer, out_dir: Path, log_rows: list[dict]) -> dict:
     """Write the run's release into ``out_dir``: train_log.csv, then privacy.json and
     generator.pt together (:func:`commit_release`); returns privacy.json's content."""
     payload = generator_payload(trainer)
+    log_sha256 = write_log(out_dir / "train_log.csv", log_rows)
     record = {
         **privacy_record(trainer),
         # identifies the released generator; bit-identical reruns need equal threads
         "content_sha256": hashlib.sha256(payload).hexdigest(),
+        # the train_log.csv written with it: a release refuses an edited log
+        "train_log_sha256": log_sha256,
         "threads": torch.get_num_threads(),
     }
-    write_log(out_dir / "train_log.csv", log_rows)
     commit_release(
         out_dir / "generator.pt",
         payload,

@@ -19,6 +19,7 @@ from tqdm import tqdm
 from dpsinkhorn.data import datasets as data
 from dpsinkhorn.devices import resolve_device
 from dpsinkhorn.fileio import check_samples
+from dpsinkhorn.privacy.trainings import RECORD_DIR
 from dpsinkhorn.train.signals import StopSignal
 from dpsinkhorn.train.trainer import Trainer
 from dpsinkhorn.train.workspace import RunFiles, released_on_error
@@ -36,6 +37,8 @@ def train(
     compile_solver: bool = False,
     precision: str = "fp32",
     classes: Sequence[str] | None = None,
+    retrain: bool = False,
+    record_dir: Path | None = None,
 ) -> dict:
     """Train one experiment into ``out_dir``; returns the privacy record.
 
@@ -53,13 +56,18 @@ def train(
     declared class names of ``train_data`` (the generator gets their count and
     generator.pt their names; a label outside them is refused); None: the classes of the
     catalogue's ``dataset``. Never counted from the labels.
+
+    Every training is appended to its data source's training record
+    (``privacy.trainings``) in ``record_dir`` (default :func:`default_record_dir`); a
+    training from step 0 into a folder whose secret-key DP training finished is refused
+    (``privacy.trainings.RetrainRefused``) unless ``retrain``.
     """
     images, labels = load_train_data(spec, data_dir, train_data)
     device = resolve_device(device)
     trainer = Trainer(
         spec, images, labels, device, cuda_graphs, compile_solver, precision, classes=classes
     )
-    run = RunFiles(trainer, out_dir)
+    run = RunFiles(trainer, out_dir, default_record_dir(out_dir, data_dir, record_dir), retrain)
     bar = tqdm(
         total=trainer.total_steps,
         initial=run.start_step,
@@ -84,6 +92,17 @@ def train(
     return run.finish()
 
 
+def default_record_dir(
+    out_dir: Path, data_dir: Path | None, record_dir: Path | None = None
+) -> Path:
+    """Where the training record goes: ``record_dir`` if given, else
+    ``<data_dir>/trainings`` (beside the prepared data), else ``<out_dir>/../trainings``."""
+    if record_dir is not None:
+        return Path(record_dir)
+    base = Path(data_dir) if data_dir is not None else Path(out_dir).resolve().parent
+    return base / RECORD_DIR
+
+
 def load_train_data(
     spec: dict, data_dir: Path | None, train_data: tuple[np.ndarray, np.ndarray] | None
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -91,7 +110,9 @@ def load_train_data(
     if train_data is None:
         if data_dir is None:
             raise ValueError("give data_dir (prepared datasets) or train_data (arrays)")
-        train_data = data.load_split(Path(data_dir), spec["dataset"], "train")
+        train_data = data.load_split(
+            Path(data_dir), spec["dataset"], "train", spec.get("dataset_definition")
+        )
     images, labels = train_data
     check_samples(np.asarray(images), np.asarray(labels), "train_data")
     return images, labels

@@ -42,7 +42,7 @@ from dpsinkhorn.config.identity import SWEEP_SHARED_KEYS, sweep_key
 from dpsinkhorn.devices import resolve_device
 from dpsinkhorn.privacy.factory import PrivateRun, make_private_stack
 from dpsinkhorn.train.cli import add_training_arguments, run_training_cli
-from dpsinkhorn.train.run import load_train_data
+from dpsinkhorn.train.run import default_record_dir, load_train_data
 from dpsinkhorn.train.signals import StopSignal
 from dpsinkhorn.train.step import TrainingStep
 from dpsinkhorn.train.trainer import Trainer, check_batch_size, data_fingerprint
@@ -120,6 +120,8 @@ def train_sweep(
     cuda_graphs: bool = False,
     compile_solver: bool = False,
     precision: str = "fp32",
+    retrain: bool = False,
+    record_dir: Path | None = None,
 ) -> list[dict]:
     """Train ``specs`` together, run k into ``out_dirs[k]``; returns their privacy records.
 
@@ -139,7 +141,8 @@ def train_sweep(
     runs: list[RunFiles] = []
     with released_on_error(runs):  # one folder refused: give back those already taken
         for t, out in zip(sweep.trainers, out_dirs, strict=True):
-            runs.append(RunFiles(t, out))
+            records_at = default_record_dir(out, data_dir, record_dir)
+            runs.append(RunFiles(t, out, records_at, retrain))
     # Workspaces go when the whole sweep is done: until then, a finished member's final
     # checkpoint tells a rerun (after preemption) that it needs no more steps.
     records = {i: run.finish(remove_workspace=False) for i, run in enumerate(runs) if run.done}

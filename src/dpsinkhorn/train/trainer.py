@@ -36,20 +36,9 @@ from dpsinkhorn.privacy.noise import (
     rng_state_bytes,
     rng_state_tensor,
 )
+from dpsinkhorn.privacy.trainings import data_fingerprint
 from dpsinkhorn.train import memory
 from dpsinkhorn.train.step import TrainingStep
-
-
-def data_fingerprint(images: np.ndarray, labels: np.ndarray) -> str:
-    """SHA-256 (hex) of the training data: shapes, dtypes and bytes of images and labels.
-
-    Part of the checkpoint's ``spec_hash``, so a resume on other data is refused. Kept
-    in the private workspace only (it identifies the private dataset)."""
-    digest = hashlib.sha256()
-    for array in (np.ascontiguousarray(images), np.ascontiguousarray(labels)):
-        digest.update(f"{array.dtype.str}{array.shape}".encode())
-        digest.update(memoryview(array).cast("B"))
-    return digest.hexdigest()
 
 
 def check_batch_size(spec: dict, num_records: int) -> None:
@@ -138,9 +127,12 @@ class Trainer:
         # Unconditional (``conditional: false``): one class, and the real labels are
         # replaced by zeros here, before anything reads them.
         self.conditional = settings.conditional
-        self.class_names = declared_classes(
-            settings.dataset, classes, spec.get("dataset_definition")
-        )
+        if classes is None and not self.conditional and "dataset_definition" not in spec:
+            self.class_names = ("unconditional",)  # any dataset name: no class is read
+        else:
+            self.class_names = declared_classes(
+                settings.dataset, classes, spec.get("dataset_definition")
+            )
         # Then generator.pt names them (declared here, or by an own dataset's definition).
         self.classes_declared = classes is not None or "dataset_definition" in spec
         if self.conditional:

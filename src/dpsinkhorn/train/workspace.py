@@ -15,13 +15,16 @@ why: ``train.release``.
 from __future__ import annotations
 
 import contextlib
+import json
 import shutil
 import time
 from pathlib import Path
 
 import torch
 
+from dpsinkhorn.config.identity import experiment_spec_of
 from dpsinkhorn.fileio import remove_stale_temps, torch_bytes, write_bytes, write_text
+from dpsinkhorn.privacy import trainings
 from dpsinkhorn.train.release import OUTPUT_FILES, publish, write_log
 from dpsinkhorn.train.runlock import OutputLock
 from dpsinkhorn.train.trainer import Trainer, spec_hash
@@ -53,13 +56,19 @@ def released_on_error(runs: list[RunFiles]):
 
 
 def _save_checkpoint(
-    path: Path, trainer: Trainer, log_rows: list[dict], private_rows: list[dict], digest: str
+    path: Path,
+    trainer: Trainer,
+    log_rows: list[dict],
+    private_rows: list[dict],
+    digest: str,
+    training: str | None = None,
 ) -> None:
     state = {
         **trainer.state_dict(),
         "log": log_rows,
         "private_log": private_rows,
         "spec_hash": digest,
+        "training": training,  # the training record's id (privacy.trainings)
     }
     # Serialised in memory, then written: a full disk is an OSError naming the file
     # (io.NoSpaceError), not torch's "basic_ios::clear: iostream error".
@@ -126,7 +135,13 @@ class RunFiles:
     a run writes the same files, and resumes from the same checkpoint, either way.
     """
 
-    def __init__(self, trainer: Trainer, out_dir: Path):
+    def __init__(
+        self,
+        trainer: Trainer,
+        out_dir: Path,
+        record_dir: Path | None = None,
+        retrain: bool = False,
+    ):
         self.trainer, self.settings = trainer, trainer.settings
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
@@ -135,6 +150,20 @@ class RunFiles:
         if self.lock.taken_over:
             print(f"{self.out_dir}: taking over the lock of {self.lock.taken_over}, gone")
         self.workspace = self.out_dir / WORKSPACE
+        self.ckpt_path = self.workspace / "checkpoint.pt"
+        self.digest = spec_hash(trainer.experiment, trainer.fingerprint)
+        self.record_dir = None if record_dir is None else Path(record_dir)
+        with released_on_error([self]):
+            state = None
+            if self.ckpt_path.exists():
+                # On the CPU: model and optimiser state are copied to the trainer's device by
+                # load_state_dict; the RNG state must stay a CPU ByteTensor (set_state).
+                state = _load_checkpoint(self.ckpt_path, torch.device("cpu"))
+            resumes = state is not None and state.get("spec_hash") == self.digest
+            self.training_id = state.get("training") if resumes else None
+            # A training from step 0 into a folder whose DP training finished: refused
+            # unless asked for (privacy.trainings), before the workspace is created.
+            self.retrain = not resumes and self._check_retrain(retrain)
         self.workspace.mkdir(parents=True, exist_ok=True)
         readme = self.workspace / "README.txt"
         if not readme.exists():
@@ -143,8 +172,6 @@ class RunFiles:
         if legacy.exists():  # holds the RNG state: out of the release folder, deleted at the end
             legacy.replace(self.workspace / "legacy_checkpoint.pt")
             print(f"moved {legacy} (not resumable: older format) into {self.workspace}")
-        self.ckpt_path = self.workspace / "checkpoint.pt"
-        self.digest = spec_hash(trainer.experiment, trainer.fingerprint)
         self.log_private_loss = self.settings.log_private_loss
         # A private-loss log is only useful if kept: log_private_loss keeps the workspace.
         self.keep_workspace = self.log_private_loss or self.settings.keep_private_workspace
@@ -153,24 +180,64 @@ class RunFiles:
             remove_stale_temps(name)
         self.log_rows: list[dict] = []
         self.private_rows: list[dict] = []
-        if self.ckpt_path.exists():
-            # On the CPU: model and optimiser state are copied to the trainer's device by
-            # load_state_dict; the RNG state must stay a CPU ByteTensor (set_state).
-            state = _load_checkpoint(self.ckpt_path, torch.device("cpu"))
-            if state.get("spec_hash") == self.digest:
-                trainer.load_state_dict(state)
-                self.log_rows = state["log"]
-                self.private_rows = state.get("private_log", [])
-            else:
-                # Not printed: job logs are released, and whether the data changed since the
-                # checkpoint is a fact about the private data. Noted in the workspace only.
-                write_text(
-                    self.workspace / "ignored_checkpoint.txt",
-                    f"{time.strftime('%Y-%m-%d %H:%M:%S')}: ignored the checkpoint at step "
-                    f"{state.get('step')}: it belongs to other settings or other training "
-                    "data; started afresh\n",
-                )
+        if resumes:
+            trainer.load_state_dict(state)
+            self.log_rows = state["log"]
+            self.private_rows = state.get("private_log", [])
+        elif state is not None:
+            # Not printed: job logs are released, and whether the data changed since the
+            # checkpoint is a fact about the private data. Noted in the workspace only.
+            write_text(
+                self.workspace / "ignored_checkpoint.txt",
+                f"{time.strftime('%Y-%m-%d %H:%M:%S')}: ignored the checkpoint at step "
+                f"{state.get('step')}: it belongs to other settings or other training "
+                "data; started afresh\n",
+            )
         self.start_step, self.t0 = trainer.step_count, time.perf_counter()
+        if self.training_id is None and self.record_dir is not None:
+            self.training_id = trainings.new_training_id()
+            self._record("started")
+
+    def _check_retrain(self, retrain: bool) -> bool:
+        if self.record_dir is None or self.trainer.sanitizer is None:
+            return False
+        return trainings.check_retrain(
+            self.record_dir,
+            str(self.out_dir.resolve()),
+            self.settings.name,
+            json.loads(experiment_spec_of(self.trainer.experiment)),
+            self.trainer.fingerprint,
+            retrain or trainings.retrain_allowed(self.settings.name),
+        )
+
+    def _record(self, event: str, record: dict | None = None) -> None:
+        """Append this training's ``event`` to the data source's training record."""
+        t = self.trainer
+        if event == "started":
+            s = t.sanitizer
+            fields = {
+                "experiment": self.settings.name,
+                "out": str(self.out_dir.resolve()),
+                "spec": json.loads(experiment_spec_of(t.experiment)),
+                "private": s is not None,
+                "reproducible": t.reproducible,
+                "q": t.q,
+                "noise_multiplier": None if s is None else s.noise_multiplier,
+                "delta": None if t.accountant is None else t.accountant.delta,
+                "accountant": None if t.accountant is None else t.accountant.kind,
+                "steps_planned": t.total_steps,
+                "start_step": t.step_count,
+                "retrain": bool(self.retrain),
+            }
+        else:
+            fields = {
+                "steps": t.step_count,
+                "epsilon": (record or {}).get("epsilon"),
+                "content_sha256": (record or {}).get("content_sha256"),
+            }
+        trainings.append(
+            self.record_dir, t.fingerprint, {"event": event, "training": self.training_id, **fields}
+        )
 
     @property
     def done(self) -> bool:
@@ -204,7 +271,12 @@ class RunFiles:
 
     def _save(self) -> None:
         _save_checkpoint(
-            self.ckpt_path, self.trainer, self.log_rows, self.private_rows, self.digest
+            self.ckpt_path,
+            self.trainer,
+            self.log_rows,
+            self.private_rows,
+            self.digest,
+            self.training_id,
         )
         if self.log_private_loss:
             write_log(self.workspace / "private_loss.csv", self.private_rows, PRIVATE_LOG_COLUMNS)
@@ -232,6 +304,8 @@ class RunFiles:
         if stays and (self.trainer.step_count != self.start_step or not self.ckpt_path.exists()):
             self._save()
         record = publish(self.trainer, self.out_dir, self.log_rows)
+        if self.record_dir is not None:
+            self._record("finished", record)
         if remove_workspace:
             self.remove_workspace()
         return record

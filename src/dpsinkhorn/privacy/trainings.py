@@ -1,0 +1,197 @@
+"""The training record: every training that drew noise from a private data source.
+
+One append-only file per private data source, ``<data_dir>/trainings/<fingerprint>.jsonl``
+(:data:`RECORD_DIR`; the Python API on arrays: ``api.train``'s ``record_dir``), keyed by
+the source's content (:func:`data_fingerprint` of the training split's arrays, first 16
+hex digits), not by a dataset name: every config, run folder and name that trains on the
+same records writes to the same file. It lives beside the prepared data, on the private
+side (the fingerprint identifies the private data): never inside a run folder, never
+published. Each line is one JSON event, written by ``train.workspace.RunFiles``:
+
+* ``started``: a training from step 0 (or from a checkpoint of an older version), with
+  its id, experiment, output folder, settings, the mechanism's public parameters (q,
+  noise multiplier, δ, accountant) and ``steps_planned``; ``retrain: true`` when it
+  retrains a finished DP experiment on request (:func:`check_retrain`).
+* ``finished``: the same id, its step count, ε and the generator's ``content_sha256``.
+
+A training that resumes from its checkpoint keeps its id (the checkpoint carries it): one
+noise stream, one training. A training that never finished counts at ``steps_planned``
+(an upper bound on the steps whose noise it drew). :func:`trainings` merges the events
+per id; :func:`composed` composes every DP training of a source
+(``privacy.accounting.composed_epsilon``, add/remove-one adjacency, RDP) at the largest δ
+any of them claims: the cost of every generator those trainings could have released.
+Everything recorded is a public setting or a step count, except the file's name.
+Torch-free.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+
+from dpsinkhorn.privacy.accounting import composed_epsilon
+
+#: The record's folder under a data_dir.
+RECORD_DIR = "trainings"
+#: Environment variable naming experiments (comma-separated, or ``all``) that may retrain.
+RETRAIN_ENV = "DPSINKHORN_RETRAIN"
+
+
+class RetrainRefused(ValueError):
+    """A finished DP experiment would be trained again (CLI: exit 2, one line)."""
+
+
+def data_fingerprint(images: np.ndarray, labels: np.ndarray) -> str:
+    """SHA-256 (hex) of the training data: shapes, dtypes and bytes of images and labels.
+
+    Part of the checkpoint's ``spec_hash`` (a resume on other data is refused) and the key
+    of the training record. Kept on the private side only (it identifies the private
+    dataset): never in a published file."""
+    digest = hashlib.sha256()
+    for array in (np.ascontiguousarray(images), np.ascontiguousarray(labels)):
+        digest.update(f"{array.dtype.str}{array.shape}".encode())
+        digest.update(memoryview(array).cast("B"))
+    return digest.hexdigest()
+
+
+def record_file(record_dir: str | os.PathLike, fingerprint: str) -> Path:
+    """``<record_dir>/<first 16 hex digits of the fingerprint>.jsonl``."""
+    return Path(record_dir) / f"{fingerprint[:16]}.jsonl"
+
+
+def new_training_id() -> str:
+    return uuid.uuid4().hex
+
+
+def append(record_dir: str | os.PathLike, fingerprint: str, event: Mapping) -> Path:
+    """Append one event (a JSON line, written and fsynced in one ``write``) to the record."""
+    path = record_file(record_dir, fingerprint)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    line = json.dumps({"time": time.strftime("%Y-%m-%dT%H:%M:%S"), **event}) + "\n"
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        os.write(fd, line.encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return path
+
+
+def read(path: str | os.PathLike) -> list[dict]:
+    """The events of one record file (one-line ValueError naming a damaged line)."""
+    events = []
+    with open(path, encoding="utf-8") as fh:
+        for number, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                events.append(json.loads(line))
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{path}: line {number} is not JSON ({err.msg})") from None
+    return events
+
+
+def trainings(events: list[Mapping]) -> list[dict]:
+    """One dict per training id (in order of start): the ``started`` event's keys,
+    ``finished`` (bool), ``steps`` (the finished count, else ``steps_planned``)."""
+    merged: dict[str, dict] = {}
+    for event in events:
+        tid = event["training"]
+        entry = merged.setdefault(tid, {"finished": False})
+        if event["event"] == "started":
+            entry.update({k: v for k, v in event.items() if k != "event"})
+            entry.setdefault("steps", event.get("steps_planned"))
+        elif event["event"] == "finished":
+            entry.update({k: v for k, v in event.items() if k != "event"})
+            entry["finished"] = True
+    return [t for t in merged.values() if "experiment" in t]
+
+
+def source_trainings(record_dir: str | os.PathLike, fingerprint: str) -> list[dict]:
+    """The trainings recorded for one data source (none if it has no record yet)."""
+    path = record_file(record_dir, fingerprint)
+    return trainings(read(path)) if path.is_file() else []
+
+
+def composed(records: list[Mapping]) -> dict:
+    """ε of every DP training in ``records`` composed at the largest δ any of them claims
+    (unfinished ones at their planned steps); None values when there is none."""
+    private = [t for t in records if t.get("private")]
+    delta = max((float(t["delta"]) for t in private), default=None)
+    eps = None
+    if private:
+        mechanisms = [
+            (float(t["q"]), float(t["noise_multiplier"]), int(t["steps"])) for t in private
+        ]
+        eps = composed_epsilon(mechanisms, delta)
+    return {
+        "trainings": len(private),
+        "finished": sum(bool(t["finished"]) for t in private),
+        "unfinished": sum(not t["finished"] for t in private),
+        "retrained": sum(bool(t.get("retrain")) for t in private),
+        "delta": delta,
+        "epsilon_composed": eps,
+    }
+
+
+def _finished_into(record_dir: Path, out: str) -> tuple[dict, str] | None:
+    """The last finished secret-key DP training into ``out`` recorded under ``record_dir``,
+    and its record file's key, or None."""
+    last = None
+    for path in sorted(record_dir.glob("*.jsonl")) if record_dir.is_dir() else []:
+        for t in trainings(read(path)):
+            if t["out"] == out and t["finished"] and t.get("private"):
+                if not t.get("reproducible") and (last is None or t["time"] >= last[0]["time"]):
+                    last = (t, path.stem)
+    return last
+
+
+def retrain_allowed(experiment: str) -> bool:
+    """Whether ``DPSINKHORN_RETRAIN`` (``all`` or a comma-separated list) names it."""
+    names = {n.strip() for n in os.environ.get(RETRAIN_ENV, "").split(",")}
+    return "all" in names or experiment in names
+
+
+def check_retrain(
+    record_dir: str | os.PathLike,
+    out: str,
+    experiment: str,
+    spec: Mapping,
+    fingerprint: str,
+    retrain: bool,
+) -> bool:
+    """Refuse (:class:`RetrainRefused`) a training from step 0 into ``out`` when the record
+    holds a finished secret-key DP training into it, unless ``retrain``. Returns whether
+    this training retrains a finished one (recorded as ``retrain: true``)."""
+    found = _finished_into(Path(record_dir), out)
+    if found is None:
+        return False
+    done, key = found
+    if retrain:
+        return True
+    changed = sorted(k for k in set(done["spec"]) | set(spec) if done["spec"].get(k) != spec.get(k))
+    what = []
+    if changed:
+        what.append(f"settings {', '.join(changed)}")
+    if key != fingerprint[:16]:
+        what.append("the training data (other content)")
+    if not what:
+        what.append(
+            "neither settings nor data: its release was removed or its inputs rewritten "
+            "(e.g. the prepared data prepared again)"
+        )
+    raise RetrainRefused(
+        f"{out}: experiment {experiment} finished a DP training on {done['time']} "
+        f"(epsilon {done.get('epsilon', float('nan')):.4g}); since then changed: "
+        f"{'; '.join(what)}. Training again draws new noise from the same private data: "
+        f"pass --retrain (CLI), {RETRAIN_ENV}={experiment} (workflow) or "
+        "retrain=True (api.train) to do it; the training record in "
+        f"{record_dir} counts it"
+    )

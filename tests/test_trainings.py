@@ -1,0 +1,148 @@
+"""Every training of private data is counted, and a finished DP generator is never retrained
+silently (``privacy.trainings``, ``train.workspace.RunFiles``, ``report.privacy_summary``).
+
+Case: two configs give the name ``clothes`` to different data (scikit-learn's digits, and
+a damaged copy). The second config's failing data job must not delete the first's prepared
+data (Snakemake removes a failed job's outputs); a plain rerun of the first, unchanged
+experiment must not retrain it with fresh noise; an explicit retrain is counted, and
+``privacy_summary.json`` composes every training of the source, across run folders.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from helpers import digits_arrays, write_digits_npz
+
+from dpsinkhorn import cli
+from dpsinkhorn import config as config_lib
+from dpsinkhorn.privacy import trainings
+from dpsinkhorn.report.privacy_summary import privacy_summary
+from dpsinkhorn.train.run import train
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+DIGITS = [str(d) for d in range(10)]
+#: A tiny DP generator on the digits: seconds on one core.
+TINY = {"steps": 4, "batch_size": 50, "sigma": 1.5, "channels": [8, 4, 2], "log_every": 2,
+        "checkpoint_every": 2, "reproducible": False}  # fmt: skip
+
+
+def _config(workdir: Path, npz: Path, run: str) -> Path:
+    config = {
+        "run_name": run,
+        "data_dir": "data",
+        "device": "cpu",
+        "seeds": [0],
+        "datasets": {"clothes": {"path": str(npz), "classes": DIGITS, "image_size": 28,
+                                 "resize": True}},
+        "training_defaults": TINY,
+        "experiments": {"clothes_dp": {"dataset": "clothes", "table1_row": "paper"}},
+    }  # fmt: skip
+    path = workdir / f"{run}.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+def _snakemake_data(workdir: Path, configfile: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+    return subprocess.run(
+        [str(BIN / "snakemake"), "-s", str(REPO / "Snakefile"), "-d", str(workdir), "-c", "1",
+         "--configfile", str(configfile), "--until", "data"],
+        cwd=workdir, capture_output=True, text=True, env=env, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+
+
+def test_a_second_config_of_the_same_name_never_deletes_the_first_ones_data(tmp_path):
+    good = write_digits_npz(tmp_path / "clothes.npz")
+    damaged = tmp_path / "copy" / "clothes.npz"
+    damaged.parent.mkdir()
+    damaged.write_bytes(good.read_bytes()[:1000])  # a truncated copy
+    first, second = _config(tmp_path, good, "first"), _config(tmp_path, damaged, "second")
+    done = _snakemake_data(tmp_path, first)
+    assert done.returncode == 0, done.stderr[-3000:]
+    prepared = sorted((tmp_path / "data").glob("*/train.npz"))
+    assert len(prepared) == 1
+    before = {p: p.read_bytes() for p in prepared[0].parent.iterdir()}
+    failed = _snakemake_data(tmp_path, second)
+    assert failed.returncode != 0  # the damaged copy is refused
+    for path, content in before.items():  # the first config's files: still there, unchanged
+        assert path.is_file() and path.read_bytes() == content, path
+    cfg = config_lib.load_config([str(first)])
+    assert prepared[0].parent.name == config_lib.prepared_folder_of(cfg, "clothes")
+    other = config_lib.load_config([str(second)])
+    assert config_lib.prepared_folder_of(other, "clothes") != prepared[0].parent.name
+
+
+@pytest.fixture
+def digits_spec() -> dict:
+    return config_lib.make_experiment("clothes_dp", dataset="mnist", **TINY)
+
+
+def _train(spec, out, records, **kw):
+    return train(spec, out, train_data=digits_28(), progress=False, record_dir=records,
+                 device="cpu", **kw)  # fmt: skip
+
+
+def digits_28() -> tuple[np.ndarray, np.ndarray]:
+    images, labels = digits_arrays()
+    big = np.kron(images, np.ones((1, 3, 3), np.uint8))  # [N, 24, 24]
+    return np.pad(big, ((0, 0), (2, 2), (2, 2))), labels.astype(np.int64)
+
+
+def test_a_finished_dp_experiment_is_not_retrained_unless_asked_and_then_counted(
+    tmp_path, digits_spec
+):
+    out, records = tmp_path / "run" / "clothes_dp", tmp_path / "trainings"
+    first = _train(digits_spec, out, records)
+    (out / "generator.pt").unlink()  # as Snakemake removes a job's outputs before a rerun
+    with pytest.raises(trainings.RetrainRefused, match="clothes_dp.*neither settings nor data"):
+        _train(digits_spec, out, records)
+    assert not (out / "private_workspace").exists()  # refused before anything was written
+    changed = {**digits_spec, "sigma": 2.0}
+    with pytest.raises(trainings.RetrainRefused, match="changed: settings sigma"):
+        _train(changed, out, records)
+    second = _train(changed, out, records, retrain=True)
+    assert second["content_sha256"] != first["content_sha256"]
+    fingerprint = trainings.data_fingerprint(*digits_28())
+    (record,) = records.glob("*.jsonl")
+    assert record.name == f"{fingerprint[:16]}.jsonl"
+    runs = trainings.source_trainings(records, fingerprint)
+    assert [(t["finished"], t["retrain"], t["steps"]) for t in runs] == [
+        (True, False, 4),
+        (True, True, 4),
+    ]
+    both = trainings.composed(runs)
+    assert both["trainings"] == 2 and both["retrained"] == 1
+    assert both["epsilon_composed"] > max(first["epsilon"], second["epsilon"])
+
+
+def test_the_cli_refuses_with_one_line_and_retrains_with_the_flag(tmp_path, capsys, monkeypatch):
+    npz = write_digits_npz(tmp_path / "clothes.npz")
+    configfile = _config(tmp_path, npz, "cli")
+    monkeypatch.chdir(tmp_path)
+
+    assert cli.main(["data", "--dataset", "clothes", "--root", "data",
+                     "--config", str(configfile)]) == 0  # fmt: skip
+    args = ["train", "--config", str(configfile), "--experiment", "clothes_dp",
+            "--out", "results/cli/clothes_dp", "--no-progress"]  # fmt: skip
+    assert cli.main(args) == 0
+    assert cli.main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "clothes_dp" in err[0] and "--retrain" in err[0], err
+    assert cli.main([*args, "--retrain"]) == 0
+    # Another run folder of another config trains the same data: the same record.
+    assert cli.main([*args[:-2], "results/other/clothes_dp", "--no-progress"]) == 0
+    cfg = config_lib.load_config([str(configfile)])
+    (summary,) = privacy_summary(cfg, "results/cli")["datasets"]
+    every = summary["all_trainings"]
+    assert every["trainings"] == 3 and every["retrained"] == 1 and every["run_folders"] == 2
+    assert summary["releases"] == 1
+    assert every["epsilon_composed"] > summary["epsilon_composed"]
+    assert any("trained 3 times" in w for w in summary["warnings"]), summary["warnings"]
