@@ -275,8 +275,8 @@ def _join_weights(cache: Path) -> None:
             out.write(data)
         if digest.hexdigest() != meta["sha256"]:
             raise ValueError(f"{cache / WEIGHTS}: joined parts have another SHA-256")
-    for part in parts:
-        part.unlink()
+    for path in [*parts, *metas]:
+        path.unlink()
 
 
 def missing_needs(
