@@ -10,7 +10,7 @@
 # BUDGET_S  seconds this script may take in all (the window stops its work in time to pack)
 # COMMIT    the checkout's commit (a copied tree may have no .git)
 # BENCH=1   first measure steps/s (bf16, tf32, a sweep of 8, the non-private B = 500 step) and
-#           a torch profiler summary of the graphed bf16 step: $OUT/bench_*.json
+#           a torch profiler summary of the graphed bf16 step: $OUT/bench.jsonl
 # Writes $OUT/state.tgz (parts when large): carry it into the next call as $CARRY/state.tgz.
 set -uo pipefail
 N=$1; BUDGET=$2; COMMIT=$3
@@ -36,21 +36,22 @@ echo "call $N on $device: set up in $((SECONDS - start)) s"
 if [[ ${BENCH:-0} == 1 ]]; then
   python3 -m dpsinkhorn data --dataset mnist --mirror "$CACHE/mirror" --root /tmp/bench-data > /dev/null
   sed "s|^data_dir:.*|data_dir: /tmp/bench-data|" config/config.yaml > /tmp/bench-config.yaml
-  bench() {  # bench NAME ARGS...: one JSON line in $OUT/bench_NAME.json
-    local name=$1; shift
-    timeout 150 python3 -m dpsinkhorn bench --config /tmp/bench-config.yaml --device cuda \
-      --impl ours --cuda-graphs --compile-solver "$@" > "$OUT/bench_$name.json" 2> "$OUT/bench_$name.err"
-    echo "bench $name: rc $? at $((SECONDS - start)) s"
+  bench() {  # bench ARGS...: one JSON line appended to $OUT/bench.jsonl
+    timeout "${BENCH_TIMEOUT:-90}" python3 -m dpsinkhorn bench --config /tmp/bench-config.yaml \
+      --device cuda --impl ours --cuda-graphs --compile-solver "$@" >> "$OUT/bench.jsonl" \
+      2>> "$OUT/bench.err"
+    echo "bench $*: rc $? at $((SECONDS - start)) s"
   }
-  bench bf16 --experiment mnist_dpsinkhorn --steps 2000 --warmup 20 --precision bf16 --profile 100
-  bench tf32 --experiment mnist_dpsinkhorn --steps 2000 --warmup 20 --precision tf32
-  bench sweep8_bf16 --experiment mnist_dpsinkhorn --steps 300 --warmup 10 --precision bf16 --sweep 8
-  bench nonprivate_bf16 --experiment mnist_nonprivate --steps 500 --warmup 10 --precision bf16
+  bench --experiment mnist_dpsinkhorn --steps 1000 --warmup 20 --precision bf16 --profile 50
+  bench --experiment mnist_dpsinkhorn --steps 1000 --warmup 20 --precision tf32
+  bench --experiment mnist_dpsinkhorn --steps 200 --warmup 10 --precision bf16 --sweep 8
+  bench --experiment mnist_nonprivate --steps 300 --warmup 10 --precision bf16
 fi
 archive=()
 [[ -f $CARRY/state.tgz || -f $CARRY/state.tgz.part000 ]] && archive=(--archive-in "$CARRY/state.tgz")
 python3 -m dpsinkhorn gpu-window --config benchmarks/gpu/window.yaml "${archive[@]}" \
   --archive-out "$OUT/state.tgz" --budget-s $((BUDGET - (SECONDS - start))) --reserve-s 45 \
   --commit "$COMMIT" --device-name "$device" --import-root "$CACHE/import" \
+  --workdir /tmp/window-work \
   --snakemake-config data_mirror="$CACHE/mirror" fid_weights="$CACHE/inception_pool3.pth"
 echo "window: rc $? at $((SECONDS - start)) s"

@@ -235,7 +235,11 @@ def work(
         if any(not m.startswith("FID weights") for m in missing):
             record["outcome"] = "waiting: needs " + ", ".join(missing)
             continue
-        import_generators(item, config, workdir, import_root, state)
+        try:
+            import_generators(item, config, workdir, import_root, state)
+        except (FileNotFoundError, ValueError) as err:  # its import source is not here yet
+            record["outcome"] = f"waiting: {err}"
+            continue
         # without the FID weights (still travelling), an item's trainings can already run
         targets = training_targets(config, item) if missing else item_targets(config, item)
         pending = [t for t in targets if not (workdir / t).is_file()]
@@ -394,7 +398,14 @@ def gpu_window(args: argparse.Namespace) -> int:
         if args.results_set:
             write_set(window, workdir, Path(args.results_set) / name, state)
             fileio.write_json(state_path, state)
-        parts = pack(workdir, args.archive_out, window["archive_exclude"], args.part_mib)
+        # imported generators are copied again from --import-root when missing: not packed
+        config = load_config([window["config_path"]])
+        imported = [
+            (experiment_dir(config, results_dir(config), e) / "generator.pt").as_posix()
+            for e in state.get("imports", {})
+        ]
+        exclude = [*window["archive_exclude"], *imported]
+        parts = pack(workdir, args.archive_out, exclude, args.part_mib)
         print(
             f"gpu-window call {len(state['calls'])}: {outcome}; archive "
             + " ".join(str(p) for p in parts)
