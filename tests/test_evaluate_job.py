@@ -142,3 +142,43 @@ def test_bad_arguments_are_one_line_and_write_nothing(
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
     assert not (tmp_path / "out").exists()
+
+
+def test_a_stopped_job_resumes_after_its_finished_phases(files, tmp_path, monkeypatch):
+    """Stopped during the MLP (as a deadline stops it; Snakemake then deletes the declared
+    outputs), the rerun reuses Log-Reg's records instead of training it again; other
+    settings start afresh; the progress file goes once the job completes."""
+    from dpsinkhorn.evaluate import job
+
+    kw = {"seeds": [0, 1], "num": 200, "test": files["test"], "reference": files["reference"],
+          "samples_dir": tmp_path, "scores_dir": tmp_path, "real_data": files["train"],
+          "classifiers": ["logreg", "mlp"], "dataset": "mnist", "device": "cpu",
+          "max_epochs": 1, "patience": 1, "fid": False}  # fmt: skip
+    real = job.train_and_evaluate_seeds
+    trained = []
+
+    def stop_at_mlp(model, *args, **kwargs):
+        trained.append(model)
+        if model == "mlp":
+            raise KeyboardInterrupt("deadline")
+        return real(model, *args, **kwargs)
+
+    monkeypatch.setattr(job, "train_and_evaluate_seeds", stop_at_mlp)
+    with pytest.raises(KeyboardInterrupt):
+        job.evaluate(**kw)
+    progress = tmp_path / job.Progress.NAME
+    assert trained == ["logreg", "mlp"] and progress.is_file()
+    first = _json(tmp_path / "acc_logreg_seed1.json")
+    (tmp_path / "acc_logreg_seed1.json").unlink()  # as Snakemake removes a failed job's outputs
+
+    trained.clear()
+    monkeypatch.setattr(job, "train_and_evaluate_seeds", lambda m, *a, **k: (
+        trained.append(m), real(m, *a, **k))[1])  # fmt: skip
+    job.evaluate(**kw)
+    assert trained == ["mlp"]  # Log-Reg came from the progress file
+    assert _json(tmp_path / "acc_logreg_seed1.json") == first
+    assert not progress.exists()
+
+    trained.clear()
+    job.evaluate(**{**kw, "num": 150})  # another key: nothing reused
+    assert trained == ["logreg", "mlp"]

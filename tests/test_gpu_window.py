@@ -24,8 +24,8 @@ data_dir: DATA
 device: cpu
 seeds: [0]
 evaluation:
-  num_samples: 100
-  fid_reference_size: 100
+  num_samples: 60
+  fid_reference_size: 20
   fid_sqrtm: eigh
   classifiers: [logreg]
   logreg_max_iter: 50
@@ -46,7 +46,7 @@ experiments:
 WINDOW = """\
 configfile: tiny.yaml
 signal_grace_s: 30
-outputs: [classify]   # no Inception on the CPU: training, sampling and a classifier
+outputs: [classify]   # their evaluation job also measures FID (60 images vs 20: cheap)
 work:
   - {name: dp, experiments: [mnist_dpsinkhorn]}
   - {name: nonprivate, experiments: [mnist_nonprivate]}
@@ -285,3 +285,53 @@ def test_export_set_from_an_archive_and_imported_generator(tmp_path):
     assert imported["source"] == "run1" and imported["bytes"] == len(b"weights")
     assert "| 50.0 (1/1 seed)" in (set_dir / "table1.md").read_text()
     assert not (set_dir / "mnist_dpsinkhorn" / "generator.pt").exists()
+
+
+def test_items_are_independent_and_an_import_is_never_retrained(tmp_path):
+    """A failing item (an imported generator.pt that cannot be loaded) is recorded and the
+    next item still runs; the imported generator is never trained again although its
+    dataset is prepared after the import (what retrained one on an H200 at 0b9279e:
+    Snakemake judges files it did not make by modification time); a call that ends with a
+    failed item still packs its archive; the next call tries the failed item last."""
+    config = TINY.replace("DATA", str(tmp_path / "data")) + (
+        "  real_mnist: {dataset: mnist, table1_row: real, method: real_data}\n"
+    )
+    (tmp_path / "tiny.yaml").write_text(config)
+    (tmp_path / "window.yaml").write_text(
+        "configfile: tiny.yaml\nsignal_grace_s: 30\nwork:\n"
+        "  - {name: broken, import: {mnist_dpsinkhorn: run1}}\n"
+        "  - {name: real, experiments: [real_mnist]}\n"
+    )
+    source = tmp_path / "committed" / "run1"
+    fileio.write_json(source / "privacy.json", {"sigma": 1.5, "steps": 60})
+    fileio.write_bytes(source / "generator.pt", b"not a generator")
+    mirror = require_shared(shared_path("DPSINKHORN_DATA_MIRROR"), "MNIST mirror")
+    weights = require_shared(shared_path("DPSINKHORN_FID_WEIGHTS"), "Inception weights")
+    env = {
+        **os.environ,
+        "PYTHONPATH": f"{REPO / 'src'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+    }
+    states = []
+    for k in range(2):
+        cmd = [sys.executable, "-m", "dpsinkhorn", "gpu-window", "--config",
+               str(tmp_path / "window.yaml"), "--archive-out", str(tmp_path / f"s{k}.tgz"),
+               "--budget-s", "600", "--reserve-s", "0", "--commit", "test",
+               "--import-root", str(tmp_path / "committed"), "--snakemake-config",
+               f"data_mirror={mirror}", f"fid_weights={weights}"]  # fmt: skip
+        if k:
+            cmd += ["--archive-in", str(tmp_path / "s0.tgz")]
+        result = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+        assert result.returncode == 1, result.stdout + result.stderr  # an item failed
+        states.append(final_state(tmp_path / f"s{k}.tgz", tmp_path / f"state{k}"))
+    first = json.loads((states[0] / window.STATE).read_text())
+    assert first["calls"][0]["outcome"] == "failed:broken"
+    assert first["items"]["broken"]["failures"] == 1 and first["items"]["real"]["outcome"] == "done"
+    real = states[0] / "results/window/nonprivate/real_mnist"
+    assert (real / "fid_seed0.json").is_file() and (real / "acc_logreg_seed0.json").is_file()
+    log = (states[1] / "window.log").read_text()
+    assert "--experiment mnist_dpsinkhorn" not in log  # never trained: it was imported
+    assert "rule train:" not in log
+    second = json.loads((states[1] / window.STATE).read_text())
+    assert second["items"]["broken"]["failures"] == 2
+    assert not (states[1] / "results/window/mnist_dpsinkhorn/generator.pt").exists()  # not packed

@@ -42,12 +42,15 @@ from pathlib import Path
 
 from dpsinkhorn import fileio
 from dpsinkhorn.config.experiments import (
+    dataset_of,
     evaluation_dir,
     experiment_classifiers,
     experiment_dir,
     experiment_home,
     needs_training,
+    prepared_folder_of,
 )
+from dpsinkhorn.config.targets import TRAINING_FILES
 from dpsinkhorn.config.validate import load_config
 from dpsinkhorn.fileio import pack, unpack
 from dpsinkhorn.window_setup import load_window, run_until
@@ -197,6 +200,29 @@ def import_generators(
         }
 
 
+def data_targets(config: Mapping, item: Mapping) -> list[str]:
+    """The prepared splits of an item's datasets (relative to the working folder)."""
+    return [
+        f"{config['data_dir']}/{prepared_folder_of(config, d)}/{split}.npz"
+        for d in dict.fromkeys(dataset_of(config, e) for e in item["experiments"])
+        for split in ("train", "test")
+    ]
+
+
+def touch_imports(config: Mapping, item: Mapping, workdir: Path) -> None:
+    """Make an item's imported training outputs newer than the data prepared for them.
+
+    Snakemake has no record of files it did not make, so it judges them by modification
+    time alone: a generator imported before its dataset was prepared (or prepared again, in
+    a fresh call) would look outdated and be trained again, a new release of the private
+    data. So the data is prepared first and the imports are then touched."""
+    for exp in item["import"]:
+        folder = experiment_dir(config, workdir / results_dir(config), exp)
+        for name in TRAINING_FILES:
+            if (folder / name).is_file():
+                os.utime(folder / name)
+
+
 def _override(options: Sequence[str], key: str) -> Path | None:
     """The path of ``key=PATH`` among Snakemake --config options (None when absent)."""
     found = [o.split("=", 1)[1] for o in options if o.startswith(f"{key}=")]
@@ -264,7 +290,14 @@ def work(
                 ),
             )
         begin = time.monotonic()
-        outcome = run_until(cmd, deadline, window["signal_grace_s"], log, cwd=workdir)
+        outcome = "done"
+        if item["import"]:  # data first, then the imports made newer than it (see below)
+            data = data_targets(config, item)
+            data_cmd = snakemake_command(window, workdir, data, extra_config, cores)
+            outcome = run_until(data_cmd, deadline, window["signal_grace_s"], log, cwd=workdir)
+            touch_imports(config, item, workdir)
+        if outcome == "done":
+            outcome = run_until(cmd, deadline, window["signal_grace_s"], log, cwd=workdir)
         record["seconds"] += time.monotonic() - begin
         record["outcome"] = outcome
         if outcome == "deadline":

@@ -9,6 +9,9 @@ exactly the files the per-step commands write (``sample``/``sample-real``, ``fid
 - ``<samples-dir>/samples_seed<s>.npz``,
 - ``<scores-dir>/fid_seed<s>.json``, ``<scores-dir>/acc_<model>_seed<s>.json``.
 
+Resumable: a job stopped after some phases (FID, a classifier) resumes after them
+(:class:`Progress`). Each phase's wall seconds are printed as it ends.
+
 What one process saves: the generator, the Inception network, the reference statistics
 and the test set are loaded once; the samples never go to disk and back; each classifier
 trains all seeds together on the device (``batched``: vmapped MLP/CNN, Log-Reg by torch's
@@ -20,6 +23,8 @@ within the seed-to-seed spread (the CNN's dropout masks and the Log-Reg solver d
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import time
 from pathlib import Path
 
@@ -28,6 +33,7 @@ from dpsinkhorn.devices import resolve_device
 from dpsinkhorn.evaluate.classifiers import MODELS
 from dpsinkhorn.evaluate.classify import resolve_num_classes, train_and_evaluate_seeds
 from dpsinkhorn.evaluate.fid import SQRTM_METHODS, fid_against_reference
+from dpsinkhorn.evaluate.inception import network_sha256
 from dpsinkhorn.evaluate.sample import load_generator, sample_generator, sample_real
 
 
@@ -92,6 +98,10 @@ def evaluate(
         if path is not None and not Path(path).is_file():
             raise FileNotFoundError(f"{path}: file not found")
     timings: dict[str, float] = {}
+    settings = {"seeds": seeds, "num": num, "sqrtm": sqrtm, "max_epochs": max_epochs,
+                "patience": patience, "batch_size": batch_size, "max_iter": max_iter,
+                "weights": None if weights is None else network_sha256(weights)}  # fmt: skip
+    progress = Progress(Path(scores_dir), [generator or real_data, test, reference], settings)
 
     begin = time.perf_counter()
     if generator is not None:
@@ -105,27 +115,31 @@ def evaluate(
         del model
     else:
         draws = [sample_real(Path(real_data), num, seed) for seed in seeds]
-    for path, (images, labels) in zip(sample_files(samples_dir, seeds), draws, strict=True):
+    files = sample_files(samples_dir, seeds)
+    for path, (images, labels) in zip(files, draws, strict=True):
         fileio.save_samples(path, images, labels)
-    timings["sample"] = time.perf_counter() - begin
+    timings["sample"] = _done("sample", begin)
 
     if fid:
         begin = time.perf_counter()
-        files = sample_files(samples_dir, seeds)
-        for seed, path, (images, _) in zip(seeds, files, draws, strict=True):
-            record = fid_against_reference(
+        records = progress.get("fid") or [
+            fid_against_reference(
                 images, reference, str(path), weights, device, fid_batch_size, sqrtm
             )
+            for path, (images, _) in zip(files, draws, strict=True)
+        ]
+        progress.put("fid", records)
+        for seed, record in zip(seeds, records, strict=True):
             fileio.write_json(Path(scores_dir) / f"fid_seed{seed}.json", record, record=True)
             print(f"FID {record['fid']:.3f} (seed {seed})", flush=True)
-        timings["fid"] = time.perf_counter() - begin
+        timings["fid"] = _done("fid", begin)
 
     if classifiers:
         num_classes = resolve_num_classes(None, dataset, str(test))
         test_images, test_labels = fileio.load_samples(test)
         for model_name in classifiers:
             begin = time.perf_counter()
-            results = train_and_evaluate_seeds(
+            results = progress.get(model_name) or train_and_evaluate_seeds(
                 model_name,
                 draws,
                 test_images,
@@ -139,16 +153,59 @@ def evaluate(
                 max_iter=max_iter,
                 batched=True,
             )
-            for path, result in zip(sample_files(samples_dir, seeds), results, strict=True):
+            progress.put(model_name, results)
+            for path, result in zip(files, results, strict=True):
                 result.update(train=str(path), test=str(test))
                 if dataset is not None:
                     result["dataset"] = dataset
                 out = Path(scores_dir) / f"acc_{model_name}_seed{result['seed']}.json"
                 fileio.write_json(out, result, record=True)  # its sha256: train.publish
                 print(f"{model_name} accuracy {result['accuracy']:.4f} (seed {result['seed']})")
-            timings[f"classify_{model_name}"] = time.perf_counter() - begin
+            timings[f"classify_{model_name}"] = _done(f"classify_{model_name}", begin)
+    progress.finish()
     timings["total"] = time.perf_counter() - start
     return timings
+
+
+def _done(phase: str, begin: float) -> float:
+    """Print a phase's wall seconds as it ends (the job's log shows where time went)."""
+    seconds = time.perf_counter() - begin
+    print(f"[{time.strftime('%H:%M:%S')}] {phase}: {seconds:.1f} s", flush=True)
+    return seconds
+
+
+class Progress:
+    """Finished phases of an interrupted evaluation, so a rerun resumes after them.
+
+    A stopped job (a window's deadline, a cluster's time limit) loses its declared outputs:
+    Snakemake deletes them. Each phase's records (FID, one classifier, all seeds) are also
+    kept in ``<scores>/evaluate_progress.json`` (not an output, so kept), keyed by the
+    SHA-256 of the inputs and the settings: a rerun with the same key reuses them, any
+    other key starts afresh. Removed when the job completes. Only scores are kept there,
+    never images (samples are drawn again: seeded, the same).
+    """
+
+    NAME = "evaluate_progress.json"
+
+    def __init__(self, scores_dir: Path, inputs: list, settings: dict) -> None:
+        self.path = scores_dir / self.NAME
+        digests = [fileio.sha256_of(p) for p in inputs]
+        text = json.dumps([digests, settings], sort_keys=True)
+        self.key = hashlib.sha256(text.encode()).hexdigest()
+        found = fileio.read_json(self.path) if self.path.is_file() else {}
+        self.done = found.get("done", {}) if found.get("key") == self.key else {}
+        if self.done:
+            print(f"resuming: {', '.join(self.done)} already done ({self.path})", flush=True)
+
+    def get(self, phase: str) -> list[dict] | None:
+        return [dict(r) for r in self.done[phase]] if phase in self.done else None
+
+    def put(self, phase: str, records: list[dict]) -> None:
+        self.done[phase] = [dict(r) for r in records]
+        fileio.write_json(self.path, {"key": self.key, "done": self.done})
+
+    def finish(self) -> None:
+        self.path.unlink(missing_ok=True)
 
 
 def _cmd_evaluate(args: argparse.Namespace) -> int:
