@@ -1,7 +1,7 @@
 """What SLURM jobs ask for (dpsinkhorn.config.cluster, profiles/slurm), without a cluster.
 
 A dry run of config/config.yaml through profiles/slurm lists every job with its resources;
-its group jobs are the evaluation of one experiment each.
+each experiment's evaluation is one job (evaluate_<exp>).
 """
 
 from __future__ import annotations
@@ -82,12 +82,7 @@ def test_paper_config_asks_at_most_a_day_per_job(paper_jobs):
     slurm = [j for j in paper_jobs if j["rule"] not in local_rules()]
     assert all(j["runtime"] is not None for j in slurm)
     assert max(j["runtime"] for j in slurm) <= DAY
-    groups: dict[str, int] = {}
-    for job in slurm:
-        if job["group"]:
-            groups[job["group"]] = groups.get(job["group"], 0) + job["runtime"]
-    # A group job asks for at most the sum of its members (less where some run side by side).
-    assert groups and max(groups.values()) <= DAY
+    assert not any(j["group"] for j in slurm)  # no group jobs: evaluation is one rule
 
 
 def test_mnist_training_asks_for_its_measured_time(tmp_path):
@@ -111,21 +106,27 @@ def test_sweeps_get_the_signal_and_a_rate_based_request(paper_jobs):
     assert [j["runtime"] for j in b50] == [math.ceil(160000 / 114.84 / 60 * 3 + 10)]
 
 
-def test_evaluation_of_one_experiment_is_one_group(paper_jobs):
-    evaluation = [j for j in paper_jobs if j["rule"] in ("sample", "fid", "classify")]
-    assert evaluation
+def test_evaluation_of_one_experiment_is_one_job(paper_jobs):
+    """One evaluate_<exp> job per experiment, asking for its nominal minutes, at most a day."""
+    config = cfg.load_config([PAPER])
+    evaluation = [j for j in paper_jobs if j["rule"].startswith("evaluate_")]
+    assert sorted(j["rule"] for j in evaluation) == sorted(
+        f"evaluate_{e}" for e in cfg.experiment_names(config)
+    )
     for job in evaluation:
-        assert job["group"] == f"eval_{job['wildcards']['exp']}", job
+        exp = job["rule"].removeprefix("evaluate_")
+        assert job["runtime"] == cluster.eval_runtime_minutes(config, exp) <= DAY, job
+    assert not [j for j in paper_jobs if j["rule"] in ("sample", "fid", "classify")]
 
 
 def test_slurm_job_count_matches_the_dry_run(paper_jobs):
     config = cfg.load_config([PAPER])
     config["sweep_runs"] = 8
     remote = [j for j in paper_jobs if j["rule"] not in local_rules()]
-    groups = {j["group"] for j in remote if j["group"]}
-    assert len(groups) == len(cfg.experiment_names(config))
-    count = sum(1 for j in remote if not j["group"]) + len(groups)
-    assert count == plan.slurm_job_count(config)
+    assert sum(j["rule"].startswith("evaluate_") for j in remote) == len(
+        cfg.experiment_names(config)
+    )
+    assert len(remote) == plan.slurm_job_count(config)
 
 
 def test_profile_signal_and_retries_cover_the_chains():
@@ -133,7 +134,7 @@ def test_profile_signal_and_retries_cover_the_chains():
     assert profile["set-resources"]["train"]["slurm_extra"] == cluster.SLURM_SIGNAL
     assert profile["preemptible-rules"] == ["train"]
     assert profile["preemptible-retries"] == cluster.UNKNOWN_CHAIN_RETRIES
-    assert profile["group-components"] == ["eval_{exp}=1000"]
+    assert "group-components" not in profile
     config = cfg.load_config([PAPER])
     requests = cluster.Requests(config, [REPO])
     needed = max(requests.retries(e) for e in cfg.trained_experiments(config))
@@ -162,12 +163,28 @@ def test_a_short_training_asks_for_more_than_the_signal_lead():
 def test_unmeasured_shape_asks_for_the_cap():
     config = cfg.load_config([PAPER])
     rates = cluster.load_rates(H100)
-    request = cluster.train_request(config, ["fmnist_dpsinkhorn"], rates)
+    request = cluster.train_request(config, ["celeba_dpsinkhorn"], rates)
     assert request.minutes == DAY and request.chain_jobs is None
-    assert "no measured step rate for fmnist B 50" in request.note
+    assert "no measured step rate for celeba B" in request.note
     assert request.retries == cluster.UNKNOWN_CHAIN_RETRIES
     solved = cluster.train_request(config, ["table4_s1p1_c1p0_p0p2_m1"], rates)
     assert solved.minutes == DAY and "solved from target_epsilon" in solved.note
+
+
+def test_rates_are_keyed_by_the_steps_shape_not_the_datasets_name():
+    """Fashion-MNIST (28 x 28 x 1, B 50, the paper's DCGAN) takes MNIST's measured rate; an
+    own dataset of the same shape too; CelebA (32 x 32 x 3), another batch size, image size
+    or generator do not."""
+    rates = cluster.load_rates(H100)
+    own = {"dataset": "digits", "batch_size": 50,
+           "dataset_definition": {"image_size": 28, "channels": 1}}  # fmt: skip
+    for spec in ({"dataset": "fmnist", "batch_size": 50}, own):
+        rate, source = cluster.matching_rate(rates, spec, 1)
+        assert rate == 516.85 and source.startswith("measured")
+    for spec in ({"dataset": "celeba", "batch_size": 50}, {"dataset": "fmnist", "batch_size": 64},
+                 {**own, "dataset_definition": {"image_size": 32, "channels": 1}},
+                 {**own, "generator": "biggan", "channels": [256, 256, 256, 256]}):  # fmt: skip
+        assert cluster.matching_rate(rates, spec, 1) == (None, "")
 
 
 def test_sweep_without_a_sweep_rate_takes_the_single_rate_per_run():
@@ -231,16 +248,16 @@ def test_max_job_minutes_must_leave_time_to_train(minutes):
     )
 
 
-def test_evaluation_group_fits_the_cap():
+def test_evaluation_job_asks_its_nominal_minutes_within_the_cap():
+    """Per seed: sampling 1 h (trained experiments only), FID 2 h, each classifier 4 h."""
     config = cfg.load_config([PAPER])
+    config["seeds"] = [0]
+    assert cluster.eval_runtime_minutes(config, "mnist_dpsinkhorn") == 60 + 120 + 3 * 240
+    assert cluster.eval_runtime_minutes(config, "real_mnist") == 120 + 3 * 240
+    assert cluster.eval_runtime_minutes(config, "celeba_dpsinkhorn") == 60 + 120 + 2 * 240
+    config["seeds"] = [0, 1, 2, 3, 4]
     for name in ("mnist_dpsinkhorn", "real_mnist", "celeba_dpsinkhorn"):
-        seeds = len(config["seeds"])
-        models = len(cfg.classifiers_of(config, cfg.dataset_of(config, name)))
-        total = seeds * (cluster.eval_runtime_minutes(config, "fid", name)
-                         + cluster.eval_runtime_minutes(config, "sample", name)
-                         * cfg.needs_training(config, name))  # fmt: skip
-        total += models * cluster.eval_runtime_minutes(config, "classify", name)
-        assert total <= config["cluster"]["max_job_minutes"]
+        assert cluster.eval_runtime_minutes(config, name) == config["cluster"]["max_job_minutes"]
 
 
 def test_every_job_keeps_under_a_smaller_cap(tmp_path):
@@ -253,11 +270,7 @@ def test_every_job_keeps_under_a_smaller_cap(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     slurm = [j for j in dry_run_jobs(result.stdout) if j["rule"] not in local_rules()]
     assert max(j["runtime"] for j in slurm) <= 60
-    groups: dict[str, int] = {}
-    for job in slurm:
-        if job["group"]:
-            groups[job["group"]] = groups.get(job["group"], 0) + job["runtime"]
-    assert max(groups.values()) <= 60
+    assert any(j["rule"].startswith("evaluate_") and j["runtime"] == 60 for j in slurm)
 
 
 def test_safety_factor_must_be_finite():

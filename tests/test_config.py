@@ -243,7 +243,7 @@ def snakemake(workdir: Path, *args: str) -> subprocess.CompletedProcess:
 def job_counts(output: str) -> dict[str, int]:
     """The 'Job stats' table of a dry run as {rule: count}."""
     table = output.split("Job stats:")[1].split("\n\n")[0]
-    return {m[1]: int(m[2]) for m in re.finditer(r"^(\w+)\s+(\d+)$", table, re.M)}
+    return {m[1]: int(m[2]) for m in re.finditer(r"^([\w-]+)\s+(\d+)$", table, re.M)}
 
 
 @pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.name)
@@ -251,20 +251,14 @@ def test_dry_run_lists_every_job(tmp_path, path):
     result = snakemake(tmp_path, "-n", "--configfile", str(path))
     assert result.returncode == 0, result.stdout + result.stderr
     config = cfg.load_config(path)
-    n_exp, n_seeds = len(config["experiments"]), len(config["seeds"])
     n_trained = len(cfg.trained_experiments(config))
-    n_classify = sum(
-        len(cfg.classifiers_of(config, cfg.dataset_of(config, e))) for e in config["experiments"]
-    )
     counts = job_counts(result.stdout)
     assert counts == {
         "data": len(cfg.datasets(config)),
         "fid_reference": len(cfg.datasets(config)),
         "train": n_trained,
-        "sample": n_trained * n_seeds,
-        "sample_real": (n_exp - n_trained) * n_seeds,
-        "fid": n_exp * n_seeds,
-        "classify": n_classify,  # one job per classifier trains every seed
+        # one job per experiment: its samples, FID and classifiers, every seed
+        **{f"evaluate_{e}": 1 for e in config["experiments"]},
         "table1": 1,
         **dict.fromkeys(cfg.report_tables(config), 1),  # CelebA Tables 3 and 6
         **({"celeba_fixture": 1} if config["celeba_fixture"] else {}),
@@ -341,15 +335,15 @@ def test_workflow_reports_config_errors_like_the_cli(tmp_path):
 
 
 def test_single_cell_reruns_alone(tmp_path):
-    """With every file in place, --forcerun of one classifier cell is one job."""
+    """With every file in place, asking again for one classifier cell is one job: its
+    experiment's evaluation (one process evaluates the whole generator)."""
     quick = REPO / "config" / "quick.yaml"
     plan = snakemake(tmp_path, "-n", "--configfile", str(quick))
-    # Evaluation steps are listed inside their group job (eval_<exp>), indented further.
     outputs = re.findall(r"^ +output: (.+)$", plan.stdout, re.M)
     order = re.findall(r"^ *rule (\w+):$", plan.stdout, re.M)
     assert len(outputs) == len(order) - 1  # `all` has no output
-    # Create outputs upstream first: data, train, sample*, fid_reference, then the rest.
-    rank = {"data": 0, "train": 1, "sample": 2, "sample_real": 2, "fid_reference": 2}
+    # Create outputs upstream first: data, train, fid_reference, then the rest.
+    rank = {"data": 0, "train": 1, "fid_reference": 2}
     jobs = sorted(zip(order[: len(outputs)], outputs, strict=True), key=lambda j: rank.get(j[0], 3))
     mtime = 1_700_000_000
     for rule, files in jobs:
@@ -362,9 +356,10 @@ def test_single_cell_reruns_alone(tmp_path):
     uptodate = snakemake(tmp_path, "-n", "--configfile", str(quick))
     assert "Nothing to be done" in uptodate.stdout + uptodate.stderr
     target = "results/quick/mnist_dpsinkhorn/acc_cnn_seed0.json"
-    result = snakemake(tmp_path, target, "-n", "--forcerun", "classify", "--configfile", str(quick))
+    rule = "evaluate_mnist_dpsinkhorn"
+    result = snakemake(tmp_path, target, "-n", "--forcerun", rule, "--configfile", str(quick))
     assert result.returncode == 0, result.stdout + result.stderr
-    assert job_counts(result.stdout) == {"classify": 1, "total": 1}
+    assert job_counts(result.stdout) == {rule: 1, "total": 1}
 
 
 def test_lint(tmp_path):

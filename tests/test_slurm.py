@@ -43,7 +43,7 @@ import torch
 import yaml
 from helpers import shared_config_overrides
 
-from dpsinkhorn.config import cluster, load_config, trained_experiments
+from dpsinkhorn.config import cluster, experiment_home, load_config, trained_experiments
 
 pytestmark = pytest.mark.slurm
 
@@ -54,11 +54,10 @@ BIN = Path(sys.executable).parent
 RUN = "results/slurm_test"
 LONG = "mnist_long"
 TARGETS = [f"{RUN}/tables/table1.csv", f"{RUN}/{LONG}/generator.pt"]
-# One GPU each. "eval": the group job of one experiment's sample, fid and classify steps
-# (workflow/rules/evaluate.smk), named eval_<exp>_<its rules> in the job's comment.
+# One GPU each. "eval": an experiment's evaluation job, rule evaluate_<exp>
+# (workflow/rules/evaluate.smk: samples, FID and classifiers of every seed in one process).
 SLURM_RULES = {"train", "fid_reference", "eval"}
-LOCAL_RULES = {"data", "sample_real", "table1"}
-EVAL_RULES = {"sample", "fid", "classify"}
+LOCAL_RULES = {"data", "table1"}
 #: SLURM comment of mnist_long's training jobs: the plugin writes rule_<rule>_wildcards_ and
 #: the wildcards joined by "_" ("/" as "_"): home "" (a DP release), then exp.
 LONG_COMMENT = f"rule_train_wildcards__{LONG}"
@@ -152,7 +151,7 @@ def run(tmp_path_factory) -> SimpleNamespace:
     jobs = [j for j in slurm_jobs() if j["JobName"] == run_id]
     for job in jobs:
         rule = re.match(r"rule_([a-z_0-9]+?)(_wildcards_|$)", job["Comment"]).group(1)
-        job["Rule"] = "eval" if rule.startswith("eval_") else rule
+        job["Rule"] = "eval" if rule.startswith("evaluate_") else rule
     print(f"\nworkflow through SLURM: {time.monotonic() - start:.0f} s, {len(jobs)} jobs")
     return SimpleNamespace(
         workdir=workdir, results=workdir / RUN, output=output, jobs=jobs, preemption=preemption
@@ -177,9 +176,9 @@ def test_table1_is_complete(run):
 
 def test_network_steps_ran_as_slurm_jobs_with_one_gpu_each(run):
     rules = {job["Rule"] for job in run.jobs}
-    assert rules == SLURM_RULES  # data, sample_real and table1 are local rules
+    assert rules == SLURM_RULES  # data and table1 are local rules
     assert not rules & LOCAL_RULES
-    # one evaluation job per Table 1 experiment (its FID needs the GPU; Log-Reg runs beside)
+    # one evaluation job per Table 1 experiment
     experiments = yaml.safe_load(CONFIG.read_text())["experiments"].values()
     rows = [e for e in experiments if "table1_row" in e]
     assert sum(job["Rule"] == "eval" for job in run.jobs) == len(rows)
@@ -306,40 +305,24 @@ def test_overlay_changes_no_request_and_requests_fit_the_short_partition():
     assert request.chain_jobs > 1, request
 
 
-def eval_steps_of_log(text: str) -> set[tuple[str, str]]:
-    """(rule, wildcards) of every step that the Snakemake inside a group job ran."""
-    blocks = re.split(r"\n(?=\S*\s*rule \w+:)", text)
-    steps = set()
-    for block in blocks:
-        rule = re.search(r"rule (\w+):", block)
-        wildcards = re.search(r"wildcards: (.*)", block)
-        if rule and wildcards:
-            steps.add((rule.group(1), wildcards.group(1).strip()))
-    return steps
-
-
 def test_each_experiments_evaluation_ran_as_one_job(run):
-    """All sampling, FID and classifier steps of one experiment: one SLURM job, whose
-    log shows each of them run and finished; no other job ran any."""
+    """Samples, FID and classifiers of one experiment: one SLURM job (evaluate_<exp>), whose
+    Snakemake ran exactly that rule and whose evaluation log shows every seed's FID and
+    classifier result; no other job evaluated anything."""
     config = yaml.safe_load(CONFIG.read_text())
     rows = [n for n, e in config["experiments"].items() if "table1_row" in e]
     evals = [j for j in run.jobs if j["Rule"] == "eval"]
     report = []
     for exp in rows:
-        jobs = [
-            j
-            for j in evals
-            if re.fullmatch(rf"rule_eval_{exp}(_(classify|fid|sample))+", j["Comment"])
-        ]
+        jobs = [j for j in evals if j["Comment"] == f"rule_evaluate_{exp}"]
         assert len(jobs) == 1, (exp, [j["Comment"] for j in evals])
         text = Path(jobs[0]["StdOut"]).read_text()
-        steps = {(r, w) for r, w in eval_steps_of_log(text) if r in EVAL_RULES}
-        rules = sorted({r for r, _ in steps})
-        trained = config["experiments"][exp].get("method") != "real_data"
-        assert rules == (["classify", "fid", "sample"] if trained else ["classify", "fid"])
-        assert all(f"exp={exp}" in w for _, w in steps), steps
-        assert text.count("Finished job") >= len(steps), text[-3000:]
-        report.append(f"{exp}: job {jobs[0]['JobId']}, {len(steps)} steps ({', '.join(rules)})")
+        assert set(re.findall(r"rule (\w+):", text)) == {f"evaluate_{exp}"}, text[-3000:]
+        assert "Finished job" in text, text[-3000:]
+        home = experiment_home(load_config([CONFIG]), exp)  # "" or "nonprivate/"
+        log_text = (run.results / "logs" / f"{home}evaluate_{exp}.log").read_text()
+        assert "FID " in log_text and "logreg accuracy" in log_text, log_text[-2000:]
+        report.append(f"{exp}: job {jobs[0]['JobId']}")
     assert len(evals) == len(rows)
     print("\nevaluation, one job per experiment: " + "; ".join(report))
 
@@ -356,7 +339,7 @@ def test_finished_workflow_has_nothing_to_do(run):
 PAPER = REPO / "config" / "config.yaml"
 LONG48 = "long48"  # tests/slurm/cluster.sh: MaxTime 2-00:00:00, State=DOWN
 #: Rules whose outputs exist before the first submission (stand-in files).
-UPSTREAM_LOCAL = {"data", "celeba_fixture", "sample_real"}
+UPSTREAM_LOCAL = {"data", "celeba_fixture"}
 #: Local rules that read only the trainings' outputs: present in the second round too (on
 #: stand-in ledgers privacy_summary would run, and fail, on the login node).
 LEDGER_LOCAL = {"privacy_summary"}
@@ -445,7 +428,10 @@ def test_every_paper_job_is_accepted_by_a_48h_partition(tmp_path):
                            .split("\n\n")[0]))  # fmt: skip
     groups = {g for rule, _, g in dag if g}
     singles = [rule for rule, _, g in dag if not g and rule not in local]
-    assert {r for r, _, g in dag if g} == EVAL_RULES
+    assert not groups  # each experiment's evaluation is one rule, evaluate_<exp>
+    assert sum(r.startswith("evaluate_") for r in singles) == len(
+        load_config([PAPER])["experiments"]
+    )
     # 1: the data present: every training and FID reference is submitted
     first, n1, out1 = submit_paper_jobs(tmp_path / "first", dag, UPSTREAM_LOCAL)
     # 2: all but the evaluation, what follows it and what 1 did not submit (the gradient
@@ -471,8 +457,7 @@ def test_every_paper_job_is_accepted_by_a_48h_partition(tmp_path):
     assert (len(first), len(second)) == (n1, n2), (out1 + out2)[-5000:]
     assert len(submitted) == len(singles) + len(groups), (out1 + out2)[-5000:]
     kinds = [re.match(r"rule_([\w-]+?)(_wildcards_|$)", j["Comment"]).group(1) for j in submitted]
-    assert sorted(k for k in kinds if not k.startswith("eval_")) == sorted(singles)
-    assert sum(k.startswith("eval_") for k in kinds) == len(groups)
+    assert sorted(kinds) == sorted(singles)
     for job in submitted:
         assert job["Partition"] == LONG48 and job["JobState"] in ("PENDING", "CANCELLED"), job
         assert 0 < seconds(job["TimeLimit"]) <= 48 * 3600, job

@@ -17,8 +17,6 @@ from pathlib import Path
 
 from dpsinkhorn.config.cluster import load_rates, matching_rate, rates_file, train_request
 from dpsinkhorn.config.experiments import (
-    classifiers_of,
-    dataset_of,
     datasets,
     experiment,
     experiment_names,
@@ -77,8 +75,6 @@ def measure_steps_per_s(spec: Mapping, device: str, steps: int) -> float:
 def job_count(config: Mapping) -> dict[str, int]:
     """Jobs per workflow step for a full build from nothing (as ``snakemake -n`` counts them)."""
     exps = experiment_names(config)
-    trained = trained_experiments(config)
-    seeds = len(config["seeds"])
     names = available(config)
     jobs = {
         "data": len(datasets(config)),
@@ -87,12 +83,7 @@ def job_count(config: Mapping) -> dict[str, int]:
         "fid_reference": len(datasets(config)),
         "train": len(training_jobs(config)[0]),
         "train_sweep": len(training_jobs(config)[1]),
-        "sample": len(trained) * seeds,
-        "sample_real": (len(exps) - len(trained)) * seeds,
-        "fid": len(exps) * seeds,
-        "classify": sum(  # one job trains all seeds of one classifier
-            len(classifiers_of(config, dataset_of(config, e))) for e in exps
-        ),
+        "evaluate": len(exps),  # one job per experiment: samples, FID, classifiers, all seeds
         "grad_study": len(cell_experiments(config, "fig4c")) if "fig4c" in names else 0,
         "reports": len(names),
         "privacy_summary": 1,  # then the release manifest
@@ -104,11 +95,11 @@ def job_count(config: Mapping) -> dict[str, int]:
 
 def slurm_job_count(config: Mapping) -> int:
     """SLURM jobs of a full build with profiles/slurm: each training or sweep, each FID
-    reference, each gradient study, and one group job per experiment for all of its
-    evaluation (sampling, FID, classifiers); data, real samples and reports run locally."""
+    reference, each gradient study, and each experiment's evaluation job; data and
+    reports run locally."""
     jobs = job_count(config)
-    remote = ("train", "train_sweep", "fid_reference", "grad_study")
-    return sum(jobs.get(k, 0) for k in remote) + len(experiment_names(config))
+    remote = ("train", "train_sweep", "fid_reference", "grad_study", "evaluate")
+    return sum(jobs.get(k, 0) for k in remote)
 
 
 def plan(
@@ -337,7 +328,7 @@ def _plan_cli(args: argparse.Namespace) -> int:
     )
     print(
         f"on SLURM (profiles/slurm): {result['slurm_jobs']} jobs, one per training or sweep, "
-        "FID reference and gradient study, and one per experiment for all its evaluation"
+        "FID reference and gradient study, and one evaluation job per experiment"
     )
     print(f"training: {len(result['training'])} generators, {result['training_steps']:,} steps")
     for row in sorted(result["training"], key=lambda r: -r["hours"]):

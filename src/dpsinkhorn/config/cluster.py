@@ -117,10 +117,15 @@ def load_rates(path: PathLike) -> list[dict]:
 BUILTIN_IMAGE_SHAPES = {"mnist": (28, 28, 1), "fmnist": (28, 28, 1), "celeba": (32, 32, 3)}
 
 
+#: The generator every rate file entry without ``generator``/``channels`` was measured with.
+RATE_GENERATOR = ("dcgan", (256, 128, 64))
+
+
 def step_shape_key(entry: Mapping) -> tuple | None:
-    """(image [H, W, C], batch size) of a rate entry or an experiment spec: a rate's
-    ``image_shape``, an own dataset's ``dataset_definition`` (image_size, channels), else the
-    built-in dataset's shape; None when unknown."""
+    """(image [H, W, C], batch size, generator, widths) of a rate entry or an experiment
+    spec: a rate's ``image_shape``, an own dataset's ``dataset_definition`` (image_size,
+    channels), else the built-in dataset's shape; the generator and its widths (a rate
+    entry without them: :data:`RATE_GENERATOR`); None when the image shape is unknown."""
     if "image_shape" in entry:
         shape = tuple(int(v) for v in entry["image_shape"])
     elif entry.get("dataset_definition"):
@@ -129,14 +134,18 @@ def step_shape_key(entry: Mapping) -> tuple | None:
         shape = (size, size, channels)
     else:
         shape = BUILTIN_IMAGE_SHAPES.get(entry["dataset"])
-    return None if shape is None else (shape, int(entry["batch_size"]))
+    generator = (
+        entry.get("generator", RATE_GENERATOR[0]),
+        tuple(entry.get("channels") or RATE_GENERATOR[1]),
+    )
+    return None if shape is None else (shape, int(entry["batch_size"]), *generator)
 
 
 def matching_rate(rates: Sequence[dict], spec: Mapping, runs: int) -> tuple[float | None, str]:
     """(steps/s of a job of ``runs`` runs of this shape, where it came from) or (None, "").
 
-    A shape is the step's image shape and batch size (:func:`step_shape_key`), whatever
-    the dataset's name. A single run takes a ``runs: 1`` rate. A sweep of k runs takes
+    A shape is the step's image shape, batch size and generator (:func:`step_shape_key`),
+    whatever the dataset's name. A single run takes a ``runs: 1`` rate. A sweep of k runs takes
     the rate of the smallest measured sweep of K >= k runs (a sweep step of fewer runs
     does no more work), else the single-run rate / k (k runs one after another).
     """
