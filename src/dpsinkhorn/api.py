@@ -13,7 +13,7 @@ int64 [N] in 0..len(classes)-1. The class count is the declared ``classes``', ne
 counted from the labels; with ``conditional: False`` the labels are not read at all.
 The run's folder receives what ``dpsinkhorn train`` publishes (generator.pt,
 privacy.json, train_log.csv; ``train.release``); :func:`release` copies exactly those,
-with their manifest, and refuses what they do not cover. The README's "Python API" section is
+with their manifest, and refuses what they do not cover. docs/OWN_DATA.md, "The Python API", is
 this module's example (``tests/test_api.py`` runs it).
 """
 
