@@ -1,5 +1,6 @@
-"""The Python API (docs/OWN_DATA.md, "The Python API", run as written), 64x64 and unconditional training,
-declared classes, and the PNG outputs of ``api.save_pngs`` and ``dpsinkhorn sample``."""
+"""The Python API (docs/OWN_DATA.md, "The Python API", run as written), 64x64 and
+unconditional training, declared classes, and the PNG outputs of ``api.save_pngs`` and
+``dpsinkhorn sample``."""
 
 from __future__ import annotations
 

@@ -113,7 +113,12 @@ HISTORY = re.compile(r"\bissue \d+|\bthis change\b|\bthis session\b|\bthis PR\b"
 
 @pytest.mark.parametrize(
     "page",
-    [ROOT / "README.md", *PAGES, ROOT / "benchmarks" / "README.md", ROOT / "profiles" / "README.md"],
+    [
+        ROOT / "README.md",
+        *PAGES,
+        ROOT / "benchmarks" / "README.md",
+        ROOT / "profiles" / "README.md",
+    ],
     ids=lambda p: str(p.relative_to(ROOT)),
 )
 def test_docs_tell_no_history_of_their_writing(page):

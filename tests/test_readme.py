@@ -1,10 +1,10 @@
 """The commands of README.md and docs/*.md, run verbatim in a fresh clone.
 
 Every line of a ```bash block that starts with ``.venv/bin/snakemake``,
-``.venv/bin/dpsinkhorn`` or ``dpsinkhorn`` is taken from README.md and docs/*.md as written (``[...]``
-marks an optional part: run without it). The clone gets this checkout's ``.venv`` (a
-link; nothing else) and ``../shared`` (a link to the data mirror's parent, as the
-README's ``../shared/data`` expects). PATH holds only the system folders, so
+``.venv/bin/dpsinkhorn`` or ``dpsinkhorn`` is taken from README.md and docs/*.md as
+written (``[...]`` marks an optional part: run without it). The clone gets this
+checkout's ``.venv`` (a link; nothing else) and ``../shared`` (a link to the data
+mirror's parent, as the README's ``../shared/data`` expects). PATH holds only the system folders, so
 ``.venv/bin/...`` must work without an activated venv; bare ``dpsinkhorn`` lines run
 as the README says, after ``source .venv/bin/activate``.
 

@@ -29,7 +29,7 @@ import argparse
 import csv
 import io
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 
 from dpsinkhorn import fileio
@@ -441,12 +441,17 @@ def committed_sets(root: str | Path = ".") -> list[Path]:
     return sorted(p.parent for p in Path(root).glob(f"{SETS_DIR}/*/{PROVENANCE}"))
 
 
-def epsilon_meaning_of_sets(root: str | Path = ".") -> list[str]:
-    """The ε = 10 section of every committed set under ``root`` (for reproduction.md)."""
+def epsilon_meaning_of_sets(
+    root: str | Path = ".", datasets: Collection[str] | None = None
+) -> list[str]:
+    """The ε = 10 section of every committed set under ``root`` (for reproduction.md); with
+    ``datasets``, only of the sets that have a row of one of them."""
     lines = []
     for set_dir in committed_sets(root):
         provenance = load_provenance(set_dir)
         rows = set_rows(set_config(set_dir, provenance), set_dir)
+        if datasets is not None and not any(r.dataset in datasets for r in rows):
+            continue
         section = epsilon_meaning(rows, provenance)
         if section:
             measured = (
