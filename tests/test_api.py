@@ -1,5 +1,6 @@
-"""The Python API (README "Python API", run as written), 64x64 and unconditional training,
-declared classes, and the PNG outputs of ``api.save_pngs`` and ``dpsinkhorn sample``."""
+"""The Python API (docs/OWN_DATA.md, "The Python API", run as written), 64x64 and
+unconditional training, declared classes, and the PNG outputs of ``api.save_pngs`` and
+``dpsinkhorn sample``."""
 
 from __future__ import annotations
 
@@ -21,12 +22,12 @@ from dpsinkhorn.models import GeneratorConfig, build_generator
 from dpsinkhorn.report.common import UNCONDITIONAL_CELL, Row, cell_text
 from dpsinkhorn.train.trainer import Trainer
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+OWN_DATA = Path(__file__).resolve().parents[1] / "docs" / "OWN_DATA.md"
 TINY = {"steps": 3, "sigma": 1.0, "batch_size": 16, "delta": 1e-5, "checkpoint_every": 100}
 
 
 def readme_example() -> str:
-    section = README.read_text().split("### Python API", 1)[1]
+    section = OWN_DATA.read_text().split("## The Python API", 1)[1]
     return re.search(r"```python\n(.*?)```", section, re.S).group(1)
 
 
@@ -44,7 +45,7 @@ def digits(size: int, channels: int = 1) -> tuple[np.ndarray, np.ndarray]:
 
 def test_readme_example_runs_as_written(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    exec(compile(readme_example(), "README.md", "exec"), {})
+    exec(compile(readme_example(), "docs/OWN_DATA.md", "exec"), {})
     run = tmp_path / "runs" / "digits"
     assert {p.name for p in run.iterdir()} >= {"generator.pt", "privacy.json", "train_log.csv"}
     state = torch.load(run / "generator.pt", weights_only=True)

@@ -97,6 +97,24 @@ def test_mnist_training_asks_for_its_measured_time(tmp_path):
     assert train["runtime"] <= 12 * 60
 
 
+def test_profile_slurm_works_as_typed(tmp_path):
+    """`snakemake --profile slurm`, typed in the checkout's root, finds the shipped profile
+    (the top-level link ``slurm`` -> profiles/slurm: Snakemake looks for a profile name
+    relative to the current directory first) with the workflow profile on top of it."""
+    assert (REPO / "slurm").is_symlink() and (REPO / "slurm").resolve() == PROFILE.resolve()
+    env = {**os.environ, "PATH": f"{SNAKEMAKE.parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    result = subprocess.run(
+        ["snakemake", "results/quick/mnist_dpsinkhorn/generator.pt", "--profile", "slurm", "-n",
+         "-d", str(tmp_path), "--configfile", str(QUICK)],
+        cwd=REPO, capture_output=True, text=True, env=env, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    used = "Using profiles slurm and workflow specific profile profiles/default"
+    assert used in result.stdout + result.stderr
+    # the shipped profile's setting for the training
+    assert re.search(r"rule train:[^\[]*slurm_extra='?--signal=TERM@300", result.stdout)
+
+
 def test_sweeps_get_the_signal_and_a_rate_based_request(paper_jobs):
     sweeps = [j for j in paper_jobs if j["rule"].startswith("train_sweep_")]
     assert sweeps

@@ -55,7 +55,7 @@ def test_entropic_ot_matches_pot_value_and_gradient(m):
 def test_default_schedule_approximates_the_optimum():
     """geomloss's default ε-scaling (0.5, what the paper ran) stops annealing early: its value
     undershoots W_λ by a few percent here; the error shrinks as the annealing slows. The
-    README's loss section gives the measured value and gradient gaps."""
+    docs/PAPER.md's loss section gives the measured value and gradient gaps."""
     x, y = _points(20, 6, 2), _points(15, 6, 3)
     value_pot, _ = _pot_entropic_ot(x, y, LAMBDA, 1.0)
     errors = [

@@ -1,10 +1,10 @@
-"""README.md's commands, run verbatim in a fresh clone (issue 17).
+"""The commands of README.md and docs/*.md, run verbatim in a fresh clone.
 
 Every line of a ```bash block that starts with ``.venv/bin/snakemake``,
-``.venv/bin/dpsinkhorn`` or ``dpsinkhorn`` is taken from README.md as written (``[...]``
-marks an optional part: run without it). The clone gets this checkout's ``.venv`` (a
-link; nothing else) and ``../shared`` (a link to the data mirror's parent, as the
-README's ``../shared/data`` expects). PATH holds only the system folders, so
+``.venv/bin/dpsinkhorn`` or ``dpsinkhorn`` is taken from README.md and docs/*.md as
+written (``[...]`` marks an optional part: run without it). The clone gets this
+checkout's ``.venv`` (a link; nothing else) and ``../shared`` (a link to the data
+mirror's parent, as the README's ``../shared/data`` expects). PATH holds only the system folders, so
 ``.venv/bin/...`` must work without an activated venv; bare ``dpsinkhorn`` lines run
 as the README says, after ``source .venv/bin/activate``.
 
@@ -30,7 +30,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def readme_commands() -> list[str]:
     """The documented command lines, continuations joined, comments dropped."""
-    blocks = re.findall(r"```bash\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    text = "\n".join(page.read_text() for page in pages)
+    blocks = re.findall(r"```bash\n(.*?)```", text, re.S)
     commands = []
     for block in blocks:
         for line in block.replace("\\\n", " ").splitlines():
@@ -54,6 +56,7 @@ def test_readme_lists_the_commands():
     commands = readme_commands()
     assert sum(c.startswith(".venv/bin/snakemake") for c in commands) >= 8
     assert any(" data/" in c for c in commands)  # one real Snakemake run
+    assert ".venv/bin/snakemake --profile slurm" in commands  # the shipped profile, as typed
 
 
 @pytest.mark.parametrize("command", readme_commands())

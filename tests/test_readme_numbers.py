@@ -1,6 +1,6 @@
-"""The numbers README.md quotes, recomputed with the functions that produce them.
+"""The numbers README.md and docs/*.md quote, recomputed with the functions that produce them.
 
-Each number is parsed out of README.md next to a stable phrase (nothing is copied into this
+Each number is parsed out of the docs next to a stable phrase (nothing is copied into this
 file), then checked against the project's own code: the config's generators and jobs
 (``config``, ``plan.job_count``, the same count as ``snakemake -n``), and σ and ε
 (``privacy.accounting``). A quoted number must equal the computed one rounded to the digits
@@ -26,17 +26,20 @@ from dpsinkhorn.privacy.accounting import compute_epsilon, paper_convention_epsi
 from dpsinkhorn.privacy.budget import budget_of
 
 ROOT = Path(__file__).resolve().parents[1]
-README = (ROOT / "README.md").read_text()
-DOCS = ("README.md", "docs/CONTRACTS.md", "benchmarks/README.md")
+#: README.md and every page of docs/, where the numbers below are looked for
+PAGES = ["README.md", *sorted(f"docs/{p.name}" for p in (ROOT / "docs").glob("*.md"))]
+TEXT = "\n".join((ROOT / page).read_text() for page in PAGES)
+DOCS = (*PAGES, "benchmarks/README.md")
 #: endings of file names, which the docs also write in backticks
 FILE_SUFFIXES = {"py", "md", "json", "jsonl", "yaml", "csv", "tsv", "npz", "pt", "pth", "txt",
                  "smk", "sh", "png", "pdf", "tex", "toml", "lock", "log", "html"}  # fmt: skip
 
 
-def quoted(pattern: str, text: str = README) -> tuple[str, ...]:
-    """The groups of the one match of ``pattern`` in the README (a clear error if none)."""
+def quoted(pattern: str, text: str = TEXT) -> tuple[str, ...]:
+    """The groups of the one match of ``pattern`` in README.md and docs/ (a clear error if
+    none or several)."""
     found = re.findall(pattern, text, re.S | re.M)
-    assert len(found) == 1, f"README: expected one match of {pattern!r}, found {len(found)}"
+    assert len(found) == 1, f"docs: expected one match of {pattern!r}, found {len(found)}"
     return found[0] if isinstance(found[0], tuple) else (found[0],)
 
 
@@ -90,10 +93,9 @@ def test_smoke_job_count():
 
 
 def test_slurm_job_counts_of_the_paper_config(paper):
-    """README's and docs/CLUSTER.md's SLURM job counts of config/config.yaml (profiles/slurm;
+    """docs/CLUSTER.md's SLURM job counts of config/config.yaml (profiles/slurm;
     tests/test_cluster.py checks the count against the dry run)."""
     cluster_doc = (ROOT / "docs" / "CLUSTER.md").read_text()
-    (readme,) = quoted(r"and ([\d,]+) SLURM jobs instead of")
     total, swept = quoted(
         r"SLURM jobs of a full build \|[^|]*\| ([\d,]+) \(([\d,]+) with", cluster_doc
     )
@@ -109,7 +111,7 @@ def test_slurm_job_counts_of_the_paper_config(paper):
         jobs["grad_study"],
     )
     assert int(groups) == len(experiment_names(paper))
-    assert number(readme) == number(total) == number(again) == slurm_job_count(paper)
+    assert number(total) == number(again) == slurm_job_count(paper)
     assert number(swept) == slurm_job_count({**paper, "sweep_runs": 8})
 
 
@@ -192,7 +194,7 @@ def test_eps10_study_cells_and_sigmas(paper):
 @pytest.mark.parametrize("name", ["mnist_dpsinkhorn", "mnist_perrow"])
 def test_results_set_epsilons_are_the_committed_ledgers(name):
     """The paper-scale table's RDP and paper-convention ε are those of the committed ledger."""
-    rdp, conv = quoted(rf"^\| `{name}`: [^|]*\| ([\d.]+) / [\d.]+ \| ([\d.]+) \|")
+    rdp, conv = quoted(rf"^\| [^|]*\(`{name}`\) \| ([\d.]+)[ †‡]* / [\d.]+[ †‡]* \| ([\d.]+) \|")
     ledger_file = ROOT / "results-paper-scale" / "h100-83ae335" / name / "privacy.json"
     ledger = json.loads(ledger_file.read_text())
     assert_printed_as(rdp, ledger["epsilon"])

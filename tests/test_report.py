@@ -266,3 +266,67 @@ def test_public_noise_seed_is_said_in_the_caption(run):
     md = (out / "tables" / "table1.md").read_text()
     assert "No privacy guarantee for `mnist_dpsinkhorn`: the noise seed was public" in md
     assert "`fmnist_dpsinkhorn`" not in md.split("No privacy guarantee")[1].split("**")[0]
+
+
+OWN_CONFIG = """
+run_name: own
+seeds: [0]
+evaluation: {num_samples: 40, classifiers: [logreg]}
+datasets:
+  scans: {path: /data/scans.npz, classes: [benign, malign], title: Scans}
+experiments:
+  real_scans: {dataset: scans, table1_row: real, method: real_data}
+  scans_dp: {dataset: scans, table1_row: paper, conditional: false, steps: 10}
+"""
+
+
+def test_own_dataset_table_and_reproduction_speak_of_that_dataset(tmp_path, monkeypatch):
+    """An own dataset's Table 1 is titled by it, has no G-PATE footnote and no sentence
+    about two paper-setting rows, calls its unconditional grid one row of samples, and its
+    reproduction.md leaves out the committed MNIST results set's section."""
+    from dpsinkhorn.config.targets import table1_files
+    from dpsinkhorn.report.common import report_config
+    from dpsinkhorn.report.reproduction import reproduction_markdown
+
+    config_file = tmp_path / "own.yaml"
+    config_file.write_text(OWN_CONFIG)
+    out = tmp_path / "results" / "own"
+    config = report_config([config_file])
+    files = table1_files(config, out)
+    for path in map(Path, files["results"]):
+        key = "fid" if path.name.startswith("fid") else "accuracy"
+        fileio.write_json(path, {key: 0.5})
+    ledger = {"mechanism": "x", "epsilon": 3.0, "epsilon_paper_convention": 20.0,
+              "clipping": "batch", "noise_multiplier": 1.0, "sensitivity": 1.0}  # fmt: skip
+    for path in files["privacy"]:
+        fileio.write_json(Path(path), ledger)
+    for path in files["samples"]:
+        fileio.save_samples(Path(path), np.zeros((20, 28, 28), np.uint8), -np.ones(20, np.int64))
+    table1([config_file], out)
+    text = (out / "tables" / "table1.md").read_text()
+    assert text.startswith("# Table 1: DP image generation on Scans\n")
+    assert "MNIST" not in text and "G-PATE" not in text
+    assert "both paper-setting rows" not in text
+    assert "(unconditional: one row of samples)" in text and "one row per class" not in text
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])  # the committed results sets
+    md = reproduction_markdown(config, out, [str(config_file)])
+    assert "results set" not in md and "H100" not in md and "MNIST" not in md
+
+
+def test_paper_table_keeps_its_title_footnote_and_mechanism_sentence(run):
+    """The paper's datasets keep the paper's title and the G-PATE footnote; the sentence on
+    two paper-setting rows appears only where a dataset has both mechanisms."""
+    from dpsinkhorn.report.common import Row, mechanism_note
+    from dpsinkhorn.report.table1 import table1_title
+
+    config, out = run
+    table1([config], out)
+    text = (out / "tables" / "table1.md").read_text()
+    assert text.startswith("# Table 1: DP image generation on MNIST and Fashion-MNIST\n")
+    assert "¹ G-PATE" in text
+    assert table1_title(["mnist"]) == "Table 1: DP image generation on MNIST"
+    ledger = {"clipping": "batch", "noise_multiplier": 1.5, "sensitivity": 1.0}
+    one = [Row(ROW_LABELS["paper"], "mnist", "this run", exp_name="a", privacy=ledger)]
+    two = one + [Row(ROW_LABELS["perrow"], "mnist", "this run", exp_name="b", privacy=ledger)]
+    assert "both paper-setting rows" not in mechanism_note(one)
+    assert "both paper-setting rows" in mechanism_note(two)

@@ -13,7 +13,7 @@ int64 [N] in 0..len(classes)-1. The class count is the declared ``classes``', ne
 counted from the labels; with ``conditional: False`` the labels are not read at all.
 The run's folder receives what ``dpsinkhorn train`` publishes (generator.pt,
 privacy.json, train_log.csv; ``train.release``); :func:`release` copies exactly those,
-with their manifest, and refuses what they do not cover. The README's "Python API" section is
+with their manifest, and refuses what they do not cover. docs/OWN_DATA.md, "The Python API", is
 this module's example (``tests/test_api.py`` runs it).
 """
 
@@ -57,19 +57,50 @@ def train(
     retrain: bool = False,
     record_dir: PathLike | None = None,
 ) -> dict:
-    """Train one experiment into ``out_dir``; returns its privacy record (privacy.json).
+    """Train one experiment with DP-Sinkhorn into ``out_dir``; return its privacy record.
 
-    ``settings``: experiment keys (``config/schema.json``'s ``training_defaults``; the
-    schema fills the rest, i.e. the paper's MNIST setting) or a config file, with
-    ``name`` the experiment in it. The data: ``train_data`` = (images, labels) with
-    ``classes`` (the class names, required unless ``conditional`` is False), or the
-    prepared data of the experiment's dataset under ``data_dir``. ``dataset``: the name
-    generator.pt and privacy.json give ``train_data`` (never a built-in's, e.g. "mnist").
+    Args:
+        settings: experiment keys (``config/schema.json``'s ``training_defaults``, e.g.
+            ``steps``, ``sigma`` or ``target_epsilon`` with ``sigma: None``, ``batch_size``,
+            ``delta``, ``conditional``; the schema fills the rest with the paper's MNIST
+            setting), or a config file with ``name`` the experiment in it.
+        out_dir: the run's folder (created; one writer at a time).
+        train_data: (images, labels): images uint8 [N,S,S] (grayscale) or [N,S,S,3] (RGB),
+            S = 28, 32 or 64 px, values 0..255; labels integer [N] in 0..len(classes)-1
+            (never read when ``conditional`` is False). Without it, the prepared
+            ``<data_dir>/<dataset>/train.npz`` of the experiment's dataset is read.
+        classes: the class names (public; their count is the generator's, never counted
+            from the labels); required with ``train_data`` unless ``conditional`` is False.
+        device: ``auto`` (a free local GPU, else CPU), ``cpu``, ``cuda``, ``cuda:1``, ...
+        progress: show a progress bar (steps/s and ε spent only).
+        dataset: the name generator.pt and privacy.json give ``train_data`` (never a
+            built-in's, e.g. "mnist", which names only its prepared data).
+        retrain: train again into a folder whose secret-key DP training finished (refused
+            otherwise); the training record counts it.
+        record_dir: where the data's training record (``privacy.trainings``) is appended:
+            default ``<data_dir>/trainings``, else ``<out_dir>/../trainings``.
 
-    Every training is appended to its data's training record (``privacy.trainings``):
-    ``record_dir``, default ``<data_dir>/trainings``, else ``<out_dir>/../trainings``.
-    Training again into a folder whose secret-key DP training finished is refused unless
-    ``retrain`` (the record counts it).
+    Writes ``out_dir/generator.pt``, ``privacy.json`` and ``train_log.csv``: the release,
+    (ε, δ_total)-DP under add/remove-one adjacency with a secret noise key (the ledger's
+    ``guarantee``). Checkpoints and anything else computed from the data stay in
+    ``out_dir/private_workspace/``, deleted when training completes. Every training,
+    finished or not, is appended to its data's training record, which
+    ``privacy_summary.json`` composes.
+
+    Returns:
+        privacy.json as a dict: ``epsilon`` (sound ε), ``delta``, ``delta_total``,
+        ``sigma``, ``noise_multiplier``, ``steps``, ``guarantee``, ...
+
+    Raises:
+        ValueError: a bad key or value (names it), ``classes`` missing, a label outside
+            them, a built-in dataset's name for ``dataset``, a finished DP run without
+            ``retrain``, images of another shape or dtype, too few records for
+            ``batch_size``, a folder another process holds (``train.runlock.LockedError``), a ``batch_size``
+            that cannot fit in the device's memory (``train.memory.TooLargeError``).
+        FileNotFoundError: no ``train_data`` and no prepared data under ``data_dir``.
+        fileio.NoSpaceError: the disk filled up (nothing half-written is left).
+        train.signals.Preempted: SIGTERM/SIGUSR1/SIGINT stopped training after a
+            checkpoint; calling again with the same arguments resumes.
     """
     if isinstance(settings, Mapping):
         settings = dict(settings)
@@ -108,9 +139,25 @@ def train(
 def sample(
     generator: PathLike, num: int, seed: int, device: str = "auto"
 ) -> tuple[np.ndarray, np.ndarray]:
-    """``num`` samples of generator.pt: images uint8 [N,S,S] or [N,S,S,C], labels int64 [N]
-    (balanced over the classes; -1 for an unconditional generator). Loaded with
-    ``torch.load(weights_only=True)``: a generator.pt from elsewhere runs no code."""
+    """Draw ``num`` samples of a trained generator.
+
+    Args:
+        generator: path of generator.pt (loaded with ``torch.load(weights_only=True)``: a
+            file from elsewhere runs no code).
+        num: how many samples (≥ 1).
+        seed: seed of the latent codes and labels (the same seed gives the same samples).
+        device: as in :func:`train`.
+
+    Returns:
+        (images, labels): images uint8 [num,S,S] (grayscale) or [num,S,S,C], values 0..255;
+        labels int64 [num], balanced over the classes (-1 for an unconditional generator).
+        Samples are post-processing of the released generator: covered by its ledger.
+
+    Raises:
+        ValueError: ``num`` < 1, or a generator.pt whose pickle would run anything but
+            tensors and plain values (names the file).
+        FileNotFoundError: no such file.
+    """
     if num < 1:
         raise ValueError(f"num must be positive, got {num}")
     model = load_generator(Path(generator), resolve_device(device))
@@ -118,7 +165,9 @@ def sample(
 
 
 def class_names(generator: PathLike) -> tuple[str, ...]:
-    """The class names of generator.pt (``("unconditional",)`` for an unconditional one)."""
+    """The class names recorded in generator.pt, in label order: the declared ``classes``,
+    the dataset's for MNIST-like datasets, ``("unconditional",)`` for an unconditional
+    generator. Raises ``FileNotFoundError`` / ``ValueError`` as :func:`sample`."""
     return generator_classes(read_generator_file(Path(generator)))[1]
 
 
@@ -131,8 +180,19 @@ def save_pngs(
     grid: PathLike | None = None,
     per_class: int = 10,
 ) -> list[Path]:
-    """Write ``out_dir/<class name>/<i>.png`` and/or a grid PNG ``grid`` (a row of
-    ``per_class`` samples per class); returns the files written (atomic writes)."""
+    """Write samples as PNG files; return the paths written (atomic writes).
+
+    Args:
+        images, labels: as :func:`sample` returns them ([N,S,S] or [N,S,S,C] uint8; [N]).
+        class_names: names by label (:func:`class_names`); folder names under ``out_dir``.
+        out_dir: if given, one PNG per sample, ``out_dir/<class name>/<i>.png``
+            (``unconditional/`` for label -1).
+        grid: if given, one PNG with a row of ``per_class`` samples per class (2 px gaps).
+        per_class: samples per row of the grid.
+
+    Raises:
+        ValueError: a label outside ``class_names``, or ``per_class`` < 1.
+    """
     written: list[Path] = []
     if out_dir is not None:
         written += save_png_dir(out_dir, images, labels, class_names)
@@ -143,14 +203,20 @@ def save_pngs(
 
 
 def release(run_dir: PathLike, out: PathLike, accept_no_guarantee: bool = False) -> list[Path]:
-    """Publish one trained experiment: write its manifest (``release_manifest.json``: the
-    files its ledger covers, with their sha256) and copy exactly those into ``out`` (new or
-    empty), as ``dpsinkhorn release`` does for a workflow run. Refuses (one-line error) a
-    folder with a private workspace left, a missing file, one whose bytes are not those
-    training recorded in privacy.json (``content_sha256``, ``train_log_sha256``), a
-    non-private run, and a ledger whose guarantee is ``none…`` (public noise seed) unless
-    ``accept_no_guarantee``.
-    Samples and PNGs you drew are post-processing of the generator: publish them yourself.
+    """Publish one trained experiment, as ``dpsinkhorn release`` does for a workflow run.
+
+    Writes ``run_dir/release_manifest.json`` (the files the ledger covers, with their
+    sha256: generator.pt, privacy.json, train_log.csv) and copies exactly those into
+    ``out`` (new or empty). Samples and PNGs you drew are post-processing of the generator:
+    publish them yourself. Returns the paths written under ``out``.
+
+    Raises:
+        ValueError: (one line naming the file) a private workspace left in ``run_dir``, a
+            file whose bytes are not those training recorded in privacy.json
+            (``content_sha256``, ``train_log_sha256``), a non-private run, ``out`` not
+            empty, or a ledger whose ``guarantee`` is ``none…`` (public noise seed) unless
+            ``accept_no_guarantee``. Nothing is written then.
+        FileNotFoundError: ``run_dir`` lacks its ledger or a file it covers.
     """
     flag = "accept_no_guarantee=True"
     check_out(out)

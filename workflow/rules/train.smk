@@ -8,7 +8,7 @@
 # starts *be* the training, so a signal sent to the whole job (SLURM's time-limit
 # warning, a preemption) reaches it without first killing that shell.
 # The outputs are the release only. Checkpoints live in {exp}/private_workspace/ (never
-# an output, never to be shared; deleted when training completes, see README "Privacy").
+# an output, never to be shared; deleted when training completes, see docs/PRIVACY.md).
 # A DP release trains into {RESULTS}/{exp}/, anything else into {RESULTS}/nonprivate/{exp}/.
 TRAINING_FILES = targets.TRAINING_FILES
 

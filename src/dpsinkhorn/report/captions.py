@@ -132,10 +132,13 @@ def caption(
             "(a non-private analysis of the training data, not a DP release)."
         )
     elif name in SAMPLE_FIGURES:
-        parts.append(
-            f"Samples of seed {config['seeds'][0]}, {SAMPLE_FIGURES[name]} per class, "
-            "one row per class."
+        unconditional = all(experiment(config, e).get("conditional", True) is False for e in exps)
+        layout = (
+            "one row of an unconditional generator's samples"
+            if unconditional and exps
+            else (f"{SAMPLE_FIGURES[name]} per class, one row per class")
         )
+        parts.append(f"Samples of seed {config['seeds'][0]}, {layout}.")
     else:
         parts.append(f"Mean and std over {_seeds_text(config)}.")
     if name in CELEBA_TABLES:

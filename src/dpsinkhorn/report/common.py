@@ -450,10 +450,15 @@ def mechanism_note(rows: Sequence[Row]) -> str:
         parts.append(text)
     if not parts:
         return ""
-    return (
+    text = (
         "Mechanism of each DP row (Gaussian mechanism on the generated-image gradient, "
-        "Poisson sampling, add/remove-one adjacency; from privacy.json): "
-        + "; ".join(parts)
-        + ". The paper-convention ε counts σ alone and ignores the clipping, so both "
-        "paper-setting rows show the same paper-convention ε while their sound ε differ."
+        "Poisson sampling, add/remove-one adjacency; from privacy.json): " + "; ".join(parts) + "."
     )
+    paper_setting = {ROW_LABELS["paper"], ROW_LABELS["perrow"]}
+    datasets = [r.dataset for r in rows if r.source != REPORTED and r.method in paper_setting]
+    if any(datasets.count(d) > 1 for d in datasets):  # both mechanisms on one dataset
+        text += (
+            " The paper-convention ε counts σ alone and ignores the clipping, so both "
+            "paper-setting rows show the same paper-convention ε while their sound ε differ."
+        )
+    return text

@@ -35,7 +35,8 @@ def sample_grid(
 def save_sample_figure(
     samples: Path, out: Path, dataset: str, title: str, per_class: int = 10
 ) -> None:
-    """PNG of a sample file: one row per class with the class name as label (atomic)."""
+    """PNG of a sample file: one row per class with the class name as label, or one row
+    labelled "unconditional" for an unconditional generator's samples (atomic)."""
     images, labels = fileio.load_samples(samples)
     images, labels, names = grid_classes(images, labels, dataset)
     save_grid_figure([(images, labels, "")], names, out, title, per_class)

@@ -46,7 +46,7 @@ from dpsinkhorn.report.paper import (
 )
 from dpsinkhorn.report.privacy_summary import summary_markdown
 from dpsinkhorn.report.studies import study_table_results
-from dpsinkhorn.report.table1 import table1_rows
+from dpsinkhorn.report.table1 import table1_rows, table1_title
 
 
 @dataclass
@@ -166,7 +166,10 @@ def reproduction_markdown(config: Mapping, out_dir: Path, files: Sequence[str] =
     if reasons:
         lines += [f"**This run is not at paper scale** ({'; '.join(reasons)}).", ""]
     for table in tables:
-        lines += [f"## {TITLES[table]}", ""]
+        title = TITLES[table]
+        if table == "table1":
+            title = table1_title(dataset for dataset, _ in table1_experiments(config))
+        lines += [f"## {title}", ""]
         cells = reproduced_cells(config, out_dir, table)
         if not cells:
             lines += ["No cell of this run matches a cell of the paper's table.", ""]
@@ -201,13 +204,15 @@ def reproduction_markdown(config: Mapping, out_dir: Path, files: Sequence[str] =
 
 def _epsilon_meaning_lines(config: Mapping, out_dir: Path, tables: Sequence[str]) -> list[str]:
     """ "What the paper's ε = 10 means": this run's paper-setting rows, then every committed
-    results set under ``./results-paper-scale`` (measured at paper scale; cwd = repo root)."""
+    results set under ``./results-paper-scale`` (measured at paper scale; cwd = repo root)
+    that has rows of this config's Table 1 datasets (none for an own dataset)."""
     lines = []
     if "table1" in tables:
         section = resultset.epsilon_meaning(table1_rows(config, out_dir), {})
         if section:
             lines += [section[0] + " (this run)", *section[1:]]
-    return lines + resultset.epsilon_meaning_of_sets(Path.cwd())
+    datasets = {dataset for dataset, _ in table1_experiments(config)}
+    return lines + resultset.epsilon_meaning_of_sets(Path.cwd(), datasets)
 
 
 def reproduction(config: ConfigLike, out_dir: PathLike) -> list[Path]:

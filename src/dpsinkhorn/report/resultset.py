@@ -29,7 +29,7 @@ import argparse
 import csv
 import io
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 
 from dpsinkhorn import fileio
@@ -383,6 +383,46 @@ def render(set_dir: str | Path, config_files: Sequence[str | Path] | None = None
     return written
 
 
+def readme_table(set_dir: str | Path) -> str:
+    """README.md's Table 1 of a committed set: a compact markdown table of the set's rows
+    (sound ε RDP / PLD with the guarantee marks, paper-convention ε, FID and the three
+    accuracies in %, each cell with its seed count or ``missing``), the paper's reported row
+    of each dataset, and the marks' footnotes. ``tests/test_docs.py`` requires the
+    README to hold exactly this text."""
+    set_dir = Path(set_dir)
+    provenance = load_provenance(set_dir)
+    rows = set_rows(set_config(set_dir, provenance), set_dir)
+    lines = ["| Row | sound ε (RDP / PLD) | paper conv. ε | " + " | ".join(
+        METRIC_TITLES[m] for m in METRICS) + " |", "|" + "---|" * (3 + len(METRICS))]  # fmt: skip
+    for r in rows:
+        title = DATASET_TITLES.get(r.dataset, r.dataset)
+        if r.privacy:
+            eps = sound_epsilons(r.privacy)
+            sound = " / ".join(
+                f"{eps.get(a, math.nan):.2f}{_epsilon_mark(r)}" for a in ("rdp", "pld")
+            )
+        else:
+            sound = epsilon_text(r.epsilon, False)
+        cells = [
+            f"{title} {r.method} (`{r.exp_name}`)",
+            sound,
+            epsilon_text(r.epsilon_paper, False),
+        ]
+        lines.append("| " + " | ".join(cells + [_cell(r, m) for m in METRICS]) + " |")
+    for dataset in dict.fromkeys(r.dataset for r in rows):
+        values = PAPER_DP.get(dataset)
+        if values:
+            title = DATASET_TITLES.get(dataset, dataset)
+            cells = [
+                f"{title} DP-Sinkhorn, the paper's Table 1",
+                "–",
+                f"{PAPER_DP_EPSILON:g} (claimed)",
+            ]
+            lines.append("| " + " | ".join(cells + [f"{v:g}" for v in values]) + " |")
+    notes = guarantee_notes(rows)
+    return "\n".join(lines + ([""] + notes if notes else [])) + "\n"
+
+
 def set_csv(rows: Sequence[Row]) -> str:
     """:func:`report.common.to_csv` with a last column ``guarantee``: the ledger's text,
     ``unknown`` for a DP row whose ledger has none, empty for rows that are not DP."""
@@ -401,12 +441,17 @@ def committed_sets(root: str | Path = ".") -> list[Path]:
     return sorted(p.parent for p in Path(root).glob(f"{SETS_DIR}/*/{PROVENANCE}"))
 
 
-def epsilon_meaning_of_sets(root: str | Path = ".") -> list[str]:
-    """The ε = 10 section of every committed set under ``root`` (for reproduction.md)."""
+def epsilon_meaning_of_sets(
+    root: str | Path = ".", datasets: Collection[str] | None = None
+) -> list[str]:
+    """The ε = 10 section of every committed set under ``root`` (for reproduction.md); with
+    ``datasets``, only of the sets that have a row of one of them."""
     lines = []
     for set_dir in committed_sets(root):
         provenance = load_provenance(set_dir)
         rows = set_rows(set_config(set_dir, provenance), set_dir)
+        if datasets is not None and not any(r.dataset in datasets for r in rows):
+            continue
         section = epsilon_meaning(rows, provenance)
         if section:
             measured = (

@@ -115,6 +115,24 @@ def own_dataset_note(config: Mapping, dataset: str) -> list[str]:
     ]
 
 
+def table1_title(datasets: Iterable[str]) -> str:
+    """ "Table 1: DP image generation on <the datasets of the rows>" (the paper's title for
+    MNIST and Fashion-MNIST; an own dataset by its title)."""
+    titles = [DATASET_TITLES.get(d, d) for d in dict.fromkeys(datasets)]
+    names = (
+        " and ".join(titles) if len(titles) < 3 else ", ".join(titles[:-1]) + " and " + titles[-1]
+    )
+    return f"{TITLES['table1'].split(' on ', 1)[0]} on {names}"
+
+
+def samples_caption(config: Mapping, name: str) -> str:
+    """How a sample grid of experiment ``name`` is laid out: a row per class, or one row of
+    an unconditional generator's samples."""
+    if experiment(config, name).get("conditional", True) is False:
+        return "unconditional: one row of samples"
+    return "one row per class"
+
+
 def to_markdown(rows: Sequence[Row], config: dict, figures: dict[str, tuple[str, str]]) -> str:
     """Markdown: one table per dataset, the paper's value next to each reproduced cell.
 
@@ -128,7 +146,7 @@ def to_markdown(rows: Sequence[Row], config: dict, figures: dict[str, tuple[str,
     deltas = ", ".join(sorted(deltas))
     deltas = f", δ = {deltas}" if deltas else ""
     lines = [
-        f"# {TITLES['table1']}",
+        f"# {table1_title(r.dataset for r in rows)}",
         "",
         f"Rows from *this run* are mean ± std over {seeds} seed(s) (sample std, ddof=1; "
         "no ± for one seed); each seed is one synthetic set of "
@@ -149,7 +167,8 @@ def to_markdown(rows: Sequence[Row], config: dict, figures: dict[str, tuple[str,
         lines += own_dataset_note(config, dataset)
         in_dataset = [r for r in rows if r.dataset == dataset]
         lines += markdown_table(in_dataset, METRICS, paper_eps, {"G-PATE": "¹"}) + [""]
-    lines.append(GPATE_NOTE)
+    if any(r.method == "G-PATE" for r in rows):
+        lines.append(GPATE_NOTE)
     lines += ["", "## Experiments", ""]
     lines += [
         "| Dataset | Row | Experiment | Method | clipping | σ | steps | B | m | lr | p "
@@ -173,7 +192,8 @@ def to_markdown(rows: Sequence[Row], config: dict, figures: dict[str, tuple[str,
         lines += ["", "## Samples", ""]
         for dataset, (rel_path, name) in figures.items():
             title = DATASET_TITLES.get(dataset, dataset)
-            lines += [f"{title}, `{name}` (one row per class):", "", f"![{title}]({rel_path})", ""]
+            layout = samples_caption(config, name)
+            lines += [f"{title}, `{name}` ({layout}):", "", f"![{title}]({rel_path})", ""]
     return "\n".join(lines).rstrip() + "\n"
 
 
