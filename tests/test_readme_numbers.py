@@ -101,7 +101,7 @@ def test_slurm_job_counts_of_the_paper_config(paper):
     )
     trainings, references, studies, groups, again = quoted(
         r"(\d+) trainings \+ (\d+) FID references \+ (\d+) gradient studies \+ (\d+) "
-        r"evaluation groups = ([\d,]+)",
+        r"evaluation jobs = ([\d,]+)",
         cluster_doc,
     )
     jobs = job_count(paper)

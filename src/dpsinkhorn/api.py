@@ -95,8 +95,9 @@ def train(
         ValueError: a bad key or value (names it), ``classes`` missing, a label outside
             them, a built-in dataset's name for ``dataset``, a finished DP run without
             ``retrain``, images of another shape or dtype, too few records for
-            ``batch_size``, a folder another process holds (``train.runlock.LockedError``), a ``batch_size``
-            that cannot fit in the device's memory (``train.memory.TooLargeError``).
+            ``batch_size``, a folder another process holds (``train.runlock.LockedError``),
+            a ``batch_size`` that cannot fit in the device's memory
+            (``train.memory.TooLargeError``).
         FileNotFoundError: no ``train_data`` and no prepared data under ``data_dir``.
         fileio.NoSpaceError: the disk filled up (nothing half-written is left).
         train.signals.Preempted: SIGTERM/SIGUSR1/SIGINT stopped training after a
