@@ -97,8 +97,9 @@ def call(root: Path, tmp: Path, archive_in: Path | None, archive_out: Path, budg
 
 
 def without_times(record: dict) -> dict:
-    """A result record less its wall-clock fields (``seconds``: how long the job ran)."""
-    return {k: v for k, v in record.items() if k != "seconds"}
+    """A result record less its wall-clock fields: ``seconds`` (how long the job ran) and a
+    ledger's ``train_log_sha256`` (the log holds each row's steps/s and elapsed seconds)."""
+    return {k: v for k, v in record.items() if k not in ("seconds", "train_log_sha256")}
 
 
 def final_state(archive: Path, into: Path) -> Path:
