@@ -69,6 +69,10 @@ def pytest_configure(config):
     )
 
 
+#: Unit tests that took a minute or more on the 2-core machine (s, measured): marked ``slow``,
+#: so ``make test-fast`` skips them (every parametrisation); ``make test`` runs them.
+SLOW_TESTS: dict[str, int] = {}
+
 #: Per-test limits (s) above pyproject.toml's ``timeout`` (900 s) for the test that runs a
 #: whole workflow in its setup: the first selected test of each of these modules (its
 #: module-scoped fixture runs the workflow; the module's later tests read that run and keep
@@ -84,13 +88,26 @@ TIMEOUTS_OF_TEST = {
 }
 
 
-@pytest.hookimpl(trylast=True)  # after -m/-k have deselected: the first test that will run
+def _name(item: pytest.Item) -> str:
+    """``<file>::<test function>`` of a collected test (all parametrisations alike)."""
+    return f"{item.path.name}::{getattr(item, 'originalname', item.name)}"
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m "not slow" deselects
 def pytest_collection_modifyitems(config, items):
-    """Gives the tests named in TIMEOUTS_* their limit (an explicit ``timeout`` mark wins)."""
-    seen = set()
+    """Marks the tests of SLOW_TESTS ``slow``."""
     for item in items:
+        if _name(item) in SLOW_TESTS:
+            item.add_marker(pytest.mark.slow)
+
+
+def pytest_collection_finish(session):
+    """Gives the tests named in TIMEOUTS_* their limit (an explicit ``timeout`` mark wins);
+    after -m/-k: the first test of a module is the first that will run."""
+    seen = set()
+    for item in session.items:
         module = item.path.name
-        limit = TIMEOUTS_OF_TEST.get(f"{module}::{item.originalname}")
+        limit = TIMEOUTS_OF_TEST.get(_name(item))
         if module in TIMEOUTS_FIRST_OF_MODULE and module not in seen:
             seen.add(module)
             limit = TIMEOUTS_FIRST_OF_MODULE[module]
