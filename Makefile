@@ -43,19 +43,21 @@ run: install
 		$(SNAKEMAKE_CONFIG)
 
 # Lint, format check, unit tests, then the smoke workflow (tests/test_workflow.py, slow).
+# Each test has a time limit (pyproject.toml, tests/conftest.py); the 25 slowest are listed.
 test: install
 	$(IN_VENV) ruff check src tests
 	$(IN_VENV) ruff format --check src tests
-	$(IN_VENV) $(TEST_ENV) pytest
+	$(IN_VENV) $(TEST_ENV) pytest --durations=25
 
 # The workflow through profiles/slurm on a live one-node SLURM cluster started here
 # (tests/slurm/run_live_cluster.sh; root: installs slurm-wlm and munge; ~10 min).
 test-slurm: install
 	$(IN_VENV) $(TEST_ENV) tests/slurm/run_live_cluster.sh
 
+# Everything but the tests marked slow (docs/TESTING.md: what it covers; < 5 min).
 test-fast: install
 	$(IN_VENV) ruff check src tests
-	$(IN_VENV) pytest -m "not slow"
+	$(IN_VENV) $(TEST_ENV) pytest -m "not slow" --durations=10
 
 # Snakemake's linter over Snakefile and workflow/rules (.ci/run runs it after `make test`).
 lint: install

@@ -67,3 +67,115 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", "slurm: live SLURM cluster test (make test-slurm; skipped without it)"
     )
+
+
+#: Unit tests marked ``slow`` (every parametrisation), so that ``make test-fast`` stays under
+#: 5 min; ``make test`` runs them. Seconds each took (all parametrisations, setup included
+#: where listed by --durations) in a `pytest -m "not slow" --durations=60` run on the 2-core
+#: machine at load average 6-8 (so about three times their time on an idle machine): every
+#: test of 20 s or more there (docs/TESTING.md).
+SLOW_TESTS: dict[str, int] = {
+    "test_train.py::test_signal_checkpoints_and_exits_nonzero": 371,
+    "test_fid.py::test_real_vs_real_is_much_smaller_than_real_vs_shuffled_pixels": 302,
+    "test_fid.py::test_pytorch_fid_value_on_real_statistics": 257,
+    "test_fid.py::test_eigh_matches_pytorch_fid_rank_deficient": 250,
+    "test_fid.py::test_cli_self_fid_is_zero_and_stats_file_matches_samples": 162,
+    "test_fid.py::test_activations_shape_and_dtype": 118,
+    "test_fid.py::test_eigh_of_identical_inputs_is_zero": 117,
+    "test_precision.py::test_bf16_step_stays_within_tolerance": 98,
+    "test_sweep.py::test_train_sweep_writes_single_run_files_and_resumes": 89,
+    "test_faults.py::test_second_writer_of_an_output_folder_is_refused": 65,
+    "test_fid.py::test_eigh_matches_pytorch_fid_full_rank": 63,
+    "test_faults.py::test_damaged_checkpoint_is_one_line_and_not_retried": 59,
+    "test_resultset.py::"
+    "test_committed_h100_set_holds_no_loss_no_generator_and_its_table_is_current": 57,
+    "test_step.py::test_a_single_run_is_the_step_of_a_sweep_of_one": 56,
+    "test_release.py::test_noise_key_is_secret_and_reproducible_mode_says_so": 52,
+    "test_classify.py::test_batched_seeds_stay_within_the_seed_spread": 48,
+    "test_sweep.py::test_sweep_follows_each_single_run": 44,
+    "test_publish.py::test_private_and_nonprivate_files_live_apart": 38,
+    "test_publish.py::test_public_noise_seed_needs_the_flag": 36,
+    "test_train.py::test_resume_is_bit_identical_and_counts_each_step_once": 35,
+    "test_release.py::test_resume_on_other_data_is_refused": 34,
+    "test_resultset.py::test_missing_cells_are_shown_missing_and_new_files_update_the_table": 30,
+    "test_bench.py::test_bench_sweep_layer_profile_and_solver": 28,
+    "test_train.py::test_checkpoint_of_other_settings_is_not_resumed": 28,
+    "test_release.py::test_secret_key_resumes_bit_identically_from_the_checkpoint": 27,
+    "test_faults.py::test_sigint_stops_a_snakemake_run_and_keeps_the_checkpoint": 26,
+    "test_release.py::test_rng_state_reaches_set_state_as_a_cpu_byte_tensor": 25,
+    "test_fid.py::test_same_network_as_pytorch_fid_download_path": 23,
+    "test_gpu_runbook.py::"
+    "test_runbook_keeps_results_data_and_snakemake_state_between_fresh_copies": 22,
+    "test_release.py::test_no_two_runs_or_sweep_members_share_noise": 22,
+    "test_report.py::test_perrow_row_names_its_mechanism_and_both_sound_epsilons": 22,
+    "test_release.py::test_buffer_overflow_is_handled_and_charged_to_delta": 20,
+    # 10-20 s in that run, or 12 s or more in a second run at load average 2-5 (those of
+    # module-scoped fixtures left out: another test of the module would pay for them)
+    "test_api.py::test_readme_example_runs_as_written": 24,
+    "test_classify.py::test_accuracy_well_above_chance": 23,
+    "test_sweep.py::test_sweep_fails_when_a_workspace_cannot_be_deleted": 23,
+    "test_studies.py::test_outputs_inputs_and_targets_cli": 20,
+    "test_train.py::test_parameter_perturbation_resume_is_bit_identical": 19,
+    "test_config.py::test_dry_run_default_config_and_overrides": 19,
+    "test_privacy.py::test_cli_epsilon_steps_and_sigma": 18,
+    "test_release.py::test_release_folder_holds_no_private_loss": 16,
+    "test_classify.py::test_seeds_together_equal_seeds_alone": 16,
+    "test_train.py::test_python_api_on_own_arrays": 15,
+    "test_cluster.py::test_paper_config_asks_at_most_a_day_per_job": 15,
+    "test_owndata.py::test_snakemake_dry_run_resolves_an_own_dataset": 15,
+    "test_config.py::test_dry_run_lists_every_job": 15,
+    "test_train.py::test_train_from_target_epsilon_and_nonprivate": 14,
+    "test_sweep.py::test_sweep_step_never_synchronises": 14,
+    "test_fid.py::test_grayscale_and_rgb_inputs_agree": 14,
+    "test_gradstudy.py::test_deterministic_and_independent_of_p_order": 13,
+    "test_ot.py::test_compiled_solver_trains_like_the_eager_one": 13,
+    "test_cluster.py::test_every_job_keeps_under_a_smaller_cap": 13,
+    "test_config.py::test_single_cell_reruns_alone": 13,
+    "test_faults.py::test_oversized_batch_is_refused_naming_key_and_file": 12,
+    "test_faults.py::test_generator_bytes_are_deterministic_and_hashed": 12,
+    "test_train.py::test_l1_cost_trains_with_the_l1_diameter": 11,
+    "test_sweep.py::test_train_sweep_cli": 10,
+    "test_ablations.py::test_cli_subcommands": 10,
+}
+
+#: Per-test limits (s) above pyproject.toml's ``timeout`` (900 s) for the test that runs a
+#: whole workflow in its setup: the first selected test of each of these modules (its
+#: module-scoped fixture runs the workflow; the module's later tests read that run and keep
+#: the 900 s), and single tests that are a whole run each. Generous, so that only a hang
+#: trips them on a loaded 2-core machine (docs/TESTING.md).
+TIMEOUTS_FIRST_OF_MODULE = {
+    "test_workflow.py": 2700,  # the smoke run: 33 min in CI before its sizes were halved
+    "test_owndata_workflow.py": 1500,  # "a few minutes" (its docstring)
+    "test_slurm.py": 1800,  # its fixture stops the workflow itself after 1,500 s
+}
+TIMEOUTS_OF_TEST = {
+    # one uninterrupted call (up to its 900 s budget), then the same split at a sixth of it
+    "test_gpu_window.py::test_window_split_over_interrupted_calls_equals_one_call": 2400,
+}
+
+
+def _name(item: pytest.Item) -> str:
+    """``<file>::<test function>`` of a collected test (all parametrisations alike)."""
+    return f"{item.path.name}::{getattr(item, 'originalname', item.name)}"
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m "not slow" deselects
+def pytest_collection_modifyitems(config, items):
+    """Marks the tests of SLOW_TESTS ``slow``."""
+    for item in items:
+        if _name(item) in SLOW_TESTS:
+            item.add_marker(pytest.mark.slow)
+
+
+def pytest_collection_finish(session):
+    """Gives the tests named in TIMEOUTS_* their limit (an explicit ``timeout`` mark wins);
+    after -m/-k: the first test of a module is the first that will run."""
+    seen = set()
+    for item in session.items:
+        module = item.path.name
+        limit = TIMEOUTS_OF_TEST.get(_name(item))
+        if module in TIMEOUTS_FIRST_OF_MODULE and module not in seen:
+            seen.add(module)
+            limit = TIMEOUTS_FIRST_OF_MODULE[module]
+        if limit and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(limit))

@@ -7,7 +7,13 @@ touched (nor are results of a `make run` in it). Config files are passed by abso
 
 Data and FID weights come from DPSINKHORN_DATA_MIRROR and DPSINKHORN_FID_WEIGHTS
 (``make test DATA=... FID_WEIGHTS=...``); unset means download, which needs internet.
-Takes minutes: marked ``slow`` (``pytest -m "not slow"`` skips it).
+Takes minutes: marked ``slow`` (``pytest -m "not slow"`` skips it). The whole workflow runs
+once, in the module fixture; every test reads that run (docs/TESTING.md).
+
+Sizes: what these tests check (every row, cell, file and figure present, every number
+finite and in range, reruns and the report) does not depend on how many samples each FID
+and classifier sees, so config/smoke.yaml gives them 50 (its comment says why each step
+still runs as it does at full size).
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ start=$SECONDS
 "$cluster" start "$dir"
 export SLURM_CONF=$dir/slurm.conf DPSINKHORN_SLURM=1
 set +e
-python -m pytest -m slurm tests/test_slurm.py -v -s -p no:cacheprovider "$@"
+python -m pytest -m slurm tests/test_slurm.py -v -s -p no:cacheprovider --durations=10 "$@"
 status=$?
 set -e
 echo "make test-slurm: $((SECONDS - start)) s (exit $status)"
