@@ -100,3 +100,9 @@ def write_digits_npz(path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     np.savez(path, images=images, labels=labels)
     return path
+
+
+def without_log_hash(record: dict) -> dict:
+    """A privacy record less ``train_log_sha256``: the train log it hashes holds wall-clock
+    columns (steps/s, elapsed seconds), so two runs of identical steps differ there only."""
+    return {k: v for k, v in record.items() if k != "train_log_sha256"}

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import REPO, require_shared, shared_path
+from helpers import REPO, require_shared, shared_path, without_log_hash
 
 from dpsinkhorn import fileio, window, window_setup
 
@@ -98,8 +98,8 @@ def call(root: Path, tmp: Path, archive_in: Path | None, archive_out: Path, budg
 
 def without_times(record: dict) -> dict:
     """A result record less its wall-clock fields: ``seconds`` (how long the job ran) and a
-    ledger's ``train_log_sha256`` (the log holds each row's steps/s and elapsed seconds)."""
-    return {k: v for k, v in record.items() if k not in ("seconds", "train_log_sha256")}
+    ledger's ``train_log_sha256`` (:func:`helpers.without_log_hash`)."""
+    return {k: v for k, v in without_log_hash(record).items() if k != "seconds"}
 
 
 def final_state(archive: Path, into: Path) -> Path:
