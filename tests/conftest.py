@@ -141,7 +141,6 @@ SLOW_TESTS: dict[str, int] = {
     "test_evaluate_job.py::test_real_data_job_classifiers_equal_the_per_step_path": 40,
     "test_evaluate_job.py::test_a_stopped_job_resumes_after_its_finished_phases": 30,
     "test_gpu_window.py::test_items_are_independent_and_an_import_is_never_retrained": 199,
-    "test_classify.py::test_batched_seeds_stay_within_the_seed_spread": 60,
 }
 
 #: Per-test limits (s) above pyproject.toml's ``timeout`` (900 s) for the test that runs a
