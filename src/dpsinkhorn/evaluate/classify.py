@@ -265,13 +265,23 @@ def _cmd_classify(args: argparse.Namespace) -> int:
         max_iter=args.max_iter,
         batched=args.batched,
     )
-    for result, train, out in zip(results, args.train, args.out, strict=True):
-        result.update(train=str(train), test=str(args.test))
-        if args.dataset is not None:
-            result["dataset"] = args.dataset
-        fileio.write_json(out, result, record=True)  # its sha256: train.publish
-        print(f"{args.model} accuracy {result['accuracy']:.4f} (seed {result['seed']}) -> {out}")
+    write_results(results, args.train, args.test, args.dataset, args.out)
     return 0
+
+
+def write_results(
+    results: list[dict], train_files: list, test: str | Path, dataset: str | None, outs: list
+) -> None:
+    """Each seed's result file (``acc_<model>_seed<k>.json``) with the files it was trained
+    and tested on and the dataset; its sha256 recorded (``train.publish`` checks it)."""
+    for result, train, out in zip(results, train_files, outs, strict=True):
+        result.update(train=str(train), test=str(test))
+        if dataset is not None:
+            result["dataset"] = dataset
+        fileio.write_json(out, result, record=True)
+        print(
+            f"{result['model']} accuracy {result['accuracy']:.4f} (seed {result['seed']}) -> {out}"
+        )
 
 
 def register_cli(subparsers: argparse._SubParsersAction) -> None:

@@ -31,7 +31,11 @@ from pathlib import Path
 from dpsinkhorn import fileio
 from dpsinkhorn.devices import resolve_device
 from dpsinkhorn.evaluate.classifiers import MODELS
-from dpsinkhorn.evaluate.classify import resolve_num_classes, train_and_evaluate_seeds
+from dpsinkhorn.evaluate.classify import (
+    resolve_num_classes,
+    train_and_evaluate_seeds,
+    write_results,
+)
 from dpsinkhorn.evaluate.fid import SQRTM_METHODS, fid_against_reference
 from dpsinkhorn.evaluate.inception import network_sha256
 from dpsinkhorn.evaluate.sample import load_generator, sample_generator, sample_real
@@ -154,13 +158,8 @@ def evaluate(
                 batched=True,
             )
             progress.put(model_name, results)
-            for path, result in zip(files, results, strict=True):
-                result.update(train=str(path), test=str(test))
-                if dataset is not None:
-                    result["dataset"] = dataset
-                out = Path(scores_dir) / f"acc_{model_name}_seed{result['seed']}.json"
-                fileio.write_json(out, result, record=True)  # its sha256: train.publish
-                print(f"{model_name} accuracy {result['accuracy']:.4f} (seed {result['seed']})")
+            outs = [Path(scores_dir) / f"acc_{model_name}_seed{s}.json" for s in seeds]
+            write_results(results, files, test, dataset, outs)
             timings[f"classify_{model_name}"] = _done(f"classify_{model_name}", begin)
     progress.finish()
     timings["total"] = time.perf_counter() - start
