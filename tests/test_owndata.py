@@ -351,3 +351,33 @@ def test_snakemake_dry_run_resolves_an_own_dataset(digits_folder, tmp_path) -> N
     assert result.returncode == 0, output[-4000:]
     assert "dpsinkhorn data --dataset digits" in output and "--definition-sha256" in output
     assert str(digits_folder) in output  # the source folder is the rule's input
+
+
+def test_plan_costs_an_own_dataset_once_prepared(digits_folder, tmp_path, run_cli, capsys):
+    """`dpsinkhorn plan` on an own dataset: refused in one line until it is prepared (its
+    training size fixes q = B / N and so the steps a target ε allows); then the steps solved
+    from target ε and the training time at a given rate, as for a built-in dataset."""
+    import json
+
+    from dpsinkhorn.config import experiment, load_config
+    from dpsinkhorn.plan import resolved_steps
+    from dpsinkhorn.privacy.budget import budget_of
+
+    config = write_config(tmp_path, digits_folder, image_size=28)
+    cfg = yaml.safe_load(config.read_text())
+    cfg["experiments"]["e"].update(target_epsilon=10, sigma=1.0, steps=None)
+    config.write_text(yaml.safe_dump(cfg))
+    plan = ["plan", "--config", str(config), "--steps-per-s", "5", "--json"]
+    assert run_cli(plan) == 2
+    err = capsys.readouterr().err
+    assert "dataset 'digits': its training size is known once it is prepared" in err
+    assert err.count("\n") == 1
+    data = ["data", "--dataset", "digits", "--root", str(tmp_path / "data"), "--config"]
+    assert run_cli([*data, str(config)]) == 0
+    capsys.readouterr()
+    assert run_cli(plan) == 0
+    (row,) = json.loads(capsys.readouterr().out)["training"]
+    spec = experiment(load_config([config]), "e")
+    _, steps = budget_of(spec, N_DIGITS - 180)  # the held-out 10% left out
+    assert row["steps"] == steps == resolved_steps(spec, {"num_train": N_DIGITS - 180})
+    assert row["hours"] == pytest.approx(steps / 5 / 3600)

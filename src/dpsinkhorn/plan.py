@@ -17,11 +17,13 @@ from pathlib import Path
 
 from dpsinkhorn.config.cluster import load_rates, matching_rate, rates_file, train_request
 from dpsinkhorn.config.experiments import (
+    dataset_of,
     datasets,
     experiment,
     experiment_names,
     fixture_source,
     needs_training,
+    prepared_folder_of,
     table1_experiments,
     trained_experiments,
 )
@@ -37,13 +39,36 @@ TRAIN_SIZES = {"mnist": 60000, "fmnist": 60000, "celeba": 162770}
 # ----------------------------------------------------------------- from timed steps
 
 
-def resolved_steps(spec: Mapping) -> int:
-    """Training steps of an experiment, solving them from target ε where they are null."""
+def prepared_record(config: Mapping, dataset: str) -> dict | None:
+    """An own dataset's public ``dataset.json`` (None for a built-in dataset): its training
+    size and classes are known once it is prepared (``dpsinkhorn data``)."""
+    if dataset in TRAIN_SIZES:
+        return None
+    record = Path(config["data_dir"]) / prepared_folder_of(config, dataset) / "dataset.json"
+    if not record.is_file():
+        raise ValueError(
+            f"dataset {dataset!r}: its training size is known once it is prepared: run "
+            f"`dpsinkhorn data --dataset {dataset} --config <config>` first ({record} not found)"
+        )
+    return json.loads(record.read_text())
+
+
+def train_size(spec: Mapping, record: Mapping | None = None) -> int:
+    """Records in the experiment's training split: the built-in dataset's, else the prepared
+    own dataset's ``num_train`` (``record``: :func:`prepared_record`)."""
+    if record is not None:
+        return int(record["num_train"])
+    return TRAIN_SIZES[spec["dataset"]]
+
+
+def resolved_steps(spec: Mapping, record: Mapping | None = None) -> int:
+    """Training steps of an experiment, solving them from target ε where they are null
+    (``record``: an own dataset's, :func:`prepared_record`)."""
     from dpsinkhorn.privacy.budget import budget_of
 
     if spec["method"] != "dp_sinkhorn" or spec["steps"] is not None:
         return int(spec["steps"])
-    _, steps = budget_of(spec, TRAIN_SIZES[spec["dataset"]])
+    _, steps = budget_of(spec, train_size(spec, record))
     return int(steps)
 
 
@@ -54,8 +79,11 @@ def step_shape(spec: Mapping) -> tuple:
     return tuple(json.dumps(spec.get(k), sort_keys=True) for k in keys)
 
 
-def measure_steps_per_s(spec: Mapping, device: str, steps: int) -> float:
-    """Time ``steps`` training steps (after 2 warm-up steps) on random data of the right shape."""
+def measure_steps_per_s(
+    spec: Mapping, device: str, steps: int, record: Mapping | None = None
+) -> float:
+    """Time ``steps`` training steps (after 2 warm-up steps) on random data of the right shape
+    (an own dataset: ``record``'s size, image shape and classes)."""
     import numpy as np
 
     from dpsinkhorn.bench.timing import time_steps
@@ -63,10 +91,15 @@ def measure_steps_per_s(spec: Mapping, device: str, steps: int) -> float:
     from dpsinkhorn.train.trainer import Trainer
 
     shape = {"celeba": (32, 32, 3)}.get(spec["dataset"], (28, 28))
-    num = TRAIN_SIZES[spec["dataset"]]
+    classes = 2 if spec["dataset"] == "celeba" else 10
+    if record is not None:
+        size = int(record["image_size"])
+        shape = (size, size) if int(record["channels"]) == 1 else (size, size, 3)
+        classes = len(record["classes"])
+    num = train_size(spec, record)
     rng = np.random.default_rng(0)
     images = rng.integers(0, 256, size=(num, *shape), dtype=np.uint8)
-    labels = np.arange(num) % (2 if spec["dataset"] == "celeba" else 10)
+    labels = np.arange(num) % classes
     dev = resolve_device(device)
     trainer = Trainer(dict(spec), images, labels, dev)
     return time_steps(trainer.step, dev, steps, warmup=2)
@@ -108,14 +141,18 @@ def plan(
     """Job counts and a training-compute estimate for every trained experiment."""
     rates: dict[tuple, float] = {}
     rows = []
+
+    def record(name: str) -> dict | None:
+        return prepared_record(config, dataset_of(config, name))
+
     for name in trained_experiments(config):
         spec = experiment(config, name)
         shape = step_shape(spec)
         if steps_per_s is not None:
             rates[shape] = steps_per_s
         elif shape not in rates:
-            rates[shape] = measure_steps_per_s(spec, device, bench_steps)
-        steps = resolved_steps(spec)
+            rates[shape] = measure_steps_per_s(spec, device, bench_steps, record(name))
+        steps = resolved_steps(spec, record(name))
         rows.append(
             {"experiment": name, "steps": steps, "steps_per_s": rates[shape],
              "hours": steps / rates[shape] / 3600}
