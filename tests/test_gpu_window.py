@@ -238,7 +238,7 @@ def test_export_set_from_an_archive_and_imported_generator(tmp_path):
     source = tmp_path / "committed" / "run1"
     ledger = {
         "sigma": 1.5,
-        "steps": 60,
+        "steps": 1200,
         "clipping": "batch",
         "clip": 0.5,
         "batch_size": 50,
@@ -308,7 +308,7 @@ def test_items_are_independent_and_an_import_is_never_retrained(tmp_path):
         "  - {name: real, experiments: [real_mnist]}\n"
     )
     source = tmp_path / "committed" / "run1"
-    fileio.write_json(source / "privacy.json", {"sigma": 1.5, "steps": 60})
+    fileio.write_json(source / "privacy.json", {"sigma": 1.5, "steps": 1200})
     fileio.write_bytes(source / "generator.pt", b"not a generator")
     mirror = require_shared(shared_path("DPSINKHORN_DATA_MIRROR"), "MNIST mirror")
     weights = require_shared(shared_path("DPSINKHORN_FID_WEIGHTS"), "Inception weights")
