@@ -141,7 +141,8 @@ def test_resume_is_bit_identical_and_counts_each_step_once(tmp_path, prepared_da
     final = tmp_path / "resumed" / WORKSPACE / "checkpoint.pt"
     assert torch.load(final, weights_only=False)["step"] == 12
     (tmp_path / "resumed" / "generator.pt").unlink()
-    assert train(spec, tmp_path / "resumed", prepared_data, "cpu", progress=False) == full
+    rerun = train(spec, tmp_path / "resumed", prepared_data, "cpu", progress=False)
+    assert without_log_hash(rerun) == without_log_hash(full)
     c = torch.load(tmp_path / "resumed" / "generator.pt", weights_only=False)["state_dict"]
     assert all(torch.equal(a[k], c[k]) for k in a)
     assert _log_rows(tmp_path / "full" / "train_log.csv") == _log_rows(
