@@ -171,9 +171,11 @@ def test_finished_workflow_has_nothing_to_do(workdir):
 
 
 def test_single_cell_reruns_alone(workdir, results):
+    """Forcing one cell reruns exactly its experiment's evaluation job, nothing upstream."""
     target = results / "mnist_dpsinkhorn" / "acc_cnn_seed0.json"
     before = target.stat().st_mtime_ns
-    output = check(snakemake(workdir, str(target.relative_to(workdir)), "--forcerun", "classify"))
+    rule = "evaluate_mnist_dpsinkhorn"
+    output = check(snakemake(workdir, str(target.relative_to(workdir)), "--forcerun", rule))
     assert target.stat().st_mtime_ns > before
     assert "1 of 1 steps (100%) done" in output
 
