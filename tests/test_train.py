@@ -7,11 +7,12 @@ import csv
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
-import time
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -192,19 +193,27 @@ def test_signal_checkpoints_and_exits_nonzero(tmp_path, prepared_data, signum):
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     cmd = [sys.executable, "-m", "dpsinkhorn", "train", "--config", str(cfg), "--experiment", "e"]
     proc = subprocess.Popen(
-        [*cmd, "--out", str(out), "--no-progress"], env=env, stdout=subprocess.PIPE, text=True
+        [*cmd, "--out", str(out)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
     )
-    deadline = time.time() + 120
-    while not (out / "train_log.csv").exists() and time.time() < deadline:
-        time.sleep(0.2)  # no file yet: no checkpoint yet (checkpoint_every is huge)
-        if proc.poll() is not None:
-            break
-    time.sleep(1.0)
+    # The signal goes in once the progress bar counts a finished step: the loop (and its
+    # signal handlers) runs, and no checkpoint exists yet (checkpoint_every is huge).
+    output, stepping = bytearray(), threading.Event()
+
+    def read() -> None:
+        while chunk := os.read(proc.stdout.fileno(), 4096):
+            output.extend(chunk)
+            if re.search(rb"\| *[1-9][0-9]*/100000", output):
+                stepping.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    assert stepping.wait(timeout=300), output.decode(errors="replace")
     proc.send_signal(signum)
-    stdout, _ = proc.communicate(timeout=120)
+    proc.wait(timeout=120)
+    reader.join(timeout=10)
     # SIGINT is the user's stop (exit 130, not resubmitted); the others a scheduler's.
     expected = INTERRUPTED_EXIT_CODE if signum == signal.SIGINT else PREEMPTED_EXIT_CODE
-    assert proc.returncode == expected, stdout
+    assert proc.returncode == expected, output.decode(errors="replace")[-4000:]
     state = torch.load(out / WORKSPACE / "checkpoint.pt", weights_only=False)
     assert state["step"] > 0
     assert sum(s[2] for s in state["accountant"]["segments"]) == state["step"]
