@@ -230,6 +230,26 @@ def test_config_facade_exports_what_it_lists():
     assert all(hasattr(config_lib, name) for name in config_lib.__all__)
 
 
+def test_command_table_names_each_modules_commands():
+    """``cli.COMMANDS`` (which module to import for a command, so that a job imports only
+    its own) is exactly what each module registers, and one command's parser is the full
+    parser's sub-parser for it."""
+    import argparse
+
+    registered = {}
+    for name in cli.COMMAND_MODULES:
+        subparsers = argparse.ArgumentParser().add_subparsers()
+        importlib.import_module(f"dpsinkhorn.{name}").register_cli(subparsers)
+        registered.update(dict.fromkeys(subparsers.choices, name))
+    assert registered == cli.COMMANDS
+    full = cli.build_parser()._subparsers._group_actions[0].choices
+    assert set(full) == set(cli.COMMANDS)
+    for command in cli.COMMANDS:
+        alone = cli.build_parser(command)._subparsers._group_actions[0].choices
+        assert list(alone) == [c for c, m in cli.COMMANDS.items() if m == cli.COMMANDS[command]]
+        assert alone[command].format_help() == full[command].format_help()
+
+
 def test_one_list_of_output_names(capsys):
     """``config.targets.NAMES`` is what ``dpsinkhorn targets`` offers and lists (the paper's
     config produces every output, in that order) and what the report captions cover."""

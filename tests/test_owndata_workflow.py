@@ -89,6 +89,7 @@ def workdir(tmp_path_factory) -> Path:
     weights = require_shared(shared_path("DPSINKHORN_FID_WEIGHTS"), "FID_WEIGHTS=PATH")
     run(
         str(BIN / "snakemake"), "-s", str(REPO / "Snakefile"), "-d", str(workdir), "-c", "2",
+        "--max-threads", "1",  # two one-thread jobs side by side (as tests/test_workflow.py)
         "--configfile", str(workdir / "digits.yaml"), "--config", f"fid_weights={weights}",
         cwd=workdir,
     )  # fmt: skip

@@ -31,17 +31,19 @@ import json
 import math
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 import yaml
-from helpers import shared_config_overrides, without_log_hash
+from helpers import require_shared, shared_config_overrides, shared_path, without_log_hash
 
 from dpsinkhorn.config import cluster, experiment_home, load_config, trained_experiments
 
@@ -125,37 +127,72 @@ class Preemption:
             self.step = int(stop.group(1)) if stop else None
 
 
+def start_straight_run(out: Path) -> subprocess.Popen:
+    """mnist_long trained in one process, outside SLURM, into ``out/mnist_long``, on data
+    prepared into ``out/data`` from the same mirror (the same bytes as the workflow's; its
+    own training record). It runs beside the workflow, whose jobs leave the 2 CPUs idle
+    while they wait on the scheduler; test_resumed_generator_equals_an_uninterrupted_run
+    compares its generator with the workflow's chain of jobs."""
+    mirror = require_shared(shared_path("DPSINKHORN_DATA_MIRROR"), "MNIST mirror")
+    # The jobs ran with OMP_NUM_THREADS = the rule's threads (Snakemake sets it; the overlay
+    # caps threads): the same here, as float sums depend on the number of threads.
+    threads = yaml.safe_load((PROFILES[1] / "config.v8+.yaml").read_text())["max-threads"]
+    dpsinkhorn = str(BIN / "dpsinkhorn")
+    prepare = [dpsinkhorn, "data", "--dataset", "mnist", "--root", str(out / "data")]
+    train = [dpsinkhorn, "train", "--config", str(CONFIG), "--experiment", LONG]
+    train += ["--out", str(out / LONG), "--data-dir", str(out / "data"), "--no-progress"]
+    script = f"{shlex.join([*prepare, '--mirror', str(mirror)])} && {shlex.join(train)}"
+    return subprocess.Popen(
+        ["bash", "-c", script],
+        stdout=open(out / "straight.out", "w"),  # noqa: SIM115 (the process owns it)
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        cwd=out,
+        env={**os.environ, "OMP_NUM_THREADS": str(threads)},
+    )
+
+
 @pytest.fixture(scope="module")
-def run(tmp_path_factory) -> SimpleNamespace:
+def run(tmp_path_factory) -> Iterator[SimpleNamespace]:
     if os.environ.get("DPSINKHORN_SLURM") != "1":
         pytest.skip("needs the live test cluster: make test-slurm (sets DPSINKHORN_SLURM=1)")
     workdir = tmp_path_factory.mktemp("slurm")
-    cmd, env = snakemake_command(workdir, *TARGETS)
-    start, preemption = time.monotonic(), Preemption(workdir)
-    with open(workdir / "snakemake.out", "w") as out:
-        proc = subprocess.Popen(
-            cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env
+    straight_dir = tmp_path_factory.mktemp("straight")
+    straight = start_straight_run(straight_dir)
+    try:
+        cmd, env = snakemake_command(workdir, *TARGETS)
+        start, preemption = time.monotonic(), Preemption(workdir)
+        with open(workdir / "snakemake.out", "w") as out:
+            proc = subprocess.Popen(
+                cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env
+            )
+            try:
+                while proc.poll() is None:
+                    assert time.monotonic() - start < 1500, "the workflow took over 25 min"
+                    preemption.poll()
+                    time.sleep(2)
+            finally:
+                if proc.poll() is None:
+                    proc.send_signal(signal.SIGINT)  # Snakemake cancels its jobs
+                    proc.wait(timeout=120)
+        output = (workdir / "snakemake.out").read_text()
+        assert proc.returncode == 0, output[-10000:]
+        run_id = re.search(r"SLURM run ID: (\S+)", output).group(1)
+        jobs = [j for j in slurm_jobs() if j["JobName"] == run_id]
+        for job in jobs:
+            rule = re.match(r"rule_([a-z_0-9]+?)(_wildcards_|$)", job["Comment"]).group(1)
+            job["Rule"] = "eval" if rule.startswith("evaluate_") else rule
+        print(f"\nworkflow through SLURM: {time.monotonic() - start:.0f} s, {len(jobs)} jobs")
+        yield SimpleNamespace(
+            workdir=workdir,
+            results=workdir / RUN,
+            output=output,
+            jobs=jobs,
+            preemption=preemption,
+            straight=SimpleNamespace(proc=straight, out=straight_dir),
         )
-        try:
-            while proc.poll() is None:
-                assert time.monotonic() - start < 1500, "the workflow took over 25 min"
-                preemption.poll()
-                time.sleep(2)
-        finally:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGINT)  # Snakemake cancels its jobs
-                proc.wait(timeout=120)
-    output = (workdir / "snakemake.out").read_text()
-    assert proc.returncode == 0, output[-10000:]
-    run_id = re.search(r"SLURM run ID: (\S+)", output).group(1)
-    jobs = [j for j in slurm_jobs() if j["JobName"] == run_id]
-    for job in jobs:
-        rule = re.match(r"rule_([a-z_0-9]+?)(_wildcards_|$)", job["Comment"]).group(1)
-        job["Rule"] = "eval" if rule.startswith("evaluate_") else rule
-    print(f"\nworkflow through SLURM: {time.monotonic() - start:.0f} s, {len(jobs)} jobs")
-    return SimpleNamespace(
-        workdir=workdir, results=workdir / RUN, output=output, jobs=jobs, preemption=preemption
-    )
+    finally:
+        straight.kill()  # finished, unless the workflow or a test failed first
 
 
 def test_table1_is_complete(run):
@@ -265,22 +302,12 @@ def test_preempted_and_time_limited_training_checkpoints_and_resumes(run):
     assert int(log[-1]["step"]) == spec["steps"]
 
 
-def test_resumed_generator_equals_an_uninterrupted_run(run, tmp_path):
+def test_resumed_generator_equals_an_uninterrupted_run(run):
     import torch
 
-    out = tmp_path / LONG
-    # The jobs ran with OMP_NUM_THREADS = the rule's threads (Snakemake sets it; the overlay
-    # caps threads): the same here, as float sums depend on the number of threads.
-    threads = yaml.safe_load((PROFILES[1] / "config.v8+.yaml").read_text())["max-threads"]
-    subprocess.run(
-        [str(BIN / "dpsinkhorn"), "train", "--config", str(CONFIG), "--experiment", LONG]
-        + ["--out", str(out), "--data-dir", str(run.workdir / "data"), "--no-progress"],
-        check=True,
-        capture_output=True,
-        cwd=run.workdir,
-        env={**os.environ, "OMP_NUM_THREADS": str(threads)},
-        timeout=900,
-    )
+    run.straight.proc.wait(timeout=900)  # started beside the workflow (start_straight_run)
+    assert run.straight.proc.returncode == 0, (run.straight.out / "straight.out").read_text()
+    out = run.straight.out / LONG
     resumed = torch.load(run.results / LONG / "generator.pt", weights_only=False)
     straight = torch.load(out / "generator.pt", weights_only=False)
     assert resumed["state_dict"].keys() == straight["state_dict"].keys()

@@ -46,6 +46,9 @@ def snakemake(workdir: Path, *args: str, timeout: int = 3600) -> subprocess.Comp
     """The repo's workflow on the smoke config, run in ``workdir``, inside this venv."""
     overrides = shared_config_overrides()
     cmd = [str(SNAKEMAKE), "-s", str(REPO / "Snakefile"), "-d", str(workdir), *args]
+    # One thread per job, so two jobs share the 2 cores: a job's start (Python and torch
+    # imports, one core) overlaps the other's work (measured in docs/TESTING.md).
+    cmd += ["--max-threads", "1"]
     cmd += ["--configfile", str(SMOKE)] + (["--config", *overrides] if overrides else [])
     env = {**os.environ, "PATH": f"{SNAKEMAKE.parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     return subprocess.run(

@@ -13,43 +13,54 @@ import sys
 
 from dpsinkhorn.fileio import NoSpaceError
 
-# module name -> offers one or more sub-commands through register_cli()
-COMMAND_MODULES = [
-    "data.datasets",
-    "data.celeba",
-    "privacy.cli",
-    "train.cli",
-    "train.sweep",
-    "train.publish",
-    "evaluate.sample",
-    "evaluate.fid",
-    "evaluate.classify",
-    "evaluate.job",
-    "window_setup",
-    "report.cli",
-    "report.privacy_summary",
-    "bench.cli",
-    "evaluate.gradstudy",
-    "config.targets",
-    "plan",
-    "window",
-]
+# command -> the module that offers it through register_cli(). Only the invoked command's
+# module is imported (a job's start then skips the others' imports: pytorch-fid,
+# dp-accounting, ...); `dpsinkhorn --help` or an unknown command imports them all.
+# tests/test_architecture.py checks this table against what each module registers.
+COMMANDS = {
+    "data": "data.datasets",
+    "celeba-fixture": "data.celeba",
+    "privacy": "privacy.cli",
+    "train": "train.cli",
+    "train-sweep": "train.sweep",
+    "release": "train.publish",
+    "release-manifest": "train.publish",
+    "sample": "evaluate.sample",
+    "sample-real": "evaluate.sample",
+    "fid": "evaluate.fid",
+    "fid-weights": "evaluate.fid",
+    "fid-stats": "evaluate.fid",
+    "classify": "evaluate.classify",
+    "evaluate": "evaluate.job",
+    "gpu-window-carry": "window_setup",
+    "report": "report.cli",
+    "privacy-summary": "report.privacy_summary",
+    "bench": "bench.cli",
+    "grad-study": "evaluate.gradstudy",
+    "targets": "config.targets",
+    "plan": "plan",
+    "gpu-window": "window",
+}
+COMMAND_MODULES = list(dict.fromkeys(COMMANDS.values()))
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser of every command, or of ``command`` alone when it is one of COMMANDS."""
     parser = argparse.ArgumentParser(
         prog="dpsinkhorn",
         description="DP-Sinkhorn: differentially private generators trained with Sinkhorn loss.",
     )
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name in COMMAND_MODULES:
+    names = [COMMANDS[command]] if command in COMMANDS else COMMAND_MODULES
+    for name in names:
         module = importlib.import_module(f"dpsinkhorn.{name}")
         module.register_cli(subparsers)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser(argv[0] if argv else None)
     args = parser.parse_args(argv)
     try:
         return int(args.handler(args) or 0)
