@@ -141,6 +141,10 @@ SLOW_TESTS: dict[str, int] = {
     "test_evaluate_job.py::test_real_data_job_classifiers_equal_the_per_step_path": 40,
     "test_evaluate_job.py::test_a_stopped_job_resumes_after_its_finished_phases": 30,
     "test_gpu_window.py::test_items_are_independent_and_an_import_is_never_retrained": 199,
+    # three Snakemake runs and two trainings on the digits (idle 2-core machine)
+    "test_trainings.py::test_a_workflow_rerun_that_is_refused_keeps_the_finished_generator": 35,
+    "test_trainings.py::"
+    "test_a_second_config_of_the_same_name_never_deletes_the_first_ones_data": 10,
 }
 
 #: Per-test limits (s) above pyproject.toml's ``timeout`` (900 s) for the test that runs a

@@ -22,6 +22,7 @@ from helpers import digits_arrays, write_digits_npz
 
 from dpsinkhorn import cli
 from dpsinkhorn import config as config_lib
+from dpsinkhorn.config.targets import TRAINING_FILES
 from dpsinkhorn.privacy import trainings
 from dpsinkhorn.report.privacy_summary import privacy_summary
 from dpsinkhorn.train.run import train
@@ -50,13 +51,17 @@ def _config(workdir: Path, npz: Path, run: str) -> Path:
     return path
 
 
-def _snakemake_data(workdir: Path, configfile: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+def _snakemake(workdir: Path, configfile: Path, *args: str, **env: str):
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", **env}
     return subprocess.run(
-        [str(BIN / "snakemake"), "-s", str(REPO / "Snakefile"), "-d", str(workdir), "-c", "1",
-         "--configfile", str(configfile), "--until", "data"],
+        [str(BIN / "snakemake"), *args, "-s", str(REPO / "Snakefile"), "-d", str(workdir),
+         "-c", "1", "--configfile", str(configfile)],
         cwd=workdir, capture_output=True, text=True, env=env, stdin=subprocess.DEVNULL,
     )  # fmt: skip
+
+
+def _snakemake_data(workdir: Path, configfile: Path) -> subprocess.CompletedProcess:
+    return _snakemake(workdir, configfile, "--until", "data")
 
 
 def test_a_second_config_of_the_same_name_never_deletes_the_first_ones_data(tmp_path):
@@ -146,3 +151,49 @@ def test_the_cli_refuses_with_one_line_and_retrains_with_the_flag(tmp_path, caps
     assert summary["releases"] == 1
     assert every["epsilon_composed"] > summary["epsilon_composed"]
     assert any("trained 3 times" in w for w in summary["warnings"]), summary["warnings"]
+
+
+def test_a_workflow_rerun_that_is_refused_keeps_the_finished_generator(tmp_path):
+    """A finished secret-key DP experiment of a workflow is never lost to a refused rerun.
+    Changed settings: Snakemake is refused while it reads the workflow (one line naming the
+    experiment and the key), before it could remove the outputs to rerun the job. Rewritten
+    prepared data: the train job is rerun and refused, and the train rule's update()
+    outputs make Snakemake put the generator, ledger and log back, byte for byte.
+    DPSINKHORN_RETRAIN=<exp> then retrains it, and the record counts both trainings."""
+    npz = write_digits_npz(tmp_path / "clothes.npz")
+    configfile = _config(tmp_path, npz, "wf")
+    target = "results/wf/clothes_dp/generator.pt"
+    done = _snakemake(tmp_path, configfile, target)
+    assert done.returncode == 0, done.stderr[-3000:]
+    folder = tmp_path / "results" / "wf" / "clothes_dp"
+    before = {name: (folder / name).read_bytes() for name in TRAINING_FILES}
+    log = tmp_path / "results" / "wf" / "logs" / "train_clothes_dp.log"
+    config = yaml.safe_load(configfile.read_text())
+    changed = {**config, "training_defaults": {**config["training_defaults"], "sigma": 2.0}}
+    changed_file = tmp_path / "changed.yaml"
+    changed_file.write_text(yaml.safe_dump({**changed, "run_name": "wf"}, sort_keys=False))
+
+    refused = _snakemake(tmp_path, changed_file, target)
+    assert refused.returncode != 0
+    assert "experiment clothes_dp" in refused.stderr and "settings sigma" in refused.stderr
+    assert "DPSINKHORN_RETRAIN=clothes_dp" in refused.stderr, refused.stderr[-3000:]
+    assert {name: (folder / name).read_bytes() for name in TRAINING_FILES} == before
+
+    (prepared,) = (tmp_path / "data").glob("clothes-*/train.npz")
+    os.utime(prepared)  # as if prepared again: newer than the generator, the job reruns
+    rerun = _snakemake(tmp_path, configfile, target)
+    assert rerun.returncode != 0
+    assert "experiment clothes_dp" in log.read_text() and "neither settings nor data" in (
+        log.read_text()
+    )
+    assert {name: (folder / name).read_bytes() for name in TRAINING_FILES} == before
+
+    again = _snakemake(tmp_path, changed_file, target, DPSINKHORN_RETRAIN="clothes_dp")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert (folder / "generator.pt").read_bytes() != before["generator.pt"]
+    (record,) = (tmp_path / "data" / "trainings").glob("*.jsonl")
+    runs = trainings.trainings(trainings.read(record))
+    assert [(t["finished"], t["retrain"], t["spec"]["sigma"]) for t in runs] == [
+        (True, False, 1.5),
+        (True, True, 2.0),
+    ]

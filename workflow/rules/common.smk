@@ -33,7 +33,8 @@ from dpsinkhorn.config.cluster import (
     capped_minutes,
     eval_runtime_minutes,
 )
-from dpsinkhorn.config.workflow import data_source_args, gradient_settings
+from dpsinkhorn.config.workflow import data_source_args, gradient_settings, private_trainings
+from dpsinkhorn.privacy.trainings import RECORD_DIR, refuse_changed_settings
 from dpsinkhorn.report import captions
 
 # Same schema and messages as the CLI: fills defaults, names the file and key of an error.
@@ -46,6 +47,11 @@ prepare_workflow_process()
 
 RESULTS = f"results/{config['run_name']}"
 DATA = config["data_dir"]
+# A finished secret-key DP experiment whose settings changed is refused here, before
+# Snakemake removes its outputs to rerun it (DPSINKHORN_RETRAIN=<exp> allows it; the
+# record counts it: docs/PRIVACY.md). Checked once, by the Snakemake that plans the jobs.
+if not workflow.remote_exec:
+    refuse_changed_settings(Path(DATA) / RECORD_DIR, private_trainings(config, RESULTS))
 LOGS = f"{RESULTS}/logs"
 BENCH = f"{RESULTS}/benchmarks"
 EVAL = config["evaluation"]

@@ -10,6 +10,9 @@
 # The outputs are the release only. Checkpoints live in {exp}/private_workspace/ (never
 # an output, never to be shared; deleted when training completes, see docs/PRIVACY.md).
 # A DP release trains into {RESULTS}/{exp}/, anything else into {RESULTS}/nonprivate/{exp}/.
+# The outputs are update(): Snakemake keeps a finished run's files while the job runs and
+# puts them back if it fails, so a refused retrain of a finished DP experiment (exit 2,
+# docs/PRIVACY.md) leaves its generator as it was.
 TRAINING_FILES = targets.TRAINING_FILES
 
 
@@ -17,9 +20,9 @@ rule train:
     input:
         train=dataset_file("train"),
     output:
-        generator=f"{RESULTS}/{{home}}{{exp}}/generator.pt",
-        privacy=f"{RESULTS}/{{home}}{{exp}}/privacy.json",
-        log_csv=f"{RESULTS}/{{home}}{{exp}}/train_log.csv",  # = TRAINING_FILES
+        generator=update(f"{RESULTS}/{{home}}{{exp}}/generator.pt"),
+        privacy=update(f"{RESULTS}/{{home}}{{exp}}/privacy.json"),
+        log_csv=update(f"{RESULTS}/{{home}}{{exp}}/train_log.csv"),  # = TRAINING_FILES
     params:
         config_files=CONFIG_FILES,
         out=lambda w, output: Path(output.generator).parent,
@@ -57,7 +60,11 @@ for members in SWEEPS:
         input:
             train=prepared_file(dataset_of(config, members[0]), "train"),
         output:
-            [f"{experiment_dir(config, RESULTS, e)}/{f}" for e in members for f in TRAINING_FILES],
+            [
+                update(f"{experiment_dir(config, RESULTS, e)}/{f}")
+                for e in members
+                for f in TRAINING_FILES
+            ],
         params:
             config_files=CONFIG_FILES,
             experiments=" ".join(members),

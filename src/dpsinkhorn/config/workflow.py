@@ -7,6 +7,7 @@ Snakemake imports it while it parses the workflow.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -19,7 +20,11 @@ from dpsinkhorn.config.experiments import (
     data_mirror_of,
     dataset_definition,
     definition_sha256,
+    experiment_dir,
+    experiment_spec,
     fixture_source,
+    private_experiments,
+    trained_experiments,
 )
 
 PathLike = str | os.PathLike
@@ -103,3 +108,14 @@ def prepare_workflow_process() -> None:
         signal.signal(signal.SIGINT, user_interrupt)
     except ValueError:  # not the main thread: leave Snakemake's default
         pass
+
+
+def private_trainings(config: Mapping, results: PathLike) -> list[tuple[str, str, dict]]:
+    """(experiment, absolute output folder, settings) of each DP release the config trains,
+    as ``privacy.trainings.refuse_changed_settings`` compares them with the record."""
+    return [
+        (name, str(Path(experiment_dir(config, results, name)).resolve()),
+         json.loads(experiment_spec(config, name)))
+        for name in private_experiments(config)
+        if name in trained_experiments(config)
+    ]  # fmt: skip

@@ -31,7 +31,7 @@ import json
 import os
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -141,16 +141,57 @@ def composed(records: list[Mapping]) -> dict:
     }
 
 
-def _finished_into(record_dir: Path, out: str) -> tuple[dict, str] | None:
-    """The last finished secret-key DP training into ``out`` recorded under ``record_dir``,
-    and its record file's key, or None."""
-    last = None
+def _finished_by_out(record_dir: Path) -> dict[str, tuple[dict, str]]:
+    """Per output folder: the last finished secret-key DP training into it recorded under
+    ``record_dir``, and its record file's key."""
+    last: dict[str, tuple[dict, str]] = {}
     for path in sorted(record_dir.glob("*.jsonl")) if record_dir.is_dir() else []:
         for t in trainings(read(path)):
-            if t["out"] == out and t["finished"] and t.get("private"):
-                if not t.get("reproducible") and (last is None or t["time"] >= last[0]["time"]):
-                    last = (t, path.stem)
+            if t["finished"] and t.get("private") and not t.get("reproducible"):
+                if t["out"] not in last or t["time"] >= last[t["out"]][0]["time"]:
+                    last[t["out"]] = (t, path.stem)
     return last
+
+
+def _finished_into(record_dir: Path, out: str) -> tuple[dict, str] | None:
+    """The last finished secret-key DP training into ``out``, and its record's key, or None."""
+    return _finished_by_out(record_dir).get(out)
+
+
+def _changed_settings(before: Mapping, now: Mapping) -> list[str]:
+    return sorted(k for k in set(before) | set(now) if before.get(k) != now.get(k))
+
+
+def _refusal(record_dir, out: str, experiment: str, done: Mapping, what: list[str]) -> str:
+    return (
+        f"{out}: experiment {experiment} finished a DP training on {done['time']} "
+        f"(epsilon {done.get('epsilon', float('nan')):.4g}); since then changed: "
+        f"{'; '.join(what)}. Training again draws new noise from the same private data: "
+        f"pass --retrain (CLI), {RETRAIN_ENV}={experiment} (workflow) or "
+        "retrain=True (api.train) to do it; the training record in "
+        f"{record_dir} counts it"
+    )
+
+
+def refuse_changed_settings(
+    record_dir: str | os.PathLike, planned: Iterable[tuple[str, str, Mapping]]
+) -> None:
+    """Refuse (:class:`RetrainRefused`) a workflow before it runs anything when one of
+    ``planned`` (experiment, absolute output folder, its settings now) finished a
+    secret-key DP training whose settings differ from these, unless ``DPSINKHORN_RETRAIN``
+    names it. Snakemake would rerun its job (its params changed) and remove the finished
+    outputs before the job's own :func:`check_retrain` refused it. (Other reruns, e.g. of
+    rewritten data, are refused by the job: the train rule's outputs are update(), put
+    back when the job fails.)"""
+    finished = _finished_by_out(Path(record_dir))
+    for experiment, out, spec in planned:
+        if out not in finished or retrain_allowed(experiment):
+            continue
+        done, _ = finished[out]
+        changed = _changed_settings(done["spec"], spec)
+        if changed:
+            what = [f"settings {', '.join(changed)}"]
+            raise RetrainRefused(_refusal(record_dir, out, experiment, done, what))
 
 
 def retrain_allowed(experiment: str) -> bool:
@@ -176,7 +217,7 @@ def check_retrain(
     done, key = found
     if retrain:
         return True
-    changed = sorted(k for k in set(done["spec"]) | set(spec) if done["spec"].get(k) != spec.get(k))
+    changed = _changed_settings(done["spec"], spec)
     what = []
     if changed:
         what.append(f"settings {', '.join(changed)}")
@@ -187,11 +228,4 @@ def check_retrain(
             "neither settings nor data: its release was removed or its inputs rewritten "
             "(e.g. the prepared data prepared again)"
         )
-    raise RetrainRefused(
-        f"{out}: experiment {experiment} finished a DP training on {done['time']} "
-        f"(epsilon {done.get('epsilon', float('nan')):.4g}); since then changed: "
-        f"{'; '.join(what)}. Training again draws new noise from the same private data: "
-        f"pass --retrain (CLI), {RETRAIN_ENV}={experiment} (workflow) or "
-        "retrain=True (api.train) to do it; the training record in "
-        f"{record_dir} counts it"
-    )
+    raise RetrainRefused(_refusal(record_dir, out, experiment, done, what))
