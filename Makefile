@@ -1,4 +1,5 @@
 # make install | run | test | test-fast | test-slurm | lint | lock  (optional: DATA=dir FID_WEIGHTS=file)
+# WORKERS     pytest-xdist workers of make test and test-fast (default auto: one per CPU)
 #
 # LOCK        pip constraints with the exact versions CI checked (default envs/requirements.lock);
 #             LOCK= installs pyproject.toml's open ranges instead. `make lock` refreshes the file.
@@ -44,10 +45,14 @@ run: install
 
 # Lint, format check, unit tests, then the smoke workflow (tests/test_workflow.py, slow).
 # Each test has a time limit (pyproject.toml, tests/conftest.py); the 25 slowest are listed.
+# pytest-xdist: one worker per CPU (WORKERS), each test file on one worker (its
+# module-scoped fixtures, e.g. the smoke workflow, run once).
+WORKERS ?= auto
+PARALLEL := -n $(WORKERS) --dist loadfile
 test: install
 	$(IN_VENV) ruff check src tests
 	$(IN_VENV) ruff format --check src tests
-	$(IN_VENV) $(TEST_ENV) pytest --durations=25
+	$(IN_VENV) $(TEST_ENV) pytest $(PARALLEL) --durations=25
 
 # The workflow through profiles/slurm on a live one-node SLURM cluster started here
 # (tests/slurm/run_live_cluster.sh; root: installs slurm-wlm and munge; ~10 min).
@@ -57,7 +62,7 @@ test-slurm: install
 # Everything but the tests marked slow (docs/TESTING.md: what it covers; < 5 min).
 test-fast: install
 	$(IN_VENV) ruff check src tests
-	$(IN_VENV) $(TEST_ENV) pytest -m "not slow" --durations=10
+	$(IN_VENV) $(TEST_ENV) pytest $(PARALLEL) -m "not slow" --durations=10
 
 # Snakemake's linter over Snakefile and workflow/rules (.ci/run runs it after `make test`).
 lint: install
