@@ -46,13 +46,18 @@ run: install
 # Lint, format check, unit tests, then the smoke workflow (tests/test_workflow.py, slow).
 # Each test has a time limit (pyproject.toml, tests/conftest.py); the 25 slowest are listed.
 # pytest-xdist: one worker per CPU (WORKERS), each test file on one worker (its
-# module-scoped fixtures, e.g. the smoke workflow, run once).
+# module-scoped fixtures, e.g. the smoke workflow, run once), files in collection order
+# (tests/conftest.py FIRST_FILES: the longest start first).
+# One thread per test process (OMP_NUM_THREADS=1): the workers already use the CPUs, and
+# threads that outnumber the cores only spin; a workflow's jobs still get their rule's
+# threads from Snakemake.
 WORKERS ?= auto
-PARALLEL := -n $(WORKERS) --dist loadfile
+PARALLEL := -n $(WORKERS) --dist loadfile --no-loadscope-reorder
+TEST_THREADS := OMP_NUM_THREADS=1
 test: install
 	$(IN_VENV) ruff check src tests
 	$(IN_VENV) ruff format --check src tests
-	$(IN_VENV) $(TEST_ENV) pytest $(PARALLEL) --durations=25
+	$(IN_VENV) $(TEST_ENV) $(TEST_THREADS) pytest $(PARALLEL) --durations=25
 
 # The workflow through profiles/slurm on a live one-node SLURM cluster started here
 # (tests/slurm/run_live_cluster.sh; root: installs slurm-wlm and munge; ~10 min).
@@ -62,7 +67,7 @@ test-slurm: install
 # Everything but the tests marked slow (docs/TESTING.md: what it covers; < 5 min).
 test-fast: install
 	$(IN_VENV) ruff check src tests
-	$(IN_VENV) $(TEST_ENV) pytest $(PARALLEL) -m "not slow" --durations=10
+	$(IN_VENV) $(TEST_ENV) $(TEST_THREADS) pytest $(PARALLEL) -m "not slow" --durations=10
 
 # Snakemake's linter over Snakefile and workflow/rules (.ci/run runs it after `make test`).
 lint: install

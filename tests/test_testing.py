@@ -26,7 +26,9 @@ def test_named_tests_exist(name):
     assert function in _functions(module), f"tests/conftest.py names {name}: no such test"
 
 
-@pytest.mark.parametrize("module", sorted(conftest.TIMEOUTS_FIRST_OF_MODULE))
+@pytest.mark.parametrize(
+    "module", sorted({*conftest.TIMEOUTS_FIRST_OF_MODULE, *conftest.FIRST_FILES})
+)
 def test_named_modules_exist(module):
     assert (TESTS / module).is_file(), f"tests/conftest.py names {module}: no such file"
 
