@@ -171,25 +171,28 @@ def _name(item: pytest.Item) -> str:
 
 #: Test files that run longest (a whole workflow, or many Inception passes), longest first:
 #: collected first, so that pytest-xdist (``--dist loadfile``, make test) starts them at
-#: once, each on a worker, while the other files fill the other worker.
+#: once while the other files fill the other worker. LAST_FILES run at the end, when
+#: `make test-slurm` beside the tests (.ci/run) has ended: the split gpu-window test's
+#: calls train for minutes each and would take several times as long beside it.
 FIRST_FILES = (
     "test_workflow.py",
-    "test_gpu_window.py",
     "test_owndata_workflow.py",
     "test_fid.py",
     "test_evaluate_job.py",
 )
+LAST_FILES = ("test_gpu_window.py",)
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m "not slow" deselects
 def pytest_collection_modifyitems(config, items):
-    """Marks the tests of SLOW_TESTS ``slow``; puts the files of FIRST_FILES first (each
-    file's tests keep their order)."""
+    """Marks the tests of SLOW_TESTS ``slow``; puts the files of FIRST_FILES first and those
+    of LAST_FILES last (each file's tests keep their order)."""
     for item in items:
         if _name(item) in SLOW_TESTS:
             item.add_marker(pytest.mark.slow)
-    rank = {name: i for i, name in enumerate(FIRST_FILES)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(FIRST_FILES)))
+    order = [*FIRST_FILES, None, *LAST_FILES]  # None: every other file
+    rank = {name: i for i, name in enumerate(order)}
+    items.sort(key=lambda item: rank.get(item.path.name, rank[None]))
 
 
 def pytest_collection_finish(session):

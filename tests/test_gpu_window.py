@@ -93,7 +93,9 @@ def call(root: Path, tmp: Path, archive_in: Path | None, archive_out: Path, budg
         "PYTHONPATH": f"{REPO / 'src'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
     }
-    result = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, cwd=fresh)
+    result = subprocess.run(  # the call stops itself at its budget; then it packs
+        cmd, capture_output=True, text=True, env=env, timeout=budget + 300, cwd=fresh
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     return fresh / "sets" / "cpu-test"
 

@@ -27,7 +27,8 @@ def test_named_tests_exist(name):
 
 
 @pytest.mark.parametrize(
-    "module", sorted({*conftest.TIMEOUTS_FIRST_OF_MODULE, *conftest.FIRST_FILES})
+    "module",
+    sorted({*conftest.TIMEOUTS_FIRST_OF_MODULE, *conftest.FIRST_FILES, *conftest.LAST_FILES}),
 )
 def test_named_modules_exist(module):
     assert (TESTS / module).is_file(), f"tests/conftest.py names {module}: no such file"
