@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -106,3 +107,9 @@ def without_log_hash(record: dict) -> dict:
     """A privacy record less ``train_log_sha256``: the train log it hashes holds wall-clock
     columns (steps/s, elapsed seconds), so two runs of identical steps differ there only."""
     return {k: v for k, v in record.items() if k != "train_log_sha256"}
+
+
+def listed_outputs(line: str) -> list[str]:
+    """The output files of a dry run's ``output:`` line (what follows ``output: ``), less the
+    flag Snakemake shows after a flagged one: ``generator.pt (update)`` -> ``generator.pt``."""
+    return [re.sub(r" \(\w+\)$", "", f) for f in line.split(", ")]

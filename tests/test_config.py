@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from helpers import listed_outputs
 
 from dpsinkhorn import config as cfg
 from dpsinkhorn import plan
@@ -348,8 +349,7 @@ def test_single_cell_reruns_alone(tmp_path):
     mtime = 1_700_000_000
     for rule, files in jobs:
         mtime += 10 if rule != "table1" else 100
-        for listed in files.split(", "):
-            name = re.sub(r" \(\w+\)$", "", listed)  # a flagged output: "generator.pt (update)"
+        for name in listed_outputs(files):
             file = tmp_path / name
             file.parent.mkdir(parents=True, exist_ok=True)
             file.touch()

@@ -43,7 +43,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 import yaml
-from helpers import require_shared, shared_config_overrides, shared_path, without_log_hash
+from helpers import (
+    listed_outputs,
+    require_shared,
+    shared_config_overrides,
+    shared_path,
+    without_log_hash,
+)
 
 from dpsinkhorn.config import cluster, experiment_home, load_config, trained_experiments
 
@@ -397,10 +403,7 @@ def paper_dry_run(workdir: Path) -> list[tuple[str, list[str], str | None]]:
         rule = re.match(r"( *)rule ([\w-]+):", block)
         if rule:
             output = re.search(r"output: (.*)", block)
-            # a flagged output is listed with its flag: "generator.pt (update)"
-            files = (
-                [re.sub(r" \(\w+\)$", "", f) for f in output.group(1).split(", ")] if output else []
-            )
+            files = listed_outputs(output.group(1)) if output else []
             jobs.append((rule.group(2), files, group if rule.group(1) else None))
     return jobs
 

@@ -113,9 +113,10 @@ def prepare_workflow_process() -> None:
 def private_trainings(config: Mapping, results: PathLike) -> list[tuple[str, str, dict]]:
     """(experiment, absolute output folder, settings) of each DP release the config trains,
     as ``privacy.trainings.refuse_changed_settings`` compares them with the record."""
+    trained = set(trained_experiments(config))
     return [
         (name, str(Path(experiment_dir(config, results, name)).resolve()),
          json.loads(experiment_spec(config, name)))
         for name in private_experiments(config)
-        if name in trained_experiments(config)
+        if name in trained
     ]  # fmt: skip
