@@ -86,7 +86,7 @@ class ExperimentSpec:
                 "betas": tuple(spec["betas"]),
                 # The schema gives no default (a CelebA experiment names its generator).
                 "generator": spec.get("generator", "dcgan"),
-                # Added with issue 21; an experiment dict from before it is conditional.
+                # An experiment dict written before the key existed is conditional.
                 "conditional": bool(spec.get("conditional", True)),
                 "latent_dim": int(spec["latent_dim"]),
                 "embed_dim": int(spec["embed_dim"]),

@@ -1,4 +1,4 @@
-"""Empirical privacy audit of the production training step (issue 22).
+"""Empirical privacy audit of the production training step.
 
 ``python -m dpsinkhorn.train.audit [--sharp] [--releases R] [--steps S]`` attacks the
 step that training runs, built as training builds it, and prints one JSON line per

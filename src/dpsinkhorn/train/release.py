@@ -80,7 +80,7 @@ def generator_payload(trainer: Trainer) -> bytes:
         "experiment": trainer.settings.name,
         "steps": trainer.step_count,
     }
-    # Added with issue 21, only where they say something (earlier payloads keep their bytes):
+    # Only where they say something (payloads without them keep their bytes):
     # the declared class names (public: given by the caller, not read from the data) and
     # an unconditional generator's flag.
     if trainer.classes_declared:
