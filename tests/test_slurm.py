@@ -144,8 +144,8 @@ def progress(workdir: Path, preemption: Preemption) -> str:
     submitted = re.findall(r"rule_(\w+?)/\S*\.log\)", text)
     jobs = ", ".join(f"{rule} {submitted.count(rule)}" for rule in sorted(set(submitted)))
     stops: dict[str, list[str]] = {}
-    for exp, step in re.findall(rf"checkpoint at step (\d+) in {RUN}/(\S+)/private", text):
-        stops.setdefault(step, []).append(exp)
+    for step, exp in re.findall(rf"checkpoint at step (\d+) in {RUN}/(\S+)/private", text):
+        stops.setdefault(exp, []).append(step)
     chains = "; ".join(f"{exp} stopped at {', '.join(at)}" for exp, at in stops.items())
     return (
         f"SLURM jobs submitted: {jobs or 'none'}; {chains or 'no training stopped'}; "
