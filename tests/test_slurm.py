@@ -36,6 +36,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -53,6 +54,7 @@ from helpers import (
 
 from dpsinkhorn.config import cluster, experiment_home, load_config, trained_experiments
 from dpsinkhorn.privacy.trainings import read as read_record
+from dpsinkhorn.privacy.trainings import trainings as trainings_of
 
 pytestmark = pytest.mark.slurm
 
@@ -295,19 +297,11 @@ def test_every_training_drew_its_noise_once(run):
     generator (the same content hash), it never trains again."""
     (record,) = (run.workdir / "data" / "trainings").glob("*.jsonl")
     events = read_record(record)
-    ids: dict[str, set[str]] = {}
-    for event in events:
-        if event["event"] == "started":
-            ids.setdefault(event["experiment"], set()).add(event["training"])
-    assert {exp: len(t) for exp, t in ids.items()} == {
-        exp: 1 for exp in trained_experiments(load_config([CONFIG]))
-    }, ids
-    for (training,) in ids.values():
-        hashes = {
-            e["content_sha256"]
-            for e in events
-            if e["training"] == training and e["event"] == "finished"
-        }
+    per_experiment = Counter(t["experiment"] for t in trainings_of(events))
+    assert per_experiment == Counter(trained_experiments(load_config([CONFIG]))), per_experiment
+    for training in {e["training"] for e in events}:
+        finished = [e for e in events if e["training"] == training and e["event"] == "finished"]
+        hashes = {e["content_sha256"] for e in finished}
         assert len(hashes) == 1, (training, hashes)
 
 
