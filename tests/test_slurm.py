@@ -38,6 +38,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -52,7 +53,13 @@ from helpers import (
     without_log_hash,
 )
 
-from dpsinkhorn.config import cluster, experiment_home, load_config, trained_experiments
+from dpsinkhorn.config import (
+    cluster,
+    experiment,
+    experiment_home,
+    load_config,
+    trained_experiments,
+)
 from dpsinkhorn.privacy.trainings import read as read_record
 from dpsinkhorn.privacy.trainings import trainings as trainings_of
 
@@ -113,9 +120,19 @@ def seconds(duration: str) -> int:
     return int(days or 0) * 86400 + h * 3600 + m * 60 + s
 
 
+def started(job: dict) -> float:
+    """A job's (last) StartTime, in seconds since the epoch (scontrol prints local time)."""
+    return time.mktime(time.strptime(job["StartTime"], "%Y-%m-%dT%H:%M:%S"))
+
+
 class Preemption:
-    """Requeues the first job of mnist_long once it has trained 100 steps, as a preemption
-    with PreemptMode=REQUEUE would, and reads the step its checkpoint was taken at."""
+    """Requeues mnist_long's job once it is training past step 100, as a preemption with
+    PreemptMode=REQUEUE would, and reads the step its checkpoint was taken at.
+
+    Under load the first jobs may get their signal before step 100 (or before training
+    starts), so it is the first job seen training past it: its log was written since the job
+    started (not the previous job's log, which stays until the new job rewrites it), shows
+    steps taken (the signal handler is in place) and no checkpoint yet."""
 
     def __init__(self, workdir: Path):
         self.log = workdir / RUN / "logs" / f"train_{LONG}.log"
@@ -129,9 +146,12 @@ class Preemption:
                 for j in slurm_jobs()
                 if j["Comment"] == LONG_COMMENT and j["JobState"] == "RUNNING"
             ]
-            text = self.log.read_text() if running and self.log.exists() else ""
-            steps = re.findall(r"(\d+)/\d+ \[", text)
-            if steps and int(steps[-1]) >= 100:
+            if not running or not self.log.exists():
+                return
+            written, text = self.log.stat().st_mtime, self.log.read_text()
+            steps = [int(s) for s in re.findall(r"(\d+)/\d+ \[", text)]
+            fresh = written > started(running[0]) + 1 and "checkpoint at step" not in text
+            if fresh and len(steps) > 1 and steps[-1] > steps[0] and steps[-1] >= 100:
                 self.job = running[0]["JobId"]
                 subprocess.run(["scontrol", "requeue", self.job], check=True)
         elif self.step is None:  # the log is rewritten when the job starts again
@@ -267,9 +287,9 @@ def test_network_steps_ran_as_slurm_jobs_with_one_gpu_each(run):
     for job in run.jobs:
         assert job["TresPerJob"] == "gres:gpu:1", job
         assert job["JOB_GRES"] == "gpu:1", job  # allocated, not only asked for
-    # Only trainings fail: a job that got SIGTERM before it finished (it comes 5 min before
-    # the 6-minute limit: under load even a 20-step training may get it) and checkpointed;
-    # each training's last job completed.
+    # Only trainings fail: each failed job got SIGTERM before it finished (it comes 5 min
+    # before the 6-minute limit: under load even a 20-step training may get it), and each
+    # training's last job completed (training_chain says how each failed job ended).
     trainings: dict[str, list[dict]] = {}
     for job in run.jobs:
         if job["Rule"] == "train":
@@ -279,15 +299,11 @@ def test_network_steps_ran_as_slurm_jobs_with_one_gpu_each(run):
     assert {trained_experiment(c) for c in trainings} == set(
         trained_experiments(load_config([CONFIG]))
     ), sorted(trainings)
+    config = load_config([CONFIG])
     for comment, jobs in trainings.items():
-        states = [j["JobState"] for j in jobs]
-        assert states == ["FAILED"] * (len(jobs) - 1) + ["COMPLETED"], (comment, states)
         exp = trained_experiment(comment)
-        if exp != LONG:  # (mnist_long: test_preempted_and_time_limited_...)
-            # Each failed job checkpointed on the signal (exit 75), but one may have finished
-            # training as the signal came (the job step is cancelled while Snakemake stores
-            # the outputs): its retry finds the final checkpoint (test_every_training_...).
-            assert len(jobs) - 1 - exits_75(run, exp) in (0, 1), (exp, states)
+        if exp != LONG:  # (mnist_long, requeued too: test_preempted_and_time_limited_...)
+            assert_chain(run, exp, jobs, experiment(config, exp)["steps"])
 
 
 def test_every_training_drew_its_noise_once(run):
@@ -309,63 +325,139 @@ def long_jobs(run) -> list[dict]:
     return [j for j in run.jobs if j["Comment"] == LONG_COMMENT]
 
 
-def exits_75(run, exp: str) -> int:
-    """Jobs of experiment ``exp``'s training that stopped on a signal with a checkpoint."""
-    return len(re.findall(rf"--experiment {exp} .*returned non-zero exit status 75", run.output))
+@dataclass(frozen=True)
+class Outcome:
+    """How a failed training job ended, from what Snakemake printed when it failed."""
+
+    checkpoint: int | None  # the step of the checkpoint written on the signal
+    exit_75: bool  # `dpsinkhorn train` exited 75: checkpointed, rerun to resume
+    steps_shown: tuple[int, ...]  # its progress bar's steps: the step it started at, then on
+
+    def kind(self, total: int, resumed_from: int) -> str:
+        """``checkpointed`` on the signal (exit 75); ``finished``: trained to the end as the
+        signal came (SLURM cancels the job step while Snakemake stores the outputs; the
+        retry finds the final checkpoint); ``no step taken``: the signal came while the job
+        started, before the training's handler was in place (SLURM may send it up to a
+        minute early), so it died of it having trained nothing (an empty log, or only the
+        step it would have resumed from); else ``unexplained``."""
+        if self.checkpoint is not None and self.exit_75:
+            return "checkpointed"
+        if self.checkpoint is None and not self.exit_75:
+            if self.steps_shown and self.steps_shown[-1] == total:
+                return "finished"
+            if set(self.steps_shown) <= {resumed_from}:
+                return "no step taken"
+        return "unexplained"
+
+
+def failed_training_jobs(run, exp: str, total: int) -> dict[str, Outcome]:
+    """Each failed SLURM job of ``exp``'s training (``total`` steps), by job id, read from
+    Snakemake's error block for it: from "SLURM-job 'N' failed" to the next failure or
+    restart; it holds the job's shell command, its training log and its job log."""
+    text = run.output
+    ends = [m.start() for m in re.finditer(r"SLURM-job '\d+' failed|Trying to restart job", text)]
+    outcomes = {}
+    for failure in re.finditer(r"SLURM-job '(\d+)' failed", text):
+        end = next((e for e in ends if e > failure.start()), len(text))
+        block = text[failure.start() : end]
+        command = re.search(r"--experiment (\S+)", block)
+        if command is None or command.group(1) != exp:
+            continue
+        stop = re.search(r"signal 15: checkpoint at step (\d+) in ", block)
+        outcomes[failure.group(1)] = Outcome(
+            checkpoint=int(stop.group(1)) if stop else None,
+            exit_75="returned non-zero exit status 75" in block,
+            steps_shown=tuple(int(s) for s in re.findall(rf"(\d+)/{total} \[", block)),
+        )
+    return outcomes
+
+
+def training_chain(
+    run, exp: str, jobs: list[dict], total: int, requeue: tuple[str, int] | None = None
+) -> tuple[list[int], dict[str, str]]:
+    """``exp``'s training jobs in order: the steps its stops checkpointed at, and how each
+    failed job ended (``Outcome.kind``, by job id). ``requeue``: the (job id, step) of a
+    job requeued while it trained, which checkpointed at that step and ran again."""
+    outcomes = failed_training_jobs(run, exp, total)
+    stops: list[int] = []
+    kinds: dict[str, str] = {}
+    resumed_from = 0
+    for job in jobs:
+        if requeue is not None and job["JobId"] == requeue[0]:
+            stops.append(requeue[1])
+            resumed_from = requeue[1]
+        if job["JobState"] != "FAILED":
+            continue
+        outcome = outcomes.get(job["JobId"])
+        kinds[job["JobId"]] = outcome.kind(total, resumed_from) if outcome else "not printed"
+        if kinds[job["JobId"]] == "checkpointed":
+            stops.append(outcome.checkpoint)
+            resumed_from = outcome.checkpoint
+    return stops, kinds
+
+
+def assert_chain(
+    run, exp: str, jobs: list[dict], total: int, requeue: tuple[str, int] | None = None
+) -> tuple[list[int], dict[str, str]]:
+    """``exp``'s jobs (a ``total``-step training): every job but the last failed, and the
+    last completed. Each failed job checkpointed on its signal, or died of it before it
+    took a step, or (at most one: the last that failed) finished as it came. No progress
+    was lost: the stops only go forward. Returns ``training_chain``'s stops and kinds."""
+    stops, kinds = training_chain(run, exp, jobs, total, requeue)
+    states = [j["JobState"] for j in jobs]
+    report = (exp, states, kinds, stops)
+    assert states == ["FAILED"] * (len(jobs) - 1) + ["COMPLETED"], report
+    assert set(kinds.values()) <= {"checkpointed", "no step taken", "finished"}, report
+    finished = [job for job, kind in kinds.items() if kind == "finished"]
+    assert not finished or finished == [jobs[-2]["JobId"]], report
+    assert stops == sorted(set(stops)) and all(0 < stop < total for stop in stops), report
+    return stops, kinds
 
 
 def test_preempted_and_time_limited_training_checkpoints_and_resumes(run):
-    """mnist_long: requeued once (preemption), then every job but the last got SIGTERM
-    before its time limit; each time it checkpointed, and the next run resumed."""
+    """mnist_long: one job requeued while it trained (preemption), and every job but the
+    last got SIGTERM before its time limit; each time it checkpointed (or had not yet
+    taken a step), and the next run resumed where the last one stopped."""
     jobs = long_jobs(run)
-    spec = yaml.safe_load(CONFIG.read_text())["experiments"][LONG]
-    requeued, at = run.preemption.job, run.preemption.step
-    # Checkpoints written on the signal (not at a multiple of checkpoint_every).
-    stops = re.findall(rf"signal 15: checkpoint at step (\d+) in {RUN}/{LONG}/", run.output)
-    stops = [int(s) for s in stops]
-    report = f"job {requeued} requeued at step {at}; " + ", ".join(
-        f"job {j['JobId']} {j['JobState']} after {j['RunTime']}"
-        + (f" at step {stops[i]}" if i < len(stops) else "")
-        for i, j in enumerate(jobs)
+    total = experiment(load_config([CONFIG]), LONG)["steps"]
+    requeue = run.preemption.job, run.preemption.step
+    stops, kinds = training_chain(run, LONG, jobs, total, requeue)
+    report = f"job {requeue[0]} requeued at step {requeue[1]}; stops at {stops}; " + ", ".join(
+        f"job {j['JobId']} {j['JobState']} after {j['RunTime']} {kinds.get(j['JobId'], '')}"
+        for j in jobs
     )
-    print(f"\n{LONG} ({spec['steps']} steps, limit {jobs[0]['TimeLimit']}): {report}")
+    print(f"\n{LONG} ({total} steps, limit {jobs[0]['TimeLimit']}): {report}")
     # the request production code computes (the cap: its measured rate says it needs
     # longer), on the partition that enforces its MaxTime
     request = cluster.Requests(load_config([CONFIG]), [REPO])(LONG)
     assert all(seconds(j["TimeLimit"]) == 60 * request.minutes for j in jobs), report
     assert {j["Partition"] for j in run.jobs} == {"short"}
     assert all(seconds(j["TimeLimit"]) <= 60 * request.minutes for j in run.jobs)
-    assert requeued == jobs[0]["JobId"] and jobs[0]["Restarts"] == "1", report
-    assert all(j["Restarts"] == "0" for j in jobs[1:]), report
+    # Requeued once (the job ran again, under the same id), after its checkpoint.
+    assert requeue[0] in {j["JobId"] for j in jobs} and requeue[1] is not None, report
+    restarts = [j["Restarts"] for j in jobs]
+    assert restarts == ["1" if j["JobId"] == requeue[0] else "0" for j in jobs], report
     assert len(jobs) >= 2, report
-    assert [j["JobState"] for j in jobs] == ["FAILED"] * (len(jobs) - 1) + ["COMPLETED"]
-    stops = [at, *stops]
-    # Progress is never lost: every resume starts where the last job stopped. One job may
-    # finish training just as its signal arrives and fail without a checkpoint message;
-    # the next one then finds the final checkpoint and only writes the outputs.
-    # (Each stop is a "signal 15: checkpoint at step N" line: written on the signal. N may be
-    # a multiple of checkpoint_every: a signal that comes while the periodic checkpoint is
-    # being written stops the job at that step.)
-    finished_then_signalled = len(jobs) - len(stops)
-    assert finished_then_signalled in (0, 1) and stops == sorted(set(stops)), stops
-    assert all(0 < s < spec["steps"] for s in stops), stops
+    assert_chain(run, LONG, jobs, total, requeue)
     for job in jobs[:-1]:
         # before the limit: not killed by it
         assert seconds(job["RunTime"]) < seconds(job["TimeLimit"]), job
-    assert sum(j["ExitCode"] == "1:0" for j in jobs[:-1]) >= len(jobs) - 1 - finished_then_signalled
-    assert exits_75(run, LONG) == len(jobs) - 1 - finished_then_signalled
+        if kinds[job["JobId"]] == "checkpointed":  # its job step's Snakemake exited 1
+            assert job["ExitCode"] == "1:0", job
     privacy = json.loads((run.results / LONG / "privacy.json").read_text())
-    assert privacy["steps"] == spec["steps"]
+    assert privacy["steps"] == total
     ckpt = run.results / LONG / "private_workspace" / "checkpoint.pt"
     state = torch.load(ckpt, weights_only=False)
-    assert state["step"] == spec["steps"]  # kept: keep_private_workspace in slurm_test.yaml
-    # train_log.csv: elapsed_s restarts with every process that trained.
+    assert state["step"] == total  # kept: keep_private_workspace in slurm_test.yaml
+    # train_log.csv: one row every log_every steps, each once, across all the processes
+    # (elapsed_s restarts in each; a drop shows only where the row before came later in
+    # its process, so there are at most as many drops as stops, and at least one).
     with open(run.results / LONG / "train_log.csv", newline="") as fh:
         log = list(csv.DictReader(fh))
+    every = experiment(load_config([CONFIG]), LONG)["log_every"]
+    assert [int(row["step"]) for row in log] == list(range(every, total + 1, every))
     elapsed = [float(row["elapsed_s"]) for row in log]
-    restarts = sum(b < a for a, b in itertools.pairwise(elapsed))
-    assert restarts == len(stops)
-    assert int(log[-1]["step"]) == spec["steps"]
+    assert 1 <= sum(b < a for a, b in itertools.pairwise(elapsed)) <= len(stops), stops
 
 
 def test_resumed_generator_equals_an_uninterrupted_run(run):
