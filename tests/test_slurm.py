@@ -141,10 +141,12 @@ class Preemption:
 
     def poll(self) -> None:
         if self.job is None:
+            try:
+                jobs = slurm_jobs()
+            except subprocess.CalledProcessError:  # slurmctld did not answer: next poll
+                return
             running = [
-                j
-                for j in slurm_jobs()
-                if j["Comment"] == LONG_COMMENT and j["JobState"] == "RUNNING"
+                j for j in jobs if j["Comment"] == LONG_COMMENT and j["JobState"] == "RUNNING"
             ]
             if not running or not self.log.exists():
                 return

@@ -21,6 +21,9 @@
 set -euo pipefail
 export PATH=$PATH:/usr/sbin:/sbin
 
+# SLURM's default ports, written into slurm.conf; start() waits until they are free.
+SLURMCTLD_PORT=6817
+SLURMD_PORT=6818
 # MaxTime (minutes) of the partition `short`: cluster.max_job_minutes of
 # config/slurm_test.yaml (tests/test_slurm.py checks that they agree).
 SHORT_MINUTES=6
@@ -83,6 +86,8 @@ ClusterName=dpsinkhorn
 # the srun that the slurm executor runs inside each job).
 SlurmctldParameters=enable_configless
 SlurmctldHost=$node(127.0.0.1)
+SlurmctldPort=$SLURMCTLD_PORT
+SlurmdPort=$SLURMD_PORT
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
@@ -153,10 +158,23 @@ start() {
     write_config "$dir"
     start_munge "$dir"
     export SLURM_CONF=$dir/slurm.conf
+    # A cluster stopped a moment ago (a previous run) may still hold slurmctld's and slurmd's
+    # ports: our slurmctld would fail to bind, and scontrol would answer from the old one.
+    local port
+    for port in $SLURMCTLD_PORT $SLURMD_PORT; do
+        for _ in $(seq 120); do
+            listening "$port" || break
+            sleep 0.5
+        done
+        ! listening "$port" || die "port $port is in use (another slurmctld or slurmd?)"
+    done
     slurmctld -c -f "$SLURM_CONF"
     local up=""
     for _ in $(seq 60); do # slurmd fetches its configuration from slurmctld
-        scontrol ping 2>/dev/null | grep -q UP && up=1 && break
+        # (ours: its pid file names a live process)
+        if [[ -s $dir/slurmctld.pid ]] && kill -0 "$(cat "$dir/slurmctld.pid")" 2>/dev/null; then
+            scontrol ping 2>/dev/null | grep -q UP && up=1 && break
+        fi
         sleep 0.5
     done
     if [[ -z $up ]]; then
@@ -189,6 +207,15 @@ stop_pidfile() {
         sleep 0.2
     done
     kill -9 "$pid" 2>/dev/null || true
+    for _ in $(seq 50); do
+        kill -0 "$pid" 2>/dev/null || return 0
+        sleep 0.2
+    done
+}
+
+# Whether something listens on 127.0.0.1:PORT (bash's /dev/tcp: a connect).
+listening() {
+    (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
 }
 
 stop() {
