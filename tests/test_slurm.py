@@ -298,10 +298,10 @@ def test_network_steps_ran_as_slurm_jobs_with_one_gpu_each(run):
             trainings.setdefault(job["Comment"], []).append(job)
         else:
             assert job["JobState"] == "COMPLETED", job
-    assert {trained_experiment(c) for c in trainings} == set(
-        trained_experiments(load_config([CONFIG]))
-    ), sorted(trainings)
     config = load_config([CONFIG])
+    assert {trained_experiment(c) for c in trainings} == set(trained_experiments(config)), sorted(
+        trainings
+    )
     for comment, jobs in trainings.items():
         exp = trained_experiment(comment)
         if exp != LONG:  # (mnist_long, requeued too: test_preempted_and_time_limited_...)
@@ -421,7 +421,8 @@ def test_preempted_and_time_limited_training_checkpoints_and_resumes(run):
     last got SIGTERM before its time limit; each time it checkpointed (or had not yet
     taken a step), and the next run resumed where the last one stopped."""
     jobs = long_jobs(run)
-    total = experiment(load_config([CONFIG]), LONG)["steps"]
+    spec = experiment(load_config([CONFIG]), LONG)
+    total = spec["steps"]
     requeue = run.preemption.job, run.preemption.step
     stops, kinds = training_chain(run, LONG, jobs, total, requeue)
     report = f"job {requeue[0]} requeued at step {requeue[1]}; stops at {stops}; " + ", ".join(
@@ -456,7 +457,7 @@ def test_preempted_and_time_limited_training_checkpoints_and_resumes(run):
     # its process, so there are at most as many drops as stops, and at least one).
     with open(run.results / LONG / "train_log.csv", newline="") as fh:
         log = list(csv.DictReader(fh))
-    every = experiment(load_config([CONFIG]), LONG)["log_every"]
+    every = spec["log_every"]
     assert [int(row["step"]) for row in log] == list(range(every, total + 1, every))
     elapsed = [float(row["elapsed_s"]) for row in log]
     assert 1 <= sum(b < a for a, b in itertools.pairwise(elapsed)) <= len(stops), stops
