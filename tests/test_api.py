@@ -81,7 +81,7 @@ def test_api_run_on_arrays_is_labelled_and_released_only_as_trained(tmp_path):
     log = run / "train_log.csv"
     original = log.read_bytes()
     log.write_bytes(original.replace(b"step,", b"step ,"))
-    with pytest.raises(ValueError, match=r"train_log.csv: not the file that was produced"):
+    with pytest.raises(ValueError, match=r"train_log.csv: not the file its training wrote"):
         api.release(run, tmp_path / "out")
     assert not (tmp_path / "out").exists() and not (run / "release_manifest.json").exists()
     log.write_bytes(original)

@@ -93,7 +93,7 @@ def workdir(tmp_path_factory) -> Path:
         "--configfile", str(workdir / "digits.yaml"), "--config", f"fid_weights={weights}",
         cwd=workdir,
     )  # fmt: skip
-    run(str(BIN / "dpsinkhorn"), "release", "--run", "results/digits", "--out", "published",
+    run(str(BIN / "dpsinkhorn"), "release", "--config", "digits.yaml", "--out", "published",
         cwd=workdir)  # fmt: skip
     return workdir
 

@@ -1,33 +1,39 @@
-"""Issue 21: the release, defined by the code, and accounting across releases.
+"""The release: one door (``dpsinkhorn.publish``), every published byte proven from the
+ledger and the config.
 
 A tiny real run (two DP releases, one non-private generator, one real-data row on MNIST,
 6 training steps each) is laid out as the workflow lays it out: DP experiments in
-``<run>/<exp>/``, everything else under ``<run>/nonprivate/``. Its manifest lists exactly
-the DP folders' files and the privacy summary; ``dpsinkhorn release`` copies exactly
-those and refuses, with one line and exit 2, everything the issue names.
+``<run>/<exp>/``, everything else under ``<run>/nonprivate/``. The DP experiments are
+evaluated by the real ``dpsinkhorn evaluate`` (samples, FID against statistics of real
+test images, Log-Reg). ``dpsinkhorn release`` publishes exactly what the config lists and
+the ledgers prove, and refuses, with one line and exit 2, each attack below.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 
+import numpy as np
 import pytest
 
-from dpsinkhorn import cli, fileio
+from dpsinkhorn import cli, fileio, publish
 from dpsinkhorn import config as config_lib
 from dpsinkhorn.config import targets
 from dpsinkhorn.data import datasets as data
 from dpsinkhorn.privacy.accounting import composed_epsilon, compute_epsilon
+from dpsinkhorn.publish import MANIFEST, decision, run_folders, write_manifest
 from dpsinkhorn.report.privacy_summary import privacy_summary, summary_markdown
-from dpsinkhorn.train.publish import MANIFEST, release, sha256_of, write_manifest
 from dpsinkhorn.train.run import train
 from dpsinkhorn.train.workspace import WORKSPACE
 
 TINY = {"channels": [16, 8, 4], "steps": 6, "checkpoint_every": 2, "log_every": 2}
+NUM = 20  # samples per seed
+DP = ("dp_a", "dp_b")
 
 
-def run_config(reproducible: bool = False) -> dict:
+def run_config(data_dir, reproducible: bool = False) -> dict:
     experiments = {
         "dp_a": {"sigma": 1.5},
         "dp_b": {"sigma": 1.5},
@@ -38,8 +44,9 @@ def run_config(reproducible: bool = False) -> dict:
     return config_lib.validate(
         {
             "run_name": "t",
+            "data_dir": str(data_dir),
             "seeds": [0],
-            "evaluation": {"num_samples": 20, "classifiers": ["logreg"]},
+            "evaluation": {"num_samples": NUM, "classifiers": ["logreg"]},
             "training_defaults": {**TINY, "reproducible": reproducible},
             "experiments": experiments,
         },
@@ -47,40 +54,62 @@ def run_config(reproducible: bool = False) -> dict:
     )
 
 
-def make_run(root, mnist_dir, mnist, reproducible: bool = False):
-    """Train, sample and score every experiment into ``root`` (the workflow's layout)."""
-    config = run_config(reproducible)
+def make_run(root, prepared, mnist, weights, reproducible: bool = False):
+    """Train, evaluate and summarise every experiment into ``root`` (the workflow's layout),
+    with a data folder of its own beside it (its own training record)."""
+    data_dir = root.parent / "data"
+    config = run_config(data_dir, reproducible)
+    folder = config_lib.prepared_folder_of(config, "mnist")
+    data_dir.mkdir(parents=True)
+    (data_dir / folder).symlink_to(prepared / "mnist", target_is_directory=True)
+    test = data_dir / folder / "test.npz"
+    reference = targets.fid_reference_file(root, "mnist")
+    args = ["fid-stats", "--samples", str(test), "--out", reference, "--num", "16"]
+    assert cli.main([*args, "--weights", str(weights), "--device", "cpu"]) == 0
     for exp in config_lib.trained_experiments(config):
         out = config_lib.experiment_dir(config, root, exp)
         train(config_lib.experiment(config, exp), out, train_data=mnist, progress=False,
-              record_dir=root.parent / "trainings")  # fmt: skip
-        samples = out / "samples_seed0.npz"
-        args = ["sample", "--generator", str(out / "generator.pt"), "--num", "20"]
-        assert cli.main(args + ["--seed", "0", "--out", str(samples), "--device", "cpu"]) == 0
-    real = config_lib.experiment_dir(config, root, "real") / "samples_seed0.npz"
-    train_npz = str(mnist_dir / "mnist" / "train.npz")
-    args = ["sample-real", "--data", train_npz, "--num", "20", "--seed", "0"]
-    assert cli.main(args + ["--out", str(real)]) == 0
-    for exp in config_lib.experiment_names(config):
-        # Scores: only their place matters to the release (their bytes are hashed as they are).
+              record_dir=data_dir / "trainings")  # fmt: skip
+        if exp in DP:
+            args = ["evaluate", "--generator", str(out / "generator.pt"), "--test", str(test),
+                    "--reference", reference, "--seed", "0", "--num", str(NUM),
+                    "--samples-dir", str(out), "--scores-dir", str(out), "--classifiers",
+                    "logreg", "--dataset", "mnist", "--weights", str(weights), "--sqrtm",
+                    "eigh", "--device", "cpu"]  # fmt: skip
+            assert cli.main(args) == 0
+    for exp in ("np", "real"):  # not released: only their place matters
         for path in targets.evaluation_files(config, root, [exp]):
-            fileio.write_json(path, {"score": 0.0, "experiment": exp}, record=True)
+            fileio.write_json(path, {"score": 0.0, "experiment": exp})
     fileio.write_json(targets.gradstudy_file(root, "dp_a"), {"p": [0.2]})
-    summary = privacy_summary(config, root)
-    fileio.write_json(targets.privacy_summary_file(root), summary, record=True)
+    fileio.write_json(targets.privacy_summary_file(root), privacy_summary(config, root))
     write_manifest(config, root)
     return config
 
 
 @pytest.fixture(scope="module")
-def mnist(prepared_data):
-    return data.load_split(prepared_data, "mnist", "train")
+def mnist(prepared_mnist):
+    return data.load_split(prepared_mnist, "mnist", "train")
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory, prepared_data, mnist):
-    root = tmp_path_factory.mktemp("results") / "t"
-    return make_run(root, prepared_data, mnist), root
+def run(tmp_path_factory, prepared_mnist, mnist, fid_weights):
+    root = tmp_path_factory.mktemp("run") / "t"
+    return make_run(root, prepared_mnist, mnist, fid_weights), root
+
+
+def _copy(root, dst):
+    """A copy of the run (and its data folder beside it, as the config names it)."""
+    shutil.copytree(root.parent, dst, symlinks=True)
+    return dst / root.name
+
+
+def _release_argv(config, run, out):
+    path = run.parent / "config.yaml"
+    if not path.exists():
+        import yaml
+
+        path.write_text(yaml.safe_dump({**config, "data_dir": str(run.parent / "data")}))
+    return ["release", "--config", str(path), "--run", str(run), "--out", str(out)]
 
 
 def _refused(argv, capsys, *words):
@@ -90,170 +119,235 @@ def _refused(argv, capsys, *words):
     assert all(w in err for w in words), err
 
 
+def _published(out) -> dict[str, bytes]:
+    return {p.relative_to(out).as_posix(): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+
+
 def test_private_and_nonprivate_files_live_apart(run):
     config, root = run
-    assert config_lib.private_experiments(config) == ["dp_a", "dp_b"]
+    assert config_lib.private_experiments(config) == list(DP)
     top = {p.name for p in root.iterdir()}
-    assert top == {"dp_a", "dp_b", "nonprivate", MANIFEST, "privacy_summary.json",
-                   "privacy_summary.json.sha256"}  # fmt: skip
-    assert {p.name for p in (root / "nonprivate").iterdir()} == {"np", "real", "dp_a"}
-    assert (root / "nonprivate" / "dp_a" / "gradstudy.json").is_file()
+    assert top == {*DP, "nonprivate", MANIFEST, "privacy_summary.json"}
+    assert {p.name for p in (root / "nonprivate").iterdir()} == {
+        "np", "real", "dp_a", "fid_ref_mnist.npz"}  # fmt: skip
     assert not (root / "dp_a" / "gradstudy.json").exists()
     ledger = fileio.read_json(root / "nonprivate" / "np" / "privacy.json")
     assert ledger["private"] is False and ledger["guarantee"] is None
-    for exp in ("dp_a", "dp_b"):
-        hashed = ("samples_seed0.npz", "fid_seed0.json", "acc_logreg_seed0.json")
-        assert {p.name for p in (root / exp).iterdir()} - {".dpsinkhorn.lock"} == {
-            "generator.pt",
-            "privacy.json",
-            "train_log.csv",
-            *hashed,
-            *(f"{name}.sha256" for name in hashed),  # recorded by their writers
-        }
+    for exp in DP:
+        names = {p.name for p in (root / exp).iterdir()} - {".dpsinkhorn.lock"}
+        assert names == {"generator.pt", "privacy.json", "train_log.csv", "samples_seed0.npz",
+                         "fid_seed0.json", "acc_logreg_seed0.json"}  # fmt: skip
 
 
-def test_manifest_lists_each_dp_file_with_its_ledger_and_hash(run):
+def test_release_publishes_exactly_what_the_config_lists_each_proven(run, tmp_path):
     config, root = run
-    manifest = fileio.read_json(root / MANIFEST)
-    paths = [f["path"] for f in manifest["files"]]
-    assert sorted(paths) == sorted(
-        [f"{e}/{n}" for e in ("dp_a", "dp_b") for n in
-         ("generator.pt", "privacy.json", "train_log.csv", "samples_seed0.npz",
-          "fid_seed0.json", "acc_logreg_seed0.json")] + ["privacy_summary.json"]
-    )  # fmt: skip
-    for entry in manifest["files"]:
-        assert entry["sha256"] == sha256_of(root / entry["path"])
+    out = tmp_path / "published"
+    assert cli.main(_release_argv(config, _copy(root, tmp_path / "c"), out)) == 0
+    files = _published(out)
+    expected = [f"{e}/{n}" for e in DP for n in ("privacy.json", "generator.pt", "train_log.csv",
+                "samples_seed0.npz", "fid_seed0.json", "acc_logreg_seed0.json")]  # fmt: skip
+    assert sorted(files) == sorted([*expected, "privacy_summary.json", MANIFEST])
+    for name in expected + ["privacy_summary.json"]:
+        assert files[name] == (root / name).read_bytes(), name  # samples: the redraw's bytes
+    report = json.loads(files[MANIFEST])
+    assert report["version"] == publish.MANIFEST_VERSION
+    kinds = {e["path"]: e["kind"] for e in report["files"]}
+    assert kinds["dp_a/samples_seed0.npz"] == "samples" and kinds["dp_b/fid_seed0.json"] == "scores"
+    for entry in report["files"]:
+        assert entry["sha256"] == hashlib.sha256(files[entry["path"]]).hexdigest()
+        assert entry["proof"]
         if entry["path"] == "privacy_summary.json":
             assert entry["ledgers"] == ["dp_a/privacy.json", "dp_b/privacy.json"]
         else:
             assert entry["ledgers"] == [entry["path"].split("/")[0] + "/privacy.json"]
         assert all(g.startswith("(epsilon, delta)-DP") for g in entry["guarantees"])
-
-
-def test_release_copies_exactly_the_manifest(run, tmp_path, capsys):
-    _, root = run
-    out = tmp_path / "published"
-    assert cli.main(["release", "--run", str(root), "--out", str(out)]) == 0
-    manifest = fileio.read_json(root / MANIFEST)
-    copied = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
-    assert copied == sorted([MANIFEST] + [f["path"] for f in manifest["files"]])
-    for name in copied:
-        assert (out / name).read_bytes() == (root / name).read_bytes()
-    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".published.tmp")]
+    # The run's own report is the same decision.
+    run_report = fileio.read_json(root / MANIFEST)
+    assert [e["path"] for e in run_report["files"]] == [e["path"] for e in report["files"]]
     # An existing, non-empty folder is refused.
-    _refused(["release", "--run", str(root), "--out", str(out)], capsys, str(out), "not an empty")
+    assert cli.main(_release_argv(config, _copy(root, tmp_path / "d"), out)) == 2
 
 
-def test_release_refuses_what_no_ledger_covers(run, tmp_path, capsys):
-    _, root = run
-    argv = lambda r: ["release", "--run", str(r), "--out", str(tmp_path / "o")]  # noqa: E731
+def test_scores_name_their_inputs_by_content(run):
+    config, root = run
+    (folder,) = [f for f in run_folders(config, root) if f.experiment == "dp_a"]
+    samples = fileio.sha256_of(root / "dp_a" / "samples_seed0.npz")
+    fid = fileio.read_json(root / "dp_a" / "fid_seed0.json")
+    acc = fileio.read_json(root / "dp_a" / "acc_logreg_seed0.json")
+    assert fid["a_sha256"] == acc["train_sha256"] == samples
+    assert fid["b_sha256"] == fileio.sha256_of(folder.reference)
+    assert acc["test_sha256"] == fileio.sha256_of(folder.test)
+    assert set(fid) <= publish.SCORE_KEYS["fid"] and set(acc) <= publish.SCORE_KEYS["acc"]
 
-    def copy(name):
-        dst = tmp_path / name
-        shutil.copytree(root, dst)
-        return dst
 
-    (changed := copy("changed"))
-    (changed / "dp_a" / "train_log.csv").write_text("step\n")
-    _refused(argv(changed), capsys, "dp_a/train_log.csv", "sha256")
-
-    (left := copy("workspace"))
-    (left / "dp_b" / WORKSPACE).mkdir()
-    _refused(argv(left), capsys, WORKSPACE, "not complete")
-
-    (missing := copy("missing"))
-    (missing / "dp_b" / "samples_seed0.npz").unlink()
-    _refused(argv(missing), capsys, "dp_b/samples_seed0.npz", "missing")
-
-    (unlisted := copy("unlisted"))
-    shutil.copytree(unlisted / "dp_a", unlisted / "dp_c")
-    _refused(argv(unlisted), capsys, "dp_c/privacy.json", "does not list")
-
-    (sneaked := copy("sneaked"))
-    manifest = fileio.read_json(sneaked / MANIFEST)
-    real = "nonprivate/real/samples_seed0.npz"
-    manifest["files"].append(
-        {"path": real, "sha256": sha256_of(sneaked / real), "ledgers": ["dp_a/privacy.json"]}
-    )
-    fileio.write_json(sneaked / MANIFEST, manifest)
-    _refused(argv(sneaked), capsys, real, "not private")
-
-    (nonprivate := copy("nonprivate_ledger"))
-    manifest = fileio.read_json(nonprivate / MANIFEST)
-    manifest["ledgers"]["dp_a/privacy.json"] = None
-    fileio.write_json(nonprivate / MANIFEST, manifest)
-    _refused(argv(nonprivate), capsys, "dp_a/privacy.json", "no guarantee")
-
-    (incomplete := copy("incomplete"))
-    (incomplete / MANIFEST).unlink()
-    _refused(argv(incomplete), capsys, MANIFEST, "not complete")
+def test_sample_real_in_a_dp_samples_place_is_refused(run, tmp_path, capsys):
+    """Raw private records written where a DP sample file belongs (the real attack):
+    not the verified generator's draw."""
+    config, root = run
+    bad = _copy(root, tmp_path / "c")
+    train_npz = bad.parent / "data" / config_lib.prepared_folder_of(config, "mnist") / "train.npz"
+    args = ["sample-real", "--data", str(train_npz), "--num", str(NUM), "--seed", "0"]
+    assert cli.main([*args, "--out", str(bad / "dp_a" / "samples_seed0.npz")]) == 0
+    capsys.readouterr()
+    _refused(_release_argv(config, bad, tmp_path / "o"), capsys, "dp_a/samples_seed0.npz",
+             "not the verified generator's draw")  # fmt: skip
     assert not (tmp_path / "o").exists()
 
 
-def _copy(root, dst):
-    shutil.copytree(root, dst)
-    return dst
-
-
-def test_a_swapped_generator_is_refused_by_every_publication_path(run, tmp_path, capsys):
-    """The non-private generator put in place of a DP one: release-manifest and release
-    refuse it (its sha256 is not the ledger's content_sha256), and write nothing."""
+def test_a_lying_manifest_or_ledger_is_refused_or_ignored(run, tmp_path, capsys):
     config, root = run
+    # The run's manifest is not an input: a lie in it changes nothing that is published.
+    lied = _copy(root, tmp_path / "manifest")
+    manifest = fileio.read_json(lied / MANIFEST)
+    manifest["ledgers"]["dp_a/privacy.json"] = "(epsilon, delta)-DP with epsilon = 0.01"
+    manifest["files"].append({"path": "nonprivate/real/samples_seed0.npz", "sha256": "x",
+                              "ledgers": ["dp_a/privacy.json"]})  # fmt: skip
+    fileio.write_json(lied / MANIFEST, manifest)
+    out = tmp_path / "o1"
+    assert cli.main(_release_argv(config, lied, out)) == 0
+    report = fileio.read_json(out / MANIFEST)
+    assert (
+        report["ledgers"]["dp_a/privacy.json"]
+        == fileio.read_json(root / "dp_a/privacy.json")["guarantee"]
+    )
+    assert not (out / "nonprivate").exists()
+
+    def ledger_edit(name, change, *words):
+        bad = _copy(root, tmp_path / name)
+        ledger = fileio.read_json(bad / "dp_a" / "privacy.json")
+        change(ledger)
+        fileio.write_json(bad / "dp_a" / "privacy.json", ledger)
+        _refused(_release_argv(config, bad, tmp_path / "o2"), capsys, "dp_a/privacy.json", *words)
+
+    ledger_edit("public", lambda x: x.update(reproducible=True), "reproducible is True")
+    ledger_edit("eps", lambda x: x.update(guarantee=x["guarantee"].replace("epsilon = ",
+                "epsilon = 1")), "guarantee states epsilon")  # fmt: skip
+    ledger_edit("epsilon", lambda x: x.update(epsilon=x["epsilon"] / 2), "is not that of its q")
+    ledger_edit("nonprivate", lambda x: x.update(private=False), "not a DP ledger")
+    ledger_edit("other", lambda x: x.update(experiment="dp_b"), "the ledger of 'dp_b'")
+    assert not (tmp_path / "o2").exists()
+
+
+def test_a_hand_added_file_with_its_sidecar_is_not_published(run, prepared_mnist, tmp_path):
+    config, root = run
+    sneaked = _copy(root, tmp_path / "c")
+    for name in ("train_copy.npz", "samples_seed9.npz"):
+        shutil.copy(prepared_mnist / "mnist" / "train.npz", sneaked / "dp_a" / name)
+        digest = fileio.sha256_of(sneaked / "dp_a" / name)
+        (sneaked / "dp_a" / f"{name}.sha256").write_text(f"{digest}  {name}\n")
+    manifest = fileio.read_json(sneaked / MANIFEST)
+    manifest["files"].append({"path": "dp_a/train_copy.npz", "sha256": digest,
+                              "ledgers": ["dp_a/privacy.json"]})  # fmt: skip
+    fileio.write_json(sneaked / MANIFEST, manifest)
+    out = tmp_path / "o"
+    assert cli.main(_release_argv(config, sneaked, out)) == 0
+    assert not [p for p in out.rglob("*") if "train_copy" in p.name or "seed9" in p.name]
+
+
+def test_a_score_not_computed_from_the_release_is_refused(run, tmp_path, capsys):
+    """A classifier tested on the private training split, copied into the DP folder; a
+    score with a key no writer writes; a score of other samples."""
+    config, root = run
+    bad = _copy(root, tmp_path / "private")
+    prepared = bad.parent / "data" / config_lib.prepared_folder_of(config, "mnist")
+    args = ["classify", "--model", "logreg", "--train", str(bad / "dp_a" / "samples_seed0.npz"),
+            "--test", str(prepared / "train.npz"), "--seed", "0",
+            "--out", str(bad / "dp_a" / "acc_logreg_seed0.json"), "--dataset", "mnist"]  # fmt: skip
+    assert cli.main(args) == 0
+    capsys.readouterr()
+    _refused(_release_argv(config, bad, tmp_path / "o"), capsys, "acc_logreg_seed0.json",
+             "not scored against the public")  # fmt: skip
+
+    extra = _copy(root, tmp_path / "extra")
+    record = fileio.read_json(extra / "dp_b" / "fid_seed0.json")
+    fileio.write_json(extra / "dp_b" / "fid_seed0.json", {**record, "mean_norm": 3.2})
+    _refused(_release_argv(config, extra, tmp_path / "o"), capsys, "dp_b/fid_seed0.json",
+             "'mean_norm'")  # fmt: skip
+
     swapped = _copy(root, tmp_path / "swapped")
-    shutil.copy(swapped / "nonprivate" / "np" / "generator.pt", swapped / "dp_a" / "generator.pt")
-    manifest = (swapped / MANIFEST).read_bytes()
-    with pytest.raises(ValueError, match=r"dp_a/generator.pt: not the file that was produced"):
-        write_manifest(config, swapped)
-    assert (swapped / MANIFEST).read_bytes() == manifest
-    # The manifest rewritten by hand with the swapped file's hash: release refuses it too.
-    listed = fileio.read_json(swapped / MANIFEST)
-    for entry in listed["files"]:
-        if entry["path"] == "dp_a/generator.pt":
-            entry["sha256"] = sha256_of(swapped / "dp_a" / "generator.pt")
-    fileio.write_json(swapped / MANIFEST, listed)
-    argv = ["release", "--run", str(swapped), "--out", str(tmp_path / "o")]
-    _refused(argv, capsys, "dp_a/generator.pt", "content_sha256")
+    shutil.copy(root / "dp_b" / "fid_seed0.json", swapped / "dp_a" / "fid_seed0.json")
+    _refused(_release_argv(config, swapped, tmp_path / "o"), capsys, "dp_a/fid_seed0.json",
+             "not computed from")  # fmt: skip
     assert not (tmp_path / "o").exists()
 
 
-def test_an_edited_train_log_is_refused_even_with_a_fresh_manifest(run, tmp_path, capsys):
+def test_a_file_swapped_between_check_and_copy_is_refused(run, tmp_path, capsys, monkeypatch):
     config, root = run
-    edited = _copy(root, tmp_path / "edited")
-    log = edited / "dp_b" / "train_log.csv"
-    log.write_text(log.read_text().replace("step,", "step ,"))
-    with pytest.raises(ValueError, match=r"dp_b/train_log.csv: .*train_log_sha256"):
-        write_manifest(config, edited)
+    racy = _copy(root, tmp_path / "c")
+    decide = decision.decide
 
+    def decide_then_swap(*args, **kwargs):
+        files = decide(*args, **kwargs)
+        shutil.copy(racy / "nonprivate" / "np" / "generator.pt", racy / "dp_a" / "generator.pt")
+        return files
 
-@pytest.mark.parametrize("name", ["train_copy.npz", "samples_seed9.npz"])
-def test_a_hand_listed_file_is_refused(run, prepared_data, tmp_path, capsys, name):
-    """A copy of the training data listed by hand in the manifest of a DP folder: refused
-    as a file the code does not publish, or as one no writer recorded a hash for."""
-    _, root = run
-    sneaked = _copy(root, tmp_path / "sneaked")
-    shutil.copy(prepared_data / "mnist" / "train.npz", sneaked / "dp_a" / name)
-    manifest = fileio.read_json(sneaked / MANIFEST)
-    manifest["files"].append({"path": f"dp_a/{name}", "sha256": sha256_of(sneaked / "dp_a" / name),
-                              "ledgers": ["dp_a/privacy.json"],
-                              "guarantees": manifest["files"][0]["guarantees"]})  # fmt: skip
-    fileio.write_json(sneaked / MANIFEST, manifest)
-    words = ("not a file dpsinkhorn publishes",) if "copy" in name else ("no hash recorded",)
-    _refused(["release", "--run", str(sneaked), "--out", str(tmp_path / "o")], capsys,
-             f"dp_a/{name}", *words)  # fmt: skip
+    monkeypatch.setattr(decision, "decide", decide_then_swap)
+    _refused(_release_argv(config, racy, tmp_path / "o"), capsys, "dp_a/generator.pt",
+             "changed while it was released")  # fmt: skip
     assert not (tmp_path / "o").exists()
+    assert not list(tmp_path.glob(".o.tmp-*"))
 
 
-def test_public_noise_seed_needs_the_flag(tmp_path, prepared_data, mnist, capsys):
-    root = tmp_path / "t"
-    make_run(root, prepared_data, mnist, reproducible=True)
-    _refused(
-        ["release", "--run", str(root), "--out", str(tmp_path / "o")],
-        capsys,
-        "guarantee is 'none",
-        "--accept-no-guarantee",
-    )
-    files = release(root, tmp_path / "o", accept_no_guarantee=True)
-    assert (tmp_path / "o" / "dp_a" / "generator.pt") in files
+def test_swapped_edited_or_unfinished_files_are_refused(run, tmp_path, capsys):
+    config, root = run
+
+    def refused(name, change, *words):
+        bad = _copy(root, tmp_path / name)
+        change(bad)
+        _refused(_release_argv(config, bad, tmp_path / "o"), capsys, *words)
+
+    def swap(bad):
+        shutil.copy(bad / "nonprivate" / "np" / "generator.pt", bad / "dp_a" / "generator.pt")
+
+    refused("gen", swap, "dp_a/generator.pt", "content_sha256")
+    log = "dp_b/train_log.csv"
+    refused("log", lambda b: (b / log).write_text((b / log).read_text().replace("step,", "step ,")),
+            log, "train_log_sha256")  # fmt: skip
+    refused("ws", lambda b: (b / "dp_b" / WORKSPACE).mkdir(), WORKSPACE, "not complete")
+    refused("gone", lambda b: (b / "dp_b" / "samples_seed0.npz").unlink(), "missing")
+    summary = "privacy_summary.json"
+    refused("summary", lambda b: (b / summary).write_text((b / summary).read_text() + " "),
+            summary, "stale or edited")  # fmt: skip
+    assert not (tmp_path / "o").exists()
+    # A non-private training still writing its workspace does not block the release.
+    busy = _copy(root, tmp_path / "busy")
+    (busy / "nonprivate" / "np" / WORKSPACE).mkdir()
+    assert cli.main(_release_argv(config, busy, tmp_path / "o")) == 0
+
+
+def test_sample_files_of_another_writer_or_device(run, tmp_path, capsys):
+    """The same arrays in other bytes (np.savez stamps the time), or within float rounding
+    of another device: the redraw is published; two grey levels off: refused."""
+    config, root = run
+    other = _copy(root, tmp_path / "c")
+    path = other / "dp_a" / "samples_seed0.npz"
+    images, labels = fileio.load_samples(path)
+    images[0, 0, 0] ^= 1  # one pixel one grey level off
+    np.savez(path, images=images, labels=labels)
+    out = tmp_path / "o"
+    # Its scores name the file they were computed from: rescore-free, rebind by hand.
+    for name, key in (("fid_seed0.json", "a_sha256"), ("acc_logreg_seed0.json", "train_sha256")):
+        record = fileio.read_json(other / "dp_a" / name)
+        fileio.write_json(other / "dp_a" / name, {**record, key: fileio.sha256_of(path)})
+    assert cli.main(_release_argv(config, other, out)) == 0
+    assert (out / "dp_a/samples_seed0.npz").read_bytes() == (
+        root / "dp_a/samples_seed0.npz"
+    ).read_bytes()
+    proof = {e["path"]: e["proof"] for e in fileio.read_json(out / MANIFEST)["files"]}
+    assert "1 pixels of the run's file differ by one grey level" in proof["dp_a/samples_seed0.npz"]
+    images[0, 0, 0] ^= 3
+    np.savez(path, images=images, labels=labels)
+    _refused(_release_argv(config, other, tmp_path / "o2"), capsys, "dp_a/samples_seed0.npz",
+             "2 grey levels")  # fmt: skip
+
+
+def test_public_noise_seed_needs_the_flag(tmp_path, prepared_mnist, mnist, fid_weights, capsys):
+    root = tmp_path / "r" / "t"
+    config = make_run(root, prepared_mnist, mnist, fid_weights, reproducible=True)
+    argv = _release_argv(config, root, tmp_path / "o")
+    _refused(argv, capsys, "guarantee is 'none", "--accept-no-guarantee")
+    assert cli.main([*argv, "--accept-no-guarantee"]) == 0
+    assert (tmp_path / "o" / "dp_a" / "generator.pt").is_file()
     summary = fileio.read_json(root / "privacy_summary.json")["datasets"][0]
     assert summary["no_guarantee"] == ["dp_a", "dp_b"]
 
@@ -272,10 +366,10 @@ def test_two_identical_runs_compose_to_one_run_of_twice_the_steps():
 def test_privacy_summary_of_the_run(run):
     config, root = run
     (summary,) = fileio.read_json(root / "privacy_summary.json")["datasets"]
-    ledgers = [fileio.read_json(root / e / "privacy.json") for e in ("dp_a", "dp_b")]
+    ledgers = [fileio.read_json(root / e / "privacy.json") for e in DP]
     assert summary["dataset"] == "mnist" and summary["releases"] == 2
     assert summary["release_epsilons"] == {
-        e: x["epsilon"] for e, x in zip(("dp_a", "dp_b"), ledgers, strict=True)
+        e: x["epsilon"] for e, x in zip(DP, ledgers, strict=True)
     }
     assert summary["configurations_tried"] == 3  # dp_a, dp_b and the non-private np
     (a, b) = ledgers

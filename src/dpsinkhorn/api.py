@@ -36,8 +36,8 @@ from dpsinkhorn.evaluate.sample import (
     read_generator_file,
     sample_generator,
 )
-from dpsinkhorn.train.publish import check_out, write_experiment_manifest
-from dpsinkhorn.train.publish import release as release_run
+from dpsinkhorn.publish import experiment_folder
+from dpsinkhorn.publish import release as release_run
 from dpsinkhorn.train.run import train as train_run
 
 PathLike = str | os.PathLike
@@ -204,12 +204,14 @@ def save_pngs(
 
 
 def release(run_dir: PathLike, out: PathLike, accept_no_guarantee: bool = False) -> list[Path]:
-    """Publish one trained experiment, as ``dpsinkhorn release`` does for a workflow run.
+    """Publish one trained experiment through the same door as ``dpsinkhorn release``.
 
-    Writes ``run_dir/release_manifest.json`` (the files the ledger covers, with their
-    sha256: generator.pt, privacy.json, train_log.csv) and copies exactly those into
-    ``out`` (new or empty). Samples and PNGs you drew are post-processing of the generator:
-    publish them yourself. Returns the paths written under ``out``.
+    Proves each file from the ledger ``run_dir/privacy.json`` (``dpsinkhorn.publish``):
+    generator.pt and train_log.csv hash to its ``content_sha256`` and
+    ``train_log_sha256``; then writes exactly those bytes, the ledger and
+    ``release_manifest.json`` (the report of that decision) into ``out`` (new or empty).
+    Samples and PNGs you drew are post-processing of the generator: publish them yourself.
+    Returns the paths written under ``out``.
 
     Raises:
         ValueError: (one line naming the file) a private workspace left in ``run_dir``, a
@@ -220,6 +222,4 @@ def release(run_dir: PathLike, out: PathLike, accept_no_guarantee: bool = False)
         FileNotFoundError: ``run_dir`` lacks its ledger or a file it covers.
     """
     flag = "accept_no_guarantee=True"
-    check_out(out)
-    write_experiment_manifest(run_dir)
-    return release_run(run_dir, out, accept_no_guarantee, flag)
+    return release_run(run_dir, out, experiment_folder(), None, accept_no_guarantee, flag=flag)

@@ -165,13 +165,8 @@ def md5_of(path: str | os.PathLike) -> str:
     return digest.hexdigest()
 
 
-#: Beside a file ``x``, ``x.sha256`` holds the sha256 its writer computed of what it wrote
-#: (``sha256sum`` format). A release (``train.publish``) accepts a file only if it matches.
-SHA256_SUFFIX = ".sha256"
-
-
 def sha256_of(path: str | os.PathLike) -> str:
-    """Hex SHA-256 of a file (read in 1 MiB chunks)."""
+    """Hex SHA-256 of a file (read in 1 MiB chunks): the one file hash of the package."""
     digest = hashlib.sha256()
     with open(path, "rb") as fh:
         while chunk := fh.read(1 << 20):
@@ -179,32 +174,19 @@ def sha256_of(path: str | os.PathLike) -> str:
     return digest.hexdigest()
 
 
-def record_sha256(path: str | os.PathLike) -> str:
-    """Record the sha256 of the file just written at ``path`` in ``<path>.sha256`` (atomic);
-    return it. Every step that writes a file a release may publish calls it (directly, or
-    through :func:`save_samples` / ``write_json(..., record=True)``)."""
-    path = Path(path)
-    digest = sha256_of(path)
-    write_text(path.with_name(path.name + SHA256_SUFFIX), f"{digest}  {path.name}\n")
-    return digest
+def sha256_of_bytes(data: bytes) -> str:
+    """Hex SHA-256 of bytes in memory (what :func:`sha256_of` gives for a file of them)."""
+    return hashlib.sha256(data).hexdigest()
 
 
-def recorded_sha256(path: str | os.PathLike) -> str | None:
-    """The sha256 the writer of ``path`` recorded (:func:`record_sha256`), or None."""
-    path = Path(path)
-    sidecar = path.with_name(path.name + SHA256_SUFFIX)
-    if not sidecar.is_file():
-        return None
-    return (sidecar.read_text().split() or [""])[0]
+def json_bytes(obj: Any) -> bytes:
+    """The bytes :func:`write_json` writes for ``obj`` (indented JSON, a final newline)."""
+    return (json.dumps(obj, indent=2, sort_keys=False) + "\n").encode()
 
 
-def write_json(path: str | os.PathLike, obj: Any, record: bool = False) -> None:
-    """Write ``obj`` as indented JSON, atomically; ``record``: and its sha256
-    (:func:`record_sha256`), for a file a release may publish (scores, summaries)."""
-    with atomic_path(path) as tmp:
-        tmp.write_text(json.dumps(obj, indent=2, sort_keys=False) + "\n")
-    if record:
-        record_sha256(path)
+def write_json(path: str | os.PathLike, obj: Any) -> None:
+    """Write ``obj`` as indented JSON (:func:`json_bytes`), atomically."""
+    write_bytes(path, json_bytes(obj))
 
 
 def write_text(path: str | os.PathLike, text: str) -> None:
@@ -218,16 +200,33 @@ def read_json(path: str | os.PathLike) -> Any:
     return json.loads(Path(path).read_text())
 
 
+#: The zip entries' time stamp in a sample file (zip's earliest): fixed, so that equal
+#: arrays give equal bytes (``np.savez`` stamps the current time).
+_ZIP_TIME = (1980, 1, 1, 0, 0, 0)
+
+
+def samples_bytes(images: np.ndarray, labels: np.ndarray, where: str = "samples") -> bytes:
+    """The bytes of a sample file (an .npz that ``np.load`` reads: ``images`` uint8
+    [N,H,W(,C)], ``labels`` int64 [N]), a function of the arrays alone: uncompressed,
+    fixed entry order and time stamps. ``dpsinkhorn release`` redraws a generator's samples
+    and compares these bytes."""
+    images, labels = np.ascontiguousarray(images), np.asarray(labels)
+    check_samples(images, labels, where)
+    labels = np.ascontiguousarray(labels.astype(np.int64))
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_STORED) as archive:
+        for name, array in (("images", images), ("labels", labels)):
+            info = zipfile.ZipInfo(f"{name}.npy", date_time=_ZIP_TIME)
+            info.external_attr = 0o644 << 16
+            with archive.open(info, "w", force_zip64=True) as fh:
+                np.lib.format.write_array(fh, array, allow_pickle=False)
+    return buf.getvalue()
+
+
 def save_samples(path: str | os.PathLike, images: np.ndarray, labels: np.ndarray) -> None:
-    """Save a sample file: ``images`` uint8 [N,H,W] or [N,H,W,C], ``labels`` int64 [N];
-    then its sha256 in ``<path>.sha256`` (:func:`record_sha256`)."""
-    images = np.asarray(images)
-    labels = np.asarray(labels)
-    check_samples(images, labels, str(path))
-    with atomic_path(path) as tmp:
-        with open(tmp, "wb") as fh:
-            np.savez(fh, images=images, labels=labels.astype(np.int64))
-    record_sha256(path)
+    """Save a sample file (:func:`samples_bytes`): ``images`` uint8 [N,H,W] or [N,H,W,C],
+    ``labels`` int64 [N]; atomically."""
+    write_bytes(path, samples_bytes(np.asarray(images), np.asarray(labels), str(path)))
 
 
 def check_images(images: np.ndarray, where: str) -> None:

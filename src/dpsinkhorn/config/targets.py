@@ -87,13 +87,34 @@ TRAINING_FILES = ("generator.pt", "privacy.json", "train_log.csv")
 # ------------------------------------------------------------------ per-experiment files
 
 
+def results_dir(config: Mapping) -> str:
+    """A run's results folder, relative to the working folder: ``results/<run_name>``."""
+    return f"results/{config['run_name']}"
+
+
+def sample_name(seed: int) -> str:
+    """The file name of one seed's synthetic dataset: ``samples_seed<seed>.npz``."""
+    return f"samples_seed{seed}.npz"
+
+
+def score_name(metric: str, seed: int) -> str:
+    """The file name of one seed's score: ``<metric>_seed<seed>.json``; ``metric`` is
+    ``fid`` or ``acc_<classifier>``."""
+    return f"{metric}_seed{seed}.json"
+
+
+def experiment_metrics(config: Mapping, exp: str) -> list[str]:
+    """An experiment's score metrics: ``fid``, then ``acc_<model>`` per classifier."""
+    return ["fid"] + [f"acc_{m}" for m in experiment_classifiers(config, exp)]
+
+
 def evaluation_files(config: Mapping, results: PathLike, experiments: Iterable[str]) -> list[str]:
     """FID and classifier result files of every seed of these experiments (no classifier
     files for an unconditional one: ``experiment_classifiers``)."""
     return [
-        str(evaluation_dir(config, results, exp) / f"{metric}_seed{seed}.json")
+        str(evaluation_dir(config, results, exp) / score_name(metric, seed))
         for exp in dict.fromkeys(experiments)
-        for metric in ["fid"] + [f"acc_{m}" for m in experiment_classifiers(config, exp)]
+        for metric in experiment_metrics(config, exp)
         for seed in config["seeds"]
     ]
 
@@ -110,17 +131,14 @@ def privacy_files(config: Mapping, results: PathLike, experiments: Iterable[str]
 def samples_files(config: Mapping, results: PathLike, exp: str) -> list[str]:
     """Every seed's synthetic dataset of one experiment (written by its evaluation job)."""
     return [
-        str(experiment_dir(config, results, exp) / f"samples_seed{seed}.npz")
-        for seed in config["seeds"]
+        str(experiment_dir(config, results, exp) / sample_name(seed)) for seed in config["seeds"]
     ]
 
 
 def sample_files(config: Mapping, results: PathLike, experiments: Iterable[str]) -> list[str]:
     """The first seed's samples of these experiments (what the sample figures show)."""
     seed = config["seeds"][0]
-    return [
-        str(experiment_dir(config, results, e) / f"samples_seed{seed}.npz") for e in experiments
-    ]
+    return [str(experiment_dir(config, results, e) / sample_name(seed)) for e in experiments]
 
 
 def fid_reference_file(results: PathLike, dataset: str) -> str:
@@ -149,11 +167,7 @@ def release_inputs(config: Mapping, results: PathLike) -> list[str]:
     exps = private_experiments(config)
     return [
         *(str(experiment_dir(config, results, e) / f) for e in exps for f in TRAINING_FILES),
-        *(
-            str(experiment_dir(config, results, e) / f"samples_seed{s}.npz")
-            for e in exps
-            for s in config["seeds"]
-        ),  # fmt: skip
+        *(f for e in exps for f in samples_files(config, results, e)),
         *(f for f in evaluation_files(config, results, exps) if _in_release(results, f)),
         privacy_summary_file(results),
     ]

@@ -273,12 +273,15 @@ def write_results(
     results: list[dict], train_files: list, test: str | Path, dataset: str | None, outs: list
 ) -> None:
     """Each seed's result file (``acc_<model>_seed<k>.json``) with the files it was trained
-    and tested on and the dataset; its sha256 recorded (``train.publish`` checks it)."""
+    and tested on, by path and content (``dpsinkhorn release`` binds a score to its
+    inputs), and the dataset."""
+    test_sha256 = fileio.sha256_of(test)
     for result, train, out in zip(results, train_files, outs, strict=True):
         result.update(train=str(train), test=str(test))
+        result.update(train_sha256=fileio.sha256_of(train), test_sha256=test_sha256)
         if dataset is not None:
             result["dataset"] = dataset
-        fileio.write_json(out, result, record=True)
+        fileio.write_json(out, result)
         print(
             f"{result['model']} accuracy {result['accuracy']:.4f} (seed {result['seed']}) -> {out}"
         )

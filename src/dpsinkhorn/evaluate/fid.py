@@ -363,6 +363,9 @@ def _fid_of_inputs(
         "image_shape": next((m["image_shape"] for m in meta if m["image_shape"]), None),
         "a": str(paths[0]),
         "b": str(paths[1]),
+        # what was scored, by content (``dpsinkhorn release`` binds a score to its inputs)
+        "a_sha256": fileio.sha256_of(paths[0]) if paths[0].is_file() else None,
+        "b_sha256": fileio.sha256_of(paths[1]) if paths[1].is_file() else None,
     }
 
 
@@ -394,7 +397,7 @@ def _cmd_fid(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         sqrtm=args.sqrtm,
     )
-    fileio.write_json(args.out, result, record=True)  # its sha256: train.publish
+    fileio.write_json(args.out, result)
     print(f"FID {result['fid']:.3f} ({args.a} vs {args.b}) -> {args.out}")
     return 0
 

@@ -134,7 +134,7 @@ def evaluate(
         ]
         progress.put("fid", records)
         for seed, record in zip(seeds, records, strict=True):
-            fileio.write_json(Path(scores_dir) / f"fid_seed{seed}.json", record, record=True)
+            fileio.write_json(Path(scores_dir) / f"fid_seed{seed}.json", record)
             print(f"FID {record['fid']:.3f} (seed {seed})", flush=True)
         timings["fid"] = _done("fid", begin)
 

@@ -11,6 +11,7 @@ set, so that every Table 1 row is evaluated by the same FID and classifier code.
 from __future__ import annotations
 
 import argparse
+import io
 from pathlib import Path
 
 import numpy as np
@@ -25,26 +26,32 @@ from dpsinkhorn.models import GeneratorConfig, build_generator
 
 
 def read_generator_file(path: Path) -> dict:
-    """The dict stored in generator.pt, read with ``torch.load(weights_only=True)``.
+    """The dict stored in generator.pt (:func:`read_generator_bytes` of the file's bytes)."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"generator not found: {path} (train the experiment first)")
+    return read_generator_bytes(path.read_bytes(), str(path))
+
+
+def read_generator_bytes(payload: bytes, where: str) -> dict:
+    """The dict stored in generator.pt's bytes ``payload``, read with
+    ``torch.load(weights_only=True)``; ``where`` names the file in errors.
 
     generator.pt may come from elsewhere (downloaded, shared): its pickle must not run
     code. ``weights_only`` unpickles tensors and plain containers only, which is all
     ``train.release.generator_payload`` writes; anything else (a class, a ``__reduce__``
     that would call a function) is refused with one line naming the file.
     """
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"generator not found: {path} (train the experiment first)")
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        state = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
     except Exception as err:  # UnpicklingError (refused type), RuntimeError, EOFError, ...
         reason = (str(err).strip().splitlines() or [""])[0][:200]
         raise ValueError(
-            f"{path} is not a generator.pt that can be loaded safely ({type(err).__name__}: "
+            f"{where} is not a generator.pt that can be loaded safely ({type(err).__name__}: "
             f"{reason}); it was not loaded: only tensors and plain values are accepted"
         ) from err
     if not isinstance(state, dict) or not {"state_dict", "model_config"} <= set(state):
-        raise ValueError(f"{path} is not a dpsinkhorn generator.pt (no state_dict/model_config)")
+        raise ValueError(f"{where} is not a dpsinkhorn generator.pt (no state_dict/model_config)")
     return state
 
 
@@ -65,11 +72,12 @@ def generator_classes(state: dict) -> tuple[bool, tuple[str, ...]]:
     return True, tuple(names)
 
 
-def load_generator(path: Path, device: torch.device) -> torch.nn.Module:
+def load_generator(path: Path, device: torch.device, state: dict | None = None) -> torch.nn.Module:
     """Load generator.pt written by ``dpsinkhorn train`` (any architecture of ``models``);
-    read safely (:func:`read_generator_file`: no code in the file runs). The model gets
-    ``conditional`` and ``class_names`` attributes (:func:`generator_classes`)."""
-    state = read_generator_file(path)
+    read safely (:func:`read_generator_file`: no code in the file runs), or built from its
+    dict ``state`` when given. The model gets ``conditional`` and ``class_names``
+    attributes (:func:`generator_classes`)."""
+    state = read_generator_file(path) if state is None else state
     model = build_generator(GeneratorConfig.from_dict(state["model_config"])).to(device)
     model.load_state_dict(state["state_dict"])
     model.conditional, model.class_names = generator_classes(state)

@@ -53,17 +53,25 @@ EPSILON_RTOL = 1e-6
 
 
 def read_ledger(path: Path) -> dict:
-    """A DP release's privacy.json, checked: its ε is that of one (q, z, steps) mechanism.
+    """A DP release's privacy.json, checked (:func:`check_ledger_record`)."""
+    return check_ledger_record(fileio.read_json(path), path)
+
+
+def check_ledger_record(ledger: dict, path: Path) -> dict:
+    """A DP ledger's content, checked: ``private: true``, the keys the composition reads,
+    and an ε that is that of one (q, z, steps, δ) mechanism (ValueError naming ``path``).
 
     A ledger whose run changed σ on resume has several segments that privacy.json does not
     list; its ε then differs from the recomputed one and the summary refuses it.
     """
-    ledger = fileio.read_json(path)
-    if not ledger.get("private"):
+    if ledger.get("private") is not True:
         raise ValueError(f"{path}: not a DP ledger (private is {ledger.get('private')!r})")
     missing = [k for k in LEDGER_KEYS if k not in ledger]
     if missing:
         raise ValueError(f"{path}: missing key {missing[0]!r}")
+    numbers = [ledger[k] for k in ("noise_multiplier", "q", "steps", "delta", "epsilon")]
+    if not all(isinstance(x, int | float) and math.isfinite(x) and x > 0 for x in numbers):
+        raise ValueError(f"{path}: q, noise_multiplier, steps, delta, epsilon must be positive")
     kind = str(ledger["accountant"]).split(" ", 1)[0]
     again = compute_epsilon(
         ledger["noise_multiplier"], ledger["q"], int(ledger["steps"]), ledger["delta"], kind
@@ -221,7 +229,7 @@ def summary_markdown(summary: Mapping) -> list[str]:
 def _cli(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     out = args.out or privacy_summary_file(args.results)
-    fileio.write_json(out, privacy_summary(config, args.results), record=True)
+    fileio.write_json(out, privacy_summary(config, args.results))
     print(out)
     return 0
 

@@ -1,0 +1,400 @@
+"""The release's decision and writing: ``dpsinkhorn release``, ``release-manifest``.
+
+A run folder ``results/<run>/`` holds two kinds of files:
+
+* **DP releases**: each DP experiment's folder ``<run>/<exp>/`` holds what its ledger
+  ``privacy.json`` covers: ``generator.pt``, ``privacy.json``, ``train_log.csv``
+  (``train.release``), ``samples_seed*.npz`` drawn from the generator, and the FID and
+  classifier scores of those samples when the test split they are scored against is
+  public (``config.PUBLIC_TEST_SPLITS``). ``privacy_summary.json`` (the composed ε of all
+  releases, ``report.privacy_summary``) reads the ledgers and the training record only and
+  is covered by them all.
+* **Not private**: everything else computed from the private data lives under
+  ``<run>/nonprivate/``. Tables, figures, ``reproduction.md`` and the Snakemake report mix
+  both kinds and are never part of a release.
+
+:func:`decide` is the release's whole logic. It takes the list of files from the config
+alone (:func:`run_folders`; one experiment folder trained alone: :func:`experiment_folder`)
+and proves each file from the ledger file on disk, reading every file once:
+
+* ``privacy.json``: ``private: true``; ε recomputed from its (q, noise multiplier, steps,
+  δ) by the accountant; a guarantee that states that ε and ``delta_total`` (or ``none…``:
+  a public noise seed, published only with ``--accept-no-guarantee``; a ``reproducible``
+  run's ledger must say so); its ``experiment`` is the config's.
+* ``generator.pt`` and ``train_log.csv``: their bytes hash to the ledger's
+  ``content_sha256`` and ``train_log_sha256``.
+* ``samples_seed<s>.npz``: redrawn from the verified generator's bytes with the seed and
+  count of the config (``evaluate.sample.sample_generator``); the published bytes are the
+  redraw's (``fileio.samples_bytes``). The run's file must hold the same draw (labels
+  equal; images equal, or within :data:`SAMPLE_TOLERANCE` when drawn on another device),
+  since the scores were computed from it.
+* ``fid_seed<s>.json``, ``acc_<model>_seed<s>.json``: keys from :data:`SCORE_KEYS` only,
+  and the inputs they name by content: the run's sample file of that seed (verified above)
+  and the public test split (or its FID statistics) that the config names.
+* ``privacy_summary.json``: recomputed from the ledgers and the training record; the
+  file's bytes must be the recomputed ones.
+
+Anything else is not published, whatever sits beside it (a ``.sha256`` file, a manifest
+entry). A private workspace left in a DP folder (an unfinished training) refuses the
+release. :func:`release` writes the bytes :func:`decide` checked (read once, hashed,
+written) into a temporary folder, refuses if a source changed meanwhile, and renames the
+folder into place: the publish folder is the old one (absent) or the whole new one. Its
+``release_manifest.json`` reports the decision (path, sha256, kind, ledgers, proof);
+``dpsinkhorn release-manifest`` writes the same report into the run folder (the
+workflow's last step). Neither reads a manifest back.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dpsinkhorn import fileio
+from dpsinkhorn.config import (
+    NONPRIVATE,
+    PUBLIC_TEST_SPLITS,
+    dataset_of,
+    evaluation_dir,
+    experiment_classifiers,
+    experiment_dir,
+    load_config,
+    prepared_folder_of,
+    private_experiments,
+)
+from dpsinkhorn.config.targets import (
+    fid_reference_file,
+    privacy_summary_file,
+    release_manifest_file,
+    results_dir,
+    sample_name,
+    score_name,
+)
+from dpsinkhorn.publish.proofs import (
+    ACCEPT_FLAG,
+    check_draw,
+    check_ledger,
+    check_score,
+    load_verified_generator,
+)
+
+MANIFEST = "release_manifest.json"
+LEDGER = "privacy.json"
+WORKSPACE = "private_workspace"
+#: Version of the manifest's (the decision report's) layout.
+MANIFEST_VERSION = 2
+
+
+@dataclass(frozen=True)
+class Folder:
+    """One DP experiment's folder as the config defines it: what may be published from it.
+
+    ``rel``: the folder relative to the run ("" for an experiment folder trained alone);
+    ``experiment``: the name its ledger must carry (None: any); ``seeds`` and
+    ``num_samples``: its sample files; ``scores``: its score files' metric names
+    (``fid``, ``acc_<model>``), scored against the public ``test`` split (npz) and its FID
+    statistics ``reference``."""
+
+    rel: str
+    experiment: str | None = None
+    seeds: tuple[int, ...] = ()
+    num_samples: int = 0
+    scores: tuple[str, ...] = ()
+    test: Path | None = None
+    reference: Path | None = None
+
+
+@dataclass
+class Published:
+    """One file of a release: its path in the run, kind, checked bytes, covering ledgers
+    and how it was proven."""
+
+    path: str
+    kind: str
+    data: bytes = field(repr=False)
+    ledgers: list[str]
+    proof: str
+    source: Path | None = None  # the run's file it stands for (checked again after writing)
+    source_sha256: str | None = None
+
+
+def run_folders(config: Mapping, run: str | Path) -> list[Folder]:
+    """The DP folders of a config's run and what each may publish, from the config alone."""
+    run = Path(run)
+    folders = []
+    for exp in private_experiments(config):
+        dataset = dataset_of(config, exp)
+        public = dataset in PUBLIC_TEST_SPLITS and evaluation_dir(config, run, exp) == (
+            experiment_dir(config, run, exp)
+        )
+        prepared = Path(config["data_dir"]) / prepared_folder_of(config, dataset)
+        folders.append(
+            Folder(
+                rel=experiment_dir(config, run, exp).relative_to(run).as_posix(),
+                experiment=exp,
+                seeds=tuple(config["seeds"]),
+                num_samples=int(config["evaluation"]["num_samples"]),
+                scores=tuple(["fid", *(f"acc_{m}" for m in experiment_classifiers(config, exp))])
+                if public
+                else (),
+                test=prepared / "test.npz",
+                reference=Path(fid_reference_file(run, dataset)),
+            )
+        )
+    return folders
+
+
+def experiment_folder() -> list[Folder]:
+    """An experiment folder trained alone (``dpsinkhorn train --out``, ``api.train``): its
+    three training files, no samples, no scores."""
+    return [Folder(rel="")]
+
+
+# ------------------------------------------------------------------------ the decision
+
+
+def decide(
+    run: str | Path,
+    folders: Sequence[Folder],
+    config: Mapping | None = None,
+    accept_no_guarantee: bool = False,
+    device: str = "cpu",
+    flag: str = ACCEPT_FLAG,
+) -> list[Published]:
+    """Every file a release of ``run`` publishes, proven (module docstring), or a one-line
+    refusal (ValueError / FileNotFoundError naming the file). ``config``: also the run's
+    ``privacy_summary.json``; ``device``: where samples are redrawn."""
+    run = Path(run)
+    if not run.is_dir():
+        raise FileNotFoundError(f"{run}: no such run folder")
+    if not folders:
+        raise ValueError(f"{run}: the config has no DP experiment (nothing to publish)")
+    out: list[Published] = []
+    ledgers = []
+    for folder in folders:
+        files, ledger = _decide_folder(run, folder, accept_no_guarantee, device, flag)
+        out += files
+        ledgers.append(ledger)
+    if config is not None:
+        out.append(_decide_summary(run, config, ledgers))
+    return out
+
+
+def _read(path: Path) -> bytes:
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: missing (the run is not complete)")
+    return path.read_bytes()
+
+
+def _rel(folder: Folder, name: str) -> str:
+    return f"{folder.rel}/{name}" if folder.rel else name
+
+
+def _published(folder: Folder, name: str, kind: str, data: bytes, proof: str, source: Path):
+    ledger = _rel(folder, LEDGER)
+    sha = fileio.sha256_of_bytes(data)
+    return Published(_rel(folder, name), kind, data, [ledger], proof, source, sha)
+
+
+def _decide_folder(
+    run: Path, folder: Folder, accept_none: bool, device: str, flag: str
+) -> tuple[list[Published], str]:
+    exp = run / folder.rel
+    if (exp / WORKSPACE).exists():
+        raise ValueError(
+            f"{exp / WORKSPACE}: a private workspace is left (the run is not complete)"
+        )
+    ledger_path = exp / LEDGER
+    ledger_bytes = _read(ledger_path)
+    record = check_ledger(ledger_bytes, ledger_path, folder.experiment, accept_none, flag)
+    files = [_published(folder, LEDGER, "ledger", ledger_bytes, "the ledger: private, ε "
+                        "recomputed, guarantee stated", ledger_path)]  # fmt: skip
+    verified = {}
+    checks = (("generator.pt", "generator", "content_sha256"),
+              ("train_log.csv", "train_log", "train_log_sha256"))  # fmt: skip
+    for name, kind, key in checks:
+        path = exp / name
+        data = _read(path)
+        if fileio.sha256_of_bytes(data) != record.get(key):
+            raise ValueError(
+                f"{path}: not the file its training wrote (sha256 differs from {key} in "
+                f"{ledger_path}); refusing to publish it"
+            )
+        verified[name] = data
+        files.append(_published(folder, name, kind, data, f"sha256 = ledger's {key}", path))
+    samples = {}
+    if folder.seeds:
+        model = load_verified_generator(verified["generator.pt"], exp / "generator.pt", device)
+        for seed in folder.seeds:
+            published, run_sha = _decide_samples(model, folder, exp, seed)
+            samples[seed] = run_sha
+            files.append(published)
+    for metric in folder.scores:
+        for seed in folder.seeds:
+            files.append(_decide_score(folder, exp, metric, seed, samples[seed]))
+    return files, _rel(folder, LEDGER)
+
+
+def _decide_samples(model, folder: Folder, exp: Path, seed: int) -> tuple[Published, str]:
+    """The redraw of one seed (published), after checking the run's file holds that draw;
+    also the run's file's sha256 (what its scores name)."""
+    from dpsinkhorn.evaluate.sample import sample_generator
+
+    name = sample_name(seed)
+    path = exp / name
+    data = _read(path)
+    images, labels = sample_generator(model, folder.num_samples, seed)
+    redraw = fileio.samples_bytes(images, labels, str(path))
+    if data == redraw:
+        proof = f"redrawn from the verified generator (seed {seed}, {len(labels)} samples): equal"
+    else:
+        proof = check_draw(path, data, images, labels, seed)
+    published = Published(_rel(folder, name), "samples", redraw, [_rel(folder, LEDGER)], proof,
+                          path, fileio.sha256_of_bytes(data))  # fmt: skip
+    return published, fileio.sha256_of_bytes(data)
+
+
+def _decide_score(folder: Folder, exp: Path, metric: str, seed: int, samples_sha: str):
+    """A score file, bound to its inputs (:func:`proofs.check_score`)."""
+    path = exp / score_name(metric, seed)
+    data = _read(path)
+    public = folder.reference if metric == "fid" else folder.test
+    proof = check_score(path, data, metric, seed, samples_sha, public)
+    return _published(folder, path.name, "scores", data, proof, path)
+
+
+def _decide_summary(run: Path, config: Mapping, ledgers: list[str]) -> Published:
+    from dpsinkhorn.report.privacy_summary import privacy_summary
+
+    path = Path(privacy_summary_file(run))
+    data = _read(path)
+    expected = fileio.json_bytes(privacy_summary(config, run))
+    if data != expected:
+        raise ValueError(
+            f"{path}: not the summary of the ledgers and the training record as they are now "
+            f"(stale or edited); rewrite it: dpsinkhorn privacy-summary --results {run} "
+            "--config ..."
+        )
+    rel = path.relative_to(run).as_posix()
+    return Published(rel, "privacy_summary", data, sorted(ledgers),
+                     "recomputed from the ledgers and the training record: equal", path,
+                     fileio.sha256_of_bytes(data))  # fmt: skip
+
+
+# ---------------------------------------------------------------- report and release
+
+
+def manifest(run: str | Path, files: Sequence[Published], name: str | None) -> dict:
+    """The report of a decision: every published file with its sha256, kind, ledgers and
+    proof, and each ledger's guarantee."""
+    guarantees = {f.path: json.loads(f.data).get("guarantee") for f in files if f.kind == "ledger"}
+    return {
+        "version": MANIFEST_VERSION,
+        "run": name,
+        "ledgers": guarantees,
+        "files": [
+            {"path": f.path, "sha256": fileio.sha256_of_bytes(f.data), "kind": f.kind,
+             "ledgers": f.ledgers, "guarantees": [guarantees[x] for x in f.ledgers],
+             "proof": f.proof}
+            for f in files
+        ],
+        "not_released": f"everything else in {run}, {NONPRIVATE}/ first: it is computed from "
+        "the private data without a ledger, or mixes such rows (tables, figures, reports)",
+    }  # fmt: skip
+
+
+def check_out(out: str | Path) -> None:
+    """Refuse a release folder that exists and is not an empty folder."""
+    out = Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ValueError(f"{out}: exists and is not an empty folder")
+
+
+def release(
+    run: str | Path,
+    out: str | Path,
+    folders: Sequence[Folder],
+    config: Mapping | None = None,
+    accept_no_guarantee: bool = False,
+    device: str = "cpu",
+    flag: str = ACCEPT_FLAG,
+) -> list[Path]:
+    """Publish the run's release into ``out`` (new or empty), all at once; return its files.
+
+    The bytes written are those :func:`decide` checked; a source that changed meanwhile
+    refuses the release. A kill leaves ``out`` as it was (absent or empty) and at most a
+    hidden ``.<out>.tmp-<pid>`` folder, removed by the next release."""
+    run, out = Path(run), Path(out)
+    check_out(out)
+    files = decide(run, folders, config, accept_no_guarantee, device, flag)
+    name = config.get("run_name") if config is not None else run.name
+    report = manifest(run, files, name)
+    for stale in out.parent.glob(f".{out.name}.tmp-*"):
+        shutil.rmtree(stale, ignore_errors=True)
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    tmp.mkdir(parents=True)
+    try:
+        for f in files:
+            fileio.write_bytes(tmp / f.path, f.data)
+        fileio.write_json(tmp / MANIFEST, report)
+        for f in files:
+            if f.source is not None and fileio.sha256_of(f.source) != f.source_sha256:
+                raise ValueError(f"{f.source}: changed while it was released; refusing")
+        if out.exists():
+            out.rmdir()
+        tmp.rename(out)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+    return [out / MANIFEST, *(out / f.path for f in files)]
+
+
+def write_manifest(config: Mapping, results: str | Path, device: str = "cpu") -> Path:
+    """Write the decision's report into ``<results>/release_manifest.json``; return its
+    path (the workflow's last step: a run whose release would be refused fails here)."""
+    files = decide(results, run_folders(config, results), config, True, device)
+    path = Path(release_manifest_file(results))
+    fileio.write_json(path, manifest(results, files, config.get("run_name")))
+    return path
+
+
+def _release_cli(args: argparse.Namespace) -> int:
+    config = load_config(args.config)
+    run = args.run or results_dir(config)
+    folders = run_folders(config, run)
+    files = release(run, args.out, folders, config, args.accept_no_guarantee, args.device)
+    print(f"released {len(files)} files of {run} to {args.out}")
+    return 0
+
+
+def _manifest_cli(args: argparse.Namespace) -> int:
+    print(write_manifest(load_config(args.config), args.results, args.device))
+    return 0
+
+
+def register_cli(subparsers: argparse._SubParsersAction) -> None:
+    r = subparsers.add_parser(
+        "release", help="publish a finished run's DP releases, each file proven from its ledger"
+    )
+    r.add_argument("--config", nargs="+", default=["config/config.yaml"],
+                   help="the run's config file(s): what is published")  # fmt: skip
+    r.add_argument("--run", help="results/<run> (default: the config's results folder)")
+    r.add_argument("--out", required=True, help="a new or empty folder")
+    r.add_argument(
+        "--accept-no-guarantee",
+        action="store_true",
+        help='also release runs whose ledger says "guarantee": "none..." (public noise seed)',
+    )
+    r.add_argument("--device", default="cpu", help="where samples are redrawn (default cpu)")
+    r.set_defaults(handler=_release_cli)
+    m = subparsers.add_parser(
+        "release-manifest", help="write <results>/release_manifest.json (the workflow's last step)"
+    )
+    m.add_argument("--config", nargs="+", default=["config/config.yaml"])
+    m.add_argument("--results", required=True, help="results/<run>")
+    m.add_argument("--device", default="cpu", help="where samples are redrawn (default cpu)")
+    m.set_defaults(handler=_manifest_cli)

@@ -1,0 +1,183 @@
+"""The proofs of ``dpsinkhorn release``, one per kind of published file, each on bytes
+already read (``publish.decision`` reads every file once and publishes those bytes).
+
+* :func:`check_ledger`: a ledger proven from its own bytes.
+* :func:`load_verified_generator`: the generator rebuilt from bytes whose hash the ledger
+  holds, to redraw its samples.
+* :func:`check_draw`: a run's sample file holds the redraw (exactly, or within
+  :data:`SAMPLE_TOLERANCE`).
+* :func:`check_score`: a score file holds only its writer's keys and names its inputs
+  (the run's samples, the public test data) by sha256.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import re
+from pathlib import Path
+
+import numpy as np
+
+from dpsinkhorn.fileio import sha256_of
+
+#: A ledger's ``guarantee`` starts with this when it covers nothing (public noise seed).
+NO_GUARANTEE = "none"
+#: A real guarantee starts with this (``train.release.privacy_record``).
+DP_GUARANTEE = "(epsilon, delta)-DP"
+#: How ``dpsinkhorn release`` names the option that accepts a public-seed ledger.
+ACCEPT_FLAG = "--accept-no-guarantee"
+#: A sample file drawn on another device may differ from the redraw here by float rounding:
+#: at most this many grey levels per pixel, in at most this fraction of the pixels.
+SAMPLE_TOLERANCE = {"grey_levels": 1, "pixel_fraction": 1e-3}
+#: What a score file may hold: the keys its writers write (``evaluate.fid._fid_of_inputs``,
+#: ``evaluate.classify._record`` / ``write_results`` with ``evaluate.classifiers``' results).
+SCORE_KEYS = {
+    "fid": {"fid", "sqrtm", "num_images_a", "num_images_b", "weights", "weights_sha256",
+            "image_shape", "a", "b", "a_sha256", "b_sha256", "seed", "precision"},
+    "acc": {"accuracy", "model", "seed", "holdout_accuracy", "epochs", "best_epoch",
+            "num_holdout", "max_epochs", "patience", "batch_size", "iterations", "converged",
+            "max_iter", "num_train", "num_test", "num_classes", "device", "seconds", "train",
+            "test", "train_sha256", "test_sha256", "dataset", "batched_seeds", "solver"},
+}  # fmt: skip
+#: Which recorded hash names the scored samples and which the public data, per score kind.
+SCORE_INPUTS = {"fid": ("a_sha256", "b_sha256"), "acc": ("train_sha256", "test_sha256")}
+
+
+def check_ledger(
+    data: bytes, path: Path, experiment: str | None, accept_none: bool, flag: str = ACCEPT_FLAG
+) -> dict:
+    """A DP ledger's content, proven from its own bytes: ``private: true``; ε that of its
+    (q, noise multiplier, steps, δ) (``report.privacy_summary.read_ledger``); a guarantee
+    that states that ε and ``delta_total``, or ``none…`` (public seed: only with ``flag``),
+    as ``reproducible`` requires; the config's ``experiment`` (None: any)."""
+    from dpsinkhorn.report.privacy_summary import check_ledger_record
+
+    try:
+        record = json.loads(data)
+    except ValueError as err:
+        raise ValueError(f"{path}: not a JSON ledger ({err})") from err
+    if not isinstance(record, dict):
+        raise ValueError(f"{path}: not a ledger (a JSON object)")
+    check_ledger_record(record, path)
+    if experiment is not None and record.get("experiment") != experiment:
+        raise ValueError(
+            f"{path}: the ledger of {record.get('experiment')!r}, not of {experiment!r} "
+            "(a ledger copied from another experiment)"
+        )
+    guarantee, epsilon = record.get("guarantee"), float(record["epsilon"])
+    delta_total = record.get("delta_total")
+    if not isinstance(guarantee, str):
+        raise ValueError(f"{path}: no guarantee (guarantee is {guarantee!r}); refusing")
+    if record.get("reproducible") is not False and not guarantee.startswith(NO_GUARANTEE):
+        raise ValueError(
+            f"{path}: reproducible is {record.get('reproducible')!r} (a public noise seed) but "
+            f"its guarantee claims {guarantee[:40]!r}; refusing"
+        )
+    if guarantee.startswith(NO_GUARANTEE):
+        if not accept_none:
+            raise ValueError(
+                f"{path}: guarantee is {guarantee!r}; pass {flag} to publish it anyway"
+            )
+        return record
+    stated = re.fullmatch(
+        re.escape(DP_GUARANTEE) + r" with epsilon = (\S+), delta = (\S+) for .*", guarantee
+    )
+    if stated is None or not isinstance(delta_total, int | float):
+        raise ValueError(f"{path}: guarantee {guarantee[:60]!r} is not one dpsinkhorn states")
+    try:
+        said = float(stated.group(1)), float(stated.group(2))
+    except ValueError as err:
+        raise ValueError(f"{path}: guarantee {guarantee[:60]!r} states no number") from err
+    if not (
+        math.isclose(said[0], epsilon, rel_tol=1e-5)
+        and math.isclose(said[1], float(delta_total), rel_tol=1e-5)
+        and float(delta_total) >= float(record["delta"])
+        and 0 < float(delta_total) < 1
+    ):
+        raise ValueError(
+            f"{path}: guarantee states epsilon {said[0]:g}, delta {said[1]:g}; the ledger's are "
+            f"{epsilon:g}, {delta_total!r} (delta {record['delta']!r}); refusing"
+        )
+    return record
+
+
+def load_verified_generator(payload: bytes, where: Path, device: str):
+    """The generator of generator.pt's ``payload`` (bytes already checked against the
+    ledger), on ``device``, read safely (``evaluate.sample.read_generator_bytes``)."""
+    from dpsinkhorn.devices import resolve_device
+    from dpsinkhorn.evaluate.sample import load_generator, read_generator_bytes
+
+    state = read_generator_bytes(payload, str(where))
+    return load_generator(where, resolve_device(device), state=state)
+
+
+def check_draw(path: Path, data: bytes, images, labels, seed: int) -> str:
+    """Why the run's sample file ``data`` is the draw (images, labels) although its bytes
+    differ, or a refusal."""
+    not_draw = f"{path}: not the verified generator's draw (seed {seed}, {len(labels)} samples)"
+    try:
+        with np.load(io.BytesIO(data), allow_pickle=False) as npz:
+            names = sorted(npz.files)
+            arrays = {k: npz[k] for k in names}
+    except Exception as err:  # not an npz at all
+        raise ValueError(f"{not_draw}: not a sample file ({type(err).__name__})") from err
+    if names != ["images", "labels"]:
+        raise ValueError(f"{not_draw}: it holds {names}; refusing to publish it")
+    got, got_labels = arrays["images"], arrays["labels"]
+    if got.shape != images.shape or got.dtype != images.dtype:
+        raise ValueError(f"{not_draw}: images {got.dtype}{list(got.shape)}; refusing")
+    if not np.array_equal(got_labels, labels):
+        raise ValueError(f"{not_draw}: other labels; refusing to publish it")
+    diff = np.abs(got.astype(np.int16) - images.astype(np.int16))
+    changed = int(np.count_nonzero(diff))
+    if changed == 0:
+        return f"redrawn (seed {seed}, {len(labels)} samples): equal arrays (other file bytes)"
+    limit = SAMPLE_TOLERANCE["pixel_fraction"] * diff.size
+    if int(diff.max()) > SAMPLE_TOLERANCE["grey_levels"] or changed > limit:
+        raise ValueError(
+            f"{not_draw}: {changed} pixels differ, by up to {int(diff.max())} grey levels; "
+            "refusing to publish it"
+        )
+    return (
+        f"redrawn (seed {seed}, {len(labels)} samples): {changed} pixels of the run's file "
+        "differ by one grey level (float rounding of another device); the redraw is published"
+    )
+
+
+def check_score(
+    path: Path, data: bytes, metric: str, seed: int, samples_sha: str, public: Path | None
+) -> str:
+    """Why the score file ``data`` (of ``metric``, ``seed``) may be published, or a
+    refusal: its writer's keys only, computed from the sample file whose sha256 is
+    ``samples_sha`` and scored against the public file ``public`` (FID: statistics of the
+    test split; classifiers: the test split)."""
+    kind = "fid" if metric == "fid" else "acc"
+    try:
+        record = json.loads(data)
+    except ValueError as err:
+        raise ValueError(f"{path}: not a JSON score file ({err})") from err
+    if not isinstance(record, dict):
+        raise ValueError(f"{path}: not a score file (a JSON object)")
+    extra = sorted(set(record) - SCORE_KEYS[kind])
+    if extra:
+        raise ValueError(f"{path}: holds {extra[0]!r}, not a key a score file has; refusing")
+    if kind == "acc" and (f"acc_{record.get('model')}", record.get("seed")) != (metric, seed):
+        raise ValueError(
+            f"{path}: the score of {record.get('model')!r}, seed {record.get('seed')!r}; refusing"
+        )
+    samples_key, public_key = SCORE_INPUTS[kind]
+    if record.get(samples_key) != samples_sha:
+        raise ValueError(
+            f"{path}: not computed from the run's samples of seed {seed} ({samples_key} "
+            "differs or is missing); rerun its evaluation"
+        )
+    if public is None or not public.is_file():
+        raise FileNotFoundError(f"{public}: missing (the public data {path.name} is scored on)")
+    if record.get(public_key) != sha256_of(public):
+        raise ValueError(
+            f"{path}: not scored against the public {public} ({public_key} differs or is "
+            "missing); refusing to publish it"
+        )
+    return f"inputs by sha256: the samples of seed {seed} and the public {public.name}"
