@@ -25,6 +25,8 @@ import pytest
 import yaml
 from test_readme import readme_commands
 
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 DP = "mnist_dp"
