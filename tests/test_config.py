@@ -317,7 +317,9 @@ def test_dry_run_default_config_and_overrides(tmp_path):
     # Table 1: 10 MNIST / Fashion-MNIST, Tables 3/6: 3 CelebA, studies: 43 more, and the
     # sound ε = 10 study 22 (its b50 cell is mnist_dpsinkhorn_eps10, b50_s1p1 mnist_sound_official).
     assert job_counts(result.stdout)["train"] == 13 + 43 + 22
-    assert "dpsinkhorn data --dataset mnist --root data --mirror ../m" in result.stdout
+    # the mirror as its real path (relative to the working directory tmp_path)
+    mirror = os.path.realpath(tmp_path / ".." / "m")
+    assert f"dpsinkhorn data --dataset mnist --root data --mirror {mirror}" in result.stdout
     assert "--weights w.pth --device cpu" in result.stdout
     paper = REPO / "config" / "config.yaml"
     assert f"--config {paper} --experiment fmnist_dpsinkhorn_eps10" in result.stdout
@@ -373,3 +375,24 @@ def test_command_line_booleans_are_explained():
         cfg.validate(
             {"cuda_graphs": "true", "experiments": {"e": {"dataset": "mnist"}}}, "--config"
         )
+
+
+def test_data_mirror_is_one_parameter_however_spelled(tmp_path, monkeypatch):
+    """Relative, absolute and symlinked spellings of one mirror validate to its real path,
+    and a built-in dataset whose sources are MD5-checked has one identity for any mirror."""
+    from dpsinkhorn.config.workflow import data_identity
+
+    (tmp_path / "mirror").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "mirror")
+    monkeypatch.chdir(tmp_path / "mirror")
+    quick = cfg.load_config([REPO / "config" / "quick.yaml"])
+    real = os.path.realpath(tmp_path / "mirror")
+    for spelling in ("../mirror", ".", str(tmp_path / "link"), f"{tmp_path}/mirror/"):
+        assert cfg.validate({**quick, "data_mirror": spelling})["data_mirror"] == real
+    assert cfg.validate(quick)["data_mirror"] is None
+    identities = {
+        data_identity(cfg.validate({**quick, "data_mirror": m}), "mnist") for m in (None, ".", "/x")
+    }
+    assert len(identities) == 1
+    celeba = {data_identity({**quick, "data_mirror": m}, "celeba") for m in (None, real, "/x")}
+    assert len(celeba) == 3

@@ -33,7 +33,12 @@ from dpsinkhorn.config.cluster import (
     capped_minutes,
     eval_runtime_minutes,
 )
-from dpsinkhorn.config.workflow import data_source_args, gradient_settings, private_trainings
+from dpsinkhorn.config.workflow import (
+    data_identity,
+    data_source_args,
+    gradient_settings,
+    private_trainings,
+)
 from dpsinkhorn.privacy.trainings import RECORD_DIR, refuse_changed_settings
 from dpsinkhorn.report import captions
 

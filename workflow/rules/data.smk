@@ -7,8 +7,13 @@ rule data:
     params:
         root=lambda w, output: Path(output.train).parent.parent,
         dataset=lambda w: PREPARED[w.folder],
+        # What decides the prepared bytes (dpsinkhorn.config.workflow.data_identity): the
+        # one param that reruns this rule. The mirror's path is not, where every source
+        # gives the same bytes: another spelling or copy of it re-prepares nothing.
+        identity=lambda w: data_identity(config, PREPARED[w.folder]),
         # --mirror for a built-in dataset; --config and its entry's hash for an own one
-        mirror=lambda w: data_source_args(config, PREPARED[w.folder], CONFIG_FILES),
+        # (takes `output`: Snakemake then never reruns the rule because it changed)
+        source=lambda w, output: data_source_args(config, PREPARED[w.folder], CONFIG_FILES),
     log:
         f"{LOGS}/data_{{folder}}.log",
     benchmark:
@@ -20,7 +25,7 @@ rule data:
     conda:
         CONDA_ENV
     shell:
-        "dpsinkhorn data --dataset {params.dataset} --root {params.root} {params.mirror}"
+        "dpsinkhorn data --dataset {params.dataset} --root {params.root} {params.source}"
         " > {log} 2>&1"
 
 

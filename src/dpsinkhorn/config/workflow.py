@@ -29,6 +29,10 @@ from dpsinkhorn.config.experiments import (
 
 PathLike = str | os.PathLike
 
+#: Built-in datasets whose every source is checked byte for byte (archive MD5s) against
+#: torchvision's list: preparing them from a download or any mirror gives the same files.
+VERIFIED_SOURCES = ("mnist", "fmnist")
+
 
 def data_inputs(config: Mapping, dataset: str) -> list[str]:
     """Inputs of the data rule: the fixture folder for a fixture CelebA, an own dataset's
@@ -42,14 +46,32 @@ def data_inputs(config: Mapping, dataset: str) -> list[str]:
 
 def data_source_args(config: Mapping, dataset: str, config_files: str) -> str:
     """Where ``dpsinkhorn data`` reads a dataset: ``--mirror <folder>`` (built-in, when there
-    is one), or for an own dataset ``--config <files> --definition-sha256 <hash>`` (the hash
-    of its ``datasets:`` entry: a changed entry changes the rule's params, so it reruns, and
-    the command checks the files still hold that entry)."""
+    is one: the real path, ``validate.normal_mirror``), or for an own dataset ``--config
+    <files> --definition-sha256 <hash>`` (the command checks the files still hold the entry
+    of that hash). What decides the prepared bytes is :func:`data_identity`."""
     definition = dataset_definition(config, dataset)
     if definition is not None:
         return f"--config {config_files} --definition-sha256 {definition_sha256(definition)}"
     mirror = data_mirror_of(config, dataset)
-    return "" if mirror is None else f"--mirror {mirror}"
+    return "" if mirror is None else f"--mirror {shlex.quote(mirror)}"
+
+
+def data_identity(config: Mapping, dataset: str) -> str:
+    """What decides a dataset's prepared bytes: the data rule's one rerun-triggering param.
+
+    MNIST and Fashion-MNIST: the official archives, MD5-checked against torchvision's list
+    whether downloaded or copied from any mirror, so every source gives the same bytes and
+    the mirror's location is no part of it (moving it, or another config naming another
+    copy, reruns nothing). CelebA: its images are not checked, so the source (the mirror's
+    real path, the fixture's folder or ``download``). An own dataset: its entry's hash.
+    """
+    definition = dataset_definition(config, dataset)
+    if definition is not None:
+        return f"own dataset entry {definition_sha256(definition)}"
+    if dataset in VERIFIED_SOURCES:
+        return "official archives (MD5-checked)"
+    mirror = data_mirror_of(config, dataset)
+    return "download" if mirror is None else f"mirror {mirror}"
 
 
 def config_file_args(files: Iterable[PathLike]) -> str:
