@@ -5,6 +5,7 @@ reproducible mode, each ledger's steps counted once), and its results set render
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -247,6 +248,7 @@ def test_export_set_from_an_archive_and_imported_generator(tmp_path):
         "delta": 1e-5,
         "epsilon": 0.23,
         "guarantee": "none: the noise seed is public",
+        "content_sha256": hashlib.sha256(b"weights").hexdigest(),
     }
     fileio.write_json(source / "privacy.json", ledger)
     fileio.write_bytes(source / "generator.pt", b"weights")
@@ -310,7 +312,10 @@ def test_items_are_independent_and_an_import_is_never_retrained(tmp_path):
         "  - {name: real, experiments: [real_mnist]}\n"
     )
     source = tmp_path / "committed" / "run1"
-    fileio.write_json(source / "privacy.json", {"sigma": 1.5, "steps": 1200})
+    digest = hashlib.sha256(b"not a generator").hexdigest()  # as its ledger says: imported
+    fileio.write_json(
+        source / "privacy.json", {"sigma": 1.5, "steps": 1200, "content_sha256": digest}
+    )
     fileio.write_bytes(source / "generator.pt", b"not a generator")
     mirror = require_shared(shared_path("DPSINKHORN_DATA_MIRROR"), "MNIST mirror")
     weights = require_shared(shared_path("DPSINKHORN_FID_WEIGHTS"), "Inception weights")

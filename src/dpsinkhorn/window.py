@@ -16,11 +16,14 @@ a fresh checkout. Each call of this command:
    (``<results-set root>/<device>-<commit>/``, :mod:`dpsinkhorn.report.resultset`) with
    provenance: device, commit, config, the command, each call's start and end.
 
-The archive holds private workspaces (checkpoints): it stays with the user, never publish
-it. Left out of it, because every call can rebuild them: ``data/`` (from the mirror),
-synthetic samples and FID reference statistics (``archive_exclude``). Snakemake runs with
-``--rerun-triggers`` without ``mtime``, so freshly prepared data never retrains a finished
-generator.
+The archive holds private workspaces (checkpoints) and the training record: it stays with
+the user, never publish it. Left out of it, because every call can rebuild them: ``data/``
+(from the mirror), synthetic samples and FID reference statistics (``archive_exclude``).
+The training record (``<data_dir>/trainings/``, ``privacy.trainings``) is never left out,
+whatever ``archive_exclude`` says (:func:`pack_workdir`): a record whose data folder lies
+outside the working folder travels as a copy (:data:`RECORD_COPY`) and is merged back into
+it by the next call (:func:`restore_record`). Snakemake runs with ``--rerun-triggers``
+without ``mtime``, so freshly prepared data never retrains a finished generator.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import argparse
 import datetime as _dt
 import hashlib
 import importlib.util
+import json
 import os
 import re
 import shlex
@@ -52,13 +56,16 @@ from dpsinkhorn.config.experiments import (
 )
 from dpsinkhorn.config.targets import TRAINING_FILES
 from dpsinkhorn.config.validate import load_config
-from dpsinkhorn.fileio import pack, unpack
+from dpsinkhorn.fileio import pack, sha256_of, unpack
+from dpsinkhorn.privacy.trainings import RECORD_DIR, merge_copy
 from dpsinkhorn.window_setup import load_window, run_until
 
 REPO = Path(__file__).resolve().parents[2]
 STATE = "window_state.json"
 #: The workflow config's copy in the working folder (a path equal in every call).
 CONFIG_COPY = "window/config.yaml"
+#: The training record's copy in the archive, when the data folder is outside the working one.
+RECORD_COPY = "window/trainings"
 #: Files of an experiment folder that a results set holds (never generator.pt or samples).
 SET_FILES = ("privacy.json", "train_log.csv", "fid_seed*.json", "acc_*_seed*.json")
 
@@ -132,14 +139,6 @@ def _now() -> str:
     return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 # -------------------------------------------------------------------------- the work
 
 
@@ -170,11 +169,37 @@ def snakemake_command(
     return cmd
 
 
+class ImportRefused(ValueError):
+    """An import whose generator or log is not the one its ledger describes (one line
+    naming the file): the window item fails, it does not wait."""
+
+
+def _checked(path: Path, expected: Mapping[str, str | None]) -> bytes:
+    """The bytes of ``path``, read once, whose sha256 equals every non-None value of
+    ``expected`` (where it was recorded -> the hash); else :class:`ImportRefused`."""
+    data = path.read_bytes()
+    digest = hashlib.sha256(data).hexdigest()
+    for where, want in expected.items():
+        if want is not None and digest != want:
+            raise ImportRefused(
+                f"{path}: not the file its ledger describes (sha256 differs from {where}); "
+                "refusing to import it"
+            )
+    return data
+
+
 def import_generators(
     item: Mapping, config: Mapping, workdir: Path, import_root: Path | None, state: dict
 ) -> None:
     """Copy a committed run's generator.pt, privacy.json and train_log.csv into the working
-    folder (once): its FID is then measured by the workflow's own rules."""
+    folder (once a call): its FID is then measured by the workflow's own rules.
+
+    Each file is checked against its ledger (privacy.json), and the bytes checked are the
+    bytes written: generator.pt against ``content_sha256`` (and the window file's pinned
+    ``sha256``, which a ledger written before ``content_sha256`` existed needs),
+    train_log.csv against ``train_log_sha256`` (a log its ledger records no hash of is not
+    imported). A mismatch or a generator nothing can check is :class:`ImportRefused`."""
+    pins = item.get("pins", {})
     for exp, source in item["import"].items():
         dest = experiment_dir(config, workdir / results_dir(config), exp)
         if (dest / "generator.pt").is_file():
@@ -188,15 +213,39 @@ def import_generators(
             src = import_root / source
         if not (src / "generator.pt").is_file() or not (src / "privacy.json").is_file():
             raise FileNotFoundError(f"{src}: no generator.pt and privacy.json to import for {exp}")
-        dest.mkdir(parents=True, exist_ok=True)
-        for name in ("generator.pt", "privacy.json", "train_log.csv"):
-            if (src / name).is_file():
-                shutil.copy2(src / name, dest / name)
-        gen = dest / "generator.pt"
+        ledger_bytes = (src / "privacy.json").read_bytes()
+        try:
+            ledger = json.loads(ledger_bytes)
+        except json.JSONDecodeError as err:
+            raise ImportRefused(f"{src / 'privacy.json'}: not JSON ({err.msg})") from None
+        expected = {
+            f"content_sha256 in {src / 'privacy.json'}": ledger.get("content_sha256"),
+            f"the sha256 the window file pins for {exp}": pins.get(exp),
+        }
+        if not any(expected.values()):
+            raise ImportRefused(
+                f"{src / 'generator.pt'}: its ledger records no content_sha256 to check it "
+                f"against; pin it in the window file (import: {{{exp}: {{source: {source}, "
+                "sha256: <hex>}})"
+            )
+        generator = _checked(src / "generator.pt", expected)
+        files = {"privacy.json": ledger_bytes, "generator.pt": generator}
+        log_sha256 = ledger.get("train_log_sha256")
+        if log_sha256 is not None:
+            if not (src / "train_log.csv").is_file():
+                raise ImportRefused(
+                    f"{src / 'train_log.csv'}: missing (its ledger records train_log_sha256)"
+                )
+            where = f"train_log_sha256 in {src / 'privacy.json'}"
+            files["train_log.csv"] = _checked(src / "train_log.csv", {where: log_sha256})
+        for name in ("train_log.csv", "privacy.json", "generator.pt"):  # the generator last
+            if name in files:
+                fileio.write_bytes(dest / name, files[name])
         state.setdefault("imports", {})[exp] = {
             "source": str(source),
-            "bytes": gen.stat().st_size,
-            "sha256": _sha256(gen),
+            "bytes": len(generator),
+            "sha256": hashlib.sha256(generator).hexdigest(),
+            "checked_against": [where for where, want in expected.items() if want],
         }
 
 
@@ -263,6 +312,11 @@ def work(
             continue
         try:
             import_generators(item, config, workdir, import_root, state)
+        except ImportRefused as err:  # not what its ledger describes: failed, not waiting
+            record["outcome"] = f"failed: {err}"
+            record["failures"] += 1
+            failed.append(item["name"])
+            continue
         except (FileNotFoundError, ValueError) as err:  # its import source is not here yet
             record["outcome"] = f"waiting: {err}"
             continue
@@ -337,7 +391,7 @@ def write_set(window: Mapping, workdir: Path, set_dir: Path, state: dict) -> lis
                     "only the evaluation was run in this window"
                 )
             elif gen.is_file():
-                entry["generator"] = {"bytes": gen.stat().st_size, "sha256": _sha256(gen)}
+                entry["generator"] = {"bytes": gen.stat().st_size, "sha256": sha256_of(gen)}
             bench = workdir / results_dir(config) / "benchmarks"
             bench = bench / f"{experiment_home(config, exp)}evaluate_{exp}.tsv"
             if bench.is_file():  # Snakemake's benchmark of the evaluation job (one line)
@@ -368,6 +422,55 @@ def write_set(window: Mapping, workdir: Path, set_dir: Path, state: dict) -> lis
     return written
 
 
+# ----------------------------------------------------------------------- the archive
+
+
+def record_folder(config: Mapping, workdir: Path) -> Path:
+    """The training record's folder of the workflow run in ``workdir``."""
+    return workdir / config["data_dir"] / RECORD_DIR
+
+
+def _inside(path: Path, folder: Path) -> str | None:
+    """``path`` relative to ``folder`` (both resolved), or None when outside it."""
+    try:
+        return path.resolve().relative_to(folder.resolve()).as_posix()
+    except ValueError:
+        return None
+
+
+def pack_workdir(
+    window: Mapping, workdir: Path, archive: str | Path, part_mib: float, state: Mapping
+) -> list[Path]:
+    """Pack the working folder into ``archive`` (``fileio.pack``): less the window's
+    ``archive_exclude`` and the imported generators (copied again from ``--import-root``
+    when missing), but never the training record, whatever the patterns say. A record
+    outside the working folder (an absolute ``data_dir``) is copied into
+    :data:`RECORD_COPY` first, and packed from there."""
+    config = load_config([window["config_path"]])
+    imported = [
+        (experiment_dir(config, results_dir(config), e) / "generator.pt").as_posix()
+        for e in state.get("imports", {})
+    ]
+    records = record_folder(config, workdir)
+    keep = [f"{RECORD_COPY}/*"]
+    inside = _inside(records, workdir)
+    if inside is not None:
+        keep.append(f"{inside}/*")
+    elif records.is_dir():
+        for path in sorted(records.glob("*.jsonl")):
+            fileio.write_bytes(workdir / RECORD_COPY / path.name, path.read_bytes())
+    exclude = [*window["archive_exclude"], *imported]
+    return pack(workdir, archive, exclude, part_mib, keep=keep)
+
+
+def restore_record(config: Mapping, workdir: Path) -> list[Path]:
+    """Merge the record's copy an archive brought (:data:`RECORD_COPY`) into the record
+    folder (events it lacks appended, ``privacy.trainings.merge_copy``); returns the
+    record files merged into."""
+    copies = sorted((workdir / RECORD_COPY).glob("*.jsonl"))
+    return [merge_copy(record_folder(config, workdir), copy) for copy in copies]
+
+
 # ------------------------------------------------------------------------------- CLI
 
 
@@ -381,11 +484,12 @@ def gpu_window(args: argparse.Namespace) -> int:
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="dpsinkhorn-window-"))
     workdir.mkdir(parents=True, exist_ok=True)
     try:
+        window = load_window(args.config)
         if args.archive_in:
             unpack(args.archive_in, workdir)
+            restore_record(load_config([window["config_path"]]), workdir)
         state_path = workdir / STATE
         state = fileio.read_json(state_path) if state_path.is_file() else {"calls": []}
-        window = load_window(args.config)
         if args.export_set:
             calls = state["calls"]
             name = args.set_name or (
@@ -431,14 +535,7 @@ def gpu_window(args: argparse.Namespace) -> int:
         if args.results_set:
             write_set(window, workdir, Path(args.results_set) / name, state)
             fileio.write_json(state_path, state)
-        # imported generators are copied again from --import-root when missing: not packed
-        config = load_config([window["config_path"]])
-        imported = [
-            (experiment_dir(config, results_dir(config), e) / "generator.pt").as_posix()
-            for e in state.get("imports", {})
-        ]
-        exclude = [*window["archive_exclude"], *imported]
-        parts = pack(workdir, args.archive_out, exclude, args.part_mib)
+        parts = pack_workdir(window, workdir, args.archive_out, args.part_mib, state)
         print(
             f"gpu-window call {len(state['calls'])}: {outcome}; archive "
             + " ".join(str(p) for p in parts)

@@ -8,7 +8,9 @@ weights of FID. Together they exceed one call's transfer (64 MiB by default), so
 work list needs them: the wheels, then per work item its datasets and imports, the FID
 weights (without the 1,008-class fc layer, which FID never reads: 87.3 of 95.6 MB) with
 the first item that evaluates. Only the weights are split, into byte-range parts, at a
-call's boundary. A dataset travels in the first call whose item needs it, never before.
+call's boundary. A dataset travels in the first call whose item needs it, never before. The
+archive of ``dpsinkhorn gpu-window`` leaves out :data:`DEFAULT_EXCLUDE` (or the window
+file's ``archive_exclude``), never the training record (``window.pack_workdir``).
 
 On the GPU machine :func:`take_setup` copies a carried folder into the machine's cache
 (``/tmp/window`` while the machine stays warm) and joins the weights once all parts are
@@ -37,7 +39,8 @@ from dpsinkhorn.config.experiments import experiment_names
 from dpsinkhorn.config.validate import OVERRIDABLE, load_config
 
 REPO = Path(__file__).resolve().parents[2]
-#: What a call can rebuild and the archive therefore leaves out (paths in the working folder).
+#: What a call can rebuild and the archive therefore leaves out (paths in the working folder;
+#: the training record under ``data/trainings/`` is kept all the same: ``window.pack_workdir``).
 DEFAULT_EXCLUDE = (
     "data/*",
     "*/samples_seed*.npz",
@@ -112,7 +115,7 @@ def load_window(path: str | Path) -> dict:
         if item["name"] in names:
             raise ValueError(f"{at}.name: {item['name']!r} used twice")
         names.add(item["name"])
-        imports = dict(item.get("import") or {})
+        imports, pins = _imports(item.get("import") or {}, f"{at}.import")
         exps = list(item.get("experiments") or []) + [
             e for e in imports if e not in (item.get("experiments") or [])
         ]
@@ -126,9 +129,42 @@ def load_window(path: str | Path) -> dict:
             if out not in OUTPUTS:
                 raise ValueError(f"{at}.outputs: unknown {out!r} (known: {', '.join(OUTPUTS)})")
         window["work"].append(
-            {"name": item["name"], "experiments": exps, "import": imports, "outputs": outputs}
+            {
+                "name": item["name"],
+                "experiments": exps,
+                "import": imports,
+                "pins": pins,
+                "outputs": outputs,
+            }
         )
     return window
+
+
+def _imports(given: Mapping, at: str) -> tuple[dict[str, str], dict[str, str]]:
+    """An item's ``import:`` as {experiment: source} and {experiment: pinned sha256}. Each
+    value is a source folder, or ``{source: ..., sha256: ...}`` pinning the generator's
+    SHA-256 (needed when its ledger predates ``content_sha256``)."""
+    if not isinstance(given, Mapping):
+        raise ValueError(f"{at}: must map experiments to source folders")
+    imports, pins = {}, {}
+    for exp, value in given.items():
+        if isinstance(value, Mapping):
+            unknown = set(value) - {"source", "sha256"}
+            digest = str(value.get("sha256", ""))
+            if (
+                unknown
+                or "source" not in value
+                or len(digest) != 64
+                or not all(c in "0123456789abcdef" for c in digest)
+            ):
+                raise ValueError(
+                    f"{at}.{exp}: give a source folder, or {{source: <folder>, sha256: "
+                    "<64 lowercase hex digits>}"
+                )
+            imports[exp], pins[exp] = str(value["source"]), digest
+        else:
+            imports[exp] = str(value)
+    return imports, pins
 
 
 def _size(path: Path) -> int:

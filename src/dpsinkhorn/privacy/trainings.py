@@ -103,15 +103,36 @@ def new_training_id() -> str:
 def append(record_dir: str | os.PathLike, fingerprint: str, event: Mapping) -> Path:
     """Append one event (a JSON line, written and fsynced in one ``write``) to the record."""
     path = record_file(record_dir, fingerprint)
+    _append_lines(path, [json.dumps({"time": time.strftime("%Y-%m-%dT%H:%M:%S"), **event})])
+    return path
+
+
+def _append_lines(path: Path, lines: list[str]) -> None:
+    """Append ``lines`` to ``path`` in one ``write`` (O_APPEND), fsynced."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    line = json.dumps({"time": time.strftime("%Y-%m-%dT%H:%M:%S"), **event}) + "\n"
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     try:
-        os.write(fd, line.encode())
+        os.write(fd, "".join(f"{line}\n" for line in lines).encode())
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def merge_copy(record_dir: str | os.PathLike, copy: str | os.PathLike) -> Path:
+    """Append to ``record_dir/<copy's name>`` the events of ``copy`` (a copy of that record
+    file carried elsewhere, e.g. in a GPU window's archive) it does not hold yet, in the
+    copy's order; returns the record file. A damaged copy is refused (:func:`read`)."""
+    copy = Path(copy)
+    path = Path(record_dir) / copy.name
+    have = {_key(e) for e in read(path)} if path.is_file() else set()
+    new = [json.dumps(e) for e in read(copy) if _key(e) not in have]
+    if new:
+        _append_lines(path, new)
     return path
+
+
+def _key(event: Mapping) -> str:
+    return json.dumps(event, sort_keys=True)
 
 
 def read(path: str | os.PathLike) -> list[dict]:
