@@ -298,6 +298,14 @@ def load_samples(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
 # --------------------------------------------- archives (dpsinkhorn gpu-window's state)
 
 
+def relative_inside(path: str | os.PathLike, folder: str | os.PathLike) -> str | None:
+    """``path`` relative to ``folder`` (both resolved, POSIX), or None when outside it."""
+    try:
+        return Path(path).resolve().relative_to(Path(folder).resolve()).as_posix()
+    except ValueError:
+        return None
+
+
 def _excluded(rel: str, patterns: Sequence[str]) -> bool:
     return any(fnmatch.fnmatch(rel, p) for p in patterns)
 

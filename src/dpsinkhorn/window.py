@@ -56,7 +56,7 @@ from dpsinkhorn.config.experiments import (
 )
 from dpsinkhorn.config.targets import TRAINING_FILES
 from dpsinkhorn.config.validate import load_config
-from dpsinkhorn.fileio import pack, sha256_of, unpack
+from dpsinkhorn.fileio import pack, relative_inside, sha256_of, unpack
 from dpsinkhorn.privacy.trainings import RECORD_DIR, merge_copy
 from dpsinkhorn.window_setup import load_window, run_until
 
@@ -430,14 +430,6 @@ def record_folder(config: Mapping, workdir: Path) -> Path:
     return workdir / config["data_dir"] / RECORD_DIR
 
 
-def _inside(path: Path, folder: Path) -> str | None:
-    """``path`` relative to ``folder`` (both resolved), or None when outside it."""
-    try:
-        return path.resolve().relative_to(folder.resolve()).as_posix()
-    except ValueError:
-        return None
-
-
 def pack_workdir(
     window: Mapping, workdir: Path, archive: str | Path, part_mib: float, state: Mapping
 ) -> list[Path]:
@@ -453,7 +445,7 @@ def pack_workdir(
     ]
     records = record_folder(config, workdir)
     keep = [f"{RECORD_COPY}/*"]
-    inside = _inside(records, workdir)
+    inside = relative_inside(records, workdir)
     if inside is not None:
         keep.append(f"{inside}/*")
     elif records.is_dir():

@@ -28,9 +28,10 @@ whose ``started`` was lost is still one finished training of its experiment);
 :func:`composed` composes every DP training of a source
 (``privacy.accounting.composed_epsilon``, add/remove-one adjacency, RDP) at the largest δ
 any of them claims: the cost of every generator those trainings could have released.
-A training's output folder is matched both as recorded and relative to the record's
-folder (:func:`output_folders`), so a working folder moved with its record (a GPU
-window's next call, a copy) still finds its finished trainings.
+A training's output folder is matched as recorded, relative to the record's folder and
+relative to the working folder it trained in (:func:`output_folders`), so a working
+folder moved, with its record or without it (a GPU window's next call, a copy), still
+finds its finished trainings.
 Everything recorded is a public setting or a step count, except the file's name.
 Torch-free.
 """
@@ -55,11 +56,12 @@ RECORD_DIR = "trainings"
 RETRAIN_ENV = "DPSINKHORN_RETRAIN"
 #: What every event carries besides ``event``, ``training`` and ``time``: the training's
 #: identity (``train.workspace.RunFiles`` writes them; ``out_rel``: ``out`` relative to the
-#: record's folder).
+#: record's folder; ``out_cwd``: relative to the training's working folder, when inside it).
 IDENTITY = (
     "experiment",
     "out",
     "out_rel",
+    "out_cwd",
     "spec",
     "private",
     "reproducible",
@@ -192,11 +194,16 @@ def trainings(events: Iterable[Mapping]) -> list[dict]:
 
 
 def output_folders(training: Mapping, record_dir: str | os.PathLike) -> set[str]:
-    """Where a recorded training wrote: its absolute ``out``, and ``out_rel`` resolved
-    against ``record_dir`` as it lies now (the same folder after both moved together)."""
+    """Where a recorded training wrote, as any folder it may have moved to: its absolute
+    ``out``; ``out_rel`` resolved against ``record_dir`` as it lies now (the run and its
+    record moved together); ``out_cwd`` resolved against the current working folder (the
+    run's working folder moved without its record, as a GPU window's next call whose data
+    folder is elsewhere). Matching any of them refuses more, never less."""
     found = {str(training["out"])} if training.get("out") else set()
     if training.get("out_rel"):
         found.add(os.path.normpath(Path(record_dir).resolve() / training["out_rel"]))
+    if training.get("out_cwd"):
+        found.add(os.path.normpath(Path.cwd().resolve() / training["out_cwd"]))
     return found
 
 

@@ -24,7 +24,13 @@ from pathlib import Path
 import torch
 
 from dpsinkhorn.config.identity import experiment_spec_of
-from dpsinkhorn.fileio import remove_stale_temps, torch_bytes, write_bytes, write_text
+from dpsinkhorn.fileio import (
+    relative_inside,
+    remove_stale_temps,
+    torch_bytes,
+    write_bytes,
+    write_text,
+)
 from dpsinkhorn.privacy import trainings
 from dpsinkhorn.train.release import OUTPUT_FILES, publish, write_log
 from dpsinkhorn.train.runlock import OutputLock
@@ -225,6 +231,7 @@ class RunFiles:
             "experiment": self.settings.name,
             "out": str(out),
             "out_rel": os.path.relpath(out, self.record_dir.resolve()),
+            "out_cwd": relative_inside(out, Path.cwd()),
             "spec": json.loads(experiment_spec_of(t.experiment)),
             "private": s is not None,
             "reproducible": t.reproducible,
