@@ -225,6 +225,12 @@ def test_paper_window_file_loads_in_order():
     assert set(first["import"]) == {"mnist_dpsinkhorn", "mnist_perrow"} and first["outputs"] == [
         "fid"
     ]
+    # the committed generators' ledgers predate content_sha256: pinned to the hashes their
+    # results set recorded
+    provenance = json.loads((REPO / "results-paper-scale/h100-83ae335/provenance.json").read_text())
+    assert first["pins"] == {
+        e: provenance["experiments"][e]["generator"]["sha256"] for e in first["import"]
+    }
     config = window.load_config([loaded["config_path"]])
     targets = window.item_targets(config, loaded["work"][0])
     assert targets[0] == "results/paper/mnist_dpsinkhorn/fid_seed0.json" and len(targets) == 10
@@ -347,3 +353,54 @@ def test_items_are_independent_and_an_import_is_never_retrained(tmp_path):
     second = json.loads((states[1] / window.STATE).read_text())
     assert second["items"]["broken"]["failures"] == 2
     assert not (states[1] / "results/window/mnist_dpsinkhorn/generator.pt").exists()  # not packed
+
+
+def test_imports_are_checked_against_their_ledgers(tmp_path):
+    """An import is copied only when generator.pt's sha256 is its ledger's content_sha256
+    (or, for a ledger without it, the window file's pin) and train_log.csv's its
+    train_log_sha256; otherwise one line naming the file, and nothing is copied."""
+    (tmp_path / "tiny.yaml").write_text(TINY.replace("DATA", str(tmp_path / "data")))
+    source = tmp_path / "committed" / "run1"
+    fileio.write_bytes(source / "generator.pt", b"weights")
+    fileio.write_bytes(source / "train_log.csv", b"step,epsilon\n4,0.5\n")
+    sha = {n: hashlib.sha256((source / n).read_bytes()).hexdigest()
+           for n in ("generator.pt", "train_log.csv")}  # fmt: skip
+    config = window.load_config([tmp_path / "tiny.yaml"])
+
+    def attempt(ledger: dict, pin: str | None = None) -> Path:
+        fileio.write_json(source / "privacy.json", ledger)
+        value = "run1" if pin is None else f"{{source: run1, sha256: {pin}}}"
+        imports = f"{{name: fid, import: {{mnist_dpsinkhorn: {value}}}}}"
+        (tmp_path / "w.yaml").write_text(f"configfile: tiny.yaml\nwork:\n  - {imports}\n")
+        item = window.load_window(tmp_path / "w.yaml")["work"][0]
+        work = tmp_path / f"work{len(list(tmp_path.glob('work*')))}"
+        window.import_generators(item, config, work, tmp_path / "committed", {})
+        return work / "results/window/mnist_dpsinkhorn"
+
+    def refused(match: str, ledger: dict, pin: str | None = None) -> None:
+        with pytest.raises(window.ImportRefused, match=match) as err:
+            attempt(ledger, pin)
+        assert "\n" not in str(err.value)
+        assert not list(tmp_path.glob("work*/results/window/mnist_dpsinkhorn/*"))
+
+    both = {"content_sha256": sha["generator.pt"], "train_log_sha256": sha["train_log.csv"]}
+    dest = attempt(both)
+    assert (dest / "generator.pt").read_bytes() == b"weights"
+    assert (dest / "train_log.csv").read_bytes() == (source / "train_log.csv").read_bytes()
+    shutil.rmtree(tmp_path / "work0")
+    other = "f" * 64
+    refused(
+        r"run1/generator.pt: .*sha256 differs from content_sha256",
+        {**both, "content_sha256": other},
+    )
+    refused(
+        r"run1/train_log.csv: .*differs from train_log_sha256", {**both, "train_log_sha256": other}
+    )
+    refused(r"run1/generator.pt: its ledger records no content_sha256.*pin it", {})
+    refused(r"run1/generator.pt: .*the sha256 the window file pins", {}, pin=other)
+    refused(r"run1/generator.pt: .*the sha256 the window file pins", both, pin=other)
+    pinned = attempt({}, pin=sha["generator.pt"])  # an old ledger: the pin checks it
+    assert (pinned / "generator.pt").read_bytes() == b"weights"
+    assert not (pinned / "train_log.csv").exists()  # nothing checks it: not imported
+    with pytest.raises(ValueError, match=r"import\.mnist_dpsinkhorn: give a source folder"):
+        attempt({}, pin="not-hex")
