@@ -159,7 +159,8 @@ ALLOWED_IMPORTS = {
     "plan": {"bench", "config", "devices", "fileio", "privacy", "train", "window_setup"},
     "api": {"config", "data", "devices", "evaluate", "publish", "train"},  # data: dataset names
     "publish": {"config", "devices", "evaluate", "fileio", "report"},  # redraws, recomputes
-    "window": {"config", "fileio", "report", "window_setup"},  # runs the workflow, renders a set
+    # runs the workflow, renders a set, carries the training record (privacy.trainings)
+    "window": {"config", "fileio", "privacy", "report", "window_setup"},
     "window_setup": {"config", "evaluate", "fileio"},  # the window file, the carry plan
     "cli": {"fileio"},  # and, by name, every module of COMMAND_MODULES
     "__main__": {"cli"},

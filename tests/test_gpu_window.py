@@ -5,6 +5,7 @@ reproducible mode, each ledger's steps counted once), and its results set render
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -224,6 +225,12 @@ def test_paper_window_file_loads_in_order():
     assert set(first["import"]) == {"mnist_dpsinkhorn", "mnist_perrow"} and first["outputs"] == [
         "fid"
     ]
+    # the committed generators' ledgers predate content_sha256: pinned to the hashes their
+    # results set recorded
+    provenance = json.loads((REPO / "results-paper-scale/h100-83ae335/provenance.json").read_text())
+    assert first["pins"] == {
+        e: provenance["experiments"][e]["generator"]["sha256"] for e in first["import"]
+    }
     config = window.load_config([loaded["config_path"]])
     targets = window.item_targets(config, loaded["work"][0])
     assert targets[0] == "results/paper/mnist_dpsinkhorn/fid_seed0.json" and len(targets) == 10
@@ -247,6 +254,7 @@ def test_export_set_from_an_archive_and_imported_generator(tmp_path):
         "delta": 1e-5,
         "epsilon": 0.23,
         "guarantee": "none: the noise seed is public",
+        "content_sha256": hashlib.sha256(b"weights").hexdigest(),
     }
     fileio.write_json(source / "privacy.json", ledger)
     fileio.write_bytes(source / "generator.pt", b"weights")
@@ -265,8 +273,8 @@ def test_export_set_from_an_archive_and_imported_generator(tmp_path):
             }
         ]
     }
-    window.import_generators(loaded["work"][0], config, work, tmp_path / "committed", state)
-    window.import_generators(loaded["work"][0], config, work, None, state)  # once: no root needed
+    window_setup.import_generators(loaded["work"][0], config, work, tmp_path / "committed", state)
+    window_setup.import_generators(loaded["work"][0], config, work, None, state)  # once: no root
     fileio.write_json(
         work / "results/window/mnist_dpsinkhorn/acc_logreg_seed0.json", {"accuracy": 0.5}
     )
@@ -310,7 +318,10 @@ def test_items_are_independent_and_an_import_is_never_retrained(tmp_path):
         "  - {name: real, experiments: [real_mnist]}\n"
     )
     source = tmp_path / "committed" / "run1"
-    fileio.write_json(source / "privacy.json", {"sigma": 1.5, "steps": 1200})
+    digest = hashlib.sha256(b"not a generator").hexdigest()  # as its ledger says: imported
+    fileio.write_json(
+        source / "privacy.json", {"sigma": 1.5, "steps": 1200, "content_sha256": digest}
+    )
     fileio.write_bytes(source / "generator.pt", b"not a generator")
     mirror = require_shared(shared_path("DPSINKHORN_DATA_MIRROR"), "MNIST mirror")
     weights = require_shared(shared_path("DPSINKHORN_FID_WEIGHTS"), "Inception weights")
@@ -342,3 +353,54 @@ def test_items_are_independent_and_an_import_is_never_retrained(tmp_path):
     second = json.loads((states[1] / window.STATE).read_text())
     assert second["items"]["broken"]["failures"] == 2
     assert not (states[1] / "results/window/mnist_dpsinkhorn/generator.pt").exists()  # not packed
+
+
+def test_imports_are_checked_against_their_ledgers(tmp_path):
+    """An import is copied only when generator.pt's sha256 is its ledger's content_sha256
+    (or, for a ledger without it, the window file's pin) and train_log.csv's its
+    train_log_sha256; otherwise one line naming the file, and nothing is copied."""
+    (tmp_path / "tiny.yaml").write_text(TINY.replace("DATA", str(tmp_path / "data")))
+    source = tmp_path / "committed" / "run1"
+    fileio.write_bytes(source / "generator.pt", b"weights")
+    fileio.write_bytes(source / "train_log.csv", b"step,epsilon\n4,0.5\n")
+    sha = {n: hashlib.sha256((source / n).read_bytes()).hexdigest()
+           for n in ("generator.pt", "train_log.csv")}  # fmt: skip
+    config = window.load_config([tmp_path / "tiny.yaml"])
+
+    def attempt(ledger: dict, pin: str | None = None) -> Path:
+        fileio.write_json(source / "privacy.json", ledger)
+        value = "run1" if pin is None else f"{{source: run1, sha256: {pin}}}"
+        imports = f"{{name: fid, import: {{mnist_dpsinkhorn: {value}}}}}"
+        (tmp_path / "w.yaml").write_text(f"configfile: tiny.yaml\nwork:\n  - {imports}\n")
+        item = window.load_window(tmp_path / "w.yaml")["work"][0]
+        work = tmp_path / f"work{len(list(tmp_path.glob('work*')))}"
+        window_setup.import_generators(item, config, work, tmp_path / "committed", {})
+        return work / "results/window/mnist_dpsinkhorn"
+
+    def refused(match: str, ledger: dict, pin: str | None = None) -> None:
+        with pytest.raises(window_setup.ImportRefused, match=match) as err:
+            attempt(ledger, pin)
+        assert "\n" not in str(err.value)
+        assert not list(tmp_path.glob("work*/results/window/mnist_dpsinkhorn/*"))
+
+    both = {"content_sha256": sha["generator.pt"], "train_log_sha256": sha["train_log.csv"]}
+    dest = attempt(both)
+    assert (dest / "generator.pt").read_bytes() == b"weights"
+    assert (dest / "train_log.csv").read_bytes() == (source / "train_log.csv").read_bytes()
+    shutil.rmtree(tmp_path / "work0")
+    other = "f" * 64
+    refused(
+        r"run1/generator.pt: .*sha256 differs from content_sha256",
+        {**both, "content_sha256": other},
+    )
+    refused(
+        r"run1/train_log.csv: .*differs from train_log_sha256", {**both, "train_log_sha256": other}
+    )
+    refused(r"run1/generator.pt: its ledger records no content_sha256.*pin it", {})
+    refused(r"run1/generator.pt: .*the sha256 the window file pins", {}, pin=other)
+    refused(r"run1/generator.pt: .*the sha256 the window file pins", both, pin=other)
+    pinned = attempt({}, pin=sha["generator.pt"])  # an old ledger: the pin checks it
+    assert (pinned / "generator.pt").read_bytes() == b"weights"
+    assert not (pinned / "train_log.csv").exists()  # nothing checks it: not imported
+    with pytest.raises(ValueError, match=r"import\.mnist_dpsinkhorn: give a source folder"):
+        attempt({}, pin="not-hex")

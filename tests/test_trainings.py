@@ -11,6 +11,7 @@ experiment must not retrain it with fresh noise; an explicit retrain is counted,
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -20,12 +21,13 @@ import pytest
 import yaml
 from helpers import digits_arrays, write_digits_npz
 
-from dpsinkhorn import cli
+from dpsinkhorn import cli, fileio, window
 from dpsinkhorn import config as config_lib
 from dpsinkhorn.config.targets import TRAINING_FILES
 from dpsinkhorn.privacy import trainings
 from dpsinkhorn.report.privacy_summary import privacy_summary
 from dpsinkhorn.train.run import train
+from dpsinkhorn.train.signals import Preempted
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -197,3 +199,145 @@ def test_a_workflow_rerun_that_is_refused_keeps_the_finished_generator(tmp_path)
         (True, False, 1.5),
         (True, True, 2.0),
     ]
+
+
+# ------------------------------------------------------ the record across GPU window calls
+
+WINDOW_CONFIG = """\
+run_name: window
+data_dir: {data_dir}
+device: cpu
+seeds: [0]
+experiments:
+  mnist_dpsinkhorn: {{dataset: mnist, table1_row: paper, sigma: 1.5}}
+"""
+
+
+def _window(tmp_path: Path, data_dir: str = "data", exclude: list[str] | None = None) -> dict:
+    """A window file (and its config) whose one item trains mnist_dpsinkhorn."""
+    (tmp_path / "c.yaml").write_text(WINDOW_CONFIG.format(data_dir=data_dir))
+    text = "configfile: c.yaml\nwork:\n  - {name: dp, experiments: [mnist_dpsinkhorn]}\n"
+    if exclude is not None:
+        text += f"archive_exclude: {exclude}\n"
+    (tmp_path / "w.yaml").write_text(text)
+    return window.load_window(tmp_path / "w.yaml")
+
+
+def _next_call(loaded: dict, workdir: Path, fresh: Path, state: dict) -> Path:
+    """What the window does between two calls: pack ``workdir`` with its own code, unpack
+    the archive into a ``fresh`` folder, merge a record copy back (window.gpu_window). A
+    record outside the working folder is gone meanwhile, as on a fresh machine."""
+    archive = workdir.parent / f"{workdir.name}.tar.gz"
+    window.pack_workdir(loaded, workdir, archive, part_mib=15, state=state)
+    config = window.load_config([loaded["config_path"]])
+    if fileio.relative_inside(window.record_folder(config, workdir), workdir) is None:
+        shutil.rmtree(window.record_folder(config, workdir))
+    fresh.mkdir()
+    fileio.unpack(archive, fresh)
+    window.restore_record(config, fresh)
+    return fresh
+
+
+def _out(loaded: dict, workdir: Path) -> Path:
+    config = window.load_config([loaded["config_path"]])
+    return config_lib.experiment_dir(
+        config, workdir / window.results_dir(config), "mnist_dpsinkhorn"
+    )
+
+
+@pytest.mark.parametrize("where", ["inside", "outside", "lost"])
+def test_a_training_split_over_window_calls_is_one_training_and_never_retrained(
+    tmp_path, where, monkeypatch
+):
+    """A DP training stopped at a checkpoint in one window call and finished in the next,
+    each call in a fresh folder rebuilt from the last one's archive (the window's own pack,
+    exclude patterns and unpack): the record holds one finished training of the experiment,
+    one noise stream (one id) counted at its steps, and a retrain in a third call is
+    refused. ``inside``: the record under the working folder's data/, with a window file
+    that excludes all of data/ (the record is kept all the same); ``outside``: an absolute
+    data_dir, the record travels as a copy (the machine's own is lost between calls);
+    ``lost``: the record is gone before the second call (its started event lost): the
+    resumed and finished events alone still count it.
+    Each call trains in its own working folder, as Snakemake's ``-d`` runs the jobs."""
+    data_dir = str(tmp_path / "private") if where == "outside" else "data"
+    exclude = ["data/*", "data/trainings/*", "window/*", "*/samples_seed*.npz"]
+    loaded = _window(tmp_path, data_dir, exclude if where == "inside" else None)
+    spec = config_lib.make_experiment("mnist_dpsinkhorn", dataset="mnist", **TINY)
+    first = tmp_path / "call1"
+    records = lambda workdir: window.record_folder(  # noqa: E731
+        window.load_config([loaded["config_path"]]), workdir
+    )
+    (first / "data" / "mnist").mkdir(parents=True)
+    (first / "data" / "mnist" / "train.npz").write_bytes(b"prepared arrays")
+    monkeypatch.chdir(first)
+    with pytest.raises(Preempted):
+        _train(spec, _out(loaded, first), records(first), stop_after=2)
+    second = _next_call(loaded, first, tmp_path / "call2", {})
+    assert not (second / "data" / "mnist").exists()  # the prepared data is still left out
+    if where == "inside":
+        assert sorted(p.name for p in (second / "data" / "trainings").iterdir()) == [
+            p.name for p in records(first).iterdir()
+        ]
+    if where == "lost":
+        shutil.rmtree(records(second))
+    monkeypatch.chdir(second)
+    ledger = _train(spec, _out(loaded, second), records(second))
+    assert not (_out(loaded, second) / "private_workspace").exists()
+
+    third = _next_call(loaded, second, tmp_path / "call3", {})
+    fingerprint = trainings.data_fingerprint(*digits_28())
+    events = trainings.read(trainings.record_file(records(third), fingerprint))
+    assert {e["training"] for e in events} == {events[0]["training"]}  # one noise stream
+    assert [e["event"] for e in events] == ["started", "resumed", "finished"][(where == "lost") :]
+    assert all(e["experiment"] == "mnist_dpsinkhorn" and e["private"] for e in events)
+    (done,) = trainings.source_trainings(records(third), fingerprint)
+    assert (done["experiment"], done["finished"], done["steps"]) == ("mnist_dpsinkhorn", True, 4)
+    assert done["content_sha256"] == ledger["content_sha256"]
+    counted = trainings.composed([done])
+    assert (counted["trainings"], counted["finished"], counted["unfinished"]) == (1, 1, 0)
+    assert counted["epsilon_composed"] == pytest.approx(ledger["epsilon"], rel=1e-9)
+    monkeypatch.chdir(third)
+    (_out(loaded, third) / "generator.pt").unlink()  # a retrain from step 0 in a later call
+    with pytest.raises(trainings.RetrainRefused, match="mnist_dpsinkhorn.*neither settings"):
+        _train(spec, _out(loaded, third), records(third))
+    planned = [
+        ("mnist_dpsinkhorn", str(_out(loaded, third).resolve()), {**done["spec"], "sigma": 2.0})
+    ]
+    with pytest.raises(trainings.RetrainRefused, match="changed: settings sigma"):
+        trainings.refuse_changed_settings(records(third), planned)
+
+
+def test_the_record_merges_per_id_whatever_events_survive(tmp_path):
+    """A finished event alone (its started one lost) is one finished training of its
+    experiment, refused a retrain; an unfinished training counts at its planned steps; a
+    line that is no training event is a one-line error naming it."""
+    identity = {"experiment": "e", "out": str(tmp_path / "gone" / "e"), "out_rel": "../run/e",
+                "spec": {"sigma": 1.5}, "private": True, "reproducible": False, "q": 0.01,
+                "noise_multiplier": 1.5, "delta": 1e-5, "accountant": "rdp",
+                "steps_planned": 100, "retrain": False}  # fmt: skip
+    records = tmp_path / "data" / "trainings"
+    trainings.append(records, "ab" * 32, {"event": "finished", "training": "t1", **identity,
+                                          "steps": 100, "epsilon": 1.0})  # fmt: skip
+    trainings.append(records, "ab" * 32, {"event": "resumed", "training": "t2", **identity,
+                                          "retrain": True, "start_step": 40})  # fmt: skip
+    merged = trainings.source_trainings(records, "ab" * 32)
+    assert [(t["training"], t["finished"], t["steps"], t["retrain"]) for t in merged] == [
+        ("t1", True, 100, False),
+        ("t2", False, 100, True),
+    ]
+    out = str((records / "../run/e").resolve())  # where out_rel points now: the folder moved
+    assert trainings.output_folder(merged[0], records) == out
+    with pytest.raises(trainings.RetrainRefused, match="experiment e finished"):
+        trainings.check_retrain(records, out, "e", {"sigma": 1.5}, "ab" * 32, False)
+    copy = tmp_path / "copy" / trainings.record_file(records, "ab" * 32).name
+    copy.parent.mkdir()
+    copy.write_bytes(trainings.record_file(records, "ab" * 32).read_bytes())
+    trainings.append(copy.parent, "ab" * 32, {"event": "finished", "training": "t2", **identity,
+                                              "steps": 100})  # fmt: skip
+    merged_into = trainings.merge_copy(records, copy)  # twice: each event once
+    assert trainings.merge_copy(records, copy) == merged_into
+    assert len(trainings.read(merged_into)) == 3
+    with merged_into.open("a") as fh:
+        fh.write('{"event": "finished"}\n')
+    with pytest.raises(ValueError, match=r"line 4 is not a training event"):
+        trainings.read(merged_into)

@@ -297,6 +297,14 @@ def load_samples(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
 # --------------------------------------------- archives (dpsinkhorn gpu-window's state)
 
 
+def relative_inside(path: str | os.PathLike, folder: str | os.PathLike) -> str | None:
+    """``path`` relative to ``folder`` (both resolved, POSIX), or None when outside it."""
+    try:
+        return Path(path).resolve().relative_to(Path(folder).resolve()).as_posix()
+    except ValueError:
+        return None
+
+
 def _excluded(rel: str, patterns: Sequence[str]) -> bool:
     return any(fnmatch.fnmatch(rel, p) for p in patterns)
 
@@ -328,10 +336,17 @@ def unpack(archive: str | Path, workdir: Path) -> None:
             raise ValueError(f"{archive}: not a readable tar.gz archive ({err})") from None
 
 
-def pack(workdir: Path, archive: str | Path, exclude: Sequence[str], part_mib: float) -> list[Path]:
-    """Tar + gzip ``workdir`` less ``exclude`` into ``archive`` atomically; split it into
-    ``archive.partNNN`` files of at most ``part_mib`` MiB when it is larger. Returns the
-    files written (old parts of the same name are removed)."""
+def pack(
+    workdir: Path,
+    archive: str | Path,
+    exclude: Sequence[str],
+    part_mib: float,
+    keep: Sequence[str] = (),
+) -> list[Path]:
+    """Tar + gzip ``workdir`` less ``exclude`` (but never a file ``keep`` matches) into
+    ``archive`` atomically; split it into ``archive.partNNN`` files of at most ``part_mib``
+    MiB when it is larger. Returns the files written (old parts of the same name are
+    removed). Patterns are ``fnmatch``'s, on paths relative to ``workdir``."""
     archive = Path(archive)
     archive.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(dir=archive.parent, prefix=f".{archive.name}.")
@@ -341,7 +356,8 @@ def pack(workdir: Path, archive: str | Path, exclude: Sequence[str], part_mib: f
         with tarfile.open(tmp, "w:gz") as tar:
             for path in sorted(workdir.rglob("*")):
                 rel = path.relative_to(workdir).as_posix()
-                if path.is_file() and not path.is_symlink() and not _excluded(rel, exclude):
+                left_out = _excluded(rel, exclude) and not _excluded(rel, keep)
+                if path.is_file() and not path.is_symlink() and not left_out:
                     tar.add(path, arcname=rel, recursive=False)
         for old in [archive, *archive.parent.glob(archive.name + ".part[0-9][0-9][0-9]")]:
             old.unlink(missing_ok=True)

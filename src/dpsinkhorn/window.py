@@ -16,18 +16,20 @@ a fresh checkout. Each call of this command:
    (``<results-set root>/<device>-<commit>/``, :mod:`dpsinkhorn.report.resultset`) with
    provenance: device, commit, config, the command, each call's start and end.
 
-The archive holds private workspaces (checkpoints): it stays with the user, never publish
-it. Left out of it, because every call can rebuild them: ``data/`` (from the mirror),
-synthetic samples and FID reference statistics (``archive_exclude``). Snakemake runs with
-``--rerun-triggers`` without ``mtime``, so freshly prepared data never retrains a finished
-generator.
+The archive holds private workspaces (checkpoints) and the training record: it stays with
+the user, never publish it. Left out of it, because every call can rebuild them: ``data/``
+(from the mirror), synthetic samples and FID reference statistics (``archive_exclude``).
+The training record (``<data_dir>/trainings/``, ``privacy.trainings``) is never left out,
+whatever ``archive_exclude`` says (:func:`pack_workdir`): a record whose data folder lies
+outside the working folder travels as a copy (:data:`RECORD_COPY`) and is merged back into
+it by the next call (:func:`restore_record`). Snakemake runs with ``--rerun-triggers``
+without ``mtime``, so freshly prepared data never retrains a finished generator.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as _dt
-import hashlib
 import importlib.util
 import os
 import re
@@ -52,20 +54,24 @@ from dpsinkhorn.config.experiments import (
 )
 from dpsinkhorn.config.targets import TRAINING_FILES
 from dpsinkhorn.config.validate import load_config
-from dpsinkhorn.fileio import pack, unpack
-from dpsinkhorn.window_setup import load_window, run_until
+from dpsinkhorn.fileio import pack, relative_inside, sha256_of, unpack
+from dpsinkhorn.privacy.trainings import RECORD_DIR, merge_copy
+from dpsinkhorn.window_setup import (
+    ImportRefused,
+    import_generators,
+    load_window,
+    results_dir,
+    run_until,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 STATE = "window_state.json"
 #: The workflow config's copy in the working folder (a path equal in every call).
 CONFIG_COPY = "window/config.yaml"
+#: The training record's copy in the archive, when the data folder is outside the working one.
+RECORD_COPY = "window/trainings"
 #: Files of an experiment folder that a results set holds (never generator.pt or samples).
 SET_FILES = ("privacy.json", "train_log.csv", "fid_seed*.json", "acc_*_seed*.json")
-
-
-def results_dir(config: Mapping) -> str:
-    """The workflow's results folder, relative to its working folder."""
-    return f"results/{config['run_name']}"
 
 
 def item_targets(config: Mapping, item: Mapping) -> list[str]:
@@ -132,14 +138,6 @@ def _now() -> str:
     return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 # -------------------------------------------------------------------------- the work
 
 
@@ -168,36 +166,6 @@ def snakemake_command(
         cmd += ["--scheduler", "greedy"]
     cmd += ["--rerun-triggers", "params", "input", "software-env", "code", "--", *targets]
     return cmd
-
-
-def import_generators(
-    item: Mapping, config: Mapping, workdir: Path, import_root: Path | None, state: dict
-) -> None:
-    """Copy a committed run's generator.pt, privacy.json and train_log.csv into the working
-    folder (once): its FID is then measured by the workflow's own rules."""
-    for exp, source in item["import"].items():
-        dest = experiment_dir(config, workdir / results_dir(config), exp)
-        if (dest / "generator.pt").is_file():
-            continue
-        src = Path(source) if Path(source).is_absolute() else None
-        if src is None:
-            if import_root is None:
-                raise ValueError(
-                    f"work item {item['name']}: import {exp} from {source!r} needs --import-root"
-                )
-            src = import_root / source
-        if not (src / "generator.pt").is_file() or not (src / "privacy.json").is_file():
-            raise FileNotFoundError(f"{src}: no generator.pt and privacy.json to import for {exp}")
-        dest.mkdir(parents=True, exist_ok=True)
-        for name in ("generator.pt", "privacy.json", "train_log.csv"):
-            if (src / name).is_file():
-                shutil.copy2(src / name, dest / name)
-        gen = dest / "generator.pt"
-        state.setdefault("imports", {})[exp] = {
-            "source": str(source),
-            "bytes": gen.stat().st_size,
-            "sha256": _sha256(gen),
-        }
 
 
 def data_targets(config: Mapping, item: Mapping) -> list[str]:
@@ -263,6 +231,11 @@ def work(
             continue
         try:
             import_generators(item, config, workdir, import_root, state)
+        except ImportRefused as err:  # not what its ledger describes: failed, not waiting
+            record["outcome"] = f"failed: {err}"
+            record["failures"] += 1
+            failed.append(item["name"])
+            continue
         except (FileNotFoundError, ValueError) as err:  # its import source is not here yet
             record["outcome"] = f"waiting: {err}"
             continue
@@ -337,7 +310,7 @@ def write_set(window: Mapping, workdir: Path, set_dir: Path, state: dict) -> lis
                     "only the evaluation was run in this window"
                 )
             elif gen.is_file():
-                entry["generator"] = {"bytes": gen.stat().st_size, "sha256": _sha256(gen)}
+                entry["generator"] = {"bytes": gen.stat().st_size, "sha256": sha256_of(gen)}
             bench = workdir / results_dir(config) / "benchmarks"
             bench = bench / f"{experiment_home(config, exp)}evaluate_{exp}.tsv"
             if bench.is_file():  # Snakemake's benchmark of the evaluation job (one line)
@@ -368,6 +341,47 @@ def write_set(window: Mapping, workdir: Path, set_dir: Path, state: dict) -> lis
     return written
 
 
+# ----------------------------------------------------------------------- the archive
+
+
+def record_folder(config: Mapping, workdir: Path) -> Path:
+    """The training record's folder of the workflow run in ``workdir``."""
+    return workdir / config["data_dir"] / RECORD_DIR
+
+
+def pack_workdir(
+    window: Mapping, workdir: Path, archive: str | Path, part_mib: float, state: Mapping
+) -> list[Path]:
+    """Pack the working folder into ``archive`` (``fileio.pack``): less the window's
+    ``archive_exclude`` and the imported generators (copied again from ``--import-root``
+    when missing), but never the training record, whatever the patterns say. A record
+    outside the working folder (an absolute ``data_dir``) is copied into
+    :data:`RECORD_COPY` first, and packed from there."""
+    config = load_config([window["config_path"]])
+    imported = [
+        (experiment_dir(config, results_dir(config), e) / "generator.pt").as_posix()
+        for e in state.get("imports", {})
+    ]
+    records = record_folder(config, workdir)
+    keep = [f"{RECORD_COPY}/*"]
+    inside = relative_inside(records, workdir)
+    if inside is not None:
+        keep.append(f"{inside}/*")
+    elif records.is_dir():
+        for path in sorted(records.glob("*.jsonl")):
+            fileio.write_bytes(workdir / RECORD_COPY / path.name, path.read_bytes())
+    exclude = [*window["archive_exclude"], *imported]
+    return pack(workdir, archive, exclude, part_mib, keep=keep)
+
+
+def restore_record(config: Mapping, workdir: Path) -> list[Path]:
+    """Merge the record's copy an archive brought (:data:`RECORD_COPY`) into the record
+    folder (events it lacks appended, ``privacy.trainings.merge_copy``); returns the
+    record files merged into."""
+    copies = sorted((workdir / RECORD_COPY).glob("*.jsonl"))
+    return [merge_copy(record_folder(config, workdir), copy) for copy in copies]
+
+
 # ------------------------------------------------------------------------------- CLI
 
 
@@ -381,11 +395,12 @@ def gpu_window(args: argparse.Namespace) -> int:
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="dpsinkhorn-window-"))
     workdir.mkdir(parents=True, exist_ok=True)
     try:
+        window = load_window(args.config)
         if args.archive_in:
             unpack(args.archive_in, workdir)
+            restore_record(load_config([window["config_path"]]), workdir)
         state_path = workdir / STATE
         state = fileio.read_json(state_path) if state_path.is_file() else {"calls": []}
-        window = load_window(args.config)
         if args.export_set:
             calls = state["calls"]
             name = args.set_name or (
@@ -431,14 +446,7 @@ def gpu_window(args: argparse.Namespace) -> int:
         if args.results_set:
             write_set(window, workdir, Path(args.results_set) / name, state)
             fileio.write_json(state_path, state)
-        # imported generators are copied again from --import-root when missing: not packed
-        config = load_config([window["config_path"]])
-        imported = [
-            (experiment_dir(config, results_dir(config), e) / "generator.pt").as_posix()
-            for e in state.get("imports", {})
-        ]
-        exclude = [*window["archive_exclude"], *imported]
-        parts = pack(workdir, args.archive_out, exclude, args.part_mib)
+        parts = pack_workdir(window, workdir, args.archive_out, args.part_mib, state)
         print(
             f"gpu-window call {len(state['calls'])}: {outcome}; archive "
             + " ".join(str(p) for p in parts)

@@ -8,13 +8,16 @@ weights of FID. Together they exceed one call's transfer (64 MiB by default), so
 work list needs them: the wheels, then per work item its datasets and imports, the FID
 weights (without the 1,008-class fc layer, which FID never reads: 87.3 of 95.6 MB) with
 the first item that evaluates. Only the weights are split, into byte-range parts, at a
-call's boundary. A dataset travels in the first call whose item needs it, never before.
+call's boundary. A dataset travels in the first call whose item needs it, never before. The
+archive of ``dpsinkhorn gpu-window`` leaves out :data:`DEFAULT_EXCLUDE` (or the window
+file's ``archive_exclude``), never the training record (``window.pack_workdir``).
 
 On the GPU machine :func:`take_setup` copies a carried folder into the machine's cache
 (``/tmp/window`` while the machine stays warm) and joins the weights once all parts are
 there, checking the whole file's SHA-256. :func:`missing_needs` tells the window which
 items cannot run yet (and why), so they are skipped, not failed. :func:`run_until` runs
-one item's Snakemake until the call's deadline.
+one item's Snakemake until the call's deadline. :func:`import_generators` copies a work
+item's committed generators in, each checked against its ledger.
 """
 
 from __future__ import annotations
@@ -33,11 +36,12 @@ from pathlib import Path
 import yaml
 
 from dpsinkhorn import fileio
-from dpsinkhorn.config.experiments import experiment_names
+from dpsinkhorn.config.experiments import experiment_dir, experiment_names
 from dpsinkhorn.config.validate import OVERRIDABLE, load_config
 
 REPO = Path(__file__).resolve().parents[2]
-#: What a call can rebuild and the archive therefore leaves out (paths in the working folder).
+#: What a call can rebuild and the archive therefore leaves out (paths in the working folder;
+#: the training record under ``data/trainings/`` is kept all the same: ``window.pack_workdir``).
 DEFAULT_EXCLUDE = (
     "data/*",
     "*/samples_seed*.npz",
@@ -112,7 +116,7 @@ def load_window(path: str | Path) -> dict:
         if item["name"] in names:
             raise ValueError(f"{at}.name: {item['name']!r} used twice")
         names.add(item["name"])
-        imports = dict(item.get("import") or {})
+        imports, pins = _imports(item.get("import") or {}, f"{at}.import")
         exps = list(item.get("experiments") or []) + [
             e for e in imports if e not in (item.get("experiments") or [])
         ]
@@ -126,9 +130,42 @@ def load_window(path: str | Path) -> dict:
             if out not in OUTPUTS:
                 raise ValueError(f"{at}.outputs: unknown {out!r} (known: {', '.join(OUTPUTS)})")
         window["work"].append(
-            {"name": item["name"], "experiments": exps, "import": imports, "outputs": outputs}
+            {
+                "name": item["name"],
+                "experiments": exps,
+                "import": imports,
+                "pins": pins,
+                "outputs": outputs,
+            }
         )
     return window
+
+
+def _imports(given: Mapping, at: str) -> tuple[dict[str, str], dict[str, str]]:
+    """An item's ``import:`` as {experiment: source} and {experiment: pinned sha256}. Each
+    value is a source folder, or ``{source: ..., sha256: ...}`` pinning the generator's
+    SHA-256 (needed when its ledger predates ``content_sha256``)."""
+    if not isinstance(given, Mapping):
+        raise ValueError(f"{at}: must map experiments to source folders")
+    imports, pins = {}, {}
+    for exp, value in given.items():
+        if isinstance(value, Mapping):
+            unknown = set(value) - {"source", "sha256"}
+            digest = str(value.get("sha256", ""))
+            if (
+                unknown
+                or "source" not in value
+                or len(digest) != 64
+                or not all(c in "0123456789abcdef" for c in digest)
+            ):
+                raise ValueError(
+                    f"{at}.{exp}: give a source folder, or {{source: <folder>, sha256: "
+                    "<64 lowercase hex digits>}"
+                )
+            imports[exp], pins[exp] = str(value["source"]), digest
+        else:
+            imports[exp] = str(value)
+    return imports, pins
 
 
 def _size(path: Path) -> int:
@@ -344,6 +381,91 @@ def run_until(
         except ProcessLookupError:
             pass
         return "deadline"
+
+
+def results_dir(config: Mapping) -> str:
+    """The workflow's results folder, relative to its working folder."""
+    return f"results/{config['run_name']}"
+
+
+class ImportRefused(ValueError):
+    """An import whose generator or log is not the one its ledger describes (one line
+    naming the file): the window item fails, it does not wait."""
+
+
+def _checked(path: Path, expected: Mapping[str, str | None]) -> bytes:
+    """The bytes of ``path``, read once, whose sha256 equals every non-None value of
+    ``expected`` (where it was recorded -> the hash); else :class:`ImportRefused`."""
+    data = path.read_bytes()
+    digest = hashlib.sha256(data).hexdigest()
+    for where, want in expected.items():
+        if want is not None and digest != want:
+            raise ImportRefused(
+                f"{path}: not the file its ledger describes (sha256 differs from {where}); "
+                "refusing to import it"
+            )
+    return data
+
+
+def import_generators(
+    item: Mapping, config: Mapping, workdir: Path, import_root: Path | None, state: dict
+) -> None:
+    """Copy a committed run's generator.pt, privacy.json and train_log.csv into the working
+    folder (once a call): its FID is then measured by the workflow's own rules.
+
+    Each file is checked against its ledger (privacy.json), and the bytes checked are the
+    bytes written: generator.pt against ``content_sha256`` (and the window file's pinned
+    ``sha256``, which a ledger written before ``content_sha256`` existed needs),
+    train_log.csv against ``train_log_sha256`` (a log its ledger records no hash of is not
+    imported). A mismatch or a generator nothing can check is :class:`ImportRefused`."""
+    pins = item.get("pins", {})
+    for exp, source in item["import"].items():
+        dest = experiment_dir(config, workdir / results_dir(config), exp)
+        if (dest / "generator.pt").is_file():
+            continue
+        src = Path(source) if Path(source).is_absolute() else None
+        if src is None:
+            if import_root is None:
+                raise ValueError(
+                    f"work item {item['name']}: import {exp} from {source!r} needs --import-root"
+                )
+            src = import_root / source
+        if not (src / "generator.pt").is_file() or not (src / "privacy.json").is_file():
+            raise FileNotFoundError(f"{src}: no generator.pt and privacy.json to import for {exp}")
+        ledger_bytes = (src / "privacy.json").read_bytes()
+        try:
+            ledger = json.loads(ledger_bytes)
+        except json.JSONDecodeError as err:
+            raise ImportRefused(f"{src / 'privacy.json'}: not JSON ({err.msg})") from None
+        expected = {
+            f"content_sha256 in {src / 'privacy.json'}": ledger.get("content_sha256"),
+            f"the sha256 the window file pins for {exp}": pins.get(exp),
+        }
+        if not any(expected.values()):
+            raise ImportRefused(
+                f"{src / 'generator.pt'}: its ledger records no content_sha256 to check it "
+                f"against; pin it in the window file (import: {{{exp}: {{source: {source}, "
+                "sha256: <hex>}})"
+            )
+        generator = _checked(src / "generator.pt", expected)
+        files = {"privacy.json": ledger_bytes, "generator.pt": generator}
+        log_sha256 = ledger.get("train_log_sha256")
+        if log_sha256 is not None:
+            if not (src / "train_log.csv").is_file():
+                raise ImportRefused(
+                    f"{src / 'train_log.csv'}: missing (its ledger records train_log_sha256)"
+                )
+            where = f"train_log_sha256 in {src / 'privacy.json'}"
+            files["train_log.csv"] = _checked(src / "train_log.csv", {where: log_sha256})
+        for name in ("train_log.csv", "privacy.json", "generator.pt"):  # the generator last
+            if name in files:
+                fileio.write_bytes(dest / name, files[name])
+        state.setdefault("imports", {})[exp] = {
+            "source": str(source),
+            "bytes": len(generator),
+            "sha256": hashlib.sha256(generator).hexdigest(),
+            "checked_against": [where for where, want in expected.items() if want],
+        }
 
 
 def register_cli(subparsers) -> None:  # argparse._SubParsersAction

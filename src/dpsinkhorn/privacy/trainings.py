@@ -8,18 +8,30 @@ same records writes to the same file. It lives beside the prepared data, on the 
 side (the fingerprint identifies the private data): never inside a run folder, never
 published. Each line is one JSON event, written by ``train.workspace.RunFiles``:
 
+Every event carries the training's id and its identity (:data:`IDENTITY`: experiment,
+output folder, also relative to the record's folder, settings, the mechanism's public
+parameters q, noise multiplier, δ, accountant, ``steps_planned``, ``retrain``), so one
+event alone says which training it belongs to:
+
 * ``started``: a training from step 0 (or from a checkpoint of an older version), with
-  its id, experiment, output folder, settings, the mechanism's public parameters (q,
-  noise multiplier, δ, accountant) and ``steps_planned``; ``retrain: true`` when it
-  retrains a finished DP experiment on request (:func:`check_retrain`).
+  ``start_step``; ``retrain: true`` when it retrains a finished DP experiment on request
+  (:func:`check_retrain`).
+* ``resumed``: the same id, continued from its checkpoint (in another process, call or
+  machine), with ``start_step``.
 * ``finished``: the same id, its step count, ε and the generator's ``content_sha256``.
 
-A training that resumes from its checkpoint keeps its id (the checkpoint carries it): one
-noise stream, one training. A training that never finished counts at ``steps_planned``
-(an upper bound on the steps whose noise it drew). :func:`trainings` merges the events
-per id; :func:`composed` composes every DP training of a source
+A training that resumes from its checkpoint keeps its id (the checkpoint carries it, and
+whether it retrains): one noise stream, one training. A training that never finished
+counts at ``steps_planned`` (an upper bound on the steps whose noise it drew).
+:func:`trainings` merges the events per id, whichever of them survive (a ``finished``
+whose ``started`` was lost is still one finished training of its experiment);
+:func:`composed` composes every DP training of a source
 (``privacy.accounting.composed_epsilon``, add/remove-one adjacency, RDP) at the largest δ
 any of them claims: the cost of every generator those trainings could have released.
+A training's output folder is matched as recorded, relative to the record's folder and
+relative to the working folder it trained in (:func:`output_folders`), so a working
+folder moved, with its record or without it (a GPU window's next call, a copy), still
+finds its finished trainings.
 Everything recorded is a public setting or a step count, except the file's name.
 Torch-free.
 """
@@ -42,6 +54,26 @@ from dpsinkhorn.privacy.accounting import composed_epsilon
 RECORD_DIR = "trainings"
 #: Environment variable naming experiments (comma-separated, or ``all``) that may retrain.
 RETRAIN_ENV = "DPSINKHORN_RETRAIN"
+#: What every event carries besides ``event``, ``training`` and ``time``: the training's
+#: identity (``train.workspace.RunFiles`` writes them; ``out_rel``: ``out`` relative to the
+#: record's folder; ``out_cwd``: relative to the training's working folder, when inside it).
+IDENTITY = (
+    "experiment",
+    "out",
+    "out_rel",
+    "out_cwd",
+    "spec",
+    "private",
+    "reproducible",
+    "q",
+    "noise_multiplier",
+    "delta",
+    "accountant",
+    "steps_planned",
+    "retrain",
+)
+#: The events a record holds.
+EVENTS = ("started", "resumed", "finished")
 
 
 class RetrainRefused(ValueError):
@@ -73,45 +105,114 @@ def new_training_id() -> str:
 def append(record_dir: str | os.PathLike, fingerprint: str, event: Mapping) -> Path:
     """Append one event (a JSON line, written and fsynced in one ``write``) to the record."""
     path = record_file(record_dir, fingerprint)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    line = json.dumps({"time": time.strftime("%Y-%m-%dT%H:%M:%S"), **event}) + "\n"
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-    try:
-        os.write(fd, line.encode())
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    _append_lines(path, [json.dumps({"time": time.strftime("%Y-%m-%dT%H:%M:%S"), **event})])
     return path
 
 
+def _append_lines(path: Path, lines: list[str]) -> None:
+    """Append ``lines`` to ``path`` in one ``write`` (O_APPEND), fsynced."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        os.write(fd, "".join(f"{line}\n" for line in lines).encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def merge_copy(record_dir: str | os.PathLike, copy: str | os.PathLike) -> Path:
+    """Append to ``record_dir/<copy's name>`` the events of ``copy`` (a copy of that record
+    file carried elsewhere, e.g. in a GPU window's archive) it does not hold yet, in the
+    copy's order; returns the record file. A damaged copy is refused (:func:`read`)."""
+    copy = Path(copy)
+    path = Path(record_dir) / copy.name
+    have = {_key(e) for e in read(path)} if path.is_file() else set()
+    new = [json.dumps(e) for e in read(copy) if _key(e) not in have]
+    if new:
+        _append_lines(path, new)
+    return path
+
+
+def _key(event: Mapping) -> str:
+    return json.dumps(event, sort_keys=True)
+
+
 def read(path: str | os.PathLike) -> list[dict]:
-    """The events of one record file (one-line ValueError naming a damaged line)."""
+    """The events of one record file (one-line ValueError naming a damaged line: not JSON,
+    or not an event with its training's id)."""
     events = []
     with open(path, encoding="utf-8") as fh:
         for number, line in enumerate(fh, 1):
             if not line.strip():
                 continue
             try:
-                events.append(json.loads(line))
+                event = json.loads(line)
             except json.JSONDecodeError as err:
                 raise ValueError(f"{path}: line {number} is not JSON ({err.msg})") from None
+            if not (
+                isinstance(event, dict)
+                and isinstance(event.get("training"), str)
+                and event.get("event") in EVENTS
+            ):
+                raise ValueError(
+                    f"{path}: line {number} is not a training event (needs a training id "
+                    f"and an event of {', '.join(EVENTS)})"
+                )
+            events.append(event)
     return events
 
 
-def trainings(events: list[Mapping]) -> list[dict]:
-    """One dict per training id (in order of start): the ``started`` event's keys,
-    ``finished`` (bool), ``steps`` (the finished count, else ``steps_planned``)."""
+def trainings(events: Iterable[Mapping]) -> list[dict]:
+    """One dict per training id (in order of its first event): the identity its events
+    carry (the latest value of each key), ``start_step`` (the earliest), ``finished``
+    (bool), ``steps`` (the largest finished count, else ``steps_planned``), ``retrain``
+    (any event says so), ``time`` (its latest event). A training none of whose events
+    names its experiment (events of versions before every event carried the identity,
+    whose ``started`` line is lost) cannot be attributed or composed and is left out."""
     merged: dict[str, dict] = {}
     for event in events:
         tid = event["training"]
-        entry = merged.setdefault(tid, {"finished": False})
-        if event["event"] == "started":
-            entry.update({k: v for k, v in event.items() if k != "event"})
-            entry.setdefault("steps", event.get("steps_planned"))
-        elif event["event"] == "finished":
-            entry.update({k: v for k, v in event.items() if k != "event"})
+        entry = merged.setdefault(tid, {"finished": False, "retrain": False})
+        for key, value in event.items():
+            if key in ("event", "steps", "retrain") or value is None and key in entry:
+                continue
+            if key == "start_step" and "start_step" in entry:
+                continue
+            entry[key] = value
+        entry["retrain"] = entry["retrain"] or bool(event.get("retrain"))
+        if event["event"] == "finished":
             entry["finished"] = True
-    return [t for t in merged.values() if "experiment" in t]
+            entry["finished_steps"] = max(int(event["steps"]), entry.get("finished_steps", 0))
+    out = []
+    for entry in merged.values():
+        if "experiment" not in entry:
+            continue
+        steps = entry.pop("finished_steps", None)
+        entry["steps"] = entry.get("steps_planned") if steps is None else steps
+        out.append(entry)
+    return out
+
+
+def output_folders(training: Mapping, record_dir: str | os.PathLike) -> set[str]:
+    """Where a recorded training wrote, as any folder it may have moved to: its absolute
+    ``out``; ``out_rel`` resolved against ``record_dir`` as it lies now (the run and its
+    record moved together); ``out_cwd`` resolved against the current working folder (the
+    run's working folder moved without its record, as a GPU window's next call whose data
+    folder is elsewhere). Matching any of them refuses more, never less."""
+    found = {str(training["out"])} if training.get("out") else set()
+    if training.get("out_rel"):
+        found.add(os.path.normpath(Path(record_dir).resolve() / training["out_rel"]))
+    if training.get("out_cwd"):
+        found.add(os.path.normpath(Path.cwd().resolve() / training["out_cwd"]))
+    return found
+
+
+def output_folder(training: Mapping, record_dir: str | os.PathLike) -> str:
+    """The folder a recorded training wrote, as it lies now (``out_rel`` resolved against
+    ``record_dir``, else ``out``)."""
+    if training.get("out_rel"):
+        return os.path.normpath(Path(record_dir).resolve() / training["out_rel"])
+    return str(training["out"])
 
 
 def source_trainings(record_dir: str | os.PathLike, fingerprint: str) -> list[dict]:
@@ -141,21 +242,33 @@ def composed(records: list[Mapping]) -> dict:
     }
 
 
-def _finished_by_out(record_dir: Path) -> dict[str, tuple[dict, str]]:
-    """Per output folder: the last finished secret-key DP training into it recorded under
-    ``record_dir``, and its record file's key."""
-    last: dict[str, tuple[dict, str]] = {}
+def _finished(record_dir: Path) -> list[tuple[dict, str]]:
+    """Every finished secret-key DP training recorded under ``record_dir``, with its record
+    file's key."""
+    found = []
     for path in sorted(record_dir.glob("*.jsonl")) if record_dir.is_dir() else []:
         for t in trainings(read(path)):
             if t["finished"] and t.get("private") and not t.get("reproducible"):
-                if t["out"] not in last or t["time"] >= last[t["out"]][0]["time"]:
-                    last[t["out"]] = (t, path.stem)
+                found.append((t, path.stem))
+    return found
+
+
+def _last_into(
+    finished: list[tuple[dict, str]], record_dir: Path, out: str
+) -> tuple[dict, str] | None:
+    """The last of ``finished`` that wrote into ``out`` (:func:`output_folders`), or None."""
+    last = None
+    for found in finished:
+        if out in output_folders(found[0], record_dir) and (
+            last is None or found[0]["time"] >= last[0]["time"]
+        ):
+            last = found
     return last
 
 
 def _finished_into(record_dir: Path, out: str) -> tuple[dict, str] | None:
     """The last finished secret-key DP training into ``out``, and its record's key, or None."""
-    return _finished_by_out(record_dir).get(out)
+    return _last_into(_finished(record_dir), record_dir, out)
 
 
 def _changed_settings(before: Mapping, now: Mapping) -> list[str]:
@@ -183,11 +296,12 @@ def refuse_changed_settings(
     outputs before the job's own :func:`check_retrain` refused it. (Other reruns, e.g. of
     rewritten data, are refused by the job: the train rule's outputs are update(), put
     back when the job fails.)"""
-    finished = _finished_by_out(Path(record_dir))
+    finished = _finished(Path(record_dir))
     for experiment, out, spec in planned:
-        if out not in finished or retrain_allowed(experiment):
+        found = _last_into(finished, Path(record_dir), out)
+        if found is None or retrain_allowed(experiment):
             continue
-        done, _ = finished[out]
+        done, _ = found
         changed = _changed_settings(done["spec"], spec)
         if changed:
             what = [f"settings {', '.join(changed)}"]

@@ -157,7 +157,9 @@ def trainings_summary(config: Mapping, names: list[str], summary: dict) -> dict:
             "epsilon_composed"
         ]
     out["experiments"] = sorted({t["experiment"] for t in found if t.get("private")})
-    out["run_folders"] = len({str(Path(t["out"]).parent) for t in found if t.get("private")})
+    records = data_dir / record.RECORD_DIR
+    folders = {record.output_folder(t, records) for t in found if t.get("private")}
+    out["run_folders"] = len({str(Path(f).parent) for f in folders})
     out["note"] = (
         "every DP training recorded for this data (any run folder or config; unfinished ones "
         "at their planned steps), composed (RDP) at the largest delta"

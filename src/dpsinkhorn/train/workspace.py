@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shutil
 import time
 from pathlib import Path
@@ -23,7 +24,13 @@ from pathlib import Path
 import torch
 
 from dpsinkhorn.config.identity import experiment_spec_of
-from dpsinkhorn.fileio import remove_stale_temps, torch_bytes, write_bytes, write_text
+from dpsinkhorn.fileio import (
+    relative_inside,
+    remove_stale_temps,
+    torch_bytes,
+    write_bytes,
+    write_text,
+)
 from dpsinkhorn.privacy import trainings
 from dpsinkhorn.train.release import OUTPUT_FILES, publish, write_log
 from dpsinkhorn.train.runlock import OutputLock
@@ -62,6 +69,7 @@ def _save_checkpoint(
     private_rows: list[dict],
     digest: str,
     training: str | None = None,
+    retrain: bool = False,
 ) -> None:
     state = {
         **trainer.state_dict(),
@@ -69,6 +77,7 @@ def _save_checkpoint(
         "private_log": private_rows,
         "spec_hash": digest,
         "training": training,  # the training record's id (privacy.trainings)
+        "retrain": retrain,  # whether it retrains a finished DP experiment (the record's)
     }
     # Serialised in memory, then written: a full disk is an OSError naming the file
     # (io.NoSpaceError), not torch's "basic_ios::clear: iostream error".
@@ -162,8 +171,9 @@ class RunFiles:
             resumes = state is not None and state.get("spec_hash") == self.digest
             self.training_id = state.get("training") if resumes else None
             # A training from step 0 into a folder whose DP training finished: refused
-            # unless asked for (privacy.trainings), before the workspace is created.
-            self.retrain = not resumes and self._check_retrain(retrain)
+            # unless asked for (privacy.trainings), before the workspace is created. A
+            # resumed one keeps what its checkpoint says.
+            self.retrain = bool(state.get("retrain")) if resumes else self._check_retrain(retrain)
         self.workspace.mkdir(parents=True, exist_ok=True)
         readme = self.workspace / "README.txt"
         if not readme.exists():
@@ -194,9 +204,12 @@ class RunFiles:
                 "data; started afresh\n",
             )
         self.start_step, self.t0 = trainer.step_count, time.perf_counter()
-        if self.training_id is None and self.record_dir is not None:
-            self.training_id = trainings.new_training_id()
-            self._record("started")
+        if self.record_dir is not None:
+            if self.training_id is None:
+                self.training_id = trainings.new_training_id()
+                self._record("started")
+            else:  # every call that draws noise for it says so, in case others are lost
+                self._record("resumed")
 
     def _check_retrain(self, retrain: bool) -> bool:
         if self.record_dir is None or self.trainer.sanitizer is None:
@@ -210,33 +223,42 @@ class RunFiles:
             retrain or trainings.retrain_allowed(self.settings.name),
         )
 
+    def _identity(self) -> dict:
+        """What every record event carries (``privacy.trainings.IDENTITY``)."""
+        t, s = self.trainer, self.trainer.sanitizer
+        out = self.out_dir.resolve()
+        return {
+            "experiment": self.settings.name,
+            "out": str(out),
+            "out_rel": os.path.relpath(out, self.record_dir.resolve()),
+            "out_cwd": relative_inside(out, Path.cwd()),
+            "spec": json.loads(experiment_spec_of(t.experiment)),
+            "private": s is not None,
+            "reproducible": t.reproducible,
+            "q": t.q,
+            "noise_multiplier": None if s is None else s.noise_multiplier,
+            "delta": None if t.accountant is None else t.accountant.delta,
+            "accountant": None if t.accountant is None else t.accountant.kind,
+            "steps_planned": t.total_steps,
+            "retrain": bool(self.retrain),
+        }
+
     def _record(self, event: str, record: dict | None = None) -> None:
-        """Append this training's ``event`` to the data source's training record."""
+        """Append this training's ``event`` (started, resumed, finished), with its id and
+        identity, to the data source's training record."""
         t = self.trainer
-        if event == "started":
-            s = t.sanitizer
-            fields = {
-                "experiment": self.settings.name,
-                "out": str(self.out_dir.resolve()),
-                "spec": json.loads(experiment_spec_of(t.experiment)),
-                "private": s is not None,
-                "reproducible": t.reproducible,
-                "q": t.q,
-                "noise_multiplier": None if s is None else s.noise_multiplier,
-                "delta": None if t.accountant is None else t.accountant.delta,
-                "accountant": None if t.accountant is None else t.accountant.kind,
-                "steps_planned": t.total_steps,
-                "start_step": t.step_count,
-                "retrain": bool(self.retrain),
-            }
-        else:
+        if event == "finished":
             fields = {
                 "steps": t.step_count,
                 "epsilon": (record or {}).get("epsilon"),
                 "content_sha256": (record or {}).get("content_sha256"),
             }
+        else:
+            fields = {"start_step": t.step_count}
         trainings.append(
-            self.record_dir, t.fingerprint, {"event": event, "training": self.training_id, **fields}
+            self.record_dir,
+            t.fingerprint,
+            {"event": event, "training": self.training_id, **self._identity(), **fields},
         )
 
     @property
@@ -277,6 +299,7 @@ class RunFiles:
             self.private_rows,
             self.digest,
             self.training_id,
+            self.retrain,
         )
         if self.log_private_loss:
             write_log(self.workspace / "private_loss.csv", self.private_rows, PRIVATE_LOG_COLUMNS)
