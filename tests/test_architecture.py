@@ -155,7 +155,17 @@ ALLOWED_IMPORTS = {
     "train": {"config", "data", "devices", "fileio", "models", "ot", "privacy"},
     "evaluate": {"config", "data", "devices", "fileio", "models", "ot", "privacy"},
     "report": {"config", "data", "fileio", "privacy"},
-    "bench": {"config", "data", "devices", "models", "ot", "privacy", "train"},
+    "bench": {
+        "config",
+        "data",
+        "devices",
+        "evaluate",
+        "fileio",
+        "models",
+        "ot",
+        "privacy",
+        "train",
+    },  # fmt: skip
     "plan": {"bench", "config", "devices", "fileio", "privacy", "train", "window_setup"},
     "api": {"config", "data", "devices", "evaluate", "publish", "train"},  # data: dataset names
     "publish": {"config", "devices", "evaluate", "fileio", "report"},  # redraws, recomputes

@@ -36,6 +36,7 @@ COMMANDS = {
     "report": "report.cli",
     "privacy-summary": "report.privacy_summary",
     "bench": "bench.cli",
+    "bench-eval": "bench.evalspeed",
     "grad-study": "evaluate.gradstudy",
     "targets": "config.targets",
     "plan": "plan",

@@ -148,75 +148,17 @@ def train_torch_batched(
     results differ from the sequential ones like another seed's would. The training sets
     ``xs`` [N,C,H,W] (float32) / ``ys`` [N] must have the same N; all tensors on one device.
     """
-    from torch.func import functional_call, stack_module_state, vmap
-
-    k, n = len(seeds), len(xs[0])
-    if any(len(x) != n for x in xs):
-        raise ValueError(
-            f"batched seeds need training sets of one size, got {[len(x) for x in xs]}"
-        )
-    if n < 2:
-        raise ValueError(f"{name} needs at least 2 training images, got {n}")
-    if max_epochs < 1 or patience < 1 or batch_size < 1:
-        raise ValueError("max_epochs, patience and batch_size must be >= 1")
-    device = xs[0].device
-    n_hold = max(1, int(round(HOLDOUT_FRACTION * n)))
-    models, x_fit, y_fit, x_hold, y_hold, shuffles = [], [], [], [], [], []
-    for seed, x, y in zip(seeds, xs, ys, strict=True):
-        torch.manual_seed(seed)
-        order = np.random.default_rng(seed).permutation(n)
-        hold = torch.from_numpy(order[:n_hold]).to(device)
-        fit = torch.from_numpy(order[n_hold:]).to(device)
-        x_fit.append(x[fit])
-        y_fit.append(y[fit])
-        x_hold.append(x[hold])
-        y_hold.append(y[hold])
-        models.append(make_model(name, tuple(x.shape[1:]), num_classes).to(device))
-        shuffles.append(torch.Generator().manual_seed(seed))
-    x_fit, y_fit = torch.stack(x_fit), torch.stack(y_fit)  # [K, n_fit, C, H, W], [K, n_fit]
-    x_hold, y_hold = torch.stack(x_hold), torch.stack(y_hold)
-    params, buffers = stack_module_state(models)  # leaves [K, ...]
-    base = copy.deepcopy(models[0]).to("meta")
-
-    def forward(p: dict, b: dict, x: torch.Tensor) -> torch.Tensor:
-        return functional_call(base, (p, b), (x,))
-
-    train_fn = vmap(forward, randomness="different")
+    run = BatchedRun(name, xs, ys, num_classes, seeds, max_epochs, patience, batch_size)
+    k, params = run.k, run.params
     optimizer = torch.optim.Adam(list(params.values()))
-    rows = torch.arange(k, device=device)[:, None]
-
-    @torch.no_grad()
-    def accuracy(x: torch.Tensor, y: torch.Tensor, shared: bool) -> torch.Tensor:
-        """Fraction correct per seed [K]; ``x`` [K,N,...] or, ``shared``, [N,...] for all."""
-        base.eval()
-        fn = vmap(forward, in_dims=(0, 0, None) if shared else (0, 0, 0))
-        correct = torch.zeros(k, dtype=torch.int64, device=device)
-        for start in range(0, y.shape[-1], EVAL_BATCH):
-            xb = x[start : start + EVAL_BATCH] if shared else x[:, start : start + EVAL_BATCH]
-            yb = y[start : start + EVAL_BATCH] if shared else y[:, start : start + EVAL_BATCH]
-            correct += (fn(params, buffers, xb).argmax(-1) == yb).sum(-1)
-        return correct.double() / y.shape[-1]
 
     best_acc, best_epoch, epochs = [-1.0] * k, [0] * k, [0] * k
     best_state: list[dict | None] = [None] * k
     done = [False] * k
-    n_fit = x_fit.shape[1]
     for epoch in range(1, max_epochs + 1):
-        base.train()
-        perms = torch.stack([torch.randperm(n_fit, generator=g) for g in shuffles]).to(device)
-        for start in range(0, n_fit, batch_size):
-            idx = perms[:, start : start + batch_size]  # [K, b]
-            logits = train_fn(params, buffers, x_fit[rows, idx])  # [K, b, classes]
-            loss = (
-                nn.functional.cross_entropy(
-                    logits.flatten(0, 1), y_fit[rows, idx].flatten(), reduction="sum"
-                )
-                / idx.shape[1]
-            )  # sum over seeds of each seed's mean loss
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-        accs = accuracy(x_hold, y_hold, shared=False).tolist()
+        for idx in run.epoch_batches():
+            run.step(optimizer, idx)
+        accs = run.accuracy(run.x_hold, run.y_hold, shared=False).tolist()
         for j in range(k):
             if done[j]:
                 continue
@@ -232,21 +174,8 @@ def train_torch_batched(
         for j in range(k):
             for key, v in params.items():
                 v[j].copy_(best_state[j][key])
-    test_acc = accuracy(x_test, y_test, shared=True).tolist()
-    return [
-        {
-            "accuracy": test_acc[j],
-            "holdout_accuracy": best_acc[j],
-            "epochs": epochs[j],
-            "best_epoch": best_epoch[j],
-            "num_holdout": int(n_hold),
-            "max_epochs": max_epochs,
-            "patience": patience,
-            "batch_size": batch_size,
-            "batched_seeds": k,
-        }
-        for j in range(k)
-    ]
+    test_acc = run.accuracy(x_test, y_test, shared=True).tolist()
+    return run.records(test_acc, best_acc, epochs, best_epoch)
 
 
 def train_logreg(
@@ -342,3 +271,120 @@ def train_logreg_torch(
         }
         for j in range(k)
     ]
+
+
+class BatchedRun:
+    """What :func:`train_torch_batched` sets up for K seeds, and its pieces: per seed the
+    initialisation (``torch.manual_seed(seed)``), hold-out split and batch-order generator;
+    the K models' parameters stacked [K, ...]; the vmapped step, batch orders and accuracy.
+    Shared with the fast loop (:mod:`dpsinkhorn.evaluate.fastfit`), so both do the same
+    arithmetic."""
+
+    def __init__(
+        self,
+        name: str,
+        xs: list[torch.Tensor],
+        ys: list[torch.Tensor],
+        num_classes: int,
+        seeds: list[int],
+        max_epochs: int,
+        patience: int,
+        batch_size: int,
+    ) -> None:
+        from torch.func import functional_call, stack_module_state, vmap
+
+        k, n = len(seeds), len(xs[0])
+        if any(len(x) != n for x in xs):
+            raise ValueError(
+                f"batched seeds need training sets of one size, got {[len(x) for x in xs]}"
+            )
+        if n < 2:
+            raise ValueError(f"{name} needs at least 2 training images, got {n}")
+        if max_epochs < 1 or patience < 1 or batch_size < 1:
+            raise ValueError("max_epochs, patience and batch_size must be >= 1")
+        device = xs[0].device
+        n_hold = max(1, int(round(HOLDOUT_FRACTION * n)))
+        models, x_fit, y_fit, x_hold, y_hold, shuffles = [], [], [], [], [], []
+        for seed, x, y in zip(seeds, xs, ys, strict=True):
+            torch.manual_seed(seed)
+            order = np.random.default_rng(seed).permutation(n)
+            hold = torch.from_numpy(order[:n_hold]).to(device)
+            fit = torch.from_numpy(order[n_hold:]).to(device)
+            x_fit.append(x[fit])
+            y_fit.append(y[fit])
+            x_hold.append(x[hold])
+            y_hold.append(y[hold])
+            models.append(make_model(name, tuple(x.shape[1:]), num_classes).to(device))
+            shuffles.append(torch.Generator().manual_seed(seed))
+        x_fit, y_fit = torch.stack(x_fit), torch.stack(y_fit)  # [K, n_fit, C, H, W], [K, n_fit]
+        x_hold, y_hold = torch.stack(x_hold), torch.stack(y_hold)
+        params, buffers = stack_module_state(models)  # leaves [K, ...]
+        base = copy.deepcopy(models[0]).to("meta")
+
+        def forward(p: dict, b: dict, x: torch.Tensor) -> torch.Tensor:
+            return functional_call(base, (p, b), (x,))
+
+        self.k, self.n_hold, self.device, self.seeds = k, n_hold, device, seeds
+        self.max_epochs, self.patience, self.batch_size = max_epochs, patience, batch_size
+        self.x_fit, self.y_fit, self.x_hold, self.y_hold = x_fit, y_fit, x_hold, y_hold
+        self.params, self.buffers, self.base, self.shuffles = params, buffers, base, shuffles
+        self.forward = forward
+        self.train_fn = vmap(forward, randomness="different")
+        self.rows = torch.arange(k, device=device)[:, None]
+
+    def epoch_batches(self) -> list[torch.Tensor]:
+        """One epoch's batches of training indices [K, b] (each seed's own order), on the
+        device; puts the model in training mode."""
+        self.base.train()
+        n_fit = self.x_fit.shape[1]
+        perms = torch.stack([torch.randperm(n_fit, generator=g) for g in self.shuffles])
+        return list(perms.to(self.device).split(self.batch_size, dim=1))
+
+    def step(self, optimizer: torch.optim.Optimizer, idx: torch.Tensor) -> None:
+        """One Adam step of all K models on the batches ``idx`` [K, b]: the loss is the sum
+        over seeds of each seed's mean cross-entropy, so each seed gets its own gradient."""
+        rows = self.rows
+        logits = self.train_fn(self.params, self.buffers, self.x_fit[rows, idx])  # [K,b,cls]
+        loss = (
+            nn.functional.cross_entropy(
+                logits.flatten(0, 1), self.y_fit[rows, idx].flatten(), reduction="sum"
+            )
+            / idx.shape[1]
+        )
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+
+    @torch.no_grad()
+    def accuracy(self, x: torch.Tensor, y: torch.Tensor, shared: bool) -> torch.Tensor:
+        """Fraction correct per seed [K] (float64, on the device); ``x`` [K,N,...] or,
+        ``shared``, [N,...] for all seeds."""
+        from torch.func import vmap
+
+        self.base.eval()
+        fn = vmap(self.forward, in_dims=(0, 0, None) if shared else (0, 0, 0))
+        correct = torch.zeros(self.k, dtype=torch.int64, device=self.device)
+        for start in range(0, y.shape[-1], EVAL_BATCH):
+            xb = x[start : start + EVAL_BATCH] if shared else x[:, start : start + EVAL_BATCH]
+            yb = y[start : start + EVAL_BATCH] if shared else y[:, start : start + EVAL_BATCH]
+            correct += (fn(self.params, self.buffers, xb).argmax(-1) == yb).sum(-1)
+        return correct.double() / y.shape[-1]
+
+    def records(
+        self, test_acc: list[float], best_acc: list, epochs: list, best_epoch: list
+    ) -> list[dict]:
+        """The K result dicts of :func:`train_torch_batched`."""
+        return [
+            {
+                "accuracy": test_acc[j],
+                "holdout_accuracy": float(best_acc[j]),
+                "epochs": int(epochs[j]),
+                "best_epoch": int(best_epoch[j]),
+                "num_holdout": int(self.n_hold),
+                "max_epochs": self.max_epochs,
+                "patience": self.patience,
+                "batch_size": self.batch_size,
+                "batched_seeds": self.k,
+            }
+            for j in range(self.k)
+        ]

@@ -33,6 +33,7 @@ from dpsinkhorn.evaluate.classifiers import (
     train_torch,
     train_torch_batched,
 )
+from dpsinkhorn.evaluate.fastfit import train_torch_batched_fast
 
 
 def to_float(images: np.ndarray, where: str = "images") -> np.ndarray:
@@ -104,6 +105,7 @@ def train_and_evaluate_seeds(
     batch_size: int = 128,
     max_iter: int = 5000,
     batched: bool = False,
+    fast: bool = False,
 ) -> list[dict]:
     """Train ``model`` once per (training set, seed) pair, in this process; one result each.
 
@@ -111,7 +113,8 @@ def train_and_evaluate_seeds(
     (:func:`classifiers.train_torch_batched`; the CNN's dropout masks then differ from the
     sequential run's), logreg by torch's L-BFGS (:func:`classifiers.train_logreg_torch`,
     scikit-learn's objective); otherwise one after another (logreg: scikit-learn on the
-    host).
+    host). ``fast`` (with ``batched``): mlp/cnn by :func:`fastfit.train_torch_batched_fast`
+    (early stopping on the device; CUDA graphs on CUDA; on a CPU the same results).
 
     ``train_sets``: (images uint8 [N,H,W(,C)], labels int [N]) per seed. The test set
     is converted and moved to the device once; every set is validated before any
@@ -120,6 +123,8 @@ def train_and_evaluate_seeds(
     """
     if model not in MODELS:
         raise ValueError(f"unknown classifier {model!r}; choose from {', '.join(MODELS)}")
+    if fast and not batched:
+        raise ValueError("the fast classifier loop trains seeds batched (batched=True)")
     if len(train_sets) != len(seeds) or not seeds:
         raise ValueError(f"need one seed per training set, got {len(seeds)} and {len(train_sets)}")
     start = time.perf_counter()
@@ -141,7 +146,8 @@ def train_and_evaluate_seeds(
         if model == "logreg":
             trained = train_logreg_torch(xs, ys, x_test_dev, y_test_dev, classes, max_iter)
         else:
-            trained = train_torch_batched(
+            train = train_torch_batched_fast if fast else train_torch_batched
+            trained = train(
                 model, xs, ys, x_test_dev, y_test_dev, classes, seeds, max_epochs, patience,
                 batch_size,
             )  # fmt: skip

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -155,6 +156,21 @@ def _local_inception(path: Path) -> pfi.InceptionV3:
     verify_weights(path)
     state_dict = _read_state_dict(path)
 
+    net = _fid_inception_v3()
+    try:
+        missing = net.load_state_dict(state_dict, strict=False)
+        bad = [k for k in missing.missing_keys if not k.startswith(FC_PREFIX)]
+        if bad or missing.unexpected_keys:
+            raise RuntimeError(f"missing {bad[:3]}, unexpected {missing.unexpected_keys[:3]}")
+    except (RuntimeError, TypeError, AttributeError) as err:
+        raise ValueError(
+            f"{path}: not pytorch-fid's Inception weights ({WEIGHTS_FILE_NAME}): {err}"
+        ) from err
+    return _assemble(net)
+
+
+def _fid_inception_v3() -> torch.nn.Module:
+    """pytorch-fid's ``fid_inception_v3`` network without its download (weights random)."""
     net = pfi._inception_v3(num_classes=1008, aux_logits=False, weights=None)
     net.Mixed_5b = pfi.FIDInceptionA(192, pool_features=32)
     net.Mixed_5c = pfi.FIDInceptionA(256, pool_features=64)
@@ -165,16 +181,12 @@ def _local_inception(path: Path) -> pfi.InceptionV3:
     net.Mixed_6e = pfi.FIDInceptionC(768, channels_7x7=192)
     net.Mixed_7b = pfi.FIDInceptionE_1(1280)
     net.Mixed_7c = pfi.FIDInceptionE_2(2048)
-    try:
-        missing = net.load_state_dict(state_dict, strict=False)
-        bad = [k for k in missing.missing_keys if not k.startswith(FC_PREFIX)]
-        if bad or missing.unexpected_keys:
-            raise RuntimeError(f"missing {bad[:3]}, unexpected {missing.unexpected_keys[:3]}")
-    except (RuntimeError, TypeError, AttributeError) as err:
-        raise ValueError(
-            f"{path}: not pytorch-fid's Inception weights ({WEIGHTS_FILE_NAME}): {err}"
-        ) from err
+    return net
 
+
+def _assemble(net: torch.nn.Module) -> pfi.InceptionV3:
+    """``InceptionV3``'s pool3 blocks assembled from ``net`` as its constructor does, so
+    ``InceptionV3.forward`` (resize + normalise) is reused."""
     model = pfi.InceptionV3.__new__(pfi.InceptionV3)
     torch.nn.Module.__init__(model)
     model.resize_input = True
@@ -255,6 +267,76 @@ def load_inception(
 #: Inception images per batch when none is given: large on a GPU (its memory holds 500
 #: 299x299 images' activations easily; fewer, larger launches), pytorch-fid's 50 on a CPU.
 DEFAULT_BATCH = {"cuda": 500, "cpu": 50}
+#: The fast path's batch: on a GPU 1,000 299x299 images (about 9 GiB of activations in fp32).
+FAST_BATCH = {"cuda": 1000, "cpu": 50}
+#: Arithmetic of the fast path's convolutions: fp32 (as the reference path), or autocast to
+#: bf16 / fp16 (features and statistics stay float32 / float64).
+FID_PRECISIONS = ("fp32", "bf16", "fp16")
+_FAST: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # network -> its fast copy
+
+
+def fast_network(model: pfi.InceptionV3) -> torch.nn.Module:
+    """The fast path's copy of a loaded FID network, cached: each ``BasicConv2d``'s batch
+    norm folded into its convolution (eval statistics, float32; features change by about
+    1e-6 relative) and every weight channels-last (NHWC), so cuDNN / oneDNN convolve without
+    layout conversions. The network of :func:`load_inception` is left unchanged."""
+    import copy
+
+    from torchvision.models.inception import BasicConv2d
+
+    if model not in _FAST:
+        fast = copy.deepcopy(model).eval()
+        for module in fast.modules():
+            if isinstance(module, BasicConv2d):
+                module.conv = torch.nn.utils.fusion.fuse_conv_bn_eval(module.conv, module.bn)
+                module.bn = torch.nn.Identity()
+        _FAST[model] = fast.to(memory_format=torch.channels_last)
+    return _FAST[model]
+
+
+def fast_pool3(net: torch.nn.Module, batch: torch.Tensor, precision: str = "fp32") -> torch.Tensor:
+    """Pool3 features float32 [B,2048] of uint8 images ``batch`` [B,H,W,C] (C in 1, 3) on
+    the network's device, by the fast path: scaled to [0,1], resized to 299x299 (bilinear,
+    as pytorch-fid) before grayscale is repeated (the same values, a third of the work),
+    mapped to [-1,1], channels-last, convolved in ``precision`` (:data:`FID_PRECISIONS`).
+    ``net`` is :func:`fast_network` of the FID network."""
+    if precision not in FID_PRECISIONS:
+        raise ValueError(f"unknown FID precision {precision!r}; choose from {FID_PRECISIONS}")
+    x = batch.permute(0, 3, 1, 2).float() / 255.0  # [B,C,H,W] in [0,1]
+    x = torch.nn.functional.interpolate(x, size=(299, 299), mode="bilinear", align_corners=False)
+    x = 2 * x - 1
+    x = x.expand(-1, 3, -1, -1) if x.shape[1] == 1 else x
+    x = x.contiguous(memory_format=torch.channels_last)
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+    with torch.autocast(x.device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
+        for block in net.blocks:
+            x = block(x)
+    return x[:, :, 0, 0].float()
+
+
+def device_activations(
+    images: np.ndarray,
+    model: pfi.InceptionV3,
+    batch_size: int | None = None,
+    precision: str = "fp32",
+) -> torch.Tensor:
+    """Pool3 features float32 [N,2048] on the network's device by the fast path
+    (:func:`fast_pool3`), of uint8 images [N,H,W] or [N,H,W,C]; the images go to the device
+    once, the features stay there (``fid.device_statistics`` reduces them)."""
+    images = channels_last(images, "images")
+    net = fast_network(model)
+    device = next(net.parameters()).device
+    if batch_size is None:
+        batch_size = FAST_BATCH.get(device.type, FAST_BATCH["cpu"])
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    out = torch.empty((len(images), 2048), dtype=torch.float32, device=device)
+    with torch.inference_mode():
+        resident = torch.from_numpy(np.ascontiguousarray(images)).to(device)
+        for start in range(0, len(images), batch_size):
+            batch = resident[start : start + batch_size]
+            out[start : start + len(batch)] = fast_pool3(net, batch, precision)
+    return out
 
 
 def activations(
@@ -262,14 +344,17 @@ def activations(
     weights: str | os.PathLike | None = None,
     device: str | torch.device = "auto",
     batch_size: int | None = None,
+    model: pfi.InceptionV3 | None = None,
 ) -> np.ndarray:
-    """Pool3 features float64 [N,2048] of uint8 images [N,H,W] or [N,H,W,C].
+    """Pool3 features float64 [N,2048] of uint8 images [N,H,W] or [N,H,W,C]: the reference
+    path (pytorch-fid's ``InceptionV3.forward``, float32, NCHW).
 
     The uint8 images go to the device once; ``batch_size`` None picks
-    :data:`DEFAULT_BATCH` for the device type.
+    :data:`DEFAULT_BATCH` for the device type. ``model`` (e.g. a randomly initialised
+    network of the same architecture, for timing) replaces ``load_inception(weights, device)``.
     """
     images = channels_last(images, "images")
-    model = load_inception(weights, device)
+    model = load_inception(weights, device) if model is None else model
     device = next(model.parameters()).device
     if batch_size is None:
         batch_size = DEFAULT_BATCH.get(device.type, DEFAULT_BATCH["cpu"])
@@ -287,3 +372,24 @@ def activations(
             pool3 = model(x)[0]  # [B,2048,1,1]
             out[start : start + len(batch)] = pool3[:, :, 0, 0].double()
     return out.cpu().numpy()
+
+
+def random_inception(
+    calibration: np.ndarray, device: str | torch.device = "cpu", seed: int = 0
+) -> pfi.InceptionV3:
+    """pytorch-fid's pool3 network with random weights (no weights file), in eval mode on
+    ``device``: the same architecture and arithmetic, for timing only. Each batch norm's
+    statistics are those of the uint8 images ``calibration`` [N,H,W(,C)] (a few), so the
+    activations stay of order one through the 90 layers (finite in bf16 and fp16)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = _assemble(_fid_inception_v3())
+    for module in model.modules():
+        if isinstance(module, torch.nn.BatchNorm2d):
+            module.reset_running_stats()
+            module.momentum = None  # one training-mode pass: running stats = batch stats
+    x = torch.from_numpy(np.ascontiguousarray(channels_last(calibration, "calibration")))
+    x = x.permute(0, 3, 1, 2).float().expand(-1, 3, -1, -1) / 255.0
+    with torch.no_grad():
+        model.train()(x.contiguous())
+    return model.to(device).eval()

@@ -1,0 +1,43 @@
+"""``dpsinkhorn bench-eval`` end to end on the CPU at a tiny size (the committed H100
+generator, random Inception weights, 2 seeds of 4 samples, 2 training steps): the JSON
+has every phase, ratio and result the GPU call's note reads."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+GENERATOR = (
+    Path(__file__).resolve().parents[2] / "shared/measurements/h100-83ae335/block_sigma1.5"
+) / "generator.pt"
+
+
+def test_bench_eval_writes_every_phase(tmp_path, run_cli):
+    out = tmp_path / "bench.json"
+    argv = ["bench-eval", "--generator", str(GENERATOR), "--out", str(out), "--device", "cpu",
+            "--seeds", "0", "1", "--num", "4", "--num-test", "4", "--fid-precisions",
+            "--sqrtm", "eigh", "--compare-epochs", "1", "--max-epochs", "2", "--patience", "1",
+            "--max-iter", "10", "--step-precisions", "fp32", "--step-records", "200",
+            "--steps", "2", "--warmup", "1", "--profile-steps", "1"]  # fmt: skip
+    assert run_cli(argv) == 0
+    result = json.loads(out.read_text())
+    assert set(result) >= {"settings", "inception", "fid", "classifiers", "train_step",
+                           "evaluation", "device", "torch", "wall_s"}  # fmt: skip
+    assert result["inception"].startswith("random weights")
+    assert set(result["evaluation"]) == {"sample_s", "reference_s", "fast_s", "ratio"}
+    fid = result["fid"]
+    for key in ["reference_features_s_per_seed", "fast_features_s_per_seed", "features_ratio",
+                "distance_s_per_seed", "reference_total_s", "fast_total_s"]:  # fmt: skip
+        assert fid[key] > 0
+    assert len(fid["reference_fid"]) == 1 and len(fid["fast_fid"]) == 2
+    assert fid["fast_fid_relative_difference"][0] < 1e-3  # fp32 on both paths
+    cls = result["classifiers"]
+    for model in ("mlp", "cnn"):
+        assert cls[f"{model}_epoch_ratio"] > 0 and cls[f"{model}_fast_full_s"] > 0
+        # on the CPU the fast loop is the reference arithmetic: the same accuracies
+        assert (
+            cls[f"{model}_reference_accuracy_after_1_epochs"]
+            == cls[f"{model}_fast_accuracy_after_1_epochs"]
+        )
+    step = result["train_step"]
+    assert step["fp32_steps_per_s"] > 0 and step["fp32_profile"]["kernels"]
