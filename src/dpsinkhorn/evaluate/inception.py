@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from pytorch_fid import inception as pfi
 
+from dpsinkhorn import fileio
 from dpsinkhorn.devices import resolve_device
 from dpsinkhorn.fileio import channels_last
 
@@ -65,16 +66,13 @@ def hub_cache_file() -> Path:
 
 
 def sha256_of(path: str | os.PathLike) -> str:
-    """Hex SHA-256 of a file, cached per (path, size, modification time)."""
+    """``fileio.sha256_of`` of the weights file, cached per (path, size, modification time):
+    the 95 MB file is checked at every network load."""
     path = Path(path).resolve()
     stat = path.stat()
     key = (str(path), stat.st_size, stat.st_mtime_ns)
     if key not in _SHA256:
-        digest = hashlib.sha256()
-        with open(path, "rb") as fh:
-            for block in iter(lambda: fh.read(1 << 20), b""):
-                digest.update(block)
-        _SHA256[key] = digest.hexdigest()
+        _SHA256[key] = fileio.sha256_of(path)
     return _SHA256[key]
 
 

@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 from dpsinkhorn import fileio
+from dpsinkhorn.config.targets import sample_name, score_name
 from dpsinkhorn.devices import resolve_device
 from dpsinkhorn.evaluate.classifiers import MODELS
 from dpsinkhorn.evaluate.classify import (
@@ -43,14 +44,14 @@ from dpsinkhorn.evaluate.sample import load_generator, sample_generator, sample_
 
 def sample_files(samples_dir: str | Path, seeds: list[int]) -> list[Path]:
     """``<samples_dir>/samples_seed<s>.npz`` for each seed."""
-    return [Path(samples_dir) / f"samples_seed{s}.npz" for s in seeds]
+    return [Path(samples_dir) / sample_name(s) for s in seeds]
 
 
 def score_files(scores_dir: str | Path, seeds: list[int], classifiers: list[str]) -> list[Path]:
     """FID then classifier result files of every seed, in the order they are written."""
     scores = Path(scores_dir)
-    return [scores / f"fid_seed{s}.json" for s in seeds] + [
-        scores / f"acc_{m}_seed{s}.json" for m in classifiers for s in seeds
+    return [scores / score_name("fid", s) for s in seeds] + [
+        scores / score_name(f"acc_{m}", s) for m in classifiers for s in seeds
     ]
 
 
@@ -154,7 +155,7 @@ def evaluate(
         ]
         progress.put("fid", records)
         for seed, record in zip(seeds, records, strict=True):
-            fileio.write_json(Path(scores_dir) / f"fid_seed{seed}.json", record)
+            fileio.write_json(Path(scores_dir) / score_name("fid", seed), record)
             print(f"FID {record['fid']:.3f} (seed {seed})", flush=True)
         timings["fid"] = _done("fid", begin)
 
@@ -179,7 +180,7 @@ def evaluate(
                 fast=fast,
             )
             progress.put(model_name, results)
-            outs = [Path(scores_dir) / f"acc_{model_name}_seed{s}.json" for s in seeds]
+            outs = [Path(scores_dir) / score_name(f"acc_{model_name}", s) for s in seeds]
             write_results(results, files, test, dataset, outs)
             timings[f"classify_{model_name}"] = _done(f"classify_{model_name}", begin)
     progress.finish()

@@ -35,7 +35,7 @@ SAMPLE_TOLERANCE = {"grey_levels": 1, "pixel_fraction": 1e-3}
 #: ``evaluate.classify._record`` / ``write_results`` with ``evaluate.classifiers``' results).
 SCORE_KEYS = {
     "fid": {"fid", "sqrtm", "num_images_a", "num_images_b", "weights", "weights_sha256",
-            "image_shape", "a", "b", "a_sha256", "b_sha256", "seed", "precision"},
+            "image_shape", "a", "b", "a_sha256", "b_sha256", "seed", "features"},
     "acc": {"accuracy", "model", "seed", "holdout_accuracy", "epochs", "best_epoch",
             "num_holdout", "max_epochs", "patience", "batch_size", "iterations", "converged",
             "max_iter", "num_train", "num_test", "num_classes", "device", "seconds", "train",
