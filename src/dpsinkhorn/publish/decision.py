@@ -302,8 +302,9 @@ def manifest(run: str | Path, files: Sequence[Published], name: str | None) -> d
              "proof": f.proof}
             for f in files
         ],
-        "not_released": f"everything else in {run}, {NONPRIVATE}/ first: it is computed from "
-        "the private data without a ledger, or mixes such rows (tables, figures, reports)",
+        "not_released": f"everything else in the run folder, {NONPRIVATE}/ first: it is "
+        "computed from the private data without a ledger, or mixes such rows (tables, figures, "
+        "reports)",
     }  # fmt: skip
 
 
