@@ -237,8 +237,7 @@ def test_a_workflow_rerun_that_is_refused_keeps_the_finished_generator(tmp_path)
     assert plain.returncode != 0 and "Nothing to be done" not in plain.stderr
     note = folder / ".dpsinkhorn.stopped"
     shown = f"{note.relative_to(tmp_path)}"
-    assert shown in plain.stderr and "holds the files of an earlier" in plain.stderr, (
-        plain.stderr[-3000:]
-    )
+    said = plain.stderr
+    assert shown in said and "holds the files of an earlier" in said, said[-3000:]
     note.unlink()  # keep them as they are
     assert _snakemake(tmp_path, changed_file, target).returncode == 0
