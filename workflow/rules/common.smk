@@ -38,6 +38,7 @@ from dpsinkhorn.config.workflow import (
     data_source_args,
     gradient_settings,
     private_trainings,
+    remove_killed_writers_temps,
 )
 from dpsinkhorn.privacy.trainings import RECORD_DIR, refuse_changed_settings
 from dpsinkhorn.report import captions

@@ -155,3 +155,13 @@ def check_kept_outputs(config: Mapping, results: PathLike) -> None:
             f"Snakemake put the earlier files back. To keep them as they are, delete {note}; "
             f"to train it again, deal with that cause and run with --forcerun {generator}"
         )
+
+
+def remove_killed_writers_temps(*roots: PathLike) -> None:
+    """After every job of a workflow run succeeded: delete the temporary files that writers
+    killed mid-write (SIGKILL, a lost node) left under ``roots``, and say how many."""
+    from dpsinkhorn.fileio import remove_stale_temps_under
+
+    stale = [p for root in roots for p in remove_stale_temps_under(root)]
+    if stale:
+        print(f"removed {len(stale)} temporary files of killed writers, e.g. {stale[0]}")
