@@ -29,6 +29,13 @@ include: "workflow/rules/report.smk"
 include: "workflow/rules/studies.smk"
 
 
+# Every job succeeded, so no writer is left: the temporary files of writers killed
+# mid-write (SIGKILL) in an earlier, interrupted run go (docs/PRIVACY.md, "After an
+# interruption").
+onsuccess:
+    remove_killed_writers_temps(RESULTS, DATA)
+
+
 # snakemake --report results/<run>/report.html: every table and figure with its caption.
 report: "workflow/report/workflow.rst"
 

@@ -160,6 +160,7 @@ TIMEOUTS_FIRST_OF_MODULE = {
     "test_workflow.py": 2700,  # the smoke run: 33 min in CI before its sizes were halved
     "test_owndata_workflow.py": 1500,  # "a few minutes" (its docstring)
     "test_slurm.py": 3000,  # its fixture stops the workflow itself after 2,400 s
+    "test_kill_anywhere.py": 1800,  # the uninterrupted reference run, then the first life
 }
 TIMEOUTS_OF_TEST = {
     # one uninterrupted call (up to its 900 s budget), then the same split at a sixth of it

@@ -109,6 +109,8 @@ def test_a_finished_dp_experiment_is_not_retrained_unless_asked_and_then_counted
     out, records = tmp_path / "run" / "clothes_dp", tmp_path / "trainings"
     first = _train(digits_spec, out, records)
     (out / "generator.pt").unlink()  # as Snakemake removes a job's outputs before a rerun
+    copy = trainings.finished_copy_dir(records, str(out.resolve()))
+    shutil.rmtree(copy)  # without the kept copy of its release, nothing to publish again
     with pytest.raises(trainings.RetrainRefused, match="clothes_dp.*neither settings nor data"):
         _train(digits_spec, out, records)
     assert not (out / "private_workspace").exists()  # refused before anything was written
@@ -130,6 +132,28 @@ def test_a_finished_dp_experiment_is_not_retrained_unless_asked_and_then_counted
     assert both["epsilon_composed"] > max(first["epsilon"], second["epsilon"])
 
 
+def test_a_finished_training_whose_outputs_were_removed_is_published_again(tmp_path, digits_spec):
+    """Issue 36: SLURM cancels a job as Snakemake stores a finished training's outputs, the
+    job fails and Snakemake removes them; the workspace went at finish. The retry publishes
+    the kept copy of that release again (same bytes, the record's content_sha256), with no
+    new training; a retrain asked for while the folder holds it trains anew."""
+    out, records = tmp_path / "run" / "clothes_dp", tmp_path / "trainings"
+    first = _train(digits_spec, out, records)
+    before = {name: (out / name).read_bytes() for name in TRAINING_FILES}
+    for name in TRAINING_FILES:
+        (out / name).unlink()
+    again = _train(digits_spec, out, records)
+    assert {name: (out / name).read_bytes() for name in TRAINING_FILES} == before
+    assert again == first and not (out / "private_workspace").exists()
+    fingerprint = trainings.data_fingerprint(*digits_28())
+    (done,) = trainings.source_trainings(records, fingerprint)
+    assert done["finished"] and done["content_sha256"] == first["content_sha256"]
+    third = _train(digits_spec, out, records, retrain=True)
+    assert third["content_sha256"] != first["content_sha256"]
+    runs = trainings.source_trainings(records, fingerprint)
+    assert [(t["finished"], t["retrain"]) for t in runs] == [(True, False), (True, True)]
+
+
 def test_the_cli_refuses_with_one_line_and_retrains_with_the_flag(tmp_path, capsys, monkeypatch):
     npz = write_digits_npz(tmp_path / "clothes.npz")
     configfile = _config(tmp_path, npz, "cli")
@@ -140,6 +164,10 @@ def test_the_cli_refuses_with_one_line_and_retrains_with_the_flag(tmp_path, caps
     args = ["train", "--config", str(configfile), "--experiment", "clothes_dp",
             "--out", "results/cli/clothes_dp", "--no-progress"]  # fmt: skip
     assert cli.main(args) == 0
+    assert cli.main(args) == 0  # the same finished release, published again: no training
+    assert "published again the finished training" in capsys.readouterr().out
+    out = str((tmp_path / "results/cli/clothes_dp").resolve())
+    shutil.rmtree(trainings.finished_copy_dir(tmp_path / "data" / "trainings", out))
     assert cli.main(args) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "clothes_dp" in err[0] and "--retrain" in err[0], err
@@ -183,11 +211,9 @@ def test_a_workflow_rerun_that_is_refused_keeps_the_finished_generator(tmp_path)
 
     (prepared,) = (tmp_path / "data").glob("clothes-*/train.npz")
     os.utime(prepared)  # as if prepared again: newer than the generator, the job reruns
-    rerun = _snakemake(tmp_path, configfile, target)
-    assert rerun.returncode != 0
-    assert "experiment clothes_dp" in log.read_text() and "neither settings nor data" in (
-        log.read_text()
-    )
+    rerun = _snakemake(tmp_path, configfile, target)  # same data: the same release again
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert "published again the finished training" in log.read_text()
     assert {name: (folder / name).read_bytes() for name in TRAINING_FILES} == before
 
     again = _snakemake(tmp_path, changed_file, target, DPSINKHORN_RETRAIN="clothes_dp")
@@ -199,6 +225,23 @@ def test_a_workflow_rerun_that_is_refused_keeps_the_finished_generator(tmp_path)
         (True, False, 1.5),
         (True, True, 2.0),
     ]
+
+    # Other data under the same name: the rerun is refused and Snakemake puts the files
+    # back; the next plain run says whose files they are instead of "nothing to be done".
+    kept = {name: (folder / name).read_bytes() for name in TRAINING_FILES}
+    images, labels = digits_arrays()
+    np.savez(npz, images=images[:-50], labels=labels[:-50])
+    refused = _snakemake(tmp_path, changed_file, target)
+    assert refused.returncode != 0 and "the training data (other content)" in log.read_text()
+    assert {name: (folder / name).read_bytes() for name in TRAINING_FILES} == kept
+    plain = _snakemake(tmp_path, changed_file, target)
+    assert plain.returncode != 0 and "Nothing to be done" not in plain.stderr
+    note = folder / ".dpsinkhorn.stopped"
+    shown = f"{note.relative_to(tmp_path)}"
+    said = plain.stderr
+    assert shown in said and "holds the files of an earlier" in said, said[-3000:]
+    note.unlink()  # keep them as they are
+    assert _snakemake(tmp_path, changed_file, target).returncode == 0
 
 
 # ------------------------------------------------------ the record across GPU window calls

@@ -14,6 +14,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import shutil
 import tarfile
 import tempfile
@@ -55,6 +56,23 @@ def remove_stale_temps(path: str | os.PathLike) -> list[Path]:
     if not path.parent.is_dir():
         return []
     stale = sorted(path.parent.glob(_temp_pattern(path)))
+    for tmp in stale:
+        tmp.unlink(missing_ok=True)
+    return stale
+
+
+#: The name of a temporary file of ``atomic_path`` / ``write_all`` (mkstemp's 8 characters).
+_TEMP_NAME = re.compile(r"^\..+\.[A-Za-z0-9_]{8}\.tmp(\.[^.]+)?$")
+
+
+def remove_stale_temps_under(root: str | os.PathLike) -> list[Path]:
+    """Delete every temporary file of this module's writers under ``root``; returns them.
+
+    What a writer killed mid-write (SIGKILL) leaves. Call it only when no writer can be
+    running under ``root``: the workflow does, when Snakemake has finished every job.
+    """
+    root = Path(root)
+    stale = [p for p in root.rglob(".*.tmp*") if p.is_file() and _TEMP_NAME.match(p.name)]
     for tmp in stale:
         tmp.unlink(missing_ok=True)
     return stale

@@ -34,10 +34,12 @@ from dpsinkhorn.config.cluster import (
     eval_runtime_minutes,
 )
 from dpsinkhorn.config.workflow import (
+    check_kept_outputs,
     data_identity,
     data_source_args,
     gradient_settings,
     private_trainings,
+    remove_killed_writers_temps,
 )
 from dpsinkhorn.privacy.trainings import RECORD_DIR, refuse_changed_settings
 from dpsinkhorn.report import captions
@@ -55,8 +57,11 @@ DATA = config["data_dir"]
 # A finished secret-key DP experiment whose settings changed is refused here, before
 # Snakemake removes its outputs to rerun it (DPSINKHORN_RETRAIN=<exp> allows it; the
 # record counts it: docs/PRIVACY.md). Checked once, by the Snakemake that plans the jobs.
+# A training folder whose rerun stopped (refused, Ctrl-C, bad input) holds the earlier
+# run's files, which Snakemake put back and now takes as up to date: said in one line.
 if not workflow.remote_exec:
     refuse_changed_settings(Path(DATA) / RECORD_DIR, private_trainings(config, RESULTS))
+    check_kept_outputs(config, RESULTS)
 LOGS = f"{RESULTS}/logs"
 BENCH = f"{RESULTS}/benchmarks"
 EVAL = config["evaluation"]

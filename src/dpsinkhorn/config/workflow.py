@@ -142,3 +142,48 @@ def private_trainings(config: Mapping, results: PathLike) -> list[tuple[str, str
         for name in private_experiments(config)
         if name in trained
     ]  # fmt: skip
+
+
+#: The note a training leaves in its output folder after a stop that a retry cannot fix
+#: (SIGINT, bad input, a refused retrain): ``{"exit_code", "message"}`` (``train.cli``).
+STOPPED_NAME = ".dpsinkhorn.stopped"
+
+
+class KeptOutputsError(ValueError):
+    """A training folder holds an earlier run's files that a stopped rerun left (one line)."""
+
+
+def check_kept_outputs(config: Mapping, results: PathLike) -> None:
+    """Refuse (:class:`KeptOutputsError`, one line) a workflow run while a training folder
+    holds both a generator and the note of a rerun that stopped (:data:`STOPPED_NAME`).
+
+    The train rule's outputs are update(): when a rerun fails (a refused retrain on
+    rewritten data, Ctrl-C, bad input), Snakemake puts the earlier files back with new
+    times and records the failed job's inputs, so its next plan says "nothing to be done"
+    about files that are not this workflow's. This says what state they are in instead.
+    """
+    for name in trained_experiments(config):
+        folder = Path(experiment_dir(config, results, name))
+        note, generator = folder / STOPPED_NAME, folder / "generator.pt"
+        if not (note.is_file() and generator.is_file()):
+            continue
+        try:
+            message = json.loads(note.read_text()).get("message", "")
+        except (OSError, ValueError):
+            message = "(its note is unreadable)"
+        raise KeptOutputsError(
+            f"{folder}: holds the files of an earlier finished training of experiment "
+            f"{name}, not of the inputs now: its last rerun stopped ({message}) and "
+            f"Snakemake put the earlier files back. To keep them as they are, delete {note}; "
+            f"to train it again, deal with that cause and run with --forcerun {generator}"
+        )
+
+
+def remove_killed_writers_temps(*roots: PathLike) -> None:
+    """After every job of a workflow run succeeded: delete the temporary files that writers
+    killed mid-write (SIGKILL, a lost node) left under ``roots``, and say how many."""
+    from dpsinkhorn.fileio import remove_stale_temps_under
+
+    stale = [p for root in roots for p in remove_stale_temps_under(root)]
+    if stale:
+        print(f"removed {len(stale)} temporary files of killed writers, e.g. {stale[0]}")

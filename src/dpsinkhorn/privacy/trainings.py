@@ -73,7 +73,11 @@ IDENTITY = (
     "retrain",
 )
 #: The events a record holds.
-EVENTS = ("started", "resumed", "finished")
+EVENTS = ("started", "resumed", "finished", "republished")
+#: Under the record's folder: a copy of each output folder's last finished DP release
+#: (:func:`finished_copy_dir`), from which a training whose outputs a scheduler removed
+#: is published again instead of trained again (``train.workspace``).
+FINISHED_DIR = "finished"
 
 
 class RetrainRefused(ValueError):
@@ -269,6 +273,33 @@ def _last_into(
 def _finished_into(record_dir: Path, out: str) -> tuple[dict, str] | None:
     """The last finished secret-key DP training into ``out``, and its record's key, or None."""
     return _last_into(_finished(record_dir), record_dir, out)
+
+
+def finished_copy_dir(record_dir: str | os.PathLike, out: str) -> Path:
+    """Where the last finished DP release into ``out`` (absolute) is kept: private side,
+    ``<record_dir>/finished/<first 16 hex digits of sha256(out)>/``."""
+    return Path(record_dir) / FINISHED_DIR / hashlib.sha256(out.encode()).hexdigest()[:16]
+
+
+def last_finished(
+    record_dir: str | os.PathLike, out: str, fingerprint: str, spec: Mapping
+) -> dict | None:
+    """The last finished DP training (reproducible or not) into ``out`` on this data source,
+    if its settings equal ``spec``; else None. What a lost release is recovered from."""
+    last = None
+    for t in source_trainings(record_dir, fingerprint):
+        if t["finished"] and t.get("private") and t.get("out") == out:
+            last = t if last is None or t["time"] >= last["time"] else last
+    if last is None or _changed_settings(last["spec"], spec):
+        return None
+    return last
+
+
+def started_ids(record_dir: str | os.PathLike, fingerprint: str) -> set[str]:
+    """The ids of the trainings whose ``started`` event the source's record holds."""
+    path = record_file(record_dir, fingerprint)
+    events = read(path) if path.is_file() else []
+    return {e["training"] for e in events if e.get("event") == "started"}
 
 
 def _changed_settings(before: Mapping, now: Mapping) -> list[str]:

@@ -19,15 +19,16 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from dpsinkhorn import config as config_lib
+from dpsinkhorn.config.workflow import STOPPED_NAME
 from dpsinkhorn.fileio import NoSpaceError, write_text
 from dpsinkhorn.models import PRECISIONS
 from dpsinkhorn.train import memory
 from dpsinkhorn.train.run import train_runs
 from dpsinkhorn.train.signals import INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE, Preempted
 
-# A stop that retrying cannot fix (SIGINT, bad input) leaves this note in the output
-# folder; a workflow retry (``--attempt`` > 1) finds it and ends at once.
-STOPPED_NAME = ".dpsinkhorn.stopped"
+# A stop that retrying cannot fix (SIGINT, bad input) leaves this note (STOPPED_NAME) in
+# the output folder; a workflow retry (``--attempt`` > 1) finds it and ends at once, and a
+# later workflow run names the files it kept (config.workflow.check_kept_outputs).
 
 
 def register_cli(subparsers: argparse._SubParsersAction) -> None:

@@ -27,12 +27,13 @@ from dpsinkhorn.config.identity import experiment_spec_of
 from dpsinkhorn.fileio import (
     relative_inside,
     remove_stale_temps,
+    sha256_of,
     torch_bytes,
     write_bytes,
     write_text,
 )
 from dpsinkhorn.privacy import trainings
-from dpsinkhorn.train.release import OUTPUT_FILES, publish, write_log
+from dpsinkhorn.train.release import OUTPUT_FILES, commit_release, publish, write_log
 from dpsinkhorn.train.runlock import OutputLock
 from dpsinkhorn.train.trainer import Trainer, spec_hash
 
@@ -132,6 +133,28 @@ def remove_private_workspace(workspace: Path) -> None:
         ) from error
 
 
+def keep_finished_copy(out_dir: Path, copy: Path) -> None:
+    """Copy a finished release (:data:`OUTPUT_FILES`) from ``out_dir`` into ``copy``, each
+    file atomically, the ledger last: the one kept per output folder (the last finished)."""
+    for name in ("train_log.csv", "generator.pt", "privacy.json"):
+        write_bytes(copy / name, (out_dir / name).read_bytes())
+
+
+def _intact_release(copy: Path, content_sha256: str | None) -> bool:
+    """Whether ``copy`` holds a release whose generator and log match its ledger and whose
+    generator is the one the record finished with (``content_sha256``)."""
+    try:
+        ledger = json.loads((copy / "privacy.json").read_text())
+        return (
+            content_sha256 is not None
+            and ledger.get("content_sha256") == content_sha256
+            and sha256_of(copy / "generator.pt") == content_sha256
+            and sha256_of(copy / "train_log.csv") == ledger.get("train_log_sha256")
+        )
+    except (OSError, ValueError):
+        return False
+
+
 class RunFiles:
     """One run's files: the release in ``out_dir``, checkpoints in its private workspace.
 
@@ -162,6 +185,10 @@ class RunFiles:
         self.ckpt_path = self.workspace / "checkpoint.pt"
         self.digest = spec_hash(trainer.experiment, trainer.fingerprint)
         self.record_dir = None if record_dir is None else Path(record_dir)
+        self.recovered: dict | None = None
+        self.log_private_loss = self.settings.log_private_loss
+        # A private-loss log is only useful if kept: log_private_loss keeps the workspace.
+        self.keep_workspace = self.log_private_loss or self.settings.keep_private_workspace
         with released_on_error([self]):
             state = None
             if self.ckpt_path.exists():
@@ -170,10 +197,22 @@ class RunFiles:
                 state = _load_checkpoint(self.ckpt_path, torch.device("cpu"))
             resumes = state is not None and state.get("spec_hash") == self.digest
             self.training_id = state.get("training") if resumes else None
+            if not resumes:
+                # A finished DP training whose outputs were removed (a scheduler's cancel
+                # as Snakemake stored them): published again from its copy, not retrained.
+                self.recovered = self._recoverable(retrain)
             # A training from step 0 into a folder whose DP training finished: refused
             # unless asked for (privacy.trainings), before the workspace is created. A
             # resumed one keeps what its checkpoint says.
-            self.retrain = bool(state.get("retrain")) if resumes else self._check_retrain(retrain)
+            if resumes:
+                self.retrain = bool(state.get("retrain"))
+            else:
+                self.retrain = self.recovered is None and self._check_retrain(retrain)
+        self.log_rows: list[dict] = []
+        self.private_rows: list[dict] = []
+        if self.recovered is not None:
+            self.start_step, self.t0 = trainer.step_count, time.perf_counter()
+            return
         self.workspace.mkdir(parents=True, exist_ok=True)
         readme = self.workspace / "README.txt"
         if not readme.exists():
@@ -182,14 +221,9 @@ class RunFiles:
         if legacy.exists():  # holds the RNG state: out of the release folder, deleted at the end
             legacy.replace(self.workspace / "legacy_checkpoint.pt")
             print(f"moved {legacy} (not resumable: older format) into {self.workspace}")
-        self.log_private_loss = self.settings.log_private_loss
-        # A private-loss log is only useful if kept: log_private_loss keeps the workspace.
-        self.keep_workspace = self.log_private_loss or self.settings.keep_private_workspace
         # Temporary files of a writer killed mid-write (SIGKILL); no one else writes here.
         for name in (self.ckpt_path, *(self.out_dir / f for f in OUTPUT_FILES)):
             remove_stale_temps(name)
-        self.log_rows: list[dict] = []
-        self.private_rows: list[dict] = []
         if resumes:
             trainer.load_state_dict(state)
             self.log_rows = state["log"]
@@ -204,12 +238,18 @@ class RunFiles:
                 "data; started afresh\n",
             )
         self.start_step, self.t0 = trainer.step_count, time.perf_counter()
-        if self.record_dir is not None:
-            if self.training_id is None:
-                self.training_id = trainings.new_training_id()
-                self._record("started")
-            else:  # every call that draws noise for it says so, in case others are lost
-                self._record("resumed")
+        if self.record_dir is None:
+            return
+        if self.training_id is None:
+            # The id (and the secret RNG state) reach a checkpoint before the record and
+            # before any noise is drawn: a kill from here on resumes this one training.
+            self.training_id = trainings.new_training_id()
+            self._save()
+            self._record("started")
+        elif self.training_id not in trainings.started_ids(self.record_dir, trainer.fingerprint):
+            self._record("started")  # killed between its first checkpoint and the record
+        else:  # every call that draws noise for it says so, in case others are lost
+            self._record("resumed")
 
     def _check_retrain(self, retrain: bool) -> bool:
         if self.record_dir is None or self.trainer.sanitizer is None:
@@ -243,6 +283,27 @@ class RunFiles:
             "retrain": bool(self.retrain),
         }
 
+    def _recoverable(self, retrain: bool) -> dict | None:
+        """The record of the last finished DP training into this folder, on the same data
+        and settings, whose release copy (:func:`keep_finished_copy`) is intact; None if
+        there is none, or if a retrain was asked for and the folder holds that release."""
+        if self.record_dir is None or self.trainer.sanitizer is None:
+            return None
+        t = self.trainer
+        out = str(self.out_dir.resolve())
+        spec = json.loads(experiment_spec_of(t.experiment))
+        done = trainings.last_finished(self.record_dir, out, t.fingerprint, spec)
+        if done is None:
+            return None
+        copy = trainings.finished_copy_dir(self.record_dir, out)
+        if not _intact_release(copy, done.get("content_sha256")):
+            return None
+        if retrain or trainings.retrain_allowed(self.settings.name):
+            held = self.out_dir / "generator.pt"
+            if held.is_file() and sha256_of(held) == done.get("content_sha256"):
+                return None  # the folder holds it: the retrain asked for is a new one
+        return done
+
     def _record(self, event: str, record: dict | None = None) -> None:
         """Append this training's ``event`` (started, resumed, finished), with its id and
         identity, to the data source's training record."""
@@ -263,6 +324,8 @@ class RunFiles:
 
     @property
     def done(self) -> bool:
+        if self.recovered is not None:
+            return True
         return self.trainer.step_count >= self.trainer.total_steps
 
     def after_step(self, loss: torch.Tensor) -> dict | None:
@@ -323,15 +386,48 @@ class RunFiles:
             self.release()
 
     def _finish(self, remove_workspace: bool) -> dict:
+        if self.recovered is not None:
+            return self._republish()
         stays = self.keep_workspace or not remove_workspace
         if stays and (self.trainer.step_count != self.start_step or not self.ckpt_path.exists()):
             self._save()
         record = publish(self.trainer, self.out_dir, self.log_rows)
         if self.record_dir is not None:
+            if self.trainer.sanitizer is not None:  # before the record says finished
+                keep_finished_copy(
+                    self.out_dir, trainings.finished_copy_dir(self.record_dir, self._out())
+                )
             self._record("finished", record)
         if remove_workspace:
             self.remove_workspace()
         return record
+
+    def _out(self) -> str:
+        return str(self.out_dir.resolve())
+
+    def _republish(self) -> dict:
+        """Write the kept copy of the finished release into the folder (same bytes, same
+        order as ``release.publish``); no step taken, no noise drawn, no new training."""
+        copy = trainings.finished_copy_dir(self.record_dir, self._out())
+        ledger = (copy / "privacy.json").read_bytes()
+        write_bytes(self.out_dir / "train_log.csv", (copy / "train_log.csv").read_bytes())
+        commit_release(
+            self.out_dir / "generator.pt",
+            (copy / "generator.pt").read_bytes(),
+            self.out_dir / "privacy.json",
+            ledger,
+        )
+        done = self.recovered
+        print(
+            f"{self.out_dir}: published again the finished training {done['training']} of "
+            f"{done['time']} (its outputs had been removed); no new training"
+        )
+        trainings.append(
+            self.record_dir,
+            self.trainer.fingerprint,
+            {"event": "republished", "training": done["training"], "out": self._out()},
+        )
+        return json.loads(ledger)
 
     def remove_workspace(self) -> None:
         """Delete the private workspace, unless the config keeps it; a folder that cannot be
