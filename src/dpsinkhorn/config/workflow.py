@@ -174,7 +174,8 @@ def check_kept_outputs(config: Mapping, results: PathLike) -> None:
         raise KeptOutputsError(
             f"{folder}: holds the files of an earlier finished training of experiment "
             f"{name}, not of the inputs now: its last rerun stopped ({message}) and "
-            f"Snakemake put the earlier files back. To keep them as they are, delete {note}; "
+            f"Snakemake put the earlier files back. To keep them as they are, delete {note} "
+            f"and mark them up to date (snakemake --touch {generator} with the same options); "
             f"to train it again, deal with that cause and run with --forcerun {generator}"
         )
 
