@@ -288,7 +288,7 @@ def _decide_summary(run: Path, config: Mapping, ledgers: list[str]) -> Published
 # ---------------------------------------------------------------- report and release
 
 
-def manifest(run: str | Path, files: Sequence[Published], name: str | None) -> dict:
+def manifest(files: Sequence[Published], name: str | None) -> dict:
     """The report of a decision: every published file with its sha256, kind, ledgers and
     proof, and each ledger's guarantee."""
     guarantees = {f.path: json.loads(f.data).get("guarantee") for f in files if f.kind == "ledger"}
@@ -333,7 +333,7 @@ def release(
     check_out(out)
     files = decide(run, folders, config, accept_no_guarantee, device, flag)
     name = config.get("run_name") if config is not None else run.name
-    report = manifest(run, files, name)
+    report = manifest(files, name)
     for stale in out.parent.glob(f".{out.name}.tmp-*"):
         shutil.rmtree(stale, ignore_errors=True)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
@@ -359,7 +359,7 @@ def write_manifest(config: Mapping, results: str | Path, device: str = "cpu") ->
     path (the workflow's last step: a run whose release would be refused fails here)."""
     files = decide(results, run_folders(config, results), config, True, device)
     path = Path(release_manifest_file(results))
-    fileio.write_json(path, manifest(results, files, config.get("run_name")))
+    fileio.write_json(path, manifest(files, config.get("run_name")))
     return path
 
 
