@@ -244,7 +244,7 @@ def _check_consistent(workdir: Path) -> list[str]:
         problems.append("generator.pt is not the one its ledger names")
     published = workdir / "published"
     run = subprocess.run(
-        [str(BIN / "dpsinkhorn"), "release", "--run", "results/ka", "--out", str(published),
+        [str(BIN / "dpsinkhorn"), "release", "--config", "ka.yaml", "--out", str(published),
          "--accept-no-guarantee"],
         cwd=workdir, env=_env(), capture_output=True, text=True,
     )  # fmt: skip
@@ -301,7 +301,7 @@ def test_a_killed_release_leaves_no_folder_or_the_whole_one(reference):
     rng = random.Random(SEED + 2)
     manifest = json.loads((ref / "results" / "ka" / "release_manifest.json").read_text())
     whole = {f["path"] for f in manifest["files"]} | {"release_manifest.json"}
-    command = [str(BIN / "dpsinkhorn"), "release", "--run", "results/ka", "--accept-no-guarantee"]
+    command = [str(BIN / "dpsinkhorn"), "release", "--config", "ka.yaml", "--accept-no-guarantee"]
     start = time.monotonic()
     with open(ref / "release.log", "w") as log:
         done = subprocess.run([*command, "--out", "timed"], cwd=ref, env=_env(), stdout=log)
