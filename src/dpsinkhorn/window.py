@@ -38,10 +38,8 @@ import hashlib
 import importlib.util
 import math
 import os
-import re
 import shlex
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -61,10 +59,14 @@ from dpsinkhorn.config.targets import TRAINING_FILES
 from dpsinkhorn.config.validate import load_config
 from dpsinkhorn.fileio import unpack
 from dpsinkhorn.window_plan import (
+    commit_of,
+    device_name,
+    device_slug,
     done_training,
     evaluation_refusal,
     measure_phases,
     results_dir,
+    step_rates,
     training_refusal,
 )
 from dpsinkhorn.window_setup import ARCHIVE_CAP_MIB, load_window, pack_within, run_until
@@ -97,41 +99,6 @@ def training_targets(config: Mapping, item: Mapping) -> list[str]:
         for exp in item["experiments"]
         if needs_training(config, exp) and exp not in item["import"]
     ]
-
-
-# ------------------------------------------------------------------------- the device
-
-
-def device_name() -> str:
-    """The GPU's name (torch), else ``cpu (<processor>)``."""
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            return f"{torch.cuda.get_device_name(0)} (torch {torch.__version__})"
-        return f"cpu (torch {torch.__version__}, {os.cpu_count()} cores)"
-    except ImportError:
-        return f"cpu ({os.cpu_count()} cores)"
-
-
-def device_slug(name: str) -> str:
-    """``NVIDIA H100 80GB HBM3`` -> ``h100``; a CPU -> ``cpu``."""
-    found = re.search(r"\b([A-Z]{1,2}\d{2,4}[A-Z]?)\b", name.split("(")[0])
-    return found.group(1).lower() if found else "cpu"
-
-
-def commit_of(repo: Path) -> str:
-    """``git rev-parse --short HEAD`` of ``repo``, ``unknown`` outside a repository."""
-    try:
-        out = subprocess.run(
-            ["git", "-C", str(repo), "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return "unknown"
-    return out.stdout.strip() if out.returncode == 0 else "unknown"
 
 
 def _now() -> str:
@@ -269,7 +236,7 @@ def work(
     mirror, weights = _override(options, "data_mirror"), _override(options, "fid_weights")
     records = state.setdefault("items", {})
     order = sorted(window["work"], key=lambda i: records.get(i["name"], {}).get("failures", 0) > 0)
-    failed, trainings, held = [], [], []
+    failed, trainings, held, waits = [], [], [], {}
 
     def run(item: Mapping, record: dict, targets: list[str]) -> str:
         cmd = snakemake_command(window, workdir, targets, extra_config, cores)
@@ -319,7 +286,9 @@ def work(
         if missing:  # the FID weights are still travelling: trainings only, after the loop
             minutes = {e: training_minutes(config, limits["rates"], e) for e in train}
             trainings += [(cells_of(config, e) / (minutes[e] or math.inf), item, e) for e in train]
-            record["outcome"] = "waiting: needs " + "; ".join([*missing, *refused])
+            record["outcome"] = waits[item["name"]] = "waiting: needs " + "; ".join(
+                [*missing, *refused]
+            )
             continue
         if train:
             ledgers = training_targets(config, {**item, "experiments": train})
@@ -352,7 +321,7 @@ def work(
         if run(item, record, ledger) == "deadline":
             return "deadline"
         if record["outcome"] == "done":
-            record["outcome"] = f"trained {exp}; waiting: needs the FID weights"
+            record["outcome"] = f"trained {exp}; {waits[item['name']]}"
     return f"failed:{','.join(failed)}" if failed else "waiting" if held else "done"
 
 
@@ -404,7 +373,7 @@ def gpu_window(args: argparse.Namespace) -> int:
             args.cores,
             state,
             log,
-            {"rates": _rates(args.rates, window), "later_s": args.later_s,
+            {"rates": step_rates(args.rates, window["config_path"], REPO), "later_s": args.later_s,
              "start_long": args.start_long},
         )  # fmt: skip
         state["calls"].append(
@@ -444,17 +413,6 @@ def gpu_window(args: argparse.Namespace) -> int:
     finally:
         if not keep:
             shutil.rmtree(workdir, ignore_errors=True)
-
-
-def _rates(path: str | None, window: Mapping) -> list[dict]:
-    """The measured step rates (``path``, else the workflow config's ``cluster.step_rates``
-    found in the working directory or the repository); none when the config's is absent."""
-    from dpsinkhorn.config.cluster import load_rates, rates_file
-
-    if path is not None:
-        return load_rates(path)
-    found = rates_file(load_config([window["config_path"]]), [REPO])
-    return load_rates(found) if found.is_file() else []
 
 
 def register_cli(subparsers: argparse._SubParsersAction) -> None:

@@ -4,11 +4,14 @@ A training starts when it fits what is left of the allocation at the measured ra
 step's shape (:func:`training_refusal`; :mod:`dpsinkhorn.plan` knows which trainings are
 allocation-sized); an evaluation when the call can reach its next saved phase, from the
 phase seconds earlier calls measured (:func:`evaluation_refusal`, :func:`measure_phases`).
+Also what a call records of itself: its device and commit.
 """
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -83,3 +86,50 @@ def done_training(config: Mapping, workdir: Path, exp: str) -> bool:
         (experiment_dir(config, root, exp) / "privacy.json").is_file()
         and (experiment_dir(config, root, exp) / "generator.pt").is_file()
     )
+
+
+def step_rates(path: str | None, config_path: Path, repo: Path) -> list[dict]:
+    """The measured step rates (``path``, else the workflow config's ``cluster.step_rates``
+    found in the working directory or the repository); none when the config's is absent."""
+    from dpsinkhorn.config.cluster import load_rates, rates_file
+    from dpsinkhorn.config.validate import load_config
+
+    if path is not None:
+        return load_rates(path)
+    found = rates_file(load_config([config_path]), [repo])
+    return load_rates(found) if found.is_file() else []
+
+
+# --------------------------------------------------------------- the call's device
+
+
+def device_name() -> str:
+    """The GPU's name (torch), else ``cpu (<processor>)``."""
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return f"{torch.cuda.get_device_name(0)} (torch {torch.__version__})"
+        return f"cpu (torch {torch.__version__}, {os.cpu_count()} cores)"
+    except ImportError:
+        return f"cpu ({os.cpu_count()} cores)"
+
+
+def device_slug(name: str) -> str:
+    """``NVIDIA H100 80GB HBM3`` -> ``h100``; a CPU -> ``cpu``."""
+    found = re.search(r"\b([A-Z]{1,2}\d{2,4}[A-Z]?)\b", name.split("(")[0])
+    return found.group(1).lower() if found else "cpu"
+
+
+def commit_of(repo: Path) -> str:
+    """``git rev-parse --short HEAD`` of ``repo``, ``unknown`` outside a repository."""
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(repo), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    return out.stdout.strip() if out.returncode == 0 else "unknown"
