@@ -49,10 +49,9 @@ experiments:
 WINDOW = """\
 configfile: tiny.yaml
 signal_grace_s: 30
-outputs: [classify]   # their evaluation job also measures FID (60 images vs 20: cheap)
-work:
-  - {name: dp, experiments: [mnist_dpsinkhorn]}
-  - {name: nonprivate, experiments: [mnist_nonprivate]}
+work:   # no measured rate for the tiny generator: long: true starts its trainings
+  - {name: dp, experiments: [mnist_dpsinkhorn], long: true}
+  - {name: nonprivate, experiments: [mnist_nonprivate], long: true}
 """
 
 
@@ -213,6 +212,14 @@ def test_window_file_errors_name_the_key(tmp_path):
     (tmp_path / "w.yaml").write_text("configfile: tiny.yaml\nwork: []\nextra: 1\n")
     with pytest.raises(ValueError, match="unknown key 'extra'"):
         window.load_window(tmp_path / "w.yaml")
+    (tmp_path / "w.yaml").write_text(
+        "configfile: tiny.yaml\nwork:\n  - {name: a, experiments: [real_mnist], outputs: [fid]}\n"
+    )
+    (tmp_path / "tiny.yaml").write_text(
+        TINY + "  real_mnist: {dataset: mnist, method: real_data}\n"
+    )
+    with pytest.raises(ValueError, match=r"work\[0\]\.outputs: removed: .* one job"):
+        window.load_window(tmp_path / "w.yaml")
     assert window.device_slug("NVIDIA H100 80GB HBM3 (torch 2.11)") == "h100"
     assert window.device_slug("cpu (torch 2.14, 2 cores)") == "cpu"
 
@@ -222,9 +229,7 @@ def test_paper_window_file_loads_in_order():
     names = [item["name"] for item in loaded["work"]]
     assert names[0].startswith("fid_") and names[-1] == "sound_budget"
     first = loaded["work"][0]
-    assert set(first["import"]) == {"mnist_dpsinkhorn", "mnist_perrow"} and first["outputs"] == [
-        "fid"
-    ]
+    assert set(first["import"]) == {"mnist_dpsinkhorn", "mnist_perrow"}
     # the committed generators' ledgers predate content_sha256: pinned to the hashes their
     # results set recorded
     provenance = json.loads((REPO / "results-paper-scale/h100-83ae335/provenance.json").read_text())
@@ -233,7 +238,10 @@ def test_paper_window_file_loads_in_order():
     }
     config = window.load_config([loaded["config_path"]])
     targets = window.item_targets(config, loaded["work"][0])
-    assert targets[0] == "results/paper/mnist_dpsinkhorn/fid_seed0.json" and len(targets) == 10
+    # the whole evaluation: FID and the three classifiers, five seeds, two generators
+    assert targets[0] == "results/paper/mnist_dpsinkhorn/fid_seed0.json" and len(targets) == 40
+    assert not any(item["long"] for item in loaded["work"][:-1])
+    assert loaded["work"][-1]["name"] == "sound_budget" and not loaded["work"][-1]["long"]
 
 
 def test_export_set_from_an_archive_and_imported_generator(tmp_path):
@@ -241,8 +249,7 @@ def test_export_set_from_an_archive_and_imported_generator(tmp_path):
     an imported generator is copied once and its source and sha256 recorded."""
     (tmp_path / "tiny.yaml").write_text(TINY.replace("DATA", str(tmp_path / "data")))
     (tmp_path / "w.yaml").write_text(
-        "configfile: tiny.yaml\nwork:\n  - {name: fid, import: {mnist_dpsinkhorn: run1}, "
-        "outputs: [classify]}\n"
+        "configfile: tiny.yaml\nwork:\n  - {name: fid, import: {mnist_dpsinkhorn: run1}}\n"
     )
     source = tmp_path / "committed" / "run1"
     ledger = {
@@ -278,6 +285,7 @@ def test_export_set_from_an_archive_and_imported_generator(tmp_path):
     fileio.write_json(
         work / "results/window/mnist_dpsinkhorn/acc_logreg_seed0.json", {"accuracy": 0.5}
     )
+    fileio.write_json(work / "results/window/mnist_dpsinkhorn/fid_seed0.json", {"fid": 12.0})
     fileio.write_json(work / window.STATE, state)
     fileio.pack(work, tmp_path / "state.tgz", window_setup.DEFAULT_EXCLUDE, part_mib=15)
     from dpsinkhorn.cli import main

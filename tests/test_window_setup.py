@@ -7,17 +7,21 @@ from __future__ import annotations
 
 import hashlib
 import json
+import random
 from pathlib import Path
 
 import pytest
 from helpers import REPO, require_shared, shared_path
 
+from dpsinkhorn import fileio
 from dpsinkhorn.config.validate import load_config
 from dpsinkhorn.evaluate import inception
 from dpsinkhorn.window_setup import (
+    DEFAULT_EXCLUDE,
     WEIGHTS,
     load_window,
     missing_needs,
+    pack_within,
     plan_carry,
     take_setup,
 )
@@ -27,7 +31,6 @@ configfile: {config}
 work:
   - name: committed
     import: {{mnist_dpsinkhorn: gen}}
-    outputs: [fid]
   - {{name: real_mnist, experiments: [real_mnist]}}
   - {{name: fmnist, experiments: [fmnist_dpsinkhorn]}}
 """
@@ -44,7 +47,8 @@ def carried(tmp_path_factory):
     (root / "window.yaml").write_text(WINDOW.format(config=REPO / "config" / "config.yaml"))
     window = load_window(root / "window.yaml")
     plan = plan_carry(window, root / "out", mirror=mirror, weights=weights,
-                      import_root=root / "imports", limit_mib=40, tree_bytes=2_000_000)  # fmt: skip
+                      import_root=root / "imports", limit_mib=40, tree_bytes=2_000_000,
+                      archive_mib=0)  # fmt: skip
     return {"root": root, "window": window, "plan": plan, "weights": weights, "mirror": mirror}
 
 
@@ -103,5 +107,65 @@ def test_plan_refuses_what_can_never_fit(carried, tmp_path):
     with pytest.raises(ValueError, match="do not fit one call"):
         plan_carry(carried["window"], tmp_path / "o", mirror=carried["mirror"],
                    weights=carried["weights"], import_root=carried["root"] / "imports",
-                   limit_mib=12)  # fmt: skip
+                   limit_mib=12, archive_mib=0)  # fmt: skip
     assert Path(tmp_path / "o" / "carry.json").exists() is False
+
+
+def realistic_archive(tmp_path: Path, cap_mib: float) -> tuple[list[Path], list[str], Path]:
+    """A call-1 working folder as the H100 at 0f6b577 left it (a compiled-kernel cache of
+    about 21 MB of generated source, one 10 MB training checkpoint, results), packed as the
+    window packs it (``pack_within`` at ``cap_mib``)."""
+    rng = random.Random(0)
+    work = tmp_path / "work"
+    ckpt = work / "results/paper/nonprivate/mnist_nonprivate/private_workspace/checkpoint.pt"
+    ckpt.parent.mkdir(parents=True)
+    ckpt.write_bytes(rng.randbytes(10_300_000))  # weights and optimiser state: incompressible
+    kernels = work / "inductor-cache" / "triton"
+    for k in range(50):  # generated kernel source: much repeated text, some unique names
+        body = "".join(
+            f"    tmp{j} = tl.load(in_ptr{j % 7} + (x0 + {rng.randrange(1 << 30)}), xmask)\n"
+            for j in range(4_000)
+        )
+        (kernels / f"{k:02d}").mkdir(parents=True)
+        (kernels / f"{k:02d}" / f"triton_per_fused_{k}.py").write_text(body[:425_000])
+    fileio.write_json(work / "results/paper/real_mnist/fid_seed0.json", {"fid": 1.0})
+    parts, dropped, _ = pack_within(
+        work, tmp_path / "state.tgz", DEFAULT_EXCLUDE, part_mib=15, cap_mib=cap_mib
+    )
+    return parts, dropped, work
+
+
+def test_three_call_window_carries_call_one_archive_beside_the_weights(carried, tmp_path):
+    """The plan keeps each later call's room for the archive the window packs within the
+    cap: call 1's archive, kernel cache and checkpoint in it, travels beside the weights'
+    second part within 64 MiB; over a smaller cap the kernels are left out, never a result."""
+    tree = 2_680_000  # the tree measured on the H100 at 0f6b577
+    plan = plan_carry(carried["window"], tmp_path / "out", mirror=carried["mirror"],
+                      weights=carried["weights"], import_root=carried["root"] / "imports",
+                      limit_mib=64, tree_bytes=tree, archive_mib=16)  # fmt: skip
+    assert len(plan) == 3 and WEIGHTS in " ".join(plan[1]["holds"])  # the weights' 2nd part
+    parts, dropped, _ = realistic_archive(tmp_path, cap_mib=16)
+    archive = sum(p.stat().st_size for p in parts)
+    assert dropped == [] and archive <= plan[1]["archive_bytes"] == 16 * 2**20
+    back = tmp_path / "back"
+    fileio.unpack(tmp_path / "state.tgz", back)
+    assert (back / "inductor-cache").is_dir()  # the kernel cache travels
+    for call in plan[1:]:  # every later call: tree + setup + the archive within 64 MiB
+        assert tree + call["bytes"] + archive <= tree + call["bytes"] + call["archive_bytes"]
+        assert call["total_bytes"] <= 64 * 2**20
+    # the last allocation's archive given to the plan: call 1 keeps its measured bytes
+    given = tmp_path / "state.tgz"
+    again = plan_carry(carried["window"], tmp_path / "out2", mirror=carried["mirror"],
+                       weights=carried["weights"], import_root=carried["root"] / "imports",
+                       limit_mib=64, tree_bytes=tree, archive_in=given)  # fmt: skip
+    assert again[0]["archive_bytes"] == archive and again[0]["total_bytes"] <= 64 * 2**20
+    # a cap the archive exceeds: the kernels are left out, the checkpoint and results kept
+    small = tmp_path / "small"
+    small.mkdir()
+    parts, dropped, _ = realistic_archive(small, cap_mib=archive / 2**20 - 0.5)
+    assert dropped == ["compiled kernels"]
+    fileio.unpack(small / "state.tgz", small / "back")
+    kept = {p.relative_to(small / "back").as_posix() for p in (small / "back").rglob("*.*")}
+    assert not any(k.startswith("inductor-cache") for k in kept)
+    assert "results/paper/real_mnist/fid_seed0.json" in kept
+    assert any(k.endswith("checkpoint.pt") for k in kept)

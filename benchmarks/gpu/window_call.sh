@@ -4,17 +4,22 @@
 # under CARRY (default .window/: setup<N>/ from `dpsinkhorn gpu-window-carry`, and the last
 # call's state.tgz):
 #
-#   benchmarks/gpu/window_call.sh N BUDGET_S COMMIT
+#   benchmarks/gpu/window_call.sh N BUDGET_S COMMIT [LATER_S]
 #
 # N         the call's number: setup<N>/ is taken into the machine's cache (/tmp/window)
 # BUDGET_S  seconds this script may take in all (the window stops its work in time to pack)
 # COMMIT    the checkout's commit (a copied tree may have no .git)
+# LATER_S   work seconds of this allocation's calls after this one (default 0): a training
+#           starts only when it fits this call and those
 # BENCH=1   first measure steps/s (bf16, tf32, a sweep of 8, the non-private B = 500 step) and
 #           a torch profiler summary of the graphed bf16 step: $OUT/bench.jsonl (the sweep in
 #           tf32: vmap does not apply bf16 autocast)
-# Writes $OUT/state.tgz (parts when large): carry it into the next call as $CARRY/state.tgz.
+# Writes $OUT/state.tgz (parts when large, within ARCHIVE_MIB, default 16, the room
+# gpu-window-carry --archive-mib keeps): carry it into the next call as $CARRY/state.tgz.
+# Writes $OUT/results-paper-scale/<device>-<commit>/: the finished cells with provenance,
+# a results set to commit as it is (copy it into the checkout's results-paper-scale/).
 set -uo pipefail
-N=$1; BUDGET=$2; COMMIT=$3
+N=$1; BUDGET=$2; COMMIT=$3; LATER=${4:-0}
 CARRY=${CARRY:-.window}; OUT=${OUT:-results/window}; CACHE=${CACHE:-/tmp/window}
 export PYTHONUNBUFFERED=1
 start=$SECONDS
@@ -52,6 +57,7 @@ archive=()
 [[ -f $CARRY/state.tgz || -f $CARRY/state.tgz.part000 ]] && archive=(--archive-in "$CARRY/state.tgz")
 python3 -m dpsinkhorn gpu-window --config benchmarks/gpu/window.yaml "${archive[@]}" \
   --archive-out "$OUT/state.tgz" --budget-s $((BUDGET - (SECONDS - start))) --reserve-s 45 \
+  --archive-cap-mib "${ARCHIVE_MIB:-16}" --later-s "$LATER" --results-set "$OUT/results-paper-scale" \
   --commit "$COMMIT" --device-name "$device" --import-root "$CACHE/import" \
   --workdir /tmp/window-work \
   --snakemake-config data_mirror="$CACHE/mirror" fid_weights="$CACHE/inception_pool3.pth"

@@ -248,6 +248,33 @@ def _rates_cli(args: argparse.Namespace, config: Mapping, experiments: Sequence[
 
 # ------------------------------------------------------------------- GPU windows
 
+#: Work minutes of one 15-minute allocation (machine start, each call's transfers, install
+#: and packing taken off): what ``--windows`` and the window count as allocation-sized.
+ALLOCATION_WORK_MINUTES = 11.0
+
+
+def training_minutes(config: Mapping, rates: Sequence[dict], exp: str) -> float | None:
+    """Minutes of ``exp``'s whole training at the measured rate of its step's shape (one
+    run); 0 for an experiment that does not train; None without a measured rate."""
+    if not needs_training(config, exp):
+        return 0.0
+    spec = experiment(config, exp)
+    rate, _ = matching_rate(rates, spec, 1)
+    return None if rate is None else resolved_steps(spec) / rate / 60
+
+
+def allocation_sized(minutes: float | None, work_minutes: float = ALLOCATION_WORK_MINUTES) -> bool:
+    """Whether a training of ``minutes`` fits one allocation's work minutes (None: no
+    measured rate, so not known to fit: it is never started in a window unless asked for)."""
+    return minutes is not None and minutes <= work_minutes
+
+
+def cells_of(config: Mapping, exp: str) -> int:
+    """Table 1 cells an experiment's evaluation fills: FID and each classifier, every seed."""
+    from dpsinkhorn.config.targets import evaluation_files
+
+    return len(evaluation_files(config, "", [exp]))
+
 
 def remaining_table1(config: Mapping, sets: Sequence[Path]) -> list[str]:
     """Table 1 experiments with a cell (FID or classifier of any seed) in none of the
@@ -272,26 +299,34 @@ def plan_windows(
 ) -> dict:
     """GPU windows the remaining Table 1 cells need: per remaining experiment its training
     (unless in ``trained``: a generator exists) at the measured rate of its step's shape
-    and one evaluation (``eval_minutes``: the measured whole evaluation of one generator);
-    their sum over ``work_minutes`` of work per window, rounded up. An experiment without
-    a measured rate for its shape is listed apart, never guessed."""
-    rows, unmeasured = [], []
+    and one evaluation (``eval_minutes``: the measured whole evaluation of one generator).
+
+    Work that fits one allocation (``work_minutes``: each training no longer, and each
+    evaluation) is summed and divided by ``work_minutes``, rounded up: the windows. A longer
+    training is listed apart (``cluster``: it needs a cluster or longer GPU time; the
+    window never starts it unless asked for), its evaluation still counted in a window. An
+    experiment without a measured rate for its shape is listed apart, never guessed."""
+    rows, cluster, unmeasured = [], [], []
     for exp in remaining_table1(config, sets):
-        train = 0.0
-        if needs_training(config, exp) and exp not in trained:
-            rate, _ = matching_rate(rates, experiment(config, exp), 1)
-            if rate is None:
-                unmeasured.append(exp)
-                continue
-            train = resolved_steps(experiment(config, exp)) / rate / 60
-        rows.append({"experiment": exp, "train_minutes": train, "eval_minutes": eval_minutes})
+        train = 0.0 if exp in trained else training_minutes(config, rates, exp)
+        if train is None:
+            unmeasured.append(exp)
+            continue
+        row = {"experiment": exp, "train_minutes": train, "eval_minutes": eval_minutes}
+        if allocation_sized(train, work_minutes):
+            rows.append(row)
+        else:
+            cluster.append(row)
     minutes = sum(r["train_minutes"] + r["eval_minutes"] for r in rows)
+    minutes += sum(r["eval_minutes"] for r in cluster)  # its evaluation fits a window
     return {
         "remaining": rows,
+        "cluster": cluster,
         "unmeasured": unmeasured,
         "minutes": minutes,
+        "cluster_train_minutes": sum(r["train_minutes"] for r in cluster),
         "work_minutes_per_window": work_minutes,
-        "windows": math.ceil(minutes / work_minutes) if rows else 0,
+        "windows": math.ceil(minutes / work_minutes) if minutes else 0,
     }
 
 
@@ -325,13 +360,24 @@ def _windows_cli(args: argparse.Namespace, config: Mapping) -> int:
     )
     for row in result["remaining"]:
         print(f"  {row['experiment']:28s} train {row['train_minutes']:6.1f} min  "
-              f"evaluate {row['eval_minutes']:5.1f} min")  # fmt: skip
-    print(f"Table 1 cells left in {args.sets}: {len(result['remaining'])} experiments, "
-          f"{result['minutes']:.1f} GPU-minutes at {eval_minutes:.1f} min per evaluation: "
+              f"evaluate {row['eval_minutes']:5.1f} min  (fits an allocation)")  # fmt: skip
+    for row in result["cluster"]:
+        print(f"  {row['experiment']:28s} train {row['train_minutes']:6.1f} min  "
+              f"evaluate {row['eval_minutes']:5.1f} min  (training needs a cluster or "
+              f"longer GPU time: more than {args.window_work_minutes} work minutes)")  # fmt: skip
+    left = len(result["remaining"]) + len(result["cluster"])
+    print(f"Table 1 cells left in {args.sets}: {left} experiments; {result['minutes']:.1f} "
+          f"GPU-minutes fit allocations at {eval_minutes:.1f} min per evaluation: "
           f"{result['windows']} windows of {args.window_work_minutes} work minutes")  # fmt: skip
+    if result["cluster"]:
+        print(
+            f"  on a cluster or longer GPU time: {len(result['cluster'])} trainings, "
+            f"{result['cluster_train_minutes']:.1f} GPU-minutes (then their evaluations "
+            "in the windows above): " + " ".join(r["experiment"] for r in result["cluster"])
+        )
     if result["unmeasured"]:
-        print("  NOT included (no measured rate for their step's shape): "
-              + " ".join(result["unmeasured"]))  # fmt: skip
+        print("  NOT included (no measured rate for their step's shape; never started in a "
+              "window unless asked for): " + " ".join(result["unmeasured"]))  # fmt: skip
     return 0
 
 
@@ -417,8 +463,9 @@ def register_cli(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--window-work-minutes",
         type=float,
-        default=11.0,
+        default=ALLOCATION_WORK_MINUTES,
         help="work minutes of one 15-minute allocation (--windows; default 11: machine start "
-        "and each call's transfers, install and packing taken off)",
+        "and each call's transfers, install and packing taken off); a longer training "
+        "needs a cluster",
     )
     p.set_defaults(handler=_plan_cli)

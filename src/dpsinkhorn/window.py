@@ -7,14 +7,21 @@ a fresh checkout. Each call of this command:
    training checkpoints, Snakemake's metadata and this window's own log) into a working
    folder, or starts empty;
 2. works through the window file's ``work`` list in order, each item one Snakemake call
-   for the evaluation files of its experiments that do not exist yet (training, sampling,
-   FID and classifiers follow from the rules), until ``--budget-s`` less ``--reserve-s``
-   has passed; then the Snakemake process group gets SIGTERM (training checkpoints and
-   exits 75, Snakemake removes incomplete outputs) and, after ``signal_grace_s``, SIGKILL;
+   for the trainings, then one for the evaluations, of its experiments whose files do not
+   exist yet, until ``--budget-s`` less ``--reserve-s`` has passed; then the Snakemake
+   process group gets SIGTERM (training checkpoints and exits 75, Snakemake removes
+   incomplete outputs) and, after ``signal_grace_s``, SIGKILL. Only work that can finish
+   starts: a training only when it fits what is left of the allocation (this call and
+   ``--later-s``) at the measured rate of its step's shape (longer ones, and ones without a
+   rate, need a cluster or ``long: true``); an evaluation only when this call can reach its
+   next saved phase, from the phase seconds earlier calls measured. While the FID weights
+   are still travelling (call 1) the trainings of every item run, most cells per minute
+   first;
 3. packs the working folder into ``--archive-out`` (atomically; split into parts of at most
-   ``--part-mib`` MiB) and writes the finished cells as a results set
-   (``<results-set root>/<device>-<commit>/``, :mod:`dpsinkhorn.report.resultset`) with
-   provenance: device, commit, config, the command, each call's start and end.
+   ``--part-mib`` MiB; over ``--archive-cap-mib`` the compiled kernels are left out) and
+   writes the finished cells as a results set (``<results-set root>/<device>-<commit>/``,
+   :mod:`dpsinkhorn.report.windowset`) with provenance: device, commit, config, the
+   command, each call's start and end, and the call that finished each experiment.
 
 The archive holds private workspaces (checkpoints) and the training record: it stays with
 the user, never publish it. Left out of it, because every call can rebuild them: ``data/``
@@ -31,11 +38,10 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import importlib.util
+import math
 import os
-import re
 import shlex
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -48,19 +54,29 @@ from dpsinkhorn.config.experiments import (
     evaluation_dir,
     experiment_classifiers,
     experiment_dir,
-    experiment_home,
     needs_training,
     prepared_folder_of,
 )
-from dpsinkhorn.config.targets import TRAINING_FILES
+from dpsinkhorn.config.targets import TRAINING_FILES, results_dir
 from dpsinkhorn.config.validate import load_config
-from dpsinkhorn.fileio import pack, relative_inside, sha256_of, unpack
+from dpsinkhorn.fileio import relative_inside, unpack
 from dpsinkhorn.privacy.trainings import RECORD_DIR, merge_copy
+from dpsinkhorn.window_plan import (
+    commit_of,
+    device_name,
+    device_slug,
+    done_training,
+    evaluation_refusal,
+    measure_phases,
+    step_rates,
+    training_refusal,
+)
 from dpsinkhorn.window_setup import (
+    ARCHIVE_CAP_MIB,
     ImportRefused,
     import_generators,
     load_window,
-    results_dir,
+    pack_within,
     run_until,
 )
 
@@ -70,22 +86,19 @@ STATE = "window_state.json"
 CONFIG_COPY = "window/config.yaml"
 #: The training record's copy in the archive, when the data folder is outside the working one.
 RECORD_COPY = "window/trainings"
-#: Files of an experiment folder that a results set holds (never generator.pt or samples).
-SET_FILES = ("privacy.json", "train_log.csv", "fid_seed*.json", "acc_*_seed*.json")
 
 
-def item_targets(config: Mapping, item: Mapping) -> list[str]:
-    """The evaluation files of an item's experiments (relative to the working folder)."""
+def item_targets(config: Mapping, item: Mapping, exps: Sequence[str] | None = None) -> list[str]:
+    """The evaluation files (FID and every classifier, every seed: what one evaluation job
+    writes) of an item's experiments, or of ``exps`` (relative to the working folder)."""
     root = results_dir(config)
     targets = []
-    for exp in item["experiments"]:
+    for exp in item["experiments"] if exps is None else exps:
         where = evaluation_dir(config, root, exp).as_posix()  # under nonprivate/ unless DP
         for seed in config["seeds"]:
-            if "fid" in item["outputs"]:
-                targets.append(f"{where}/fid_seed{seed}.json")
-            if "classify" in item["outputs"]:
-                for model in experiment_classifiers(config, exp):
-                    targets.append(f"{where}/acc_{model}_seed{seed}.json")
+            targets.append(f"{where}/fid_seed{seed}.json")
+            for model in experiment_classifiers(config, exp):
+                targets.append(f"{where}/acc_{model}_seed{seed}.json")
     return targets
 
 
@@ -97,41 +110,6 @@ def training_targets(config: Mapping, item: Mapping) -> list[str]:
         for exp in item["experiments"]
         if needs_training(config, exp) and exp not in item["import"]
     ]
-
-
-# ------------------------------------------------------------------------- the device
-
-
-def device_name() -> str:
-    """The GPU's name (torch), else ``cpu (<processor>)``."""
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            return f"{torch.cuda.get_device_name(0)} (torch {torch.__version__})"
-        return f"cpu (torch {torch.__version__}, {os.cpu_count()} cores)"
-    except ImportError:
-        return f"cpu ({os.cpu_count()} cores)"
-
-
-def device_slug(name: str) -> str:
-    """``NVIDIA H100 80GB HBM3`` -> ``h100``; a CPU -> ``cpu``."""
-    found = re.search(r"\b([A-Z]{1,2}\d{2,4}[A-Z]?)\b", name.split("(")[0])
-    return found.group(1).lower() if found else "cpu"
-
-
-def commit_of(repo: Path) -> str:
-    """``git rev-parse --short HEAD`` of ``repo``, ``unknown`` outside a repository."""
-    try:
-        out = subprocess.run(
-            ["git", "-C", str(repo), "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return "unknown"
-    return out.stdout.strip() if out.returncode == 0 else "unknown"
 
 
 def _now() -> str:
@@ -206,23 +184,57 @@ def work(
     cores: str,
     state: dict,
     log: Path,
+    limits: Mapping | None = None,
 ) -> str:
-    """Run the work list until done or the deadline; returns how the call ended: ``done``
-    (nothing left), ``deadline``, or ``failed:<items>`` (the list went on past them).
+    """Run the work list until done or the deadline; returns how the call ended: ``done``,
+    ``waiting`` (what is left cannot finish in what is left of the allocation),
+    ``deadline``, or ``failed:<items>`` (the list went on past them). ``limits``: ``rates``
+    (measured step rates), ``later_s`` (work seconds of the allocation's later calls),
+    ``start_long``.
 
     Items are independent: one whose datasets or FID weights are not here yet waits (and
     is not run), one that fails is recorded in ``state["items"]`` and the next starts;
     items that failed before come after the others, so one broken item never stalls the
-    list. Each item's wall seconds and outcome add up in ``state["items"]``."""
+    list. Work that cannot finish is not started (:func:`training_refusal`,
+    :func:`evaluation_refusal`); the item's outcome says why. Without the FID weights,
+    the trainings of all items run, most Table 1 cells per training minute first. Each
+    item's wall seconds and outcome add up in ``state["items"]``."""
+    from dpsinkhorn.plan import cells_of, training_minutes
     from dpsinkhorn.window_setup import missing_needs
 
+    limits = {"rates": [], "later_s": 0.0, "start_long": False, **(limits or {})}
     config = load_config([window["config_path"]])
     fileio.write_bytes(workdir / CONFIG_COPY, Path(window["config_path"]).read_bytes())
     options = [*window["overrides"], *extra_config]
     mirror, weights = _override(options, "data_mirror"), _override(options, "fid_weights")
     records = state.setdefault("items", {})
     order = sorted(window["work"], key=lambda i: records.get(i["name"], {}).get("failures", 0) > 0)
-    failed = []
+    failed, trainings, held, waits = [], [], [], {}
+
+    def run(item: Mapping, record: dict, targets: list[str]) -> str:
+        cmd = snakemake_command(window, workdir, targets, extra_config, cores)
+        for exp in item["experiments"]:
+            state.setdefault("commands", {}).setdefault(exp, shlex.join(
+                ["snakemake", "--configfile", window["configfile"],
+                 *(["--config", *window["overrides"]] if window["overrides"] else []),
+                 "--", *[t for t in item_targets(config, item) if f"/{exp}/" in t]]))  # fmt: skip
+        begin = time.monotonic()
+        outcome = "done"
+        if item["import"]:  # data first, then the imports made newer than it (see below)
+            data = data_targets(config, item)
+            data_cmd = snakemake_command(window, workdir, data, extra_config, cores)
+            outcome = run_until(data_cmd, deadline, window["signal_grace_s"], log, cwd=workdir)
+            touch_imports(config, item, workdir)
+        if outcome == "done":
+            outcome = run_until(cmd, deadline, window["signal_grace_s"], log, cwd=workdir)
+        record["seconds"] += time.monotonic() - begin
+        record["outcome"] = outcome
+        measure_phases(config, workdir, state)
+        if outcome == "failed":
+            record["failures"] += 1
+            failed.append(item["name"])
+        return outcome
+
     for item in order:
         record = records.setdefault(item["name"], {"seconds": 0.0, "failures": 0})
         missing = missing_needs(config, item, mirror, workdir / config["data_dir"], weights)
@@ -239,106 +251,56 @@ def work(
         except (FileNotFoundError, ValueError) as err:  # its import source is not here yet
             record["outcome"] = f"waiting: {err}"
             continue
-        # without the FID weights (still travelling), an item's trainings can already run
-        targets = training_targets(config, item) if missing else item_targets(config, item)
-        pending = [t for t in targets if not (workdir / t).is_file()]
-        if not pending:
-            record["outcome"] = "waiting: needs " + ", ".join(missing) if missing else "done"
-            continue
         if time.monotonic() >= deadline:
             return "deadline"
-        cmd = snakemake_command(window, workdir, pending, extra_config, cores)
+        left_s = deadline - time.monotonic()
+        refused, train = [], []
         for exp in item["experiments"]:
-            state.setdefault("commands", {}).setdefault(
-                exp,
-                shlex.join(
-                    [
-                        "snakemake",
-                        "--configfile",
-                        window["configfile"],
-                        *(["--config", *window["overrides"]] if window["overrides"] else []),
-                        "--",
-                        *[t for t in item_targets(config, item) if f"/{exp}/" in t],
-                    ]
-                ),
-            )
-        begin = time.monotonic()
-        outcome = "done"
-        if item["import"]:  # data first, then the imports made newer than it (see below)
-            data = data_targets(config, item)
-            data_cmd = snakemake_command(window, workdir, data, extra_config, cores)
-            outcome = run_until(data_cmd, deadline, window["signal_grace_s"], log, cwd=workdir)
-            touch_imports(config, item, workdir)
-        if outcome == "done":
-            outcome = run_until(cmd, deadline, window["signal_grace_s"], log, cwd=workdir)
-        record["seconds"] += time.monotonic() - begin
-        record["outcome"] = outcome
-        if outcome == "deadline":
-            return "deadline"
-        if outcome == "failed":
-            record["failures"] += 1
-            failed.append(item["name"])
-    return f"failed:{','.join(failed)}" if failed else "done"
-
-
-# ------------------------------------------------------------------------ results set
-
-
-def write_set(window: Mapping, workdir: Path, set_dir: Path, state: dict) -> list[Path]:
-    """Copy the finished cells into ``set_dir`` with ``provenance.json``; render its
-    Table 1 (:func:`dpsinkhorn.report.resultset.render`) when it holds a Table 1 row."""
-    from dpsinkhorn.report.resultset import render
-
-    config = load_config([window["config_path"]])
-    calls = state.get("calls", [])
-    experiments = {}
-    for item in window["work"]:
-        for exp in item["experiments"]:
-            src = experiment_dir(config, workdir / results_dir(config), exp)
-            scores = evaluation_dir(config, workdir / results_dir(config), exp)
-            files = sorted({p for d in (src, scores) for pat in SET_FILES for p in d.glob(pat)})
-            if not any(p.name.startswith(("fid_", "acc_")) for p in files):
+            if exp in item["import"] or done_training(config, workdir, exp):
                 continue
-            for path in files:
-                fileio.write_bytes(set_dir / exp / path.name, path.read_bytes())
-            entry = {"work_item": item["name"], "command": state.get("commands", {}).get(exp, "")}
-            gen = src / "generator.pt"
-            if exp in state.get("imports", {}):
-                entry["generator"] = state["imports"][exp]
-                entry["imported"] = (
-                    "generator, ledger and training log copied from a committed run; "
-                    "only the evaluation was run in this window"
-                )
-            elif gen.is_file():
-                entry["generator"] = {"bytes": gen.stat().st_size, "sha256": sha256_of(gen)}
-            bench = workdir / results_dir(config) / "benchmarks"
-            bench = bench / f"{experiment_home(config, exp)}evaluate_{exp}.tsv"
-            if bench.is_file():  # Snakemake's benchmark of the evaluation job (one line)
-                head, first = bench.read_text().splitlines()[:2]
-                row = dict(zip(head.split("\t"), first.split("\t"), strict=True))
-                entry["evaluate_seconds"] = float(row["s"])
-            experiments[exp] = entry
-    provenance = {
-        "name": set_dir.name,
-        "what": "outputs of `dpsinkhorn gpu-window` calls (evaluation results, training "
-        "ledgers and logs, no generators)",
-        "device": calls[-1]["device"] if calls else device_name(),
-        "commit": calls[-1]["commit"] if calls else "unknown",
-        "date": calls[-1]["finished"][:10] if calls else _now()[:10],
-        "config": window["configfile"],
-        "config_changes": [f"snakemake --config {o}" for o in window["overrides"]],
-        "window": str(window["path"]),
-        "calls": calls,
-        "items": state.get("items", {}),
-        "experiments": experiments,
-    }
-    fileio.write_json(set_dir / "provenance.json", provenance)
-    written = [set_dir / "provenance.json"]
-    try:
-        written += render(set_dir, [window["config_path"]])
-    except ValueError as err:  # no Table 1 row yet: the set still holds its files
-        state.setdefault("notes", []).append(f"results set not rendered: {err}")
-    return written
+            why = training_refusal(config, item, exp, workdir, left_s + limits["later_s"], limits)
+            refused += [why] if why else []
+            train += [] if why else [exp]
+        if missing:  # the FID weights are still travelling: trainings only, after the loop
+            minutes = {e: training_minutes(config, limits["rates"], e) for e in train}
+            trainings += [(cells_of(config, e) / (minutes[e] or math.inf), item, e) for e in train]
+            record["outcome"] = waits[item["name"]] = "waiting: needs " + "; ".join(
+                [*missing, *refused]
+            )
+            continue
+        if train:
+            ledgers = training_targets(config, {**item, "experiments": train})
+            if run(item, record, ledgers) == "deadline":
+                return "deadline"
+        left_s = deadline - time.monotonic()
+        evaluate = []
+        for exp in item["experiments"]:
+            files = item_targets(config, item, [exp])
+            if not done_training(config, workdir, exp) or all(
+                (workdir / f).is_file() for f in files
+            ):
+                continue
+            why = evaluation_refusal(config, exp, workdir, left_s, state)
+            refused += [why] if why else []
+            evaluate += [] if why else [exp]
+        pending = [t for t in item_targets(config, item, evaluate) if not (workdir / t).is_file()]
+        if pending and run(item, record, pending) == "deadline":
+            return "deadline"
+        if refused:
+            record["outcome"] = "not started: " + "; ".join(refused)
+            held.append(item["name"])
+        elif not pending and not train:
+            record["outcome"] = "done"
+    for _, item, exp in sorted(trainings, key=lambda t: -t[0]):  # most cells per minute first
+        if time.monotonic() >= deadline:
+            return "deadline"
+        record = records[item["name"]]
+        ledger = training_targets(config, {**item, "experiments": [exp]})
+        if run(item, record, ledger) == "deadline":
+            return "deadline"
+        if record["outcome"] == "done":
+            record["outcome"] = f"trained {exp}; {waits[item['name']]}"
+    return f"failed:{','.join(failed)}" if failed else "waiting" if held else "done"
 
 
 # ----------------------------------------------------------------------- the archive
@@ -350,13 +312,18 @@ def record_folder(config: Mapping, workdir: Path) -> Path:
 
 
 def pack_workdir(
-    window: Mapping, workdir: Path, archive: str | Path, part_mib: float, state: Mapping
-) -> list[Path]:
-    """Pack the working folder into ``archive`` (``fileio.pack``): less the window's
-    ``archive_exclude`` and the imported generators (copied again from ``--import-root``
-    when missing), but never the training record, whatever the patterns say. A record
-    outside the working folder (an absolute ``data_dir``) is copied into
-    :data:`RECORD_COPY` first, and packed from there."""
+    window: Mapping,
+    workdir: Path,
+    archive: str | Path,
+    part_mib: float,
+    state: Mapping,
+    cap_mib: float | None = None,
+) -> tuple[list[Path], list[str], int]:
+    """Pack the working folder into ``archive`` within ``cap_mib`` (``window_setup.pack_within``:
+    files, what was dropped, bytes): less the window's ``archive_exclude`` and the imported
+    generators (copied again from ``--import-root`` when missing), but never the training
+    record, whatever the patterns say. A record outside the working folder (an absolute
+    ``data_dir``) is copied into :data:`RECORD_COPY` first, and packed from there."""
     config = load_config([window["config_path"]])
     imported = [
         (experiment_dir(config, results_dir(config), e) / "generator.pt").as_posix()
@@ -371,7 +338,7 @@ def pack_workdir(
         for path in sorted(records.glob("*.jsonl")):
             fileio.write_bytes(workdir / RECORD_COPY / path.name, path.read_bytes())
     exclude = [*window["archive_exclude"], *imported]
-    return pack(workdir, archive, exclude, part_mib, keep=keep)
+    return pack_within(workdir, Path(archive), exclude, part_mib, cap_mib, keep=keep)
 
 
 def restore_record(config: Mapping, workdir: Path) -> list[Path]:
@@ -389,6 +356,8 @@ def gpu_window(args: argparse.Namespace) -> int:
     """One call: unpack, work until the deadline, pack, write the results set."""
     start = time.monotonic()
     started = _now()
+    from dpsinkhorn.report.windowset import write_set
+
     if args.archive_in is None and args.export_set:
         raise ValueError("--export-set needs --archive-in")
     keep = args.workdir is not None
@@ -429,7 +398,9 @@ def gpu_window(args: argparse.Namespace) -> int:
             args.cores,
             state,
             log,
-        )
+            {"rates": step_rates(args.rates, window["config_path"], REPO), "later_s": args.later_s,
+             "start_long": args.start_long},
+        )  # fmt: skip
         state["calls"].append(
             {
                 "call": len(state["calls"]) + 1,
@@ -446,12 +417,17 @@ def gpu_window(args: argparse.Namespace) -> int:
         if args.results_set:
             write_set(window, workdir, Path(args.results_set) / name, state)
             fileio.write_json(state_path, state)
-        parts = pack_workdir(window, workdir, args.archive_out, args.part_mib, state)
+        parts, dropped, size = pack_workdir(
+            window, workdir, args.archive_out, args.part_mib, state, args.archive_cap_mib
+        )
+        over = args.archive_cap_mib is not None and size > args.archive_cap_mib * 2**20
         print(
-            f"gpu-window call {len(state['calls'])}: {outcome}; archive "
+            f"gpu-window call {len(state['calls'])}: {outcome}; archive {size} bytes "
+            + (f"(left out: {', '.join(dropped)}) " if dropped else "")
+            + (f"(OVER the {args.archive_cap_mib} MiB cap: it may not travel) " if over else "")
             + " ".join(str(p) for p in parts)
         )
-        return 0 if outcome in ("done", "deadline") else 1
+        return 0 if outcome in ("done", "deadline", "waiting") else 1
     finally:
         if not keep:
             shutil.rmtree(workdir, ignore_errors=True)
@@ -471,6 +447,30 @@ def register_cli(subparsers: argparse._SubParsersAction) -> None:
         "--reserve-s", type=float, default=45, help="seconds kept for stopping and packing"
     )
     p.add_argument("--part-mib", type=float, default=15, help="largest archive file (MiB)")
+    p.add_argument(
+        "--archive-cap-mib",
+        type=float,
+        default=ARCHIVE_CAP_MIB,
+        help="pack the archive within this (gpu-window-carry --archive-mib keeps the room): "
+        "over it, compiled kernels are left out; never a result",
+    )
+    p.add_argument(
+        "--later-s",
+        type=float,
+        default=0,
+        help="work seconds of this allocation's calls after this one: a training starts "
+        "only when it fits this call's time and these",
+    )
+    p.add_argument(
+        "--rates",
+        help="measured step rates (JSON; default the config's cluster.step_rates): how long "
+        "each training takes",
+    )
+    p.add_argument(
+        "--start-long",
+        action="store_true",
+        help="also start trainings that cannot finish in the allocation (or have no rate)",
+    )
     p.add_argument("--results-set", help="root of results sets (e.g. results-paper-scale)")
     p.add_argument("--export-set", help="with --archive-in and no work: write the set here")
     p.add_argument("--set-name", help="results set name (default <device>-<commit>)")

@@ -11,6 +11,9 @@ the first item that evaluates. Only the weights are split, into byte-range parts
 call's boundary. A dataset travels in the first call whose item needs it, never before. The
 archive of ``dpsinkhorn gpu-window`` leaves out :data:`DEFAULT_EXCLUDE` (or the window
 file's ``archive_exclude``), never the training record (``window.pack_workdir``).
+Each call also keeps room for the archive it carries (the last call's, packed within a cap
+by :func:`pack_within`, which drops compiled kernels first and never a result; call 1's
+may be an archive given to the plan, the one the last allocation left).
 
 On the GPU machine :func:`take_setup` copies a carried folder into the machine's cache
 (``/tmp/window`` while the machine stays warm) and joins the weights once all parts are
@@ -37,6 +40,7 @@ import yaml
 
 from dpsinkhorn import fileio
 from dpsinkhorn.config.experiments import experiment_dir, experiment_names
+from dpsinkhorn.config.targets import results_dir
 from dpsinkhorn.config.validate import OVERRIDABLE, load_config
 
 REPO = Path(__file__).resolve().parents[2]
@@ -51,20 +55,31 @@ DEFAULT_EXCLUDE = (
     ".snakemake/auxiliary/*",
 )
 WINDOW_KEYS = {"configfile", "overrides", "work", "archive_exclude", "signal_grace_s", "outputs"}
-ITEM_KEYS = {"name", "experiments", "import", "outputs"}
-OUTPUTS = ("fid", "classify")
+ITEM_KEYS = {"name", "experiments", "import", "long"}
 MIB = 1 << 20
 #: The FID weights' name in the machine's cache (joined from ``WEIGHTS_PART*``).
 WEIGHTS = "inception_pool3.pth"
 WEIGHTS_PART = "inception_pool3.pth.part"
 PLAN = "carry.json"
+#: The archive the window packs for the next call (``--archive-cap-mib``) and the carry
+#: plan keeps room for: the one measured archive that did not travel (H100 at 0f6b577,
+#: call 1: 12,855,824 bytes, a compiled-kernel cache and one checkpoint) and results.
+ARCHIVE_CAP_MIB = 16.0
 #: Raw files of the built-in datasets (torchvision's names), by dataset key.
 RAW_FOLDERS = {"mnist": "MNIST", "fmnist": "FashionMNIST"}
 
 
+#: Keys a window file may no longer hold, and why.
+REMOVED_KEYS = {
+    "outputs": "removed: an experiment's evaluation is one job (dpsinkhorn evaluate) that "
+    "writes FID and every classifier of its dataset; the window asks for all of them",
+}
+
+
 def load_window(path: str | Path) -> dict:
     """The window file, checked: unknown keys, a missing work list or a bad item are
-    one-line errors naming the file and key."""
+    one-line errors naming the file and key. An item's ``long: true`` lets the window start
+    its trainings although they cannot finish in the allocation (or have no measured rate)."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: window file not found")
@@ -72,6 +87,8 @@ def load_window(path: str | Path) -> dict:
     if not isinstance(data, dict):
         raise ValueError(f"{path}: must be a mapping")
     for key in data:
+        if key in REMOVED_KEYS:
+            raise ValueError(f"{path}: {key!r} is {REMOVED_KEYS[key]}")
         if key not in WINDOW_KEYS:
             raise ValueError(
                 f"{path}: unknown key {key!r} (known: {', '.join(sorted(WINDOW_KEYS))})"
@@ -102,13 +119,14 @@ def load_window(path: str | Path) -> dict:
             )
     config = load_config([window["config_path"]])
     known = set(experiment_names(config))
-    default_outputs = list(data.get("outputs") or OUTPUTS)
     names = set()
     for k, item in enumerate(data["work"] or []):
         at = f"{path}: work[{k}]"
         if not isinstance(item, dict) or "name" not in item:
             raise ValueError(f"{at}: each item needs a name")
         for key in item:
+            if key in REMOVED_KEYS:
+                raise ValueError(f"{at}.{key}: {REMOVED_KEYS[key]}")
             if key not in ITEM_KEYS:
                 raise ValueError(
                     f"{at}: unknown key {key!r} (known: {', '.join(sorted(ITEM_KEYS))})"
@@ -125,19 +143,12 @@ def load_window(path: str | Path) -> dict:
         for exp in exps:
             if exp not in known:
                 raise ValueError(f"{at}: unknown experiment {exp!r} of {config_path}")
-        outputs = list(item.get("outputs") or default_outputs)
-        for out in outputs:
-            if out not in OUTPUTS:
-                raise ValueError(f"{at}.outputs: unknown {out!r} (known: {', '.join(OUTPUTS)})")
+        if not isinstance(item.get("long", False), bool):
+            raise ValueError(f"{at}.long: must be true or false, got {item['long']!r}")
         window["work"].append(
-            {
-                "name": item["name"],
-                "experiments": exps,
-                "import": imports,
-                "pins": pins,
-                "outputs": outputs,
-            }
-        )
+            {"name": item["name"], "experiments": exps, "import": imports, "pins": pins,
+             "long": item.get("long", False)}
+        )  # fmt: skip
     return window
 
 
@@ -194,14 +205,33 @@ def plan_carry(
     wheels: Path | None = None,
     limit_mib: float = 64,
     tree_bytes: int = 0,
+    archive_mib: float = ARCHIVE_CAP_MIB,
+    archive_in: Path | None = None,
 ) -> list[dict]:
     """Write ``dest/setup1``, ``dest/setup2``, ... and ``dest/carry.json``; return one
-    entry per call: its folder, bytes, and what it holds. ``tree_bytes`` (the working
-    tree that travels with every call) and 1 MiB of margin are kept free in each call."""
+    entry per call: its folder, bytes, the archive it carries and what it holds.
+
+    Each call keeps free ``tree_bytes`` (the working tree that travels with every call),
+    1 MiB of margin and the archive it will carry: call 1 the archive given here
+    (``archive_in``, e.g. the one the last allocation left: its measured bytes), or none;
+    every later call the last call's archive, which the window packs within
+    ``archive_mib`` (:func:`pack_within`)."""
     from dpsinkhorn.evaluate.inception import strip_fc
 
     config = load_config([window["config_path"]])
-    room = int(limit_mib * MIB) - tree_bytes - MIB
+    first = sum(p.stat().st_size for p in fileio.archive_parts(archive_in)) if archive_in else 0
+    carried = [first]  # the archive each call carries: call 1's, then the cap
+
+    def room(call: int) -> int:
+        while len(carried) <= call:
+            carried.append(int(archive_mib * MIB))
+        return int(limit_mib * MIB) - tree_bytes - MIB - carried[call]
+
+    if room(0) <= 0 or room(1) <= 0:
+        raise ValueError(
+            f"--limit-mib {limit_mib}: no room beside the tree ({tree_bytes} bytes) and the "
+            f"archive ({max(carried[:2])} bytes; --archive-mib {archive_mib})"
+        )
     pieces: list[tuple[str, Path]] = []  # (name in the setup folder, source)
     if wheels is not None:
         pieces.append(("wheels", wheels))
@@ -227,9 +257,12 @@ def plan_carry(
         seen.add(name)
         size = _size(source)
         if name != WEIGHTS:
-            if size > room:
-                raise ValueError(f"{source}: {size} bytes do not fit one call ({room} free)")
-            if used + size > room:
+            if size > min(room(0), room(1)):
+                raise ValueError(
+                    f"{source}: {size} bytes do not fit one call "
+                    f"({min(room(0), room(1))} free beside the tree and the archive)"
+                )
+            if used + size > room(len(calls) - 1):
                 calls.append([])
                 used = 0
             calls[-1].append((name, source, 0, size))
@@ -237,14 +270,22 @@ def plan_carry(
             continue
         start = 0
         while start < size:  # the weights: byte ranges filling each call
-            if used >= room:
+            if used >= room(len(calls) - 1):
                 calls.append([])
                 used = 0
-            take = min(size - start, room - used)
+            take = min(size - start, room(len(calls) - 1) - used)
             calls[-1].append((name, source, start, take))
             used += take
             start += take
     plan = _write_calls(calls, dest, stripped)
+    room(len(plan))  # the archive of every call known
+    for k, call in enumerate(plan):
+        call["archive_bytes"] = carried[k]
+        call["archive"] = (
+            f"{archive_in} (measured)" if k == 0 and archive_in
+            else "none" if k == 0 else f"call {k}'s, packed within {archive_mib} MiB"
+        )  # fmt: skip
+        call["total_bytes"] = tree_bytes + call["bytes"] + carried[k]
     fileio.write_json(dest / PLAN, plan)
     shutil.rmtree(dest / "work", ignore_errors=True)
     return plan
@@ -333,11 +374,42 @@ def missing_needs(
 
 
 def describe(plan: Sequence[Mapping]) -> str:
-    """One line per call: its folder, bytes, contents."""
+    """One line per call: its folder, bytes, the archive beside it, contents."""
     return "\n".join(
-        f"call {c['call']}: {c['folder']}/ {c['bytes']} bytes: {'; '.join(c['holds'])}"
+        f"call {c['call']}: {c['folder']}/ {c['bytes']} bytes + archive {c['archive_bytes']} "
+        f"bytes ({c['archive']}) + tree = {c['total_bytes']} bytes: {'; '.join(c['holds'])}"
         for c in plan
     )
+
+
+#: What the window drops from an archive over its cap, cheapest to rebuild first: only the
+#: compiled kernels (the next call compiles them again); never results, generators,
+#: checkpoints or ledgers.
+REBUILDABLE = (("compiled kernels", ("inductor-cache/*",)),)
+
+
+def pack_within(
+    workdir: Path,
+    archive: Path,
+    exclude: Sequence[str],
+    part_mib: float,
+    cap_mib: float | None,
+    keep: Sequence[str] = (),
+) -> tuple[list[Path], list[str], int]:
+    """:func:`fileio.pack` ``workdir``; while the archive is over ``cap_mib`` (None: no
+    cap), pack it again without the next of :data:`REBUILDABLE`. Returns the files, what
+    was dropped and the bytes; an archive still over the cap is kept whole (never a result
+    dropped) and the caller says so."""
+    parts, dropped = fileio.pack(workdir, archive, exclude, part_mib, keep=keep), []
+    size = sum(p.stat().st_size for p in parts)
+    for what, patterns in REBUILDABLE:
+        if cap_mib is None or size <= cap_mib * MIB:
+            break
+        exclude = [*exclude, *patterns]
+        parts = fileio.pack(workdir, archive, exclude, part_mib, keep=keep)
+        size = sum(p.stat().st_size for p in parts)
+        dropped.append(what)
+    return parts, dropped, size
 
 
 def run_until(
@@ -381,11 +453,6 @@ def run_until(
         except ProcessLookupError:
             pass
         return "deadline"
-
-
-def results_dir(config: Mapping) -> str:
-    """The workflow's results folder, relative to its working folder."""
-    return f"results/{config['run_name']}"
 
 
 class ImportRefused(ValueError):
@@ -483,6 +550,19 @@ def register_cli(subparsers) -> None:  # argparse._SubParsersAction
     p.add_argument("--wheels", type=Path, help="wheels folder (fetch_wheels.sh)")
     p.add_argument("--limit-mib", type=float, default=64, help="one call's transfer limit")
     p.add_argument("--tree-bytes", type=int, default=0, help="the tree that travels anyway")
+    p.add_argument(
+        "--archive-mib",
+        type=float,
+        default=ARCHIVE_CAP_MIB,
+        help="room kept in every call after the first for the last call's archive (the cap "
+        "gpu-window --archive-cap-mib packs within)",
+    )
+    p.add_argument(
+        "--archive-in",
+        type=Path,
+        help="the archive call 1 carries (e.g. the last allocation's state.tgz): its bytes "
+        "are kept free in call 1",
+    )
     p.set_defaults(handler=_cmd_carry)
 
 
@@ -496,6 +576,8 @@ def _cmd_carry(args) -> int:
         wheels=args.wheels,
         limit_mib=args.limit_mib,
         tree_bytes=args.tree_bytes,
+        archive_mib=args.archive_mib,
+        archive_in=args.archive_in,
     )
     print(describe(plan))
     return 0

@@ -134,9 +134,13 @@ def load_provenance(set_dir: Path) -> dict:
 
 
 def set_config(set_dir: Path, provenance: dict) -> dict:
-    """The set's config, its ``config`` path taken relative to the repository root."""
-    root = set_dir.resolve().parents[1]  # <root>/results-paper-scale/<set>
-    return load_config([root / provenance["config"]])
+    """The set's config, its ``config`` path taken relative to the repository root (a set
+    not yet committed, e.g. in a window call's output folder: relative to the working
+    directory, the checkout it is rendered in)."""
+    path = set_dir.resolve().parents[1] / provenance["config"]  # <root>/results-paper-scale/<set>
+    if not path.is_file() and Path(provenance["config"]).is_file():
+        path = Path(provenance["config"])
+    return load_config([path])
 
 
 def _check_ledger(spec: dict, privacy: dict, path: Path) -> None:

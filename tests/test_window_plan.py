@@ -1,0 +1,177 @@
+"""What a call of ``dpsinkhorn gpu-window`` starts and what it leaves: only work that can
+finish in the allocation (a long training is never started in a short window; call 1,
+without the FID weights, trains the rows with the most cells per minute first), and the
+finished cells exported as a results set after every call, also one stopped at its
+deadline (a stopped evaluation's phases are never shown as cells). Snakemake is replaced
+by a recorder: these tests run no workflow."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+
+import pytest
+from helpers import require_shared, shared_path
+
+from dpsinkhorn import fileio, window, window_plan
+from dpsinkhorn.cli import main
+from dpsinkhorn.config.experiments import experiment
+
+CONFIG = """\
+run_name: window
+data_dir: DATA
+device: cpu
+seeds: [0]
+evaluation: {num_samples: 60, fid_reference_size: 20, classifiers: [logreg]}
+training_defaults: {channels: [32, 16, 8]}
+experiments:
+  dp_fast: {dataset: mnist, sigma: 1.5, steps: 600, batch_size: 50}
+  dp_slow: {dataset: mnist, sigma: 1.5, steps: 1200, batch_size: 100}
+  long_np: {dataset: mnist, method: sinkhorn, batch_size: 500, steps: 160000}
+  real_mnist: {dataset: mnist, table1_row: real, method: real_data}
+  mnist_dpsinkhorn: {dataset: mnist, table1_row: paper, sigma: 1.5, steps: 600}
+"""
+#: Step rates of the three training shapes (made up for the test: 10, 5 and 105 steps/s
+#: give 1 min, 4 min and 25.4 min of training).
+RATES = {"dp_fast": 10.0, "dp_slow": 5.0, "long_np": 105.0}
+
+
+def setup(tmp_path: Path, work: str) -> tuple[dict, dict]:
+    (tmp_path / "c.yaml").write_text(CONFIG.replace("DATA", str(tmp_path / "data")))
+    (tmp_path / "w.yaml").write_text(f"configfile: c.yaml\nwork:\n{work}")
+    loaded = window.load_window(tmp_path / "w.yaml")
+    config = window.load_config([loaded["config_path"]])
+    rates = []
+    for exp, rate in RATES.items():
+        spec = experiment(config, exp)
+        rates.append({"dataset": "mnist", "batch_size": spec["batch_size"], "runs": 1,
+                      "steps_per_s": rate, "source": "test", "generator": "dcgan",
+                      "channels": [32, 16, 8]})  # fmt: skip
+    return loaded, {"rates": rates, "later_s": 0.0, "start_long": False}
+
+
+def run_work(tmp_path, monkeypatch, loaded, limits, seconds, weights: Path) -> tuple[str, list]:
+    """One call's work with ``seconds`` left; returns its outcome and each Snakemake call's
+    targets (recorded, not run)."""
+    mirror = require_shared(shared_path("DPSINKHORN_DATA_MIRROR"), "MNIST mirror")
+    started = []
+
+    def record(cmd, deadline, grace, log, cwd=None):
+        started.append(cmd[cmd.index("--", cmd.index("--rerun-triggers")) + 1 :])
+        return "done"
+
+    monkeypatch.setattr(window, "run_until", record)
+    state = {"calls": []}
+    work = tmp_path / "work"
+    work.mkdir(exist_ok=True)
+    outcome = window.work(loaded, work, time.monotonic() + seconds,
+                          [f"data_mirror={mirror}", f"fid_weights={weights}"], None, "1", state,
+                          tmp_path / "log", limits)  # fmt: skip
+    return outcome, started, state
+
+
+def test_a_long_training_is_not_started_in_a_short_window(tmp_path, monkeypatch):
+    loaded, limits = setup(tmp_path, "  - {name: np, experiments: [long_np]}\n"
+                                     "  - {name: slow, experiments: [dp_slow]}\n")  # fmt: skip
+    weights = tmp_path / "weights.pth"
+    weights.write_bytes(b"w")
+    outcome, started, state = run_work(tmp_path, monkeypatch, loaded, limits, 90, weights)
+    assert started == [] and outcome == "waiting"  # nothing could finish: nothing ran
+    items = state["items"]
+    assert "long_np: 25.4 min of training, needs a cluster" in items["np"]["outcome"]
+    assert re.search(r"dp_slow: 4.0 min of training, 1\.\d min left", items["slow"]["outcome"])
+    # the allocation's later calls count: 4 minutes fit
+    outcome, started, _ = run_work(
+        tmp_path, monkeypatch, loaded, {**limits, "later_s": 300}, 90, weights
+    )
+    assert [t[0].split("/")[-2] for t in started] == ["dp_slow"]
+    # asked for (--start-long): the long training starts
+    _, started, _ = run_work(tmp_path, monkeypatch, loaded, {**limits, "start_long": True}, 90,
+                             weights)  # fmt: skip
+    assert ["long_np" in t[0] for t in started] == [True, False]
+
+
+def test_call_one_trains_most_cells_per_minute_first(tmp_path, monkeypatch):
+    loaded, limits = setup(tmp_path, "  - {name: slow, experiments: [dp_slow, long_np]}\n"
+                                     "  - {name: fast, experiments: [dp_fast]}\n")  # fmt: skip
+    outcome, started, state = run_work(
+        tmp_path, monkeypatch, loaded, limits, 600, tmp_path / "not-here-yet.pth"
+    )
+    # no FID weights: only trainings, fewest minutes per (equal) cells first, never the long
+    assert [t for targets in started for t in targets] == [
+        "results/window/dp_fast/privacy.json",
+        "results/window/dp_slow/privacy.json",
+    ]
+    assert "long_np" in state["items"]["slow"]["outcome"]
+
+
+def test_cells_exported_after_a_call_that_stops_at_its_deadline(tmp_path, monkeypatch):
+    loaded, _ = setup(tmp_path, "  - {name: real, experiments: [real_mnist]}\n"
+                                "  - {name: dp, experiments: [mnist_dpsinkhorn]}\n")  # fmt: skip
+    results = "results/window"
+
+    def stopped(win, workdir, deadline, *args):
+        """real_mnist's evaluation finished; mnist_dpsinkhorn's stopped after its FID phase
+        (Snakemake deleted the job's outputs; its progress and one stray file remain)."""
+        fileio.write_json(workdir / results / "nonprivate/real_mnist/fid_seed0.json", {"fid": 3.0})
+        fileio.write_json(
+            workdir / results / "nonprivate/real_mnist/acc_logreg_seed0.json", {"accuracy": 0.9}
+        )
+        dp = workdir / results / "mnist_dpsinkhorn"
+        fileio.write_json(dp / "evaluate_progress.json", {"key": "k", "done": {"fid": []}})
+        fileio.write_json(dp / "fid_seed0.json", {"fid": 50.0})
+        fileio.write_json(dp / "privacy.json", {"sigma": 1.5, "steps": 600})
+        return "deadline"
+
+    monkeypatch.setattr(window, "work", stopped)
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "kernels"))
+    out = tmp_path / "out"
+    code = main(["gpu-window", "--config", str(tmp_path / "w.yaml"), "--archive-out",
+                 str(out / "state.tgz"), "--results-set", str(out / "sets"), "--set-name",
+                 "cpu-test", "--commit", "abc1234", "--device-name", "cpu (test)",
+                 "--budget-s", "60", "--reserve-s", "0"])  # fmt: skip
+    assert code == 0
+    set_dir = out / "sets" / "cpu-test"
+    provenance = json.loads((set_dir / "provenance.json").read_text())
+    assert provenance["calls"][0]["outcome"] == "deadline"
+    assert set(provenance["experiments"]) == {"real_mnist"}  # finished cells only
+    stamp = provenance["experiments"]["real_mnist"]["evaluated_in"]
+    assert stamp == {"call": 1, "device": "cpu (test)", "commit": "abc1234"}
+    assert not (set_dir / "mnist_dpsinkhorn").exists()
+    assert "| 90.0 (1/1 seed)" in (set_dir / "table1.md").read_text()
+    # renderable as it lies in the call's output (its config found from the checkout)
+    (set_dir / "table1.md").unlink()
+    monkeypatch.chdir(tmp_path)
+    assert main(["report", "results-set", "--dir", str(set_dir)]) == 0
+    assert (set_dir / "table1.md").is_file()
+    # the stopped evaluation's phases travel on in the archive, never as cells
+    back = tmp_path / "back"
+    fileio.unpack(out / "state.tgz", back)
+    assert (back / results / "mnist_dpsinkhorn/evaluate_progress.json").is_file()
+
+
+def test_evaluation_waits_for_a_call_that_can_reach_its_next_phase(tmp_path):
+    loaded, _ = setup(tmp_path, "  - {name: real, experiments: [real_mnist]}\n")
+    config = window.load_config([loaded["config_path"]])
+    work = tmp_path / "work"
+    log = work / "results/window/logs/nonprivate/evaluate_real_mnist.log"
+    log.parent.mkdir(parents=True)
+    log.write_text("[10:00:00] sample: 4.1 s\n[10:02:15] fid: 135.6 s\nFID 1.0\n")
+    state: dict = {}
+    window_plan.measure_phases(config, work, state)
+    assert state["phase_seconds"] == {"sample": 4.1, "fid": 135.6}
+    why = window_plan.evaluation_refusal(config, "real_mnist", work, 100, state)
+    assert why == "real_mnist: its next saved phase (fid) takes 140 s, 100 s left"
+    assert window_plan.evaluation_refusal(config, "real_mnist", work, 150, state) is None
+    # FID saved: the next phase (Log-Reg) was never measured, so it may start
+    progress = work / "results/window/nonprivate/real_mnist/evaluate_progress.json"
+    fileio.write_json(progress, {"key": "k", "done": {"fid": []}})
+    assert window_plan.evaluation_refusal(config, "real_mnist", work, 100, state) is None
+
+
+@pytest.mark.parametrize("bad", ["long: 1", "outputs: [fid]"])
+def test_item_keys_are_checked(tmp_path, bad):
+    with pytest.raises(ValueError, match=r"work\[0\]"):
+        setup(tmp_path, f"  - {{name: a, experiments: [real_mnist], {bad}}}\n")
