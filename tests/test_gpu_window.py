@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from helpers import REPO, require_shared, shared_path, without_log_hash
 
-from dpsinkhorn import fileio, window, window_setup
+from dpsinkhorn import fileio, window, window_imports, window_setup
 
 TINY = """\
 run_name: window
@@ -280,8 +280,8 @@ def test_export_set_from_an_archive_and_imported_generator(tmp_path):
             }
         ]
     }
-    window_setup.import_generators(loaded["work"][0], config, work, tmp_path / "committed", state)
-    window_setup.import_generators(loaded["work"][0], config, work, None, state)  # once: no root
+    window_imports.import_generators(loaded["work"][0], config, work, tmp_path / "committed", state)
+    window_imports.import_generators(loaded["work"][0], config, work, None, state)  # once: no root
     fileio.write_json(
         work / "results/window/mnist_dpsinkhorn/acc_logreg_seed0.json", {"accuracy": 0.5}
     )
@@ -382,11 +382,11 @@ def test_imports_are_checked_against_their_ledgers(tmp_path):
         (tmp_path / "w.yaml").write_text(f"configfile: tiny.yaml\nwork:\n  - {imports}\n")
         item = window.load_window(tmp_path / "w.yaml")["work"][0]
         work = tmp_path / f"work{len(list(tmp_path.glob('work*')))}"
-        window_setup.import_generators(item, config, work, tmp_path / "committed", {})
+        window_imports.import_generators(item, config, work, tmp_path / "committed", {})
         return work / "results/window/mnist_dpsinkhorn"
 
     def refused(match: str, ledger: dict, pin: str | None = None) -> None:
-        with pytest.raises(window_setup.ImportRefused, match=match) as err:
+        with pytest.raises(window_imports.ImportRefused, match=match) as err:
             attempt(ledger, pin)
         assert "\n" not in str(err.value)
         assert not list(tmp_path.glob("work*/results/window/mnist_dpsinkhorn/*"))

@@ -61,6 +61,7 @@ from dpsinkhorn.config.targets import TRAINING_FILES, results_dir
 from dpsinkhorn.config.validate import load_config
 from dpsinkhorn.fileio import relative_inside, unpack
 from dpsinkhorn.privacy.trainings import RECORD_DIR, merge_copy
+from dpsinkhorn.window_imports import ImportRefused, import_generators
 from dpsinkhorn.window_plan import (
     commit_of,
     device_name,
@@ -73,8 +74,6 @@ from dpsinkhorn.window_plan import (
 )
 from dpsinkhorn.window_setup import (
     ARCHIVE_CAP_MIB,
-    ImportRefused,
-    import_generators,
     load_window,
     pack_within,
     run_until,
