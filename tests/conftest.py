@@ -180,6 +180,7 @@ def _name(item: pytest.Item) -> str:
 #: calls train for minutes each and would take several times as long beside it.
 FIRST_FILES = (
     "test_workflow.py",
+    "test_kill_anywhere.py",
     "test_owndata_workflow.py",
     "test_fid.py",
     "test_evaluate_job.py",
