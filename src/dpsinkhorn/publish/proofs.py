@@ -45,6 +45,17 @@ SCORE_KEYS = {
 SCORE_INPUTS = {"fid": ("a_sha256", "b_sha256"), "acc": ("train_sha256", "test_sha256")}
 
 
+def _json_object(data: bytes, path: Path, what: str) -> dict:
+    """``data`` parsed as a JSON object, or a one-line refusal naming ``path``."""
+    try:
+        record = json.loads(data)
+    except ValueError as err:
+        raise ValueError(f"{path}: not a JSON {what} ({err})") from err
+    if not isinstance(record, dict):
+        raise ValueError(f"{path}: not a {what} (a JSON object)")
+    return record
+
+
 def check_ledger(
     data: bytes, path: Path, experiment: str | None, accept_none: bool, flag: str = ACCEPT_FLAG
 ) -> dict:
@@ -54,12 +65,7 @@ def check_ledger(
     as ``reproducible`` requires; the config's ``experiment`` (None: any)."""
     from dpsinkhorn.report.privacy_summary import check_ledger_record
 
-    try:
-        record = json.loads(data)
-    except ValueError as err:
-        raise ValueError(f"{path}: not a JSON ledger ({err})") from err
-    if not isinstance(record, dict):
-        raise ValueError(f"{path}: not a ledger (a JSON object)")
+    record = _json_object(data, path, "ledger")
     check_ledger_record(record, path)
     if experiment is not None and record.get("experiment") != experiment:
         raise ValueError(
@@ -154,12 +160,7 @@ def check_score(
     ``samples_sha`` and scored against the public file ``public`` (FID: statistics of the
     test split; classifiers: the test split)."""
     kind = "fid" if metric == "fid" else "acc"
-    try:
-        record = json.loads(data)
-    except ValueError as err:
-        raise ValueError(f"{path}: not a JSON score file ({err})") from err
-    if not isinstance(record, dict):
-        raise ValueError(f"{path}: not a score file (a JSON object)")
+    record = _json_object(data, path, "score file")
     extra = sorted(set(record) - SCORE_KEYS[kind])
     if extra:
         raise ValueError(f"{path}: holds {extra[0]!r}, not a key a score file has; refusing")
