@@ -91,6 +91,7 @@ EVAL_OPTIONS = (
     + f"--sqrtm {EVAL['fid_sqrtm']} --max-epochs {EVAL['max_epochs']}"
     + f" --patience {EVAL['patience']} --batch-size {EVAL['batch_size']}"
     + f" --max-iter {EVAL['logreg_max_iter']}"
+    + (" --fast" if EVAL["fast"] else "")
 )
 # Only used with --software-deployment-method conda (path relative to the rule files).
 CONDA_ENV = "../../envs/dpsinkhorn.yaml"
