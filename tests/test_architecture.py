@@ -35,7 +35,7 @@ _BLOCKER = """
 import importlib.abc, sys
 class _Block(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in {"torch", "torchvision", "matplotlib"}:
+        if name.split(".")[0] in {"torch", "torchvision", "matplotlib", "dp_accounting", "scipy"}:
             raise ImportError(f"{name} imported while Snakemake parses the workflow")
         return None
 sys.meta_path.insert(0, _Block())
@@ -44,8 +44,9 @@ sys.meta_path.insert(0, _Block())
 
 def test_snakemake_parses_the_workflow_without_torch_or_matplotlib(tmp_path):
     """Parsing the workflow and building its DAG (a dry run of the smoke config, which has
-    every rule) imports only torch-free modules: a login node answers ``snakemake -n`` in
-    seconds, and a broken GPU stack cannot stop a dry run."""
+    every rule) imports neither torch nor matplotlib nor dp-accounting/scipy: a login node
+    answers ``snakemake -n`` in seconds, a broken GPU stack cannot stop a dry run, and each
+    job's Snakemake (two per SLURM job) starts without seconds of imports."""
     blocker = tmp_path / "blocker"
     blocker.mkdir()
     (blocker / "sitecustomize.py").write_text(_BLOCKER)

@@ -102,6 +102,7 @@ def test_cli_writes_accuracy_json(mnist, tmp_path, run_cli):
     result = json.loads(out.read_text())
     assert 0 <= result["accuracy"] <= 1 and result["accuracy"] > 0.5
     assert result["model"] == "mlp" and result["seed"] == 3 and result["num_train"] == 500
+    assert set(result) <= classify.RECORD_KEYS  # what a release may publish
 
 
 @pytest.mark.parametrize("case", ["bad_model", "float_images", "missing_file"])

@@ -38,6 +38,7 @@ def test_fast_fid_equals_the_reference_fid(images, fid_weights, tmp_path):
         for fast in (False, True)
     ]  # fmt: skip
     assert abs(records[1]["fid"] / records[0]["fid"] - 1) < 1e-5
+    assert set(records[0]) | set(records[1]) <= fid.RECORD_KEYS  # what a release may publish
     assert "features" not in records[0] and records[1]["features"].startswith("fast (fp32")
     assert records[1]["weights_sha256"] == records[0]["weights_sha256"]
 

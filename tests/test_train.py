@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -218,6 +219,43 @@ def test_signal_checkpoints_and_exits_nonzero(tmp_path, prepared_data, signum):
     assert state["step"] > 0
     assert sum(s[2] for s in state["accountant"]["segments"]) == state["step"]
     assert not (out / "generator.pt").exists()
+
+
+def blocked_signals(pid: int) -> int:
+    """The signal mask of process ``pid`` (Linux: /proc/<pid>/status SigBlk), or 0."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return 0
+    return int(re.search(r"SigBlk:\s*([0-9a-f]+)", status).group(1), 16)
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc/<pid>/status")
+def test_signal_while_training_starts_is_held_until_the_first_step(tmp_path, prepared_data):
+    """A scheduler's SIGTERM that comes while `dpsinkhorn train` starts (imports, data,
+    the generator) does not kill it with nothing saved: it is held, then taken by the loop,
+    which checkpoints after one step and exits 75 (resubmit)."""
+    cfg = make_config(tmp_path, prepared_data, steps=100000, checkpoint_every=100000)
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "dpsinkhorn", "train", "--config", str(cfg), "--experiment", "e"]
+    proc = subprocess.Popen(
+        [*cmd, "--out", str(out), "--no-progress"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    term, deadline = 1 << (signal.SIGTERM - 1), time.monotonic() + 60
+    while not blocked_signals(proc.pid) & term and time.monotonic() < deadline:
+        time.sleep(0.002)  # until cli.main holds SIGTERM (before the training's imports)
+    assert blocked_signals(proc.pid) & term, "dpsinkhorn train did not hold SIGTERM"
+    assert not (out / WORKSPACE).exists()  # still starting: nothing written yet
+    proc.send_signal(signal.SIGTERM)
+    output, _ = proc.communicate(timeout=300)
+    assert proc.returncode == PREEMPTED_EXIT_CODE, output
+    assert "signal 15: checkpoint at step 1 in" in output, output
+    state = torch.load(out / WORKSPACE / "checkpoint.pt", weights_only=False)
+    assert state["step"] == 1
+    assert sum(s[2] for s in state["accountant"]["segments"]) == 1
 
 
 def test_train_from_target_epsilon_and_nonprivate(tmp_path, prepared_data):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 import sys
 
 from dpsinkhorn.fileio import NoSpaceError
@@ -43,6 +44,13 @@ COMMANDS = {
     "gpu-window": "window",
 }
 COMMAND_MODULES = list(dict.fromkeys(COMMANDS.values()))
+# Commands that stop between training steps (train.signals.StopSignal: checkpoint, exit 75).
+# A scheduler's SIGTERM / SIGUSR1 that comes while they start (imports, data, the generator,
+# the lock: a minute on a loaded node) is held pending from here until the loop's handler is
+# in place, which takes it: the job checkpoints after one step instead of dying with nothing
+# saved and no word in its log. SIGINT (the user's Ctrl-C) is never held.
+HOLDS_STOP_SIGNALS = {"train", "train-sweep"}
+STOP_SIGNALS = {signal.SIGTERM, signal.SIGUSR1}
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
@@ -61,6 +69,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in HOLDS_STOP_SIGNALS:
+        signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     parser = build_parser(argv[0] if argv else None)
     args = parser.parse_args(argv)
     try:

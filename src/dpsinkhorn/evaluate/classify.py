@@ -35,6 +35,16 @@ from dpsinkhorn.evaluate.classifiers import (
 )
 from dpsinkhorn.evaluate.fastfit import train_torch_batched_fast
 
+#: Every key an accuracy score file holds (``evaluate.classifiers``' results, the fast loop's
+#: ``fast_loop``, and what :func:`write_results` adds); ``dpsinkhorn release`` publishes no
+#: score file holding another.
+RECORD_KEYS = frozenset({
+    "accuracy", "model", "seed", "holdout_accuracy", "epochs", "best_epoch", "num_holdout",
+    "max_epochs", "patience", "batch_size", "iterations", "converged", "max_iter",
+    "num_train", "num_test", "num_classes", "device", "seconds", "train", "test",
+    "train_sha256", "test_sha256", "dataset", "batched_seeds", "solver", "fast_loop",
+})  # fmt: skip
+
 
 def to_float(images: np.ndarray, where: str = "images") -> np.ndarray:
     """uint8 [N,H,W] or [N,H,W,C] -> float32 [N,C,H,W] in [0,1]."""

@@ -48,8 +48,6 @@ from pathlib import Path
 
 import numpy as np
 
-from dpsinkhorn.privacy.accounting import composed_epsilon
-
 #: The record's folder under a data_dir.
 RECORD_DIR = "trainings"
 #: Environment variable naming experiments (comma-separated, or ``all``) that may retrain.
@@ -232,6 +230,10 @@ def composed(records: list[Mapping]) -> dict:
     delta = max((float(t["delta"]) for t in private), default=None)
     eps = None
     if private:
+        # at use, not at the top: every Snakemake start imports this module (common.smk),
+        # and dp-accounting (scipy) would cost it seconds
+        from dpsinkhorn.privacy.accounting import composed_epsilon
+
         mechanisms = [
             (float(t["q"]), float(t["noise_multiplier"]), int(t["steps"])) for t in private
         ]

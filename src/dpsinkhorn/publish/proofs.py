@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from dpsinkhorn.evaluate import classify, fid
 from dpsinkhorn.fileio import sha256_of
 
 #: A ledger's ``guarantee`` starts with this when it covers nothing (public noise seed).
@@ -31,16 +32,8 @@ ACCEPT_FLAG = "--accept-no-guarantee"
 #: A sample file drawn on another device may differ from the redraw here by float rounding:
 #: at most this many grey levels per pixel, in at most this fraction of the pixels.
 SAMPLE_TOLERANCE = {"grey_levels": 1, "pixel_fraction": 1e-3}
-#: What a score file may hold: the keys its writers write (``evaluate.fid._fid_of_inputs``,
-#: ``evaluate.classify._record`` / ``write_results`` with ``evaluate.classifiers``' results).
-SCORE_KEYS = {
-    "fid": {"fid", "sqrtm", "num_images_a", "num_images_b", "weights", "weights_sha256",
-            "image_shape", "a", "b", "a_sha256", "b_sha256", "seed", "features"},
-    "acc": {"accuracy", "model", "seed", "holdout_accuracy", "epochs", "best_epoch",
-            "num_holdout", "max_epochs", "patience", "batch_size", "iterations", "converged",
-            "max_iter", "num_train", "num_test", "num_classes", "device", "seconds", "train",
-            "test", "train_sha256", "test_sha256", "dataset", "batched_seeds", "solver"},
-}  # fmt: skip
+#: What a score file may hold: the keys its writers write (each writer lists its own).
+SCORE_KEYS = {"fid": fid.RECORD_KEYS, "acc": classify.RECORD_KEYS}
 #: Which recorded hash names the scored samples and which the public data, per score kind.
 SCORE_INPUTS = {"fid": ("a_sha256", "b_sha256"), "acc": ("train_sha256", "test_sha256")}
 

@@ -42,7 +42,9 @@ from dpsinkhorn.config import (
 from dpsinkhorn.config.experiments import dataset_definition
 from dpsinkhorn.config.targets import privacy_summary_file
 from dpsinkhorn.privacy import trainings as record
-from dpsinkhorn.privacy.accounting import composed_epsilon, compute_epsilon
+
+# privacy.accounting (dp-accounting, scipy: seconds to import) is imported where it is used:
+# every Snakemake start imports this module (common.smk, through report.captions).
 
 #: Ledger keys the composition reads.
 LEDGER_KEYS = ("q", "noise_multiplier", "steps", "delta", "epsilon", "accountant", "guarantee")
@@ -73,6 +75,8 @@ def check_ledger_record(ledger: dict, path: Path) -> dict:
     if not all(isinstance(x, int | float) and math.isfinite(x) and x > 0 for x in numbers):
         raise ValueError(f"{path}: q, noise_multiplier, steps, delta, epsilon must be positive")
     kind = str(ledger["accountant"]).split(" ", 1)[0]
+    from dpsinkhorn.privacy.accounting import compute_epsilon  # at use: see the imports
+
     again = compute_epsilon(
         ledger["noise_multiplier"], ledger["q"], int(ledger["steps"]), ledger["delta"], kind
     )
@@ -107,6 +111,8 @@ def dataset_summary(config: Mapping, results: Path, dataset: str | list[str]) ->
     if ledgers:
         mechanisms = [(float(x["q"]), float(x["noise_multiplier"]), int(x["steps"]))
                       for x in ledgers.values()]  # fmt: skip
+        from dpsinkhorn.privacy.accounting import composed_epsilon  # at use: see the imports
+
         eps = composed_epsilon(mechanisms, delta)
         overflow = sum(
             int(x["steps"]) * float(x.get("poisson_overflow_probability_per_step", 0.0))

@@ -3,6 +3,8 @@
 SIGTERM / SIGUSR1 (a scheduler's stop; exit 75, resubmit) and SIGINT (the user's
 Ctrl-C; exit 130, stop) become a flag checked between steps, so the step in flight
 completes and is checkpointed before the process ends with :class:`Preempted`.
+``dpsinkhorn train`` blocks SIGTERM / SIGUSR1 from its first line (``cli.HOLDS_STOP_SIGNALS``):
+one that came while it started is pending, and is taken when :class:`StopSignal` unblocks.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ class StopSignal:
 
     def __enter__(self):
         self.previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
+        # a signal held since the command started (cli.main) is delivered here, to _handle
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, self.SIGNALS)
         return self
 
     def _handle(self, signum, frame):
