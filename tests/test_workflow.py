@@ -12,7 +12,7 @@ once, in the module fixture; every test reads that run (docs/TESTING.md).
 
 Sizes: what these tests check (every row, cell, file and figure present, every number
 finite and in range, reruns and the report) does not depend on how many samples each FID
-and classifier sees, so config/smoke.yaml gives them 50 (its comment says why each step
+and classifier sees, so config/smoke.yaml gives them 30 (its comment says why each step
 still runs as it does at full size).
 """
 
