@@ -77,7 +77,8 @@ TARGETS = [f"{RUN}/tables/table1.csv", f"{RUN}/{LONG}/generator.pt"]
 SLURM_RULES = {"train", "fid_reference", "eval"}
 LOCAL_RULES = {"data", "table1"}
 #: The fixture fails the workflow after this long (s). Beside `make test` (.ci/run) it takes
-#: 10-20 min: its jobs wait for the 2-CPU node's two slots and get a share of its CPUs.
+#: 10-20 min: its jobs wait for the 2-CPU node's two slots; .ci/run runs `make test` at
+#: nice 10, so that a job gets the CPUs first (at equal priority, it ran out of this time).
 WORKFLOW_LIMIT_S = 2400
 #: SLURM comment of mnist_long's training jobs: the plugin writes rule_<rule>_wildcards_ and
 #: the wildcards joined by "_" ("/" as "_"): home "" (a DP release), then exp.
