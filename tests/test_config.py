@@ -314,9 +314,10 @@ def test_dry_run_default_config_and_overrides(tmp_path):
     overrides = ["data_mirror=../m", "fid_weights=w.pth", "device=cpu"]
     result = snakemake(tmp_path, "-n", "--config", *overrides)
     assert result.returncode == 0, result.stdout + result.stderr
-    # Table 1: 10 MNIST / Fashion-MNIST, Tables 3/6: 3 CelebA, studies: 43 more, and the
-    # sound ε = 10 study 22 (its b50 cell is mnist_dpsinkhorn_eps10, b50_s1p1 mnist_sound_official).
-    assert job_counts(result.stdout)["train"] == 13 + 43 + 22
+    # Table 1: 12 MNIST / Fashion-MNIST (2 DP-MERF), Tables 3/6: 4 CelebA (1 DP-MERF), studies:
+    # 43 more, and the sound ε = 10 study 22 (its b50 cell is mnist_dpsinkhorn_eps10, b50_s1p1
+    # mnist_sound_official).
+    assert job_counts(result.stdout)["train"] == 16 + 43 + 22
     # the mirror as its real path (relative to the working directory tmp_path)
     mirror = os.path.realpath(tmp_path / ".." / "m")
     assert f"dpsinkhorn data --dataset mnist --root data --mirror {mirror}" in result.stdout

@@ -3,7 +3,8 @@
 ``build_generator(GeneratorConfig)`` picks the class from ``architecture`` and
 ``image_size``: the DCGAN (:class:`ConditionalDCGAN`) at 28x28 (MNIST, Fashion-MNIST),
 32x32 (CelebA, Table 6) or 64x64 (your own images), and the BigGAN-style residual generator at 32x32
-(:class:`ConditionalBigGAN`, CelebA). ``GeneratorConfig.to_dict()`` is stored in
+(:class:`ConditionalBigGAN`, CelebA), and DP-MERF's own generator at 28x28 and 32x32
+(:class:`MerfGenerator`, ``method: dpmerf``). ``GeneratorConfig.to_dict()`` is stored in
 generator.pt, so a saved generator names its own architecture.
 
 The DCGAN:
@@ -51,7 +52,7 @@ class GeneratorConfig:
     embed_dim: int = 4
     channels: tuple[int, ...] = field(default=(256, 128, 64))
     out_channels: int = 1
-    architecture: str = "dcgan"  # dcgan | biggan (see GENERATORS)
+    architecture: str = "dcgan"  # dcgan | biggan | merf (see GENERATORS)
     image_size: int = 28  # output height = width
 
     def to_dict(self) -> dict:
@@ -200,12 +201,59 @@ class ConditionalBigGAN(nn.Module):
     sample_inputs = ConditionalDCGAN.sample_inputs
 
 
+class MerfGenerator(nn.Module):
+    """DP-MERF's convolutional conditional generator (``code_balanced/models_gen.ConvCondGen``),
+    28x28 or 32x32 (``architecture: merf``). Maps (z [N, latent_dim] in [0,1], labels [N])
+    to images [N, C, S, S] in [-1, 1]:
+
+    u = Φ⁻¹(z) ~ N(0, I) (DP-MERF draws its code from a standard normal; the shared sampler
+    draws z uniform), [u, onehot(label)] -> Linear(c1) -> BN -> ReLU -> Linear(c2·h·h) -> BN
+    -> ReLU -> [c2, h, h] (h = S/4) -> bilinear x2 -> Conv5x5(c2 -> c3) -> ReLU -> bilinear x2
+    -> Conv5x5(c3 -> C) -> sigmoid -> 2·(·) − 1. ``channels`` = (c1, c2, c3), DP-MERF's
+    ``gen_spec`` and ``n_channels`` (200, 16, 8); ``embed_dim`` is unused (one-hot labels).
+    """
+
+    def __init__(self, config: GeneratorConfig = GeneratorConfig()):
+        super().__init__()
+        if len(config.channels) != 3:
+            raise ValueError(f"merf channels must list 3 widths, got {list(config.channels)}")
+        self.config = config
+        c1, c2, c3 = config.channels
+        self.hw = config.image_size // 4
+        self.fc = nn.Sequential(
+            nn.Linear(config.latent_dim + config.num_classes, c1),
+            nn.BatchNorm1d(c1),
+            nn.ReLU(),
+            nn.Linear(c1, c2 * self.hw * self.hw),
+            nn.BatchNorm1d(c2 * self.hw * self.hw),
+            nn.ReLU(),
+        )
+        self.conv = nn.Sequential(
+            nn.UpsamplingBilinear2d(scale_factor=2),
+            nn.Conv2d(c2, c3, 5, padding=2),
+            nn.ReLU(),
+            nn.UpsamplingBilinear2d(scale_factor=2),
+            nn.Conv2d(c3, config.out_channels, 5, padding=2),
+        )
+
+    def forward(self, z: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        u = torch.special.ndtri(z.clamp(1e-6, 1 - 1e-6))
+        onehot = nn.functional.one_hot(labels, self.config.num_classes).to(u.dtype)
+        h = self.fc(torch.cat([u, onehot], dim=1))
+        x = self.conv(h.view(len(h), -1, self.hw, self.hw))
+        return 2 * torch.sigmoid(x) - 1
+
+    sample_inputs = ConditionalDCGAN.sample_inputs
+
+
 #: (architecture, image size) -> generator class.
 GENERATORS = {
     ("dcgan", 28): ConditionalDCGAN,
     ("dcgan", 32): ConditionalDCGAN,
     ("dcgan", 64): ConditionalDCGAN,
     ("biggan", 32): ConditionalBigGAN,
+    ("merf", 28): MerfGenerator,
+    ("merf", 32): MerfGenerator,
 }
 
 

@@ -22,19 +22,27 @@ TABLE1_ROWS = {
     "perrow": "dp_sinkhorn",
     "sound10": "dp_sinkhorn",
     "sound_official": "dp_sinkhorn",
+    "dpmerf": "dpmerf",
 }
+#: Methods whose experiment is a DP release: a privacy ledger covers its folder.
+PRIVATE_METHODS = ("dp_sinkhorn", "dpmerf")
 
 #: The CelebA tables (paper Tables 3 and 6): each row and the method it needs.
 #: An experiment names its rows with ``rows: {table3: dp, table6: biggan}``.
 TABLE_ROWS = {
-    "table3": {"real": "real_data", "nonprivate": "sinkhorn", "dp": "dp_sinkhorn"},
+    "table3": {
+        "real": "real_data",
+        "nonprivate": "sinkhorn",
+        "dp": "dp_sinkhorn",
+        "dpmerf": "dpmerf",
+    },
     "table6": {"real": "real_data", "dcgan": "dp_sinkhorn", "biggan": "dp_sinkhorn"},
 }
 #: Table 6 compares generators: its DP rows need this ``generator``.
 TABLE6_GENERATOR = {"dcgan": "dcgan", "biggan": "biggan"}
 #: Generator widths (``channels``) each architecture takes, per image size (as
 #: ``models.DCGAN_LAYERS`` / ``models.GENERATORS`` build them).
-GENERATOR_WIDTHS = {"dcgan": {28: 3, 32: 3, 64: 4}, "biggan": {32: 4}}
+GENERATOR_WIDTHS = {"dcgan": {28: 3, 32: 3, 64: 4}, "biggan": {32: 4}, "merf": {28: 3, 32: 3}}
 
 
 def generator_widths(generator: str, image_size: int | None = None) -> tuple[int, ...]:
@@ -142,8 +150,9 @@ def needs_training(config: Mapping, name: str) -> bool:
 
 
 def is_private(config: Mapping, name: str) -> bool:
-    """Whether the experiment is a DP release (``dp_sinkhorn``: a ledger covers its folder)."""
-    return experiment(config, name)["method"] == "dp_sinkhorn"
+    """Whether the experiment is a DP release (:data:`PRIVATE_METHODS`: a ledger covers its
+    folder)."""
+    return experiment(config, name)["method"] in PRIVATE_METHODS
 
 
 def private_experiments(config: Mapping) -> list[str]:

@@ -42,6 +42,9 @@ IMPLICIT_DEFAULTS = {
     "cost": "mixed",
     "epsilon_convention": "sound",
     "conditional": True,
+    "rff_features": 10000,
+    "rff_bandwidth": 105.0,
+    "lr_decay": 1.0,
 }
 
 

@@ -12,6 +12,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+#: DP-MERF's keys and the values an experiment dict without them has (schema defaults).
+_MERF_DEFAULTS = {"rff_features": 10000, "rff_bandwidth": 105.0, "lr_decay": 1.0}
+
 
 @dataclass(frozen=True)
 class ExperimentSpec:
@@ -19,7 +22,7 @@ class ExperimentSpec:
 
     name: str
     dataset: str
-    method: str  # dp_sinkhorn | sinkhorn (non-private)
+    method: str  # dp_sinkhorn | dpmerf | sinkhorn (non-private)
     # Sampling and the privacy mechanism
     batch_size: int  # n = B: expected real batch and generated cross rows
     sigma: float | None  # noise scale σ (noise std 2Δσ); None: solved from target_epsilon
@@ -45,12 +48,16 @@ class ExperimentSpec:
     alpha_c: float  # weight of the one-hot label features
     conditional: bool  # False: one class, no label term in the cost, real labels never read
     # Generator
-    generator: str  # dcgan | biggan
+    generator: str  # dcgan | biggan | merf
     latent_dim: int
     embed_dim: int
     channels: tuple[int, ...]
     seed: int  # initial weights (and the noise key in reproducible mode)
     reproducible: bool  # noise key from seed and name: no privacy guarantee
+    # DP-MERF (method dpmerf): random features D, kernel b (pixels² in [0, 1]), lr decay/epoch
+    rff_features: int
+    rff_bandwidth: float
+    lr_decay: float
     # Bookkeeping
     checkpoint_every: int
     log_every: int
@@ -59,8 +66,8 @@ class ExperimentSpec:
 
     @property
     def private(self) -> bool:
-        """Trained with the DP mechanism (``method: dp_sinkhorn``)."""
-        return self.method == "dp_sinkhorn"
+        """Trained with a DP mechanism (``method: dp_sinkhorn`` or ``dpmerf``)."""
+        return self.method in ("dp_sinkhorn", "dpmerf")
 
     @classmethod
     def from_dict(cls, spec: Mapping[str, Any]) -> ExperimentSpec:
@@ -69,7 +76,7 @@ class ExperimentSpec:
         missing = [
             key
             for key in cls.__dataclass_fields__
-            if key not in spec and key not in ("generator", "conditional")
+            if key not in spec and key not in ("generator", "conditional", *_MERF_DEFAULTS)
         ]
         if missing:
             raise ValueError(
@@ -88,6 +95,8 @@ class ExperimentSpec:
                 "generator": spec.get("generator", "dcgan"),
                 # An experiment dict written before the key existed is conditional.
                 "conditional": bool(spec.get("conditional", True)),
+                # Keys added with DP-MERF: an older experiment dict lacks them.
+                **{k: type(v)(spec.get(k, v)) for k, v in _MERF_DEFAULTS.items()},
                 "latent_dim": int(spec["latent_dim"]),
                 "embed_dim": int(spec["embed_dim"]),
                 "channels": tuple(spec["channels"]),

@@ -333,6 +333,9 @@ def group_experiments(specs: Sequence[Mapping], max_runs: int) -> list[list[str]
         raise ValueError(f"sweep_runs must be at least 1, got {max_runs}")
     by_key: dict[tuple, list[list[str]]] = {}
     for spec in specs:
+        if spec["method"] == "dpmerf":  # no batched step: always its own train job
+            by_key[("dpmerf", spec["name"])] = [[spec["name"]]]
+            continue
         groups = by_key.setdefault(sweep_key(spec), [[]])
         if len(groups[-1]) == max_runs:
             groups.append([])

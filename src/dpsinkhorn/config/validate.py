@@ -269,8 +269,25 @@ def _semantic_errors(config: dict) -> list[tuple[list, str]]:
         if method != "real_data":
             if exp["sigma"] is None and exp["steps"] is None:
                 errors.append((at + ["sigma"], "sigma and steps are both null; give at least one"))
-            elif method == "sinkhorn" and exp["steps"] is None:
-                errors.append((at + ["steps"], "method sinkhorn (non-private) needs steps"))
+            elif method in ("sinkhorn", "dpmerf") and exp["steps"] is None:
+                errors.append((at + ["steps"], f"method {method} needs steps (generator steps)"))
+            elif method == "dpmerf" and exp["sigma"] is None and exp["target_epsilon"] is None:
+                errors.append(
+                    (at + ["target_epsilon"], "sigma is null, so target_epsilon is needed")
+                )
+            if method == "dpmerf" and exp["epsilon_convention"] != "sound":
+                errors.append(
+                    (
+                        at + ["epsilon_convention"],
+                        "method dpmerf has one release and no paper convention: must be sound",
+                    )
+                )
+            if method == "dpmerf" and exp["rff_features"] % 2:
+                errors.append(
+                    (at + ["rff_features"], f"bad value {exp['rff_features']}: must be even")
+                )
+            if exp.get("generator") == "merf" and method != "dpmerf":
+                errors.append((at + ["generator"], "generator merf is DP-MERF's: method dpmerf"))
             elif method == "dp_sinkhorn" and None in (exp["sigma"], exp["steps"]):
                 if exp["target_epsilon"] is None:
                     missing = "sigma" if exp["sigma"] is None else "steps"

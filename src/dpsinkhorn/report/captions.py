@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from dpsinkhorn import fileio
-from dpsinkhorn.config import experiment, experiment_dir
+from dpsinkhorn.config import PRIVATE_METHODS, experiment, experiment_dir
 from dpsinkhorn.config.studies import STUDIES, study_cells
 from dpsinkhorn.config.targets import CELEBA_TABLES, NAMES, SAMPLE_FIGURES, TITLES, cell_experiments
 from dpsinkhorn.report.common import (
@@ -50,13 +50,17 @@ def _experiment_text(config: Mapping, out_dir: Path, name: str) -> str:
     dataset = spec["dataset"]
     if spec["method"] == "real_data":
         return f"{name} ({dataset}, real training data)"
-    if spec["method"] != "dp_sinkhorn":
+    if spec["method"] not in PRIVATE_METHODS:
         return f"{name} ({dataset}, non-private Sinkhorn, {spec['steps']} steps)"
     privacy = _read_privacy(experiment_dir(config, out_dir, name) / "privacy.json")
     eps, eps_paper = privacy.get("epsilon"), privacy.get("epsilon_paper_convention")
     if isinstance(eps, int | float) and privacy.get("steps") is not None:
         sigma = privacy.get("sigma", spec["sigma"])
         text = f"{privacy['steps']} steps, σ {format_g(sigma, 'solved')}, ε {eps:.2f} sound"
+        if spec["method"] == "dpmerf":  # one release, then the generator's steps
+            steps = privacy.get("generator_steps", spec["steps"])
+            text = f"DP-MERF, one release, noise multiplier {format_g(sigma, 'solved')}, "
+            text += f"{steps} generator steps, ε {eps:.2f} sound"
         if isinstance(eps_paper, int | float):
             text += f" and {eps_paper:.2f} under the paper's convention"
     else:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from dpsinkhorn import fileio
 from dpsinkhorn.config import (
+    PRIVATE_METHODS,
     TABLE_FIGURES,
     experiment,
     experiment_dir,
@@ -74,7 +75,12 @@ def _celeba_table(table: str, labels: dict[str, str], figure_caption: str) -> Ce
 CELEBA_TABLES = {
     "table3": _celeba_table(
         "table3",
-        {"real": "Real data", "nonprivate": "Sinkhorn (non-private)", "dp": "DP-Sinkhorn"},
+        {
+            "real": "Real data",
+            "nonprivate": "Sinkhorn (non-private)",
+            "dp": "DP-Sinkhorn",
+            "dpmerf": "DP-MERF (computed)",
+        },
         "DP-Sinkhorn samples (paper Fig. 3); rows: female, male",
     ),
     "table6": _celeba_table(
@@ -138,7 +144,7 @@ def celeba_table(table: str, config_files: Sequence[str | Path], out_dir: str | 
     fixture = _fixture_note(config)
     seeds = len(config["seeds"])
     specs = [experiment(config, r.exp_name) for r in rows if r.exp_name]
-    deltas = sorted({f"{e['delta']:g}" for e in specs if e["method"] == "dp_sinkhorn"})
+    deltas = sorted({f"{e['delta']:g}" for e in specs if e["method"] in PRIVATE_METHODS})
     lines = [f"# {spec.title}", ""] + ([fixture, ""] if fixture else [])
     public = guarantee_note(rows)
     lines += [public, ""] if public else []
@@ -169,7 +175,7 @@ def celeba_table(table: str, config_files: Sequence[str | Path], out_dir: str | 
         else:
             sigma = "solved" if exp["sigma"] is None else f"{exp['sigma']:g}"
             train = [exp.get("generator") or "dcgan"]
-            train += [sigma if exp["method"] == "dp_sinkhorn" else "–", str(exp["steps"])]
+            train += [sigma if exp["method"] in PRIVATE_METHODS else "–", str(exp["steps"])]
             train += [str(exp["batch_size"]), f"{exp['m']:g}", f"{exp['entropy_reg']:g}"]
             train.append(f"{exp['lr']:g}")
         cells = [row.method, f"`{row.exp_name}`", exp["method"], *train]

@@ -20,6 +20,7 @@ import numpy as np
 
 from dpsinkhorn import fileio
 from dpsinkhorn.config import (
+    PRIVATE_METHODS,
     evaluation_dir,
     experiment,
     experiment_classifiers,
@@ -59,6 +60,7 @@ ROW_LABELS = {
     "perrow": "DP-Sinkhorn (paper setting, per-row clipping)",
     "sound10": "DP-Sinkhorn (sound ε=10)",
     "sound_official": "DP-Sinkhorn (official code's σ, sound ε=10)",
+    "dpmerf": "DP-MERF (computed, sound ε=10)",
 }
 #: What each clipping mode does to the block of generated-image gradients (captions).
 CLIPPING_TEXT = {
@@ -171,7 +173,7 @@ def measured_row(
     for metric in metrics:
         values = per_metric.get(metric)
         row.mean[metric], row.std[metric] = mean_std(values) if values else (None, None)
-    if spec["method"] != "dp_sinkhorn":
+    if spec["method"] not in PRIVATE_METHODS:
         row.epsilon = row.epsilon_paper = math.inf
     else:
         privacy = fileio.read_json(exp_dir / "privacy.json")
@@ -180,6 +182,8 @@ def measured_row(
                 raise ValueError(f"{exp_dir / 'privacy.json'}: missing key {key!r}")
         row.epsilon = epsilon_value(privacy["epsilon"])
         row.epsilon_paper = epsilon_value(privacy["epsilon_paper_convention"])
+        if spec["method"] == "dpmerf":  # one release: no paper convention (cell "–")
+            row.epsilon_paper = None
         row.privacy = privacy
     row.paper = dict(zip(metrics, paper, strict=True))
     return row

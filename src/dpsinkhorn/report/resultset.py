@@ -33,7 +33,13 @@ from collections.abc import Collection, Sequence
 from pathlib import Path
 
 from dpsinkhorn import fileio
-from dpsinkhorn.config import classifiers_of, experiment, load_config, table1_experiments
+from dpsinkhorn.config import (
+    PRIVATE_METHODS,
+    classifiers_of,
+    experiment,
+    load_config,
+    table1_experiments,
+)
 from dpsinkhorn.report.common import (
     CLIPPING_TEXT,
     DATASET_TITLES,
@@ -57,6 +63,13 @@ from dpsinkhorn.report.paper import PAPER_DP, PAPER_DP_EPSILON, sok_note, table1
 PROVENANCE = "provenance.json"
 #: Ledger keys that must equal the config's experiment for its row label to be right.
 LEDGER_KEYS = ("sigma", "steps", "clipping", "clip", "batch_size", "delta")
+#: A DP-MERF row's: config key -> ledger key (its ``steps`` counts the one release).
+MERF_LEDGER_KEYS = {
+    "sigma": "sigma",
+    "steps": "generator_steps",
+    "batch_size": "batch_size",
+    "delta": "delta",
+}
 #: Root of the committed sets, relative to the repository root.
 SETS_DIR = "results-paper-scale"
 MISSING = "missing"
@@ -144,8 +157,9 @@ def set_config(set_dir: Path, provenance: dict) -> dict:
 
 
 def _check_ledger(spec: dict, privacy: dict, path: Path) -> None:
-    for key in LEDGER_KEYS:
-        want, got = spec.get(key), privacy.get(key)
+    merf = spec["method"] == "dpmerf"  # its ledger's steps are releases, no clipping
+    for key in MERF_LEDGER_KEYS if merf else LEDGER_KEYS:
+        want, got = spec.get(key), privacy.get(MERF_LEDGER_KEYS.get(key, key) if merf else key)
         if want is None:  # solved by the run (σ or steps from target ε): any value
             continue
         same = (
@@ -181,7 +195,7 @@ def set_rows(config: dict, set_dir: Path) -> list[Row]:
                 values = [accuracy_percent(p) for p in found]
             row.counts[metric] = len(values)
             row.mean[metric], row.std[metric] = mean_std(values) if values else (None, None)
-        if spec["method"] == "dp_sinkhorn":
+        if spec["method"] in PRIVATE_METHODS:
             path = exp_dir / "privacy.json"
             if not path.is_file():
                 raise FileNotFoundError(f"{path}: a DP row of a results set needs its ledger")
@@ -189,6 +203,8 @@ def set_rows(config: dict, set_dir: Path) -> list[Row]:
             _check_ledger(spec, row.privacy, path)
             row.epsilon = epsilon_value(row.privacy.get("epsilon"))
             row.epsilon_paper = epsilon_value(row.privacy.get("epsilon_paper_convention"))
+            if spec["method"] == "dpmerf":  # one release: no paper convention
+                row.epsilon_paper = None
         else:
             row.epsilon = row.epsilon_paper = math.inf
         row.paper = dict(zip(METRICS, table1_paper_values(dataset, kind, spec), strict=True))
@@ -232,7 +248,8 @@ def epsilon_meaning(rows: Sequence[Row], provenance: dict) -> list[str]:
     sound = {
         id(r): sound_epsilons(r.privacy)
         for r in rows
-        if r.privacy and r.paper.get("acc_cnn") is not None
+        # DP-Sinkhorn rows at the paper's setting (DP-MERF's quoted row has no convention)
+        if r.privacy and r.paper.get("acc_cnn") is not None and r.privacy.get("method") != "dpmerf"
     }
     pairs = [r for r in rows if sound.get(id(r))]
     if not pairs:

@@ -3,7 +3,8 @@
 Table 1 of the paper, rebuilt from the per-seed result files of a run:
 
 * our rows (source ``this run``): Real data, Non-private Sinkhorn, DP-Sinkhorn (paper
-  setting) and DP-Sinkhorn (sound ε=10), for each dataset of the config;
+  setting) and DP-Sinkhorn (sound ε=10), and DP-MERF computed here (``method: dpmerf``,
+  its cells beside the paper's quoted DP-MERF numbers), for each dataset of the config;
 * the baselines as reported in the paper's final Table 1 (source ``reported in paper``).
 
 Units and cells as in :mod:`dpsinkhorn.report.common`. Writes
@@ -17,6 +18,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from dpsinkhorn.config import (
+    PRIVATE_METHODS,
     experiment,
     experiment_dir,
     figure_experiment,
@@ -141,7 +143,7 @@ def to_markdown(rows: Sequence[Row], config: dict, figures: dict[str, tuple[str,
     seeds = len(config["seeds"])
     specs = [experiment(config, r.exp_name) for r in rows if r.exp_name]
     deltas = {
-        f"{s['delta']:.0e}".replace("e-0", "e-") for s in specs if s["method"] == "dp_sinkhorn"
+        f"{s['delta']:.0e}".replace("e-0", "e-") for s in specs if s["method"] in PRIVATE_METHODS
     }
     deltas = ", ".join(sorted(deltas))
     deltas = f", δ = {deltas}" if deltas else ""
@@ -178,9 +180,11 @@ def to_markdown(rows: Sequence[Row], config: dict, figures: dict[str, tuple[str,
     for row in (r for r in rows if r.exp_name):
         spec = experiment(config, row.exp_name)
         sigma = "solved" if spec["sigma"] is None else f"{spec['sigma']:g}"
-        sigma = "–" if spec["method"] != "dp_sinkhorn" else sigma
+        sigma = "–" if spec["method"] not in PRIVATE_METHODS else sigma
         train = [sigma, str(spec["steps"]), str(spec["batch_size"])]
         train += [f"{spec['m']:g}", f"{spec['lr']:g}", f"{spec['p']:g}"]
+        if spec["method"] == "dpmerf":  # no Sinkhorn cost, no debiasing
+            train[3], train[5] = "–", "–"
         clipping = spec["clipping"] if spec["method"] == "dp_sinkhorn" else "–"
         eps = sound_epsilons(row.privacy)
         train = [clipping, *train, *(epsilon_text(eps.get(a), False) for a in ("rdp", "pld"))]

@@ -15,12 +15,12 @@ only through the sanitised gradient (``privacy.mechanism``) or not at all:
   (the class count comes from the declared classes or the dataset's catalogue entry, never
   from the private labels). Its bytes are
   deterministic.
-* ``privacy.json`` (:func:`privacy_record`): the ledger itself: the mechanism, its
-  parameters (q, batch size, n', σ, clip, sensitivity, Poisson buffer capacity), ε and
-  δ from the accountant, the Poisson-overflow charge to δ, and the guarantee as a
-  sentence (none for a non-private run or a ``reproducible`` run, whose noise key is
-  public). All are functions of the public settings, N (public) and the step count;
-  ``content_sha256`` is a hash of generator.pt (post-processing of the released
+* ``privacy.json`` (:func:`privacy_record`; a DP-MERF run's: :func:`merf_record`): the
+  ledger itself: the mechanism, its parameters (q, batch size, n', σ, clip, sensitivity,
+  Poisson buffer capacity), ε and δ from the accountant, the Poisson-overflow charge to
+  δ, and the guarantee as a sentence (none for a non-private run or a ``reproducible``
+  run, whose noise key is public). All are functions of the public settings, N (public)
+  and the step count; ``content_sha256`` is a hash of generator.pt (post-processing of the released
   generator), ``train_log_sha256`` one of train_log.csv (what every publication path,
   ``train.publish``, checks the two files against) and ``threads`` a fact about the machine.
 * ``train_log.csv`` (:data:`LOG_COLUMNS`): step, ε spent, steps/s and elapsed time.
@@ -99,7 +99,7 @@ def privacy_record(trainer: Trainer) -> dict:
         "batch_size": trainer.n,
         "n_prime": trainer.n_prime,
         "steps": trainer.step_count,
-        "poisson_capacity": trainer.sampler.capacity,
+        "poisson_capacity": None if trainer.sampler is None else trainer.sampler.capacity,
         "reproducible": trainer.reproducible,
     }
     definition = trainer.experiment.get("dataset_definition")
@@ -128,6 +128,8 @@ def privacy_record(trainer: Trainer) -> dict:
             "epsilon_paper_convention": None,
             "guarantee": None,
         }
+    if trainer.settings.method == "dpmerf":
+        return {**base, **merf_record(trainer)}
     s = trainer.sanitizer
     if trainer.perturbation == "parameter":
         mechanism = (
@@ -149,12 +151,7 @@ def privacy_record(trainer: Trainer) -> dict:
     if trainer.reproducible:
         guarantee = NO_GUARANTEE_PUBLIC_SEED
     else:
-        guarantee = (
-            f"(epsilon, delta)-DP with epsilon = {epsilon:.6g}, delta = {delta_total:.6g} "
-            "for generator.pt and everything computed from it, under add/remove-one "
-            "adjacency, N public, a secret noise key, and the Gaussian noise sampled "
-            "exactly (float32 noise is a known limitation)"
-        )
+        guarantee = guarantee_sentence(epsilon, delta_total)
     return {
         **base,
         "private": True,
@@ -184,6 +181,61 @@ def privacy_record(trainer: Trainer) -> dict:
         ),
         "epsilon_paper_convention_note": "compute_rdp(q, sigma, steps*n) as in the paper; "
         "not a valid guarantee for this mechanism",
+        "accountant": f"{trainer.accountant.kind} ({PrivacyAccountant.describe()})",
+    }
+
+
+def guarantee_sentence(epsilon: float, delta_total: float, noise_bits: int = 32) -> str:
+    """privacy.json's ``guarantee`` of a secret-key DP release (``publish.proofs`` parses it)."""
+    return (
+        f"(epsilon, delta)-DP with epsilon = {epsilon:.6g}, delta = {delta_total:.6g} "
+        "for generator.pt and everything computed from it, under add/remove-one "
+        "adjacency, N public, a secret noise key, and the Gaussian noise sampled "
+        f"exactly (float{noise_bits} noise is a known limitation)"
+    )
+
+
+def merf_record(trainer) -> dict:
+    """The ledger of a DP-MERF run (``train.merf.MerfTrainer``): one Gaussian mechanism
+    (``privacy.merf``), so ``q`` = 1 and ``steps`` = 1 (releases; the generator's steps are
+    ``generator_steps``), with no Poisson sampling and hence no overflow charge."""
+    s, settings = trainer.sanitizer, trainer.settings
+    epsilon, delta = trainer.epsilon(), trainer.accountant.delta
+    guarantee = (
+        NO_GUARANTEE_PUBLIC_SEED
+        if trainer.reproducible
+        else guarantee_sentence(epsilon, delta, noise_bits=64)
+    )
+    return {
+        "steps": trainer.accountant.steps,
+        "generator_steps": trainer.step_count,
+        "poisson_capacity": None,
+        "private": True,
+        "guarantee": guarantee,
+        "perturbation": None,
+        "mechanism": "Gaussian mechanism on the sum of class-conditional random Fourier "
+        "feature embeddings phi(x) (x) onehot(y) (DP-MERF), released once; each record's "
+        "embedding has norm 1, so the sensitivity is 1 under add/remove-one adjacency; "
+        "the generator is fitted to the release (post-processing)",
+        "rff_features": settings.rff_features,
+        "rff_bandwidth": settings.rff_bandwidth,
+        "clipping": None,
+        "clip": None,
+        "sigma": s.noise_scale,
+        "noise_std": s.noise_std,
+        "sensitivity": s.sensitivity,
+        "noise_multiplier": s.noise_multiplier,
+        "delta": delta,
+        "poisson_overflow_probability_per_step": 0.0,
+        "delta_poisson_overflow": 0.0,
+        "delta_total": delta,
+        "delta_total_note": "no Poisson sampling: delta_total is the accountant's delta",
+        "target_epsilon": settings.target_epsilon,
+        "epsilon_convention": trainer.epsilon_convention,
+        "epsilon": epsilon,
+        "epsilon_paper_convention": None,
+        "epsilon_paper_convention_note": "none: one release has no per-step convention "
+        "(DP-MERF's code states replace-one DP, noise std 2 noise_factor / N on the mean)",
         "accountant": f"{trainer.accountant.kind} ({PrivacyAccountant.describe()})",
     }
 

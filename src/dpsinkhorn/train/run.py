@@ -3,7 +3,8 @@
 :func:`train` trains one experiment into its output folder, step by step
 (``train.trainer``), logging and checkpointing through ``train.workspace.RunFiles`` and
 stopping with a checkpoint on a signal or ``stop_after`` (``train.signals``); the
-finished run publishes ``train.release``'s files. :func:`train_runs` trains several,
+finished run publishes ``train.release``'s files. A ``dpmerf`` experiment runs the same
+loop with ``train.merf.MerfTrainer`` in place of ``Trainer``. :func:`train_runs` trains several,
 one after another (``dpsinkhorn train``, ``train.cli``); K runs advanced together by one
 batched step: ``train.sweep``.
 """
@@ -20,6 +21,7 @@ from dpsinkhorn.data import datasets as data
 from dpsinkhorn.devices import resolve_device
 from dpsinkhorn.fileio import check_samples
 from dpsinkhorn.privacy.trainings import RECORD_DIR
+from dpsinkhorn.train.merf import MerfTrainer
 from dpsinkhorn.train.signals import StopSignal
 from dpsinkhorn.train.trainer import Trainer
 from dpsinkhorn.train.workspace import RunFiles, released_on_error
@@ -64,9 +66,13 @@ def train(
     """
     images, labels = load_train_data(spec, data_dir, train_data)
     device = resolve_device(device)
-    trainer = Trainer(
-        spec, images, labels, device, cuda_graphs, compile_solver, precision, classes=classes
-    )
+    trainer: Trainer | MerfTrainer
+    if spec["method"] == "dpmerf":  # one release, then post-processing (train.merf)
+        trainer = MerfTrainer(spec, images, labels, device, classes=classes)
+    else:
+        trainer = Trainer(
+            spec, images, labels, device, cuda_graphs, compile_solver, precision, classes=classes
+        )
     run = RunFiles(trainer, out_dir, default_record_dir(out_dir, data_dir, record_dir), retrain)
     bar = tqdm(
         total=trainer.total_steps,

@@ -121,6 +121,7 @@ class Trainer:
             self.private_run.q,
         )
         self.total_steps = self.private_run.total_steps
+        self.releases_planned = self.total_steps  # ledger steps: one mechanism per step
         # The classes come from their declaration (``classes``, else the dataset's catalogue
         # entry or its definition under the config's ``datasets:``), never from the private
         # labels (a label held by one record would change the embedding's shape).

@@ -279,7 +279,7 @@ class RunFiles:
             "noise_multiplier": None if s is None else s.noise_multiplier,
             "delta": None if t.accountant is None else t.accountant.delta,
             "accountant": None if t.accountant is None else t.accountant.kind,
-            "steps_planned": t.total_steps,
+            "steps_planned": t.releases_planned,  # ledger steps (DP-MERF: its one release)
             "retrain": bool(self.retrain),
         }
 
@@ -310,7 +310,8 @@ class RunFiles:
         t = self.trainer
         if event == "finished":
             fields = {
-                "steps": t.step_count,
+                # the ledger's steps (a DP-MERF run: its one release)
+                "steps": t.step_count if t.accountant is None else t.accountant.steps,
                 "epsilon": (record or {}).get("epsilon"),
                 "content_sha256": (record or {}).get("content_sha256"),
             }
