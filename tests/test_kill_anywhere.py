@@ -14,10 +14,11 @@ reproduction) in about the time of a few Inception passes. Two lives of it:
 Each moment kills the whole process group (Snakemake and its jobs): SIGKILL, or SIGTERM
 as SLURM sends it followed by SIGKILL after a grace time. The moments are drawn from a
 seed that the test prints (``DPSINKHORN_KILL_SEED`` repeats one), spread over the life by
-the share of the uninterrupted run's job time still to do. Then: each DP training is counted once in the training
-record (one id, one noise draw) and its generator is the one the record finished with;
-no temporary file, private workspace or stop note is left; ``dpsinkhorn release`` holds
-exactly the manifest's files. The figure (moments tried, faults survived) is printed.
+the share of the uninterrupted run's job time still to do. Then: each DP training is
+counted once in the training record (one id, one noise draw) and its generator is the one
+the record finished with; no temporary file, private workspace or stop note is left;
+``dpsinkhorn release`` holds exactly the manifest's files. The figure (moments tried,
+faults survived) is printed.
 
 ``DPSINKHORN_KILL_MOMENTS=<n>`` (default 12 per life, 24 in all) is the slow mode.
 """
