@@ -53,3 +53,14 @@ def test_a_failed_section_is_recorded_and_what_came_before_is_saved():
     assert result["fid"] == {"fast_total_s": 1.0}
     assert result["classifiers"] == {"error": "ZeroDivisionError: division by zero"}
     assert [set(s) for s in saved] == [{"fid"}, {"fid", "classifiers"}]
+
+    def fills_then_fails(out: dict) -> dict:
+        out["logreg_s"] = 2.0
+        raise RuntimeError("CUDA error: out of memory\nmore lines")
+
+    result["classifiers"] = {}
+    _section(result, "classifiers", saved.append, fills_then_fails, result["classifiers"])
+    assert result["classifiers"] == {
+        "logreg_s": 2.0,
+        "error": "RuntimeError: CUDA error: out of memory",
+    }

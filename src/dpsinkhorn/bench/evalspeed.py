@@ -98,16 +98,19 @@ def bench_fid(
     return out
 
 
-def bench_classifiers(draws, test, seeds, device: torch.device, args) -> dict:
+def bench_classifiers(draws, test, seeds, device: torch.device, args, out=None, save=None) -> dict:
     """Log-Reg once; MLP/CNN per epoch both ways over ``compare_epochs`` and the fast loop
-    at the full protocol: seconds, epochs, accuracies."""
+    at the full protocol: seconds, epochs, accuracies. Fills ``out`` (default a new dict)
+    and calls ``save()`` after each classifier."""
+    out = {} if out is None else out
+    save = save or (lambda: None)
     xs = [torch.from_numpy(to_float(x)).to(device) for x, _ in draws]
     ys = [torch.from_numpy(y).to(device) for _, y in draws]
     x_test = torch.from_numpy(to_float(test[0])).to(device)
     y_test = torch.from_numpy(test[1]).to(device)
-    out: dict = {}
     sec, res = _timed(device, train_logreg_torch, xs, ys, x_test, y_test, 10, args.max_iter)
     out["logreg_s"], out["logreg_accuracy"] = sec, [r["accuracy"] for r in res]
+    save()
     e = args.compare_epochs
     for model in args.classifiers:
         common = (model, xs, ys, x_test, y_test, 10, seeds)
@@ -125,6 +128,7 @@ def bench_classifiers(draws, test, seeds, device: torch.device, args) -> dict:
         out[f"{model}_fast_full_accuracy"] = [r["accuracy"] for r in res]
         epochs = max(r["epochs"] for r in res)
         out[f"{model}_reference_full_s_estimate"] = epochs * out[f"{model}_reference_s_per_epoch"]
+        save()
     return out
 
 
@@ -152,7 +156,8 @@ def _section(result: dict, key: str, save, fn, *args) -> None:
     try:
         result[key] = fn(*args)
     except Exception as err:  # noqa: BLE001 -- one failed section must not lose the others
-        result[key] = {"error": f"{type(err).__name__}: {err}".splitlines()[0][:500]}
+        partial = result[key] if isinstance(result.get(key), dict) else {}
+        result[key] = {**partial, "error": f"{type(err).__name__}: {err}".splitlines()[0][:500]}
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
     save(result)
@@ -181,7 +186,9 @@ def run(args: argparse.Namespace, save=lambda result: None) -> dict:
         net = inception.random_inception(test[0][:16], device)
     result["inception"] = "real weights" if args.weights else "random weights (timing only)"
     _section(result, "fid", save, bench_fid, draws, test[0], net, device, args)
-    _section(result, "classifiers", save, bench_classifiers, draws, test, args.seeds, device, args)
+    result["classifiers"] = {}  # filled classifier by classifier, each saved
+    _section(result, "classifiers", save, bench_classifiers, draws, test, args.seeds, device,
+             args, result["classifiers"], lambda: save(result))  # fmt: skip
     if args.step_precisions:
         step_data = sample_generator(gen, args.step_records, 20_000)
         _section(result, "train_step", save, bench_step, *step_data, device, args)
