@@ -33,7 +33,8 @@ timeout "$left" python3 -m dpsinkhorn bench-eval --device cuda \
 echo "bench-eval: rc ${PIPESTATUS[0]} at $((SECONDS - start)) s"
 left=$((BUDGET - (SECONDS - start) - 5))
 if ((left > 15)); then
-  DPSINKHORN_DATA_MIRROR="$CACHE/mirror" timeout "$left" python3 -m pytest -q -p no:cacheprovider tests/test_cuda_fastfit.py \
-    tests/test_cuda.py 2>&1 | tee "$OUT/cuda-tests.log" | tail -5
+  DPSINKHORN_DATA_MIRROR="$CACHE/mirror" timeout "$left" python3 -m pytest -q \
+    -p no:cacheprovider tests/test_cuda_fastfit.py tests/test_cuda.py 2>&1 |
+    tee "$OUT/cuda-tests.log" | tail -5
 fi
 echo "done at $((SECONDS - start)) s"

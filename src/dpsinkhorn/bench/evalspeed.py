@@ -98,12 +98,10 @@ def bench_fid(
     return out
 
 
-def bench_classifiers(draws, test, seeds, device: torch.device, args, out=None, save=None) -> dict:
+def bench_classifiers(draws, test, seeds, device: torch.device, args, out: dict, save) -> dict:
     """Log-Reg once; MLP/CNN per epoch both ways over ``compare_epochs`` and the fast loop
-    at the full protocol: seconds, epochs, accuracies. Fills ``out`` (default a new dict)
-    and calls ``save()`` after each classifier."""
-    out = {} if out is None else out
-    save = save or (lambda: None)
+    at the full protocol: seconds, epochs, accuracies. Fills ``out`` and calls ``save()``
+    after each classifier."""
     xs = [torch.from_numpy(to_float(x)).to(device) for x, _ in draws]
     ys = [torch.from_numpy(y).to(device) for _, y in draws]
     x_test = torch.from_numpy(to_float(test[0])).to(device)
