@@ -41,3 +41,26 @@ def test_bench_eval_writes_every_phase(tmp_path, run_cli):
         )
     step = result["train_step"]
     assert step["fp32_steps_per_s"] > 0 and step["fp32_profile"]["kernels"]
+
+
+def test_a_failed_section_is_recorded_and_what_came_before_is_saved():
+    from dpsinkhorn.bench.evalspeed import _section
+
+    saved = []
+    result: dict = {}
+    _section(result, "fid", lambda r: saved.append(dict(r)), lambda: {"fast_total_s": 1.0})
+    _section(result, "classifiers", lambda r: saved.append(dict(r)), lambda: 1 / 0)
+    assert result["fid"] == {"fast_total_s": 1.0}
+    assert result["classifiers"] == {"error": "ZeroDivisionError: division by zero"}
+    assert [set(s) for s in saved] == [{"fid"}, {"fid", "classifiers"}]
+
+    def fills_then_fails(out: dict) -> dict:
+        out["logreg_s"] = 2.0
+        raise RuntimeError("CUDA error: out of memory\nmore lines")
+
+    result["classifiers"] = {}
+    _section(result, "classifiers", saved.append, fills_then_fails, result["classifiers"])
+    assert result["classifiers"] == {
+        "logreg_s": 2.0,
+        "error": "RuntimeError: CUDA error: out of memory",
+    }

@@ -15,7 +15,7 @@ import torch
 from dpsinkhorn import config as config_lib
 from dpsinkhorn.bench.precision import PRECISION_TOLERANCE, precision_error
 from dpsinkhorn.data import datasets as data
-from dpsinkhorn.models import GeneratorPrecision, _cudnn_tf32
+from dpsinkhorn.models import GeneratorPrecision, cudnn_tf32
 from dpsinkhorn.train.trainer import Trainer
 
 CPU = torch.device("cpu")
@@ -90,7 +90,7 @@ def test_cudnn_tf32_switch_is_set_inside_and_restored_after(allowed):
         return conv.fp32_precision if hasattr(conv, "fp32_precision") else None
 
     before = state()
-    with _cudnn_tf32(allowed):
+    with cudnn_tf32(allowed):
         if before is not None:
             assert conv.fp32_precision == ("tf32" if allowed else "ieee")
         else:

@@ -17,7 +17,8 @@
 # Writes $OUT/state.tgz (parts when large, within ARCHIVE_MIB, default 16, the room
 # gpu-window-carry --archive-mib keeps): carry it into the next call as $CARRY/state.tgz.
 # Writes $OUT/results-paper-scale/<device>-<commit>/: the finished cells with provenance,
-# a results set to commit as it is (copy it into the checkout's results-paper-scale/).
+# a results set to commit as it is (copy it into the checkout's results-paper-scale/), and
+# $OUT/results-set.tgz, the same set as one file.
 set -uo pipefail
 N=$1; BUDGET=$2; COMMIT=$3; LATER=${4:-0}
 CARRY=${CARRY:-.window}; OUT=${OUT:-results/window}; CACHE=${CACHE:-/tmp/window}
@@ -62,3 +63,6 @@ python3 -m dpsinkhorn gpu-window --config benchmarks/gpu/window.yaml "${archive[
   --workdir /tmp/window-work \
   --snakemake-config data_mirror="$CACHE/mirror" fid_weights="$CACHE/inception_pool3.pth"
 echo "window: rc $? at $((SECONDS - start)) s"
+# The device tool returns files at most two folders below $OUT: the set travels as one file
+# too (tar xzf results-set.tgz in the checkout's root puts it in results-paper-scale/).
+[[ -d $OUT/results-paper-scale ]] && tar czf "$OUT/results-set.tgz" -C "$OUT" results-paper-scale

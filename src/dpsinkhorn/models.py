@@ -299,7 +299,7 @@ class GeneratorPrecision:
     def step(self):
         """Around the whole step (forward and backward): cuDNN's TF32 switch (CUDA)."""
         if self.device.type == "cuda":
-            return _cudnn_tf32(self.precision == "tf32")
+            return cudnn_tf32(self.precision == "tf32")
         return nullcontext()
 
     def forward(self):
@@ -314,10 +314,12 @@ class GeneratorPrecision:
 
 
 @contextmanager
-def _cudnn_tf32(allowed: bool) -> Iterator[None]:
+def cudnn_tf32(allowed: bool) -> Iterator[None]:
     """cuDNN convolutions may use TF32 inside the block iff ``allowed``; restored after.
 
-    The switch is process-wide, so it also holds for autograd's backward threads.
+    The switch is process-wide, so it also holds for autograd's backward threads. PyTorch's
+    default allows TF32 (10-bit mantissa) in cuDNN convolutions on Ampere and later GPUs;
+    the FID network runs inside ``cudnn_tf32(False)`` (``evaluate.inception``).
     """
     conv = getattr(torch.backends.cudnn, "conv", None)
     if conv is not None and hasattr(conv, "fp32_precision"):  # torch >= 2.9

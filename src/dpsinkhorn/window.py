@@ -51,13 +51,11 @@ from pathlib import Path
 from dpsinkhorn import fileio
 from dpsinkhorn.config.experiments import (
     dataset_of,
-    evaluation_dir,
-    experiment_classifiers,
     experiment_dir,
     needs_training,
     prepared_folder_of,
 )
-from dpsinkhorn.config.targets import TRAINING_FILES, results_dir
+from dpsinkhorn.config.targets import TRAINING_FILES, evaluation_files, results_dir
 from dpsinkhorn.config.validate import load_config
 from dpsinkhorn.fileio import relative_inside, unpack
 from dpsinkhorn.privacy.trainings import RECORD_DIR, merge_copy
@@ -89,16 +87,10 @@ RECORD_COPY = "window/trainings"
 
 def item_targets(config: Mapping, item: Mapping, exps: Sequence[str] | None = None) -> list[str]:
     """The evaluation files (FID and every classifier, every seed: what one evaluation job
-    writes) of an item's experiments, or of ``exps`` (relative to the working folder)."""
-    root = results_dir(config)
-    targets = []
-    for exp in item["experiments"] if exps is None else exps:
-        where = evaluation_dir(config, root, exp).as_posix()  # under nonprivate/ unless DP
-        for seed in config["seeds"]:
-            targets.append(f"{where}/fid_seed{seed}.json")
-            for model in experiment_classifiers(config, exp):
-                targets.append(f"{where}/acc_{model}_seed{seed}.json")
-    return targets
+    writes) of an item's experiments, or of ``exps`` (relative to the working folder):
+    ``config.targets.evaluation_files``, the one place their names are made."""
+    chosen = item["experiments"] if exps is None else exps
+    return [Path(p).as_posix() for p in evaluation_files(config, results_dir(config), chosen)]
 
 
 def training_targets(config: Mapping, item: Mapping) -> list[str]:

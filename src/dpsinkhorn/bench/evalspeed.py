@@ -98,16 +98,17 @@ def bench_fid(
     return out
 
 
-def bench_classifiers(draws, test, seeds, device: torch.device, args) -> dict:
+def bench_classifiers(draws, test, seeds, device: torch.device, args, out: dict, save) -> dict:
     """Log-Reg once; MLP/CNN per epoch both ways over ``compare_epochs`` and the fast loop
-    at the full protocol: seconds, epochs, accuracies."""
+    at the full protocol: seconds, epochs, accuracies. Fills ``out`` and calls ``save()``
+    after each classifier."""
     xs = [torch.from_numpy(to_float(x)).to(device) for x, _ in draws]
     ys = [torch.from_numpy(y).to(device) for _, y in draws]
     x_test = torch.from_numpy(to_float(test[0])).to(device)
     y_test = torch.from_numpy(test[1]).to(device)
-    out: dict = {}
     sec, res = _timed(device, train_logreg_torch, xs, ys, x_test, y_test, 10, args.max_iter)
     out["logreg_s"], out["logreg_accuracy"] = sec, [r["accuracy"] for r in res]
+    save()
     e = args.compare_epochs
     for model in args.classifiers:
         common = (model, xs, ys, x_test, y_test, 10, seeds)
@@ -125,6 +126,7 @@ def bench_classifiers(draws, test, seeds, device: torch.device, args) -> dict:
         out[f"{model}_fast_full_accuracy"] = [r["accuracy"] for r in res]
         epochs = max(r["epochs"] for r in res)
         out[f"{model}_reference_full_s_estimate"] = epochs * out[f"{model}_reference_s_per_epoch"]
+        save()
     return out
 
 
@@ -146,11 +148,28 @@ def bench_step(images: np.ndarray, labels: np.ndarray, device: torch.device, arg
     return out
 
 
-def run(args: argparse.Namespace) -> dict:
-    """Everything in the module docstring; returns the JSON's dict."""
+def _section(result: dict, key: str, save, fn, *args) -> None:
+    """``result[key] = fn(*args)``, or ``{"error": ...}`` if it raises; then ``save(result)``,
+    so a crash or a deadline later in a short GPU call keeps what was measured."""
+    try:
+        result[key] = fn(*args)
+    except Exception as err:  # noqa: BLE001 -- one failed section must not lose the others
+        partial = result[key] if isinstance(result.get(key), dict) else {}
+        result[key] = {**partial, "error": f"{type(err).__name__}: {err}".splitlines()[0][:500]}
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    save(result)
+
+
+def run(args: argparse.Namespace, save=lambda result: None) -> dict:
+    """Everything in the module docstring; returns the JSON's dict. ``save(result)`` is
+    called after each section with what is measured so far."""
     device = resolve_device(args.device)
     start = time.perf_counter()
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     result: dict = {"settings": {k: v for k, v in vars(args).items() if k != "handler"}}
+    result.update(device=f"{device} ({name})", torch=torch.__version__,
+                  threads=torch.get_num_threads())  # fmt: skip
     gen = load_generator(Path(args.generator), device)
     sec, draws = _timed(device, lambda: [sample_generator(gen, args.num, s) for s in args.seeds])
     if args.test:
@@ -164,22 +183,25 @@ def run(args: argparse.Namespace) -> dict:
     else:
         net = inception.random_inception(test[0][:16], device)
     result["inception"] = "real weights" if args.weights else "random weights (timing only)"
-    result["fid"] = bench_fid(draws, test[0], net, device, args)
-    result["classifiers"] = bench_classifiers(draws, test, args.seeds, device, args)
+    _section(result, "fid", save, bench_fid, draws, test[0], net, device, args)
+    result["classifiers"] = {}  # filled classifier by classifier, each saved
+    _section(result, "classifiers", save, bench_classifiers, draws, test, args.seeds, device,
+             args, result["classifiers"], lambda: save(result))  # fmt: skip
     if args.step_precisions:
         step_data = sample_generator(gen, args.step_records, 20_000)
-        result["train_step"] = bench_step(*step_data, device, args)
+        _section(result, "train_step", save, bench_step, *step_data, device, args)
     fid, cls = result["fid"], result["classifiers"]
     models = args.classifiers
-    phases["reference_s"] = phases["sample_s"] + fid["reference_total_s"] + cls["logreg_s"] + sum(
-        cls[f"{m}_reference_full_s_estimate"] for m in models)  # fmt: skip
-    phases["fast_s"] = phases["sample_s"] + fid["fast_total_s"] + cls["logreg_s"] + sum(
-        cls[f"{m}_fast_full_s"] for m in models)  # fmt: skip
-    phases["ratio"] = phases["reference_s"] / phases["fast_s"]
+    if "error" not in fid and "error" not in cls:
+        common = phases["sample_s"] + cls["logreg_s"]
+        phases["reference_s"] = common + fid["reference_total_s"] + sum(
+            cls[f"{m}_reference_full_s_estimate"] for m in models)  # fmt: skip
+        phases["fast_s"] = common + fid["fast_total_s"] + sum(
+            cls[f"{m}_fast_full_s"] for m in models)  # fmt: skip
+        phases["ratio"] = phases["reference_s"] / phases["fast_s"]
     result["evaluation"] = phases
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    result.update(device=f"{device} ({name})", torch=torch.__version__,
-                  threads=torch.get_num_threads(), wall_s=time.perf_counter() - start)  # fmt: skip
+    result["wall_s"] = time.perf_counter() - start
+    save(result)
     return result
 
 
@@ -218,7 +240,6 @@ def register_cli(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _cli(args: argparse.Namespace) -> int:
-    result = run(args)
-    fileio.write_json(args.out, result)
+    result = run(args, save=lambda partial: fileio.write_json(args.out, partial))
     print(json.dumps(result["evaluation"]))
     return 0

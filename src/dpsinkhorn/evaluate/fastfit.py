@@ -81,7 +81,8 @@ class EarlyStopping:
 class GraphedStep:
     """``run.step(optimizer, idx)`` for full batches [K, ``batch``] replayed from one CUDA
     graph: the first ``warmup`` calls run eagerly on a side stream, the next one captures
-    (into a static index tensor) and replays; calls with another batch shape run eagerly."""
+    (into a static index tensor) and replays; calls with another batch shape run eagerly.
+    If the capture fails, every step runs eagerly and ``error`` says why."""
 
     def __init__(
         self, run: BatchedRun, optimizer: torch.optim.Optimizer, batch: int, warmup: int = 3
@@ -90,6 +91,7 @@ class GraphedStep:
         self.idx = torch.zeros((run.k, batch), dtype=torch.int64, device=run.device)
         self.graph: torch.cuda.CUDAGraph | None = None
         self.calls = 0
+        self.error: str | None = None  # why capture failed (then every step runs eagerly)
 
     def __call__(self, idx: torch.Tensor) -> None:
         if idx.shape != self.idx.shape:
@@ -103,12 +105,22 @@ class GraphedStep:
                 self.run.step(self.optimizer, idx)
             torch.cuda.current_stream().wait_stream(side)
             return
+        if self.error is not None:
+            self.run.step(self.optimizer, idx)
+            return
         self.idx.copy_(idx)
         if self.graph is None:
             self.optimizer.zero_grad(set_to_none=True)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                self.run.step(self.optimizer, self.idx)
+            try:
+                with torch.cuda.graph(graph):
+                    self.run.step(self.optimizer, self.idx)
+            except RuntimeError as err:  # capture refused: a capture runs nothing, so the
+                # parameters and Adam's state are as before; this and later steps run eagerly
+                self.error = f"{type(err).__name__}: {err}".splitlines()[0][:300]
+                torch.cuda.synchronize()
+                self.run.step(self.optimizer, idx)
+                return
             self.graph = graph  # capturing ran nothing: the replay below is this step
         self.graph.replay()
 
@@ -156,4 +168,6 @@ def train_torch_batched_fast(
     best_acc, epochs, best_epoch = stopping.results()
     test_acc = run.accuracy(x_test, y_test, shared=True).tolist()
     options = {"cuda_graphs": cuda_graphs, "stop_read_lag_epochs": lag}
+    if cuda_graphs and step.error is not None:
+        options |= {"cuda_graphs": False, "cuda_graph_error": step.error}
     return [r | {"fast_loop": options} for r in run.records(test_acc, best_acc, epochs, best_epoch)]

@@ -454,7 +454,7 @@ def _cmd_fid_stats(args: argparse.Namespace) -> int:
     images = _read_input(Path(args.samples), args.num, args.seed)
     if isinstance(images, tuple):
         raise ValueError(f"{args.samples}: already a statistics file, not a sample file")
-    mu, sigma = statistics(images, args.weights, args.device, args.batch_size)
+    mu, sigma = statistics(images, args.weights, args.device, args.batch_size, args.fast)
     sha = network_sha256(args.weights)  # verified when the network was loaded
     save_statistics(args.out, mu, sigma, len(images), images.shape[1:], sha)
     print(f"FID statistics of {len(images)} images from {args.samples} -> {args.out}")
@@ -496,5 +496,11 @@ def register_cli(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--samples", required=True, help="sample file")
     p.add_argument("--out", required=True, help="output statistics .npz (mu, sigma, num_images)")
     p.add_argument("--num", type=int, default=None, help="random subset size")
+    p.add_argument(
+        "--fast",
+        action="store_true",
+        help="features as `evaluate --fast` computes them (batch norm folded, channels-last), "
+        "so both sides of its FIDs come from the same arithmetic",
+    )
     _add_common(p)
     p.set_defaults(handler=_cmd_fid_stats)

@@ -22,6 +22,7 @@ from pytorch_fid import inception as pfi
 from dpsinkhorn import fileio
 from dpsinkhorn.devices import resolve_device
 from dpsinkhorn.fileio import channels_last
+from dpsinkhorn.models import cudnn_tf32
 
 POOL3_BLOCK = pfi.InceptionV3.BLOCK_INDEX_BY_DIM[2048]
 WEIGHTS_FILE_NAME = Path(pfi.FID_WEIGHTS_URL).name  # pt_inception-2015-12-05-6726825d.pth
@@ -268,7 +269,10 @@ DEFAULT_BATCH = {"cuda": 500, "cpu": 50}
 #: The fast path's batch: on a GPU 1,000 299x299 images (about 9 GiB of activations in fp32).
 FAST_BATCH = {"cuda": 1000, "cpu": 50}
 #: Arithmetic of the fast path's convolutions: fp32 (as the reference path), or autocast to
-#: bf16 / fp16 (features and statistics stay float32 / float64).
+#: bf16 / fp16 (features and statistics stay float32 / float64). Both paths run with cuDNN's
+#: TF32 off (``models.cudnn_tf32(False)``), so fp32 is IEEE fp32 on every device: on the H100
+#: at c68545d, with PyTorch's default TF32 convolutions, the two paths' FIDs of the same
+#: 60,000 samples differed by 0.12-0.2% (results-paper-scale/h100-c68545d/README.md).
 FID_PRECISIONS = ("fp32", "bf16", "fp16")
 _FAST: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # network -> its fast copy
 
@@ -329,7 +333,7 @@ def device_activations(
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     out = torch.empty((len(images), 2048), dtype=torch.float32, device=device)
-    with torch.inference_mode():
+    with torch.inference_mode(), cudnn_tf32(False):
         resident = torch.from_numpy(np.ascontiguousarray(images)).to(device)
         for start in range(0, len(images), batch_size):
             batch = resident[start : start + batch_size]
@@ -359,7 +363,7 @@ def activations(
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     out = torch.empty((len(images), 2048), dtype=torch.float64, device=device)
-    with torch.inference_mode():
+    with torch.inference_mode(), cudnn_tf32(False):
         resident = torch.from_numpy(np.ascontiguousarray(images)).to(device)
         for start in range(0, len(images), batch_size):
             batch = resident[start : start + batch_size]

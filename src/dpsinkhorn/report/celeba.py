@@ -22,7 +22,7 @@ from dpsinkhorn.config import (
     table_figure_experiments,
     table_files,
 )
-from dpsinkhorn.config.targets import TITLES
+from dpsinkhorn.config.targets import TITLES, sample_name
 from dpsinkhorn.report.common import (
     CLASS_NAMES,
     REPORTED,
@@ -133,7 +133,7 @@ def celeba_table(table: str, config_files: Sequence[str | Path], out_dir: str | 
     labels = {n: r.method.removesuffix("+DP-Sinkhorn") for r in rows if (n := r.exp_name)}
     panels = []
     for name in names:
-        samples = experiment_dir(config, out_dir, name) / f"samples_seed{seed}.npz"
+        samples = experiment_dir(config, out_dir, name) / sample_name(seed)
         check_exist([samples])
         images, sample_labels = fileio.load_samples(samples)
         panels.append((images, sample_labels, labels[name] if len(names) > 1 else ""))

@@ -27,6 +27,7 @@ from dpsinkhorn.config import (
     experiment_dir,
     load_config,
 )
+from dpsinkhorn.config.targets import score_name
 from dpsinkhorn.data.catalog import DATASETS, own_dataset_info
 
 METRICS = ("fid", "acc_logreg", "acc_mlp", "acc_cnn")
@@ -164,11 +165,11 @@ def measured_row(
         evaluation_dir(config, results_dir, name),
     )
     row = Row(label, dataset, THIS_RUN, exp_name=name, seeds=len(seeds))
-    per_metric = {"fid": [read_number(eval_dir / f"fid_seed{s}.json", "fid") for s in seeds]}
+    per_metric = {"fid": [read_number(eval_dir / score_name("fid", s), "fid") for s in seeds]}
     row.unconditional = spec.get("conditional", True) is False
     for model in experiment_classifiers(config, name):
         per_metric[f"acc_{model}"] = [
-            accuracy_percent(eval_dir / f"acc_{model}_seed{s}.json") for s in seeds
+            accuracy_percent(eval_dir / score_name(f"acc_{model}", s)) for s in seeds
         ]
     for metric in metrics:
         values = per_metric.get(metric)

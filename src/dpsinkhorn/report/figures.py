@@ -26,7 +26,7 @@ from dpsinkhorn.config import (
     paper_figure_datasets,
 )
 from dpsinkhorn.config.studies import FIGURE_STUDIES, study_cells
-from dpsinkhorn.config.targets import SAMPLE_FIGURES, TITLES, gradstudy_file
+from dpsinkhorn.config.targets import SAMPLE_FIGURES, TITLES, gradstudy_file, sample_name
 from dpsinkhorn.report.common import (
     DATASET_TITLES,
     METRIC_TITLES_TEX,
@@ -293,7 +293,7 @@ def _samples_figure(config: Mapping, out_dir: Path, name: str) -> list[Path]:
         )
     seed = config["seeds"][0]
     sources = {
-        d: experiment_dir(config, out_dir, figure_experiment(config, d)) / f"samples_seed{seed}.npz"
+        d: experiment_dir(config, out_dir, figure_experiment(config, d)) / sample_name(seed)
         for d in datasets
     }
     check_exist(sources.values())

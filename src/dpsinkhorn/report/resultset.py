@@ -40,6 +40,7 @@ from dpsinkhorn.config import (
     load_config,
     table1_experiments,
 )
+from dpsinkhorn.config.targets import score_name
 from dpsinkhorn.report.common import (
     CLIPPING_TEXT,
     DATASET_TITLES,
@@ -184,9 +185,8 @@ def set_rows(config: dict, set_dir: Path) -> list[Row]:
         spec = experiment(config, name)
         row = Row(ROW_LABELS[kind], dataset, f"results set {set_dir.name}")
         row.exp_name, row.seeds = name, len(config["seeds"])
-        files = {"fid": [exp_dir / f"fid_seed{s}.json" for s in config["seeds"]]}
-        for model in classifiers_of(config, dataset):
-            files[f"acc_{model}"] = [exp_dir / f"acc_{model}_seed{s}.json" for s in config["seeds"]]
+        metrics = ["fid", *(f"acc_{model}" for model in classifiers_of(config, dataset))]
+        files = {m: [exp_dir / score_name(m, s) for s in config["seeds"]] for m in metrics}
         for metric in METRICS:
             found = [p for p in files.get(metric, []) if p.is_file()]
             if metric == "fid":

@@ -24,7 +24,7 @@ from dpsinkhorn.config import (
     figure_experiment,
     table1_experiments,
 )
-from dpsinkhorn.config.targets import TITLES, table1_files
+from dpsinkhorn.config.targets import TITLES, sample_name, table1_files
 from dpsinkhorn.data.catalog import own_layout, resize_statement
 from dpsinkhorn.report.common import (
     DATASET_TITLES,
@@ -213,7 +213,7 @@ def table1(config_files: Sequence[str | Path], out_dir: str | Path) -> list[Path
         if name is None:
             continue
         png = out_dir / "figures" / f"samples_{dataset}.png"
-        samples = experiment_dir(config, out_dir, name) / f"samples_seed{seed}.npz"
+        samples = experiment_dir(config, out_dir, name) / sample_name(seed)
         check_exist([samples])
         title = f"{DATASET_TITLES.get(dataset, dataset)}: {name} (seed {seed})"
         save_sample_figure(samples, png, dataset, title)
