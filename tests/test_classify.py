@@ -285,3 +285,31 @@ def test_batched_seeds_stay_within_the_seed_spread(mnist):
         classify.train_and_evaluate_seeds(
             "mlp", [sets[0], (x[:10], y[:10])], x_test, y_test, [0, 1], batched=True, **kw
         )
+
+
+@pytest.mark.parametrize("model", ["mlp", "cnn"])
+def test_cpu_test_accuracy_seed_by_seed_equals_the_vmapped_one(model, mnist):
+    """On the CPU a shared test set is scored seed by seed in channels-last layout: the
+    same accuracies as the vmapped path (the logits differ by rounding only), and no
+    random number is drawn for it."""
+    import torch
+
+    x, y, x_test, y_test = mnist
+    x, x_test, y, y_test = (
+        classify.to_float(x),
+        classify.to_float(x_test),
+        *map(torch.from_numpy, (y, y_test)),
+    )
+    xs = [torch.from_numpy(x[200 * k : 200 * (k + 1)]) for k in range(3)]
+    ys = [y[200 * k : 200 * (k + 1)] for k in range(3)]
+    run = classifiers.BatchedRun(model, xs, ys, 10, [4, 0, 9], 1, 1, 64)
+    optimizer = torch.optim.Adam(list(run.params.values()))
+    for idx in run.epoch_batches():
+        run.step(optimizer, idx)
+    xt, yt = torch.from_numpy(x_test), y_test
+    state = torch.random.get_rng_state()
+    seed_by_seed = run.accuracy(xt, yt, shared=True)
+    assert torch.equal(state, torch.random.get_rng_state())
+    vmapped = run.accuracy(xt.expand(3, *xt.shape), yt.expand(3, *yt.shape), shared=False)
+    assert seed_by_seed.dtype == torch.float64 and len(set(seed_by_seed.tolist())) == 3
+    assert torch.equal(seed_by_seed, vmapped), (seed_by_seed, vmapped)

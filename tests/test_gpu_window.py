@@ -36,7 +36,7 @@ evaluation:
 training_defaults:
   # Training is the work a deadline may split (it checkpoints); each evaluation job is not
   # split. Enough steps that one call lasts several of the split calls (at least 60 s each).
-  steps: 1200
+  steps: 800
   checkpoint_every: 50
   log_every: 100
   channels: [32, 16, 8]   # a small generator: the budget goes to steps, not to one step
@@ -44,7 +44,7 @@ training_defaults:
 experiments:
   mnist_dpsinkhorn: {dataset: mnist, table1_row: paper, sigma: 1.5}
   mnist_nonprivate:
-    {dataset: mnist, table1_row: nonprivate, method: sinkhorn, batch_size: 100, steps: 600}
+    {dataset: mnist, table1_row: nonprivate, method: sinkhorn, batch_size: 100, steps: 400}
 """
 WINDOW = """\
 configfile: tiny.yaml
@@ -170,7 +170,7 @@ def test_window_split_over_interrupted_calls_equals_one_call(tmp_path):
         assert (a / "generator.pt").read_bytes() == (b / "generator.pt").read_bytes(), exp
         ledger_a = json.loads((a / "privacy.json").read_text())
         ledger_b = json.loads((b / "privacy.json").read_text())
-        assert ledger_a["steps"] == ledger_b["steps"] == {"mnist_dpsinkhorn": 1200}.get(exp, 600)
+        assert ledger_a["steps"] == ledger_b["steps"] == {"mnist_dpsinkhorn": 800}.get(exp, 400)
         assert ledger_b.get("epsilon") == ledger_a.get("epsilon")
         assert not (b / "private_workspace").exists()  # removed when training completed
     # the results set: the same files, provenance of every call, Table 1 rendered
@@ -254,7 +254,7 @@ def test_export_set_from_an_archive_and_imported_generator(tmp_path):
     source = tmp_path / "committed" / "run1"
     ledger = {
         "sigma": 1.5,
-        "steps": 1200,
+        "steps": 800,
         "clipping": "batch",
         "clip": 0.5,
         "batch_size": 50,
@@ -328,7 +328,7 @@ def test_items_are_independent_and_an_import_is_never_retrained(tmp_path):
     source = tmp_path / "committed" / "run1"
     digest = hashlib.sha256(b"not a generator").hexdigest()  # as its ledger says: imported
     fileio.write_json(
-        source / "privacy.json", {"sigma": 1.5, "steps": 1200, "content_sha256": digest}
+        source / "privacy.json", {"sigma": 1.5, "steps": 800, "content_sha256": digest}
     )
     fileio.write_bytes(source / "generator.pt", b"not a generator")
     mirror = require_shared(shared_path("DPSINKHORN_DATA_MIRROR"), "MNIST mirror")

@@ -6,7 +6,6 @@ bytes written.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Mapping
 from pathlib import Path
@@ -25,7 +24,7 @@ def _checked(path: Path, expected: Mapping[str, str | None]) -> bytes:
     """The bytes of ``path``, read once, whose sha256 equals every non-None value of
     ``expected`` (where it was recorded -> the hash); else :class:`ImportRefused`."""
     data = path.read_bytes()
-    digest = hashlib.sha256(data).hexdigest()
+    digest = fileio.sha256_of_bytes(data)
     for where, want in expected.items():
         if want is not None and digest != want:
             raise ImportRefused(
@@ -91,6 +90,6 @@ def import_generators(
         state.setdefault("imports", {})[exp] = {
             "source": str(source),
             "bytes": len(generator),
-            "sha256": hashlib.sha256(generator).hexdigest(),
+            "sha256": fileio.sha256_of_bytes(generator),
             "checked_against": [where for where, want in expected.items() if want],
         }

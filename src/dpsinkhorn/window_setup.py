@@ -25,7 +25,6 @@ item's committed generators in, each checked against its ledger.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shlex
@@ -292,7 +291,7 @@ def plan_carry(
 
 def _write_calls(calls: list[list[tuple]], dest: Path, stripped: Path) -> list[dict]:
     parts = [c for call in calls for c in call if c[0] == WEIGHTS]
-    digest = hashlib.sha256(stripped.read_bytes()).hexdigest() if parts else None
+    digest = fileio.sha256_of(stripped) if parts else None
     plan, index = [], 0
     for k, call in enumerate(calls, start=1):
         folder = dest / f"setup{k}"
@@ -344,13 +343,11 @@ def _join_weights(cache: Path) -> None:
     parts = [cache / f"{WEIGHTS_PART}{k:03d}" for k in range(meta["parts"])]
     if not all(p.is_file() for p in parts):
         return
-    digest = hashlib.sha256()
-    with fileio.atomic_path(cache / WEIGHTS) as tmp, open(tmp, "wb") as out:
-        for part in parts:
-            data = part.read_bytes()
-            digest.update(data)
-            out.write(data)
-        if digest.hexdigest() != meta["sha256"]:
+    with fileio.atomic_path(cache / WEIGHTS) as tmp:
+        with open(tmp, "wb") as out:
+            for part in parts:
+                out.write(part.read_bytes())
+        if fileio.sha256_of(tmp) != meta["sha256"]:
             raise ValueError(f"{cache / WEIGHTS}: joined parts have another SHA-256")
     for path in [*parts, *metas]:
         path.unlink()

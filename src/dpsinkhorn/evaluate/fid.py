@@ -133,14 +133,18 @@ def frechet_distance_pytorch_fid(
 def _trace_sqrt_product_eigh(s1: np.ndarray, s2: np.ndarray) -> float:
     """tr sqrt(s1 s2) for symmetric PSD s1, s2 [D,D], exactly, with two symmetric eigensolves.
 
-    s1 s2 is similar to the symmetric PSD matrix s1^{1/2} s2 s1^{1/2}, so the
-    eigenvalues lambda_i of the latter are those of s1 s2 and tr sqrt(s1 s2) =
-    sum_i sqrt(lambda_i). Eigenvalues that rounding makes slightly negative are
-    clipped to 0 (both those of s1 and the lambda_i).
+    With s1 = V diag(w) V^T and B = V_r diag(sqrt(w_r)) [D,r] over the r eigenvalues of s1
+    above rounding (w_i > D * eps * max w, numpy's ``matrix_rank`` threshold; the others
+    are 0 in exact arithmetic and are dropped), s1 = B B^T, and the nonzero eigenvalues
+    lambda_i of s1 s2 = B B^T s2 are those of the symmetric PSD [r,r] matrix B^T s2 B. So
+    tr sqrt(s1 s2) = sum_i sqrt(lambda_i), with lambda_i that rounding makes slightly
+    negative clipped to 0. For a covariance of N < D samples r <= N - 1: the second solve
+    is [N-1, N-1] instead of [D,D] (the smoke and quick sizes).
     """
     w, v = np.linalg.eigh(s1)
-    root1 = (v * np.sqrt(np.clip(w, 0.0, None))) @ v.T  # s1^{1/2}
-    m = root1 @ s2 @ root1
+    kept = w > len(w) * np.finfo(np.float64).eps * max(float(w.max()), 0.0)
+    b = v[:, kept] * np.sqrt(w[kept])  # [D,r]: s1 = b b^T
+    m = b.T @ s2 @ b
     lam = np.linalg.eigvalsh((m + m.T) / 2)
     return float(np.sqrt(np.clip(lam, 0.0, None)).sum())
 
