@@ -223,7 +223,11 @@ def test_check_overrides(tmp_path):
 
 def test_workflow_helpers():
     config = cfg.load_config(REPO / "config" / "quick.yaml")
-    assert cfg.trained_experiments(config) == ["mnist_nonprivate", "mnist_dpsinkhorn"]
+    assert cfg.trained_experiments(config) == [
+        "mnist_nonprivate",
+        "mnist_dpsinkhorn",
+        "mnist_dpmerf",
+    ]
     assert cfg.real_experiments(config) == ["real_mnist"]
     assert cfg.figure_experiment(config, "mnist") == "mnist_dpsinkhorn"
     assert re.fullmatch(cfg.wildcard_regex(["a_b", "c"]), "a_b")
