@@ -8,6 +8,8 @@
 #
 #   benchmarks/gpu/bench_eval_call.sh BUDGET_S
 #
+# BENCH_ARGS  more options of bench-eval (e.g. "--step-precisions" to skip the step section)
+#
 # Writes $OUT/bench-eval.json (rewritten after each section: a deadline keeps what was
 # measured), $OUT/bench-eval.log and $OUT/cuda-tests.log.
 set -uo pipefail
@@ -28,7 +30,7 @@ echo "set up in $((SECONDS - start)) s; $(nvidia-smi --query-gpu=name --format=c
 left=$((BUDGET - (SECONDS - start) - 45))
 timeout "$left" python3 -m dpsinkhorn bench-eval --device cuda \
   --generator "$CACHE/import/block_sigma1.5/generator.pt" --test /tmp/bench-data/mnist/test.npz \
-  --out "$OUT/bench-eval.json" --sqrtm eigh --compare-epochs 2 --steps 200 2>&1 |
+  --out "$OUT/bench-eval.json" --sqrtm eigh --compare-epochs 2 --steps 200 ${BENCH_ARGS:-} 2>&1 |
   tee "$OUT/bench-eval.log"
 echo "bench-eval: rc ${PIPESTATUS[0]} at $((SECONDS - start)) s"
 left=$((BUDGET - (SECONDS - start) - 5))
