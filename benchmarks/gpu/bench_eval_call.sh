@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The evaluation issue's one GPU call (benchmarks/README.md, "One short GPU call"), made the
 # first call of a window allocation: it takes setup1/ of `dpsinkhorn gpu-window-carry` into
-# the machine's cache (the wheels, MNIST, the committed generators and the Inception weights'
+# the machine's cache (the wheels, MNIST, a committed generator and the Inception weights'
 # first part, which waits there for call 2 of `window_call.sh`), then runs
 # `dpsinkhorn bench-eval` at the paper's protocol (random Inception weights, MNIST's real
 # test set) and, with the time left, the CUDA tests of the fast classifier loop.
@@ -28,8 +28,10 @@ print('setup1:', take_setup(Path(sys.argv[1]), Path(sys.argv[2])))" "$CARRY/setu
 python3 -m dpsinkhorn data --dataset mnist --mirror "$CACHE/mirror" --root /tmp/bench-data > /dev/null
 echo "set up in $((SECONDS - start)) s; $(nvidia-smi --query-gpu=name --format=csv,noheader)"
 left=$((BUDGET - (SECONDS - start) - 45))
+gen=$(ls "$CACHE"/import/*/generator.pt | head -1)  # a committed generator setup1 carried
+echo "generator: $gen"
 timeout "$left" python3 -m dpsinkhorn bench-eval --device cuda \
-  --generator "$CACHE/import/block_sigma1.5/generator.pt" --test /tmp/bench-data/mnist/test.npz \
+  --generator "$gen" --test /tmp/bench-data/mnist/test.npz \
   --out "$OUT/bench-eval.json" --sqrtm eigh --compare-epochs 2 --steps 200 ${BENCH_ARGS:-} 2>&1 |
   tee "$OUT/bench-eval.log"
 echo "bench-eval: rc ${PIPESTATUS[0]} at $((SECONDS - start)) s"
