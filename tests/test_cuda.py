@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import without_log_hash
 
 from dpsinkhorn import config as config_lib
 from dpsinkhorn.data import datasets as data
@@ -190,7 +191,16 @@ def test_resume_on_cuda_equals_an_uninterrupted_run(mnist, tmp_path, determinist
         train(spec, tmp_path / "resumed", device="cuda", train_data=mnist, stop_after=5,
               progress=False)  # fmt: skip
     resumed = train(spec, tmp_path / "resumed", device="cuda", train_data=mnist, progress=False)
-    assert resumed == full
+    # the ledgers equal less the train log's hash (the log holds wall-clock columns; on the
+    # H100 at 935f156 this was the only difference): its step and ε columns equal
+    assert without_log_hash(resumed) == without_log_hash(full)
+
+    def steps_and_epsilons(run: str) -> list[list[str]]:
+        rows = (tmp_path / run / "train_log.csv").read_text().splitlines()
+        return [row.split(",")[:2] for row in rows]
+
+    assert steps_and_epsilons("resumed") == steps_and_epsilons("full")
+    assert len(steps_and_epsilons("full")) == 1 + 12 // 2  # header, a row every 2 steps
     a = torch.load(tmp_path / "full" / "generator.pt", weights_only=False)["state_dict"]
     b = torch.load(tmp_path / "resumed" / "generator.pt", weights_only=False)["state_dict"]
     for k in a:  # cuDNN may pick non-deterministic kernels: equal up to float rounding
