@@ -64,6 +64,23 @@ class GeneratorConfig:
     def from_dict(cls, d: dict) -> GeneratorConfig:
         return cls(**{**d, "channels": tuple(d["channels"])})
 
+    @classmethod
+    def from_settings(
+        cls, settings, num_classes: int, image_shape: tuple[int, ...]
+    ) -> GeneratorConfig:
+        """The generator a training's settings name (latent and label-embedding sizes,
+        widths, ``generator`` kind) for data of ``num_classes`` classes and images
+        ``image_shape`` [C,H,W]: channels and size come from the data (CelebA, own data)."""
+        return cls(
+            num_classes=num_classes,
+            latent_dim=settings.latent_dim,
+            embed_dim=settings.embed_dim,
+            channels=settings.channels,
+            out_channels=image_shape[0],
+            architecture=settings.generator,
+            image_size=image_shape[1],
+        )
+
 
 #: DCGAN image size -> (kernel, stride, padding) of its four transposed convolutions.
 DCGAN_LAYERS: dict[int, tuple[tuple[int, int, int], ...]] = {

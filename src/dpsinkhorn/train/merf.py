@@ -110,14 +110,8 @@ class MerfTrainer:
             device,
         )
         torch.manual_seed(settings.seed)
-        self.model_config = GeneratorConfig(
-            num_classes=self.num_classes,
-            latent_dim=settings.latent_dim,
-            embed_dim=settings.embed_dim,
-            channels=settings.channels,
-            out_channels=self.image_shape[0],
-            architecture=settings.generator,
-            image_size=self.image_shape[1],
+        self.model_config = GeneratorConfig.from_settings(
+            settings, self.num_classes, self.image_shape
         )
         self.model = build_generator(self.model_config).to(device)
         self.optimizer = torch.optim.Adam(

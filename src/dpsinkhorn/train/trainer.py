@@ -160,15 +160,9 @@ class Trainer:
         self.diameter = feature_diameter(images[0].numel(), alpha_c, self.cost)
 
         torch.manual_seed(settings.seed)
-        self.model_config = GeneratorConfig(
-            num_classes=self.num_classes,
-            latent_dim=settings.latent_dim,
-            embed_dim=settings.embed_dim,
-            channels=settings.channels,
-            out_channels=self.image_shape[0],
-            # CelebA (Table 3/6): generator kind from the config; size from the data.
-            architecture=settings.generator,
-            image_size=self.image_shape[1],
+        # CelebA (Table 3/6): generator kind from the config; size from the data.
+        self.model_config = GeneratorConfig.from_settings(
+            settings, self.num_classes, self.image_shape
         )
         self.model = build_generator(self.model_config).to(device)
         # How the optimiser executes, not what it computes: one fused kernel for all
