@@ -88,3 +88,24 @@ def test_the_fid_network_convolves_without_tf32(images, fast):
     else:
         activations(images[:2], model=model)
     assert seen and all(s == ieee for s in seen) and state() == before
+
+
+def test_tf32_precision_convolves_in_tf32_and_equals_fp32_on_the_cpu(images):
+    """``--fid-precision tf32``: cuDNN may convolve in TF32 inside the call (the switch is
+    restored after); on a CPU, where cuDNN does not convolve, the features are fp32's bit for
+    bit. Its FID difference from IEEE fp32 is a GPU measurement (``bench-eval``)."""
+    from dpsinkhorn.evaluate.inception import device_activations, random_inception
+
+    conv = torch.backends.cudnn.conv
+    state = (lambda: conv.fp32_precision) if hasattr(conv, "fp32_precision") else (
+        lambda: torch.backends.cudnn.allow_tf32)  # fmt: skip
+    tf32 = "tf32" if hasattr(conv, "fp32_precision") else True
+    model = random_inception(images[:4])
+    seen = []
+    inception.fast_network(model).blocks[0].register_forward_pre_hook(
+        lambda *_: seen.append(state())
+    )
+    before = state()
+    features = device_activations(images[:3], model, precision="tf32")
+    assert seen and all(s == tf32 for s in seen) and state() == before
+    assert torch.equal(features, device_activations(images[:3], model, precision="fp32"))

@@ -221,7 +221,7 @@ def register_cli(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--reference-seeds", type=int, default=1, help="seeds of the slow FID path")
     p.add_argument("--fid-batch", type=int, default=None, help="reference Inception batch")
     p.add_argument("--fast-fid-batch", type=int, default=None, help="fast Inception batch")
-    p.add_argument("--fid-precisions", nargs="*", default=["bf16", "fp16"])
+    p.add_argument("--fid-precisions", nargs="*", default=["tf32", "bf16", "fp16"])
     p.add_argument("--sqrtm", default="pytorch_fid", choices=["pytorch_fid", "eigh"])
     p.add_argument("--classifiers", nargs="*", default=["mlp", "cnn"])
     p.add_argument("--compare-epochs", type=int, default=3)

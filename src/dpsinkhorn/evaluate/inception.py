@@ -268,12 +268,15 @@ def load_inception(
 DEFAULT_BATCH = {"cuda": 500, "cpu": 50}
 #: The fast path's batch: on a GPU 1,000 299x299 images (about 9 GiB of activations in fp32).
 FAST_BATCH = {"cuda": 1000, "cpu": 50}
-#: Arithmetic of the fast path's convolutions: fp32 (as the reference path), or autocast to
-#: bf16 / fp16 (features and statistics stay float32 / float64). Both paths run with cuDNN's
-#: TF32 off (``models.cudnn_tf32(False)``), so fp32 is IEEE fp32 on every device: on the H100
-#: at c68545d, with PyTorch's default TF32 convolutions, the two paths' FIDs of the same
-#: 60,000 samples differed by 0.12-0.2% (results-paper-scale/h100-c68545d/README.md).
-FID_PRECISIONS = ("fp32", "bf16", "fp16")
+#: Arithmetic of the fast path's convolutions: fp32 (as the reference path), tf32 (float32
+#: tensors, cuDNN convolving in TF32, a 10-bit mantissa; on a CPU the same as fp32), or
+#: autocast to bf16 / fp16 (features and statistics stay float32 / float64). fp32 runs with
+#: cuDNN's TF32 off (``models.cudnn_tf32(False)``), so it is IEEE fp32 on every device: on
+#: the H100 at c68545d, with PyTorch's default TF32 convolutions, the two paths' FIDs of the
+#: same 60,000 samples differed by 0.12-0.2% (results-paper-scale/h100-c68545d/README.md);
+#: at 935f156, in IEEE fp32, by 4.5e-7, at 28-32 s per seed instead of 11-15 s
+#: (results-paper-scale/h100-935f156/README.md).
+FID_PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 _FAST: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # network -> its fast copy
 
 
@@ -333,7 +336,7 @@ def device_activations(
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     out = torch.empty((len(images), 2048), dtype=torch.float32, device=device)
-    with torch.inference_mode(), cudnn_tf32(False):
+    with torch.inference_mode(), cudnn_tf32(precision == "tf32"):
         resident = torch.from_numpy(np.ascontiguousarray(images)).to(device)
         for start in range(0, len(images), batch_size):
             batch = resident[start : start + batch_size]

@@ -301,6 +301,7 @@ def register_cli(subparsers: argparse._SubParsersAction) -> None:
         "--fid-precision",
         choices=FID_PRECISIONS,
         default="fp32",
-        help="with --fast: the Inception convolutions' arithmetic (bf16/fp16: autocast)",
+        help="with --fast: the Inception convolutions' arithmetic (fp32: IEEE; tf32: cuDNN "
+        "TF32 on CUDA; bf16/fp16: autocast)",
     )
     p.set_defaults(handler=_cmd_evaluate)
