@@ -182,3 +182,56 @@ def test_a_stopped_job_resumes_after_its_finished_phases(files, tmp_path, monkey
     trained.clear()
     job.evaluate(**{**kw, "num": 150})  # another key: nothing reused
     assert trained == ["logreg", "mlp"]
+
+
+def test_phases_resume_only_from_the_same_code_and_name_their_commit(files, tmp_path, monkeypatch):
+    """A phase saved by other evaluation code (an archive of an older commit, the progress
+    file of an older format) is computed again; a resumed phase keeps the commit that
+    computed it, and evaluate_phases.json says, per phase, which commit and code did."""
+    from dpsinkhorn.config.targets import EVALUATION_PHASES
+    from dpsinkhorn.evaluate import job
+
+    kw = {"seeds": [0, 1], "num": 200, "test": files["test"], "reference": files["reference"],
+          "samples_dir": tmp_path, "scores_dir": tmp_path, "real_data": files["train"],
+          "classifiers": ["logreg", "mlp"], "dataset": "mnist", "device": "cpu",
+          "max_epochs": 1, "patience": 1, "fid": False}  # fmt: skip
+    real, trained, deadline = job.train_and_evaluate_seeds, [], [True]
+
+    def train(model, *args, **kwargs):
+        trained.append(model)
+        if model == "mlp" and deadline[0]:
+            raise KeyboardInterrupt("deadline")
+        return real(model, *args, **kwargs)
+
+    monkeypatch.setattr(job, "train_and_evaluate_seeds", train)
+    monkeypatch.setenv(job.COMMIT_ENV, "c0ffee0")
+    with pytest.raises(KeyboardInterrupt):
+        job.evaluate(**kw)
+    progress = tmp_path / job.Progress.NAME
+    saved = _json(progress)
+
+    deadline[0] = False
+    monkeypatch.setenv(job.COMMIT_ENV, "beef001")
+    trained.clear()
+    job.evaluate(**kw)
+    assert trained == ["mlp"]  # Log-Reg resumed: the same code computed it
+    code = job.phase_code_sha256("mlp")
+    assert _json(tmp_path / EVALUATION_PHASES) == {
+        "logreg": {"commit": "c0ffee0", "code_sha256": code},
+        "mlp": {"commit": "beef001", "code_sha256": code},
+    }
+
+    def rerun_from(progress_json: dict) -> dict:
+        fileio.write_json(progress, progress_json)
+        trained.clear()
+        job.evaluate(**kw)
+        return {p: e["commit"] for p, e in _json(tmp_path / EVALUATION_PHASES).items()}
+
+    # the progress file's older format (records without their code): computed again
+    old_format = {"key": saved["key"], "done": {"logreg": saved["done"]["logreg"]["records"]}}
+    assert rerun_from(old_format) == {"logreg": "beef001", "mlp": "beef001"}
+    assert trained == ["logreg", "mlp"]
+    # the classifiers' code as another commit had it: computed again
+    monkeypatch.setattr(job, "phase_code_sha256", lambda phase: "0" * 64)
+    assert rerun_from(saved) == {"logreg": "beef001", "mlp": "beef001"}
+    assert trained == ["logreg", "mlp"]

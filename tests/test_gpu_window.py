@@ -180,6 +180,11 @@ def test_window_split_over_interrupted_calls_equals_one_call(tmp_path):
     provenance = json.loads((split / "provenance.json").read_text())
     assert len(provenance["calls"]) == len(outcomes)
     assert set(provenance["experiments"]) == {"mnist_dpsinkhorn", "mnist_nonprivate"}
+    # each phase names the commit that computed it (a phase resumed in a later call too)
+    commits = {c["commit"] for c in provenance["calls"]}
+    for entry in provenance["experiments"].values():
+        assert {"fid", "logreg"} <= set(entry["phases"])
+        assert {phase["commit"] for phase in entry["phases"].values()} <= commits
     table = (split / "table1.md").read_text()
     assert "DP-Sinkhorn (paper setting)" in table and "Non-private Sinkhorn" in table
 
@@ -288,6 +293,8 @@ def test_export_set_from_an_archive_and_imported_generator(tmp_path):
         work / "results/window/mnist_dpsinkhorn/acc_logreg_seed0.json", {"accuracy": 0.5}
     )
     fileio.write_json(work / "results/window/mnist_dpsinkhorn/fid_seed0.json", {"fid": 12.0})
+    phases = {p: {"commit": "abc1234", "code_sha256": "0" * 64} for p in ("fid", "logreg")}
+    fileio.write_json(work / "results/window/mnist_dpsinkhorn/evaluate_phases.json", phases)
     fileio.write_json(work / window.STATE, state)
     fileio.pack(work, tmp_path / "state.tgz", window_setup.DEFAULT_EXCLUDE, part_mib=15)
     from dpsinkhorn.cli import main
@@ -308,6 +315,7 @@ def test_export_set_from_an_archive_and_imported_generator(tmp_path):
     provenance = json.loads((set_dir / "provenance.json").read_text())
     imported = provenance["experiments"]["mnist_dpsinkhorn"]["generator"]
     assert imported["source"] == "run1" and imported["bytes"] == len(b"weights")
+    assert provenance["experiments"]["mnist_dpsinkhorn"]["phases"] == phases
     assert "| 50.0 (1/1 seed)" in (set_dir / "table1.md").read_text()
     assert not (set_dir / "mnist_dpsinkhorn" / "generator.pt").exists()
 

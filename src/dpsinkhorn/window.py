@@ -378,6 +378,7 @@ def gpu_window(args: argparse.Namespace) -> int:
         # compiled kernels (compile_solver) travel in the archive: no recompiling per call
         os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(workdir / "inductor-cache"))
         device, commit = args.device_name or device_name(), args.commit or commit_of(REPO)
+        os.environ["DPSINKHORN_COMMIT"] = commit  # evaluate_phases.json: who computed what
         deadline = start + args.budget_s - args.reserve_s
         log = Path(args.log) if args.log else workdir / "window.log"
         outcome = work(

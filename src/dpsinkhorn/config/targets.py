@@ -82,6 +82,9 @@ assert set(CELEBA_TABLES) == set(TABLE_ROWS) == set(TABLE_FIGURES), "CelebA tabl
 PathLike = str | os.PathLike
 #: The files a training run writes into its folder (``train.release.OUTPUT_FILES``).
 TRAINING_FILES = ("generator.pt", "privacy.json", "train_log.csv")
+#: What a completed evaluation job writes beside its scores: the commit and code that
+#: computed each phase (``evaluate.job``; a window's results set quotes it).
+EVALUATION_PHASES = "evaluate_phases.json"
 
 
 # ------------------------------------------------------------------ per-experiment files

@@ -10,7 +10,10 @@ exactly the files the per-step commands write (``sample``/``sample-real``, ``fid
 - ``<scores-dir>/fid_seed<s>.json``, ``<scores-dir>/acc_<model>_seed<s>.json``.
 
 Resumable: a job stopped after some phases (FID, a classifier) resumes after them
-(:class:`Progress`). Each phase's wall seconds are printed as it ends.
+(:class:`Progress`), where the code that computed them is this code. Each phase's wall
+seconds are printed as it ends; a completed job writes ``<scores-dir>/evaluate_phases.json``:
+per phase, the commit (``$DPSINKHORN_COMMIT``, which ``gpu-window`` sets) and the code
+(:func:`phase_code_sha256`) that computed it.
 
 What one process saves: the generator, the Inception network, the reference statistics
 and the test set are loaded once; the samples never go to disk and back; each classifier
@@ -25,11 +28,12 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import time
 from pathlib import Path
 
 from dpsinkhorn import fileio
-from dpsinkhorn.config.targets import sample_name, score_name
+from dpsinkhorn.config.targets import EVALUATION_PHASES, sample_name, score_name
 from dpsinkhorn.devices import resolve_device
 from dpsinkhorn.evaluate.classifiers import MODELS
 from dpsinkhorn.evaluate.classify import (
@@ -40,6 +44,25 @@ from dpsinkhorn.evaluate.classify import (
 from dpsinkhorn.evaluate.fid import SQRTM_METHODS, fid_against_reference
 from dpsinkhorn.evaluate.inception import FID_PRECISIONS, network_sha256
 from dpsinkhorn.evaluate.sample import load_generator, sample_generator, sample_real
+
+#: The modules of :mod:`dpsinkhorn.evaluate` whose code computes each phase's records (FID;
+#: every classifier): a phase saved by other code is computed again, not resumed.
+PHASE_MODULES = {
+    "fid": ("sample", "inception", "fid"),
+    "classifier": ("sample", "classifiers", "classify", "fastfit"),
+}
+#: The commit a job runs at, when its caller knows it (a copied tree may have no .git).
+COMMIT_ENV = "DPSINKHORN_COMMIT"
+
+
+def phase_code_sha256(phase: str) -> str:
+    """SHA-256 of the source files that compute ``phase`` (``fid``, or a classifier's name):
+    :data:`PHASE_MODULES`, each as its name, a NUL and its bytes."""
+    here = Path(__file__).parent
+    modules = PHASE_MODULES["fid" if phase == "fid" else "classifier"]
+    return fileio.sha256_of_bytes(
+        b"".join(m.encode() + b"\0" + (here / f"{m}.py").read_bytes() for m in modules)
+    )
 
 
 def sample_files(samples_dir: str | Path, seeds: list[int]) -> list[Path]:
@@ -183,7 +206,7 @@ def evaluate(
             outs = [Path(scores_dir) / score_name(f"acc_{model_name}", s) for s in seeds]
             write_results(results, files, test, dataset, outs)
             timings[f"classify_{model_name}"] = _done(f"classify_{model_name}", begin)
-    progress.finish()
+    progress.finish(Path(scores_dir))
     timings["total"] = time.perf_counter() - start
     return timings
 
@@ -202,8 +225,12 @@ class Progress:
     Snakemake deletes them. Each phase's records (FID, one classifier, all seeds) are also
     kept in ``<scores>/evaluate_progress.json`` (not an output, so kept), keyed by the
     SHA-256 of the inputs and the settings: a rerun with the same key reuses them, any
-    other key starts afresh. Removed when the job completes. Only scores are kept there,
-    never images (samples are drawn again: seeded, the same).
+    other key starts afresh. Each phase also records the code that computed it
+    (:func:`phase_code_sha256`) and the commit (``$DPSINKHORN_COMMIT``, or null): a phase
+    whose code differs from this code (another commit, an older archive) is computed
+    again. Removed when the job completes, when :data:`EVALUATION_PHASES` takes each phase's
+    commit and code. Only scores are kept there, never images (samples are drawn again:
+    seeded, the same).
     """
 
     NAME = "evaluate_progress.json"
@@ -214,18 +241,34 @@ class Progress:
         text = json.dumps([digests, settings], sort_keys=True)
         self.key = hashlib.sha256(text.encode()).hexdigest()
         found = fileio.read_json(self.path) if self.path.is_file() else {}
-        self.done = found.get("done", {}) if found.get("key") == self.key else {}
+        saved = found.get("done", {}) if found.get("key") == self.key else {}
+        self.done: dict[str, dict] = {}
+        for phase, entry in saved.items():
+            entry = entry if isinstance(entry, dict) else {"records": entry}  # no code: old
+            if entry.get("code_sha256") == phase_code_sha256(phase):
+                self.done[phase] = entry
+            else:
+                print(f"rerunning {phase}: saved by other evaluation code (commit "
+                      f"{entry.get('commit') or 'unknown'})", flush=True)  # fmt: skip
         if self.done:
             print(f"resuming: {', '.join(self.done)} already done ({self.path})", flush=True)
 
     def get(self, phase: str) -> list[dict] | None:
-        return [dict(r) for r in self.done[phase]] if phase in self.done else None
+        return [dict(r) for r in self.done[phase]["records"]] if phase in self.done else None
 
     def put(self, phase: str, records: list[dict]) -> None:
-        self.done[phase] = [dict(r) for r in records]
+        """Save ``phase``'s records; a phase resumed keeps the commit that computed it."""
+        entry = self.done.get(phase) or {
+            "code_sha256": phase_code_sha256(phase),
+            "commit": os.environ.get(COMMIT_ENV),
+        }
+        self.done[phase] = {**entry, "records": [dict(r) for r in records]}
         fileio.write_json(self.path, {"key": self.key, "done": self.done})
 
-    def finish(self) -> None:
+    def finish(self, scores_dir: Path) -> None:
+        """Write :data:`EVALUATION_PHASES` (each phase's commit and code) and drop the progress."""
+        phases = {p: {k: e[k] for k in ("commit", "code_sha256")} for p, e in self.done.items()}
+        fileio.write_json(scores_dir / EVALUATION_PHASES, phases)
         self.path.unlink(missing_ok=True)
 
 

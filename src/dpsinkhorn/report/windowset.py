@@ -5,7 +5,8 @@ An experiment enters the set only when its evaluation finished: every FID and cl
 file of every seed exists (one evaluation job writes them all, and Snakemake deletes the
 outputs of a job it stopped). A stopped evaluation's finished phases
 (``evaluate_progress.json``) stay in the archive and are never shown as cells. Each
-experiment's provenance names the call (device, commit) whose evaluation finished it.
+experiment's provenance names the call (device, commit) whose evaluation finished it and
+(``phases``) the commit and code that computed each phase, a resumed one's included.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 
 from dpsinkhorn import fileio
 from dpsinkhorn.config.experiments import evaluation_dir, experiment_dir, experiment_home
-from dpsinkhorn.config.targets import evaluation_files
+from dpsinkhorn.config.targets import EVALUATION_PHASES, evaluation_files
 from dpsinkhorn.config.validate import load_config
 from dpsinkhorn.report.resultset import render
 
@@ -51,6 +52,9 @@ def write_set(window: Mapping, workdir: Path, set_dir: Path, state: dict) -> lis
             entry = {"work_item": item["name"], "command": state.get("commands", {}).get(exp, "")}
             if exp in stamps:
                 entry["evaluated_in"] = stamps[exp]
+            phases = scores / EVALUATION_PHASES  # each phase's commit and code, resumed too
+            if phases.is_file():
+                entry["phases"] = fileio.read_json(phases)
             gen = src / "generator.pt"
             if exp in state.get("imports", {}):
                 entry["generator"] = state["imports"][exp]
