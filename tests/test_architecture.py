@@ -183,7 +183,8 @@ ALLOWED_IMPORTS = {
     },
     "window_imports": {"config", "fileio"},  # committed generators, checked against ledgers
     "window_plan": {"config", "fileio", "plan"},  # what a window call starts: what can finish
-    "window_setup": {"config", "evaluate", "fileio"},  # the window file, the carry plan
+    # the window file, the carry plan (window_imports: which import sources the tree carries)
+    "window_setup": {"config", "evaluate", "fileio", "window_imports"},
     "cli": {"fileio"},  # and, by name, every module of COMMAND_MODULES
     "__main__": {"cli"},
     "": set(),  # the package's own __init__

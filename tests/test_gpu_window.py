@@ -235,14 +235,17 @@ def test_paper_window_file_loads_in_order():
     assert names[0].startswith("fid_") and names[-1] == "sound_budget"
     imports = [item for item in loaded["work"] if item["import"]]
     assert all(item["name"].startswith("fid_") for item in imports)
-    assert [set(item["import"]) for item in imports] == [{"mnist_perrow"}, {"mnist_dpsinkhorn"}]
-    # the committed generators' ledgers predate content_sha256: pinned to the hashes their
-    # results set recorded
+    assert [set(item["import"]) for item in imports] == [
+        {"mnist_perrow"}, {"mnist_dpsinkhorn"}, {"mnist_dpmerf"}, {"fmnist_dpmerf"}
+    ]  # fmt: skip
+    # the generators of 83ae335 have ledgers older than content_sha256: pinned to the hashes
+    # their results set recorded; DP-MERF's ledgers have it
     provenance = json.loads((REPO / "results-paper-scale/h100-83ae335/provenance.json").read_text())
-    for item in imports:
+    for item in imports[:2]:
         assert item["pins"] == {
             e: provenance["experiments"][e]["generator"]["sha256"] for e in item["import"]
         }
+    assert not any(item["pins"] for item in imports[2:])
     config = window.load_config([loaded["config_path"]])
     targets = window.item_targets(config, loaded["work"][0])
     # the whole evaluation: FID and the three classifiers, five seeds
@@ -422,3 +425,24 @@ def test_imports_are_checked_against_their_ledgers(tmp_path):
     assert not (pinned / "train_log.csv").exists()  # nothing checks it: not imported
     with pytest.raises(ValueError, match=r"import\.mnist_dpsinkhorn: give a source folder"):
         attempt({}, pin="not-hex")
+
+
+def test_repo_sources_import_the_committed_dpmerf_generators(tmp_path):
+    """A ``repo:`` import source is a folder of this repository (it travels with the tree):
+    window.yaml's DP-MERF items import the committed generators with no --import-root,
+    each checked against its ledger, the bytes copied the bytes committed."""
+    loaded = window.load_window(REPO / "benchmarks" / "gpu" / "window.yaml")
+    config = window.load_config([loaded["config_path"]])
+    items = [i for i in loaded["work"] if any(s.startswith("repo:") for s in i["import"].values())]
+    state: dict = {}
+    for item in items:
+        window_imports.import_generators(item, config, tmp_path, None, state)
+    assert set(state["imports"]) == {"mnist_dpmerf", "fmnist_dpmerf"}
+    for item in items:
+        for exp, source in item["import"].items():
+            committed = REPO / source.removeprefix("repo:")
+            ledger = json.loads((committed / "privacy.json").read_text())
+            assert state["imports"][exp]["sha256"] == ledger["content_sha256"]
+            copied = tmp_path / "results" / config["run_name"] / exp
+            for name in ("generator.pt", "privacy.json", "train_log.csv"):
+                assert (copied / name).read_bytes() == (committed / name).read_bytes(), name

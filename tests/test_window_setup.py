@@ -32,6 +32,8 @@ work:
   - name: committed
     import: {{mnist_dpsinkhorn: gen}}
   - {{name: real_mnist, experiments: [real_mnist]}}
+  - name: dpmerf
+    import: {{mnist_dpmerf: "repo:results-paper-scale/cpu-d19c6c0/mnist_dpmerf"}}
   - {{name: fmnist, experiments: [fmnist_dpsinkhorn]}}
 """
 
@@ -67,6 +69,7 @@ def test_each_call_fits_and_datasets_travel_with_their_item(carried):
     assert first == 0 and "import/gen" in holds[0]  # item 1's needs come first
     assert fashion > first and fashion >= weights_calls[-1]  # only when its item comes
     assert len(weights_calls) >= 2  # 87 MB over 40 MiB calls: split
+    assert "results-paper-scale" not in " ".join(holds)  # a repo: source travels in the tree
 
 
 def test_the_machine_joins_the_weights_and_items_wait_for_them(carried, tmp_path):

@@ -14,6 +14,23 @@ from dpsinkhorn import fileio
 from dpsinkhorn.config.experiments import experiment_dir
 from dpsinkhorn.config.targets import results_dir
 
+#: An import source ``repo:<path>`` is a folder of this repository (a committed results set):
+#: it travels with the tree, so the carry plan leaves it out.
+REPO_PREFIX = "repo:"
+REPO = Path(__file__).resolve().parents[2]
+
+
+def source_path(source: str, import_root: Path | None, item: str, exp: str) -> Path:
+    """Where the import ``source`` of ``exp`` lies: ``repo:<path>`` under the repository,
+    an absolute path as it is, anything else under ``--import-root``."""
+    if source.startswith(REPO_PREFIX):
+        return REPO / source[len(REPO_PREFIX) :]
+    if Path(source).is_absolute():
+        return Path(source)
+    if import_root is None:
+        raise ValueError(f"work item {item}: import {exp} from {source!r} needs --import-root")
+    return import_root / source
+
 
 class ImportRefused(ValueError):
     """An import whose generator or log is not the one its ledger describes (one line
@@ -50,13 +67,7 @@ def import_generators(
         dest = experiment_dir(config, workdir / results_dir(config), exp)
         if (dest / "generator.pt").is_file():
             continue
-        src = Path(source) if Path(source).is_absolute() else None
-        if src is None:
-            if import_root is None:
-                raise ValueError(
-                    f"work item {item['name']}: import {exp} from {source!r} needs --import-root"
-                )
-            src = import_root / source
+        src = source_path(source, import_root, item["name"], exp)
         if not (src / "generator.pt").is_file() or not (src / "privacy.json").is_file():
             raise FileNotFoundError(f"{src}: no generator.pt and privacy.json to import for {exp}")
         ledger_bytes = (src / "privacy.json").read_bytes()

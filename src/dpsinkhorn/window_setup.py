@@ -40,6 +40,7 @@ import yaml
 from dpsinkhorn import fileio
 from dpsinkhorn.config.experiments import experiment_names
 from dpsinkhorn.config.validate import OVERRIDABLE, load_config
+from dpsinkhorn.window_imports import REPO_PREFIX
 
 REPO = Path(__file__).resolve().parents[2]
 #: What a call can rebuild and the archive therefore leaves out (paths in the working folder;
@@ -242,6 +243,8 @@ def plan_carry(
                 raise ValueError(f"work item {item['name']}: no raw archives for {dataset!r}")
             pieces.append((f"mirror/{folder}", mirror / folder))
         for source in needs["imports"]:
+            if source.startswith(REPO_PREFIX):
+                continue  # a folder of the repository: the tree carries it
             if import_root is None:
                 raise ValueError(f"work item {item['name']}: imports need --import-root")
             pieces.append((f"import/{source}", import_root / source))
