@@ -182,7 +182,8 @@ ALLOWED_IMPORTS = {
         "window_setup",
     },
     "window_imports": {"config", "fileio"},  # committed generators, checked against ledgers
-    "window_plan": {"config", "fileio", "plan"},  # what a window call starts: what can finish
+    # what a window call starts: what can finish (evaluate.phases: what a job will resume)
+    "window_plan": {"config", "evaluate", "fileio", "plan"},
     # the window file, the carry plan (window_imports: which import sources the tree carries)
     "window_setup": {"config", "evaluate", "fileio", "window_imports"},
     "cli": {"fileio"},  # and, by name, every module of COMMAND_MODULES

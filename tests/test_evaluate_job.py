@@ -189,7 +189,7 @@ def test_phases_resume_only_from_the_same_code_and_name_their_commit(files, tmp_
     file of an older format) is computed again; a resumed phase keeps the commit that
     computed it, and evaluate_phases.json says, per phase, which commit and code did."""
     from dpsinkhorn.config.targets import EVALUATION_PHASES
-    from dpsinkhorn.evaluate import job
+    from dpsinkhorn.evaluate import job, phases
 
     kw = {"seeds": [0, 1], "num": 200, "test": files["test"], "reference": files["reference"],
           "samples_dir": tmp_path, "scores_dir": tmp_path, "real_data": files["train"],
@@ -232,6 +232,6 @@ def test_phases_resume_only_from_the_same_code_and_name_their_commit(files, tmp_
     assert rerun_from(old_format) == {"logreg": "beef001", "mlp": "beef001"}
     assert trained == ["logreg", "mlp"]
     # the classifiers' code as another commit had it: computed again
-    monkeypatch.setattr(job, "phase_code_sha256", lambda phase: "0" * 64)
+    monkeypatch.setattr(phases, "phase_code_sha256", lambda phase: "0" * 64)
     assert rerun_from(saved) == {"logreg": "beef001", "mlp": "beef001"}
     assert trained == ["logreg", "mlp"]

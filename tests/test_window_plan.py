@@ -18,6 +18,7 @@ from helpers import require_shared, shared_path
 from dpsinkhorn import fileio, window, window_plan
 from dpsinkhorn.cli import main
 from dpsinkhorn.config.experiments import experiment
+from dpsinkhorn.evaluate import phases
 
 CONFIG = """\
 run_name: window
@@ -165,10 +166,16 @@ def test_evaluation_waits_for_a_call_that_can_reach_its_next_phase(tmp_path):
     why = window_plan.evaluation_refusal(config, "real_mnist", work, 100, state)
     assert why == "real_mnist: its next saved phase (fid) takes 140 s, 100 s left"
     assert window_plan.evaluation_refusal(config, "real_mnist", work, 150, state) is None
-    # FID saved: the next phase (Log-Reg) was never measured, so it may start
+    # FID saved by this code: the next phase (Log-Reg) was never measured, so it may start
     progress = work / "results/window/nonprivate/real_mnist/evaluate_progress.json"
-    fileio.write_json(progress, {"key": "k", "done": {"fid": []}})
+    fid = {"records": [], "code_sha256": phases.phase_code_sha256("fid"), "commit": "abc1234"}
+    fileio.write_json(progress, {"key": "k", "done": {"fid": fid}})
     assert window_plan.evaluation_refusal(config, "real_mnist", work, 100, state) is None
+    # FID saved by other code, or in the older format: the job computes it again, so the
+    # plan counts it again
+    for saved in ({**fid, "code_sha256": "0" * 64}, []):
+        fileio.write_json(progress, {"key": "k", "done": {"fid": saved}})
+        assert window_plan.evaluation_refusal(config, "real_mnist", work, 100, state) == why
 
 
 @pytest.mark.parametrize("bad", ["long: 1", "outputs: [fid]"])

@@ -23,6 +23,7 @@ from dpsinkhorn.config.experiments import (
     needs_training,
 )
 from dpsinkhorn.config.targets import results_dir
+from dpsinkhorn.evaluate.phases import resumable
 
 #: A phase's wall seconds as the evaluation job prints it (``[12:00:00] fid: 135.6 s``).
 PHASE_LINE = re.compile(r"^\[\d\d:\d\d:\d\d\] (sample|fid|classify_\w+): ([\d.]+) s$", re.M)
@@ -57,7 +58,8 @@ def evaluation_refusal(config: Mapping, exp: str, workdir: Path, left_s: float, 
     measured = state.get("phase_seconds", {})
     progress = evaluation_dir(config, workdir / results_dir(config), exp)
     progress = progress / "evaluate_progress.json"
-    done = fileio.read_json(progress).get("done", {}) if progress.is_file() else {}
+    # the phases the job will resume: saved by this code (evaluate.phases, the job's rule)
+    done = resumable(fileio.read_json(progress).get("done", {})) if progress.is_file() else {}
     phases = ["fid", *(f"classify_{m}" for m in experiment_classifiers(config, exp))]
     left = [ph for ph in phases if ph.removeprefix("classify_") not in done]
     if not left or left[0] not in measured or "sample" not in measured:

@@ -13,7 +13,7 @@ Resumable: a job stopped after some phases (FID, a classifier) resumes after the
 (:class:`Progress`), where the code that computed them is this code. Each phase's wall
 seconds are printed as it ends; a completed job writes ``<scores-dir>/evaluate_phases.json``:
 per phase, the commit (``$DPSINKHORN_COMMIT``, which ``gpu-window`` sets) and the code
-(:func:`phase_code_sha256`) that computed it.
+(:func:`dpsinkhorn.evaluate.phases.phase_code_sha256`) that computed it.
 
 What one process saves: the generator, the Inception network, the reference statistics
 and the test set are loaded once; the samples never go to disk and back; each classifier
@@ -43,26 +43,8 @@ from dpsinkhorn.evaluate.classify import (
 )
 from dpsinkhorn.evaluate.fid import SQRTM_METHODS, fid_against_reference
 from dpsinkhorn.evaluate.inception import FID_PRECISIONS, network_sha256
+from dpsinkhorn.evaluate.phases import COMMIT_ENV, phase_code_sha256, resumable
 from dpsinkhorn.evaluate.sample import load_generator, sample_generator, sample_real
-
-#: The modules of :mod:`dpsinkhorn.evaluate` whose code computes each phase's records (FID;
-#: every classifier): a phase saved by other code is computed again, not resumed.
-PHASE_MODULES = {
-    "fid": ("sample", "inception", "fid"),
-    "classifier": ("sample", "classifiers", "classify", "fastfit"),
-}
-#: The commit a job runs at, when its caller knows it (a copied tree may have no .git).
-COMMIT_ENV = "DPSINKHORN_COMMIT"
-
-
-def phase_code_sha256(phase: str) -> str:
-    """SHA-256 of the source files that compute ``phase`` (``fid``, or a classifier's name):
-    :data:`PHASE_MODULES`, each as its name, a NUL and its bytes."""
-    here = Path(__file__).parent
-    modules = PHASE_MODULES["fid" if phase == "fid" else "classifier"]
-    return fileio.sha256_of_bytes(
-        b"".join(m.encode() + b"\0" + (here / f"{m}.py").read_bytes() for m in modules)
-    )
 
 
 def sample_files(samples_dir: str | Path, seeds: list[int]) -> list[Path]:
@@ -226,11 +208,11 @@ class Progress:
     kept in ``<scores>/evaluate_progress.json`` (not an output, so kept), keyed by the
     SHA-256 of the inputs and the settings: a rerun with the same key reuses them, any
     other key starts afresh. Each phase also records the code that computed it
-    (:func:`phase_code_sha256`) and the commit (``$DPSINKHORN_COMMIT``, or null): a phase
-    whose code differs from this code (another commit, an older archive) is computed
-    again. Removed when the job completes, when :data:`EVALUATION_PHASES` takes each phase's
-    commit and code. Only scores are kept there, never images (samples are drawn again:
-    seeded, the same).
+    (:func:`dpsinkhorn.evaluate.phases.phase_code_sha256`) and the commit
+    (``$DPSINKHORN_COMMIT``, or null): a phase whose code differs from this code (another
+    commit, an older archive) is computed again. Removed when the job completes, when
+    :data:`EVALUATION_PHASES` takes each phase's commit and code. Only scores are kept
+    there, never images (samples are drawn again: seeded, the same).
     """
 
     NAME = "evaluate_progress.json"
@@ -242,14 +224,11 @@ class Progress:
         self.key = hashlib.sha256(text.encode()).hexdigest()
         found = fileio.read_json(self.path) if self.path.is_file() else {}
         saved = found.get("done", {}) if found.get("key") == self.key else {}
-        self.done: dict[str, dict] = {}
-        for phase, entry in saved.items():
-            entry = entry if isinstance(entry, dict) else {"records": entry}  # no code: old
-            if entry.get("code_sha256") == phase_code_sha256(phase):
-                self.done[phase] = entry
-            else:
-                print(f"rerunning {phase}: saved by other evaluation code (commit "
-                      f"{entry.get('commit') or 'unknown'})", flush=True)  # fmt: skip
+        self.done = resumable(saved)
+        for phase in sorted(set(saved) - set(self.done)):
+            commit = saved[phase].get("commit") if isinstance(saved[phase], dict) else None
+            print(f"rerunning {phase}: saved by other evaluation code (commit "
+                  f"{commit or 'unknown'})", flush=True)  # fmt: skip
         if self.done:
             print(f"resuming: {', '.join(self.done)} already done ({self.path})", flush=True)
 
