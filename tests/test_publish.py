@@ -135,8 +135,10 @@ def test_private_and_nonprivate_files_live_apart(run):
     assert ledger["private"] is False and ledger["guarantee"] is None
     for exp in DP:
         names = {p.name for p in (root / exp).iterdir()} - {".dpsinkhorn.lock"}
+        # evaluate_phases.json: the commit and code of each evaluation phase (no data)
         assert names == {"generator.pt", "privacy.json", "train_log.csv", "samples_seed0.npz",
-                         "fid_seed0.json", "acc_logreg_seed0.json"}  # fmt: skip
+                         "fid_seed0.json", "acc_logreg_seed0.json",
+                         "evaluate_phases.json"}  # fmt: skip
 
 
 def test_release_publishes_exactly_what_the_config_lists_each_proven(run, tmp_path):

@@ -32,9 +32,9 @@ work:
   - name: committed
     import: {{mnist_dpsinkhorn: gen}}
   - {{name: real_mnist, experiments: [real_mnist]}}
+  - {{name: fmnist, experiments: [fmnist_dpsinkhorn]}}
   - name: dpmerf
     import: {{mnist_dpmerf: "repo:results-paper-scale/cpu-d19c6c0/mnist_dpmerf"}}
-  - {{name: fmnist, experiments: [fmnist_dpsinkhorn]}}
 """
 
 
