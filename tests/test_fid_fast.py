@@ -67,16 +67,22 @@ def test_fid_stats_fast_equals_the_reference_statistics(images, fid_weights, tmp
     assert np.allclose(fast["sigma"], ref["sigma"], rtol=0, atol=1e-5)
 
 
+def _cudnn_tf32_switch():
+    """(read cuDNN's fp32 convolution setting, its IEEE value, its TF32 value), in torch's
+    new (``cudnn.conv.fp32_precision``) or old (``cudnn.allow_tf32``) form."""
+    conv = torch.backends.cudnn.conv
+    if hasattr(conv, "fp32_precision"):
+        return (lambda: conv.fp32_precision), "ieee", "tf32"
+    return (lambda: torch.backends.cudnn.allow_tf32), False, True
+
+
 @pytest.mark.parametrize("fast", [False, True])
 def test_the_fid_network_convolves_without_tf32(images, fast):
     """Both feature paths run with cuDNN's TF32 off (IEEE fp32 on a GPU too: with TF32 the
     paths' FIDs differed by 0.12-0.2% on an H100); the switch is restored after."""
     from dpsinkhorn.evaluate.inception import activations, device_activations, random_inception
 
-    conv = torch.backends.cudnn.conv
-    state = (lambda: conv.fp32_precision) if hasattr(conv, "fp32_precision") else (
-        lambda: torch.backends.cudnn.allow_tf32)  # fmt: skip
-    ieee = "ieee" if hasattr(conv, "fp32_precision") else False
+    state, ieee, _ = _cudnn_tf32_switch()
     model = random_inception(images[:4])
     seen = []
     model.register_forward_pre_hook(lambda *_: seen.append(state()))
@@ -96,10 +102,7 @@ def test_tf32_precision_convolves_in_tf32_and_equals_fp32_on_the_cpu(images):
     bit. Its FID difference from IEEE fp32 is a GPU measurement (``bench-eval``)."""
     from dpsinkhorn.evaluate.inception import device_activations, random_inception
 
-    conv = torch.backends.cudnn.conv
-    state = (lambda: conv.fp32_precision) if hasattr(conv, "fp32_precision") else (
-        lambda: torch.backends.cudnn.allow_tf32)  # fmt: skip
-    tf32 = "tf32" if hasattr(conv, "fp32_precision") else True
+    state, _, tf32 = _cudnn_tf32_switch()
     model = random_inception(images[:4])
     seen = []
     inception.fast_network(model).blocks[0].register_forward_pre_hook(

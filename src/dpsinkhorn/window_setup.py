@@ -40,9 +40,8 @@ import yaml
 from dpsinkhorn import fileio
 from dpsinkhorn.config.experiments import experiment_names
 from dpsinkhorn.config.validate import OVERRIDABLE, load_config
-from dpsinkhorn.window_imports import REPO_PREFIX
+from dpsinkhorn.window_imports import REPO, REPO_PREFIX
 
-REPO = Path(__file__).resolve().parents[2]
 #: What a call can rebuild and the archive therefore leaves out (paths in the working folder;
 #: the training record under ``data/trainings/`` is kept all the same: ``window.pack_workdir``).
 DEFAULT_EXCLUDE = (
