@@ -94,6 +94,7 @@ EVAL_OPTIONS = (
     + f" --patience {EVAL['patience']} --batch-size {EVAL['batch_size']}"
     + f" --max-iter {EVAL['logreg_max_iter']}"
     + (" --fast" if EVAL["fast"] else "")
+    + ("" if EVAL["fid_precision"] == "fp32" else f" --fid-precision {EVAL['fid_precision']}")
 )
 # Only used with --software-deployment-method conda (path relative to the rule files).
 CONDA_ENV = "../../envs/dpsinkhorn.yaml"

@@ -55,6 +55,10 @@ OVERRIDABLE = (
 )
 
 #: Why a sweep (``sweep_runs`` > 1) cannot train in bf16.
+FID_PRECISION_ERROR = (
+    "bad value {!r}: a precision other than fp32 runs on the fast Inception path only; "
+    "set evaluation.fast: true or fid_precision: fp32"
+)
 SWEEP_BF16_ERROR = (
     "precision bf16 cannot train sweeps: torch.func.vmap, which runs a sweep's generators, "
     "does not apply autocast on every device (pytorch/pytorch#105442); use sweep_runs: 1 "
@@ -246,6 +250,14 @@ def _semantic_errors(config: dict) -> list[tuple[list, str]]:
     errors: list[tuple[list, str]] = []
     if config["precision"] == "bf16" and config["sweep_runs"] > 1:
         errors.append((["precision"], SWEEP_BF16_ERROR))
+    evaluation = config["evaluation"]
+    if evaluation["fid_precision"] != "fp32" and not evaluation["fast"]:
+        errors.append(
+            (
+                ["evaluation", "fid_precision"],
+                FID_PRECISION_ERROR.format(evaluation["fid_precision"]),
+            )
+        )
     errors += cluster_errors(config)
     errors += own_dataset_errors(config)
     rows: dict[tuple[str, str], str] = {}
