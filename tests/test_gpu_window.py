@@ -232,23 +232,21 @@ def test_window_file_errors_name_the_key(tmp_path):
 def test_paper_window_file_loads_in_order():
     loaded = window.load_window(REPO / "benchmarks" / "gpu" / "window.yaml")
     names = [item["name"] for item in loaded["work"]]
-    assert names[0].startswith("fid_") and names[-1] == "sound_budget"
+    assert names[0] == "real_mnist" and names[-1] == "sound_budget"
     imports = [item for item in loaded["work"] if item["import"]]
     assert all(item["name"].startswith("fid_") for item in imports)
-    assert [set(item["import"]) for item in imports] == [
-        {"mnist_dpmerf"}, {"fmnist_dpmerf"}, {"mnist_dpsinkhorn"}
-    ]  # fmt: skip
+    assert [set(item["import"]) for item in imports] == [{"fmnist_dpmerf"}, {"mnist_dpsinkhorn"}]
     # the generators of 83ae335 have ledgers older than content_sha256: pinned to the hashes
     # their results set recorded; DP-MERF's ledgers have it
     provenance = json.loads((REPO / "results-paper-scale/h100-83ae335/provenance.json").read_text())
-    assert imports[2]["pins"] == {
-        e: provenance["experiments"][e]["generator"]["sha256"] for e in imports[2]["import"]
+    assert imports[1]["pins"] == {
+        e: provenance["experiments"][e]["generator"]["sha256"] for e in imports[1]["import"]
     }
-    assert not any(item["pins"] for item in imports[:2])
+    assert not imports[0]["pins"]
     config = window.load_config([loaded["config_path"]])
     targets = window.item_targets(config, loaded["work"][0])
     # the whole evaluation: FID and the three classifiers, five seeds
-    assert targets[0] == "results/paper/mnist_dpmerf/fid_seed0.json" and len(targets) == 20
+    assert targets[0] == "results/paper/nonprivate/real_mnist/fid_seed0.json" and len(targets) == 20
     assert not any(item["long"] for item in loaded["work"][:-1])
     assert loaded["work"][-1]["name"] == "sound_budget" and not loaded["work"][-1]["long"]
 
@@ -436,7 +434,7 @@ def test_repo_sources_import_the_committed_dpmerf_generators(tmp_path):
     state: dict = {}
     for item in items:
         window_imports.import_generators(item, config, tmp_path, None, state)
-    assert set(state["imports"]) == {"mnist_dpmerf", "fmnist_dpmerf"}
+    assert set(state["imports"]) == {"fmnist_dpmerf"}  # MNIST's row is in h100-b219f4e
     for item in items:
         for exp, source in item["import"].items():
             committed = REPO / source.removeprefix("repo:")

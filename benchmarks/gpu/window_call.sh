@@ -27,6 +27,11 @@ start=$SECONDS
 mkdir -p "$OUT" "$CACHE"
 if [[ ! -d /tmp/site ]]; then  # wheels (first call on this machine)
   wheels=$(ls -d "$CARRY"/setup*/wheels 2> /dev/null | head -1)
+  if [[ -z $wheels ]]; then  # e.g. the last call's machine was given back between calls
+    echo "call $N: a fresh machine and no wheels carried: carry setup1 to setup$N of" \
+      ".window/ again (the wheels, the weights' parts)" >&2
+    exit 2
+  fi
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
     "$wheels"/*.whl
 fi
