@@ -118,21 +118,6 @@ def _kill(proc: subprocess.Popen, how: str) -> None:
         time.sleep(0.2)
 
 
-def _job_seconds(workdir: Path) -> dict[str, float]:
-    """Wall seconds of each job that a run in ``workdir`` has finished, by its benchmark
-    file (written as the job ends; privacy_summary and release_manifest have none)."""
-    seconds = {}
-    for path in (workdir / "results").glob("**/benchmarks/**/*.tsv"):
-        try:
-            with open(path, newline="") as fh:
-                seconds[path.relative_to(workdir).as_posix()] = float(
-                    next(csv.DictReader(fh, delimiter="\t"))["s"]
-                )
-        except (StopIteration, KeyError, ValueError):  # cut short by a kill: not finished
-            pass
-    return seconds
-
-
 def _run_to_completion(workdir: Path) -> float:
     start = time.monotonic()
     with open(workdir / "uninterrupted.log", "w") as log:
@@ -140,25 +125,23 @@ def _run_to_completion(workdir: Path) -> float:
     return time.monotonic() - start
 
 
-def _killed_life(
-    workdir: Path, moments: int, reference: Path, life_s: float, rng: random.Random
-) -> dict:
+def _killed_life(workdir: Path, moments: int, life_s: float, rng: random.Random) -> dict:
     """Run the same command, killing it at ``moments`` random moments, until it completes.
-    ``reference``: the uninterrupted run, which took ``life_s``."""
+    ``life_s``: the wall time of the uninterrupted run."""
     figure = {"moments": [], "completed_before_kill": 0, "unlocks": 0, "attempts": 0}
-    # remaining: the share of the uninterrupted run's job time still to do here (the jobs
-    # without a benchmark yet). A share of the jobs overstated it at the end, whose report
-    # jobs are short: the secret life of the CI of 05c4ad4 ended after 7 of its 12 moments.
-    jobs = _job_seconds(reference)
-    remaining, startup = 1.0, 10.0
+    # The killed attempts together run at most 0.8 of one uninterrupted life, so every moment
+    # is used before the work can be done (each attempt also pays Snakemake's start, and a
+    # kill loses work), and the moments walk through the life: each kill draws up to twice
+    # its share of what is left of that time (the mean share). A fixed start-up delay
+    # before each kill let a short life (28 s on an idle machine; the CI of d0fdb65: 7 of
+    # 12 moments) finish with moments unused.
+    left_s = 0.8 * life_s
     while True:
         figure["attempts"] += 1
         path = workdir / f"attempt{figure['attempts']}.log"
         kill = len(figure["moments"]) < moments
-        # Mean progress per attempt: the work left shared over the kills left; one in five
-        # lands in Snakemake's own start (planning, locking, the incomplete-file check).
-        span = 1.5 * life_s * remaining / max(moments - len(figure["moments"]), 1)
-        delay = rng.uniform(0, startup) if rng.random() < 0.2 else startup + rng.uniform(0, span)
+        share = left_s / max(moments - len(figure["moments"]), 1)
+        delay = min(rng.uniform(0, 2 * share), left_s)
         how = rng.choice(["SIGKILL", "SIGTERM"])
         with open(path, "w") as log:
             proc = _start(workdir, log)
@@ -167,9 +150,7 @@ def _killed_life(
             except subprocess.TimeoutExpired:
                 _kill(proc, how)
                 figure["moments"].append((round(delay, 1), how))
-                done = _job_seconds(workdir)
-                left = sum(t for job, t in jobs.items() if job not in done) / sum(jobs.values())
-                remaining = min(remaining, max(left, 0.02))
+                left_s -= delay
                 continue
         text = path.read_text()
         if code != 0 and "cannot be locked" in text.lower():
@@ -287,7 +268,7 @@ def test_killed_anywhere_the_rerun_completes_with_nothing_lost(life, reference, 
     print(f"\nkill-anywhere {life}: seed {seed} (DPSINKHORN_KILL_SEED={SEED}), {MOMENTS} moments")
     _config(tmp_path, reproducible=life == "reproducible", npz=ref / "digits.npz")
     start = time.monotonic()
-    figure = _killed_life(tmp_path, MOMENTS, ref, life_s, random.Random(seed))
+    figure = _killed_life(tmp_path, MOMENTS, life_s, random.Random(seed))
     problems = _check_consistent(tmp_path)
     if life == "reproducible":
         ours, theirs = _files(tmp_path / "results"), _files(ref / "results")
