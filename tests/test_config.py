@@ -193,9 +193,7 @@ def test_fid_precision_is_checked(tmp_path, precision):
         assert "evaluation.fid_precision: bad value 'tf32': " in message and "fast" in message
     else:
         assert "evaluation.fid_precision: bad value 'bf16': must be one of fp32, tf32" in message
-    fast = write(
-        tmp_path, "evaluation: {fid_precision: tf32}\nexperiments:\n  e: {dataset: mnist}\n"
-    )
+    fast = write(tmp_path, "evaluation: {fid_precision: tf32}\n" + experiments)
     assert cfg.load_config(fast)["evaluation"]["fid_precision"] == "tf32"
 
 

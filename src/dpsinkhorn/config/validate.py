@@ -54,11 +54,12 @@ OVERRIDABLE = (
     "precision",
 )
 
-#: Why a sweep (``sweep_runs`` > 1) cannot train in bf16.
+#: Why ``evaluation.fid_precision`` other than fp32 needs ``evaluation.fast``.
 FID_PRECISION_ERROR = (
     "bad value {!r}: a precision other than fp32 runs on the fast Inception path only; "
     "set evaluation.fast: true or fid_precision: fp32"
 )
+#: Why a sweep (``sweep_runs`` > 1) cannot train in bf16.
 SWEEP_BF16_ERROR = (
     "precision bf16 cannot train sweeps: torch.func.vmap, which runs a sweep's generators, "
     "does not apply autocast on every device (pytorch/pytorch#105442); use sweep_runs: 1 "
