@@ -169,7 +169,8 @@ ALLOWED_IMPORTS = {
     },  # fmt: skip
     "plan": {"bench", "config", "devices", "fileio", "privacy", "train", "window_setup"},
     "api": {"config", "data", "devices", "evaluate", "publish", "train"},  # data: dataset names
-    "publish": {"config", "devices", "evaluate", "fileio", "report"},  # redraws, recomputes
+    # redraws, recomputes, reads the training record (privacy.trainings)
+    "publish": {"config", "devices", "evaluate", "fileio", "privacy", "report"},
     # runs the workflow, renders a set, carries the training record (privacy.trainings)
     "window": {
         "config",

@@ -276,6 +276,7 @@ def test_cli_self_fid_is_zero_and_stats_file_matches_samples(
     assert fid.statistics_metadata(ref) == {
         "image_shape": [28, 28, 1],
         "weights_sha256": result["weights_sha256"],
+        "source_sha256": fileio.sha256_of(samples),  # what the release checks it against
     }
     assert isinstance(result["fid"], float) and abs(result["fid"]) < 1e-3
 

@@ -17,6 +17,7 @@ import shutil
 
 import numpy as np
 import pytest
+import yaml
 
 from dpsinkhorn import cli, fileio, publish
 from dpsinkhorn import config as config_lib
@@ -106,8 +107,6 @@ def _copy(root, dst):
 def _release_argv(config, run, out):
     path = run.parent / "config.yaml"
     if not path.exists():
-        import yaml
-
         path.write_text(yaml.safe_dump({**config, "data_dir": str(run.parent / "data")}))
     return ["release", "--config", str(path), "--run", str(run), "--out", str(out)]
 
@@ -196,23 +195,24 @@ def test_sample_real_in_a_dp_samples_place_is_refused(run, tmp_path, capsys):
     assert not (tmp_path / "o").exists()
 
 
-def test_a_lying_manifest_or_ledger_is_refused_or_ignored(run, tmp_path, capsys):
+def test_a_lying_manifest_or_ledger_is_refused(run, tmp_path, capsys):
     config, root = run
-    # The run's manifest is not an input: a lie in it changes nothing that is published.
-    lied = _copy(root, tmp_path / "manifest")
-    manifest = fileio.read_json(lied / MANIFEST)
-    manifest["ledgers"]["dp_a/privacy.json"] = "(epsilon, delta)-DP with epsilon = 0.01"
-    manifest["files"].append({"path": "nonprivate/real/samples_seed0.npz", "sha256": "x",
-                              "ledgers": ["dp_a/privacy.json"]})  # fmt: skip
-    fileio.write_json(lied / MANIFEST, manifest)
-    out = tmp_path / "o1"
-    assert cli.main(_release_argv(config, lied, out)) == 0
-    report = fileio.read_json(out / MANIFEST)
-    assert (
-        report["ledgers"]["dp_a/privacy.json"]
-        == fileio.read_json(root / "dp_a/privacy.json")["guarantee"]
-    )
-    assert not (out / "nonprivate").exists()
+    # The run's manifest is not an input: a lie in it is refused, never believed.
+    lies = {
+        "guarantee": lambda m: m["ledgers"].update(
+            {"dp_a/privacy.json": "(epsilon, delta)-DP with epsilon = 0.01"}),
+        "file": lambda m: m["files"].append(
+            {"path": "nonprivate/real/samples_seed0.npz", "sha256": "x",
+             "ledgers": ["dp_a/privacy.json"]}),
+    }  # fmt: skip
+    for name, lie in lies.items():
+        lied = _copy(root, tmp_path / name)
+        manifest = fileio.read_json(lied / MANIFEST)
+        lie(manifest)
+        fileio.write_json(lied / MANIFEST, manifest)
+        _refused(_release_argv(config, lied, tmp_path / "o1"), capsys, MANIFEST,
+                 "does not report this release")  # fmt: skip
+    assert not (tmp_path / "o1").exists()
 
     def ledger_edit(name, change, *words):
         bad = _copy(root, tmp_path / name)
@@ -230,20 +230,72 @@ def test_a_lying_manifest_or_ledger_is_refused_or_ignored(run, tmp_path, capsys)
     assert not (tmp_path / "o2").exists()
 
 
-def test_a_hand_added_file_with_its_sidecar_is_not_published(run, prepared_mnist, tmp_path):
+def test_a_ledger_its_training_did_not_write_is_refused(run, tmp_path, capsys):
+    """The ledger is proven from the training record, not from itself: a DP ledger
+    re-hashed to the non-private generator and log (every check of the ledger alone
+    passes), and a ledger with a key or text added."""
     config, root = run
-    sneaked = _copy(root, tmp_path / "c")
+    forged = _copy(root, tmp_path / "forged")
+    ledger = fileio.read_json(forged / "dp_a" / "privacy.json")
+    for name, key in (("generator.pt", "content_sha256"), ("train_log.csv", "train_log_sha256")):
+        shutil.copy(forged / "nonprivate" / "np" / name, forged / "dp_a" / name)
+        ledger[key] = fileio.sha256_of(forged / "dp_a" / name)
+    fileio.write_json(forged / "dp_a" / "privacy.json", ledger)
+    _refused(_release_argv(config, forged, tmp_path / "o"), capsys, "dp_a/privacy.json",
+             "no finished DP training in the training record")  # fmt: skip
+
+    edits = {"key": lambda x: x.update(note="records 17, 4, 9"),
+             "text": lambda x: x.update(guarantee=x["guarantee"] + " 17, 4, 9")}  # fmt: skip
+    for name, change in edits.items():
+        bad = _copy(root, tmp_path / name)
+        ledger = fileio.read_json(bad / "dp_a" / "privacy.json")
+        change(ledger)
+        fileio.write_json(bad / "dp_a" / "privacy.json", ledger)
+        _refused(_release_argv(config, bad, tmp_path / "o"), capsys, "dp_a/privacy.json",
+                 "not the ledger training", "ledger_sha256")  # fmt: skip
+
+    settings = _copy(root, tmp_path / "settings")
+    other = {**config, "experiments": {**config["experiments"]}}
+    other["experiments"]["dp_a"] = {**other["experiments"]["dp_a"], "lr": 0.5}
+    (settings.parent / "config.yaml").write_text(
+        yaml.safe_dump({**other, "data_dir": str(settings.parent / "data")})
+    )
+    _refused(_release_argv(other, settings, tmp_path / "o"), capsys, "dp_a/privacy.json",
+             "other settings than the config's (lr)")  # fmt: skip
+    assert not (tmp_path / "o").exists()
+
+
+def test_fid_against_statistics_of_other_data_is_refused(run, fid_weights, tmp_path, capsys):
+    """FID statistics of the private training split put in the reference's place, and the
+    scores re-pointed to them (as a re-evaluation would): not the public test split's."""
+    config, root = run
+    bad = _copy(root, tmp_path / "c")
+    prepared = bad.parent / "data" / config_lib.prepared_folder_of(config, "mnist")
+    reference = targets.fid_reference_file(bad, "mnist")
+    args = ["fid-stats", "--samples", str(prepared / "train.npz"), "--out", reference,
+            "--num", "16", "--weights", str(fid_weights), "--device", "cpu"]  # fmt: skip
+    assert cli.main(args) == 0
+    capsys.readouterr()
+    for exp in DP:
+        path = bad / exp / "fid_seed0.json"
+        fileio.write_json(path, {**fileio.read_json(path), "b_sha256": fileio.sha256_of(reference)})
+    _refused(_release_argv(config, bad, tmp_path / "o"), capsys, "fid_ref_mnist.npz",
+             "not the statistics of the public test split")  # fmt: skip
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_hand_added_file_with_its_sidecar_is_refused(run, prepared_mnist, tmp_path, capsys):
+    """Raw records copied into a DP folder with a matching ``.sha256`` sidecar (and listed
+    in the run's manifest, which is then refused too): no rule writes them there."""
+    config, root = run
     for name in ("train_copy.npz", "samples_seed9.npz"):
+        sneaked = _copy(root, tmp_path / name)
         shutil.copy(prepared_mnist / "mnist" / "train.npz", sneaked / "dp_a" / name)
         digest = fileio.sha256_of(sneaked / "dp_a" / name)
         (sneaked / "dp_a" / f"{name}.sha256").write_text(f"{digest}  {name}\n")
-    manifest = fileio.read_json(sneaked / MANIFEST)
-    manifest["files"].append({"path": "dp_a/train_copy.npz", "sha256": digest,
-                              "ledgers": ["dp_a/privacy.json"]})  # fmt: skip
-    fileio.write_json(sneaked / MANIFEST, manifest)
-    out = tmp_path / "o"
-    assert cli.main(_release_argv(config, sneaked, out)) == 0
-    assert not [p for p in out.rglob("*") if "train_copy" in p.name or "seed9" in p.name]
+        _refused(_release_argv(config, sneaked, tmp_path / "o"), capsys, "dp_a/",
+                 "no rule writes it into the DP folder")  # fmt: skip
+    assert not (tmp_path / "o").exists()
 
 
 def test_a_score_not_computed_from_the_release_is_refused(run, tmp_path, capsys):
@@ -331,7 +383,11 @@ def test_sample_files_of_another_writer_or_device(run, tmp_path, capsys):
     for name, key in (("fid_seed0.json", "a_sha256"), ("acc_logreg_seed0.json", "train_sha256")):
         record = fileio.read_json(other / "dp_a" / name)
         fileio.write_json(other / "dp_a" / name, {**record, key: fileio.sha256_of(path)})
-    assert cli.main(_release_argv(config, other, out)) == 0
+    argv = _release_argv(config, other, out)
+    assert cli.main(argv) == 2  # the run's manifest reports the scores before the rebinding
+    assert "does not report this release" in capsys.readouterr().err
+    write_manifest({**config, "data_dir": str(other.parent / "data")}, other)
+    assert cli.main(argv) == 0
     assert (out / "dp_a/samples_seed0.npz").read_bytes() == (
         root / "dp_a/samples_seed0.npz"
     ).read_bytes()

@@ -38,6 +38,7 @@ from dpsinkhorn.evaluate.sample import (
 )
 from dpsinkhorn.publish import experiment_folder
 from dpsinkhorn.publish import release as release_run
+from dpsinkhorn.train.run import default_record_dir
 from dpsinkhorn.train.run import train as train_run
 
 PathLike = str | os.PathLike
@@ -203,13 +204,21 @@ def save_pngs(
     return written
 
 
-def release(run_dir: PathLike, out: PathLike, accept_no_guarantee: bool = False) -> list[Path]:
+def release(
+    run_dir: PathLike,
+    out: PathLike,
+    accept_no_guarantee: bool = False,
+    record_dir: PathLike | None = None,
+) -> list[Path]:
     """Publish one trained experiment through the same door as ``dpsinkhorn release``.
 
     Proves each file from the ledger ``run_dir/privacy.json`` (``dpsinkhorn.publish``):
     generator.pt and train_log.csv hash to its ``content_sha256`` and
-    ``train_log_sha256``; then writes exactly those bytes, the ledger and
-    ``release_manifest.json`` (the report of that decision) into ``out`` (new or empty).
+    ``train_log_sha256``, and the ledger is the one its training wrote, by the training
+    record in ``record_dir`` (where :func:`train` appended it; default
+    ``<run_dir>/../trainings``, as :func:`train` without ``data_dir`` or ``record_dir``);
+    then writes exactly those bytes, the ledger and ``release_manifest.json`` (the report
+    of that decision) into ``out`` (new or empty).
     Samples and PNGs you drew are post-processing of the generator: publish them yourself.
     Returns the paths written under ``out``.
 
@@ -218,8 +227,17 @@ def release(run_dir: PathLike, out: PathLike, accept_no_guarantee: bool = False)
             file whose bytes are not those training recorded in privacy.json
             (``content_sha256``, ``train_log_sha256``), a non-private run, ``out`` not
             empty, or a ledger whose ``guarantee`` is ``none…`` (public noise seed) unless
-            ``accept_no_guarantee``. Nothing is written then.
-        FileNotFoundError: ``run_dir`` lacks its ledger or a file it covers.
+            ``accept_no_guarantee``, or a ledger no finished training in the record wrote.
+            Nothing is written then.
+        FileNotFoundError: ``run_dir`` lacks its ledger or a file it covers, or
+            ``record_dir`` holds no training record.
     """
     flag = "accept_no_guarantee=True"
-    return release_run(run_dir, out, experiment_folder(), None, accept_no_guarantee, flag=flag)
+    records = default_record_dir(Path(run_dir), None, record_dir)
+    if not list(records.glob("*.jsonl")):
+        raise FileNotFoundError(
+            f"{records}: no training record there; pass record_dir= where api.train kept it "
+            "(its record_dir, or <data_dir>/trainings)"
+        )
+    folders = experiment_folder(records)
+    return release_run(run_dir, out, folders, None, accept_no_guarantee, flag=flag)

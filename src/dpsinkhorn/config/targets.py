@@ -85,6 +85,9 @@ TRAINING_FILES = ("generator.pt", "privacy.json", "train_log.csv")
 #: What a completed evaluation job writes beside its scores: the commit and code that
 #: computed each phase (``evaluate.job``; a window's results set quotes it).
 EVALUATION_PHASES = "evaluate_phases.json"
+#: Where an evaluation job keeps its finished phases' scores until it completes (scores
+#: only; ``evaluate.job.Progress``).
+EVALUATION_PROGRESS = "evaluate_progress.json"
 
 
 # ------------------------------------------------------------------ per-experiment files

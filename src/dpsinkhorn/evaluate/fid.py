@@ -190,14 +190,19 @@ def save_statistics(
     num_images: int,
     image_shape: tuple[int, ...] | None = None,
     weights_sha256: str | None = None,
+    source_sha256: str | None = None,
 ) -> None:
     """Write a statistics file atomically.
 
     Arrays: ``mu`` [D], ``sigma`` [D,D] float64, ``num_images``; optionally
     ``image_shape`` [H,W,C] of the images and ``weights_sha256`` of the network, which
-    :func:`fid_between` checks against the other side of a comparison.
+    :func:`fid_between` checks against the other side of a comparison, and
+    ``source_sha256``, the sha256 of the sample file the images came from (``dpsinkhorn
+    release`` publishes an FID only against statistics of the public test split).
     """
     extra = {}
+    if source_sha256 is not None:
+        extra["source_sha256"] = np.asarray(source_sha256)
     if image_shape is not None:
         extra["image_shape"] = np.asarray(image_shape, np.int64)
     if weights_sha256 is not None:
@@ -243,14 +248,16 @@ def load_statistics(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray, in
 
 
 def statistics_metadata(path: str | os.PathLike) -> dict:
-    """``{"image_shape": [H,W,C] | None, "weights_sha256": str | None}`` of a statistics file
-    (None where the file predates these fields)."""
+    """``{"image_shape": [H,W,C] | None, "weights_sha256": str | None, "source_sha256":
+    str | None}`` of a statistics file (None where the file predates these fields)."""
     with np.load(Path(path), allow_pickle=False) as npz:
         shape = npz["image_shape"] if "image_shape" in npz.files else None
         sha = npz["weights_sha256"] if "weights_sha256" in npz.files else None
+        source = npz["source_sha256"] if "source_sha256" in npz.files else None
     return {
         "image_shape": None if shape is None else [int(v) for v in shape],
         "weights_sha256": None if sha is None else str(sha),
+        "source_sha256": None if source is None else str(source),
     }
 
 
@@ -460,7 +467,8 @@ def _cmd_fid_stats(args: argparse.Namespace) -> int:
         raise ValueError(f"{args.samples}: already a statistics file, not a sample file")
     mu, sigma = statistics(images, args.weights, args.device, args.batch_size, args.fast)
     sha = network_sha256(args.weights)  # verified when the network was loaded
-    save_statistics(args.out, mu, sigma, len(images), images.shape[1:], sha)
+    source = fileio.sha256_of(args.samples)
+    save_statistics(args.out, mu, sigma, len(images), images.shape[1:], sha, source)
     print(f"FID statistics of {len(images)} images from {args.samples} -> {args.out}")
     return 0
 

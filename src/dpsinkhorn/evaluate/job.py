@@ -33,7 +33,12 @@ import time
 from pathlib import Path
 
 from dpsinkhorn import fileio
-from dpsinkhorn.config.targets import EVALUATION_PHASES, sample_name, score_name
+from dpsinkhorn.config.targets import (
+    EVALUATION_PHASES,
+    EVALUATION_PROGRESS,
+    sample_name,
+    score_name,
+)
 from dpsinkhorn.devices import resolve_device
 from dpsinkhorn.evaluate.classifiers import MODELS
 from dpsinkhorn.evaluate.classify import (
@@ -215,7 +220,7 @@ class Progress:
     there, never images (samples are drawn again: seeded, the same).
     """
 
-    NAME = "evaluate_progress.json"
+    NAME = EVALUATION_PROGRESS
 
     def __init__(self, scores_dir: Path, inputs: list, settings: dict) -> None:
         self.path = scores_dir / self.NAME

@@ -20,7 +20,10 @@ and proves each file from the ledger file on disk, reading every file once:
 * ``privacy.json``: ``private: true``; ε recomputed from its (q, noise multiplier, steps,
   δ) by the accountant; a guarantee that states that ε and ``delta_total`` (or ``none…``:
   a public noise seed, published only with ``--accept-no-guarantee``; a ``reproducible``
-  run's ledger must say so); its ``experiment`` is the config's.
+  run's ledger must say so); its ``experiment`` is the config's. And it is the ledger a
+  finished DP training wrote into this folder: the training record of the data
+  (``privacy.trainings``, on the private side) holds that training, with the ledger's
+  sha256, the generator's, and the config's settings (``proofs.check_recorded``).
 * ``generator.pt`` and ``train_log.csv``: their bytes hash to the ledger's
   ``content_sha256`` and ``train_log_sha256``.
 * ``samples_seed<s>.npz``: redrawn from the verified generator's bytes with the seed and
@@ -30,13 +33,18 @@ and proves each file from the ledger file on disk, reading every file once:
   since the scores were computed from it.
 * ``fid_seed<s>.json``, ``acc_<model>_seed<s>.json``: keys from :data:`SCORE_KEYS` only,
   and the inputs they name by content: the run's sample file of that seed (verified above)
-  and the public test split (or its FID statistics) that the config names.
+  and the public test split (or its FID statistics, which name that split as their source)
+  that the config names.
 * ``privacy_summary.json``: recomputed from the ledgers and the training record; the
   file's bytes must be the recomputed ones.
 
 Anything else is not published, whatever sits beside it (a ``.sha256`` file, a manifest
-entry). A private workspace left in a DP folder (an unfinished training) refuses the
-release. :func:`release` writes the bytes :func:`decide` checked (read once, hashed,
+entry). A file in a DP folder of a config that no rule writes there (a hand-added file,
+its sidecar) refuses the release, and so does a private workspace left there (an
+unfinished training); hidden files (locks, notes, writers' temporary files) are passed
+over, never published. The run's ``release_manifest.json``, when there is one, must
+report the same files, hashes and guarantees as the decision (else it is stale or
+edited: refused). :func:`release` writes the bytes :func:`decide` checked (read once, hashed,
 written) into a temporary folder, refuses if a source changed meanwhile, and renames the
 folder into place: the publish folder is the old one (absent) or the whole new one. Its
 ``release_manifest.json`` reports the decision (path, sha256, kind, ledgers, proof);
@@ -60,13 +68,17 @@ from dpsinkhorn.config import (
     PUBLIC_TEST_SPLITS,
     dataset_of,
     evaluation_dir,
-    experiment_classifiers,
     experiment_dir,
     load_config,
     prepared_folder_of,
     private_experiments,
 )
+from dpsinkhorn.config.experiments import experiment_spec
 from dpsinkhorn.config.targets import (
+    EVALUATION_PHASES,
+    EVALUATION_PROGRESS,
+    TRAINING_FILES,
+    experiment_metrics,
     fid_reference_file,
     privacy_summary_file,
     release_manifest_file,
@@ -74,10 +86,12 @@ from dpsinkhorn.config.targets import (
     sample_name,
     score_name,
 )
+from dpsinkhorn.privacy import trainings
 from dpsinkhorn.publish.proofs import (
     ACCEPT_FLAG,
     check_draw,
     check_ledger,
+    check_recorded,
     check_score,
     load_verified_generator,
 )
@@ -97,7 +111,8 @@ class Folder:
     ``experiment``: the name its ledger must carry (None: any); ``seeds`` and
     ``num_samples``: its sample files; ``scores``: its score files' metric names
     (``fid``, ``acc_<model>``), scored against the public ``test`` split (npz) and its FID
-    statistics ``reference``."""
+    statistics ``reference``; ``records``: the training record files its training must be
+    in; ``spec``: the config's settings of the experiment (None: not checked)."""
 
     rel: str
     experiment: str | None = None
@@ -106,6 +121,8 @@ class Folder:
     scores: tuple[str, ...] = ()
     test: Path | None = None
     reference: Path | None = None
+    records: tuple[Path, ...] = ()
+    spec: dict | None = field(default=None, hash=False, compare=False)
 
 
 @dataclass
@@ -124,6 +141,8 @@ class Published:
 
 def run_folders(config: Mapping, run: str | Path) -> list[Folder]:
     """The DP folders of a config's run and what each may publish, from the config alone."""
+    from dpsinkhorn.report.privacy_summary import source_record  # reads the prepared data
+
     run = Path(run)
     folders = []
     for exp in private_experiments(config):
@@ -138,20 +157,21 @@ def run_folders(config: Mapping, run: str | Path) -> list[Folder]:
                 experiment=exp,
                 seeds=tuple(config["seeds"]),
                 num_samples=int(config["evaluation"]["num_samples"]),
-                scores=tuple(["fid", *(f"acc_{m}" for m in experiment_classifiers(config, exp))])
-                if public
-                else (),
+                scores=tuple(experiment_metrics(config, exp)) if public else (),
                 test=prepared / "test.npz",
                 reference=Path(fid_reference_file(run, dataset)),
+                records=tuple(p for p in [source_record(config, dataset)] if p is not None),
+                spec=json.loads(experiment_spec(config, exp)),
             )
         )
     return folders
 
 
-def experiment_folder() -> list[Folder]:
+def experiment_folder(record_dir: str | Path) -> list[Folder]:
     """An experiment folder trained alone (``dpsinkhorn train --out``, ``api.train``): its
-    three training files, no samples, no scores."""
-    return [Folder(rel="")]
+    three training files, no samples, no scores; its training is looked for in every record
+    file of ``record_dir`` (where that training appended its events)."""
+    return [Folder(rel="", records=tuple(sorted(Path(record_dir).glob("*.jsonl"))))]
 
 
 # ------------------------------------------------------------------------ the decision
@@ -208,11 +228,16 @@ def _decide_folder(
         raise ValueError(
             f"{exp / WORKSPACE}: a private workspace is left (the run is not complete)"
         )
+    if folder.experiment is not None:
+        _check_nothing_else(exp, folder)
     ledger_path = exp / LEDGER
     ledger_bytes = _read(ledger_path)
     record = check_ledger(ledger_bytes, ledger_path, folder.experiment, accept_none, flag)
+    trained = trainings.finished_into(folder.records, exp)
+    recorded = check_recorded(record, ledger_bytes, ledger_path, trained, list(folder.records),
+                              folder.spec)  # fmt: skip
     files = [_published(folder, LEDGER, "ledger", ledger_bytes, "the ledger: private, ε "
-                        "recomputed, guarantee stated", ledger_path)]  # fmt: skip
+                        f"recomputed, guarantee stated; {recorded}", ledger_path)]  # fmt: skip
     verified = {}
     checks = (("generator.pt", "generator", "content_sha256"),
               ("train_log.csv", "train_log", "train_log_sha256"))  # fmt: skip
@@ -239,6 +264,23 @@ def _decide_folder(
     return files, _rel(folder, LEDGER)
 
 
+#: Names in a DP folder that are written there but never published (``config.targets``).
+NOT_PUBLISHED = (EVALUATION_PHASES, EVALUATION_PROGRESS, WORKSPACE)
+
+
+def _check_nothing_else(exp: Path, folder: Folder) -> None:
+    """Refuse a file in a config's DP folder that no rule writes there (hidden names pass:
+    locks, stop notes, writers' temporary files; none is published)."""
+    known = {*TRAINING_FILES, *NOT_PUBLISHED, *(sample_name(s) for s in folder.seeds)}
+    known |= {score_name(m, s) for m in folder.scores for s in folder.seeds}
+    for entry in sorted(exp.iterdir()) if exp.is_dir() else []:
+        if not entry.name.startswith(".") and entry.name not in known:
+            raise ValueError(
+                f"{entry}: no rule writes it into the DP folder {exp} and no ledger covers it; "
+                "move it out (refusing: a DP folder holds only what its ledger covers)"
+            )
+
+
 def _decide_samples(model, folder: Folder, exp: Path, seed: int) -> tuple[Published, str]:
     """The redraw of one seed (published), after checking the run's file holds that draw;
     also the run's file's sha256 (what its scores name)."""
@@ -263,7 +305,7 @@ def _decide_score(folder: Folder, exp: Path, metric: str, seed: int, samples_sha
     path = exp / score_name(metric, seed)
     data = _read(path)
     public = folder.reference if metric == "fid" else folder.test
-    proof = check_score(path, data, metric, seed, samples_sha, public)
+    proof = check_score(path, data, metric, seed, samples_sha, public, folder.test)
     return _published(folder, path.name, "scores", data, proof, path)
 
 
@@ -334,6 +376,8 @@ def release(
     files = decide(run, folders, config, accept_no_guarantee, device, flag)
     name = config.get("run_name") if config is not None else run.name
     report = manifest(files, name)
+    if config is not None:
+        _check_run_manifest(Path(release_manifest_file(run)), report, run)
     for stale in out.parent.glob(f".{out.name}.tmp-*"):
         shutil.rmtree(stale, ignore_errors=True)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
@@ -352,6 +396,34 @@ def release(
         if tmp.exists():
             shutil.rmtree(tmp)
     return [out / MANIFEST, *(out / f.path for f in files)]
+
+
+def _reported(report: Mapping) -> tuple:
+    """What a decision report says, less what the redraw's device may change: each file's
+    path, kind and ledgers, its sha256 (samples: redrawn, so not), and every guarantee."""
+    files = sorted(
+        (f.get("path"), f.get("kind"), tuple(f.get("ledgers") or ()),
+         None if f.get("kind") == "samples" else f.get("sha256"))
+        for f in report.get("files") or [] if isinstance(f, dict)
+    )  # fmt: skip
+    return files, report.get("ledgers")
+
+
+def _check_run_manifest(path: Path, report: Mapping, run: Path) -> None:
+    """Refuse a run whose ``release_manifest.json`` (when there is one) reports another
+    decision than ``report``: edited, or stale (files changed since it was written)."""
+    if not path.is_file():
+        return
+    try:
+        said = json.loads(path.read_bytes())
+    except ValueError:
+        said = {}
+    if not isinstance(said, dict) or _reported(said) != _reported(report):
+        raise ValueError(
+            f"{path}: does not report this release (other files, hashes or guarantees: "
+            f"edited, or stale); write it again: dpsinkhorn release-manifest --config ... "
+            f"--results {run}"
+        )
 
 
 def write_manifest(config: Mapping, results: str | Path, device: str = "cpu") -> Path:

@@ -2,6 +2,8 @@
 already read (``publish.decision`` reads every file once and publishes those bytes).
 
 * :func:`check_ledger`: a ledger proven from its own bytes.
+* :func:`check_recorded`: that ledger written by a finished DP training of the training
+  record (``privacy.trainings``) into its folder, with the config's settings.
 * :func:`load_verified_generator`: the generator rebuilt from bytes whose hash the ledger
   holds, to redraw its samples.
 * :func:`check_draw`: a run's sample file holds the redraw (exactly, or within
@@ -21,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from dpsinkhorn.evaluate import classify, fid
-from dpsinkhorn.fileio import sha256_of
+from dpsinkhorn.fileio import sha256_of, sha256_of_bytes
 
 #: A ledger's ``guarantee`` starts with this when it covers nothing (public noise seed).
 NO_GUARANTEE = "none"
@@ -102,6 +104,68 @@ def check_ledger(
     return record
 
 
+#: A record older than the ``ledger_sha256`` of its finished event: the ledger's fields that
+#: must equal the record's (the ledger's key, the record's key).
+RECORDED_FIELDS = (("experiment", "experiment"), ("q", "q"),
+                   ("noise_multiplier", "noise_multiplier"), ("delta", "delta"),
+                   ("steps", "steps"), ("reproducible", "reproducible"))  # fmt: skip
+
+
+def check_recorded(
+    ledger: dict,
+    data: bytes,
+    path: Path,
+    trained: list[dict],
+    records: list[Path],
+    spec: dict | None = None,
+) -> str:
+    """Why the ledger ``ledger`` (its bytes ``data``, at ``path``) is the one a DP training
+    wrote, or a refusal: ``trained`` (``privacy.trainings.finished_into`` of its folder in
+    the record files ``records``) holds a finished DP training whose generator hash is the
+    ledger's ``content_sha256``; the ledger's bytes hash to that training's
+    ``ledger_sha256`` (an older record: its experiment, q, noise multiplier, δ, steps,
+    reproducibility and ε equal the ledger's); ``spec`` (the config's settings of the
+    experiment; None: not checked) equals the settings it trained with."""
+    sha = ledger.get("content_sha256")
+    same = [t for t in trained if t.get("content_sha256") == sha]
+    if not same:
+        where = ", ".join(str(r) for r in records) or "no record file"
+        raise ValueError(
+            f"{path}: no finished DP training in the training record ({where}) wrote this "
+            f"folder's generator (content_sha256 {str(sha)[:12]}...); refusing a ledger that "
+            "no training wrote"
+        )
+    done = same[-1]
+    if done.get("ledger_sha256") is not None:
+        if sha256_of_bytes(data) != done["ledger_sha256"]:
+            raise ValueError(
+                f"{path}: not the ledger training {done['training']} wrote (its sha256 differs "
+                "from the training record's ledger_sha256); refusing"
+            )
+        proof = f"the ledger training {done['training']} wrote (the record's ledger_sha256)"
+    else:
+        differ = [a for a, b in RECORDED_FIELDS if ledger.get(a) != done.get(b)]
+        eps = float(done.get("epsilon") or 0)
+        if not math.isclose(float(ledger["epsilon"]), eps, rel_tol=1e-9):
+            differ.append("epsilon")
+        if not str(ledger.get("accountant", "")).startswith(str(done.get("accountant"))):
+            differ.append("accountant")
+        if differ:
+            raise ValueError(
+                f"{path}: its {differ[0]} is not that of training {done['training']} in the "
+                "training record; refusing a ledger its training did not write"
+            )
+        proof = f"the fields of training {done['training']} in the training record"
+    if spec is not None and done.get("spec") != spec:
+        changed = sorted(k for k in set(spec) | set(done.get("spec") or {})
+                         if spec.get(k) != (done.get("spec") or {}).get(k))  # fmt: skip
+        raise ValueError(
+            f"{path}: trained with other settings than the config's ({', '.join(changed)}); "
+            "the config does not describe this generator, refusing"
+        )
+    return proof
+
+
 def load_verified_generator(payload: bytes, where: Path, device: str):
     """The generator of generator.pt's ``payload`` (bytes already checked against the
     ledger), on ``device``, read safely (``evaluate.sample.read_generator_bytes``)."""
@@ -146,12 +210,19 @@ def check_draw(path: Path, data: bytes, images, labels, seed: int) -> str:
 
 
 def check_score(
-    path: Path, data: bytes, metric: str, seed: int, samples_sha: str, public: Path | None
+    path: Path,
+    data: bytes,
+    metric: str,
+    seed: int,
+    samples_sha: str,
+    public: Path | None,
+    test: Path | None = None,
 ) -> str:
     """Why the score file ``data`` (of ``metric``, ``seed``) may be published, or a
     refusal: its writer's keys only, computed from the sample file whose sha256 is
     ``samples_sha`` and scored against the public file ``public`` (FID: statistics of the
-    test split; classifiers: the test split)."""
+    test split, which must name the public ``test`` split as their source; classifiers:
+    the test split)."""
     kind = "fid" if metric == "fid" else "acc"
     record = _json_object(data, path, "score file")
     extra = sorted(set(record) - SCORE_KEYS[kind])
@@ -173,5 +244,17 @@ def check_score(
         raise ValueError(
             f"{path}: not scored against the public {public} ({public_key} differs or is "
             "missing); refusing to publish it"
+        )
+    if kind == "fid":
+        source = fid.statistics_metadata(public)["source_sha256"]
+        if test is None or not test.is_file() or source != sha256_of(test):
+            raise ValueError(
+                f"{public}: not the statistics of the public test split {test} (its "
+                f"source_sha256 differs or is missing), so {path.name} is not published; "
+                f"recompute them: dpsinkhorn fid-stats --samples {test} --out {public}"
+            )
+        return (
+            f"inputs by sha256: the samples of seed {seed} and {public.name}, the statistics "
+            f"of the public {test.name}"
         )
     return f"inputs by sha256: the samples of seed {seed} and the public {public.name}"

@@ -149,12 +149,11 @@ def trainings_summary(config: Mapping, names: list[str], summary: dict) -> dict:
     found: list[dict] = []
     unread = []
     for name in names:
-        path = data_dir / prepared_folder(name, dataset_definition(config, name)) / "train.npz"
-        if not path.is_file():
-            unread.append(str(path))
+        path = source_record(config, name)
+        if path is None:
+            unread.append(str(prepared_train_file(config, name)))
             continue
-        fingerprint = record.data_fingerprint(*fileio.load_samples(path))
-        found += record.source_trainings(data_dir / record.RECORD_DIR, fingerprint)
+        found += record.trainings(record.read(path)) if path.is_file() else []
     out = record.composed(found)
     deltas = [d for d in (out["delta"], summary["delta"]) if d is not None]
     if found and deltas and max(deltas) != out["delta"]:
@@ -181,6 +180,23 @@ def trainings_summary(config: Mapping, names: list[str], summary: dict) -> dict:
             f"{out['delta']:g}), not the epsilon of the releases"
         )
     return out
+
+
+def prepared_train_file(config: Mapping, dataset: str) -> Path:
+    """The prepared training split of a config's dataset (``<data_dir>/<folder>/train.npz``)."""
+    folder = prepared_folder(dataset, dataset_definition(config, dataset))
+    return Path(config["data_dir"]) / folder / "train.npz"
+
+
+def source_record(config: Mapping, dataset: str) -> Path | None:
+    """The training record file of a config's dataset (``privacy.trainings.record_file``
+    of its prepared training split's content; it may not exist yet), or None when that
+    split is not prepared (its content, the record's key, cannot be read)."""
+    path = prepared_train_file(config, dataset)
+    if not path.is_file():
+        return None
+    fingerprint = record.data_fingerprint(*fileio.load_samples(path))
+    return record.record_file(Path(config["data_dir"]) / record.RECORD_DIR, fingerprint)
 
 
 def data_source(config: Mapping, dataset: str) -> str:

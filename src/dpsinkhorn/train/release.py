@@ -38,7 +38,6 @@ the generator, so a generator never exists without its ledger.
 from __future__ import annotations
 
 import csv
-import hashlib
 import io
 import json
 import math
@@ -47,7 +46,7 @@ from pathlib import Path
 import torch
 
 from dpsinkhorn.data.catalog import DATASETS, own_layout, resize_statement
-from dpsinkhorn.fileio import sha256_of, torch_bytes, write_all, write_text
+from dpsinkhorn.fileio import sha256_of, sha256_of_bytes, torch_bytes, write_all, write_text
 from dpsinkhorn.privacy.accounting import PrivacyAccountant, paper_convention_epsilon
 from dpsinkhorn.privacy.noise import NO_GUARANTEE_PUBLIC_SEED
 from dpsinkhorn.train.trainer import Trainer
@@ -248,7 +247,7 @@ def publish(trainer: Trainer, out_dir: Path, log_rows: list[dict]) -> dict:
     record = {
         **privacy_record(trainer),
         # identifies the released generator; bit-identical reruns need equal threads
-        "content_sha256": hashlib.sha256(payload).hexdigest(),
+        "content_sha256": sha256_of_bytes(payload),
         # the train_log.csv written with it: a release refuses an edited log
         "train_log_sha256": log_sha256,
         "threads": torch.get_num_threads(),

@@ -314,6 +314,10 @@ class RunFiles:
                 "steps": t.step_count if t.accountant is None else t.accountant.steps,
                 "epsilon": (record or {}).get("epsilon"),
                 "content_sha256": (record or {}).get("content_sha256"),
+                # the release's other two files, as written: `dpsinkhorn release` publishes
+                # a ledger and a log only if these hashes say its training wrote them
+                "train_log_sha256": (record or {}).get("train_log_sha256"),
+                "ledger_sha256": sha256_of(self.out_dir / "privacy.json"),
             }
         else:
             fields = {"start_step": t.step_count}
