@@ -265,6 +265,27 @@ def test_a_ledger_its_training_did_not_write_is_refused(run, tmp_path, capsys):
     assert not (tmp_path / "o").exists()
 
 
+def test_a_record_older_than_ledger_hashes_proves_by_the_kept_copy(run, tmp_path, capsys):
+    """A training record written before finished events held ``ledger_sha256``: the ledger
+    must equal the release copy its training kept beside the record."""
+    config, root = run
+    old = _copy(root, tmp_path / "old")
+    (path,) = (old.parent / "data" / "trainings").glob("*.jsonl")
+    events = [json.loads(line) for line in path.read_text().splitlines()]
+    assert sum("ledger_sha256" in e for e in events) == len(DP) + 1  # each finished event (np)
+    path.write_text("".join(json.dumps({k: v for k, v in e.items()
+                                        if k not in ("ledger_sha256", "train_log_sha256")}) + "\n"
+                            for e in events))  # fmt: skip
+    assert cli.main(_release_argv(config, old, tmp_path / "o")) == 0
+    proofs = {e["path"]: e["proof"] for e in fileio.read_json(tmp_path / "o" / MANIFEST)["files"]}
+    assert "the release copy it kept" in proofs["dp_a/privacy.json"]
+
+    ledger = fileio.read_json(old / "dp_a" / "privacy.json")
+    fileio.write_json(old / "dp_a" / "privacy.json", {**ledger, "note": "17, 4, 9"})
+    _refused(_release_argv(config, old, tmp_path / "o2"), capsys, "dp_a/privacy.json",
+             "its record predates ledger_sha256")  # fmt: skip
+
+
 def test_fid_against_statistics_of_other_data_is_refused(run, fid_weights, tmp_path, capsys):
     """FID statistics of the private training split put in the reference's place, and the
     scores re-pointed to them (as a re-evaluation would): not the public test split's."""
@@ -322,6 +343,28 @@ def test_a_score_not_computed_from_the_release_is_refused(run, tmp_path, capsys)
     shutil.copy(root / "dp_b" / "fid_seed0.json", swapped / "dp_a" / "fid_seed0.json")
     _refused(_release_argv(config, swapped, tmp_path / "o"), capsys, "dp_a/fid_seed0.json",
              "not computed from")  # fmt: skip
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_score_carrying_data_in_its_own_keys_is_refused(run, tmp_path, capsys):
+    """A score file's keys are its writer's, and so must its values be: a number where the
+    writer writes one, a hash that is one, small one-line values (no records, no arrays)."""
+    config, root = run
+    records = fileio.load_samples(root / "dp_a" / "samples_seed0.npz")[0][:3].tolist()
+    carried = {
+        "fid": [[0, 255, 3]] * 100,
+        "a": "x" * 1000,
+        "features": {"row": records},
+        "num_images_a": "17, 4, 9",
+        "weights_sha256": "records 17 4 9",
+        "image_shape": records,
+    }
+    for key, value in carried.items():
+        bad = _copy(root, tmp_path / key)
+        record = fileio.read_json(bad / "dp_a" / "fid_seed0.json")
+        fileio.write_json(bad / "dp_a" / "fid_seed0.json", {**record, key: value})
+        _refused(_release_argv(config, bad, tmp_path / "o"), capsys, "dp_a/fid_seed0.json",
+                 f"its {key!r} is not a value its writer writes")  # fmt: skip
     assert not (tmp_path / "o").exists()
 
 

@@ -21,7 +21,8 @@ event alone says which training it belongs to:
 * ``finished``: the same id, its step count, ε, and the sha256 of the three files it
   released: ``content_sha256`` (generator.pt), ``ledger_sha256`` (privacy.json) and
   ``train_log_sha256`` (train_log.csv), which ``dpsinkhorn release`` proves a ledger by
-  (:func:`finished_into`; records older than these two keys: the ledger's fields).
+  (:func:`finished_into`; records older than these two keys: the release copy the
+  training kept, :func:`finished_copy_dir`).
 
 A training that resumes from its checkpoint keeps its id (the checkpoint carries it, and
 whether it retrains): one noise stream, one training. A training that never finished
@@ -214,8 +215,9 @@ def output_folders(training: Mapping, record_dir: str | os.PathLike) -> set[str]
 
 def finished_into(record_files: Iterable[str | os.PathLike], out: str | os.PathLike) -> list[dict]:
     """Every finished DP training that the record files ``record_files`` hold and that
-    wrote into the folder ``out`` (any of its :func:`output_folders`), oldest first: what a
-    ledger in ``out`` must have been written by. A missing record file holds none."""
+    wrote into the folder ``out`` (any of its :func:`output_folders`), oldest first, each
+    with its record's folder as ``record_dir``: what a ledger in ``out`` must have been
+    written by. A missing record file holds none."""
     out = os.path.normpath(Path(out).resolve())
     found = []
     for path in map(Path, record_files):
@@ -223,7 +225,7 @@ def finished_into(record_files: Iterable[str | os.PathLike], out: str | os.PathL
             continue
         for t in trainings(read(path)):
             if t["finished"] and t.get("private") and out in output_folders(t, path.parent):
-                found.append(t)
+                found.append({**t, "record_dir": str(path.parent)})
     return sorted(found, key=lambda t: t["time"])
 
 

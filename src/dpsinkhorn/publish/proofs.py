@@ -8,8 +8,8 @@ already read (``publish.decision`` reads every file once and publishes those byt
   holds, to redraw its samples.
 * :func:`check_draw`: a run's sample file holds the redraw (exactly, or within
   :data:`SAMPLE_TOLERANCE`).
-* :func:`check_score`: a score file holds only its writer's keys and names its inputs
-  (the run's samples, the public test data) by sha256.
+* :func:`check_score`: a score file holds only its writer's keys, each with a small value
+  of its type, and names its inputs (the run's samples, the public test data) by sha256.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import numpy as np
 
 from dpsinkhorn.evaluate import classify, fid
 from dpsinkhorn.fileio import sha256_of, sha256_of_bytes
+from dpsinkhorn.privacy import trainings
 
 #: A ledger's ``guarantee`` starts with this when it covers nothing (public noise seed).
 NO_GUARANTEE = "none"
@@ -36,6 +37,14 @@ ACCEPT_FLAG = "--accept-no-guarantee"
 SAMPLE_TOLERANCE = {"grey_levels": 1, "pixel_fraction": 1e-3}
 #: What a score file may hold: the keys its writers write (each writer lists its own).
 SCORE_KEYS = {"fid": fid.RECORD_KEYS, "acc": classify.RECORD_KEYS}
+#: Score keys whose value must be a number (not a bool) or null, and the longest string a
+#: score file may hold (a path, a method's name, the fast loop's one-line error of at most
+#: 300 characters), so that no writer's slip or hand edit carries records or arrays out.
+SCORE_NUMBERS = frozenset({"fid", "accuracy", "holdout_accuracy", "seconds", "seed", "epochs",
+                           "best_epoch", "num_images_a", "num_images_b", "num_holdout",
+                           "num_train", "num_test", "num_classes", "max_epochs", "patience",
+                           "batch_size", "iterations", "max_iter", "batched_seeds"})  # fmt: skip
+SCORE_MAX_STRING = 400
 #: Which recorded hash names the scored samples and which the public data, per score kind.
 SCORE_INPUTS = {"fid": ("a_sha256", "b_sha256"), "acc": ("train_sha256", "test_sha256")}
 
@@ -104,13 +113,6 @@ def check_ledger(
     return record
 
 
-#: A record older than the ``ledger_sha256`` of its finished event: the ledger's fields that
-#: must equal the record's (the ledger's key, the record's key).
-RECORDED_FIELDS = (("experiment", "experiment"), ("q", "q"),
-                   ("noise_multiplier", "noise_multiplier"), ("delta", "delta"),
-                   ("steps", "steps"), ("reproducible", "reproducible"))  # fmt: skip
-
-
 def check_recorded(
     ledger: dict,
     data: bytes,
@@ -122,10 +124,11 @@ def check_recorded(
     """Why the ledger ``ledger`` (its bytes ``data``, at ``path``) is the one a DP training
     wrote, or a refusal: ``trained`` (``privacy.trainings.finished_into`` of its folder in
     the record files ``records``) holds a finished DP training whose generator hash is the
-    ledger's ``content_sha256``; the ledger's bytes hash to that training's
-    ``ledger_sha256`` (an older record: its experiment, q, noise multiplier, δ, steps,
-    reproducibility and ε equal the ledger's); ``spec`` (the config's settings of the
-    experiment; None: not checked) equals the settings it trained with."""
+    ledger's ``content_sha256``, and the ledger's bytes are the ones that training wrote:
+    their sha256 is its ``ledger_sha256`` (a record older than that key: they equal the
+    copy of its release the training kept, ``privacy.trainings.finished_copy_dir``);
+    ``spec`` (the config's settings of the experiment; None: not checked) equals the
+    settings it trained with."""
     sha = ledger.get("content_sha256")
     same = [t for t in trained if t.get("content_sha256") == sha]
     if not same:
@@ -144,18 +147,14 @@ def check_recorded(
             )
         proof = f"the ledger training {done['training']} wrote (the record's ledger_sha256)"
     else:
-        differ = [a for a, b in RECORDED_FIELDS if ledger.get(a) != done.get(b)]
-        eps = float(done.get("epsilon") or 0)
-        if not math.isclose(float(ledger["epsilon"]), eps, rel_tol=1e-9):
-            differ.append("epsilon")
-        if not str(ledger.get("accountant", "")).startswith(str(done.get("accountant"))):
-            differ.append("accountant")
-        if differ:
+        kept = trainings.finished_copy_dir(done["record_dir"], str(done["out"])) / path.name
+        if not kept.is_file() or kept.read_bytes() != data:
             raise ValueError(
-                f"{path}: its {differ[0]} is not that of training {done['training']} in the "
-                "training record; refusing a ledger its training did not write"
+                f"{path}: not the ledger training {done['training']} wrote (its record predates "
+                f"ledger_sha256, and the release it kept, {kept}, holds other bytes or is "
+                "missing); refusing"
             )
-        proof = f"the fields of training {done['training']} in the training record"
+        proof = f"the ledger training {done['training']} wrote (the release copy it kept)"
     if spec is not None and done.get("spec") != spec:
         changed = sorted(k for k in set(spec) | set(done.get("spec") or {})
                          if spec.get(k) != (done.get("spec") or {}).get(k))  # fmt: skip
@@ -209,6 +208,25 @@ def check_draw(path: Path, data: bytes, images, labels, seed: int) -> str:
     )
 
 
+def _small_value(value, depth: int = 0) -> bool:
+    """A JSON value a score writer writes: null, a bool, a finite number, a one-line string
+    of at most :data:`SCORE_MAX_STRING` characters, or (one level deep) a list or object of
+    at most 4 such values (an image shape, the fast loop's options)."""
+    if value is None or isinstance(value, bool | int):
+        return True
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, str):
+        return len(value) <= SCORE_MAX_STRING and value.isprintable()
+    if depth == 0 and isinstance(value, list):
+        return len(value) <= 4 and all(_small_value(v, 1) for v in value)
+    if depth == 0 and isinstance(value, dict):
+        return len(value) <= 4 and all(
+            isinstance(k, str) and len(k) <= 40 and _small_value(v, 1) for k, v in value.items()
+        )
+    return False
+
+
 def check_score(
     path: Path,
     data: bytes,
@@ -232,6 +250,18 @@ def check_score(
         raise ValueError(
             f"{path}: the score of {record.get('model')!r}, seed {record.get('seed')!r}; refusing"
         )
+    for key, value in record.items():
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        digest = re.fullmatch(r"[0-9a-f]{64}", str(value)) is not None
+        if (
+            not _small_value(value)
+            or (key in SCORE_NUMBERS and value is not None and not number)
+            or (key.endswith("_sha256") and value is not None and not digest)
+        ):
+            raise ValueError(
+                f"{path}: its {key!r} is not a value its writer writes ({type(value).__name__}"
+                f"{f' of {len(value)}' if isinstance(value, list | dict | str) else ''}); refusing"
+            )
     samples_key, public_key = SCORE_INPUTS[kind]
     if record.get(samples_key) != samples_sha:
         raise ValueError(

@@ -128,6 +128,9 @@ class Trainer:
         # Unconditional (``conditional: false``): one class, and the real labels are
         # replaced by zeros here, before anything reads them.
         self.conditional = settings.conditional
+        # The training record is keyed by the private source as it is (its labels too), so
+        # an unconditional training counts with every other training of that data.
+        self.fingerprint = fingerprint or data_fingerprint(train_images, train_labels)
         if classes is None and not self.conditional and "dataset_definition" not in spec:
             self.class_names = ("unconditional",)  # any dataset name: no class is read
         else:
@@ -147,7 +150,6 @@ class Trainer:
         alpha_c = settings.alpha_c if self.conditional else 0.0
         self.private = settings.private
         self.reproducible = settings.reproducible
-        self.fingerprint = fingerprint or data_fingerprint(train_images, train_labels)
 
         # Real data: conditional features resident on the device.
         images = data.to_unit_range(train_images).to(device)
