@@ -168,19 +168,24 @@ def privacy_summary_file(results: PathLike) -> str:
     return str(Path(results) / "privacy_summary.json")
 
 
+def released_metrics(config: Mapping, exp: str) -> list[str]:
+    """The score metrics a DP experiment's release holds: all of them when its scores lie in
+    its own folder (a public test split: ``evaluation_dir``), none otherwise. The one rule
+    of both the release's inputs and ``publish.run_folders``."""
+    same = evaluation_dir(config, ".", exp) == experiment_dir(config, ".", exp)
+    return experiment_metrics(config, exp) if same else []
+
+
 def release_inputs(config: Mapping, results: PathLike) -> list[str]:
     """What the release manifest covers: every DP experiment's files, and the summary."""
     exps = private_experiments(config)
     return [
         *(str(experiment_dir(config, results, e) / f) for e in exps for f in TRAINING_FILES),
         *(f for e in exps for f in samples_files(config, results, e)),
-        *(f for f in evaluation_files(config, results, exps) if _in_release(results, f)),
+        *(str(experiment_dir(config, results, e) / score_name(m, s))
+          for e in exps for m in released_metrics(config, e) for s in config["seeds"]),
         privacy_summary_file(results),
-    ]
-
-
-def _in_release(results: PathLike, path: str) -> bool:
-    return not Path(path).is_relative_to(Path(results) / NONPRIVATE)
+    ]  # fmt: skip
 
 
 # ----------------------------------------------------------------------- main tables

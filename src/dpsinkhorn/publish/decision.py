@@ -65,9 +65,7 @@ from pathlib import Path
 from dpsinkhorn import fileio
 from dpsinkhorn.config import (
     NONPRIVATE,
-    PUBLIC_TEST_SPLITS,
     dataset_of,
-    evaluation_dir,
     experiment_dir,
     load_config,
     prepared_folder_of,
@@ -78,10 +76,10 @@ from dpsinkhorn.config.targets import (
     EVALUATION_PHASES,
     EVALUATION_PROGRESS,
     TRAINING_FILES,
-    experiment_metrics,
     fid_reference_file,
     privacy_summary_file,
     release_manifest_file,
+    released_metrics,
     results_dir,
     sample_name,
     score_name,
@@ -147,9 +145,6 @@ def run_folders(config: Mapping, run: str | Path) -> list[Folder]:
     folders = []
     for exp in private_experiments(config):
         dataset = dataset_of(config, exp)
-        public = dataset in PUBLIC_TEST_SPLITS and evaluation_dir(config, run, exp) == (
-            experiment_dir(config, run, exp)
-        )
         prepared = Path(config["data_dir"]) / prepared_folder_of(config, dataset)
         folders.append(
             Folder(
@@ -157,7 +152,7 @@ def run_folders(config: Mapping, run: str | Path) -> list[Folder]:
                 experiment=exp,
                 seeds=tuple(config["seeds"]),
                 num_samples=int(config["evaluation"]["num_samples"]),
-                scores=tuple(experiment_metrics(config, exp)) if public else (),
+                scores=tuple(released_metrics(config, exp)),
                 test=prepared / "test.npz",
                 reference=Path(fid_reference_file(run, dataset)),
                 records=tuple(p for p in [source_record(config, dataset)] if p is not None),
