@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -486,3 +487,18 @@ def test_privacy_summary_of_the_run(run):
     text = "\n".join(summary_markdown({"datasets": [summary]}))
     assert "| mnist | 2 |" in text and "**Warning:** 2 DP releases" in text
     assert json.loads(json.dumps(summary)) == summary
+
+
+@pytest.mark.parametrize("name", ["config.yaml", "quick.yaml", "smoke.yaml"])
+def test_the_release_rule_waits_for_exactly_the_files_the_release_decides(name, tmp_path):
+    """The release_manifest rule's inputs (``targets.release_inputs``) are the files
+    ``run_folders`` lets the release publish, and the summary: one rule, two readers."""
+    config = config_lib.load_config([Path(__file__).parents[1] / "config" / name])
+    run = tmp_path / "results"
+    decided = {str(run / f.rel / n) for f in run_folders(config, run)
+               for n in (*targets.TRAINING_FILES, *map(targets.sample_name, f.seeds),
+                         *(targets.score_name(m, s) for m in f.scores
+                           for s in f.seeds))}  # fmt: skip
+    decided.add(targets.privacy_summary_file(run))
+    assert set(targets.release_inputs(config, run)) == decided
+    assert any("fid_seed" in p for p in decided) and any("samples_seed" in p for p in decided)
