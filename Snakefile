@@ -29,11 +29,16 @@ include: "workflow/rules/report.smk"
 include: "workflow/rules/studies.smk"
 
 
-# Every job succeeded, so no writer is left: the temporary files of writers killed
-# mid-write (SIGKILL) in an earlier, interrupted run go (docs/PRIVACY.md, "After an
-# interruption").
+# Every job succeeded, so no writer of this run is left: the temporary files of writers
+# killed mid-write (SIGKILL) in an earlier, interrupted run go (docs/PRIVACY.md, "After an
+# interruption"), from this run's own folders only: another run sharing data_dir may be
+# writing there.
 onsuccess:
-    remove_killed_writers_temps(RESULTS, DATA)
+    remove_killed_writers_temps(
+        *killed_writers_folders(
+            config, RESULTS, lambda out: finished_copy_dir(Path(DATA) / RECORD_DIR, out)
+        )
+    )
 
 
 # snakemake --report results/<run>/report.html: every table and figure with its caption.

@@ -69,6 +69,29 @@ def pytest_configure(config):
     )
 
 
+#: ``record_property`` names whose values the summary prints, passed or failed: figures a
+#: test measures (the kill-anywhere test's moments, seed and rules hit), which pytest
+#: would otherwise show only for a failure, and pytest-xdist not even the ``-s`` print.
+SUMMARY_PROPERTIES = ("kill_anywhere",)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Prints the SUMMARY_PROPERTIES the tests recorded (they travel with the test reports,
+    so also from pytest-xdist's workers)."""
+    lines = [
+        f"{report.nodeid}: {value}"
+        for reports in terminalreporter.stats.values()
+        for report in reports
+        if getattr(report, "when", None) == "call"
+        for name, value in getattr(report, "user_properties", ())
+        if name in SUMMARY_PROPERTIES
+    ]
+    if lines:
+        terminalreporter.section("measured figures")
+        for line in lines:
+            terminalreporter.write_line(line)
+
+
 #: Unit tests marked ``slow`` (every parametrisation), so that ``make test-fast`` stays under
 #: 5 min; ``make test`` runs them. Seconds each took (all parametrisations, setup included
 #: where listed by --durations) in a `pytest -m "not slow" --durations=60` run on the 2-core

@@ -175,6 +175,72 @@ def test_stale_checkpoint_temp_is_removed(tmp_path, prepared_data):
     assert not stale.exists()
 
 
+#: Writes never finished: held, so that no clean-up of theirs runs (as under SIGKILL).
+_KILLED_WRITERS: list = []
+
+
+def _killed_write(path: Path) -> Path:
+    """The temporary file a writer killed mid-write (SIGKILL: no cleanup runs) leaves."""
+    writing = fileio.atomic_path(path)
+    tmp = writing.__enter__()  # never left; a collected one would remove its file
+    _KILLED_WRITERS.append(writing)
+    tmp.write_bytes(b"half a file")
+    return tmp
+
+
+def test_stale_temps_under_a_folder_are_removed_and_nothing_else(tmp_path):
+    """What the workflow's cleanup after a finished run removes: the temporary files of
+    atomic writers, anywhere under the folder; every other file and folder stays."""
+    stale = [
+        _killed_write(tmp_path / "e" / "generator.pt"),
+        _killed_write(tmp_path / "e" / "samples_seed0.npz"),
+        _killed_write(tmp_path / "tables" / "table1.md"),
+        _killed_write(tmp_path / "reproduction"),  # a name without a suffix
+    ]
+    names = ("generator.pt", ".dpsinkhorn.lock", ".dpsinkhorn.stopped", ".notes.tmp",
+             "x.abcdefgh.tmp.npz", ".x.abcdefgh.tmp.a.b")  # fmt: skip
+    kept = [tmp_path / "e" / name for name in names]
+    for path in kept:
+        path.write_bytes(b"kept")
+    folder = tmp_path / ".published.tmp-123" / ".a.abcdefgh.tmp"  # a release's temporary folder
+    folder.mkdir(parents=True)
+    assert sorted(fileio.remove_stale_temps_under(tmp_path)) == sorted(stale)
+    assert not any(p.exists() for p in stale)
+    assert all(p.read_bytes() == b"kept" for p in kept) and folder.is_dir()
+
+
+def test_a_finished_run_removes_temps_in_its_own_folders_only(tmp_path, monkeypatch):
+    """The workflow's cleanup (Snakefile onsuccess) looks in the run's results folder, its
+    datasets' prepared folders and its DP releases' kept copies under data_dir; another
+    run's prepared data and kept copies there stay, since its writers may be running."""
+    from dpsinkhorn import config as config_lib
+    from dpsinkhorn.config.workflow import killed_writers_folders, remove_killed_writers_temps
+    from dpsinkhorn.privacy import trainings
+
+    monkeypatch.chdir(tmp_path)
+    config = config_lib.load_config(make_config(tmp_path, Path("data")))
+    data, results = Path("data"), Path("results") / config["run_name"]
+    records = data / trainings.RECORD_DIR
+
+    def kept_copy(out: str) -> Path:
+        return trainings.finished_copy_dir(records, out)
+
+    ours = [
+        _killed_write(results / "e" / "generator.pt"),
+        _killed_write(results / "nonprivate" / "fid_ref_mnist.npz"),
+        _killed_write(data / "mnist" / "train.npz"),
+        _killed_write(kept_copy(str((results / "e").resolve())) / "generator.pt"),
+    ]
+    theirs = [
+        _killed_write(data / "fmnist" / "train.npz"),
+        _killed_write(data / "digits-0123456789abcdef" / "test.npz"),
+        _killed_write(kept_copy(str((tmp_path / "other" / "e").resolve())) / "privacy.json"),
+    ]
+    remove_killed_writers_temps(*killed_writers_folders(config, results, kept_copy))
+    assert not any(p.exists() for p in ours)
+    assert all(p.exists() for p in theirs)
+
+
 @pytest.mark.parametrize("batch_size", [60000, 100000])
 def test_oversized_batch_is_refused_naming_key_and_file(tmp_path, prepared_data, batch_size):
     cfg = make_config(tmp_path, prepared_data, batch_size=batch_size)

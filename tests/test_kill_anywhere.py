@@ -2,8 +2,13 @@
 command run again after each kill until it completes, and nothing lost or counted twice.
 
 A tiny own-data workflow on scikit-learn's digits runs the smoke workflow's chain of
-rules (data, train, fid_reference, evaluate, privacy_summary, release_manifest, table1,
-reproduction) in about the time of a few Inception passes. Two lives of it:
+rules (data, fid_reference, train, evaluate, privacy_summary, release_manifest, table1,
+reproduction) for a DP experiment and a non-private one, in about a minute. The
+non-private training writes its private workspace under the results folder, where
+``release_manifest``, whose inputs are the DP files only, may run beside it: the first
+race of issue 36. Whether they overlap is Snakemake's choice (it trained the non-private
+experiment first in the runs measured); the figure counts the attempts where they did.
+Two lives of it:
 
 * ``reproducible``: public noise key; every file must equal an uninterrupted run's, or
   hold the same content where it holds times (train_log.csv, its hash in privacy.json
@@ -12,21 +17,47 @@ reproduction) in about the time of a few Inception passes. Two lives of it:
   another run's: every file must agree with the record and the ledger instead.
 
 Each moment kills the whole process group (Snakemake and its jobs): SIGKILL, or SIGTERM
-as SLURM sends it followed by SIGKILL after a grace time. The moments are drawn from a
-seed that the test prints (``DPSINKHORN_KILL_SEED`` repeats one), spread over the life by
-the share of the uninterrupted run's job time still to do. Then: each DP training is
-counted once in the training record (one id, one noise draw) and its generator is the one
-the record finished with; no temporary file, private workspace or stop note is left;
-``dpsinkhorn release`` holds exactly the manifest's files. The figure (moments tried,
-faults survived) is printed.
+as SLURM sends it followed by SIGKILL after a grace time; a Snakemake that got SIGKILL
+leaves its lock, so ``--unlock`` runs first, as a user does. Each moment's signal and a
+fraction u are drawn from a seed that the test prints (``DPSINKHORN_KILL_SEED`` repeats
+one). When it comes is timed from the attempt's log, read as it grows (Snakemake's
+job-start and finish lines), against the uninterrupted run's log read the same way (its
+start-up, and each job's start and duration after its first job's start):
 
-``DPSINKHORN_KILL_MOMENTS=<n>`` (default 12 per life, 24 in all) is the slow mode.
+* the first moment of a life is aimed at the DP training: u of half that job's
+  uninterrupted time after this attempt's log shows it started;
+* every fourth moment falls in Snakemake's start-up (before a job runs): u of the
+  uninterrupted run's start-up, or at this attempt's first job start if that is sooner;
+* the others fall in the jobs. A cursor walks through the uninterrupted run's job time
+  (never behind the earliest start of a job not yet finished): each such moment moves it
+  by u of twice its share of what is left (n such moments left: 2/(n+1) of it), so the
+  moments spread over the life. The kill is aimed at the unfinished job that started
+  last at or before the cursor, as far into it as the cursor is: that far after this
+  attempt's log shows that job started.
+
+A kill timed from its job's own start comes after that job's inputs exist however slowly
+the attempt got there, and each attempt runs at least the jobs before its aim: the life
+moves on, also when a job that keeps no checkpoint is killed again and again. A moment
+whose time has not come when the log shows the run's end (its ``all`` job, or nothing to
+be done) kills there, 1 s or more before Snakemake exits: every moment is used. Each kill
+records the jobs that were running (started, not finished); the figure counts them per
+rule.
+
+Then: each training is counted once in the training record (one id, one generator hash
+in all its ``finished`` events: one noise draw) and its generator is the one the record
+finished with; every result and data file loads as its kind (npz, pt, json, csv, png);
+no temporary file, private workspace or stop note is left; ``dpsinkhorn release`` holds
+exactly the manifest's files. The figure (moments, rules hit, republished releases,
+temporary files the run's cleanup removed) is printed and shown in pytest's summary.
+
+``DPSINKHORN_KILL_MOMENTS=<n>`` (default 10 per life, 20 in all) is the slow mode.
 """
 
 from __future__ import annotations
 
 import csv
 import json
+import math
 import os
 import random
 import re
@@ -34,6 +65,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -43,15 +77,30 @@ from helpers import require_shared, shared_path, write_digits_npz
 from dpsinkhorn.fileio import sha256_of
 from dpsinkhorn.privacy import trainings
 
+pytestmark = pytest.mark.slow  # whole workflows (docs/TESTING.md)
+
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 DIGITS = [str(d) for d in range(10)]
-MOMENTS = int(os.environ.get("DPSINKHORN_KILL_MOMENTS", "12"))
+MOMENTS = int(os.environ.get("DPSINKHORN_KILL_MOMENTS", "10"))
 SEED = int(os.environ.get("DPSINKHORN_KILL_SEED", str(random.SystemRandom().randrange(10**6))))
+SIGNALS = ("SIGKILL", "SIGTERM")
 #: SLURM's KillWait: SIGKILL this long after SIGTERM.
 GRACE_S = 20.0
+#: How often a running attempt's log is read.
+POLL_S = 0.05
 #: What holds times (compared by content) or is bookkeeping (not compared).
 NOT_COMPARED = ("/logs/", "/benchmarks/", "/trainings/", ".snakemake")
+#: The killed workflow's experiments, and the labels (:func:`_jobs`) of their training jobs.
+DP, NONPRIVATE = "digits_dp", "digits_nonprivate"
+DP_TRAINING, NONPRIVATE_TRAINING = f"train {DP}", f"train {NONPRIVATE}"
+#: Snakemake's log (9.x): a job's block opens with ``rule X:`` or ``localrule X:`` and its
+#: indented lines give its ``jobid`` and ``wildcards``; ``Finished jobid: N (Rule: X)`` says
+#: its outputs are stored (8.x: ``Finished job N.``).
+RULE_LINE = re.compile(r"(?:local)?rule (\w+):$")
+FINISHED_LINE = re.compile(r"Finished job(?:id:)? (\d+)")
+#: What the log shows when the run's jobs are done: then Snakemake lives on for 1 s or more.
+END_LINE = "Nothing to be done"
 
 
 def _config(workdir: Path, reproducible: bool, npz: Path | None = None) -> Path:
@@ -70,8 +119,11 @@ def _config(workdir: Path, reproducible: bool, npz: Path | None = None) -> Path:
         "training_defaults": {"steps": 20, "checkpoint_every": 5, "log_every": 5,
                               "batch_size": 50, "channels": [8, 4, 2],
                               "reproducible": reproducible},
-        "experiments": {"digits_dp": {"dataset": "digits", "table1_row": "paper",
-                                      "sigma": 1.5}},
+        # A real-data row is left out: its evaluation (Inception) costs as much as a
+        # training's, and no training or ledger of it can be lost.
+        "experiments": {DP: {"dataset": "digits", "table1_row": "paper", "sigma": 1.5},
+                        NONPRIVATE: {"dataset": "digits", "table1_row": "nonprivate",
+                                     "method": "sinkhorn"}},
     }  # fmt: skip
     path = workdir / "ka.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
@@ -90,22 +142,113 @@ def _env() -> dict:
             "OMP_NUM_THREADS": "1"}  # fmt: skip
 
 
+def _jobs(text: str) -> tuple[dict[str, str], set[str], bool]:
+    """What a Snakemake log shows: the jobs started ({jobid: label}; label: the rule, and
+    the experiment of a training: ``train digits_dp``), the jobids finished, and whether
+    the run's jobs are done (its ``all`` job started, or nothing to be done). A block cut
+    off before its jobid counts as started under the id ``?``."""
+    started, finished, block = {}, set(), None
+    for line in [*text.splitlines(), ""]:
+        if block is not None and line.startswith(" "):
+            key, _, value = line.strip().partition(": ")
+            block[key] = value
+            continue
+        if block is not None:
+            exp = re.findall(r"\bexp=([^,\s]+)", block.get("wildcards", ""))
+            started[block.get("jobid", "?")] = " ".join([block["rule"], *exp])
+            block = None
+        if match := RULE_LINE.match(line):
+            block = {"rule": match.group(1)}
+        elif match := FINISHED_LINE.match(line):
+            finished.add(match.group(1))
+    return started, finished, "all" in started.values() or END_LINE in text
+
+
 def _start(workdir: Path, log) -> subprocess.Popen:
     return subprocess.Popen(_command(workdir), cwd=workdir, env=_env(), stdout=log,
                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                             start_new_session=True)  # fmt: skip
 
 
-def _kill(proc: subprocess.Popen, how: str) -> None:
-    """Kill the process group: SIGKILL, or SIGTERM then SIGKILL after GRACE_S."""
+class Attempt:
+    """One run of the command, its log read as it grows: when each job's start and finish
+    line first showed (monotonic seconds)."""
+
+    def __init__(self, workdir: Path, path: Path):
+        self.path = path
+        self._log = open(path, "w")
+        self.t0 = time.monotonic()
+        self.proc = _start(workdir, self._log)
+        self.started: dict[str, float] = {}  # job label -> when its start line showed
+        self.finished: dict[str, float] = {}
+        self.running: list[str] = []  # started, not finished
+        self.ended = False  # the log shows the run's jobs done
+
+    def poll(self) -> None:
+        now = time.monotonic()
+        started, finished, self.ended = _jobs(self.path.read_text())
+        for jobid, label in started.items():
+            self.started.setdefault(label, now)
+            if jobid in finished:
+                self.finished.setdefault(label, now)
+        self.running = sorted(label for i, label in started.items() if i not in finished)
+
+    @property
+    def first_job_at(self) -> float | None:
+        return min(self.started.values(), default=None)
+
+    def started_beside(self, job: str, other: str) -> bool:
+        """Whether ``job`` started while ``other`` ran."""
+        if job not in self.started or other not in self.started:
+            return False
+        return self.started[other] <= self.started[job] < self.finished.get(other, math.inf)
+
+    def until(self, when: Callable[[Attempt], float | None]) -> bool:
+        """Read the log until the time ``when`` gives (None: not known yet) has come, or
+        until the log shows the run's end: True (kill now); False if the run exited first."""
+        while self.proc.poll() is None:
+            self.poll()
+            at = when(self)
+            if self.ended or (at is not None and time.monotonic() >= at):
+                return True
+            time.sleep(POLL_S)
+        return False
+
+    def close(self) -> int:
+        code = self.proc.wait(1800)
+        self._log.close()
+        self.poll()
+        return code
+
+
+@dataclass
+class Reference:
+    """The uninterrupted run of the reproducible life, timed from its log."""
+
+    workdir: Path
+    life_s: float  # its wall time
+    startup_s: float  # from its start to its first job's start line
+    starts: dict[str, float]  # job label -> its start line, after the first job's, in order
+    jobs: dict[str, float]  # job label -> from its start line to its finish line
+
+    @property
+    def jobs_s(self) -> float:
+        """From its first job's start line to its last finish line."""
+        return max(self.starts[label] + s for label, s in self.jobs.items())
+
+
+def _kill(proc: subprocess.Popen, how: str) -> bool:
+    """Kill the process group: SIGKILL, or SIGTERM then SIGKILL after GRACE_S. Returns
+    whether Snakemake itself got SIGKILL (then its lock is left)."""
+    sigkill = how == "SIGKILL"
     try:
-        os.killpg(proc.pid, signal.SIGTERM if how == "SIGTERM" else signal.SIGKILL)
-        if how == "SIGTERM":
+        os.killpg(proc.pid, signal.SIGKILL if sigkill else signal.SIGTERM)
+        if not sigkill:
             try:
                 proc.wait(GRACE_S)
             except subprocess.TimeoutExpired:
-                pass
-            os.killpg(proc.pid, signal.SIGKILL)
+                sigkill = True
+            os.killpg(proc.pid, signal.SIGKILL)  # its jobs
     except ProcessLookupError:
         pass
     proc.wait()
@@ -114,54 +257,82 @@ def _kill(proc: subprocess.Popen, how: str) -> None:
         try:
             os.killpg(proc.pid, 0)
         except ProcessLookupError:
-            return
+            break
         time.sleep(0.2)
+    return sigkill
 
 
-def _run_to_completion(workdir: Path) -> float:
-    start = time.monotonic()
-    with open(workdir / "uninterrupted.log", "w") as log:
-        assert _start(workdir, log).wait(1800) == 0, (workdir / "uninterrupted.log").read_text()
-    return time.monotonic() - start
+def _aim(k: int, u: float, moments: int, ref: Reference, done: set[str], cursor: float):
+    """Moment ``k``: its aim (for the figure), when it comes (a function of the attempt: a
+    monotonic time, or None while not known yet) and the life's cursor after it. ``u`` in
+    [0, 1) is drawn from the seed; ``done``: the jobs finished in earlier attempts; the
+    cursor: how far the kills have come, in the uninterrupted run's time after its first
+    job's start (module docstring)."""
+    left = [label for label in ref.starts if label not in done and label != "all"]
+    if k == 0:
+        target = DP_TRAINING
+        point = ref.starts[target] + u * 0.5 * ref.jobs[target]
+    elif k % 4 == 3 or not left:
+        delay = u * ref.startup_s
+
+        def in_startup(a: Attempt) -> float:
+            return min(a.t0 + delay, a.first_job_at or math.inf)
+
+        return f"start-up+{delay:.1f}s", in_startup, cursor
+    else:
+        cursor = max(cursor, min(ref.starts[label] for label in left))
+        n = sum(i % 4 != 3 for i in range(k, moments))  # the job moments left, this one too
+        point = cursor + u * 2 * (ref.jobs_s - cursor) / (n + 1)
+        target = max((label for label in left if ref.starts[label] <= point), key=ref.starts.get)
+    offset = point - ref.starts[target]
+
+    def in_target(a: Attempt) -> float | None:
+        return a.started[target] + offset if target in a.started else None
+
+    return f"{target}+{offset:.1f}s", in_target, point
 
 
-def _killed_life(workdir: Path, moments: int, life_s: float, rng: random.Random) -> dict:
-    """Run the same command, killing it at ``moments`` random moments, until it completes.
-    ``life_s``: the wall time of the uninterrupted run."""
-    figure = {"moments": [], "completed_before_kill": 0, "unlocks": 0, "attempts": 0}
-    # The killed attempts together run at most 0.8 of one uninterrupted life, so every moment
-    # is used before the work can be done (each attempt also pays Snakemake's start, and a
-    # kill loses work), and the moments walk through the life: each kill draws up to twice
-    # its share of what is left of that time (the mean share). A fixed start-up delay
-    # before each kill let a short life (28 s on an idle machine; the CI of d0fdb65: 7 of
-    # 12 moments) finish with moments unused.
-    left_s = 0.8 * life_s
+def _hit(attempt: Attempt) -> list[str]:
+    """The rules a kill landed in: those running, else where Snakemake was."""
+    if attempt.running:
+        return sorted({label.split()[0] for label in attempt.running})
+    return ["(start-up)" if attempt.first_job_at is None else "(between jobs)"]
+
+
+def _killed_life(workdir: Path, moments: int, ref: Reference, rng: random.Random) -> dict:
+    """Run the same command, killing it at ``moments`` moments, until it completes."""
+    figure = {"moments": [], "hit": Counter(), "attempts": 0, "unlocks": 0,
+              "completed_before_kill": 0, "race": 0}  # fmt: skip
+    done: set[str] = set()
+    cursor = 0.0
     while True:
         figure["attempts"] += 1
-        path = workdir / f"attempt{figure['attempts']}.log"
-        kill = len(figure["moments"]) < moments
-        share = left_s / max(moments - len(figure["moments"]), 1)
-        delay = min(rng.uniform(0, 2 * share), left_s)
-        how = rng.choice(["SIGKILL", "SIGTERM"])
-        with open(path, "w") as log:
-            proc = _start(workdir, log)
-            try:
-                code = proc.wait(delay if kill else 1800)
-            except subprocess.TimeoutExpired:
-                _kill(proc, how)
-                figure["moments"].append((round(delay, 1), how))
-                left_s -= delay
+        k = len(figure["moments"])
+        attempt = Attempt(workdir, workdir / f"attempt{figure['attempts']}.log")
+        if k < moments:
+            how, u = rng.choice(SIGNALS), rng.random()  # two draws a moment: the seed fixes all
+            aim, when, after = _aim(k, u, moments, ref, done, cursor)
+            if attempt.until(when):
+                running, hit = attempt.running, _hit(attempt)
+                killed = _kill(attempt.proc, how)
+                attempt.close()
+                done |= set(attempt.finished)
+                figure["race"] += attempt.started_beside("release_manifest", NONPRIVATE_TRAINING)
+                cursor = after
+                figure["moments"].append(f"{how[3:]} {aim}: {', '.join(running) or hit[0]}")
+                figure["hit"].update(hit)
+                if killed:  # Snakemake's lock is left: what a user does (docs/CLUSTER.md)
+                    figure["unlocks"] += 1
+                    subprocess.run([*_command(workdir), "--unlock"], cwd=workdir, env=_env(),
+                                   capture_output=True, check=True)  # fmt: skip
                 continue
-        text = path.read_text()
-        if code != 0 and "cannot be locked" in text.lower():
-            # SIGKILL leaves Snakemake's lock: what a user does (docs/CLUSTER.md).
-            figure["unlocks"] += 1
-            subprocess.run([*_command(workdir), "--unlock"], cwd=workdir, env=_env(),
-                           capture_output=True, check=True)  # fmt: skip
-            continue
+        code = attempt.close()
+        figure["race"] += attempt.started_beside("release_manifest", NONPRIVATE_TRAINING)
+        text = attempt.path.read_text()
         assert code == 0, f"attempt {figure['attempts']} failed:\n{text[-6000:]}"
-        if kill:
-            figure["completed_before_kill"] += 1
+        figure["completed_before_kill"] += k < moments
+        removed = re.search(r"removed (\d+) temporary files of killed writers", text)
+        figure["temps_removed"] = int(removed.group(1)) if removed else 0
         return figure
 
 
@@ -214,8 +385,52 @@ def _same_content(rel: str, ours: Path, theirs: Path) -> bool:
     return False
 
 
-def _check_consistent(workdir: Path) -> list[str]:
-    """What every finished run must hold, killed or not; returns the problems."""
+#: The last bytes of every whole PNG file: its IEND chunk.
+PNG_END = b"IEND\xaeB`\x82"
+
+
+def _load(path: Path) -> None:
+    """Read ``path`` whole as its kind; raises if it is cut off or not of its kind."""
+    import numpy as np
+    import torch
+
+    if path.suffix == ".npz":
+        with np.load(path, allow_pickle=False) as npz:  # each member's CRC is checked
+            _ = [npz[k] for k in npz.files]
+    elif path.suffix == ".pt":
+        torch.load(path, map_location="cpu", weights_only=True)
+    elif path.suffix == ".json" or path.name == ".dpsinkhorn.stopped":
+        json.loads(path.read_text())
+    elif path.suffix == ".jsonl":
+        trainings.read(path)
+    elif path.suffix in (".csv", ".tsv"):
+        with open(path, newline="") as fh:
+            rows = list(csv.reader(fh, delimiter="\t" if path.suffix == ".tsv" else ","))
+        if not rows or any(len(row) != len(rows[0]) for row in rows):
+            raise ValueError(f"not a whole table: {[len(row) for row in rows]} fields")
+    elif path.suffix == ".png":
+        data = path.read_bytes()
+        if not (data.startswith(b"\x89PNG\r\n\x1a\n") and data.endswith(PNG_END)):
+            raise ValueError("not a whole PNG")
+    else:  # logs, tables, reports, the lock file (empty)
+        path.read_text(encoding="utf-8")
+
+
+def _unreadable(workdir: Path) -> list[str]:
+    """Every file of the results and data folders that does not load as its kind."""
+    bad = []
+    for path in sorted(p for d in ("results", "data") for p in (workdir / d).rglob("*")):
+        if path.is_file():
+            try:
+                _load(path)
+            except Exception as err:  # any failure to load is what is reported
+                bad.append(f"{path.relative_to(workdir)}: {type(err).__name__}: {err}")
+    return bad
+
+
+def _check_consistent(workdir: Path, figure: dict) -> list[str]:
+    """What every finished run must hold, killed or not; returns the problems. Counts the
+    releases the record says were published again into ``figure``."""
     problems = []
     left = [
         p.relative_to(workdir).as_posix()
@@ -226,16 +441,23 @@ def _check_consistent(workdir: Path) -> list[str]:
     ]  # fmt: skip
     if left:
         problems.append(f"left behind: {left}")
+    problems += [f"unreadable: {bad}" for bad in _unreadable(workdir)]
     results = workdir / "results" / "ka"
-    out = str((results / "digits_dp").resolve())
     (record,) = (workdir / "data" / "trainings").glob("*.jsonl")
-    ours = [t for t in trainings.trainings(trainings.read(record)) if t["out"] == out]
-    if len(ours) != 1 or not ours[0]["finished"]:
-        problems.append(f"digits_dp counted {len(ours)} times: {ours}")
-    elif ours[0]["content_sha256"] != sha256_of(results / "digits_dp" / "generator.pt"):
-        problems.append("generator.pt is not the one the record finished with")
-    ledger = json.loads((results / "digits_dp" / "privacy.json").read_text())
-    if ledger["content_sha256"] != sha256_of(results / "digits_dp" / "generator.pt"):
+    events = trainings.read(record)
+    figure["republished"] = 0
+    for name, folder in ((DP, results / DP), (NONPRIVATE, results / "nonprivate" / NONPRIVATE)):
+        ours = [t for t in trainings.trainings(events) if t["out"] == str(folder.resolve())]
+        if len(ours) != 1 or not ours[0]["finished"]:
+            problems.append(f"{name} counted {len(ours)} times: {ours}")
+            continue
+        mine = [e for e in events if e["training"] == ours[0]["training"]]
+        hashes = {e["content_sha256"] for e in mine if e["event"] == "finished"}
+        if hashes != {sha256_of(folder / "generator.pt")}:
+            problems.append(f"{name}: generator.pt is not the one of every finished event")
+        figure["republished"] += sum(e["event"] == "republished" for e in mine)
+    ledger = json.loads((results / DP / "privacy.json").read_text())
+    if ledger["content_sha256"] != sha256_of(results / DP / "generator.pt"):
         problems.append("generator.pt is not the one its ledger names")
     published = workdir / "published"
     run = subprocess.run(
@@ -254,46 +476,67 @@ def _check_consistent(workdir: Path) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory) -> tuple[Path, float]:
-    """An uninterrupted run of the reproducible life, and its wall time."""
+def reference(tmp_path_factory) -> Reference:
+    """An uninterrupted run of the reproducible life, timed from its log."""
     workdir = tmp_path_factory.mktemp("reference")
     _config(workdir, reproducible=True)
-    return workdir, _run_to_completion(workdir)
+    run = Attempt(workdir, workdir / "uninterrupted.log")
+    run.until(lambda a: None)
+    assert run.close() == 0, run.path.read_text()
+    first = run.first_job_at
+    return Reference(
+        workdir,
+        life_s=time.monotonic() - run.t0,
+        startup_s=first - run.t0,
+        starts={label: at - first for label, at in run.started.items()},
+        jobs={label: run.finished[label] - at for label, at in run.started.items()},
+    )
 
 
 @pytest.mark.parametrize("life", ["reproducible", "secret"])
-def test_killed_anywhere_the_rerun_completes_with_nothing_lost(life, reference, tmp_path):
-    ref, life_s = reference
+def test_killed_anywhere_the_rerun_completes_with_nothing_lost(
+    life, reference, tmp_path, record_property
+):
     seed = SEED + (life == "secret")
-    print(f"\nkill-anywhere {life}: seed {seed} (DPSINKHORN_KILL_SEED={SEED}), {MOMENTS} moments")
-    _config(tmp_path, reproducible=life == "reproducible", npz=ref / "digits.npz")
+    _config(tmp_path, reproducible=life == "reproducible", npz=reference.workdir / "digits.npz")
     start = time.monotonic()
-    figure = _killed_life(tmp_path, MOMENTS, life_s, random.Random(seed))
-    problems = _check_consistent(tmp_path)
+    figure = _killed_life(tmp_path, MOMENTS, reference, random.Random(seed))
+    problems = _check_consistent(tmp_path, figure)
     if life == "reproducible":
-        ours, theirs = _files(tmp_path / "results"), _files(ref / "results")
+        ours, theirs = _files(tmp_path / "results"), _files(reference.workdir / "results")
         if set(ours) != set(theirs):
             problems.append(f"files differ: {sorted(set(ours) ^ set(theirs))}")
         differ = [r for r in set(ours) & set(theirs) if not _same_content(r, ours[r], theirs[r])]
         if differ:
             problems.append(f"content differs from the uninterrupted run: {sorted(differ)}")
-    tried = len(figure["moments"])
-    print(
-        f"kill-anywhere {life}: {tried} moments tried {figure['moments']}, "
-        f"{tried if not problems else 0} faults survived, {figure['attempts']} runs, "
-        f"{figure['unlocks']} unlocks, completed before its kill: "
-        f"{figure['completed_before_kill']}; lost: {problems or 'nothing'}; "
-        f"{time.monotonic() - start:.0f} s (uninterrupted: {life_s:.0f} s)"
+    tried, hit = len(figure["moments"]), figure["hit"]
+    rules = sorted(set(hit) - {"(start-up)", "(between jobs)"})
+    text = (
+        f"kill-anywhere {life} (seed {seed}; DPSINKHORN_KILL_SEED={SEED}): {tried} of "
+        f"{MOMENTS} moments tried in {figure['attempts']} runs ({figure['unlocks']} unlocks, "
+        f"{figure['completed_before_kill']} completed before its kill), "
+        f"{tried if not problems else 0} faults survived; kills landed in "
+        f"{', '.join(f'{r} {n}' for r, n in sorted(hit.items()))}; "
+        f"release_manifest started beside the non-private training {figure['race']} times; "
+        f"republished releases {figure['republished']}, temporary files of killed writers "
+        f"removed {figure['temps_removed']}; lost: {problems or 'nothing'}; "
+        f"{time.monotonic() - start:.0f} s (uninterrupted: {reference.life_s:.0f} s); "
+        f"moments: {'; '.join(figure['moments'])}"
     )
-    assert not problems, (seed, figure, problems)
-    assert tried >= MOMENTS * 3 // 4, figure  # spread over the life, not after its end
+    print(f"\n{text}")
+    record_property("kill_anywhere", text)
+    assert not problems, text
+    assert tried == MOMENTS, text  # every moment within the life (module docstring)
+    # the first moment aims at the DP training; the others spread over the jobs
+    assert "train" in rules and len(rules) >= min(3, MOMENTS // 3), text
 
 
-def test_a_killed_release_leaves_no_folder_or_the_whole_one(reference):
+def test_a_killed_release_leaves_no_folder_or_the_whole_one(reference, record_property):
     """``dpsinkhorn release`` killed at random moments (SIGKILL or SIGTERM) leaves the old
     state (no release folder) or the whole new one, never a mix; then it completes."""
-    ref, _ = reference
-    rng = random.Random(SEED + 2)
+    ref = reference.workdir
+    seed = SEED + 2
+    rng = random.Random(seed)
     manifest = json.loads((ref / "results" / "ka" / "release_manifest.json").read_text())
     whole = {f["path"] for f in manifest["files"]} | {"release_manifest.json"}
     command = [str(BIN / "dpsinkhorn"), "release", "--config", "ka.yaml", "--accept-no-guarantee"]
@@ -305,7 +548,7 @@ def test_a_killed_release_leaves_no_folder_or_the_whole_one(reference):
     outcomes, stale = [], []
     for i in range(max(MOMENTS // 2, 6)):
         out = ref / f"published{i}"
-        delay, how = rng.uniform(0, release_s * 1.2), rng.choice(["SIGKILL", "SIGTERM"])
+        delay, how = rng.uniform(0, release_s * 1.2), rng.choice(SIGNALS)
         proc = subprocess.Popen([*command, "--out", out.name], cwd=ref, env=_env(),
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                 start_new_session=True)  # fmt: skip
@@ -317,10 +560,12 @@ def test_a_killed_release_leaves_no_folder_or_the_whole_one(reference):
         state = "new" if got == whole else "old" if not got else f"mix {sorted(got)}"
         outcomes.append((round(delay, 2), how, state))
         stale += [p.name for p in ref.glob(f".{out.name}.tmp-*")]
-        assert not state.startswith("mix"), outcomes
+        assert not state.startswith("mix"), (f"seed {seed}", outcomes)
         if state == "old":  # run again: it completes
             again = subprocess.run([*command, "--out", out.name], cwd=ref, env=_env(),
                                    capture_output=True, text=True)  # fmt: skip
-            assert again.returncode == 0, again.stderr
+            assert again.returncode == 0, (f"seed {seed}", outcomes, again.stderr)
             assert {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()} == whole
-    print(f"\nkilled release (seed {SEED + 2}): {outcomes}; stale temporary folders: {stale}")
+    text = f"killed release (seed {seed}): {outcomes}; stale temporary folders: {stale}"
+    print(f"\n{text}")
+    record_property("kill_anywhere", text)

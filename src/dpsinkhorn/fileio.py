@@ -69,7 +69,8 @@ def remove_stale_temps_under(root: str | os.PathLike) -> list[Path]:
     """Delete every temporary file of this module's writers under ``root``; returns them.
 
     What a writer killed mid-write (SIGKILL) leaves. Call it only when no writer can be
-    running under ``root``: the workflow does, when Snakemake has finished every job.
+    running under ``root``: the workflow does, in its own folders
+    (``config.workflow.killed_writers_folders``), when Snakemake has finished every job.
     """
     root = Path(root)
     stale = [p for p in root.rglob(".*.tmp*") if p.is_file() and _TEMP_NAME.match(p.name)]

@@ -38,10 +38,11 @@ from dpsinkhorn.config.workflow import (
     data_identity,
     data_source_args,
     gradient_settings,
+    killed_writers_folders,
     private_trainings,
     remove_killed_writers_temps,
 )
-from dpsinkhorn.privacy.trainings import RECORD_DIR, refuse_changed_settings
+from dpsinkhorn.privacy.trainings import RECORD_DIR, finished_copy_dir, refuse_changed_settings
 from dpsinkhorn.report import captions
 
 # Same schema and messages as the CLI: fills defaults, names the file and key of an error.

@@ -13,16 +13,18 @@ import re
 import shlex
 import signal
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 from dpsinkhorn.config.experiments import (
     data_mirror_of,
     dataset_definition,
+    datasets,
     definition_sha256,
     experiment_dir,
     experiment_spec,
     fixture_source,
+    prepared_folder_of,
     private_experiments,
     trained_experiments,
 )
@@ -180,9 +182,26 @@ def check_kept_outputs(config: Mapping, results: PathLike) -> None:
         )
 
 
+def killed_writers_folders(
+    config: Mapping, results: PathLike, kept_copy: Callable[[str], PathLike]
+) -> list[Path]:
+    """Where a run's own jobs write: its results folder and, under data_dir, its datasets'
+    prepared folders, the CelebA fixture's source (when it has one) and the kept copy of
+    each DP release it trains (``kept_copy(absolute output folder)``:
+    ``privacy.trainings.finished_copy_dir`` beside the record). Not the rest of data_dir,
+    which other runs share and where their writers may be running; a killed copy of a
+    built-in dataset's archive (``<data_dir>/torchvision``) leaves its temporary file."""
+    data = Path(config["data_dir"])
+    folders = [Path(results), *(data / prepared_folder_of(config, d) for d in datasets(config))]
+    if "celeba" in datasets(config) and fixture_source(config) is not None:
+        folders.append(Path(fixture_source(config)))
+    return folders + [Path(kept_copy(out)) for _, out, _ in private_trainings(config, results)]
+
+
 def remove_killed_writers_temps(*roots: PathLike) -> None:
     """After every job of a workflow run succeeded: delete the temporary files that writers
-    killed mid-write (SIGKILL, a lost node) left under ``roots``, and say how many."""
+    killed mid-write (SIGKILL, a lost node) left under ``roots`` (the run's own folders:
+    :func:`killed_writers_folders`), and say how many."""
     from dpsinkhorn.fileio import remove_stale_temps_under
 
     stale = [p for root in roots for p in remove_stale_temps_under(root)]
