@@ -15,14 +15,19 @@ they are defined in:
 
 from dpsinkhorn.config import studies
 from dpsinkhorn.config.experiments import (
+    BENCHMARKS_DIR,
+    FIGURES_DIR,
     FIXTURE_SOURCE,
     GENERATOR_WIDTHS,
+    LOGS_DIR,
     NONPRIVATE,
     PRIVATE_METHODS,
     PUBLIC_TEST_SPLITS,
+    RUN_FOLDERS,
     TABLE1_ROWS,
     TABLE6_GENERATOR,
     TABLE_ROWS,
+    TABLES_DIR,
     all_classifiers,
     classifiers_of,
     data_mirror_of,
@@ -102,7 +107,12 @@ __all__ = [
     # experiments
     "FIXTURE_SOURCE",
     "GENERATOR_WIDTHS",
+    "BENCHMARKS_DIR",
+    "FIGURES_DIR",
+    "LOGS_DIR",
     "NONPRIVATE",
+    "RUN_FOLDERS",
+    "TABLES_DIR",
     "PUBLIC_TEST_SPLITS",
     "TABLE1_ROWS",
     "TABLE6_GENERATOR",

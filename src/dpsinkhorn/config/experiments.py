@@ -63,6 +63,16 @@ BUILTIN_DATASETS = ("mnist", "fmnist", "celeba")
 #: privacy ledger covers: non-private experiments (``sinkhorn``, ``real_data``), gradient
 #: studies, FID statistics of a test split, and scores against a private test split.
 NONPRIVATE = "nonprivate"
+#: The other folders under results/<run>/: the reports' tables and figures, and the
+#: workflow's job logs and benchmarks (workflow/rules/common.smk).
+TABLES_DIR = "tables"
+FIGURES_DIR = "figures"
+LOGS_DIR = "logs"
+BENCHMARKS_DIR = "benchmarks"
+#: Every fixed folder directly under results/<run>/. An experiment's folder is
+#: results/<run>/<name> (a DP release), so no experiment may take one of these names
+#: (``config.validate``): its release would live inside the run's own folder.
+RUN_FOLDERS = (NONPRIVATE, TABLES_DIR, FIGURES_DIR, LOGS_DIR, BENCHMARKS_DIR)
 #: Datasets whose test split is public (published benchmarks): FID and classifier scores of a
 #: DP generator's samples against it are post-processing of the release plus public data.
 #: Any other dataset's test split is private: those scores live under ``nonprivate/``.

@@ -30,6 +30,7 @@ from dpsinkhorn.config.cluster import cluster_errors
 from dpsinkhorn.config.experiments import (
     BUILTIN_DATASETS,
     FIXTURE_SOURCE,
+    RUN_FOLDERS,
     TABLE1_ROWS,
     TABLE6_GENERATOR,
     TABLE_ROWS,
@@ -64,6 +65,12 @@ SWEEP_BF16_ERROR = (
     "precision bf16 cannot train sweeps: torch.func.vmap, which runs a sweep's generators, "
     "does not apply autocast on every device (pytorch/pytorch#105442); use sweep_runs: 1 "
     "or precision fp32 / tf32"
+)
+
+#: Why an experiment may not be named like a folder of the run (``RUN_FOLDERS``).
+RESERVED_EXPERIMENT_ERROR = (
+    "bad name {!r}: results/<run>/ already has a folder of that name ({}; in any case), where "
+    "a DP release's folder would be; rename the experiment"
 )
 
 PathLike = str | os.PathLike
@@ -267,6 +274,8 @@ def _semantic_errors(config: dict) -> list[tuple[list, str]]:
         exp = experiment(config, name)
         at = ["experiments", name]
         method = exp["method"]
+        if name.lower() in RUN_FOLDERS:  # lower: one folder on a case-insensitive disk
+            errors.append((at, RESERVED_EXPERIMENT_ERROR.format(name, ", ".join(RUN_FOLDERS))))
         errors += _celeba_errors(config, exp, at, table_rows)
         known = [*BUILTIN_DATASETS, *(config.get("datasets") or {})]
         if exp["dataset"] not in known:

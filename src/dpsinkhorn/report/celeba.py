@@ -14,6 +14,7 @@ from pathlib import Path
 
 from dpsinkhorn import fileio
 from dpsinkhorn.config import (
+    FIGURES_DIR,
     PRIVATE_METHODS,
     TABLE_FIGURES,
     experiment,
@@ -128,7 +129,7 @@ def celeba_table(table: str, config_files: Sequence[str | Path], out_dir: str | 
     rows = celeba_rows(config, table, out_dir)
     seed = config["seeds"][0]
     figure_name, _ = TABLE_FIGURES[table]
-    png = out_dir / "figures" / f"{figure_name}.png"
+    png = out_dir / FIGURES_DIR / f"{figure_name}.png"
     names = table_figure_experiments(config, table)
     labels = {n: r.method.removesuffix("+DP-Sinkhorn") for r in rows if (n := r.exp_name)}
     panels = []
