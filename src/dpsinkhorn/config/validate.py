@@ -37,6 +37,7 @@ from dpsinkhorn.config.experiments import (
     experiment,
     experiment_names,
     generator_widths,
+    normal_mirror,
 )
 from dpsinkhorn.config.identity import deep_merge
 
@@ -166,14 +167,6 @@ def validate(config: Mapping, source: str | Sequence[PathLike] = "config") -> di
         raise ValueError("\n".join(lines))
     filled["data_mirror"] = normal_mirror(filled.get("data_mirror"))
     return filled
-
-
-def normal_mirror(mirror: PathLike | None) -> str | None:
-    """``data_mirror`` as one spelling: the real path (``~`` expanded, relative to the
-    working directory, symbolic links resolved), or None. Relative, absolute and symlinked
-    spellings of one folder are then one workflow parameter: changing the spelling reruns
-    nothing."""
-    return None if mirror is None else os.path.realpath(os.path.expanduser(os.fspath(mirror)))
 
 
 def _schema_errors(config: dict) -> list[tuple[list, str]]:

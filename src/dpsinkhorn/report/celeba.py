@@ -3,7 +3,7 @@
 Same conventions as Table 1 (:mod:`dpsinkhorn.report.common`) with the columns FID, MLP,
 CNN; the rows come from the experiments' ``rows:`` key, and each table writes
 ``tables/table{3,6}.{md,csv,tex}`` and ``figures/fig{3,6}.png``. A CelebA prepared from
-the synthetic fixture (``<data_dir>/celeba/FIXTURE``) is named in their captions.
+the synthetic fixture (``FIXTURE`` in its prepared folder) is named in their captions.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from dpsinkhorn.config import (
     TABLE_FIGURES,
     experiment,
     experiment_dir,
+    prepared_folder_of,
     table_experiments,
     table_figure_experiments,
     table_files,
@@ -114,7 +115,7 @@ def _fixture_note(config: dict) -> str:
     """The caption's warning when CelebA was prepared from the synthetic fixture."""
     from dpsinkhorn.data.celeba import is_fixture
 
-    if not is_fixture(Path(config["data_dir"])):
+    if not is_fixture(Path(config["data_dir"]) / prepared_folder_of(config, "celeba")):
         return ""
     return (
         "**Data: the SYNTHETIC CelebA FIXTURE (dpsinkhorn celeba-fixture), not CelebA. "

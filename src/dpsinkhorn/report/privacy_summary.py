@@ -37,10 +37,9 @@ from dpsinkhorn.config import (
     experiment_dir,
     is_private,
     load_config,
-    prepared_folder,
+    prepared_folder_of,
     trained_experiments,
 )
-from dpsinkhorn.config.experiments import dataset_definition
 from dpsinkhorn.config.targets import privacy_summary_file
 from dpsinkhorn.privacy import trainings as record
 
@@ -152,7 +151,7 @@ def trainings_summary(config: Mapping, names: list[str], summary: dict) -> dict:
     found: list[dict] = []
     unread = []
     for name in names:
-        path = data_dir / prepared_folder(name, dataset_definition(config, name)) / "train.npz"
+        path = data_dir / prepared_folder_of(config, name) / "train.npz"
         if not path.is_file():
             unread.append(str(path))
             continue
