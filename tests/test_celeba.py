@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import csv
 import math
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +29,7 @@ from dpsinkhorn.report.common import csv_columns
 from dpsinkhorn.report.paper import CELEBA_METRICS
 
 NUM = 60  # fixture images: 48 train, 6 valid, 6 test
+REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -101,7 +105,7 @@ def test_preprocessing_shapes_labels_splits_marker(prepared, fixture_dir):
     assert np.array_equal(train_y, male[partition == 0])
     assert np.array_equal(test_y, male[partition == 2])
     assert set(np.unique(train_y)) == {0, 1}
-    assert celeba.is_fixture(prepared)
+    assert celeba.is_fixture(celeba.prepared_dir(prepared, fixture_dir))
     # the resize: center crop 178x178, antialiased bilinear to 32x32
     from PIL import Image
 
@@ -129,7 +133,7 @@ def test_corrupt_jpeg_is_named(fixture_dir, tmp_path):
     (src / "celeba" / "img_align_celeba" / "000002.jpg").write_bytes(b"\xff\xd8 not a jpeg")
     with pytest.raises(ValueError, match="corrupt CelebA image .*000002.jpg"):
         data.prepare("celeba", tmp_path / "data", mirror=src)
-    assert not (tmp_path / "data" / "celeba" / "train.npz").exists()
+    assert not (celeba.prepared_dir(tmp_path / "data", src) / "train.npz").exists()
 
 
 def test_real_annotations_are_md5_checked(fixture_dir, tmp_path):
@@ -273,6 +277,75 @@ RESULTS = {
     "celeba_dpsinkhorn": [(170.0, 0.76, 0.75), (172.0, 0.78, 0.77)],
     "celeba_dcgan": [(150.0, 0.74, 0.73), (160.0, 0.74, 0.73)],
 }
+
+
+# ------------------------------------------------------------ one folder per source (issue 39)
+
+TWO_SOURCES = """\
+run_name: {run}
+data_dir: data
+data_mirror: {mirror}
+device: cpu
+experiments:
+  celeba_dp: {{dataset: celeba, steps: 2, batch_size: 8, channels: [8, 8, 8], delta: 1.0e-6}}
+  mnist_dp: {{dataset: mnist, steps: 2, batch_size: 8, channels: [8, 8, 8]}}
+"""
+
+
+def test_two_celeba_sources_never_share_a_prepared_folder(fixture_dir, tmp_path, monkeypatch):
+    """Two configs read CelebA from two mirrors (CelebA's formats, other images)
+    into one data_dir: the workflow's data rule prepares each into a folder of its own, the
+    second never rewrites the first's, and each experiment trains on its own source's
+    arrays. MNIST (MD5-checked: every source is the same bytes) keeps one folder, as does
+    CelebA from the download; a fixture's folder does not depend on where the working
+    folder lies."""
+    from dpsinkhorn.config import experiment, prepared_folder_of
+    from dpsinkhorn.train.run import load_train_data
+
+    other = tmp_path / "other_source"
+    celeba.make_fixture(other, num=NUM, seed=1)  # same names and format, other images
+    (tmp_path / "celeba_source").symlink_to(fixture_dir)  # relative to the working folder
+    configs = {}
+    for run, mirror in (("a", "celeba_source"), ("b", other)):
+        configs[run] = tmp_path / f"{run}.yaml"
+        configs[run].write_text(TWO_SOURCES.format(run=run, mirror=mirror))
+    monkeypatch.chdir(tmp_path)
+    loaded = {run: load_config([path]) for run, path in configs.items()}
+    folders = {run: prepared_folder_of(cfg, "celeba") for run, cfg in loaded.items()}
+    assert folders["a"] != folders["b"] and all(f.startswith("celeba-") for f in folders.values())
+    assert {prepared_folder_of(cfg, "mnist") for cfg in loaded.values()} == {"mnist"}
+    download = load_config([configs["a"]]) | {"data_mirror": None}
+    assert prepared_folder_of(download, "celeba") == "celeba"
+
+    env = {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    prepared = {}
+    for run in ("a", "b"):
+        done = subprocess.run(
+            [str(Path(sys.executable).parent / "snakemake"), f"data/{folders[run]}/train.npz",
+             "-s", str(REPO / "Snakefile"), "-d", str(tmp_path), "-c", "1",
+             "--configfile", str(configs[run])],
+            cwd=tmp_path, capture_output=True, text=True, env={**os.environ, **env},
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+        prepared[run] = {
+            p.name: p.read_bytes() for p in (tmp_path / "data" / folders[run]).iterdir()
+        }
+    for run, files in prepared.items():  # both still there, as each config wrote them
+        folder = tmp_path / "data" / folders[run]
+        assert {p.name: p.read_bytes() for p in folder.iterdir()} == files
+    a, b = (load_train_data(experiment(loaded[r], "celeba_dp"), Path("data"), None) for r in "ab")
+    assert not np.array_equal(a[0], b[0])
+    assert np.array_equal(a[0], data.load_split(Path("data"), "celeba", "train",
+                                                folder=folders["a"])[0])  # fmt: skip
+    with pytest.raises(ValueError, match="celeba prepared from 2 sources"):
+        data.load_split(Path("data"), "celeba", "train")  # which one: the experiment says
+    assert all(celeba.is_fixture(Path("data") / f) for f in folders.values())
+
+    smoke = load_config([REPO / "config" / "smoke.yaml"])  # the fixture: data_dir-relative
+    where = prepared_folder_of(smoke, "celeba")
+    (tmp_path / "moved").mkdir()
+    monkeypatch.chdir(tmp_path / "moved")
+    assert prepared_folder_of(smoke, "celeba") == where != "celeba"
 
 
 @pytest.fixture

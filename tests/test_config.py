@@ -180,6 +180,24 @@ def test_semantic_errors_name_the_key(tmp_path, body, key, text):
     assert f"experiments.e.{key}: " in message and text in message
 
 
+@pytest.mark.parametrize("name", [*cfg.RUN_FOLDERS, "Logs"])
+def test_an_experiment_never_takes_a_folder_of_the_run(tmp_path, capsys, name):
+    """results/<run>/<name> is a DP release's folder: a name of one of the run's own folders
+    (config.RUN_FOLDERS, in any case) is refused in one line naming it and its file."""
+    path = write(
+        tmp_path, f"experiments:\n  {name}: {{dataset: mnist}}\n  ok: {{dataset: mnist}}\n"
+    )
+    from dpsinkhorn import cli
+
+    assert cli.main(["targets", "all", "--config", str(path)]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert f"{path}: experiments.{name}: bad name {name!r}: results/<run>/ already has" in line
+    folders = {*re.findall(r"\(([^;]*);", line)[0].split(", ")}
+    assert folders == {"nonprivate", "tables", "figures", "logs", "benchmarks"}
+    renamed = write(tmp_path, f"experiments:\n  {name}_dp: {{dataset: mnist}}\n", "ok.yaml")
+    assert cfg.load_config(renamed)["experiments"]
+
+
 @pytest.mark.parametrize("precision", ["tf32", "bf16"])
 def test_fid_precision_is_checked(tmp_path, precision):
     """Only fp32 and tf32 (measured within 0.1% of FID) are offered, and tf32 only on the

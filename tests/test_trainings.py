@@ -10,6 +10,7 @@ experiment must not retrain it with fresh noise; an explicit retrain is counted,
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -25,7 +26,7 @@ from dpsinkhorn import cli, fileio, window
 from dpsinkhorn import config as config_lib
 from dpsinkhorn.config.targets import TRAINING_FILES
 from dpsinkhorn.privacy import trainings
-from dpsinkhorn.report.privacy_summary import privacy_summary
+from dpsinkhorn.report.privacy_summary import UNKNOWN_EPSILON, privacy_summary, summary_markdown
 from dpsinkhorn.train.run import train
 from dpsinkhorn.train.signals import Preempted
 
@@ -389,3 +390,111 @@ def test_the_record_merges_per_id_whatever_events_survive(tmp_path):
         fh.write('{"event": "finished"}\n')
     with pytest.raises(ValueError, match=r"line 4 is not a training event"):
         trainings.read(merged_into)
+
+
+# ------------------------------------------------- records that lost who trained (issue 39)
+
+#: What a ``finished`` event held before every event carried its training's identity
+#: (002aba7..a0b775f: ``RunFiles._record``); the identity was in ``started`` only.
+OLD_FINISHED_KEYS = ("event", "training", "time", "steps", "epsilon", "content_sha256")
+
+
+def _lose_identities(record: Path) -> None:
+    """``record`` as a training resumed in a later call left it under those versions: its
+    ``started`` event lost (a window call without the record), its ``finished`` event as
+    that writer wrote it."""
+    events = [e for e in trainings.read(record) if e["event"] == "finished"]
+    record.write_text("".join(json.dumps({k: e[k] for k in OLD_FINISHED_KEYS}) + "\n"
+                              for e in events))  # fmt: skip
+
+
+def test_an_unattributed_training_is_counted_and_refuses_a_retrain(tmp_path, capsys, monkeypatch):
+    """A DP training whose record holds only an old-format ``finished`` event (no
+    experiment, no mechanism) is still one finished DP training of the source: the
+    summary gives no composed epsilon and says so loudly (its epsilon cannot be composed),
+    a new training that could retrain it is refused in one line, and a retrain asked for
+    is counted as one."""
+    npz = write_digits_npz(tmp_path / "clothes.npz")
+    configfile = _config(tmp_path, npz, "cli")
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["data", "--dataset", "clothes", "--root", "data",
+                     "--config", str(configfile)]) == 0  # fmt: skip
+    args = ["train", "--config", str(configfile), "--experiment", "clothes_dp",
+            "--out", "results/cli/clothes_dp", "--no-progress"]  # fmt: skip
+    assert cli.main(args) == 0
+    ledger = json.loads((tmp_path / "results/cli/clothes_dp/privacy.json").read_text())
+    (record,) = (tmp_path / "data" / "trainings").glob("*.jsonl")
+    _lose_identities(record)
+
+    (old,) = trainings.trainings(trainings.read(record))
+    assert (old["attributed"], old["private"], old["finished"], old["steps"]) == (
+        False, True, True, ledger["steps"]
+    )  # fmt: skip
+    counted = trainings.composed([old])
+    assert counted["trainings"] == 1 and counted["unattributed"] == 1
+    assert counted["unaccounted"] == [old["training"]] and counted["epsilon_composed"] is None
+
+    cfg = config_lib.load_config([str(configfile)])
+    (summary,) = privacy_summary(cfg, "results/cli")["datasets"]
+    every = summary["all_trainings"]
+    assert every["trainings"] == 1 and every["epsilon_composed"] is None
+    assert every["unaccounted"] == [old["training"]]
+    (loud,) = [w for w in summary["warnings"] if w.startswith(UNKNOWN_EPSILON)]
+    assert old["training"] in loud and f"{ledger['epsilon']:.4g}" in loud
+    assert "**unknown**" in "\n".join(summary_markdown({"datasets": [summary]}))
+    capsys.readouterr()
+    assert cli.main(["privacy-summary", "--config", str(configfile), "--results",
+                     "results/cli"]) == 0  # fmt: skip
+    assert "WARNING: " + UNKNOWN_EPSILON in capsys.readouterr().err
+
+    # The same experiment into its folder, and another folder: either could retrain it.
+    for out in ("results/cli/clothes_dp", "results/other/clothes_dp"):
+        assert cli.main([*args[:-2], out, "--no-progress"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "do not say which experiment" in err[0], err
+        assert record.name in err[0] and "--retrain" in err[0]
+    assert not (tmp_path / "results/other/clothes_dp/private_workspace").exists()
+    assert cli.main([*args, "--retrain"]) == 0
+    runs = trainings.trainings(trainings.read(record))
+    assert [(t["attributed"], t["finished"], t["retrain"]) for t in runs] == [
+        (False, True, False),
+        (True, True, True),
+    ]
+    again = trainings.composed(runs)
+    assert again["trainings"] == 2 and again["epsilon_composed"] is None
+
+
+def test_an_unattributed_event_counts_as_what_it_shows(tmp_path, digits_spec):
+    """A lone old-format ``finished`` of a non-private training (epsilon null, as its
+    ledger) is not a DP training: neither counted nor refusing. A lone ``republished``
+    (its finished training's events lost) is a finished DP training into the folder it
+    names: it refuses a training into that folder, not into another."""
+    out, records = tmp_path / "run" / "clothes_dp", tmp_path / "trainings"
+    public = config_lib.make_experiment(
+        "clothes_np", dataset="mnist", method="sinkhorn", **{**TINY, "sigma": None}
+    )
+    _train(public, tmp_path / "run" / "nonprivate", records)
+    (record,) = records.glob("*.jsonl")
+    _lose_identities(record)
+    (old,) = trainings.trainings(trainings.read(record))
+    assert (old["attributed"], old["private"], old["finished"]) == (False, False, True)
+    assert trainings.composed([old])["trainings"] == 0
+    assert trainings.unattributed_finished(records, str(out.resolve())) == []
+
+    record.unlink()
+    _train(digits_spec, out, records)
+    for name in TRAINING_FILES:  # removed: the next training publishes the kept copy again
+        (out / name).unlink()
+    _train(digits_spec, out, records)
+    record.write_text("".join(json.dumps(e) + "\n" for e in trainings.read(record)
+                              if e["event"] == "republished"))  # fmt: skip
+    (lone,) = trainings.trainings(trainings.read(record))
+    assert (lone["attributed"], lone["private"], lone["finished"]) == (False, True, True)
+    assert trainings.composed([lone])["unaccounted"] == [lone["training"]]
+    fingerprint = trainings.data_fingerprint(*digits_28())
+    other = str((tmp_path / "run" / "elsewhere").resolve())
+    assert not trainings.check_retrain(records, other, "x", {}, fingerprint, False)
+    with pytest.raises(trainings.RetrainRefused, match="do not say which experiment"):
+        trainings.check_retrain(records, str(out.resolve()), "clothes_dp", {}, fingerprint, False)
+    assert trainings.check_retrain(records, str(out.resolve()), "clothes_dp", {}, fingerprint,
+                                   True)  # fmt: skip

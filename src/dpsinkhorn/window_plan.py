@@ -17,6 +17,7 @@ from pathlib import Path
 
 from dpsinkhorn import fileio
 from dpsinkhorn.config.experiments import (
+    LOGS_DIR,
     evaluation_dir,
     experiment_classifiers,
     experiment_dir,
@@ -73,7 +74,7 @@ def evaluation_refusal(config: Mapping, exp: str, workdir: Path, left_s: float, 
 def measure_phases(config: Mapping, workdir: Path, state: dict) -> None:
     """Record the longest seconds of each evaluation phase the jobs' logs show."""
     measured = state.setdefault("phase_seconds", {})
-    for log in (workdir / results_dir(config) / "logs").rglob("evaluate_*.log"):
+    for log in (workdir / results_dir(config) / LOGS_DIR).rglob("evaluate_*.log"):
         for phase, seconds in PHASE_LINE.findall(log.read_text(errors="replace")):
             measured[phase] = max(measured.get(phase, 0.0), float(seconds))
 

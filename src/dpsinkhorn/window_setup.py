@@ -38,7 +38,7 @@ from pathlib import Path
 import yaml
 
 from dpsinkhorn import fileio
-from dpsinkhorn.config.experiments import experiment_names
+from dpsinkhorn.config.experiments import experiment_names, prepared_folder_of
 from dpsinkhorn.config.validate import OVERRIDABLE, load_config
 from dpsinkhorn.window_imports import REPO, REPO_PREFIX
 
@@ -364,7 +364,10 @@ def missing_needs(
     for dataset in item_needs(config, item)["datasets"]:
         folder = RAW_FOLDERS.get(dataset, dataset)
         in_mirror = mirror is not None and (mirror / folder / "raw").is_dir()
-        if not in_mirror and not (prepared / dataset / "test.npz").is_file():
+        if (
+            not in_mirror
+            and not (prepared / prepared_folder_of(config, dataset) / "test.npz").is_file()
+        ):
             missing.append(f"dataset {dataset}")
     if weights is not None and not Path(weights).is_file():
         missing.append(f"FID weights {weights}")

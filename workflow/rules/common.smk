@@ -3,6 +3,10 @@
 from pathlib import Path
 
 from dpsinkhorn.config import (
+    BENCHMARKS_DIR,
+    FIGURES_DIR,
+    LOGS_DIR,
+    TABLES_DIR,
     all_classifiers,
     check_overrides,
     config_file_args,
@@ -63,8 +67,11 @@ DATA = config["data_dir"]
 if not workflow.remote_exec:
     refuse_changed_settings(Path(DATA) / RECORD_DIR, private_trainings(config, RESULTS))
     check_kept_outputs(config, RESULTS)
-LOGS = f"{RESULTS}/logs"
-BENCH = f"{RESULTS}/benchmarks"
+# The run's fixed folders (dpsinkhorn.config.RUN_FOLDERS: no experiment takes their names).
+LOGS = f"{RESULTS}/{LOGS_DIR}"
+BENCH = f"{RESULTS}/{BENCHMARKS_DIR}"
+TABLES = f"{RESULTS}/{TABLES_DIR}"
+FIGURES = f"{RESULTS}/{FIGURES_DIR}"
 EVAL = config["evaluation"]
 SEEDS = config["seeds"]
 # The steps read their settings from these files (relative to the working directory).

@@ -2,11 +2,11 @@ rule table1:
     input:
         unpack(lambda w: targets.table1_files(config, RESULTS)),
     output:
-        md=report(f"{RESULTS}/tables/table1.md", caption=CAPTION, category="Tables"),
-        csv=f"{RESULTS}/tables/table1.csv",
-        tex=f"{RESULTS}/tables/table1.tex",
+        md=report(f"{TABLES}/table1.md", caption=CAPTION, category="Tables"),
+        csv=f"{TABLES}/table1.csv",
+        tex=f"{TABLES}/table1.tex",
         figures=[
-            report(f"{RESULTS}/figures/samples_{d}.png", caption=CAPTION, category="Figures")
+            report(f"{FIGURES}/samples_{d}.png", caption=CAPTION, category="Figures")
             for d in figure_datasets(config)
         ],
     params:

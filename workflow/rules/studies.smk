@@ -7,9 +7,9 @@ rule study_table:
     input:
         unpack(lambda w: targets.inputs(config, w.name, RESULTS)),
     output:
-        md=report(f"{RESULTS}/tables/{{name}}.md", caption=CAPTION, category="Tables"),
-        csv=f"{RESULTS}/tables/{{name}}.csv",
-        tex=f"{RESULTS}/tables/{{name}}.tex",
+        md=report(f"{TABLES}/{{name}}.md", caption=CAPTION, category="Tables"),
+        csv=f"{TABLES}/{{name}}.csv",
+        tex=f"{TABLES}/{{name}}.tex",
     wildcard_constraints:
         name=targets.study_regex(config, "table"),
     params:
@@ -35,9 +35,9 @@ rule study_figure:
     input:
         unpack(lambda w: targets.inputs(config, w.name, RESULTS)),
     output:
-        png=report(f"{RESULTS}/figures/{{name}}.png", caption=CAPTION, category="Figures"),
-        pdf=f"{RESULTS}/figures/{{name}}.pdf",
-        csv=f"{RESULTS}/figures/{{name}}.csv",
+        png=report(f"{FIGURES}/{{name}}.png", caption=CAPTION, category="Figures"),
+        pdf=f"{FIGURES}/{{name}}.pdf",
+        csv=f"{FIGURES}/{{name}}.csv",
     wildcard_constraints:
         name=f"{targets.study_regex(config, 'figure')}|{targets.study_regex(config, 'samples')}",
     params:

@@ -60,7 +60,9 @@ def benchmark(
     adds ``ours_profile`` (and ``sweep_profile``): :func:`profile_kernels` over that many
     steps after the timing, i.e. of the replayed graph when ``cuda_graphs``.
     """
-    images, labels = load_split(Path(data_dir), spec["dataset"], "train")
+    images, labels = load_split(
+        Path(data_dir), spec["dataset"], "train", folder=spec.get("prepared_folder")
+    )
     dev = resolve_device(device)
     result: dict = {"experiment": spec["name"], "timed_steps": steps, "warmup_steps": warmup}
     q = int(spec["batch_size"]) / len(labels)

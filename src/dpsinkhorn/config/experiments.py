@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -63,6 +64,16 @@ BUILTIN_DATASETS = ("mnist", "fmnist", "celeba")
 #: privacy ledger covers: non-private experiments (``sinkhorn``, ``real_data``), gradient
 #: studies, FID statistics of a test split, and scores against a private test split.
 NONPRIVATE = "nonprivate"
+#: The other folders under results/<run>/: the reports' tables and figures, and the
+#: workflow's job logs and benchmarks (workflow/rules/common.smk).
+TABLES_DIR = "tables"
+FIGURES_DIR = "figures"
+LOGS_DIR = "logs"
+BENCHMARKS_DIR = "benchmarks"
+#: Every fixed folder directly under results/<run>/. An experiment's folder is
+#: results/<run>/<name> (a DP release), so no experiment may take one of these names
+#: (``config.validate``): its release would live inside the run's own folder.
+RUN_FOLDERS = (NONPRIVATE, TABLES_DIR, FIGURES_DIR, LOGS_DIR, BENCHMARKS_DIR)
 #: Datasets whose test split is public (published benchmarks): FID and classifier scores of a
 #: DP generator's samples against it are post-processing of the release plus public data.
 #: Any other dataset's test split is private: those scores live under ``nonprivate/``.
@@ -88,6 +99,13 @@ def experiment(config: Mapping, name: str) -> dict:
     definition = dataset_definition(config, spec.get("dataset"))
     if definition is not None:  # an own dataset: its entry travels with the experiment
         spec["dataset_definition"] = definition
+    elif spec.get("dataset") in BUILTIN_DATASETS:
+        # A built-in dataset prepared from a source of its own (CelebA from a mirror or the
+        # fixture): the folder travels with the experiment (bookkeeping: the data's own
+        # fingerprint, not its folder, is what identifies a training).
+        folder = prepared_folder_of(config, spec["dataset"])
+        if folder != spec["dataset"]:
+            spec["prepared_folder"] = folder
     spec["name"] = name
     return spec
 
@@ -108,19 +126,84 @@ def definition_sha256(definition: Mapping) -> str:
     return hashlib.sha256(json.dumps(definition, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def prepared_folder(dataset: str, definition: Mapping | None) -> str:
+#: Built-in datasets whose every source is checked byte for byte (archive MD5s) against
+#: torchvision's list: preparing them from a download or any mirror gives the same files.
+VERIFIED_SOURCES = ("mnist", "fmnist")
+#: :func:`builtin_source` of a verified dataset.
+VERIFIED = "official archives (MD5-checked)"
+#: :func:`builtin_source` of a built-in dataset read from no mirror: downloaded into
+#: ``<data_dir>/torchvision`` (or placed there by hand), one such source per data_dir.
+DOWNLOAD = "download"
+
+
+def normal_mirror(mirror: str | os.PathLike | None) -> str | None:
+    """``data_mirror`` as one spelling: the real path (``~`` expanded, relative to the
+    working directory, symbolic links resolved), or None. Relative, absolute and symlinked
+    spellings of one folder are then one workflow parameter: changing the spelling reruns
+    nothing."""
+    return None if mirror is None else os.path.realpath(os.path.expanduser(os.fspath(mirror)))
+
+
+def builtin_source(dataset: str, mirror: str | os.PathLike | None, data_dir) -> str:
+    """What decides a built-in dataset's prepared bytes, read from ``mirror`` (None: the
+    download) into ``data_dir``: :data:`VERIFIED` for MNIST and Fashion-MNIST (every
+    source gives the same bytes, so the mirror is no part of it); :data:`DOWNLOAD`; else
+    ``mirror <real path>``, or ``mirror <data_dir>/<path>`` for one inside ``data_dir``
+    (the synthetic fixture's ``celeba_source``), which stays one source when the working
+    folder moves. ``dpsinkhorn data`` and the config (:func:`data_identity`) both name a
+    source with it, so they find the same folder (:func:`prepared_folder`)."""
+    if dataset in VERIFIED_SOURCES:
+        return VERIFIED
+    if mirror is None:
+        return DOWNLOAD
+    real, root = normal_mirror(mirror), normal_mirror(data_dir)
+    inside = os.path.relpath(real, root)
+    if inside != os.pardir and not inside.startswith(os.pardir + os.sep):
+        return f"mirror <data_dir>/{Path(inside).as_posix()}"
+    return f"mirror {real}"
+
+
+def data_identity(config: Mapping, dataset: str) -> str:
+    """What decides a dataset's prepared bytes: the data rule's one rerun-triggering param,
+    and what names its folder (:func:`prepared_folder_of`).
+
+    MNIST and Fashion-MNIST: the official archives, MD5-checked against torchvision's list
+    whether downloaded or copied from any mirror, so every source gives the same bytes and
+    the mirror's location is no part of it (moving it, or another config naming another
+    copy, reruns nothing). CelebA: its images are not checked, so the source
+    (:func:`builtin_source`: the mirror's real path, the fixture's folder or ``download``).
+    An own dataset: its entry's hash.
+    """
+    definition = dataset_definition(config, dataset)
+    if definition is not None:
+        return f"own dataset entry {definition_sha256(definition)}"
+    return builtin_source(dataset, data_mirror_of(config, dataset), config.get("data_dir", "data"))
+
+
+def prepared_folder(dataset: str, definition: Mapping | None, source: str | None = None) -> str:
     """The folder under ``data_dir`` that holds a dataset's prepared ``{train,test}.npz``.
 
-    A built-in dataset: its name. An own dataset: ``<name>-<definition_sha256>``, keyed by
-    its whole ``datasets:`` entry (source path, size, channels, resizing, split), so two
-    configs, or two entries of the same name, never write, or delete, each other's files.
+    An own dataset: ``<name>-<definition_sha256>``, keyed by its whole ``datasets:`` entry
+    (source path, size, channels, resizing, split), so two configs, or two entries of the
+    same name, never write, or delete, each other's files. A built-in dataset: its name
+    when every source gives the same bytes (:data:`VERIFIED_SOURCES`) or when read from
+    :data:`DOWNLOAD` (one per data_dir) or ``source`` is not known (None); else
+    ``<name>-<first 16 hex digits of sha256(source)>``, ``source`` being its
+    :func:`builtin_source`: CelebA from two mirrors (its images are not checked), or from
+    the synthetic fixture, never shares a folder.
     """
-    return dataset if definition is None else f"{dataset}-{definition_sha256(definition)}"
+    if definition is not None:
+        return f"{dataset}-{definition_sha256(definition)}"
+    if source is None or source == DOWNLOAD or dataset in VERIFIED_SOURCES:
+        return dataset
+    return f"{dataset}-{hashlib.sha256(source.encode()).hexdigest()[:16]}"
 
 
 def prepared_folder_of(config: Mapping, dataset: str) -> str:
-    """:func:`prepared_folder` of a config's dataset."""
-    return prepared_folder(dataset, dataset_definition(config, dataset))
+    """:func:`prepared_folder` of a config's dataset (its source: :func:`data_identity`)."""
+    definition = dataset_definition(config, dataset)
+    source = None if definition is not None else data_identity(config, dataset)
+    return prepared_folder(dataset, definition, source)
 
 
 def experiment_spec(config: Mapping, name: str) -> str:
@@ -261,13 +344,13 @@ def all_classifiers(config: Mapping) -> list[str]:
 
 def fixture_source(config: Mapping) -> str | None:
     """``<data_dir>/celeba_source`` when CelebA comes from the synthetic fixture, else None."""
-    if config["celeba_fixture"] is None:
+    if config.get("celeba_fixture") is None:
         return None
-    return str(Path(config["data_dir"]) / FIXTURE_SOURCE)
+    return str(Path(config.get("data_dir", "data")) / FIXTURE_SOURCE)
 
 
 def data_mirror_of(config: Mapping, dataset: str) -> str | None:
     """The ``--mirror`` of ``dpsinkhorn data`` for a dataset (the fixture's folder for CelebA)."""
     if dataset == "celeba" and fixture_source(config) is not None:
         return fixture_source(config)
-    return config["data_mirror"]
+    return config.get("data_mirror")

@@ -32,6 +32,7 @@ NON_SEMANTIC_KEYS = (
     "name",
     "keep_private_workspace",
     "log_private_loss",
+    "prepared_folder",
 )
 
 #: Settings added after experiments had been trained, with the value that reproduces

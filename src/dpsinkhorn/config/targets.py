@@ -25,8 +25,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from dpsinkhorn.config.experiments import (
+    FIGURES_DIR,
     NONPRIVATE,
     TABLE_ROWS,
+    TABLES_DIR,
     evaluation_dir,
     experiment,
     experiment_classifiers,
@@ -229,8 +231,10 @@ def table_outputs(config: Mapping, table: str, results: PathLike) -> dict[str, s
     """The files ``dpsinkhorn report <table>`` writes (tables/<table>.{md,csv,tex}, figure)."""
     results = Path(results)
     figure, _ = TABLE_FIGURES[table]
-    out = {suffix: str(results / "tables" / f"{table}.{suffix}") for suffix in ("md", "csv", "tex")}
-    return {**out, "figure": str(results / "figures" / f"{figure}.png")}
+    out = {
+        suffix: str(results / TABLES_DIR / f"{table}.{suffix}") for suffix in ("md", "csv", "tex")
+    }
+    return {**out, "figure": str(results / FIGURES_DIR / f"{figure}.png")}
 
 
 def report_targets(config: Mapping, results: PathLike) -> list[str]:
@@ -269,12 +273,12 @@ def outputs(config: Mapping, name: str, results: PathLike) -> dict[str, str]:
     if name in CELEBA_TABLES:
         return table_outputs(config, name, results)
     if name.startswith("table"):
-        out = {s: str(results / "tables" / f"{name}.{s}") for s in ("md", "csv", "tex")}
+        out = {s: str(results / TABLES_DIR / f"{name}.{s}") for s in ("md", "csv", "tex")}
         if name == "table1":
             for dataset in figure_datasets(config):
-                out[f"samples_{dataset}"] = str(results / "figures" / f"samples_{dataset}.png")
+                out[f"samples_{dataset}"] = str(results / FIGURES_DIR / f"samples_{dataset}.png")
         return out
-    return {s: str(results / "figures" / f"{name}.{s}") for s in ("png", "pdf", "csv")}
+    return {s: str(results / FIGURES_DIR / f"{name}.{s}") for s in ("png", "pdf", "csv")}
 
 
 def cell_experiments(config: Mapping, name: str) -> list[str]:

@@ -30,12 +30,14 @@ from dpsinkhorn.config.cluster import cluster_errors
 from dpsinkhorn.config.experiments import (
     BUILTIN_DATASETS,
     FIXTURE_SOURCE,
+    RUN_FOLDERS,
     TABLE1_ROWS,
     TABLE6_GENERATOR,
     TABLE_ROWS,
     experiment,
     experiment_names,
     generator_widths,
+    normal_mirror,
 )
 from dpsinkhorn.config.identity import deep_merge
 
@@ -64,6 +66,12 @@ SWEEP_BF16_ERROR = (
     "precision bf16 cannot train sweeps: torch.func.vmap, which runs a sweep's generators, "
     "does not apply autocast on every device (pytorch/pytorch#105442); use sweep_runs: 1 "
     "or precision fp32 / tf32"
+)
+
+#: Why an experiment may not be named like a folder of the run (``RUN_FOLDERS``).
+RESERVED_EXPERIMENT_ERROR = (
+    "bad name {!r}: results/<run>/ already has a folder of that name ({}; in any case), where "
+    "a DP release's folder would be; rename the experiment"
 )
 
 PathLike = str | os.PathLike
@@ -159,14 +167,6 @@ def validate(config: Mapping, source: str | Sequence[PathLike] = "config") -> di
         raise ValueError("\n".join(lines))
     filled["data_mirror"] = normal_mirror(filled.get("data_mirror"))
     return filled
-
-
-def normal_mirror(mirror: PathLike | None) -> str | None:
-    """``data_mirror`` as one spelling: the real path (``~`` expanded, relative to the
-    working directory, symbolic links resolved), or None. Relative, absolute and symlinked
-    spellings of one folder are then one workflow parameter: changing the spelling reruns
-    nothing."""
-    return None if mirror is None else os.path.realpath(os.path.expanduser(os.fspath(mirror)))
 
 
 def _schema_errors(config: dict) -> list[tuple[list, str]]:
@@ -267,6 +267,8 @@ def _semantic_errors(config: dict) -> list[tuple[list, str]]:
         exp = experiment(config, name)
         at = ["experiments", name]
         method = exp["method"]
+        if name.lower() in RUN_FOLDERS:  # lower: one folder on a case-insensitive disk
+            errors.append((at, RESERVED_EXPERIMENT_ERROR.format(name, ", ".join(RUN_FOLDERS))))
         errors += _celeba_errors(config, exp, at, table_rows)
         known = [*BUILTIN_DATASETS, *(config.get("datasets") or {})]
         if exp["dataset"] not in known:

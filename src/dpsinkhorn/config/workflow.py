@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 from dpsinkhorn.config.experiments import (
+    data_identity,  # noqa: F401 (the data rule's param: workflow/rules/data.smk)
     data_mirror_of,
     dataset_definition,
     datasets,
@@ -30,10 +31,6 @@ from dpsinkhorn.config.experiments import (
 )
 
 PathLike = str | os.PathLike
-
-#: Built-in datasets whose every source is checked byte for byte (archive MD5s) against
-#: torchvision's list: preparing them from a download or any mirror gives the same files.
-VERIFIED_SOURCES = ("mnist", "fmnist")
 
 
 def data_inputs(config: Mapping, dataset: str) -> list[str]:
@@ -56,24 +53,6 @@ def data_source_args(config: Mapping, dataset: str, config_files: str) -> str:
         return f"--config {config_files} --definition-sha256 {definition_sha256(definition)}"
     mirror = data_mirror_of(config, dataset)
     return "" if mirror is None else f"--mirror {shlex.quote(mirror)}"
-
-
-def data_identity(config: Mapping, dataset: str) -> str:
-    """What decides a dataset's prepared bytes: the data rule's one rerun-triggering param.
-
-    MNIST and Fashion-MNIST: the official archives, MD5-checked against torchvision's list
-    whether downloaded or copied from any mirror, so every source gives the same bytes and
-    the mirror's location is no part of it (moving it, or another config naming another
-    copy, reruns nothing). CelebA: its images are not checked, so the source (the mirror's
-    real path, the fixture's folder or ``download``). An own dataset: its entry's hash.
-    """
-    definition = dataset_definition(config, dataset)
-    if definition is not None:
-        return f"own dataset entry {definition_sha256(definition)}"
-    if dataset in VERIFIED_SOURCES:
-        return "official archives (MD5-checked)"
-    mirror = data_mirror_of(config, dataset)
-    return "download" if mirror is None else f"mirror {mirror}"
 
 
 def config_file_args(files: Iterable[PathLike]) -> str:

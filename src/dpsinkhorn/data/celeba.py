@@ -11,6 +11,8 @@ where ``<source>`` is the data mirror (read in place, never downloaded), or
 downsampled ONCE: center crop 178x178 (rows 20..197 of the 218-pixel height), then
 PIL's antialiased bilinear resize to 32x32 (``Image.resize(..., BILINEAR)``, which
 widens the filter support when shrinking). Results go to ``<root>/celeba/{train,test}.npz``
+for the download, ``<root>/celeba-<source hash>/`` for a mirror or the fixture
+(:func:`prepared_dir`: CelebA's images are not checked, so two sources never share one)
 (``images`` uint8 [N,32,32,3], ``labels`` int64 [N] = the ``Male`` attribute: 1 male,
 0 female); train = partition 0 (162,770 images), test = partition 2 (19,962).
 The two text files are MD5-checked against torchvision's list, unless the source is
@@ -18,7 +20,7 @@ the synthetic fixture.
 
 ``dpsinkhorn celeba-fixture --out DIR`` writes a small synthetic CelebA in exactly these
 formats (plus the identity, bbox and landmark files torchvision's class also wants),
-with a ``SYNTHETIC_FIXTURE`` marker; preprocessing it writes ``<root>/celeba/FIXTURE``,
+with a ``SYNTHETIC_FIXTURE`` marker; preprocessing it writes ``FIXTURE`` into its folder,
 and the report says so in every CelebA caption.
 """
 
@@ -29,13 +31,14 @@ from pathlib import Path
 
 import numpy as np
 
+from dpsinkhorn.config.experiments import builtin_source, prepared_folder
 from dpsinkhorn.fileio import md5_of, save_samples, write_text
 
 IMAGE_DIR = "img_align_celeba"
 ATTR_FILE = "list_attr_celeba.txt"
 PARTITION_FILE = "list_eval_partition.txt"
 SOURCE_MARKER = "SYNTHETIC_FIXTURE"  # in <source>/celeba/: written by celeba-fixture
-FIXTURE_MARKER = "FIXTURE"  # in <root>/celeba/: the prepared arrays come from the fixture
+FIXTURE_MARKER = "FIXTURE"  # in the prepared folder: its arrays come from the fixture
 SIZE = 32
 WIDTH, HEIGHT = 178, 218
 SPLIT_PARTITIONS = {"train": 0, "test": 2}  # CelebA: 0 train, 1 valid, 2 test
@@ -158,8 +161,17 @@ def downsample(path: Path) -> np.ndarray:
         raise ValueError(f"corrupt CelebA image {path}: {err}") from err
 
 
+def prepared_dir(root: Path, mirror: Path | None) -> Path:
+    """Where CelebA read from ``mirror`` (None: the download) is prepared under ``root``:
+    ``<root>/celeba`` for the download, ``<root>/celeba-<source hash>`` for a mirror or the
+    fixture (``config.prepared_folder``: two sources never share a folder)."""
+    source = builtin_source("celeba", mirror, root)
+    return Path(root) / prepared_folder("celeba", None, source)
+
+
 def prepare_celeba(root: Path, mirror: Path | None = None) -> dict[str, Path]:
-    """Write ``<root>/celeba/{train,test}.npz`` (and FIXTURE for the fixture); {split: path}."""
+    """Write ``<folder>/{train,test}.npz`` (and FIXTURE for the fixture), the folder that of
+    its source (:func:`prepared_dir`); {split: path}."""
     root = Path(root)
     folder = find_source(root, mirror) / "celeba"
     fixture = (folder / SOURCE_MARKER).is_file()
@@ -170,7 +182,7 @@ def prepare_celeba(root: Path, mirror: Path | None = None) -> dict[str, Path]:
         raise FileNotFoundError(f"missing CelebA image folder {folder / IMAGE_DIR}; {HOW_TO_PLACE}")
     files, labels, partition = read_annotations(folder)
 
-    out_dir = root / "celeba"
+    out_dir = prepared_dir(root, mirror)
     paths = {split: out_dir / f"{split}.npz" for split in SPLIT_PARTITIONS}
     try:
         for split, part in SPLIT_PARTITIONS.items():
@@ -194,9 +206,10 @@ def prepare_celeba(root: Path, mirror: Path | None = None) -> dict[str, Path]:
     return paths
 
 
-def is_fixture(data_dir: Path) -> bool:
-    """Whether ``<data_dir>/celeba`` was prepared from the synthetic fixture."""
-    return (Path(data_dir) / "celeba" / FIXTURE_MARKER).is_file()
+def is_fixture(prepared: Path) -> bool:
+    """Whether the prepared CelebA folder ``prepared`` (``<data_dir>/`` and
+    ``config.prepared_folder_of(config, "celeba")``) holds the synthetic fixture."""
+    return (Path(prepared) / FIXTURE_MARKER).is_file()
 
 
 # -------------------------------------------------------------------------- fixture

@@ -27,20 +27,32 @@ import torch
 
 from dpsinkhorn.config.experiments import prepared_folder
 from dpsinkhorn.data.catalog import DATASETS, DatasetInfo, dataset_info
+from dpsinkhorn.data.owndata import RECORD as OWN_RECORD
 from dpsinkhorn.data.owndata import is_prepared_own, prepare_own
 from dpsinkhorn.fileio import atomic_path, load_samples, md5_of, save_samples
 
 SPLITS = ("train", "test")
 
 
-def split_path(root: Path, dataset: str, split: str, definition: dict | None = None) -> Path:
+def split_path(
+    root: Path, dataset: str, split: str, definition: dict | None = None, folder: str | None = None
+) -> Path:
     """Where ``prepare`` (or ``owndata.prepare_own``) writes one split:
-    ``<root>/<folder>/<split>.npz``, the folder ``config.prepared_folder(dataset, definition)``
-    (the name of a built-in dataset; ``<name>-<entry hash>`` of an own one, whose
-    ``datasets:`` entry is ``definition``; without it, the one own dataset of that name
-    prepared under ``root``)."""
+    ``<root>/<folder>/<split>.npz``, the folder ``folder`` when given (an experiment's
+    ``prepared_folder``: a built-in dataset from a source of its own), else
+    ``config.prepared_folder(dataset, definition)`` (``<name>-<entry hash>`` of an own
+    dataset, whose ``datasets:`` entry is ``definition``; without it, the one own dataset
+    of that name prepared under ``root``; a built-in dataset's name, or the one folder it
+    was prepared into from another source when that folder does not exist)."""
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}; valid splits: {', '.join(SPLITS)}")
+    if folder is not None:
+        return Path(root) / folder / f"{split}.npz"
     folder = prepared_folder(dataset, definition)
-    if definition is None and not is_prepared_own(root, dataset):
+    if definition is None and dataset in DATASETS:
+        if not (Path(root) / folder).is_dir():
+            folder = _one_source(Path(root), dataset) or folder
+    elif definition is None and not is_prepared_own(root, dataset):
         own = sorted(p.parent.name for p in Path(root).glob(f"{dataset}-*/dataset.json"))
         if len(own) > 1:
             raise ValueError(
@@ -51,9 +63,22 @@ def split_path(root: Path, dataset: str, split: str, definition: dict | None = N
             folder = own[0]
         else:
             dataset_info(dataset)
-    if split not in SPLITS:
-        raise ValueError(f"unknown split {split!r}; valid splits: {', '.join(SPLITS)}")
     return Path(root) / folder / f"{split}.npz"
+
+
+def _one_source(root: Path, dataset: str) -> str | None:
+    """The one ``<dataset>-<source hash>`` folder under ``root`` (a built-in dataset prepared
+    from a source of its own: ``config.prepared_folder``), None if there is none; several
+    are an error (which one is the experiment's is said by its ``prepared_folder``)."""
+    found = sorted(
+        p.name for p in root.glob(f"{dataset}-*") if p.is_dir() and not (p / OWN_RECORD).exists()
+    )
+    if len(found) > 1:
+        raise ValueError(
+            f"{root}: {dataset} prepared from {len(found)} sources ({', '.join(found)}); give "
+            "the experiment of a config (its prepared_folder says which)"
+        )
+    return found[0] if found else None
 
 
 # --------------------------------------------------------------------------- prepare
@@ -73,7 +98,7 @@ def prepare(dataset: str, root: Path, mirror: Path | None = None) -> dict[str, P
     if dataset == "celeba":  # JPEGs + text files, not idx archives
         from dpsinkhorn.data.celeba import prepare_celeba
 
-        return prepare_celeba(root, mirror)
+        return prepare_celeba(root, mirror)  # into the folder of its source
     tv_root = root / "torchvision"
     raw = tv_root / info.folder / "raw"
     if mirror is not None:
@@ -210,10 +235,10 @@ def _read_with_torchvision(
 
 
 def load_split(
-    root: Path, dataset: str, split: str, definition: dict | None = None
+    root: Path, dataset: str, split: str, definition: dict | None = None, folder: str | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
     """Read :func:`split_path`: (images uint8 [N,H,W(,C)], labels int64 [N])."""
-    path = split_path(root, dataset, split, definition)
+    path = split_path(root, dataset, split, definition, folder)
     if not path.exists():
         raise FileNotFoundError(
             f"{path} not found; run `dpsinkhorn data --dataset {dataset} --root {root}` first"

@@ -36,6 +36,14 @@ A training's output folder is matched as recorded, relative to the record's fold
 relative to the working folder it trained in (:func:`output_folders`), so a working
 folder moved, with its record or without it (a GPU window's next call, a copy), still
 finds its finished trainings.
+
+No training is dropped. A training none of whose surviving events names its experiment
+(written before every event carried the identity: a ``finished`` event of those versions
+held only the step count, ε and the generator's hash; or a lone ``republished``) is
+*unattributed* (:func:`trainings`, ``attributed: false``). It counts as a DP training
+unless its events show it was not one, :func:`composed` gives no composed ε while one
+lacks what the composition needs (``unaccounted``), and :func:`check_retrain` refuses a
+DP training from step 0 that it could be a retrain of (:func:`unattributed_finished`).
 Everything recorded is a public setting or a step count, except the file's name.
 Torch-free.
 """
@@ -168,13 +176,27 @@ def read(path: str | os.PathLike) -> list[dict]:
     return events
 
 
+#: What :func:`composed` needs of a DP training: its mechanism and its step count.
+MECHANISM = ("q", "noise_multiplier", "delta", "steps")
+
+
 def trainings(events: Iterable[Mapping]) -> list[dict]:
     """One dict per training id (in order of its first event): the identity its events
     carry (the latest value of each key), ``start_step`` (the earliest), ``finished``
-    (bool), ``steps`` (the largest finished count, else ``steps_planned``), ``retrain``
-    (any event says so), ``time`` (its latest event). A training none of whose events
-    names its experiment (events of versions before every event carried the identity,
-    whose ``started`` line is lost) cannot be attributed or composed and is left out."""
+    (bool), ``steps`` (the largest finished count, else ``steps_planned``, else None),
+    ``retrain`` (any event says so), ``time`` (its latest event), ``attributed``.
+
+    Every training is kept. ``attributed`` is false when none of its events names its
+    experiment: a ``finished`` event of a version before every event carried the identity
+    (it held ``steps``, ``epsilon`` and ``content_sha256`` only) whose ``started`` line is
+    lost, or a lone ``republished`` event. Such a training's ``private`` is what its events
+    show: recorded if they say; true after a ``republished`` (only a finished DP training
+    is published again), or when a noise multiplier or a number ε is recorded; false when
+    its ``finished`` event records ``epsilon: null`` (every writer of a ``finished`` event
+    writes its ledger's ε, null only in a non-private ledger); else None, unknown, which
+    every reader counts as a DP training (:func:`may_be_private`): dropping or guessing it
+    could only understate what the data has paid. A ``republished`` event also says the
+    training finished."""
     merged: dict[str, dict] = {}
     for event in events:
         tid = event["training"]
@@ -188,15 +210,43 @@ def trainings(events: Iterable[Mapping]) -> list[dict]:
         entry["retrain"] = entry["retrain"] or bool(event.get("retrain"))
         if event["event"] == "finished":
             entry["finished"] = True
-            entry["finished_steps"] = max(int(event["steps"]), entry.get("finished_steps", 0))
+            if isinstance(event.get("steps"), int):
+                entry["finished_steps"] = max(event["steps"], entry.get("finished_steps", 0))
+            if "epsilon" in event:
+                entry.setdefault("recorded_epsilons", []).append(event["epsilon"])
+        elif event["event"] == "republished":
+            entry["finished"] = entry["republished"] = True
     out = []
     for entry in merged.values():
-        if "experiment" not in entry:
-            continue
         steps = entry.pop("finished_steps", None)
         entry["steps"] = entry.get("steps_planned") if steps is None else steps
+        epsilons = entry.pop("recorded_epsilons", [])
+        republished = entry.pop("republished", False)
+        entry["attributed"] = "experiment" in entry
+        if not entry["attributed"] and "private" not in entry:
+            if republished or _number(entry.get("noise_multiplier")) or any(map(_number, epsilons)):
+                entry["private"] = True
+            elif epsilons and all(e is None for e in epsilons):
+                entry["private"] = False
+            else:
+                entry["private"] = None
         out.append(entry)
     return out
+
+
+def _number(value) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def may_be_private(training: Mapping) -> bool:
+    """Whether a recorded training counts as a DP training: ``private`` true, or unknown
+    (None or absent: an unattributed training whose events do not say)."""
+    return training.get("private") is not False
+
+
+def accounted(training: Mapping) -> bool:
+    """Whether the record holds what :func:`composed` needs of it (:data:`MECHANISM`)."""
+    return all(_number(training.get(k)) for k in MECHANISM)
 
 
 def output_folders(training: Mapping, record_dir: str | os.PathLike) -> set[str]:
@@ -244,12 +294,21 @@ def source_trainings(record_dir: str | os.PathLike, fingerprint: str) -> list[di
 
 
 def composed(records: list[Mapping]) -> dict:
-    """ε of every DP training in ``records`` composed at the largest δ any of them claims
-    (unfinished ones at their planned steps); None values when there is none."""
-    private = [t for t in records if t.get("private")]
-    delta = max((float(t["delta"]) for t in private), default=None)
+    """ε of every DP training in ``records`` (:func:`may_be_private`) composed at the
+    largest δ any of them claims (unfinished ones at their planned steps); None values
+    when there is none.
+
+    ``unattributed``: how many of them no event attributes to an experiment;
+    ``unaccounted``: the ids of those whose mechanism or step count the record lacks
+    (:func:`accounted`; events of a version before every event carried it). With any of
+    those, ``epsilon_composed`` is None: ε unknown, never a composition that leaves a
+    training out (their recorded ε, each at a δ the record does not hold, cannot be
+    composed with the others), and the summary says so."""
+    private = [t for t in records if may_be_private(t)]
+    unaccounted = [str(t.get("training")) for t in private if not accounted(t)]
+    delta = max((float(t["delta"]) for t in private if accounted(t)), default=None)
     eps = None
-    if private:
+    if private and not unaccounted:
         # at use, not at the top: every Snakemake start imports this module (common.smk),
         # and dp-accounting (scipy) would cost it seconds
         from dpsinkhorn.privacy.accounting import composed_epsilon
@@ -263,19 +322,47 @@ def composed(records: list[Mapping]) -> dict:
         "finished": sum(bool(t["finished"]) for t in private),
         "unfinished": sum(not t["finished"] for t in private),
         "retrained": sum(bool(t.get("retrain")) for t in private),
+        "unattributed": sum(not t.get("attributed", True) for t in private),
+        "unaccounted": unaccounted,
         "delta": delta,
         "epsilon_composed": eps,
     }
 
 
 def _finished(record_dir: Path) -> list[tuple[dict, str]]:
-    """Every finished secret-key DP training recorded under ``record_dir``, with its record
-    file's key."""
+    """Every finished secret-key DP training recorded under ``record_dir`` and attributed
+    to its experiment, with its record file's key."""
     found = []
-    for path in sorted(record_dir.glob("*.jsonl")) if record_dir.is_dir() else []:
+    for path in _record_files(record_dir):
         for t in trainings(read(path)):
-            if t["finished"] and t.get("private") and not t.get("reproducible"):
+            if t["finished"] and t["attributed"] and t.get("private") and not t.get("reproducible"):
                 found.append((t, path.stem))
+    return found
+
+
+def _record_files(record_dir: Path) -> list[Path]:
+    return sorted(record_dir.glob("*.jsonl")) if record_dir.is_dir() else []
+
+
+def unattributed_finished(record_dir: str | os.PathLike, out: str) -> list[tuple[dict, Path]]:
+    """The finished trainings under ``record_dir`` that no event attributes to an
+    experiment and that may have been secret-key DP trainings into ``out`` (absolute),
+    with their record files: their events do not show them non-private or public-seed,
+    and name no output folder, or one that matches ``out`` (:func:`output_folders`).
+
+    Any record file counts, not only that of the data now trained: an attributed
+    training into ``out`` on other data is refused too (:func:`check_retrain`), and
+    nothing tells on what folder an unattributed one trained."""
+    found = []
+    for path in _record_files(Path(record_dir)):
+        for t in trainings(read(path)):
+            if t["attributed"] or not t["finished"] or not may_be_private(t):
+                continue
+            if t.get("reproducible"):
+                continue
+            folders = output_folders(t, path.parent)
+            if not folders or out in folders:
+                found.append((t, path))
     return found
 
 
@@ -310,7 +397,7 @@ def last_finished(
     if its settings equal ``spec``; else None. What a lost release is recovered from."""
     last = None
     for t in source_trainings(record_dir, fingerprint):
-        if t["finished"] and t.get("private") and t.get("out") == out:
+        if t["finished"] and t["attributed"] and t.get("private") and t.get("out") == out:
             last = t if last is None or t["time"] >= last["time"] else last
     if last is None or _changed_settings(last["spec"], spec):
         return None
@@ -377,10 +464,28 @@ def check_retrain(
 ) -> bool:
     """Refuse (:class:`RetrainRefused`) a training from step 0 into ``out`` when the record
     holds a finished secret-key DP training into it, unless ``retrain``. Returns whether
-    this training retrains a finished one (recorded as ``retrain: true``)."""
+    this training retrains a finished one (recorded as ``retrain: true``).
+
+    A finished training that no event attributes (:func:`unattributed_finished`) may be
+    this experiment's: the training is refused, and with ``retrain`` it is recorded as a
+    retrain. Conservative on purpose: a record that lost who trained cannot show that
+    this training is not a second draw of noise for the same release."""
     found = _finished_into(Path(record_dir), out)
     if found is None:
-        return False
+        unknown = unattributed_finished(record_dir, out)
+        if not unknown or retrain:
+            return bool(unknown)
+        done, path = unknown[0]
+        raise RetrainRefused(
+            f"{out}: experiment {experiment}: the training record {path} holds "
+            f"{len(unknown)} finished training(s) that may have been DP and whose events "
+            f"do not say which experiment or folder trained them (training {done['training']}"
+            f", finished {done.get('time', 'at an unknown time')}; a version before every "
+            "event carried its training's identity); this training could retrain one of "
+            f"them, drawing new noise from the same private data: pass --retrain (CLI), "
+            f"{RETRAIN_ENV}={experiment} (workflow) or retrain=True (api.train) to train "
+            "it as a retrain, counted in the record"
+        )
     done, key = found
     if retrain:
         return True

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from dpsinkhorn import fileio
-from dpsinkhorn.config import PRIVATE_METHODS, experiment, experiment_dir
+from dpsinkhorn.config import PRIVATE_METHODS, experiment, experiment_dir, prepared_folder_of
 from dpsinkhorn.config.studies import STUDIES, study_cells
 from dpsinkhorn.config.targets import CELEBA_TABLES, NAMES, SAMPLE_FIGURES, TITLES, cell_experiments
 from dpsinkhorn.report.common import (
@@ -149,7 +149,7 @@ def caption(
         try:
             from dpsinkhorn.data.celeba import is_fixture
 
-            if is_fixture(Path(config["data_dir"])):
+            if is_fixture(Path(config["data_dir"]) / prepared_folder_of(config, "celeba")):
                 parts.append("Data: the synthetic CelebA fixture, not CelebA.")
         except (ImportError, OSError, ValueError):
             pass

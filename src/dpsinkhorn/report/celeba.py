@@ -3,7 +3,7 @@
 Same conventions as Table 1 (:mod:`dpsinkhorn.report.common`) with the columns FID, MLP,
 CNN; the rows come from the experiments' ``rows:`` key, and each table writes
 ``tables/table{3,6}.{md,csv,tex}`` and ``figures/fig{3,6}.png``. A CelebA prepared from
-the synthetic fixture (``<data_dir>/celeba/FIXTURE``) is named in their captions.
+the synthetic fixture (``FIXTURE`` in its prepared folder) is named in their captions.
 """
 
 from __future__ import annotations
@@ -14,10 +14,12 @@ from pathlib import Path
 
 from dpsinkhorn import fileio
 from dpsinkhorn.config import (
+    FIGURES_DIR,
     PRIVATE_METHODS,
     TABLE_FIGURES,
     experiment,
     experiment_dir,
+    prepared_folder_of,
     table_experiments,
     table_figure_experiments,
     table_files,
@@ -113,7 +115,7 @@ def _fixture_note(config: dict) -> str:
     """The caption's warning when CelebA was prepared from the synthetic fixture."""
     from dpsinkhorn.data.celeba import is_fixture
 
-    if not is_fixture(Path(config["data_dir"])):
+    if not is_fixture(Path(config["data_dir"]) / prepared_folder_of(config, "celeba")):
         return ""
     return (
         "**Data: the SYNTHETIC CelebA FIXTURE (dpsinkhorn celeba-fixture), not CelebA. "
@@ -128,7 +130,7 @@ def celeba_table(table: str, config_files: Sequence[str | Path], out_dir: str | 
     rows = celeba_rows(config, table, out_dir)
     seed = config["seeds"][0]
     figure_name, _ = TABLE_FIGURES[table]
-    png = out_dir / "figures" / f"{figure_name}.png"
+    png = out_dir / FIGURES_DIR / f"{figure_name}.png"
     names = table_figure_experiments(config, table)
     labels = {n: r.method.removesuffix("+DP-Sinkhorn") for r in rows if (n := r.exp_name)}
     panels = []

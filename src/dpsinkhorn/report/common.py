@@ -21,6 +21,7 @@ import numpy as np
 from dpsinkhorn import fileio
 from dpsinkhorn.config import (
     PRIVATE_METHODS,
+    TABLES_DIR,
     evaluation_dir,
     experiment,
     experiment_classifiers,
@@ -388,8 +389,8 @@ def write_tables(out_dir: Path, table: str, md: str, csv_text: str, tex: str) ->
     """Write ``tables/<table>.{md,csv,tex}`` under ``out_dir``; return the paths."""
     written = []
     for suffix, text in [("md", md), ("csv", csv_text), ("tex", tex)]:
-        fileio.write_text(out_dir / "tables" / f"{table}.{suffix}", text)
-        written.append(out_dir / "tables" / f"{table}.{suffix}")
+        fileio.write_text(out_dir / TABLES_DIR / f"{table}.{suffix}", text)
+        written.append(out_dir / TABLES_DIR / f"{table}.{suffix}")
     return written
 
 

@@ -19,6 +19,7 @@ import numpy as np
 
 from dpsinkhorn import fileio
 from dpsinkhorn.config import (
+    FIGURES_DIR,
     classifiers_of,
     experiment,
     experiment_dir,
@@ -57,7 +58,7 @@ def _save_figure(fig, out_dir: Path, name: str) -> list[Path]:
     fig.tight_layout()
     written = []
     for suffix in ("png", "pdf"):
-        path = out_dir / "figures" / f"{name}.{suffix}"
+        path = out_dir / FIGURES_DIR / f"{name}.{suffix}"
         with fileio.atomic_path(path) as tmp:
             fig.savefig(tmp, format=suffix, bbox_inches="tight")
         written.append(path)
@@ -185,7 +186,7 @@ def _fig4a(config: Mapping, out_dir: Path) -> list[Path]:
     fig.suptitle(TITLES["fig4a"], fontsize=10)
     written = _save_figure(fig, out_dir, "fig4a")
     records = [_figure_record(r, series=series(r)) for r in results]
-    return written + [write_csv(out_dir / "figures" / "fig4a.csv", FIGURE_CSV_COLUMNS, records)]
+    return written + [write_csv(out_dir / FIGURES_DIR / "fig4a.csv", FIGURE_CSV_COLUMNS, records)]
 
 
 def _fig4b(config: Mapping, out_dir: Path) -> list[Path]:
@@ -205,7 +206,7 @@ def _fig4b(config: Mapping, out_dir: Path) -> list[Path]:
     written = _save_figure(fig, out_dir, "fig4b")
     records = [_figure_record(r, series=series(r), **_errors(r, models)) for r in results]
     columns = (*FIGURE_CSV_COLUMNS, *(f"error_{m}" for m in models))
-    return written + [write_csv(out_dir / "figures" / "fig4b.csv", columns, records)]
+    return written + [write_csv(out_dir / FIGURES_DIR / "fig4b.csv", columns, records)]
 
 
 def _fig5(config: Mapping, out_dir: Path) -> list[Path]:
@@ -234,7 +235,7 @@ def _fig5(config: Mapping, out_dir: Path) -> list[Path]:
     written = _save_figure(fig, out_dir, "fig5")
     models = _classifiers(config, results)
     columns = (*FIGURE_CSV_COLUMNS, *(f"error_{m}" for m in models))
-    return written + [write_csv(out_dir / "figures" / "fig5.csv", columns, records)]
+    return written + [write_csv(out_dir / FIGURES_DIR / "fig5.csv", columns, records)]
 
 
 GRADSTUDY_KEYS = ("p", "bias_relative", "variance_normalised")
@@ -280,7 +281,7 @@ def _fig4c(config: Mapping, out_dir: Path) -> list[Path]:
             ax.legend(fontsize=7)
     fig.suptitle(TITLES["fig4c"], fontsize=10)
     written = _save_figure(fig, out_dir, "fig4c")
-    return written + [write_csv(out_dir / "figures" / "fig4c.csv", FIG4C_COLUMNS, records)]
+    return written + [write_csv(out_dir / FIGURES_DIR / "fig4c.csv", FIG4C_COLUMNS, records)]
 
 
 def _samples_figure(config: Mapping, out_dir: Path, name: str) -> list[Path]:
@@ -333,7 +334,7 @@ def _samples_figure(config: Mapping, out_dir: Path, name: str) -> list[Path]:
     written = _save_figure(fig, out_dir, name)
     columns = ("dataset", "experiment", "seed", "samples", "class", "class_name", "shown")
     columns += ("available",)
-    return written + [write_csv(out_dir / "figures" / f"{name}.csv", columns, records)]
+    return written + [write_csv(out_dir / FIGURES_DIR / f"{name}.csv", columns, records)]
 
 
 #: The paper's claimed MNIST DP-Sinkhorn row (final Table 1), reported as ε = 10 under its
@@ -392,7 +393,7 @@ def _eps10(config: Mapping, out_dir: Path) -> list[Path]:
         )
         for r in results
     ]  # fmt: skip
-    return written + [write_csv(out_dir / "figures" / "eps10.csv", EPS10_COLUMNS, records)]
+    return written + [write_csv(out_dir / FIGURES_DIR / "eps10.csv", EPS10_COLUMNS, records)]
 
 
 def eps10_section(config: Mapping, out_dir: Path) -> list[str]:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -36,10 +37,9 @@ from dpsinkhorn.config import (
     experiment_dir,
     is_private,
     load_config,
-    prepared_folder,
+    prepared_folder_of,
     trained_experiments,
 )
-from dpsinkhorn.config.experiments import dataset_definition
 from dpsinkhorn.config.targets import privacy_summary_file
 from dpsinkhorn.privacy import trainings as record
 
@@ -52,6 +52,8 @@ LEDGER_KEYS = ("q", "noise_multiplier", "steps", "delta", "epsilon", "accountant
 NO_GUARANTEE = "none"
 #: Relative tolerance between a ledger's ε and the ε recomputed from its (q, z, steps).
 EPSILON_RTOL = 1e-6
+#: How the warning of a source whose composed ε is unknown starts (:func:`unaccounted_warning`).
+UNKNOWN_EPSILON = "THE EPSILON OF EVERYTHING TRAINED ON"
 
 
 def read_ledger(path: Path) -> dict:
@@ -161,9 +163,12 @@ def trainings_summary(config: Mapping, names: list[str], summary: dict) -> dict:
         out["epsilon_composed"] = record.composed([{**t, "delta": out["delta"]} for t in found])[
             "epsilon_composed"
         ]
-    out["experiments"] = sorted({t["experiment"] for t in found if t.get("private")})
+    private = [t for t in found if record.may_be_private(t)]
+    out["experiments"] = sorted({t["experiment"] for t in private if t["attributed"]})
     records = data_dir / record.RECORD_DIR
-    folders = {record.output_folder(t, records) for t in found if t.get("private")}
+    folders = {
+        record.output_folder(t, records) for t in private if t.get("out") or t.get("out_rel")
+    }
     out["run_folders"] = len({str(Path(f).parent) for f in folders})
     out["note"] = (
         "every DP training recorded for this data (any run folder or config; unfinished ones "
@@ -171,21 +176,61 @@ def trainings_summary(config: Mapping, names: list[str], summary: dict) -> dict:
     )
     if unread:
         out["not_read"] = unread
+    # Only where there are any (a summary without them keeps its bytes): trainings no event
+    # attributes, counted as DP unless the record shows otherwise, and those of them whose
+    # mechanism the record lacks (then epsilon_composed is null).
+    for key in ("unattributed", "unaccounted"):
+        if not out[key]:
+            del out[key]
+    if out.get("unaccounted"):
+        summary["warnings"].append(unaccounted_warning(summary["dataset"], out, private))
+    elif out.get("unattributed"):
+        summary["warnings"].append(
+            f"{out['unattributed']} DP training(s) of {summary['dataset']} are not attributed "
+            "to an experiment in the training record (events of a version before every event "
+            "carried the training's identity): counted in the composed epsilon, and a DP "
+            "training from step 0 that could retrain one is refused unless asked to retrain"
+        )
     if out["trainings"] > summary["releases"]:
+        cost = (
+            "is unknown (see above)"
+            if out["epsilon_composed"] is None
+            else f"costs epsilon = {out['epsilon_composed']:.4g} (composed at delta "
+            f"{out['delta']:g})"
+        )
         summary["warnings"].append(
             f"{summary['dataset']} was trained {out['trainings']} times with DP "
             f"({out['finished']} finished, {out['unfinished']} unfinished, {out['retrained']} "
             f"retrained) but this run releases {summary['releases']}: everything trained on it "
-            f"costs epsilon = {out['epsilon_composed']:.4g} (composed at delta "
-            f"{out['delta']:g}), not the epsilon of the releases"
+            f"{cost}, not the epsilon of the releases"
         )
     return out
 
 
+def unaccounted_warning(dataset: str, out: Mapping, private: list[Mapping]) -> str:
+    """The warning of a source whose record lacks the mechanism of some DP training
+    (``privacy.trainings.composed``'s ``unaccounted``): its composed ε is not given."""
+    missing = [t for t in private if str(t.get("training")) in set(out["unaccounted"])]
+    said = [
+        f"{t.get('training')} ({t.get('steps', '?')} steps, epsilon {t['epsilon']:.4g} at a "
+        "delta not recorded)"
+        if isinstance(t.get("epsilon"), int | float)
+        else f"{t.get('training')} (nothing about its mechanism)"
+        for t in missing
+    ]
+    return (
+        f"{UNKNOWN_EPSILON} {dataset} IS UNKNOWN: the training record "
+        f"holds {len(missing)} training(s) that may have been DP without the mechanism "
+        "(q, noise multiplier, delta, steps) needed to compose them, written by a version "
+        f"before every event carried it: {'; '.join(said)}. No composed epsilon is given "
+        "(all_trainings.epsilon_composed is null); it is larger than that of the other "
+        "trainings and of the releases"
+    )
+
+
 def prepared_train_file(config: Mapping, dataset: str) -> Path:
     """The prepared training split of a config's dataset (``<data_dir>/<folder>/train.npz``)."""
-    folder = prepared_folder(dataset, dataset_definition(config, dataset))
-    return Path(config["data_dir"]) / folder / "train.npz"
+    return Path(config["data_dir"]) / prepared_folder_of(config, dataset) / "train.npz"
 
 
 def source_record(config: Mapping, dataset: str) -> Path | None:
@@ -240,10 +285,13 @@ def summary_markdown(summary: Mapping) -> list[str]:
         delta = "–" if d["delta"] is None else f"{d['delta']:g}"
         every = d.get("all_trainings") or {}
         eps_all = every.get("epsilon_composed")
+        if eps_all is not None:
+            eps_all = f"{eps_all:.4g}"
+        else:
+            eps_all = "**unknown** (see the warning)" if every.get("unaccounted") else "–"
         lines.append(
             f"| {d['dataset']} | {d['releases']} | {each} | {eps} | {delta} | "
-            f"{d['configurations_tried']} | {every.get('trainings', '–')} | "
-            f"{'–' if eps_all is None else f'{eps_all:.4g}'} |"
+            f"{d['configurations_tried']} | {every.get('trainings', '–')} | {eps_all} |"
         )
     warnings = [w for d in summary["datasets"] for w in d["warnings"]]
     lines += [""] + [f"**Warning:** {w}." for w in warnings] + ([""] if warnings else [])
@@ -253,7 +301,11 @@ def summary_markdown(summary: Mapping) -> list[str]:
 def _cli(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     out = args.out or privacy_summary_file(args.results)
-    fileio.write_json(out, privacy_summary(config, args.results))
+    summary = privacy_summary(config, args.results)
+    fileio.write_json(out, summary)
+    for warning in (w for d in summary["datasets"] for w in d["warnings"]):
+        if warning.startswith(UNKNOWN_EPSILON):  # said where it is run, too
+            print(f"WARNING: {warning}", file=sys.stderr)
     print(out)
     return 0
 

@@ -18,6 +18,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from dpsinkhorn.config import (
+    FIGURES_DIR,
     PRIVATE_METHODS,
     experiment,
     experiment_dir,
@@ -212,7 +213,7 @@ def table1(config_files: Sequence[str | Path], out_dir: str | Path) -> list[Path
         name = figure_experiment(config, dataset)
         if name is None:
             continue
-        png = out_dir / "figures" / f"samples_{dataset}.png"
+        png = out_dir / FIGURES_DIR / f"samples_{dataset}.png"
         samples = experiment_dir(config, out_dir, name) / sample_name(seed)
         check_exist([samples])
         title = f"{DATASET_TITLES.get(dataset, dataset)}: {name} (seed {seed})"

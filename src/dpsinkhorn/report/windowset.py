@@ -15,7 +15,12 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from dpsinkhorn import fileio
-from dpsinkhorn.config.experiments import evaluation_dir, experiment_dir, experiment_home
+from dpsinkhorn.config.experiments import (
+    BENCHMARKS_DIR,
+    evaluation_dir,
+    experiment_dir,
+    experiment_home,
+)
 from dpsinkhorn.config.targets import EVALUATION_PHASES, evaluation_files
 from dpsinkhorn.config.validate import load_config
 from dpsinkhorn.report.resultset import render
@@ -64,7 +69,7 @@ def write_set(window: Mapping, workdir: Path, set_dir: Path, state: dict) -> lis
                 )
             elif gen.is_file():
                 entry["generator"] = {"bytes": gen.stat().st_size, "sha256": fileio.sha256_of(gen)}
-            bench = results / "benchmarks" / f"{experiment_home(config, exp)}evaluate_{exp}.tsv"
+            bench = results / BENCHMARKS_DIR / f"{experiment_home(config, exp)}evaluate_{exp}.tsv"
             if bench.is_file():  # Snakemake's benchmark of the evaluation job (one line)
                 head, first = bench.read_text().splitlines()[:2]
                 row = dict(zip(head.split("\t"), first.split("\t"), strict=True))

@@ -117,7 +117,11 @@ def load_train_data(
         if data_dir is None:
             raise ValueError("give data_dir (prepared datasets) or train_data (arrays)")
         train_data = data.load_split(
-            Path(data_dir), spec["dataset"], "train", spec.get("dataset_definition")
+            Path(data_dir),
+            spec["dataset"],
+            "train",
+            spec.get("dataset_definition"),
+            spec.get("prepared_folder"),
         )
     images, labels = train_data
     check_samples(np.asarray(images), np.asarray(labels), "train_data")
