@@ -145,7 +145,7 @@ def check_recorded(
                 f"{path}: not the ledger training {done['training']} wrote (its sha256 differs "
                 "from the training record's ledger_sha256); refusing"
             )
-        proof = f"the ledger training {done['training']} wrote (the record's ledger_sha256)"
+        proof = "the ledger its training wrote (the training record's ledger_sha256)"
     else:
         kept = trainings.finished_copy_dir(done["record_dir"], str(done["out"])) / path.name
         if not kept.is_file() or kept.read_bytes() != data:
@@ -154,7 +154,7 @@ def check_recorded(
                 f"ledger_sha256, and the release it kept, {kept}, holds other bytes or is "
                 "missing); refusing"
             )
-        proof = f"the ledger training {done['training']} wrote (the release copy it kept)"
+        proof = "the ledger its training wrote (the release copy it kept)"
     if spec is not None and done.get("spec") != spec:
         changed = sorted(k for k in set(spec) | set(done.get("spec") or {})
                          if spec.get(k) != (done.get("spec") or {}).get(k))  # fmt: skip
