@@ -287,6 +287,21 @@ def test_a_record_older_than_ledger_hashes_proves_by_the_kept_copy(run, tmp_path
              "its record predates ledger_sha256")  # fmt: skip
 
 
+def test_a_release_without_its_prepared_training_split_names_it(run, tmp_path, capsys):
+    """The record that proves a ledger is keyed by the training split's content: without
+    the prepared split the release says which file is missing."""
+    config, root = run
+    bare = _copy(root, tmp_path / "c")
+    prepared = bare.parent / "data" / config_lib.prepared_folder_of(config, "mnist")
+    test = (prepared / "test.npz").read_bytes()
+    prepared.unlink()  # the fixture's symlink to the shared prepared data, not the data
+    prepared.mkdir()
+    (prepared / "test.npz").write_bytes(test)
+    _refused(_release_argv(config, bare, tmp_path / "o"), capsys, "train.npz: missing",
+             "training record")  # fmt: skip
+    assert not (tmp_path / "o").exists()
+
+
 def test_fid_against_statistics_of_other_data_is_refused(run, fid_weights, tmp_path, capsys):
     """FID statistics of the private training split put in the reference's place, and the
     scores re-pointed to them (as a re-evaluation would): not the public test split's."""

@@ -228,6 +228,12 @@ def _decide_folder(
     ledger_path = exp / LEDGER
     ledger_bytes = _read(ledger_path)
     record = check_ledger(ledger_bytes, ledger_path, folder.experiment, accept_none, flag)
+    if not folder.records and folder.test is not None:
+        raise FileNotFoundError(
+            f"{folder.test.with_name('train.npz')}: missing, so the training record that must "
+            f"prove {ledger_path} cannot be found (it is keyed by that split's content); "
+            "prepare the data again from the same source"
+        )
     trained = trainings.finished_into(folder.records, exp)
     recorded = check_recorded(record, ledger_bytes, ledger_path, trained, list(folder.records),
                               folder.spec)  # fmt: skip
