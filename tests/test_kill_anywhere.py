@@ -25,7 +25,9 @@ job-start and finish lines), against the uninterrupted run's log read the same w
 start-up, and each job's start and duration after its first job's start):
 
 * the first moment of a life is aimed at the DP training: u of half that job's
-  uninterrupted time after this attempt's log shows it started;
+  uninterrupted time after this attempt's log shows it started, or when its first
+  checkpoint shows if that is sooner (steps are left then: a faster attempt than the
+  uninterrupted run is still killed in its training);
 * every fourth moment falls in Snakemake's start-up (before a job runs): u of the
   uninterrupted run's start-up, or at this attempt's first job start if that is sooner;
 * the others fall in the jobs. A cursor walks through the uninterrupted run's job time
@@ -33,7 +35,9 @@ start-up, and each job's start and duration after its first job's start):
   by u of twice its share of what is left (n such moments left: 2/(n+1) of it), so the
   moments spread over the life. The kill is aimed at the unfinished job that started
   last at or before the cursor, as far into it as the cursor is: that far after this
-  attempt's log shows that job started.
+  attempt's log shows that job started. If that job ends sooner in this attempt, the
+  kill comes at once in the jobs running then, or as the next job starts: a kill never
+  runs ahead of the life.
 
 A kill timed from its job's own start comes after that job's inputs exist however slowly
 the attempt got there, and each attempt runs at least the jobs before its aim: the life
@@ -101,6 +105,8 @@ RULE_LINE = re.compile(r"(?:local)?rule (\w+):$")
 FINISHED_LINE = re.compile(r"Finished job(?:id:)? (\d+)")
 #: What the log shows when the run's jobs are done: then Snakemake lives on for 1 s or more.
 END_LINE = "Nothing to be done"
+#: A moment's time when it has come (:meth:`Attempt.until`).
+NOW = -math.inf
 
 
 def _config(workdir: Path, reproducible: bool, npz: Path | None = None) -> Path:
@@ -175,7 +181,7 @@ class Attempt:
     line first showed (monotonic seconds)."""
 
     def __init__(self, workdir: Path, path: Path):
-        self.path = path
+        self.workdir, self.path = workdir, path
         self._log = open(path, "w")
         self.t0 = time.monotonic()
         self.proc = _start(workdir, self._log)
@@ -272,6 +278,15 @@ def _aim(k: int, u: float, moments: int, ref: Reference, done: set[str], cursor:
     if k == 0:
         target = DP_TRAINING
         point = ref.starts[target] + u * 0.5 * ref.jobs[target]
+        offset = point - ref.starts[target]
+        checkpoint = Path("results", "ka", DP, "private_workspace", "checkpoint.pt")
+
+        def in_training(a: Attempt) -> float | None:
+            if (a.workdir / checkpoint).exists():  # its first checkpoint: steps are left
+                return NOW
+            return a.started[target] + offset if target in a.started else None
+
+        return f"{target}+{offset:.1f}s", in_training, point
     elif k % 4 == 3 or not left:
         delay = u * ref.startup_s
 
@@ -287,6 +302,8 @@ def _aim(k: int, u: float, moments: int, ref: Reference, done: set[str], cursor:
     offset = point - ref.starts[target]
 
     def in_target(a: Attempt) -> float | None:
+        if target in a.finished:  # sooner than in the uninterrupted run: in what runs next
+            return NOW if a.running else None
         return a.started[target] + offset if target in a.started else None
 
     return f"{target}+{offset:.1f}s", in_target, point
