@@ -198,27 +198,29 @@ def _name(item: pytest.Item) -> str:
 
 #: Test files that run longest (a whole workflow, or many Inception passes), longest first:
 #: collected first, so that pytest-xdist (``--dist loadfile``, make test) starts them at
-#: once while the other files fill the other worker. LAST_FILES run at the end, when
-#: `make test-slurm` beside the tests (.ci/run) has ended: the split gpu-window test's
-#: calls train for minutes each and would take several times as long beside it.
+#: once while the other files fill the other worker, and the short files come last, where
+#: they balance the two workers' ends. The split gpu-window test's calls train for minutes
+#: each and took several times as long beside `make test-slurm` (.ci/run), which ends about
+#: 13 minutes in: its file comes after the other long files of its worker, 20 minutes in.
+#: (Run last instead, it ran alone: in the CI of da36f34 the other worker waited 320 s.)
 FIRST_FILES = (
     "test_workflow.py",
     "test_kill_anywhere.py",
     "test_owndata_workflow.py",
     "test_fid.py",
     "test_evaluate_job.py",
+    "test_gpu_window.py",
 )
-LAST_FILES = ("test_gpu_window.py",)
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m "not slow" deselects
 def pytest_collection_modifyitems(config, items):
-    """Marks the tests of SLOW_TESTS ``slow``; puts the files of FIRST_FILES first and those
-    of LAST_FILES last (each file's tests keep their order)."""
+    """Marks the tests of SLOW_TESTS ``slow``; puts the files of FIRST_FILES first, in that
+    order (each file's tests keep theirs)."""
     for item in items:
         if _name(item) in SLOW_TESTS:
             item.add_marker(pytest.mark.slow)
-    order = [*FIRST_FILES, None, *LAST_FILES]  # None: every other file
+    order = [*FIRST_FILES, None]  # None: every other file
     rank = {name: i for i, name in enumerate(order)}
     items.sort(key=lambda item: rank.get(item.path.name, rank[None]))
 

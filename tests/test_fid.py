@@ -31,40 +31,48 @@ def mnist_test(data_mirror: Path) -> tuple[np.ndarray, np.ndarray]:
     return images, labels
 
 
+#: Real MNIST images per set of :func:`features` (Inception's reference path on the CPU, the
+#: module's largest cost): rank-deficient statistics (n << 2048) like any small FID sample.
+#: At 50 the two solvers' real/real FIDs differ by 3.4e-7 of the traces (7.1e-5 of 207.6),
+#: a third of EIGH_RTOL_RANK_DEFICIENT; at 80 the FIDs differ by 1.6e-5 (comment below).
+N_REAL = 80
+
+
 @pytest.fixture(scope="module")
 def features(mnist_test, fid_weights: Path) -> dict[str, np.ndarray]:
-    """Pool3 features [80,2048] of two disjoint real subsets and of pixel-shuffled real images."""
-    images = mnist_test[0]
+    """Pool3 features [N_REAL,2048] of two disjoint real subsets and of pixel-shuffled real
+    images."""
+    images, n = mnist_test[0], N_REAL
     rng = np.random.default_rng(0)
     sets = {
-        "real_a": images[:80],
-        "real_b": images[80:160],
-        "shuffled": rng.permuted(images[80:160].reshape(80, -1), axis=1).reshape(80, 28, 28),
+        "real_a": images[:n],
+        "real_b": images[n : 2 * n],
+        "shuffled": rng.permuted(images[n : 2 * n].reshape(n, -1), axis=1).reshape(n, 28, 28),
     }
     return {
         k: inception.activations(v, fid_weights, DEVICE, batch_size=50) for k, v in sets.items()
     }
 
 
-def _fid(features: dict[str, np.ndarray], a: str, b: str) -> float:
+def _fid(features: dict[str, np.ndarray], a: str, b: str, method: str = "pytorch_fid") -> float:
     stats_a = fid.statistics_of_activations(features[a])
     stats_b = fid.statistics_of_activations(features[b])
-    return fid.fid_from_stats(*stats_a, *stats_b)
+    return fid.fid_from_stats(*stats_a, *stats_b, method=method)
 
 
 def test_activations_shape_and_dtype(features):
     acts = features["real_a"]
-    assert acts.shape == (80, 2048) and acts.dtype == np.float64
+    assert acts.shape == (N_REAL, 2048) and acts.dtype == np.float64
     assert np.isfinite(acts).all() and acts.min() >= 0  # pool3 follows a ReLU
 
 
 def test_real_vs_real_is_much_smaller_than_real_vs_shuffled_pixels(features):
     real = _fid(features, "real_a", "real_b")
-    shuffled = _fid(features, "real_a", "shuffled")
+    shuffled = _fid(features, "real_a", "shuffled", method="eigh")  # an order: either solver
     print(f"FID real/real {real:.2f}, real/shuffled pixels {shuffled:.2f}")
     assert real > 1.0  # two different finite samples
     assert real < 0.3 * shuffled
-    # eigh on real, rank-deficient (80 images) pool3 statistics: see EIGH_RTOL_RANK_DEFICIENT
+    # eigh on real, rank-deficient (N_REAL images) pool3 statistics: see EIGH_RTOL_RANK_DEFICIENT
     (mu_a, s_a), (mu_b, s_b) = (
         fid.statistics_of_activations(features[k]) for k in ("real_a", "real_b")
     )
@@ -79,17 +87,23 @@ def test_real_vs_real_is_much_smaller_than_real_vs_shuffled_pixels(features):
 
 # ----------------------------------------------------------------------------- eigh sqrtm
 
-D = 2048
-# Measured (numpy 2.4 / scipy 1.17, OpenBLAS): full-rank 2048-d pairs differ by ~1e-15
-# relative, i.e. both are exact to float64 rounding; 1e-10 leaves a wide margin.
+#: Feature dimension of the synthetic cases: Inception's is 2048, where pytorch-fid's Schur
+#: sqrtm takes ~10 s a matrix on one core; at 512 it takes 0.3 s and the errors below are
+#: the same (the real 2048-d statistics of :func:`features` are compared too).
+D = 512
+#: Samples of the rank-deficient case: n << D, as a small FID sample's n << 2048.
+N_SYNTH = 50
+# Measured (numpy 2.4 / scipy 1.17, OpenBLAS): full-rank pairs differ by ~5e-16 relative at
+# D = 512 and at 2048, i.e. both are exact to float64 rounding; 1e-10 leaves a wide margin.
 EIGH_RTOL_FULL_RANK = 1e-10
-# Rank-deficient covariances (n = 200 << D): the ~1850 zero eigenvalues of s1 s2 come out of
+# Rank-deficient covariances (n << D): the D - n + 1 zero eigenvalues of s1 s2 come out of
 # either solver as ~1e-13 instead of 0 and their square roots add ~1e-7 each to tr sqrt(s1 s2);
 # pytorch-fid's sqrtm does the same more so. The error is thus relative to the scale of the
 # covariances, not to the FID (which is a small difference of traces when the samples are
 # alike), so the tolerance is RTOL * (tr s1 + tr s2). Measured against the exact value (nuclear
-# norm of the n x n cross product), FID ~1340, tr s1 + tr s2 ~1700: pytorch_fid -8e-5, eigh
-# -3e-5, the methods differ by ~5e-5 (3e-8 of the traces); real MNIST pool3 statistics of 80
+# norm of the n x n cross product): D = 512, n = 50, FID ~338, tr s1 + tr s2 ~428:
+# pytorch_fid -1.8e-5, eigh ~0, the methods differ by 4.1e-8 of the traces (D = 2048, n = 200:
+# FID ~1340, pytorch_fid -8e-5, 4.6e-8 of the traces); real MNIST pool3 statistics of 80
 # images, FID ~56: they differ by 1.6e-5. 1e-6 of the traces is >= 10x that and still far below
 # any FID difference that matters (FIDs are reported to 0.1).
 EIGH_RTOL_RANK_DEFICIENT = 1e-6
@@ -97,7 +111,7 @@ EIGH_RTOL_RANK_DEFICIENT = 1e-6
 
 @pytest.fixture(scope="module")
 def full_rank_stats() -> tuple[np.ndarray, ...]:
-    """(mu1, s1, mu2, s2): random full-rank 2048-d covariances (condition number ~400)."""
+    """(mu1, s1, mu2, s2): random full-rank D-d covariances (condition number ~400)."""
     rng = np.random.default_rng(0)
     a, b = rng.normal(size=(2, D, D)) / np.sqrt(D)
     mu1, mu2 = rng.normal(size=(2, D))
@@ -106,12 +120,12 @@ def full_rank_stats() -> tuple[np.ndarray, ...]:
 
 @pytest.fixture(scope="module")
 def rank_deficient_stats() -> tuple[tuple[np.ndarray, ...], float]:
-    """((mu1, s1, mu2, s2), exact FID) of two samples of 200 ReLU-like 2048-d features.
+    """((mu1, s1, mu2, s2), exact FID) of two samples of N_SYNTH ReLU-like D-d features.
 
-    Like a small FID sample: the covariances have rank 199. The exact FID uses
-    tr sqrt(s1 s2) = nuclear norm of X1c X2c^T / (n - 1) (centred features, a 200x200 SVD).
+    Like a small FID sample: the covariances have rank N_SYNTH - 1. The exact FID uses
+    tr sqrt(s1 s2) = nuclear norm of X1c X2c^T / (n - 1) (centred features, an n x n SVD).
     """
-    n, rng = 200, np.random.default_rng(1)
+    n, rng = N_SYNTH, np.random.default_rng(1)
     x = np.maximum(rng.normal(size=(n, D)), 0)
     y = np.maximum(rng.normal(0.2, 1.1, size=(n, D)), 0)
     stats = fid.statistics_of_activations(x) + fid.statistics_of_activations(y)
@@ -136,13 +150,14 @@ def test_eigh_matches_pytorch_fid_rank_deficient(rank_deficient_stats):
     theirs = fid.fid_from_stats(*stats, method="pytorch_fid")
     ours = fid.fid_from_stats(*stats, method="eigh")
     scale = np.trace(stats[1]) + np.trace(stats[3])
-    print(f"rank 199: exact {exact!r} eigh {ours!r} pytorch_fid {theirs!r} traces {scale:.4g}")
+    print(f"rank {N_SYNTH - 1}: exact {exact!r} eigh {ours!r} pytorch_fid {theirs!r}")
+    print(f"traces {scale:.4g}")
     assert abs(ours - theirs) < EIGH_RTOL_RANK_DEFICIENT * scale
     assert abs(ours - exact) < EIGH_RTOL_RANK_DEFICIENT * scale
 
 
 def test_eigh_of_identical_inputs_is_zero(full_rank_stats, rank_deficient_stats):
-    # measured: ~1e-12 (full rank, tr ~2100), -7e-5 (rank 199, tr ~700)
+    # measured at D = 512: ~-9e-16 and ~2e-16 of 2 tr(sigma) (full rank; rank N_SYNTH - 1)
     cases = [
         (*full_rank_stats[:2], EIGH_RTOL_FULL_RANK),
         (*rank_deficient_stats[0][:2], EIGH_RTOL_RANK_DEFICIENT),
@@ -265,7 +280,8 @@ def test_cli_self_fid_is_zero_and_stats_file_matches_samples(
     stats_cmd = ["fid-stats", "--samples", str(samples), "--num", "20", "--out", str(ref)]
     assert run_cli([*stats_cmd, *common]) == 0
     argv = ["fid", "--a", str(ref), "--b", str(samples), "--num-b", "20", "--out", str(out)]
-    assert run_cli([*argv, *common]) == 0
+    # eigh: exact for identical statistics, where Schur's sqrtm of 2048x2048 spends ~10 s
+    assert run_cli([*argv, "--sqrtm", "eigh", *common]) == 0
 
     result = json.loads(out.read_text())
     assert set(result) >= {"fid", "num_images_a", "num_images_b", "weights"}

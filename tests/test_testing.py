@@ -28,7 +28,7 @@ def test_named_tests_exist(name):
 
 @pytest.mark.parametrize(
     "module",
-    sorted({*conftest.TIMEOUTS_FIRST_OF_MODULE, *conftest.FIRST_FILES, *conftest.LAST_FILES}),
+    sorted({*conftest.TIMEOUTS_FIRST_OF_MODULE, *conftest.FIRST_FILES}),
 )
 def test_named_modules_exist(module):
     assert (TESTS / module).is_file(), f"tests/conftest.py names {module}: no such file"

@@ -155,16 +155,22 @@ def test_a_finished_training_whose_outputs_were_removed_is_published_again(tmp_p
     assert [(t["finished"], t["retrain"]) for t in runs] == [(True, False), (True, True)]
 
 
-def test_the_cli_refuses_with_one_line_and_retrains_with_the_flag(tmp_path, capsys, monkeypatch):
+def _trained_by_cli(tmp_path: Path, monkeypatch) -> tuple[Path, list[str]]:
+    """The digits prepared and ``clothes_dp`` trained by the CLI in ``tmp_path`` (the
+    working folder now); returns the config and the train command's arguments."""
     npz = write_digits_npz(tmp_path / "clothes.npz")
     configfile = _config(tmp_path, npz, "cli")
     monkeypatch.chdir(tmp_path)
-
     assert cli.main(["data", "--dataset", "clothes", "--root", "data",
                      "--config", str(configfile)]) == 0  # fmt: skip
     args = ["train", "--config", str(configfile), "--experiment", "clothes_dp",
             "--out", "results/cli/clothes_dp", "--no-progress"]  # fmt: skip
     assert cli.main(args) == 0
+    return configfile, args
+
+
+def test_the_cli_refuses_with_one_line_and_retrains_with_the_flag(tmp_path, capsys, monkeypatch):
+    configfile, args = _trained_by_cli(tmp_path, monkeypatch)
     assert cli.main(args) == 0  # the same finished release, published again: no training
     assert "published again the finished training" in capsys.readouterr().out
     out = str((tmp_path / "results/cli/clothes_dp").resolve())
@@ -414,14 +420,7 @@ def test_an_unattributed_training_is_counted_and_refuses_a_retrain(tmp_path, cap
     summary gives no composed epsilon and says so loudly (its epsilon cannot be composed),
     a new training that could retrain it is refused in one line, and a retrain asked for
     is counted as one."""
-    npz = write_digits_npz(tmp_path / "clothes.npz")
-    configfile = _config(tmp_path, npz, "cli")
-    monkeypatch.chdir(tmp_path)
-    assert cli.main(["data", "--dataset", "clothes", "--root", "data",
-                     "--config", str(configfile)]) == 0  # fmt: skip
-    args = ["train", "--config", str(configfile), "--experiment", "clothes_dp",
-            "--out", "results/cli/clothes_dp", "--no-progress"]  # fmt: skip
-    assert cli.main(args) == 0
+    configfile, args = _trained_by_cli(tmp_path, monkeypatch)
     ledger = json.loads((tmp_path / "results/cli/clothes_dp/privacy.json").read_text())
     (record,) = (tmp_path / "data" / "trainings").glob("*.jsonl")
     _lose_identities(record)
