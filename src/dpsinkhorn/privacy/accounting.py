@@ -16,6 +16,7 @@ command: ``privacy.cli``.
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import math
 
@@ -55,8 +56,13 @@ def check_noise_multiplier(z: float, accountant: str) -> None:
         )
 
 
+@functools.lru_cache(maxsize=4096)
 def compute_epsilon(z: float, q: float, steps: int, delta: float, accountant: str = "rdp") -> float:
-    """ε after ``steps`` Poisson-subsampled Gaussian steps (rate q, noise multiplier z)."""
+    """ε after ``steps`` Poisson-subsampled Gaussian steps (rate q, noise multiplier z).
+
+    A pure function of its arguments, so its values are kept per process: a report that
+    shows a ledger's PLD ε more than once (a table's markdown and its notes, a results set
+    rendered again) computes it once (PLD: seconds a ledger at 10^3 steps, ~30 s at 10^5)."""
     check_noise_multiplier(z, accountant)
     check_rate(q)
     check_delta(delta)
