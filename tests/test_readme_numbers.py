@@ -239,3 +239,26 @@ def test_dotted_names_in_the_docs_exist(doc):
     code = {n for n in names if n.rsplit(".", 1)[1] not in FILE_SUFFIXES}
     missing = sorted(n for n in code if _resolves(n) is False)
     assert not missing, f"{doc} names what does not exist: {', '.join(missing)}"
+
+
+def test_paper_md_quick_run_cells_are_the_committed_set():
+    """docs/PAPER.md's quick-run sentence (DP-MERF's cells beside DP-Sinkhorn's) holds the
+    committed quick set's scores, each rounded as printed."""
+    text = " ".join((ROOT / "docs" / "PAPER.md").read_text().split())
+    found = re.search(
+        r"DP-MERF gave FID ([\d.]+), Log-Reg ([\d.]+), MLP ([\d.]+), CNN ([\d.]+) beside "
+        r"DP-Sinkhorn's ([\d.]+) / ([\d.]+) / ([\d.]+) / ([\d.]+) at the same sound ε = 10 "
+        r"\(`(results-paper-scale/[\w-]+)/`",
+        text,
+    )
+    assert found, "docs/PAPER.md: no quick-run sentence"
+    set_dir = ROOT / found.group(9)
+    printed = iter(found.groups()[:8])
+    for exp in ("mnist_dpmerf", "mnist_dpsinkhorn"):
+        folder = set_dir / exp
+        assert_printed_as(next(printed), json.loads((folder / "fid_seed0.json").read_text())["fid"])
+        for model in ("logreg", "mlp", "cnn"):
+            accuracy = json.loads((folder / f"acc_{model}_seed0.json").read_text())["accuracy"]
+            assert_printed_as(next(printed), 100 * accuracy)
+        ledger = json.loads((folder / "privacy.json").read_text())
+        assert ledger["target_epsilon"] == 10 and ledger["epsilon"] <= 10, exp
