@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 from helpers import REPO, require_shared, shared_path, without_log_hash
 
 from dpsinkhorn import fileio, window, window_imports, window_setup
@@ -48,6 +49,8 @@ experiments:
   mnist_nonprivate:
     {dataset: mnist, table1_row: nonprivate, method: sinkhorn, batch_size: 100, steps: 400}
 """
+#: The DP experiment's steps in TINY (a ledger of it must say so).
+DP_STEPS = yaml.safe_load(TINY)["training_defaults"]["steps"]
 WINDOW = """\
 configfile: tiny.yaml
 signal_grace_s: 30
@@ -191,7 +194,8 @@ def test_window_split_over_interrupted_calls_equals_one_call(tmp_path):
         assert (a / "generator.pt").read_bytes() == (b / "generator.pt").read_bytes(), exp
         ledger_a = json.loads((a / "privacy.json").read_text())
         ledger_b = json.loads((b / "privacy.json").read_text())
-        assert ledger_a["steps"] == ledger_b["steps"] == {"mnist_dpsinkhorn": 200}.get(exp, 400)
+        steps = DP_STEPS if exp == "mnist_dpsinkhorn" else 400
+        assert ledger_a["steps"] == ledger_b["steps"] == steps
         assert ledger_b.get("epsilon") == ledger_a.get("epsilon")
         assert not (b / "private_workspace").exists()  # removed when training completed
     # the results set: the same files, provenance of every call, Table 1 rendered
@@ -282,7 +286,7 @@ def test_export_set_from_an_archive_and_imported_generator(tmp_path):
     source = tmp_path / "committed" / "run1"
     ledger = {
         "sigma": 1.5,
-        "steps": 800,
+        "steps": DP_STEPS,
         "clipping": "batch",
         "clip": 0.5,
         "batch_size": 50,
@@ -359,7 +363,7 @@ def test_items_are_independent_and_an_import_is_never_retrained(tmp_path):
     source = tmp_path / "committed" / "run1"
     digest = hashlib.sha256(b"not a generator").hexdigest()  # as its ledger says: imported
     fileio.write_json(
-        source / "privacy.json", {"sigma": 1.5, "steps": 800, "content_sha256": digest}
+        source / "privacy.json", {"sigma": 1.5, "steps": DP_STEPS, "content_sha256": digest}
     )
     fileio.write_bytes(source / "generator.pt", b"not a generator")
     mirror = require_shared(shared_path("DPSINKHORN_DATA_MIRROR"), "MNIST mirror")
