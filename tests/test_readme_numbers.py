@@ -20,10 +20,12 @@ import pytest
 from dpsinkhorn.config import load_config
 from dpsinkhorn.config.experiments import experiment, experiment_names, trained_experiments
 from dpsinkhorn.config.studies import study_cells, study_experiments
+from dpsinkhorn.config.targets import score_name
 from dpsinkhorn.config.validate import read_yaml
 from dpsinkhorn.plan import TRAIN_SIZES, job_count, slurm_job_count
 from dpsinkhorn.privacy.accounting import compute_epsilon, paper_convention_epsilon
 from dpsinkhorn.privacy.budget import budget_of
+from dpsinkhorn.report.common import accuracy_percent, read_number
 
 ROOT = Path(__file__).resolve().parents[1]
 #: README.md and every page of docs/, where the numbers below are looked for
@@ -256,9 +258,10 @@ def test_paper_md_quick_run_cells_are_the_committed_set():
     printed = iter(found.groups()[:8])
     for exp in ("mnist_dpmerf", "mnist_dpsinkhorn"):
         folder = set_dir / exp
-        assert_printed_as(next(printed), json.loads((folder / "fid_seed0.json").read_text())["fid"])
+        assert_printed_as(next(printed), read_number(folder / score_name("fid", 0), "fid"))
         for model in ("logreg", "mlp", "cnn"):
-            accuracy = json.loads((folder / f"acc_{model}_seed0.json").read_text())["accuracy"]
-            assert_printed_as(next(printed), 100 * accuracy)
+            assert_printed_as(
+                next(printed), accuracy_percent(folder / score_name(f"acc_{model}", 0))
+            )
         ledger = json.loads((folder / "privacy.json").read_text())
         assert ledger["target_epsilon"] == 10 and ledger["epsilon"] <= 10, exp

@@ -60,9 +60,10 @@ def check_noise_multiplier(z: float, accountant: str) -> None:
 def compute_epsilon(z: float, q: float, steps: int, delta: float, accountant: str = "rdp") -> float:
     """ε after ``steps`` Poisson-subsampled Gaussian steps (rate q, noise multiplier z).
 
-    A pure function of its arguments, so its values are kept per process: a report that
-    shows a ledger's PLD ε more than once (a table's markdown and its notes, a results set
-    rendered again) computes it once (PLD: seconds a ledger at 10^3 steps, ~30 s at 10^5)."""
+    A pure function of its arguments, so its values are kept per process: a process that
+    asks for the same ε again (a test session rendering results sets whose ledgers share
+    σ, q, steps and δ) computes it once. Separate report jobs each still compute their own
+    (PLD: about 2 s a ledger at the smoke sizes, ~30 s at 10^5 steps)."""
     check_noise_multiplier(z, accountant)
     check_rate(q)
     check_delta(delta)
