@@ -276,9 +276,12 @@ def test_paper_window_file_loads_in_order():
     assert loaded["work"][-1]["name"] == "sound_budget" and not loaded["work"][-1]["long"]
 
 
-def test_export_set_from_an_archive_and_imported_generator(tmp_path):
+@pytest.mark.parametrize("steps_off", [0, 1])
+def test_export_set_from_an_archive_and_imported_generator(tmp_path, capsys, steps_off):
     """--export-set (no work): the archive's cells become a results set with provenance;
-    an imported generator is copied once and its source and sha256 recorded."""
+    an imported generator is copied once and its source and sha256 recorded. A ledger
+    whose steps are not the config's leaves the set's files without a table, and says why
+    in one line."""
     (tmp_path / "tiny.yaml").write_text(TINY.replace("DATA", str(tmp_path / "data")))
     (tmp_path / "w.yaml").write_text(
         "configfile: tiny.yaml\nwork:\n  - {name: fid, import: {mnist_dpsinkhorn: run1}}\n"
@@ -286,7 +289,7 @@ def test_export_set_from_an_archive_and_imported_generator(tmp_path):
     source = tmp_path / "committed" / "run1"
     ledger = {
         "sigma": 1.5,
-        "steps": DP_STEPS,
+        "steps": DP_STEPS + steps_off,
         "clipping": "batch",
         "clip": 0.5,
         "batch_size": 50,
@@ -341,7 +344,14 @@ def test_export_set_from_an_archive_and_imported_generator(tmp_path):
     imported = provenance["experiments"]["mnist_dpsinkhorn"]["generator"]
     assert imported["source"] == "run1" and imported["bytes"] == len(b"weights")
     assert provenance["experiments"]["mnist_dpsinkhorn"]["phases"] == phases
-    assert "| 50.0 (1/1 seed)" in (set_dir / "table1.md").read_text()
+    warning = f"warning: results set {set_dir} not rendered: "
+    if steps_off:
+        assert not (set_dir / "table1.md").exists()
+        (line,) = [x for x in capsys.readouterr().err.splitlines() if x.startswith(warning)]
+        assert "steps" in line, line
+    else:
+        assert "| 50.0 (1/1 seed)" in (set_dir / "table1.md").read_text()
+        assert warning not in capsys.readouterr().err
     assert not (set_dir / "mnist_dpsinkhorn" / "generator.pt").exists()
 
 

@@ -55,11 +55,16 @@ exactly the manifest's files. The figure (moments, rules hit, republished releas
 temporary files the run's cleanup removed) is printed and shown in pytest's summary.
 
 ``DPSINKHORN_KILL_MOMENTS=<n>`` (default 10 per life, 20 in all) is the slow mode.
+``DPSINKHORN_KILL_SMOKE=<n>`` kills the smoke workflow itself (config/smoke.yaml: every
+Table 1, 3 and 6 row and every study, about 90 jobs) at ``n`` moments in one reproducible
+life, with the same aims and checks, against an uninterrupted run of it (about an hour on
+2 cores in all; skipped unless set).
 """
 
 from __future__ import annotations
 
 import csv
+import gzip
 import json
 import math
 import os
@@ -78,6 +83,7 @@ import pytest
 import yaml
 from helpers import require_shared, shared_path, write_digits_npz
 
+from dpsinkhorn import config as cfg
 from dpsinkhorn.fileio import sha256_of
 from dpsinkhorn.privacy import trainings
 
@@ -87,6 +93,7 @@ REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 DIGITS = [str(d) for d in range(10)]
 MOMENTS = int(os.environ.get("DPSINKHORN_KILL_MOMENTS", "10"))
+SMOKE_MOMENTS = int(os.environ.get("DPSINKHORN_KILL_SMOKE", "0"))
 SEED = int(os.environ.get("DPSINKHORN_KILL_SEED", str(random.SystemRandom().randrange(10**6))))
 SIGNALS = ("SIGKILL", "SIGTERM")
 #: SLURM's KillWait: SIGKILL this long after SIGTERM.
@@ -95,9 +102,10 @@ GRACE_S = 20.0
 POLL_S = 0.05
 #: What holds times (compared by content) or is bookkeeping (not compared).
 NOT_COMPARED = ("/logs/", "/benchmarks/", "/trainings/", ".snakemake")
-#: The killed workflow's experiments, and the labels (:func:`_jobs`) of their training jobs.
+#: The own-data workflow's experiments.
 DP, NONPRIVATE = "digits_dp", "digits_nonprivate"
-DP_TRAINING, NONPRIVATE_TRAINING = f"train {DP}", f"train {NONPRIVATE}"
+#: Every life writes its config here, in its working folder.
+CONFIG = "ka.yaml"
 #: Snakemake's log (9.x): a job's block opens with ``rule X:`` or ``localrule X:`` and its
 #: indented lines give its ``jobid`` and ``wildcards``; ``Finished jobid: N (Rule: X)`` says
 #: its outputs are stored (8.x: ``Finished job N.``).
@@ -131,15 +139,55 @@ def _config(workdir: Path, reproducible: bool, npz: Path | None = None) -> Path:
                         NONPRIVATE: {"dataset": "digits", "table1_row": "nonprivate",
                                      "method": "sinkhorn"}},
     }  # fmt: skip
-    path = workdir / "ka.yaml"
+    path = workdir / CONFIG
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     return path
+
+
+def _smoke_config(workdir: Path) -> Path:
+    """The smoke workflow's config (config/smoke.yaml) with the shared MNIST mirror."""
+    mirror = require_shared(shared_path("DPSINKHORN_DATA_MIRROR"), "DATA=PATH")
+    config = yaml.safe_load((REPO / "config" / "smoke.yaml").read_text())
+    path = workdir / CONFIG
+    path.write_text(yaml.safe_dump({**config, "data_mirror": str(mirror)}, sort_keys=False))
+    return path
+
+
+@dataclass(frozen=True)
+class Workflow:
+    """The killed workflow as its config (``ka.yaml`` in the working folder) says: where
+    its experiments' files are and the labels (:func:`_jobs`) of its training jobs."""
+
+    config: dict
+
+    @classmethod
+    def of(cls, workdir: Path) -> Workflow:
+        return cls(cfg.load_config(workdir / CONFIG))
+
+    @property
+    def results(self) -> Path:
+        """results/<run>, relative to the working folder."""
+        return Path("results", self.config["run_name"])
+
+    def folder(self, exp: str) -> Path:
+        """An experiment's folder (results/<run>/[nonprivate/]<exp>), relative."""
+        return cfg.experiment_dir(self.config, self.results, exp)
+
+    @property
+    def first_dp(self) -> str:
+        """The DP experiment that the first kill of a life aims at: the config's first."""
+        return cfg.private_experiments(self.config)[0]
+
+    @property
+    def nonprivate_trainings(self) -> list[str]:
+        trained = cfg.trained_experiments(self.config)
+        return [f"train {e}" for e in trained if not cfg.is_private(self.config, e)]
 
 
 def _command(workdir: Path) -> list[str]:
     weights = require_shared(shared_path("DPSINKHORN_FID_WEIGHTS"), "FID_WEIGHTS=PATH")
     return [str(BIN / "snakemake"), "-s", str(REPO / "Snakefile"), "-d", str(workdir),
-            "-c", "2", "--max-threads", "1", "--configfile", str(workdir / "ka.yaml"),
+            "-c", "2", "--max-threads", "1", "--configfile", str(workdir / CONFIG),
             "--config", f"fid_weights={weights}"]  # fmt: skip
 
 
@@ -149,8 +197,8 @@ def _env() -> dict:
 
 
 def _jobs(text: str) -> tuple[dict[str, str], set[str], bool]:
-    """What a Snakemake log shows: the jobs started ({jobid: label}; label: the rule, and
-    the experiment of a training: ``train digits_dp``), the jobids finished, and whether
+    """What a Snakemake log shows: the jobs started ({jobid: label}; label: the rule and its
+    wildcards' values but ``home``, e.g. ``train digits_dp``), the jobids finished, and whether
     the run's jobs are done (its ``all`` job started, or nothing to be done). A block cut
     off before its jobid counts as started under the id ``?``."""
     started, finished, block = {}, set(), None
@@ -160,8 +208,9 @@ def _jobs(text: str) -> tuple[dict[str, str], set[str], bool]:
             block[key] = value
             continue
         if block is not None:
-            exp = re.findall(r"\bexp=([^,\s]+)", block.get("wildcards", ""))
-            started[block.get("jobid", "?")] = " ".join([block["rule"], *exp])
+            values = re.findall(r"\b(\w+)=([^,\s]*)", block.get("wildcards", ""))
+            label = [block["rule"], *(v for k, v in values if k != "home")]
+            started[block.get("jobid", "?")] = " ".join(label)
             block = None
         if match := RULE_LINE.match(line):
             block = {"rule": match.group(1)}
@@ -232,6 +281,7 @@ class Reference:
     """The uninterrupted run of the reproducible life, timed from its log."""
 
     workdir: Path
+    workflow: Workflow
     life_s: float  # its wall time
     startup_s: float  # from its start to its first job's start line
     starts: dict[str, float]  # job label -> its start line, after the first job's, in order
@@ -275,18 +325,13 @@ def _aim(k: int, u: float, moments: int, ref: Reference, done: set[str], cursor:
     cursor: how far the kills have come, in the uninterrupted run's time after its first
     job's start (module docstring)."""
     left = [label for label in ref.starts if label not in done and label != "all"]
+    checkpoint = None
     if k == 0:
-        target = DP_TRAINING
+        target = f"train {ref.workflow.first_dp}"
         point = ref.starts[target] + u * 0.5 * ref.jobs[target]
-        offset = point - ref.starts[target]
-        checkpoint = Path("results", "ka", DP, "private_workspace", "checkpoint.pt")
-
-        def in_training(a: Attempt) -> float | None:
-            if (a.workdir / checkpoint).exists():  # its first checkpoint: steps are left
-                return NOW
-            return a.started[target] + offset if target in a.started else None
-
-        return f"{target}+{offset:.1f}s", in_training, point
+        checkpoint = (
+            ref.workflow.folder(ref.workflow.first_dp) / "private_workspace" / "checkpoint.pt"
+        )
     elif k % 4 == 3 or not left:
         delay = u * ref.startup_s
 
@@ -302,6 +347,8 @@ def _aim(k: int, u: float, moments: int, ref: Reference, done: set[str], cursor:
     offset = point - ref.starts[target]
 
     def in_target(a: Attempt) -> float | None:
+        if checkpoint and (a.workdir / checkpoint).exists():  # its first: steps are left
+            return NOW
         if target in a.finished:  # sooner than in the uninterrupted run: in what runs next
             return NOW if a.running else None
         return a.started[target] + offset if target in a.started else None
@@ -314,6 +361,11 @@ def _hit(attempt: Attempt) -> list[str]:
     if attempt.running:
         return sorted({label.split()[0] for label in attempt.running})
     return ["(start-up)" if attempt.first_job_at is None else "(between jobs)"]
+
+
+def _race(attempt: Attempt, workflow: Workflow) -> bool:
+    """Whether ``release_manifest`` started while a non-private training ran (issue 36)."""
+    return any(attempt.started_beside("release_manifest", t) for t in workflow.nonprivate_trainings)
 
 
 def _killed_life(workdir: Path, moments: int, ref: Reference, rng: random.Random) -> dict:
@@ -334,7 +386,7 @@ def _killed_life(workdir: Path, moments: int, ref: Reference, rng: random.Random
                 killed = _kill(attempt.proc, how)
                 attempt.close()
                 done |= set(attempt.finished)
-                figure["race"] += attempt.started_beside("release_manifest", NONPRIVATE_TRAINING)
+                figure["race"] += _race(attempt, ref.workflow)
                 cursor = after
                 figure["moments"].append(f"{how[3:]} {aim}: {', '.join(running) or hit[0]}")
                 figure["hit"].update(hit)
@@ -344,7 +396,7 @@ def _killed_life(workdir: Path, moments: int, ref: Reference, rng: random.Random
                                    capture_output=True, check=True)  # fmt: skip
                 continue
         code = attempt.close()
-        figure["race"] += attempt.started_beside("release_manifest", NONPRIVATE_TRAINING)
+        figure["race"] += _race(attempt, ref.workflow)
         text = attempt.path.read_text()
         assert code == 0, f"attempt {figure['attempts']} failed:\n{text[-6000:]}"
         figure["completed_before_kill"] += k < moments
@@ -429,6 +481,13 @@ def _load(path: Path) -> None:
         data = path.read_bytes()
         if not (data.startswith(b"\x89PNG\r\n\x1a\n") and data.endswith(PNG_END)):
             raise ValueError("not a whole PNG")
+    elif path.suffix == ".jpg":  # the smoke workflow's CelebA fixture
+        data = path.read_bytes()
+        if not (data.startswith(b"\xff\xd8") and data.endswith(b"\xff\xd9")):
+            raise ValueError("not a whole JPEG")
+    elif path.suffix == ".gz":
+        with gzip.open(path) as fh:
+            fh.read()
     else:  # logs, tables, reports, the lock file (empty)
         path.read_text(encoding="utf-8")
 
@@ -459,11 +518,12 @@ def _check_consistent(workdir: Path, figure: dict) -> list[str]:
     if left:
         problems.append(f"left behind: {left}")
     problems += [f"unreadable: {bad}" for bad in _unreadable(workdir)]
-    results = workdir / "results" / "ka"
-    (record,) = (workdir / "data" / "trainings").glob("*.jsonl")
-    events = trainings.read(record)
+    wf = Workflow.of(workdir)
+    events = [e for record in (workdir / "data" / "trainings").glob("*.jsonl")
+              for e in trainings.read(record)]  # fmt: skip
     figure["republished"] = 0
-    for name, folder in ((DP, results / DP), (NONPRIVATE, results / "nonprivate" / NONPRIVATE)):
+    for name in cfg.trained_experiments(wf.config):
+        folder = workdir / wf.folder(name)
         ours = [t for t in trainings.trainings(events) if t["out"] == str(folder.resolve())]
         if len(ours) != 1 or not ours[0]["finished"]:
             problems.append(f"{name} counted {len(ours)} times: {ours}")
@@ -473,18 +533,19 @@ def _check_consistent(workdir: Path, figure: dict) -> list[str]:
         if hashes != {sha256_of(folder / "generator.pt")}:
             problems.append(f"{name}: generator.pt is not the one of every finished event")
         figure["republished"] += sum(e["event"] == "republished" for e in mine)
-    ledger = json.loads((results / DP / "privacy.json").read_text())
-    if ledger["content_sha256"] != sha256_of(results / DP / "generator.pt"):
-        problems.append("generator.pt is not the one its ledger names")
+        if cfg.is_private(wf.config, name):
+            ledger = json.loads((folder / "privacy.json").read_text())
+            if ledger["content_sha256"] != sha256_of(folder / "generator.pt"):
+                problems.append(f"{name}: generator.pt is not the one its ledger names")
     published = workdir / "published"
     run = subprocess.run(
-        [str(BIN / "dpsinkhorn"), "release", "--config", "ka.yaml", "--out", str(published),
+        [str(BIN / "dpsinkhorn"), "release", "--config", CONFIG, "--out", str(published),
          "--accept-no-guarantee"],
         cwd=workdir, env=_env(), capture_output=True, text=True,
     )  # fmt: skip
     if run.returncode != 0:
         return [*problems, f"release refused: {run.stderr.strip()}"]
-    manifest = json.loads((results / "release_manifest.json").read_text())
+    manifest = json.loads((workdir / wf.results / "release_manifest.json").read_text())
     listed = {f["path"] for f in manifest["files"]}
     got = {p.relative_to(published).as_posix() for p in published.rglob("*") if p.is_file()}
     if got - {"release_manifest.json"} != listed:
@@ -492,17 +553,15 @@ def _check_consistent(workdir: Path, figure: dict) -> list[str]:
     return problems
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory) -> Reference:
-    """An uninterrupted run of the reproducible life, timed from its log."""
-    workdir = tmp_path_factory.mktemp("reference")
-    _config(workdir, reproducible=True)
+def _uninterrupted(workdir: Path) -> Reference:
+    """Runs the workflow of ``workdir``'s config once, uninterrupted, timed from its log."""
     run = Attempt(workdir, workdir / "uninterrupted.log")
     run.until(lambda a: None)
-    assert run.close() == 0, run.path.read_text()
+    assert run.close() == 0, run.path.read_text()[-8000:]
     first = run.first_job_at
     return Reference(
         workdir,
+        Workflow.of(workdir),
         life_s=time.monotonic() - run.t0,
         startup_s=first - run.t0,
         starts={label: at - first for label, at in run.started.items()},
@@ -510,17 +569,24 @@ def reference(tmp_path_factory) -> Reference:
     )
 
 
-@pytest.mark.parametrize("life", ["reproducible", "secret"])
-def test_killed_anywhere_the_rerun_completes_with_nothing_lost(
-    life, reference, tmp_path, record_property
-):
-    seed = SEED + (life == "secret")
-    _config(tmp_path, reproducible=life == "reproducible", npz=reference.workdir / "digits.npz")
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> Reference:
+    """An uninterrupted run of the own-data workflow's reproducible life."""
+    workdir = tmp_path_factory.mktemp("reference")
+    _config(workdir, reproducible=True)
+    return _uninterrupted(workdir)
+
+
+def _life(name: str, workdir: Path, moments: int, seed: int, ref: Reference, record_property):
+    """Kills the workflow of ``workdir``'s config at ``moments`` moments until a rerun
+    completes, checks what it left (against ``ref``'s files if its noise key is public),
+    prints and records the figure; fails on any problem."""
     start = time.monotonic()
-    figure = _killed_life(tmp_path, MOMENTS, reference, random.Random(seed))
-    problems = _check_consistent(tmp_path, figure)
-    if life == "reproducible":
-        ours, theirs = _files(tmp_path / "results"), _files(reference.workdir / "results")
+    figure = _killed_life(workdir, moments, ref, random.Random(seed))
+    problems = _check_consistent(workdir, figure)
+    wf = Workflow.of(workdir)
+    if cfg.experiment(wf.config, wf.first_dp)["reproducible"]:  # a public noise key
+        ours, theirs = _files(workdir / "results"), _files(ref.workdir / "results")
         if set(ours) != set(theirs):
             problems.append(f"files differ: {sorted(set(ours) ^ set(theirs))}")
         differ = [r for r in set(ours) & set(theirs) if not _same_content(r, ours[r], theirs[r])]
@@ -529,23 +595,31 @@ def test_killed_anywhere_the_rerun_completes_with_nothing_lost(
     tried, hit = len(figure["moments"]), figure["hit"]
     rules = sorted(set(hit) - {"(start-up)", "(between jobs)"})
     text = (
-        f"kill-anywhere {life} (seed {seed}; DPSINKHORN_KILL_SEED={SEED}): {tried} of "
-        f"{MOMENTS} moments tried in {figure['attempts']} runs ({figure['unlocks']} unlocks, "
+        f"kill-anywhere {name} (seed {seed}; DPSINKHORN_KILL_SEED={SEED}): {tried} of "
+        f"{moments} moments tried in {figure['attempts']} runs ({figure['unlocks']} unlocks, "
         f"{figure['completed_before_kill']} completed before its kill), "
         f"{tried if not problems else 0} faults survived; kills landed in "
         f"{', '.join(f'{r} {n}' for r, n in sorted(hit.items()))}; "
-        f"release_manifest started beside the non-private training {figure['race']} times; "
+        f"release_manifest started beside a non-private training {figure['race']} times; "
         f"republished releases {figure['republished']}, temporary files of killed writers "
         f"removed {figure['temps_removed']}; lost: {problems or 'nothing'}; "
-        f"{time.monotonic() - start:.0f} s (uninterrupted: {reference.life_s:.0f} s); "
+        f"{time.monotonic() - start:.0f} s (uninterrupted: {ref.life_s:.0f} s); "
         f"moments: {'; '.join(figure['moments'])}"
     )
     print(f"\n{text}")
     record_property("kill_anywhere", text)
     assert not problems, text
-    assert tried == MOMENTS, text  # every moment within the life (module docstring)
+    assert tried == moments, text  # every moment within the life (module docstring)
     # the first moment aims at the DP training; the others spread over the jobs
-    assert "train" in rules and len(rules) >= min(3, MOMENTS // 3), text
+    assert "train" in rules and len(rules) >= min(3, moments // 3), text
+
+
+@pytest.mark.parametrize("life", ["reproducible", "secret"])
+def test_killed_anywhere_the_rerun_completes_with_nothing_lost(
+    life, reference, tmp_path, record_property
+):
+    _config(tmp_path, reproducible=life == "reproducible", npz=reference.workdir / "digits.npz")
+    _life(life, tmp_path, MOMENTS, SEED + (life == "secret"), reference, record_property)
 
 
 def test_a_killed_release_leaves_no_folder_or_the_whole_one(reference, record_property):
@@ -554,9 +628,9 @@ def test_a_killed_release_leaves_no_folder_or_the_whole_one(reference, record_pr
     ref = reference.workdir
     seed = SEED + 2
     rng = random.Random(seed)
-    manifest = json.loads((ref / "results" / "ka" / "release_manifest.json").read_text())
+    manifest = json.loads((ref / reference.workflow.results / "release_manifest.json").read_text())
     whole = {f["path"] for f in manifest["files"]} | {"release_manifest.json"}
-    command = [str(BIN / "dpsinkhorn"), "release", "--config", "ka.yaml", "--accept-no-guarantee"]
+    command = [str(BIN / "dpsinkhorn"), "release", "--config", CONFIG, "--accept-no-guarantee"]
     start = time.monotonic()
     with open(ref / "release.log", "w") as log:
         done = subprocess.run([*command, "--out", "timed"], cwd=ref, env=_env(), stdout=log)
@@ -586,3 +660,14 @@ def test_a_killed_release_leaves_no_folder_or_the_whole_one(reference, record_pr
     text = f"killed release (seed {seed}): {outcomes}; stale temporary folders: {stale}"
     print(f"\n{text}")
     record_property("kill_anywhere", text)
+
+
+@pytest.mark.timeout(6 * 3600)
+@pytest.mark.skipif(not SMOKE_MOMENTS, reason="slow mode: DPSINKHORN_KILL_SMOKE=<moments>")
+def test_the_smoke_workflow_killed_anywhere(tmp_path_factory, record_property):
+    """The smoke workflow (config/smoke.yaml) killed at ``DPSINKHORN_KILL_SMOKE`` moments in
+    one reproducible life, checked as the own-data lives are, against its uninterrupted run."""
+    ref_dir, workdir = tmp_path_factory.mktemp("smoke-reference"), tmp_path_factory.mktemp("smoke")
+    _smoke_config(ref_dir)
+    _smoke_config(workdir)
+    _life("smoke", workdir, SMOKE_MOMENTS, SEED + 3, _uninterrupted(ref_dir), record_property)

@@ -11,6 +11,7 @@ experiment's provenance names the call (device, commit) whose evaluation finishe
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -95,4 +96,5 @@ def write_set(window: Mapping, workdir: Path, set_dir: Path, state: dict) -> lis
         written += render(set_dir, [window["config_path"]])
     except ValueError as err:  # no Table 1 row yet: the set still holds its files
         state.setdefault("notes", []).append(f"results set not rendered: {err}")
+        print(f"warning: results set {set_dir} not rendered: {err}", file=sys.stderr)
     return written
