@@ -24,10 +24,10 @@ one). When it comes is timed from the attempt's log, read as it grows (Snakemake
 job-start and finish lines), against the uninterrupted run's log read the same way (its
 start-up, and each job's start and duration after its first job's start):
 
-* the first moment of a life is aimed at the DP training: u of half that job's
-  uninterrupted time after this attempt's log shows it started, or when its first
-  checkpoint shows if that is sooner (steps are left then: a faster attempt than the
-  uninterrupted run is still killed in its training);
+* the first moment of a life is aimed at the DP training that started first in the
+  uninterrupted run: u of half that job's uninterrupted time after this attempt's log
+  shows it started, or when its first checkpoint shows if that is sooner (steps are left
+  then: a faster attempt than the uninterrupted run is still killed in its training);
 * every fourth moment falls in Snakemake's start-up (before a job runs): u of the
   uninterrupted run's start-up, or at this attempt's first job start if that is sooner;
 * the others fall in the jobs. A cursor walks through the uninterrupted run's job time
@@ -56,9 +56,9 @@ temporary files the run's cleanup removed) is printed and shown in pytest's summ
 
 ``DPSINKHORN_KILL_MOMENTS=<n>`` (default 10 per life, 20 in all) is the slow mode.
 ``DPSINKHORN_KILL_SMOKE=<n>`` kills the smoke workflow itself (config/smoke.yaml: every
-Table 1, 3 and 6 row and every study, about 90 jobs) at ``n`` moments in one reproducible
-life, with the same aims and checks, against an uninterrupted run of it (about an hour on
-2 cores in all; skipped unless set).
+Table 1, 3 and 6 row and every study, 88 jobs) at ``n`` moments in one reproducible
+life, with the same aims and checks, against an uninterrupted run of it (20 moments: 20 min
+on 2 cores in all; skipped unless set).
 """
 
 from __future__ import annotations
@@ -174,9 +174,14 @@ class Workflow:
         return cfg.experiment_dir(self.config, self.results, exp)
 
     @property
-    def first_dp(self) -> str:
-        """The DP experiment that the first kill of a life aims at: the config's first."""
-        return cfg.private_experiments(self.config)[0]
+    def dp_trainings(self) -> list[str]:
+        return [f"train {e}" for e in cfg.private_experiments(self.config)]
+
+    @property
+    def reproducible(self) -> bool:
+        """Whether every DP training's noise key is public (its files repeat exactly)."""
+        private = cfg.private_experiments(self.config)
+        return all(cfg.experiment(self.config, e)["reproducible"] for e in private)
 
     @property
     def nonprivate_trainings(self) -> list[str]:
@@ -327,11 +332,10 @@ def _aim(k: int, u: float, moments: int, ref: Reference, done: set[str], cursor:
     left = [label for label in ref.starts if label not in done and label != "all"]
     checkpoint = None
     if k == 0:
-        target = f"train {ref.workflow.first_dp}"
+        target = min(ref.workflow.dp_trainings, key=ref.starts.get)  # the first DP training
         point = ref.starts[target] + u * 0.5 * ref.jobs[target]
-        checkpoint = (
-            ref.workflow.folder(ref.workflow.first_dp) / "private_workspace" / "checkpoint.pt"
-        )
+        exp = target.split()[1]
+        checkpoint = ref.workflow.folder(exp) / "private_workspace" / "checkpoint.pt"
     elif k % 4 == 3 or not left:
         delay = u * ref.startup_s
 
@@ -488,6 +492,15 @@ def _load(path: Path) -> None:
     elif path.suffix == ".gz":
         with gzip.open(path) as fh:
             fh.read()
+    elif path.name.endswith("-ubyte"):  # MNIST's IDX files: a header, then prod(dims) bytes
+        data = path.read_bytes()
+        dims = [int.from_bytes(data[4 + 4 * i : 8 + 4 * i], "big") for i in range(data[3])]
+        if data[:3] != b"\x00\x00\x08" or len(data) != 4 + 4 * len(dims) + math.prod(dims):
+            raise ValueError(f"not a whole IDX file of {dims}")
+    elif path.suffix == ".pdf":
+        data = path.read_bytes()
+        if not (data.startswith(b"%PDF-") and data.rstrip().endswith(b"%%EOF")):
+            raise ValueError("not a whole PDF")
     else:  # logs, tables, reports, the lock file (empty)
         path.read_text(encoding="utf-8")
 
@@ -584,8 +597,7 @@ def _life(name: str, workdir: Path, moments: int, seed: int, ref: Reference, rec
     start = time.monotonic()
     figure = _killed_life(workdir, moments, ref, random.Random(seed))
     problems = _check_consistent(workdir, figure)
-    wf = Workflow.of(workdir)
-    if cfg.experiment(wf.config, wf.first_dp)["reproducible"]:  # a public noise key
+    if Workflow.of(workdir).reproducible:
         ours, theirs = _files(workdir / "results"), _files(ref.workdir / "results")
         if set(ours) != set(theirs):
             problems.append(f"files differ: {sorted(set(ours) ^ set(theirs))}")

@@ -59,8 +59,10 @@ def _save_figure(fig, out_dir: Path, name: str) -> list[Path]:
     written = []
     for suffix in ("png", "pdf"):
         path = out_dir / FIGURES_DIR / f"{name}.{suffix}"
+        # No creation date in a PDF: a rerun's figure is the same bytes (PNGs have none).
+        metadata = {"CreationDate": None} if suffix == "pdf" else None
         with fileio.atomic_path(path) as tmp:
-            fig.savefig(tmp, format=suffix, bbox_inches="tight")
+            fig.savefig(tmp, format=suffix, bbox_inches="tight", metadata=metadata)
         written.append(path)
     return written
 
