@@ -458,8 +458,13 @@ def _same_content(rel: str, ours: Path, theirs: Path) -> bool:
     return False
 
 
-#: The last bytes of every whole PNG file: its IEND chunk.
-PNG_END = b"IEND\xaeB`\x82"
+#: The first and last bytes of a whole file of these kinds (a PNG ends with its IEND chunk;
+#: a PDF's %%EOF may be followed by a line end).
+FRAMED = {
+    ".png": (b"\x89PNG\r\n\x1a\n", b"IEND\xaeB`\x82"),
+    ".jpg": (b"\xff\xd8", b"\xff\xd9"),  # the smoke workflow's CelebA fixture
+    ".pdf": (b"%PDF-", b"%%EOF"),
+}
 
 
 def _load(path: Path) -> None:
@@ -481,14 +486,10 @@ def _load(path: Path) -> None:
             rows = list(csv.reader(fh, delimiter="\t" if path.suffix == ".tsv" else ","))
         if not rows or any(len(row) != len(rows[0]) for row in rows):
             raise ValueError(f"not a whole table: {[len(row) for row in rows]} fields")
-    elif path.suffix == ".png":
-        data = path.read_bytes()
-        if not (data.startswith(b"\x89PNG\r\n\x1a\n") and data.endswith(PNG_END)):
-            raise ValueError("not a whole PNG")
-    elif path.suffix == ".jpg":  # the smoke workflow's CelebA fixture
-        data = path.read_bytes()
-        if not (data.startswith(b"\xff\xd8") and data.endswith(b"\xff\xd9")):
-            raise ValueError("not a whole JPEG")
+    elif path.suffix in FRAMED:
+        data, (head, end) = path.read_bytes(), FRAMED[path.suffix]
+        if not (data.startswith(head) and data.rstrip().endswith(end)):
+            raise ValueError(f"not a whole {path.suffix} file")
     elif path.suffix == ".gz":
         with gzip.open(path) as fh:
             fh.read()
@@ -497,10 +498,6 @@ def _load(path: Path) -> None:
         dims = [int.from_bytes(data[4 + 4 * i : 8 + 4 * i], "big") for i in range(data[3])]
         if data[:3] != b"\x00\x00\x08" or len(data) != 4 + 4 * len(dims) + math.prod(dims):
             raise ValueError(f"not a whole IDX file of {dims}")
-    elif path.suffix == ".pdf":
-        data = path.read_bytes()
-        if not (data.startswith(b"%PDF-") and data.rstrip().endswith(b"%%EOF")):
-            raise ValueError("not a whole PDF")
     else:  # logs, tables, reports, the lock file (empty)
         path.read_text(encoding="utf-8")
 
@@ -517,7 +514,7 @@ def _unreadable(workdir: Path) -> list[str]:
     return bad
 
 
-def _check_consistent(workdir: Path, figure: dict) -> list[str]:
+def _check_consistent(workdir: Path, wf: Workflow, figure: dict) -> list[str]:
     """What every finished run must hold, killed or not; returns the problems. Counts the
     releases the record says were published again into ``figure``."""
     problems = []
@@ -531,7 +528,6 @@ def _check_consistent(workdir: Path, figure: dict) -> list[str]:
     if left:
         problems.append(f"left behind: {left}")
     problems += [f"unreadable: {bad}" for bad in _unreadable(workdir)]
-    wf = Workflow.of(workdir)
     events = [e for record in (workdir / "data" / "trainings").glob("*.jsonl")
               for e in trainings.read(record)]  # fmt: skip
     figure["republished"] = 0
@@ -543,12 +539,13 @@ def _check_consistent(workdir: Path, figure: dict) -> list[str]:
             continue
         mine = [e for e in events if e["training"] == ours[0]["training"]]
         hashes = {e["content_sha256"] for e in mine if e["event"] == "finished"}
-        if hashes != {sha256_of(folder / "generator.pt")}:
+        generator = sha256_of(folder / "generator.pt")
+        if hashes != {generator}:
             problems.append(f"{name}: generator.pt is not the one of every finished event")
         figure["republished"] += sum(e["event"] == "republished" for e in mine)
         if cfg.is_private(wf.config, name):
             ledger = json.loads((folder / "privacy.json").read_text())
-            if ledger["content_sha256"] != sha256_of(folder / "generator.pt"):
+            if ledger["content_sha256"] != generator:
                 problems.append(f"{name}: generator.pt is not the one its ledger names")
     published = workdir / "published"
     run = subprocess.run(
@@ -596,8 +593,9 @@ def _life(name: str, workdir: Path, moments: int, seed: int, ref: Reference, rec
     prints and records the figure; fails on any problem."""
     start = time.monotonic()
     figure = _killed_life(workdir, moments, ref, random.Random(seed))
-    problems = _check_consistent(workdir, figure)
-    if Workflow.of(workdir).reproducible:
+    wf = Workflow.of(workdir)
+    problems = _check_consistent(workdir, wf, figure)
+    if wf.reproducible:
         ours, theirs = _files(workdir / "results"), _files(ref.workdir / "results")
         if set(ours) != set(theirs):
             problems.append(f"files differ: {sorted(set(ours) ^ set(theirs))}")
