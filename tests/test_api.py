@@ -161,6 +161,16 @@ def test_class_count_comes_from_the_declared_classes():
         Trainer(spec, images, labels, torch.device("cpu"), classes=["a/b"])
 
 
+def test_non_square_arrays_are_refused_before_anything_is_recorded(tmp_path):
+    """[N, 28, 27]: one line naming the shape; no training recorded, no workspace left."""
+    images, labels = digits(28)
+    classes = [str(d) for d in range(10)]
+    with pytest.raises(ValueError, match=r"images must be square.*\(1797, 28, 27\)"):
+        api.train(TINY, tmp_path / "run", train_data=(images[:, :, :27].copy(), labels),
+                  classes=classes)  # fmt: skip
+    assert not [p for p in tmp_path.rglob("*") if p.is_file()]
+
+
 @pytest.mark.parametrize("conditional", [False, True])
 def test_unconditional_step_does_not_read_the_labels(conditional):
     """Reproducible mode (public noise key): one step on the same images with other labels

@@ -155,6 +155,13 @@ def test_wrong_type_names_key_and_value(tmp_path):
     assert "experiments.e.dataset: bad value 'cifar10': must be one of mnist, fmnist" in message
 
 
+@pytest.mark.parametrize("value", [".nan", ".inf"])
+def test_a_value_that_is_no_finite_number_names_its_file(tmp_path, value):
+    """YAML's .nan, unequal to itself, is still traced to the file that holds it."""
+    path = with_experiment(tmp_path, f"sigma: {value}")
+    assert error_of(path).startswith(f"{path}: experiments.e.sigma: bad value")
+
+
 @pytest.mark.parametrize("sigma", [0, -1.5])
 def test_sigma_must_be_positive(tmp_path, sigma):
     message = error_of(with_experiment(tmp_path, f"sigma: {sigma}"))

@@ -140,6 +140,13 @@ def test_bad_settings_name_their_key(settings, key):
         make_experiment("bad", method="dpmerf", **{"steps": 5, **settings})
 
 
+def test_a_bandwidth_whose_frequencies_overflow_is_refused():
+    """b = 1e-300 passes the schema (> 0), but 1/√b overflows float32: refused before the
+    release instead of a generator of NaNs."""
+    with pytest.raises(ValueError, match="rff_bandwidth 1e-300 is too small"):
+        random_frequencies(4, 8, 1e-300, 0, "x", torch.device("cpu"))
+
+
 def _digits(size: int = 28) -> tuple[np.ndarray, np.ndarray]:
     from sklearn.datasets import load_digits
 

@@ -177,6 +177,17 @@ def test_experiment_carries_its_dataset_definition(digits_folder) -> None:
         ({"d": {"path": "x.npz"}}, "d", "datasets.d.classes: an .npz dataset needs its class list"),
         ({"mnist": {"path": "x"}}, "mnist", "datasets.mnist: bad name 'mnist'"),
         ({"d": {"path": "x", "image_size": 48}}, "d", "datasets.d.image_size: bad value 48"),
+        # a class name is a folder name (sample files, PNG folders): refused before training
+        (
+            {"d": {"path": "x", "classes": ["a/b", "c"]}},
+            "d",
+            "datasets.d.classes: bad value: class name 'a/b' is not usable as a folder name",
+        ),
+        (
+            {"d": {"path": "x.npz", "classes": ["a", ".."]}},
+            "d",
+            "datasets.d.classes: bad value: class name '..'",
+        ),
     ],
 )
 def test_config_errors_name_the_key(datasets, dataset, message) -> None:
@@ -215,6 +226,9 @@ def _bad_folder(tmp_path: Path, case: str) -> tuple[Path, Path, dict]:
     if case == "undeclared class":
         _png(root / "z" / "0.png")
         return root, root / "z", {**settings, "classes": ["a"]}
+    if case == "16-bit resized":  # PIL would clip its pixels to 0..255, not scale them
+        _png(root / "a" / "9.png", mode="I;16")
+        return root, root / "a" / "9.png", {**settings, "resize": True}
     if case == "corrupt":
         (root / "a" / "5.png").write_bytes(b"\x89PNG not really")
         return root, root / "a" / "5.png", settings
@@ -249,6 +263,7 @@ def _bad_npz(tmp_path: Path, case: str) -> tuple[Path, Path, dict]:
         "empty class",
         "mixed sizes",
         "mixed modes",
+        "16-bit resized",
         "undeclared class",
         "corrupt",
         "truncated",
@@ -272,6 +287,7 @@ def test_bad_input_is_one_line_naming_the_file(tmp_path, run_cli, capsys, case) 
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1, err
     assert str(named) in err, err
+    assert "allow_pickle" not in err, err  # no unsafe way out is offered
     assert not list(root.glob("digits*/train.npz"))
 
 

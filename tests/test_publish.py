@@ -469,6 +469,41 @@ def test_public_noise_seed_needs_the_flag(tmp_path, prepared_mnist, mnist, fid_w
     assert summary["no_guarantee"] == ["dp_a", "dp_b"]
 
 
+#: Release folders that cannot hold a release: (how the folder is made, what the refusal says).
+BAD_OUTS = {
+    "a link to an empty folder": ("link", "symbolic link"),
+    "a dangling link": ("dangling", "symbolic link"),
+    "a path under a file": ("file", "not a folder"),
+    "inside a DP folder": ("dp", "inside the run folder"),
+    "inside the run folder": ("run", "inside the run folder"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_OUTS))
+def test_a_release_folder_that_cannot_hold_the_release_is_refused(run, tmp_path, capsys, case):
+    """One line naming --out, and nothing written: a link would be replaced or refuse the
+    rename; a publish folder inside the run is a file no rule writes there, so it would
+    refuse every later release of the run."""
+    config, root = run
+    how, words = BAD_OUTS[case]
+    before = sorted(p.relative_to(root) for p in root.rglob("*"))
+    out = {"link": tmp_path / "link", "dangling": tmp_path / "dangling",
+           "file": tmp_path / "afile" / "sub", "dp": root / "dp_a" / "pub",
+           "run": root / "pub"}[how]  # fmt: skip
+    if how == "link":
+        (tmp_path / "empty").mkdir()
+        out.symlink_to(tmp_path / "empty", target_is_directory=True)
+    elif how == "dangling":
+        out.symlink_to(tmp_path / "nowhere")
+    elif how == "file":
+        out.parent.write_text("a file")
+    _refused(_release_argv(config, root, out), capsys, str(out), words)
+    assert sorted(p.relative_to(root) for p in root.rglob("*")) == before
+    assert not list(tmp_path.glob(".*.tmp-*"))
+    if how == "link":
+        assert not any((tmp_path / "empty").iterdir())
+
+
 def test_two_identical_runs_compose_to_one_run_of_twice_the_steps():
     q, z, steps, delta = 0.01, 1.1, 300, 1e-5
     both = composed_epsilon([(q, z, steps), (q, z, steps)], delta)

@@ -373,6 +373,13 @@ def own_dataset_errors(config: dict) -> list[tuple[list, str]]:
             errors.append(
                 (at, f"bad name {name!r}: taken by a built-in dataset or a data_dir folder")
             )
+        if entry.get("classes"):  # the rule of sample files: refused before a training
+            from dpsinkhorn.fileio import check_class_names
+
+            try:
+                check_class_names(entry["classes"], "bad value")
+            except ValueError as err:
+                errors.append((at + ["classes"], str(err)))
         if str(entry["path"]).lower().endswith(".npz") and entry["classes"] is None:
             errors.append(
                 (
@@ -447,6 +454,12 @@ def _lookup(node: Any, path: Sequence) -> Any:
     return node
 
 
+def _same(a: Any, b: Any) -> bool:
+    """``a == b``, NaN equal to NaN (a YAML .nan is traced to the file that holds it)."""
+    nan = isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b)
+    return nan or a == b
+
+
 def _source_of(path: list, source: str | Sequence[PathLike], config: Mapping) -> str:
     """``<file>: <key path>``, naming the last config file that set the key to its value.
 
@@ -465,7 +478,7 @@ def _source_of(path: list, source: str | Sequence[PathLike], config: Mapping) ->
             continue
     value = _lookup(config, path)
     for file, data in reversed(loaded):
-        if value is not _MISSING and _lookup(data, path) == value:
+        if value is not _MISSING and _same(_lookup(data, path), value):
             return f"{file}: {where}"
     for file, data in reversed(loaded):
         if value is _MISSING and path and isinstance(_lookup(data, path[:-1]), dict):

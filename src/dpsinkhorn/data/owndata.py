@@ -71,6 +71,14 @@ def _to_pixels(image: Any, where: Path | str, definition: Mapping[str, Any]) -> 
     from PIL import Image
 
     size, mode = int(definition["image_size"]), _mode(int(definition["channels"]))
+    if image.mode.startswith(("I", "F")):
+        # PIL's convert() to L or RGB clips 16-bit and float pixels to 0..255 instead of
+        # scaling them: a 16-bit scan would come out mostly white. Never guessed here.
+        kind = "16/32-bit integer" if image.mode[0] == "I" else "float"
+        raise DatasetError(
+            f"{where}: mode {image.mode} ({kind} pixels), which PIL would clip to 0..255 "
+            "rather than scale; convert the images to 8 bits per channel first"
+        )
     if definition["resize"]:
         if image.mode != mode:
             image = image.convert(mode)
@@ -206,6 +214,8 @@ def _read_npz(
     """(train, test or None) of an .npz (``test_images`` / ``test_labels`` = a given test split)."""
     if not path.is_file():
         raise FileNotFoundError(f"{path}: .npz file not found")
+    if not zipfile.is_zipfile(path):  # np.load would try it as a pickle and say so
+        raise DatasetError(f"{path}: not a readable .npz (not a zip archive: np.savez writes one)")
     try:
         with np.load(path, allow_pickle=False) as data:
             arrays = {key: data[key] for key in data.files}

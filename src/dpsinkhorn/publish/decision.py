@@ -46,7 +46,8 @@ over, never published. The run's ``release_manifest.json``, when there is one, m
 report the same files, hashes and guarantees as the decision (else it is stale or
 edited: refused). :func:`release` writes the bytes :func:`decide` checked (read once, hashed,
 written) into a temporary folder, refuses if a source changed meanwhile, and renames the
-folder into place: the publish folder is the old one (absent) or the whole new one. Its
+folder into place (the publish folder: new or empty, not a link, outside the run folder,
+:func:`check_out`): the publish folder is the old one (absent) or the whole new one. Its
 ``release_manifest.json`` reports the decision (path, sha256, kind, ledgers, proof);
 ``dpsinkhorn release-manifest`` writes the same report into the run folder (the
 workflow's last step). Neither reads a manifest back.
@@ -351,11 +352,25 @@ def manifest(files: Sequence[Published], name: str | None) -> dict:
     }  # fmt: skip
 
 
-def check_out(out: str | Path) -> None:
-    """Refuse a release folder that exists and is not an empty folder."""
+def check_out(out: str | Path, run: str | Path | None = None) -> None:
+    """Refuse a release folder that exists and is not an empty folder, a symbolic link
+    (the release is renamed into place: a link would be replaced, or refuse the rename),
+    one whose parent is not a folder, and one inside the run folder (a publish folder in a
+    DP folder is a file no rule writes there: every later release would be refused)."""
     out = Path(out)
+    if out.is_symlink():
+        raise ValueError(f"{out}: is a symbolic link; give the folder itself (a new or empty one)")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ValueError(f"{out}: exists and is not an empty folder")
+    parent = out.absolute().parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ValueError(f"{out}: cannot be created ({parent} is not a folder)")
+    if run is not None and Path(run).is_dir():
+        inside = Path(os.path.realpath(out.absolute()))
+        if inside == Path(run).resolve() or Path(run).resolve() in inside.parents:
+            raise ValueError(f"{out}: inside the run folder {run}; publish outside it")
 
 
 def release(
@@ -373,7 +388,7 @@ def release(
     refuses the release. A kill leaves ``out`` as it was (absent or empty) and at most a
     hidden ``.<out>.tmp-<pid>`` folder, removed by the next release."""
     run, out = Path(run), Path(out)
-    check_out(out)
+    check_out(out, run)
     files = decide(run, folders, config, accept_no_guarantee, device, flag)
     name = config.get("run_name") if config is not None else run.name
     report = manifest(files, name)
@@ -382,7 +397,10 @@ def release(
     for stale in out.parent.glob(f".{out.name}.tmp-*"):
         shutil.rmtree(stale, ignore_errors=True)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    tmp.mkdir(parents=True)
+    try:
+        tmp.mkdir(parents=True)
+    except OSError as err:
+        raise ValueError(f"{out}: cannot write the release there ({err.strerror})") from err
     try:
         for f in files:
             fileio.write_bytes(tmp / f.path, f.data)
@@ -390,9 +408,12 @@ def release(
         for f in files:
             if f.source is not None and fileio.sha256_of(f.source) != f.source_sha256:
                 raise ValueError(f"{f.source}: changed while it was released; refusing")
-        if out.exists():
-            out.rmdir()
-        tmp.rename(out)
+        try:
+            if out.exists():
+                out.rmdir()
+            tmp.rename(out)
+        except OSError as err:
+            raise ValueError(f"{out}: cannot put the release there ({err.strerror})") from err
     finally:
         if tmp.exists():
             shutil.rmtree(tmp)
@@ -457,7 +478,9 @@ def register_cli(subparsers: argparse._SubParsersAction) -> None:
     r.add_argument("--config", nargs="+", default=["config/config.yaml"],
                    help="the run's config file(s): what is published")  # fmt: skip
     r.add_argument("--run", help="results/<run> (default: the config's results folder)")
-    r.add_argument("--out", required=True, help="a new or empty folder")
+    r.add_argument(
+        "--out", required=True, help="a new or empty folder outside the run folder, not a link"
+    )
     r.add_argument(
         "--accept-no-guarantee",
         action="store_true",
