@@ -10,6 +10,16 @@ Data and FID weights come from DPSINKHORN_DATA_MIRROR and DPSINKHORN_FID_WEIGHTS
 Takes minutes: marked ``slow`` (``pytest -m "not slow"`` skips it). The whole workflow runs
 once, in the module fixture; every test reads that run (docs/TESTING.md).
 
+Killed on the way: the run is one life of tests/killing.py. Snakemake and its jobs are killed
+at :data:`KILL_MOMENTS` moments drawn from a printed seed (the first in a DP training, the
+others spread over the jobs by a saved timing of the smoke run, tests/data/smoke_timing.json)
+and the same command is run again until it completes, as a user does after an interruption.
+The first test checks what that life left (each training counted once with one generator,
+every file whole, nothing left half-written, the release exactly the manifest's files); every
+other test reads the same run, so each also checks that nothing was lost. Without the shared
+data (downloads) the run is not killed. The slow mode that compares every file with an
+uninterrupted run is ``DPSINKHORN_KILL_SMOKE`` in tests/test_kill_anywhere.py.
+
 Sizes: what these tests check (every row, cell, file and figure present, every number
 finite and in range, reruns and the report) does not depend on how many samples each FID
 and classifier sees, so config/smoke.yaml gives them 30 (its comment says why each step
@@ -20,18 +30,23 @@ from __future__ import annotations
 
 import math
 import os
+import random
 import subprocess
 import sys
 from pathlib import Path
 
+import killing
 import pytest
-from helpers import read_csv_columns, shared_config_overrides
+from helpers import SHARED_PATHS, read_csv_columns, shared_config_overrides, shared_path
 
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[1]
 SMOKE = REPO / "config" / "smoke.yaml"
 SNAKEMAKE = Path(sys.executable).parent / "snakemake"
+#: Moments at which the smoke run is killed (module docstring); 0: not killed.
+KILL_MOMENTS = int(os.environ.get("DPSINKHORN_SMOKE_KILLS", "6"))
+KILL_SEED = int(os.environ.get("DPSINKHORN_KILL_SEED", str(random.SystemRandom().randrange(10**6))))
 OUR_ROWS = [
     "Real data",
     "Non-private Sinkhorn",
@@ -42,18 +57,23 @@ OUR_ROWS = [
 BASELINES = ["G-PATE", "DP-CGAN", "DataLens", "DP-MERF", "GS-WGAN"]
 
 
-def snakemake(workdir: Path, *args: str, timeout: int = 3600) -> subprocess.CompletedProcess:
-    """The repo's workflow on the smoke config, run in ``workdir``, inside this venv."""
+def smoke_command(workdir: Path, *args: str) -> list[str]:
+    """The command that runs the repo's workflow on the smoke config in ``workdir``."""
     overrides = shared_config_overrides()
     cmd = [str(SNAKEMAKE), "-s", str(REPO / "Snakefile"), "-d", str(workdir), *args]
     # One thread per job, so two jobs share the 2 cores: a job's start (Python and torch
     # imports, one core) overlaps the other's work (measured in docs/TESTING.md).
     cmd += ["--max-threads", "1"]
-    cmd += ["--configfile", str(SMOKE)] + (["--config", *overrides] if overrides else [])
+    return cmd + ["--configfile", str(SMOKE)] + (["--config", *overrides] if overrides else [])
+
+
+def snakemake(workdir: Path, *args: str, timeout: int = 3600) -> subprocess.CompletedProcess:
+    """The repo's workflow on the smoke config, run in ``workdir``, inside this venv."""
     env = {**os.environ, "PATH": f"{SNAKEMAKE.parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     return subprocess.run(
-        cmd, capture_output=True, text=True, env=env, timeout=timeout, stdin=subprocess.DEVNULL
-    )
+        smoke_command(workdir, *args), capture_output=True, text=True, env=env,
+        timeout=timeout, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
 
 
 def check(result: subprocess.CompletedProcess) -> str:
@@ -63,16 +83,43 @@ def check(result: subprocess.CompletedProcess) -> str:
 
 
 @pytest.fixture(scope="module")
-def workdir(tmp_path_factory) -> Path:
-    """A working folder in which the whole smoke workflow has run."""
+def killed(tmp_path_factory) -> tuple[Path, dict | None]:
+    """(a working folder in which the whole smoke workflow has run, killed at KILL_MOMENTS
+    moments and run again until it completed; that life's figure, None if not killed)."""
     workdir = tmp_path_factory.mktemp("smoke")
-    check(snakemake(workdir))
-    return workdir
+    shared = all(shared_path(var).exists() for var in SHARED_PATHS)
+    if not (KILL_MOMENTS and shared):
+        check(snakemake(workdir))
+        return workdir, None
+    killing.smoke_config(workdir)  # the config as one file, for the checks and the release
+    timing = killing.Reference.load(killing.SMOKE_TIMING, killing.Workflow.of(workdir))
+    rng = random.Random(KILL_SEED)
+    figure = killing.killed_life(workdir, KILL_MOMENTS, timing, rng, smoke_command(workdir))
+    return workdir, figure
+
+
+@pytest.fixture(scope="module")
+def workdir(killed) -> Path:
+    return killed[0]
 
 
 @pytest.fixture(scope="module")
 def results(workdir) -> Path:
     return workdir / "results" / "smoke"
+
+
+def test_the_killed_run_lost_nothing(killed, record_property):
+    """The smoke run's life (module docstring): nothing lost, every moment used. First, before
+    any test reruns a job of it."""
+    workdir, figure = killed
+    if figure is None:
+        pytest.skip("the smoke run was not killed (DPSINKHORN_SMOKE_KILLS=0 or no shared data)")
+    timing = killing.Reference.load(killing.SMOKE_TIMING, killing.Workflow.of(workdir))
+    seed = f"{KILL_SEED}; DPSINKHORN_KILL_SEED={KILL_SEED}"
+    problems, text = killing.verdict("smoke", workdir, figure, timing, seed, KILL_MOMENTS)
+    print(f"\n{text}")
+    record_property("kill_anywhere", text)
+    killing.check_life(figure, KILL_MOMENTS, problems, text)
 
 
 def test_table1_has_every_row_and_column(results):
