@@ -45,7 +45,7 @@ REPO = Path(__file__).resolve().parents[1]
 SMOKE = REPO / "config" / "smoke.yaml"
 SNAKEMAKE = Path(sys.executable).parent / "snakemake"
 #: Moments at which the smoke run is killed (module docstring); 0: not killed.
-KILL_MOMENTS = int(os.environ.get("DPSINKHORN_SMOKE_KILLS", "6"))
+KILL_MOMENTS = int(os.environ.get("DPSINKHORN_SMOKE_KILLS", "3"))
 KILL_SEED = int(os.environ.get("DPSINKHORN_KILL_SEED", str(random.SystemRandom().randrange(10**6))))
 OUR_ROWS = [
     "Real data",
