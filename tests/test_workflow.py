@@ -83,19 +83,20 @@ def check(result: subprocess.CompletedProcess) -> str:
 
 
 @pytest.fixture(scope="module")
-def killed(tmp_path_factory) -> tuple[Path, dict | None]:
+def killed(tmp_path_factory) -> tuple[Path, dict | None, killing.Reference | None]:
     """(a working folder in which the whole smoke workflow has run, killed at KILL_MOMENTS
-    moments and run again until it completed; that life's figure, None if not killed)."""
+    moments and run again until it completed; that life's figure and the timing that aimed
+    its kills, None if not killed)."""
     workdir = tmp_path_factory.mktemp("smoke")
     shared = all(shared_path(var).exists() for var in SHARED_PATHS)
     if not (KILL_MOMENTS and shared):
         check(snakemake(workdir))
-        return workdir, None
+        return workdir, None, None
     killing.smoke_config(workdir)  # the config as one file, for the checks and the release
     timing = killing.Reference.load(killing.SMOKE_TIMING, killing.Workflow.of(workdir))
     rng = random.Random(KILL_SEED)
     figure = killing.killed_life(workdir, KILL_MOMENTS, timing, rng, smoke_command(workdir))
-    return workdir, figure
+    return workdir, figure, timing
 
 
 @pytest.fixture(scope="module")
@@ -111,10 +112,9 @@ def results(workdir) -> Path:
 def test_the_killed_run_lost_nothing(killed, record_property):
     """The smoke run's life (module docstring): nothing lost, every moment used. First, before
     any test reruns a job of it."""
-    workdir, figure = killed
+    workdir, figure, timing = killed
     if figure is None:
         pytest.skip("the smoke run was not killed (DPSINKHORN_SMOKE_KILLS=0 or no shared data)")
-    timing = killing.Reference.load(killing.SMOKE_TIMING, killing.Workflow.of(workdir))
     seed = f"{KILL_SEED}; DPSINKHORN_KILL_SEED={KILL_SEED}"
     problems, text = killing.verdict("smoke", workdir, figure, timing, seed, KILL_MOMENTS)
     print(f"\n{text}")

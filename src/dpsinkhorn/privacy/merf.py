@@ -73,10 +73,11 @@ def random_frequencies(
         raise ValueError(f"rff_features must be even (cos and sin pairs), got {features}")
     check_positive("rff_bandwidth", bandwidth)
     rng = keyed_generator(public_noise_key(seed, f"merf frequencies|{name}"), "cpu")
-    w = torch.randn(features // 2, dim, generator=rng, dtype=torch.float64) / math.sqrt(bandwidth)
-    if not torch.isfinite(w.to(torch.float32)).all():  # else a NaN generator, budget spent
+    w = torch.randn(features // 2, dim, generator=rng, dtype=torch.float64)
+    w = (w / math.sqrt(bandwidth)).to(torch.float32)
+    if not torch.isfinite(w).all():  # else a NaN generator, budget spent
         raise ValueError(f"rff_bandwidth {bandwidth} is too small: frequencies overflow float32")
-    return w.to(torch.float32).to(device)
+    return w.to(device)
 
 
 def features_of(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

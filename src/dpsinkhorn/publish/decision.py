@@ -367,10 +367,8 @@ def check_out(out: str | Path, run: str | Path | None = None) -> None:
         parent = parent.parent
     if not parent.is_dir():
         raise ValueError(f"{out}: cannot be created ({parent} is not a folder)")
-    if run is not None and Path(run).is_dir():
-        inside = Path(os.path.realpath(out.absolute()))
-        if inside == Path(run).resolve() or Path(run).resolve() in inside.parents:
-            raise ValueError(f"{out}: inside the run folder {run}; publish outside it")
+    if run is not None and Path(run).is_dir() and out.resolve().is_relative_to(Path(run).resolve()):
+        raise ValueError(f"{out}: inside the run folder {run}; publish outside it")
 
 
 def release(

@@ -125,7 +125,7 @@ def load_train_data(
         )
     images, labels = train_data
     check_samples(np.asarray(images), np.asarray(labels), "train_data")
-    shape = np.asarray(images).shape
+    shape = np.shape(images)
     if shape[1] != shape[2]:  # refused before the training record counts a training
         raise ValueError(
             f"train_data: images must be square, [N,S,S] or [N,S,S,C] (S = 28, 32 or 64), "
