@@ -232,6 +232,15 @@ def _bad_folder(tmp_path: Path, case: str) -> tuple[Path, Path, dict]:
     if case == "corrupt":
         (root / "a" / "5.png").write_bytes(b"\x89PNG not really")
         return root, root / "a" / "5.png", settings
+    if case == "a val folder beside train":  # the split layout reads train/ and test/ only
+        split = tmp_path / "split"
+        split.mkdir()
+        root.rename(split / "train")
+        _png(split / "val" / "a" / "0.png")
+        return split, split / "val", settings
+    if case == "corrupt, its name with a line break":
+        (root / "a" / "bad\nname.png").write_bytes(b"\x89PNG not really")
+        return root, root / "a" / "bad\nname.png", settings
     if case == "truncated":
         data = (root / "a" / "0.png").read_bytes()
         (root / "a" / "0.png").write_bytes(data[: len(data) // 2])
@@ -267,6 +276,8 @@ def _bad_npz(tmp_path: Path, case: str) -> tuple[Path, Path, dict]:
         "undeclared class",
         "corrupt",
         "truncated",
+        "a val folder beside train",
+        "corrupt, its name with a line break",
         "npz:no labels",
         "npz:no images",
         "npz:lengths",
@@ -286,7 +297,7 @@ def test_bad_input_is_one_line_naming_the_file(tmp_path, run_cli, capsys, case) 
     assert run_cli(argv) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1, err
-    assert str(named) in err, err
+    assert str(named).replace("\n", "\\n") in err, err  # a line break in it: escaped
     assert "allow_pickle" not in err, err  # no unsafe way out is offered
     assert not list(root.glob("digits*/train.npz"))
 

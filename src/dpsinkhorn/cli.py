@@ -78,7 +78,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError, KeyError, NoSpaceError) as err:
         # Bad input (or a full disk): one clear line naming the key, file or value; no
         # traceback. Retrying cannot help (workflow/rules/train.smk retries exit 75 only).
-        print(f"dpsinkhorn {args.command}: error: {err}", file=sys.stderr)
+        # One line even when a file's name holds a line break: it is shown escaped.
+        text = str(err).replace("\r", "\\r").replace("\n", "\\n")
+        print(f"dpsinkhorn {args.command}: error: {text}", file=sys.stderr)
         return 2
 
 

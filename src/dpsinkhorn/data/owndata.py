@@ -149,6 +149,20 @@ def _read_class_folders(
     return np.stack(images), np.asarray(labels, dtype=np.int64)
 
 
+def _check_split_layout(root: Path) -> None:
+    """The split layout reads ``root/train`` and ``root/test`` only: a folder or an image
+    beside them (``val/``, ``valid/``, a stray image) is refused by name, never left out
+    without a word."""
+    for entry in sorted(root.iterdir()):
+        if entry.name.startswith(".") or entry.name in ("train", "test"):
+            continue
+        if entry.is_dir() or entry.suffix.lower() in IMAGE_EXTENSIONS:
+            raise DatasetError(
+                f"{entry}: not read: beside train/, an image folder holds only an optional "
+                "test/ (name a held-out split test/, or move this out of the folder)"
+            )
+
+
 def _read_image_folder(
     root: Path, classes: tuple[str, ...], definition: Mapping[str, Any], field: str
 ) -> tuple[Arrays, Arrays | None]:
@@ -156,6 +170,7 @@ def _read_image_folder(
     if not root.is_dir():
         raise FileNotFoundError(f"{root}: image folder not found")
     if (root / "train").is_dir():
+        _check_split_layout(root)
         train = _read_class_folders(root / "train", classes, definition, field)
         test = None
         if (root / "test").is_dir():

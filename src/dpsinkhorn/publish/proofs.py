@@ -132,7 +132,11 @@ def check_recorded(
     sha = ledger.get("content_sha256")
     same = [t for t in trained if t.get("content_sha256") == sha]
     if not same:
-        where = ", ".join(str(r) for r in records) or "no record file"
+        found = [str(r) for r in records if Path(r).is_file()]
+        missing = [str(r) for r in records if not Path(r).is_file()]
+        where = ", ".join(found) or "no record file" + (
+            f": {', '.join(missing)} does not exist" if missing else ""
+        )
         raise ValueError(
             f"{path}: no finished DP training in the training record ({where}) wrote this "
             f"folder's generator (content_sha256 {str(sha)[:12]}...); refusing a ledger that "

@@ -64,13 +64,15 @@ def declared_classes(
 
 
 def check_labels(labels: np.ndarray, class_names: Sequence[str], name: str) -> None:
-    """Refuse (ValueError naming the value) a label outside [0, len(class_names))."""
+    """Refuse (ValueError) a label outside [0, len(class_names)). The message names no
+    label value and no count of them: the labels are private, and the message reaches the
+    job's log (as ``data.owndata`` refuses an .npz's labels)."""
     labels = np.asarray(labels)
-    bad = labels[(labels < 0) | (labels >= len(class_names))]
-    if len(bad):
+    if ((labels < 0) | (labels >= len(class_names))).any():
         raise ValueError(
-            f"experiment {name}: training label {int(bad[0])} is outside the "
-            f"{len(class_names)} declared classes (labels 0..{len(class_names) - 1})"
+            f"experiment {name}: a training label is outside the {len(class_names)} declared "
+            f"classes (labels must lie in 0..{len(class_names) - 1}; no label value is shown: "
+            "the labels are private)"
         )
 
 
