@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import gzip
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -469,3 +471,17 @@ def test_weights_without_fc_give_the_same_features_and_name(
     torch.save(state, tampered)
     with pytest.raises(ValueError, match="nor its pool3 layers without fc"):
         inception.verify_weights(tampered)
+
+
+def test_pytorch_fid_is_imported_only_where_a_network_is_built():
+    """Reading FID records (``dpsinkhorn release``, ``release-manifest``) imports neither
+    pytorch-fid nor torchvision (with torch._dynamo: 2-3 s of each such process); the two
+    constants :mod:`inception` keeps for it are pytorch-fid's own."""
+    code = "import sys, dpsinkhorn.publish.decision as d; print(*map(sys.modules.__contains__, "
+    code += "('pytorch_fid', 'torchvision')))"
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert run.stdout.split() == ["False", "False"], run.stdout
+    from pytorch_fid import inception as pfi
+
+    assert inception.POOL3_BLOCK == pfi.InceptionV3.BLOCK_INDEX_BY_DIM[2048]
+    assert inception.WEIGHTS_FILE_NAME == Path(pfi.FID_WEIGHTS_URL).name

@@ -37,20 +37,22 @@ evaluation:
   batch_size: 128
 training_defaults:
   # Training is the work a deadline may split (it checkpoints); each evaluation job is not
-  # split. The non-private training (400 steps, most of the work) is longer than a split
-  # call's budget (two fifths of the uninterrupted call), so it always spans calls.
-  steps: 200
-  checkpoint_every: 50
-  log_every: 100
+  # split. The non-private training (200 steps, most of the work) starts after the DP item
+  # and is about as long as a split call's budget (two fifths of the uninterrupted call),
+  # so it spans calls (the test checks that a training stopped at a deadline).
+  steps: 50
+  checkpoint_every: 25
+  log_every: 25
   channels: [32, 16, 8]   # a small generator: the budget goes to steps, not to one step
   reproducible: true
 experiments:
   mnist_dpsinkhorn: {dataset: mnist, table1_row: paper, sigma: 1.5}
   mnist_nonprivate:
-    {dataset: mnist, table1_row: nonprivate, method: sinkhorn, batch_size: 100, steps: 400}
+    {dataset: mnist, table1_row: nonprivate, method: sinkhorn, batch_size: 100, steps: 200}
 """
-#: The DP experiment's steps in TINY (a ledger of it must say so).
+#: The DP and the non-private experiment's steps in TINY (a ledger of it must say so).
 DP_STEPS = yaml.safe_load(TINY)["training_defaults"]["steps"]
+NONPRIVATE_STEPS = yaml.safe_load(TINY)["experiments"]["mnist_nonprivate"]["steps"]
 WINDOW = """\
 configfile: tiny.yaml
 signal_grace_s: 30
@@ -189,12 +191,14 @@ def test_window_split_over_interrupted_calls_equals_one_call(tmp_path):
     parts = final_state(archive, tmp_path / "parts")
     log = (parts / "window.log").read_text()  # every call's Snakemake output, in order
     assert "Params have changed" not in log  # no call retrained what an earlier one finished
+    # a training stopped at a call's deadline (exit 75: checkpointed) and a later call resumed
+    assert "train --config window/config.yaml" in log and "exit status 75." in log
     for exp, home in (("mnist_dpsinkhorn", ""), ("mnist_nonprivate", "nonprivate/")):
         a, b = whole / "results/window" / home / exp, parts / "results/window" / home / exp
         assert (a / "generator.pt").read_bytes() == (b / "generator.pt").read_bytes(), exp
         ledger_a = json.loads((a / "privacy.json").read_text())
         ledger_b = json.loads((b / "privacy.json").read_text())
-        steps = DP_STEPS if exp == "mnist_dpsinkhorn" else 400
+        steps = DP_STEPS if exp == "mnist_dpsinkhorn" else NONPRIVATE_STEPS
         assert ledger_a["steps"] == ledger_b["steps"] == steps
         assert ledger_b.get("epsilon") == ledger_a.get("epsilon")
         assert not (b / "private_workspace").exists()  # removed when training completed

@@ -71,7 +71,8 @@ def workdir(tmp_path_factory) -> Path:
                          "resize": True},
         },
         "evaluation": {
-            "num_samples": 100, "fid_reference_size": 100, "fid_sqrtm": "eigh",
+            # 30 samples, as config/smoke.yaml: every FID and classifier still computed
+            "num_samples": 30, "fid_reference_size": 30, "fid_sqrtm": "eigh",
             "classifiers": ["logreg", "mlp", "cnn"], "logreg_max_iter": 200,
             "max_epochs": 2, "patience": 1, "batch_size": 128,
         },

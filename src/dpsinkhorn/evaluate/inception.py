@@ -14,18 +14,24 @@ import hashlib
 import os
 import weakref
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-from pytorch_fid import inception as pfi
 
 from dpsinkhorn import fileio
 from dpsinkhorn.devices import resolve_device
 from dpsinkhorn.fileio import channels_last
 from dpsinkhorn.models import cudnn_tf32
 
-POOL3_BLOCK = pfi.InceptionV3.BLOCK_INDEX_BY_DIM[2048]
-WEIGHTS_FILE_NAME = Path(pfi.FID_WEIGHTS_URL).name  # pt_inception-2015-12-05-6726825d.pth
+if TYPE_CHECKING:
+    from pytorch_fid import inception as pfi
+# pytorch-fid is imported where a network is built, not here: it imports torchvision, whose
+# import (torch._dynamo with it) costs 2-3 s of every process that only reads FID records
+# (`dpsinkhorn release`, `release-manifest`). Its two constants, checked against
+# pytorch-fid's own by tests/test_fid.py:
+POOL3_BLOCK = 3  # pytorch_fid.inception.InceptionV3.BLOCK_INDEX_BY_DIM[2048]
+WEIGHTS_FILE_NAME = "pt_inception-2015-12-05-6726825d.pth"  # the name in its FID_WEIGHTS_URL
 HOW_TO_PASS = (
     f"pass pytorch-fid's {WEIGHTS_FILE_NAME} with --weights PATH (config key 'fid_weights', "
     "make variable FID_WEIGHTS=PATH)"
@@ -170,6 +176,8 @@ def _local_inception(path: Path) -> pfi.InceptionV3:
 
 def _fid_inception_v3() -> torch.nn.Module:
     """pytorch-fid's ``fid_inception_v3`` network without its download (weights random)."""
+    from pytorch_fid import inception as pfi
+
     net = pfi._inception_v3(num_classes=1008, aux_logits=False, weights=None)
     net.Mixed_5b = pfi.FIDInceptionA(192, pool_features=32)
     net.Mixed_5c = pfi.FIDInceptionA(256, pool_features=64)
@@ -186,6 +194,8 @@ def _fid_inception_v3() -> torch.nn.Module:
 def _assemble(net: torch.nn.Module) -> pfi.InceptionV3:
     """``InceptionV3``'s pool3 blocks assembled from ``net`` as its constructor does, so
     ``InceptionV3.forward`` (resize + normalise) is reused."""
+    from pytorch_fid import inception as pfi
+
     model = pfi.InceptionV3.__new__(pfi.InceptionV3)
     torch.nn.Module.__init__(model)
     model.resize_input = True
@@ -219,6 +229,8 @@ def _assemble(net: torch.nn.Module) -> pfi.InceptionV3:
 
 def _downloaded_inception() -> pfi.InceptionV3:
     """pytorch-fid's own ``InceptionV3``: weights from the torch hub cache, else downloaded."""
+    from pytorch_fid import inception as pfi
+
     cached = hub_cache_file()
     if cached.exists():
         verify_weights(cached)  # before torch.load reads it
