@@ -56,7 +56,7 @@ temporary files the run's cleanup removed) is printed and shown in pytest's summ
 
 ``DPSINKHORN_KILL_MOMENTS=<n>`` (default 10 per life, 20 in all) is the slow mode.
 ``DPSINKHORN_KILL_SMOKE=<n>`` kills the smoke workflow itself (config/smoke.yaml: every
-Table 1, 3 and 6 row and every study, 88 jobs) at ``n`` moments in one reproducible
+Table 1, 3 and 6 row and every study, 76 jobs) at ``n`` moments in one reproducible
 life, with the same aims and checks, against an uninterrupted run of it (20 moments: 20 min
 on 2 cores in all; skipped unless set).
 """
