@@ -171,6 +171,22 @@ def test_non_square_arrays_are_refused_before_anything_is_recorded(tmp_path):
     assert not [p for p in tmp_path.rglob("*") if p.is_file()]
 
 
+@pytest.mark.parametrize("method", ["dp_sinkhorn", "dpmerf"])
+def test_a_delta_not_below_one_over_n_is_refused_before_anything_is_recorded(tmp_path, method):
+    """delta >= 1/N (here 1e-3 on 1,797 digits) lets an (epsilon, delta)-DP release carry
+    each record in the clear with probability delta: refused in one line naming the
+    experiment, before any noise is drawn or the training is recorded; just below 1/N trains."""
+    images, labels = digits(28)
+    classes = [str(d) for d in range(10)]
+    settings = {**TINY, "method": method, "delta": 1e-3}
+    with pytest.raises(ValueError, match=r"experiment custom: delta 0\.001 is not below 1/N"):
+        api.train(settings, tmp_path / "run", train_data=(images, labels), classes=classes)
+    assert not [p for p in tmp_path.rglob("*") if p.is_file()]
+    record = api.train({**settings, "delta": 0.99 / len(labels)}, tmp_path / "run",
+                       train_data=(images, labels), classes=classes)  # fmt: skip
+    assert record["delta"] * len(labels) < 1
+
+
 @pytest.mark.parametrize("conditional", [False, True])
 def test_unconditional_step_does_not_read_the_labels(conditional):
     """Reproducible mode (public noise key): one step on the same images with other labels

@@ -26,3 +26,16 @@ def check_rate(q: float) -> None:
 def check_delta(delta: float) -> None:
     if not (isinstance(delta, int | float) and math.isfinite(delta) and 0.0 < delta < 1.0):
         raise ValueError(f"delta must be in (0, 1), got {delta!r}")
+
+
+def check_delta_of_records(delta: float, num_records: int, name: str) -> None:
+    """``delta`` must be below 1/N (N = ``num_records``, public): an (ε, δ) guarantee with
+    δ ≥ 1/N also holds for a release that carries each record in the clear with
+    probability δ (on average δ·N ≥ 1 records), so it protects no one. ValueError naming
+    the experiment ``name``."""
+    if delta * num_records >= 1:
+        raise ValueError(
+            f"experiment {name}: delta {delta:g} is not below 1/N = 1/{num_records} "
+            f"({1 / num_records:.3g}): an (epsilon, delta) guarantee then allows publishing "
+            "each record in the clear with probability delta; set delta below 1/N"
+        )

@@ -37,6 +37,7 @@ import torch
 from dpsinkhorn.ot.loss import debias_size
 from dpsinkhorn.privacy.accounting import PrivacyAccountant
 from dpsinkhorn.privacy.budget import budget_of
+from dpsinkhorn.privacy.checks import check_delta_of_records
 from dpsinkhorn.privacy.mechanism import (
     PERTURBATIONS,
     ImageGradientSanitizer,
@@ -107,6 +108,7 @@ def make_private(
             raise ValueError(f"experiment {name}: non-private training needs steps")
         return PrivateRun(generator, sampler, None, None, n, n_prime, q, int(spec["steps"]))
 
+    check_delta_of_records(spec["delta"], num_records, name)
     perturbation, clipping = spec["perturbation"], spec["clipping"]
     if perturbation not in PERTURBATIONS:
         raise ValueError(

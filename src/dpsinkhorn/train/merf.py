@@ -27,6 +27,7 @@ from dpsinkhorn.config.spec import ExperimentSpec
 from dpsinkhorn.data import datasets as data
 from dpsinkhorn.models import GeneratorConfig, build_generator
 from dpsinkhorn.privacy.accounting import PrivacyAccountant
+from dpsinkhorn.privacy.checks import check_delta_of_records
 from dpsinkhorn.privacy.merf import (
     MerfRelease,
     mean_embedding,
@@ -62,6 +63,7 @@ class MerfTrainer:
         self.settings = settings = ExperimentSpec.from_dict(spec)
         num_records = len(train_images)
         check_batch_size(spec, num_records)
+        check_delta_of_records(settings.delta, num_records, settings.name)
         key = (
             public_noise_key(settings.seed, settings.name)
             if settings.reproducible
