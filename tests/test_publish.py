@@ -247,7 +247,7 @@ def test_a_ledger_its_training_did_not_write_is_refused(run, tmp_path, capsys):
     gone = _copy(root, tmp_path / "gone")  # no training record at all: said so, not named
     shutil.rmtree(gone.parent / "data" / "trainings")
     _refused(_release_argv(config, gone, tmp_path / "o"), capsys, "dp_a/privacy.json",
-             "(no record file: ", "does not exist")  # fmt: skip
+             "(no record file of this training data in ")  # fmt: skip
 
     edits = {"key": lambda x: x.update(note="records 17, 4, 9"),
              "text": lambda x: x.update(guarantee=x["guarantee"] + " 17, 4, 9")}  # fmt: skip

@@ -112,7 +112,7 @@ def test_a_finished_dp_experiment_is_not_retrained_unless_asked_and_then_counted
     (out / "generator.pt").unlink()  # as Snakemake removes a job's outputs before a rerun
     copy = trainings.finished_copy_dir(records, str(out.resolve()))
     shutil.rmtree(copy)  # without the kept copy of its release, nothing to publish again
-    with pytest.raises(trainings.RetrainRefused, match="clothes_dp.*neither settings nor data"):
+    with pytest.raises(trainings.RetrainRefused, match="clothes_dp.*not its settings"):
         _train(digits_spec, out, records)
     assert not (out / "private_workspace").exists()  # refused before anything was written
     changed = {**digits_spec, "sigma": 2.0}
@@ -239,7 +239,9 @@ def test_a_workflow_rerun_that_is_refused_keeps_the_finished_generator(tmp_path)
     images, labels = digits_arrays()
     np.savez(npz, images=images[:-50], labels=labels[:-50])
     refused = _snakemake(tmp_path, changed_file, target)
-    assert refused.returncode != 0 and "the training data (other content)" in log.read_text()
+    said = log.read_text()  # not whether the data changed: a bit of the private data
+    assert refused.returncode != 0 and "or its training data changed" in said
+    assert "the training data (other content)" not in said and record.stem not in said
     assert {name: (folder / name).read_bytes() for name in TRAINING_FILES} == kept
     plain = _snakemake(tmp_path, changed_file, target)
     assert plain.returncode != 0 and "Nothing to be done" not in plain.stderr
@@ -353,7 +355,7 @@ def test_a_training_split_over_window_calls_is_one_training_and_never_retrained(
     assert counted["epsilon_composed"] == pytest.approx(ledger["epsilon"], rel=1e-9)
     monkeypatch.chdir(third)
     (_out(loaded, third) / "generator.pt").unlink()  # a retrain from step 0 in a later call
-    with pytest.raises(trainings.RetrainRefused, match="mnist_dpsinkhorn.*neither settings"):
+    with pytest.raises(trainings.RetrainRefused, match="mnist_dpsinkhorn.*not its settings"):
         _train(spec, _out(loaded, third), records(third))
     planned = [
         ("mnist_dpsinkhorn", str(_out(loaded, third).resolve()), {**done["spec"], "sigma": 2.0})
@@ -394,8 +396,10 @@ def test_the_record_merges_per_id_whatever_events_survive(tmp_path):
     assert len(trainings.read(merged_into)) == 3
     with merged_into.open("a") as fh:
         fh.write('{"event": "finished"}\n')
-    with pytest.raises(ValueError, match=r"line 4 is not a training event"):
+    with pytest.raises(ValueError, match=r"line 4 of a record file is not a training event") as err:
         trainings.read(merged_into)
+    # named by its folder: the file's name is 64 bits of the private data's sha256
+    assert merged_into.stem not in str(err.value) and str(records) in str(err.value)
 
 
 # ------------------------------------------------- records that lost who trained (issue 39)
@@ -451,7 +455,9 @@ def test_an_unattributed_training_is_counted_and_refuses_a_retrain(tmp_path, cap
         assert cli.main([*args[:-2], out, "--no-progress"]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and "do not say which experiment" in err[0], err
-        assert record.name in err[0] and "--retrain" in err[0]
+        assert "the training record in data/trainings holds" in err[0], err
+        assert "--retrain" in err[0]
+        assert record.stem not in err[0]  # 64 bits of the private data's sha256
     assert not (tmp_path / "results/other/clothes_dp/private_workspace").exists()
     assert cli.main([*args, "--retrain"]) == 0
     runs = trainings.trainings(trainings.read(record))

@@ -108,8 +108,16 @@ def data_fingerprint(images: np.ndarray, labels: np.ndarray) -> str:
 
 
 def record_file(record_dir: str | os.PathLike, fingerprint: str) -> Path:
-    """``<record_dir>/<first 16 hex digits of the fingerprint>.jsonl``."""
+    """``<record_dir>/<first 16 hex digits of the fingerprint>.jsonl``. Its name is computed
+    from the private data: messages name :func:`shown` instead."""
     return Path(record_dir) / f"{fingerprint[:16]}.jsonl"
+
+
+def shown(path: str | os.PathLike) -> str:
+    """How a message (a log line, an error) names the record file ``path``: by its folder
+    only. The file's name is 64 bits of the training data's sha256, with which someone who
+    knows every record but one could test which the last one is."""
+    return f"the training record in {Path(path).parent}"
 
 
 def new_training_id() -> str:
@@ -162,14 +170,17 @@ def read(path: str | os.PathLike) -> list[dict]:
             try:
                 event = json.loads(line)
             except json.JSONDecodeError as err:
-                raise ValueError(f"{path}: line {number} is not JSON ({err.msg})") from None
+                raise ValueError(
+                    f"{shown(path)}: line {number} of a record file is not JSON ({err.msg})"
+                ) from None
             if not (
                 isinstance(event, dict)
                 and isinstance(event.get("training"), str)
                 and event.get("event") in EVENTS
             ):
                 raise ValueError(
-                    f"{path}: line {number} is not a training event (needs a training id "
+                    f"{shown(path)}: line {number} of a record file is not a training event "
+                    "(needs a training id "
                     f"and an event of {', '.join(EVENTS)})"
                 )
             events.append(event)
@@ -477,7 +488,7 @@ def check_retrain(
             return bool(unknown)
         done, path = unknown[0]
         raise RetrainRefused(
-            f"{out}: experiment {experiment}: the training record {path} holds "
+            f"{out}: experiment {experiment}: {shown(path)} holds "
             f"{len(unknown)} finished training(s) that may have been DP and whose events "
             f"do not say which experiment or folder trained them (training {done['training']}"
             f", finished {done.get('time', 'at an unknown time')}; a version before every "
@@ -493,11 +504,11 @@ def check_retrain(
     what = []
     if changed:
         what.append(f"settings {', '.join(changed)}")
-    if key != fingerprint[:16]:
-        what.append("the training data (other content)")
+    # Whether the training data changed is not said (key != fingerprint[:16]): a bit
+    # computed from the private data, and this message goes to a job's log.
     if not what:
         what.append(
-            "neither settings nor data: its release was removed or its inputs rewritten "
-            "(e.g. the prepared data prepared again)"
+            "not its settings: its release was removed, its inputs rewritten (e.g. the "
+            "prepared data prepared again) or its training data changed"
         )
     raise RetrainRefused(_refusal(record_dir, out, experiment, done, what))

@@ -132,13 +132,15 @@ def check_recorded(
     sha = ledger.get("content_sha256")
     same = [t for t in trained if t.get("content_sha256") == sha]
     if not same:
-        found = [str(r) for r in records if Path(r).is_file()]
-        missing = [str(r) for r in records if not Path(r).is_file()]
-        where = ", ".join(found) or "no record file" + (
-            f": {', '.join(missing)} does not exist" if missing else ""
+        # Record files are named by folder only (trainings.shown): their names are computed
+        # from the private data.
+        found = [trainings.shown(r) for r in records if Path(r).is_file()]
+        missing = sorted({str(Path(r).parent) for r in records if not Path(r).is_file()})
+        where = "; ".join(found) or "the training record (no record file" + (
+            f" of this training data in {', '.join(missing)})" if missing else ")"
         )
         raise ValueError(
-            f"{path}: no finished DP training in the training record ({where}) wrote this "
+            f"{path}: no finished DP training in {where} wrote this "
             f"folder's generator (content_sha256 {str(sha)[:12]}...); refusing a ledger that "
             "no training wrote"
         )
