@@ -112,6 +112,16 @@ def test_plan_refuses_what_can_never_fit(carried, tmp_path):
                    weights=carried["weights"], import_root=carried["root"] / "imports",
                    limit_mib=12, archive_mib=0)  # fmt: skip
     assert Path(tmp_path / "o" / "carry.json").exists() is False
+    # planned again into the same folder (a larger limit): the weights still travel, and
+    # no setup folder of an earlier, longer plan is left beside it
+    (tmp_path / "o" / "setup9").mkdir()
+    plan = plan_carry(carried["window"], tmp_path / "o", mirror=carried["mirror"],
+                      weights=carried["weights"], import_root=carried["root"] / "imports",
+                      limit_mib=64, archive_mib=0)  # fmt: skip
+    assert WEIGHTS in " ".join(h for call in plan for h in call["holds"])
+    assert sorted(p.name for p in (tmp_path / "o").iterdir()) == sorted(
+        [*(c["folder"] for c in plan), "carry.json"]
+    )
 
 
 def realistic_archive(tmp_path: Path, cap_mib: float) -> tuple[list[Path], list[str], Path]:

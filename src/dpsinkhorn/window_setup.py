@@ -234,6 +234,7 @@ def plan_carry(
     if wheels is not None:
         pieces.append(("wheels", wheels))
     stripped = dest / "work" / WEIGHTS
+    shutil.rmtree(dest / "work", ignore_errors=True)  # an earlier plan's, stopped: strip again
     for item in window["work"]:
         needs = item_needs(config, item)
         for dataset in needs["datasets"]:
@@ -288,6 +289,9 @@ def plan_carry(
         call["total_bytes"] = tree_bytes + call["bytes"] + carried[k]
     fileio.write_json(dest / PLAN, plan)
     shutil.rmtree(dest / "work", ignore_errors=True)
+    for old in dest.glob("setup*"):  # an earlier, longer plan's calls: never carried now
+        if old.is_dir() and old.name not in {c["folder"] for c in plan}:
+            shutil.rmtree(old)
     return plan
 
 
