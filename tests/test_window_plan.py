@@ -182,3 +182,64 @@ def test_evaluation_waits_for_a_call_that_can_reach_its_next_phase(tmp_path):
 def test_item_keys_are_checked(tmp_path, bad):
     with pytest.raises(ValueError, match=r"work\[0\]"):
         setup(tmp_path, f"  - {{name: a, experiments: [real_mnist], {bad}}}\n")
+
+
+WINDOWS_CONFIG = """\
+run_name: window
+data_dir: DATA
+device: cpu
+seeds: [0]
+evaluation: {num_samples: 60, fid_reference_size: 20, classifiers: [logreg]}
+training_defaults: {channels: [32, 16, 8], batch_size: 50}
+experiments:
+  mnist_dpsinkhorn: {dataset: mnist, table1_row: paper, sigma: 1.5, steps: 4200}
+  mnist_perrow: {dataset: mnist, table1_row: perrow, sigma: 1.5, steps: 4200,
+                 clipping: per_sample}
+  fmnist_dpsinkhorn: {dataset: fmnist, table1_row: paper, sigma: 1.5, steps: 4200}
+"""
+
+
+def windows_setup(tmp_path: Path) -> tuple[dict, list[dict]]:
+    """Three Table 1 trainings of 7 minutes each (4,200 steps at 10 steps/s)."""
+    (tmp_path / "c.yaml").write_text(WINDOWS_CONFIG.replace("DATA", str(tmp_path / "data")))
+    rates = [{"dataset": "mnist", "batch_size": 50, "runs": 1, "steps_per_s": 10.0,
+              "source": "test", "generator": "dcgan", "channels": [32, 16, 8]}]  # fmt: skip
+    fileio.write_json(tmp_path / "rates.json", {"rates": rates})
+    work = "  - {name: a, experiments: [mnist_dpsinkhorn]}\n"
+    (tmp_path / "w.yaml").write_text(f"configfile: c.yaml\nwork:\n{work}")
+    (tmp_path / "sets").mkdir()
+    return window.load_config([tmp_path / "c.yaml"]), rates
+
+
+def test_plan_windows_counts_trainings_that_cannot_share_an_allocation(tmp_path):
+    """A training never starts in an allocation it cannot finish in: two 7-minute trainings
+    never share 11 work minutes, so three need three allocations, however little the
+    evaluations add (the sum of the minutes, 21.3 over 11, would say two)."""
+    from dpsinkhorn.plan import plan_windows
+
+    config, rates = windows_setup(tmp_path)
+    result = plan_windows(config, rates, [], [], 0.1, 11.0)
+    assert [round(r["train_minutes"], 6) for r in result["remaining"]] == [7.0, 7.0, 7.0]
+    assert result["windows"] == 3
+    # the evaluations fill what the trainings leave (3 x 4 minutes), then more windows
+    assert plan_windows(config, rates, [], [], 4.0, 11.0)["windows"] == 3
+    assert plan_windows(config, rates, [], [], 5.0, 11.0)["windows"] == 4
+    # nothing to train (all imported): the evaluations' minutes alone
+    imported = list(config["experiments"])
+    assert plan_windows(config, rates, [], imported, 5.0, 11.0)["windows"] == 2
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [["--window-work-minutes", "0"], ["--window-work-minutes", "-3"], ["--eval-minutes", "0"],
+     ["--eval-minutes", "-5"], ["--sets", "missing"], ["--sets", "rates.json"]],
+)  # fmt: skip
+def test_plan_windows_refuses_bad_input_in_one_line(tmp_path, capsys, bad):
+    windows_setup(tmp_path)
+    args = ["plan", "--config", str(tmp_path / "c.yaml"), "--rates", str(tmp_path / "rates.json"),
+            "--windows", "--window", str(tmp_path / "w.yaml"), "--sets", str(tmp_path / "sets"),
+            "--eval-minutes", "5"]  # fmt: skip
+    bad = [bad[0], str(tmp_path / bad[1]) if bad[0] == "--sets" else bad[1]]
+    assert main([*args, *bad]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and bad[0] in err
