@@ -243,3 +243,31 @@ def test_plan_windows_refuses_bad_input_in_one_line(tmp_path, capsys, bad):
     assert main([*args, *bad]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and bad[0] in err
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [["--budget-s", "-5"], ["--budget-s", "0"], ["--budget-s", "nan"], ["--reserve-s", "-1"],
+     ["--part-mib", "0"], ["--later-s", "-60"], ["--archive-cap-mib", "0"],
+     ["--archive-in", "missing.tgz"], ["--archive-in", "cut.tgz"]],
+)  # fmt: skip
+def test_gpu_window_refuses_bad_input_in_one_line(tmp_path, capsys, bad):
+    """A bad budget, part size or cap, or an archive that is missing or cut short, is one
+    line (exit 2) before any work, and the archive a call would replace is kept."""
+    loaded, _ = setup(tmp_path, "  - {name: real, experiments: [real_mnist]}\n")
+    work = tmp_path / "work"
+    fileio.write_json(work / "results/window/kept.json", {"kept": True})
+    whole = fileio.pack(work, tmp_path / "whole.tgz", [], part_mib=15)[0].read_bytes()
+    (tmp_path / "cut.tgz").write_bytes(whole[: len(whole) // 2])
+    (tmp_path / "out.tgz").write_bytes(whole)
+    bad = [tmp_path / b if b.endswith(".tgz") else b for b in bad]
+    args = ["gpu-window", "--config", str(tmp_path / "w.yaml"), "--archive-out",
+            str(tmp_path / "out.tgz"), "--commit", "abc1234", "--device-name", "cpu (test)",
+            "--budget-s", "60", "--workdir", str(tmp_path / "w"), *map(str, bad)]  # fmt: skip
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert (
+        len(err.splitlines()) == 1 and str(bad[-1] if bad[0] == "--archive-in" else bad[0]) in err
+    )
+    assert (tmp_path / "out.tgz").read_bytes() == whole
+    assert not (tmp_path / "w" / window.STATE).exists()

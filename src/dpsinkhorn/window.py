@@ -343,6 +343,21 @@ def restore_record(config: Mapping, workdir: Path) -> list[Path]:
 # ------------------------------------------------------------------------------- CLI
 
 
+def check_numbers(args: argparse.Namespace) -> None:
+    """One-line errors for a budget, reserve, later time, part size or cap that no call can
+    work with: found before any work, not when packing (its work lost, or no archive)."""
+    if not (0 < args.budget_s < math.inf and 0 <= args.reserve_s < math.inf):
+        raise ValueError(
+            f"--budget-s {args.budget_s} --reserve-s {args.reserve_s}: give a budget larger "
+            "than 0 and a reserve of at least 0 (a budget within the reserve only packs)"
+        )
+    if not (math.isfinite(args.later_s) and args.later_s >= 0):
+        raise ValueError(f"--later-s {args.later_s}: give seconds of at least 0")
+    for flag, value in (("--part-mib", args.part_mib), ("--archive-cap-mib", args.archive_cap_mib)):
+        if value is not None and not (math.isfinite(value) and value > 0):
+            raise ValueError(f"{flag} {value}: give a number of MiB larger than 0")
+
+
 def gpu_window(args: argparse.Namespace) -> int:
     """One call: unpack, work until the deadline, pack, write the results set."""
     start = time.monotonic()
@@ -351,6 +366,7 @@ def gpu_window(args: argparse.Namespace) -> int:
 
     if args.archive_in is None and args.export_set:
         raise ValueError("--export-set needs --archive-in")
+    check_numbers(args)
     keep = args.workdir is not None
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="dpsinkhorn-window-"))
     workdir.mkdir(parents=True, exist_ok=True)
