@@ -30,6 +30,8 @@ training_defaults: {channels: [32, 16, 8]}
 experiments:
   dp_fast: {dataset: mnist, sigma: 1.5, steps: 600, batch_size: 50}
   dp_slow: {dataset: mnist, sigma: 1.5, steps: 1200, batch_size: 100}
+  dp_slow2: {dataset: mnist, sigma: 1.5, steps: 1200, batch_size: 100}
+  dp_slow3: {dataset: mnist, sigma: 1.5, steps: 1200, batch_size: 100}
   long_np: {dataset: mnist, method: sinkhorn, batch_size: 500, steps: 160000}
   real_mnist: {dataset: mnist, table1_row: real, method: real_data}
   mnist_dpsinkhorn: {dataset: mnist, table1_row: paper, sigma: 1.5, steps: 600}
@@ -106,6 +108,32 @@ def test_call_one_trains_most_cells_per_minute_first(tmp_path, monkeypatch):
         "results/window/dp_slow/privacy.json",
     ]
     assert "long_np" in state["items"]["slow"]["outcome"]
+
+
+def test_call_one_starts_no_training_that_the_earlier_ones_left_no_time_for(tmp_path, monkeypatch):
+    """Three 4-minute trainings, each of which fits the call's 10 minutes, run one after
+    another while the FID weights travel: the third would start with 2 minutes left, so it
+    is not started (the clock advances as each training takes its measured minutes)."""
+    loaded, limits = setup(tmp_path, "  - {name: a, experiments: [dp_slow]}\n"
+                                     "  - {name: b, experiments: [dp_slow2]}\n"
+                                     "  - {name: c, experiments: [dp_slow3]}\n")  # fmt: skip
+    mirror = require_shared(shared_path("DPSINKHORN_DATA_MIRROR"), "MNIST mirror")
+    now, started = [1000.0], []
+
+    def train(cmd, deadline, grace, log, cwd=None):
+        targets = cmd[cmd.index("--", cmd.index("--rerun-triggers")) + 1 :]
+        started.extend(t.split("/")[-2] for t in targets)
+        now[0] += 240 * len(targets)  # 1,200 steps at 5 steps/s each
+        return "done"
+
+    monkeypatch.setattr(window, "run_until", train)
+    monkeypatch.setattr(window, "time", type("Clock", (), {"monotonic": lambda: now[0]}))
+    work, state = tmp_path / "work", {"calls": []}
+    outcome = window.work(loaded, work, now[0] + 600,
+                          [f"data_mirror={mirror}", f"fid_weights={tmp_path / 'not-here.pth'}"],
+                          None, "1", state, tmp_path / "log", limits)  # fmt: skip
+    assert started == ["dp_slow", "dp_slow2"] and outcome == "waiting"
+    assert re.search(r"dp_slow3: 4.0 min of training, 2.0 min left", state["items"]["c"]["outcome"])
 
 
 def test_cells_exported_after_a_call_that_stops_at_its_deadline(tmp_path, monkeypatch):

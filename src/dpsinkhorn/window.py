@@ -286,6 +286,12 @@ def work(
         if time.monotonic() >= deadline:
             return "deadline"
         record = records[item["name"]]
+        left_s = deadline - time.monotonic() + limits["later_s"]  # what the ones before left
+        why = training_refusal(config, item, exp, workdir, left_s, limits)
+        if why:
+            record["outcome"] = waits[item["name"]] = f"{waits[item['name']]}; {why}"
+            held.append(item["name"])
+            continue
         ledger = training_targets(config, {**item, "experiments": [exp]})
         if run(item, record, ledger) == "deadline":
             return "deadline"
