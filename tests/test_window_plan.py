@@ -110,6 +110,24 @@ def test_call_one_trains_most_cells_per_minute_first(tmp_path, monkeypatch):
     assert "long_np" in state["items"]["slow"]["outcome"]
 
 
+def test_a_call_whose_items_wait_for_what_has_not_arrived_is_not_done(tmp_path, monkeypatch):
+    """Call 1 trains what it can while the FID weights travel; its evaluations still wait,
+    so the call ends ``waiting``, never ``done`` (the work list is not done); the same for
+    an item whose dataset has not arrived."""
+    loaded, limits = setup(tmp_path, "  - {name: fast, experiments: [dp_fast]}\n")
+    outcome, started, state = run_work(
+        tmp_path, monkeypatch, loaded, limits, 600, tmp_path / "not-here-yet.pth"
+    )
+    assert started == [["results/window/dp_fast/privacy.json"]]
+    assert outcome == "waiting" and "FID weights" in state["items"]["fast"]["outcome"]
+    loaded["overrides"] = []
+    monkeypatch.setattr(window, "run_until", lambda *a, **k: "done")
+    state = {"calls": []}
+    outcome = window.work(loaded, tmp_path / "w2", time.monotonic() + 60, [], None, "1", state,
+                          tmp_path / "log", limits)  # fmt: skip
+    assert outcome == "waiting" and "dataset mnist" in state["items"]["fast"]["outcome"]
+
+
 def test_call_one_starts_no_training_that_the_earlier_ones_left_no_time_for(tmp_path, monkeypatch):
     """Three 4-minute trainings, each of which fits the call's 10 minutes, run one after
     another while the FID weights travel: the third would start with 2 minutes left, so it

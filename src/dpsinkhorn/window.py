@@ -178,7 +178,8 @@ def work(
     limits: Mapping | None = None,
 ) -> str:
     """Run the work list until done or the deadline; returns how the call ended: ``done``,
-    ``waiting`` (what is left cannot finish in what is left of the allocation),
+    ``waiting`` (what is left cannot finish in what is left of the allocation, or needs
+    what has not arrived: a dataset, an import, the FID weights),
     ``deadline``, or ``failed:<items>`` (the list went on past them). ``limits``: ``rates``
     (measured step rates), ``later_s`` (work seconds of the allocation's later calls),
     ``start_long``.
@@ -231,6 +232,7 @@ def work(
         missing = missing_needs(config, item, mirror, workdir / config["data_dir"], weights)
         if any(not m.startswith("FID weights") for m in missing):
             record["outcome"] = "waiting: needs " + ", ".join(missing)
+            held.append(item["name"])
             continue
         try:
             import_generators(item, config, workdir, import_root, state)
@@ -241,6 +243,7 @@ def work(
             continue
         except (FileNotFoundError, ValueError) as err:  # its import source is not here yet
             record["outcome"] = f"waiting: {err}"
+            held.append(item["name"])
             continue
         if time.monotonic() >= deadline:
             return "deadline"
@@ -258,6 +261,7 @@ def work(
             record["outcome"] = waits[item["name"]] = "waiting: needs " + "; ".join(
                 [*missing, *refused]
             )
+            held.append(item["name"])
             continue
         if train:
             ledgers = training_targets(config, {**item, "experiments": train})
