@@ -112,6 +112,11 @@ def test_plan_refuses_what_can_never_fit(carried, tmp_path):
                    weights=carried["weights"], import_root=carried["root"] / "imports",
                    limit_mib=12, archive_mib=0)  # fmt: skip
     assert Path(tmp_path / "o" / "carry.json").exists() is False
+    for bad in ({"archive_mib": -16}, {"tree_bytes": -(2**20)}):  # room beyond the limit
+        with pytest.raises(ValueError, match="at least 0"):
+            plan_carry(carried["window"], tmp_path / "o", mirror=carried["mirror"],
+                       weights=carried["weights"], import_root=carried["root"] / "imports",
+                       **bad)  # fmt: skip
     # planned again into the same folder (a larger limit): the weights still travel, and
     # no setup folder of an earlier, longer plan is left beside it
     (tmp_path / "o" / "setup9").mkdir()

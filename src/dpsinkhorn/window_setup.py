@@ -216,6 +216,9 @@ def plan_carry(
     ``archive_mib`` (:func:`pack_within`)."""
     from dpsinkhorn.evaluate.inception import strip_fc
 
+    for flag, value in (("--archive-mib", archive_mib), ("--tree-bytes", tree_bytes)):
+        if not 0 <= value < float("inf"):  # less would plan calls beyond the limit
+            raise ValueError(f"{flag} {value}: give a number of at least 0")
     config = load_config([window["config_path"]])
     first = sum(p.stat().st_size for p in fileio.archive_parts(archive_in)) if archive_in else 0
     carried = [first]  # the archive each call carries: call 1's, then the cap
