@@ -30,6 +30,8 @@ training_defaults: {channels: [32, 16, 8]}
 experiments:
   dp_fast: {dataset: mnist, sigma: 1.5, steps: 600, batch_size: 50}
   dp_slow: {dataset: mnist, sigma: 1.5, steps: 1200, batch_size: 100}
+  dp_slow2: {dataset: mnist, sigma: 1.5, steps: 1200, batch_size: 100}
+  dp_slow3: {dataset: mnist, sigma: 1.5, steps: 1200, batch_size: 100}
   long_np: {dataset: mnist, method: sinkhorn, batch_size: 500, steps: 160000}
   real_mnist: {dataset: mnist, table1_row: real, method: real_data}
   mnist_dpsinkhorn: {dataset: mnist, table1_row: paper, sigma: 1.5, steps: 600}
@@ -108,6 +110,50 @@ def test_call_one_trains_most_cells_per_minute_first(tmp_path, monkeypatch):
     assert "long_np" in state["items"]["slow"]["outcome"]
 
 
+def test_a_call_whose_items_wait_for_what_has_not_arrived_is_not_done(tmp_path, monkeypatch):
+    """Call 1 trains what it can while the FID weights travel; its evaluations still wait,
+    so the call ends ``waiting``, never ``done`` (the work list is not done); the same for
+    an item whose dataset has not arrived."""
+    loaded, limits = setup(tmp_path, "  - {name: fast, experiments: [dp_fast]}\n")
+    outcome, started, state = run_work(
+        tmp_path, monkeypatch, loaded, limits, 600, tmp_path / "not-here-yet.pth"
+    )
+    assert started == [["results/window/dp_fast/privacy.json"]]
+    assert outcome == "waiting" and "FID weights" in state["items"]["fast"]["outcome"]
+    loaded["overrides"] = []
+    monkeypatch.setattr(window, "run_until", lambda *a, **k: "done")
+    state = {"calls": []}
+    outcome = window.work(loaded, tmp_path / "w2", time.monotonic() + 60, [], None, "1", state,
+                          tmp_path / "log", limits)  # fmt: skip
+    assert outcome == "waiting" and "dataset mnist" in state["items"]["fast"]["outcome"]
+
+
+def test_call_one_starts_no_training_that_the_earlier_ones_left_no_time_for(tmp_path, monkeypatch):
+    """Three 4-minute trainings, each of which fits the call's 10 minutes, run one after
+    another while the FID weights travel: the third would start with 2 minutes left, so it
+    is not started (the clock advances as each training takes its measured minutes)."""
+    loaded, limits = setup(tmp_path, "  - {name: a, experiments: [dp_slow]}\n"
+                                     "  - {name: b, experiments: [dp_slow2]}\n"
+                                     "  - {name: c, experiments: [dp_slow3]}\n")  # fmt: skip
+    mirror = require_shared(shared_path("DPSINKHORN_DATA_MIRROR"), "MNIST mirror")
+    now, started = [1000.0], []
+
+    def train(cmd, deadline, grace, log, cwd=None):
+        targets = cmd[cmd.index("--", cmd.index("--rerun-triggers")) + 1 :]
+        started.extend(t.split("/")[-2] for t in targets)
+        now[0] += 240 * len(targets)  # 1,200 steps at 5 steps/s each
+        return "done"
+
+    monkeypatch.setattr(window, "run_until", train)
+    monkeypatch.setattr(window, "time", type("Clock", (), {"monotonic": lambda: now[0]}))
+    work, state = tmp_path / "work", {"calls": []}
+    outcome = window.work(loaded, work, now[0] + 600,
+                          [f"data_mirror={mirror}", f"fid_weights={tmp_path / 'not-here.pth'}"],
+                          None, "1", state, tmp_path / "log", limits)  # fmt: skip
+    assert started == ["dp_slow", "dp_slow2"] and outcome == "waiting"
+    assert re.search(r"dp_slow3: 4.0 min of training, 2.0 min left", state["items"]["c"]["outcome"])
+
+
 def test_cells_exported_after_a_call_that_stops_at_its_deadline(tmp_path, monkeypatch):
     loaded, _ = setup(tmp_path, "  - {name: real, experiments: [real_mnist]}\n"
                                 "  - {name: dp, experiments: [mnist_dpsinkhorn]}\n")  # fmt: skip
@@ -182,3 +228,92 @@ def test_evaluation_waits_for_a_call_that_can_reach_its_next_phase(tmp_path):
 def test_item_keys_are_checked(tmp_path, bad):
     with pytest.raises(ValueError, match=r"work\[0\]"):
         setup(tmp_path, f"  - {{name: a, experiments: [real_mnist], {bad}}}\n")
+
+
+WINDOWS_CONFIG = """\
+run_name: window
+data_dir: DATA
+device: cpu
+seeds: [0]
+evaluation: {num_samples: 60, fid_reference_size: 20, classifiers: [logreg]}
+training_defaults: {channels: [32, 16, 8], batch_size: 50}
+experiments:
+  mnist_dpsinkhorn: {dataset: mnist, table1_row: paper, sigma: 1.5, steps: 4200}
+  mnist_perrow: {dataset: mnist, table1_row: perrow, sigma: 1.5, steps: 4200,
+                 clipping: per_sample}
+  fmnist_dpsinkhorn: {dataset: fmnist, table1_row: paper, sigma: 1.5, steps: 4200}
+"""
+
+
+def windows_setup(tmp_path: Path) -> tuple[dict, list[dict]]:
+    """Three Table 1 trainings of 7 minutes each (4,200 steps at 10 steps/s)."""
+    (tmp_path / "c.yaml").write_text(WINDOWS_CONFIG.replace("DATA", str(tmp_path / "data")))
+    rates = [{"dataset": "mnist", "batch_size": 50, "runs": 1, "steps_per_s": 10.0,
+              "source": "test", "generator": "dcgan", "channels": [32, 16, 8]}]  # fmt: skip
+    fileio.write_json(tmp_path / "rates.json", {"rates": rates})
+    work = "  - {name: a, experiments: [mnist_dpsinkhorn]}\n"
+    (tmp_path / "w.yaml").write_text(f"configfile: c.yaml\nwork:\n{work}")
+    (tmp_path / "sets").mkdir()
+    return window.load_config([tmp_path / "c.yaml"]), rates
+
+
+def test_plan_windows_counts_trainings_that_cannot_share_an_allocation(tmp_path):
+    """A training never starts in an allocation it cannot finish in: two 7-minute trainings
+    never share 11 work minutes, so three need three allocations, however little the
+    evaluations add (the sum of the minutes, 21.3 over 11, would say two)."""
+    from dpsinkhorn.plan import plan_windows
+
+    config, rates = windows_setup(tmp_path)
+    result = plan_windows(config, rates, [], [], 0.1, 11.0)
+    assert [round(r["train_minutes"], 6) for r in result["remaining"]] == [7.0, 7.0, 7.0]
+    assert result["windows"] == 3
+    # the evaluations fill what the trainings leave (3 x 4 minutes), then more windows
+    assert plan_windows(config, rates, [], [], 4.0, 11.0)["windows"] == 3
+    assert plan_windows(config, rates, [], [], 5.0, 11.0)["windows"] == 4
+    # nothing to train (all imported): the evaluations' minutes alone
+    imported = list(config["experiments"])
+    assert plan_windows(config, rates, [], imported, 5.0, 11.0)["windows"] == 2
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [["--window-work-minutes", "0"], ["--window-work-minutes", "-3"], ["--eval-minutes", "0"],
+     ["--eval-minutes", "-5"], ["--sets", "missing"], ["--sets", "rates.json"]],
+)  # fmt: skip
+def test_plan_windows_refuses_bad_input_in_one_line(tmp_path, capsys, bad):
+    windows_setup(tmp_path)
+    args = ["plan", "--config", str(tmp_path / "c.yaml"), "--rates", str(tmp_path / "rates.json"),
+            "--windows", "--window", str(tmp_path / "w.yaml"), "--sets", str(tmp_path / "sets"),
+            "--eval-minutes", "5"]  # fmt: skip
+    bad = [bad[0], str(tmp_path / bad[1]) if bad[0] == "--sets" else bad[1]]
+    assert main([*args, *bad]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and bad[0] in err
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [["--budget-s", "-5"], ["--budget-s", "0"], ["--budget-s", "nan"], ["--reserve-s", "-1"],
+     ["--part-mib", "0"], ["--later-s", "-60"], ["--archive-cap-mib", "0"],
+     ["--archive-in", "missing.tgz"], ["--archive-in", "cut.tgz"]],
+)  # fmt: skip
+def test_gpu_window_refuses_bad_input_in_one_line(tmp_path, capsys, bad):
+    """A bad budget, part size or cap, or an archive that is missing or cut short, is one
+    line (exit 2) before any work, and the archive a call would replace is kept."""
+    loaded, _ = setup(tmp_path, "  - {name: real, experiments: [real_mnist]}\n")
+    work = tmp_path / "work"
+    fileio.write_json(work / "results/window/kept.json", {"kept": True})
+    whole = fileio.pack(work, tmp_path / "whole.tgz", [], part_mib=15)[0].read_bytes()
+    (tmp_path / "cut.tgz").write_bytes(whole[: len(whole) // 2])
+    (tmp_path / "out.tgz").write_bytes(whole)
+    bad = [tmp_path / b if b.endswith(".tgz") else b for b in bad]
+    args = ["gpu-window", "--config", str(tmp_path / "w.yaml"), "--archive-out",
+            str(tmp_path / "out.tgz"), "--commit", "abc1234", "--device-name", "cpu (test)",
+            "--budget-s", "60", "--workdir", str(tmp_path / "w"), *map(str, bad)]  # fmt: skip
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert (
+        len(err.splitlines()) == 1 and str(bad[-1] if bad[0] == "--archive-in" else bad[0]) in err
+    )
+    assert (tmp_path / "out.tgz").read_bytes() == whole
+    assert not (tmp_path / "w" / window.STATE).exists()

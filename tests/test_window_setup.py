@@ -112,6 +112,21 @@ def test_plan_refuses_what_can_never_fit(carried, tmp_path):
                    weights=carried["weights"], import_root=carried["root"] / "imports",
                    limit_mib=12, archive_mib=0)  # fmt: skip
     assert Path(tmp_path / "o" / "carry.json").exists() is False
+    for bad in ({"archive_mib": -16}, {"tree_bytes": -(2**20)}):  # room beyond the limit
+        with pytest.raises(ValueError, match="at least 0"):
+            plan_carry(carried["window"], tmp_path / "o", mirror=carried["mirror"],
+                       weights=carried["weights"], import_root=carried["root"] / "imports",
+                       **bad)  # fmt: skip
+    # planned again into the same folder (a larger limit): the weights still travel, and
+    # no setup folder of an earlier, longer plan is left beside it
+    (tmp_path / "o" / "setup9").mkdir()
+    plan = plan_carry(carried["window"], tmp_path / "o", mirror=carried["mirror"],
+                      weights=carried["weights"], import_root=carried["root"] / "imports",
+                      limit_mib=64, archive_mib=0)  # fmt: skip
+    assert WEIGHTS in " ".join(h for call in plan for h in call["holds"])
+    assert sorted(p.name for p in (tmp_path / "o").iterdir()) == sorted(
+        [*(c["folder"] for c in plan), "carry.json"]
+    )
 
 
 def realistic_archive(tmp_path: Path, cap_mib: float) -> tuple[list[Path], list[str], Path]:
@@ -172,3 +187,35 @@ def test_three_call_window_carries_call_one_archive_beside_the_weights(carried, 
     assert not any(k.startswith("inductor-cache") for k in kept)
     assert "results/paper/real_mnist/fid_seed0.json" in kept
     assert any(k.endswith("checkpoint.pt") for k in kept)
+
+
+def test_an_archive_packed_again_is_never_lost_half_way(tmp_path, monkeypatch):
+    """Packing the archive again (parts) while the disk fills on its second part leaves the
+    last archive whole, not its first part alone: the parts are written in full before any
+    old file is replaced. An archive of fewer parts leaves no stale part behind."""
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "a.bin").write_bytes(random.Random(0).randbytes(3 * 2**20))  # incompressible
+    old = fileio.pack(work, tmp_path / "state.tgz", [], part_mib=1)
+    assert len(old) == 4
+    (work / "b.bin").write_bytes(random.Random(1).randbytes(2**20))
+    real_write, written = fileio._write_synced, []
+
+    def full_on_second(tmp, payload):
+        written.append(tmp)
+        if len(written) == 2:
+            raise OSError(28, "No space left on device")
+        real_write(tmp, payload)
+
+    monkeypatch.setattr(fileio, "_write_synced", full_on_second)
+    with pytest.raises(fileio.NoSpaceError):
+        fileio.pack(work, tmp_path / "state.tgz", [], part_mib=1)
+    monkeypatch.setattr(fileio, "_write_synced", real_write)
+    fileio.unpack(tmp_path / "state.tgz", tmp_path / "back")
+    assert sorted(p.name for p in (tmp_path / "back").iterdir()) == ["a.bin"]  # the last one
+    assert sorted(p for p in tmp_path.iterdir() if p.is_file()) == old  # no temporary left
+    (work / "a.bin").unlink()
+    assert fileio.pack(work, tmp_path / "state.tgz", [], part_mib=1) == old[:2]
+    assert sorted(tmp_path.glob("state.tgz*")) == old[:2]
+    with pytest.raises(ValueError, match="part"):
+        fileio.pack(work, tmp_path / "state.tgz", [], part_mib=0)

@@ -351,7 +351,7 @@ def unpack(archive: str | Path, workdir: Path) -> None:
         try:
             with tarfile.open(joined, "r:gz") as tar:
                 tar.extractall(workdir, filter="data")
-        except (tarfile.TarError, OSError) as err:
+        except (tarfile.TarError, OSError, EOFError, zlib.error) as err:
             raise ValueError(f"{archive}: not a readable tar.gz archive ({err})") from None
 
 
@@ -367,6 +367,8 @@ def pack(
     MiB when it is larger. Returns the files written (old parts of the same name are
     removed). Patterns are ``fnmatch``'s, on paths relative to ``workdir``."""
     archive = Path(archive)
+    if not part_mib > 0:
+        raise ValueError(f"{archive}: parts of at most {part_mib} MiB: give more than 0")
     archive.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(dir=archive.parent, prefix=f".{archive.name}.")
     os.close(fd)
@@ -378,18 +380,18 @@ def pack(
                 left_out = _excluded(rel, exclude) and not _excluded(rel, keep)
                 if path.is_file() and not path.is_symlink() and not left_out:
                     tar.add(path, arcname=rel, recursive=False)
-        for old in [archive, *archive.parent.glob(archive.name + ".part[0-9][0-9][0-9]")]:
-            old.unlink(missing_ok=True)
-        limit = int(part_mib * 2**20)
+        old = sorted(archive.parent.glob(archive.name + ".part[0-9][0-9][0-9]"))
+        limit = max(1, int(part_mib * 2**20))
         if tmp.stat().st_size <= limit:
-            os.replace(tmp, archive)
+            os.replace(tmp, archive)  # read before any part (archive_parts): then drop them
+            for path in old:
+                path.unlink()
             return [archive]
-        written = []
-        with open(tmp, "rb") as fh:
-            for k, chunk in enumerate(iter(lambda: fh.read(limit), b"")):
-                part = archive.parent / f"{archive.name}.part{k:03d}"
-                write_bytes(part, chunk)
-                written.append(part)
+        with open(tmp, "rb") as fh:  # every part in full before any old file goes
+            chunks = list(iter(lambda: fh.read(limit), b""))
+        written = [archive.parent / f"{archive.name}.part{k:03d}" for k in range(len(chunks))]
+        stale = [archive, *(p for p in old if p not in written)]
+        write_all(list(zip(written, chunks, strict=True)), remove_first=stale)
         return written
     finally:
         tmp.unlink(missing_ok=True)

@@ -302,10 +302,16 @@ def plan_windows(
     and one evaluation (``eval_minutes``: the measured whole evaluation of one generator).
 
     Work that fits one allocation (``work_minutes``: each training no longer, and each
-    evaluation) is summed and divided by ``work_minutes``, rounded up: the windows. A longer
+    evaluation) is counted in windows: a training is never split over allocations (the
+    window does not start one it cannot finish), so the trainings are packed first fit,
+    longest first, into windows of ``work_minutes``; the evaluations (resumed after their
+    saved phases) fill what the trainings leave, then further windows. A longer
     training is listed apart (``cluster``: it needs a cluster or longer GPU time; the
     window never starts it unless asked for), its evaluation still counted in a window. An
     experiment without a measured rate for its shape is listed apart, never guessed."""
+    for flag, value in (("--eval-minutes", eval_minutes), ("--window-work-minutes", work_minutes)):
+        if not (math.isfinite(value) and value > 0):
+            raise ValueError(f"{flag} must be a number of minutes > 0, got {value}")
     rows, cluster, unmeasured = [], [], []
     for exp in remaining_table1(config, sets):
         train = 0.0 if exp in trained else training_minutes(config, rates, exp)
@@ -319,6 +325,15 @@ def plan_windows(
             cluster.append(row)
     minutes = sum(r["train_minutes"] + r["eval_minutes"] for r in rows)
     minutes += sum(r["eval_minutes"] for r in cluster)  # its evaluation fits a window
+    filled: list[float] = []  # training minutes of each window, first fit, longest first
+    for train in sorted((r["train_minutes"] for r in rows if r["train_minutes"]), reverse=True):
+        k = next((k for k, used in enumerate(filled) if used + train <= work_minutes), None)
+        if k is None:
+            filled.append(train)
+        else:
+            filled[k] += train
+    # the evaluations' minutes beyond what the trainings' windows leave (to a microminute)
+    more = round(minutes - len(filled) * work_minutes, 6)
     return {
         "remaining": rows,
         "cluster": cluster,
@@ -326,7 +341,7 @@ def plan_windows(
         "minutes": minutes,
         "cluster_train_minutes": sum(r["train_minutes"] for r in cluster),
         "work_minutes_per_window": work_minutes,
-        "windows": math.ceil(minutes / work_minutes) if minutes else 0,
+        "windows": len(filled) + (math.ceil(more / work_minutes) if more > 0 else 0),
     }
 
 
@@ -352,9 +367,11 @@ def _windows_cli(args: argparse.Namespace, config: Mapping) -> int:
     from dpsinkhorn.window_setup import load_window
 
     path = rates_file(config) if args.rates == FROM_CONFIG else args.rates
+    if not Path(args.sets).is_dir():
+        raise ValueError(f"--sets {args.sets}: not a folder of results sets")
     sets = sorted(p for p in Path(args.sets).iterdir() if p.is_dir())
     trained = [e for i in load_window(args.window)["work"] for e in i["import"]]
-    eval_minutes = args.eval_minutes or measured_eval_minutes(sets)
+    eval_minutes = measured_eval_minutes(sets) if args.eval_minutes is None else args.eval_minutes
     result = plan_windows(
         config, load_rates(path), sets, trained, eval_minutes, args.window_work_minutes
     )

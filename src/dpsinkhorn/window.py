@@ -178,7 +178,8 @@ def work(
     limits: Mapping | None = None,
 ) -> str:
     """Run the work list until done or the deadline; returns how the call ended: ``done``,
-    ``waiting`` (what is left cannot finish in what is left of the allocation),
+    ``waiting`` (what is left cannot finish in what is left of the allocation, or needs
+    what has not arrived: a dataset, an import, the FID weights),
     ``deadline``, or ``failed:<items>`` (the list went on past them). ``limits``: ``rates``
     (measured step rates), ``later_s`` (work seconds of the allocation's later calls),
     ``start_long``.
@@ -231,6 +232,7 @@ def work(
         missing = missing_needs(config, item, mirror, workdir / config["data_dir"], weights)
         if any(not m.startswith("FID weights") for m in missing):
             record["outcome"] = "waiting: needs " + ", ".join(missing)
+            held.append(item["name"])
             continue
         try:
             import_generators(item, config, workdir, import_root, state)
@@ -241,6 +243,7 @@ def work(
             continue
         except (FileNotFoundError, ValueError) as err:  # its import source is not here yet
             record["outcome"] = f"waiting: {err}"
+            held.append(item["name"])
             continue
         if time.monotonic() >= deadline:
             return "deadline"
@@ -258,6 +261,7 @@ def work(
             record["outcome"] = waits[item["name"]] = "waiting: needs " + "; ".join(
                 [*missing, *refused]
             )
+            held.append(item["name"])
             continue
         if train:
             ledgers = training_targets(config, {**item, "experiments": train})
@@ -286,6 +290,12 @@ def work(
         if time.monotonic() >= deadline:
             return "deadline"
         record = records[item["name"]]
+        left_s = deadline - time.monotonic() + limits["later_s"]  # what the ones before left
+        why = training_refusal(config, item, exp, workdir, left_s, limits)
+        if why:
+            record["outcome"] = waits[item["name"]] = f"{waits[item['name']]}; {why}"
+            held.append(item["name"])
+            continue
         ledger = training_targets(config, {**item, "experiments": [exp]})
         if run(item, record, ledger) == "deadline":
             return "deadline"
@@ -343,6 +353,21 @@ def restore_record(config: Mapping, workdir: Path) -> list[Path]:
 # ------------------------------------------------------------------------------- CLI
 
 
+def check_numbers(args: argparse.Namespace) -> None:
+    """One-line errors for a budget, reserve, later time, part size or cap that no call can
+    work with: found before any work, not when packing (its work lost, or no archive)."""
+    if not (0 < args.budget_s < math.inf and 0 <= args.reserve_s < math.inf):
+        raise ValueError(
+            f"--budget-s {args.budget_s} --reserve-s {args.reserve_s}: give a budget larger "
+            "than 0 and a reserve of at least 0 (a budget within the reserve only packs)"
+        )
+    if not (math.isfinite(args.later_s) and args.later_s >= 0):
+        raise ValueError(f"--later-s {args.later_s}: give seconds of at least 0")
+    for flag, value in (("--part-mib", args.part_mib), ("--archive-cap-mib", args.archive_cap_mib)):
+        if value is not None and not (math.isfinite(value) and value > 0):
+            raise ValueError(f"{flag} {value}: give a number of MiB larger than 0")
+
+
 def gpu_window(args: argparse.Namespace) -> int:
     """One call: unpack, work until the deadline, pack, write the results set."""
     start = time.monotonic()
@@ -351,6 +376,7 @@ def gpu_window(args: argparse.Namespace) -> int:
 
     if args.archive_in is None and args.export_set:
         raise ValueError("--export-set needs --archive-in")
+    check_numbers(args)
     keep = args.workdir is not None
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="dpsinkhorn-window-"))
     workdir.mkdir(parents=True, exist_ok=True)

@@ -216,6 +216,9 @@ def plan_carry(
     ``archive_mib`` (:func:`pack_within`)."""
     from dpsinkhorn.evaluate.inception import strip_fc
 
+    for flag, value in (("--archive-mib", archive_mib), ("--tree-bytes", tree_bytes)):
+        if not 0 <= value < float("inf"):  # less would plan calls beyond the limit
+            raise ValueError(f"{flag} {value}: give a number of at least 0")
     config = load_config([window["config_path"]])
     first = sum(p.stat().st_size for p in fileio.archive_parts(archive_in)) if archive_in else 0
     carried = [first]  # the archive each call carries: call 1's, then the cap
@@ -234,6 +237,7 @@ def plan_carry(
     if wheels is not None:
         pieces.append(("wheels", wheels))
     stripped = dest / "work" / WEIGHTS
+    shutil.rmtree(dest / "work", ignore_errors=True)  # an earlier plan's, stopped: strip again
     for item in window["work"]:
         needs = item_needs(config, item)
         for dataset in needs["datasets"]:
@@ -288,6 +292,9 @@ def plan_carry(
         call["total_bytes"] = tree_bytes + call["bytes"] + carried[k]
     fileio.write_json(dest / PLAN, plan)
     shutil.rmtree(dest / "work", ignore_errors=True)
+    for old in dest.glob("setup*"):  # an earlier, longer plan's calls: never carried now
+        if old.is_dir() and old.name not in {c["folder"] for c in plan}:
+            shutil.rmtree(old)
     return plan
 
 
