@@ -162,6 +162,114 @@ def test_a_value_that_is_no_finite_number_names_its_file(tmp_path, value):
     assert error_of(path).startswith(f"{path}: experiments.e.sigma: bad value")
 
 
+@pytest.mark.parametrize(
+    ("text", "where"),
+    [
+        ("experiments:\n  e: {dataset: mnist, betas: [.nan, 0.9]}\n", "experiments.e.betas.0"),
+        (
+            "training_defaults: {lr: .nan}\nexperiments:\n  e: {dataset: mnist}\n",
+            "training_defaults.lr",
+        ),
+        (
+            "datasets: {d: {path: x, test_fraction: .nan}}\nexperiments:\n  e: {dataset: d}\n",
+            "datasets.d.test_fraction",
+        ),
+        (
+            "experiments:\n  e: {dataset: mnist}\nstudies:\n  fig4c:\n    bases: [e]\n"
+            "    cells: {a: {p: 0.5}}\n    p_values: [0, 1, .nan]\n",
+            "studies.fig4c.p_values.2",
+        ),
+    ],
+)
+def test_no_finite_number_is_refused_at_any_depth(tmp_path, text, where):
+    """YAML's .nan and .inf pass the schema's bounds wherever they are (a list's item, a
+    dataset, a study): each is refused naming its file and key."""
+    path = write(tmp_path, text)
+    assert error_of(path) == f"{path}: {where}: bad value nan: must be a finite number"
+
+
+@pytest.mark.parametrize(
+    ("text", "where"),
+    [
+        ("experiments:\n  e: {dataset: mnist, steps: 1000.0}\n", "experiments.e.steps"),
+        ("seeds: [0.0, 1]\nexperiments:\n  e: {dataset: mnist}\n", "seeds.0"),
+        (
+            "evaluation: {num_samples: 100.0}\nexperiments:\n  e: {dataset: mnist}\n",
+            "evaluation.num_samples",
+        ),
+    ],
+)
+def test_an_integer_key_takes_no_float(tmp_path, text, where):
+    """JSON Schema's integer also takes 1000.0, which training refused without naming the
+    file, and which a seed would carry into file names (samples_seed0.0.npz)."""
+    path = write(tmp_path, text)
+    assert error_of(path).startswith(f"{path}: {where}: bad value ")
+    assert "must be of type integer" in error_of(path)
+
+
+@pytest.mark.parametrize(
+    ("text", "where"),
+    [
+        ("experiments:\n  1: {dataset: mnist}\n", "experiments.1: bad name 1"),
+        (
+            "datasets: {yes: {path: x}}\nexperiments:\n  e: {dataset: mnist}\n",
+            "datasets.True: bad name True",
+        ),
+        (
+            "datasets: [a]\nexperiments:\n  e: {dataset: mnist}\n",
+            "datasets: bad value ['a']: must be of type object",
+        ),
+    ],
+)
+def test_keys_that_are_no_text_and_sections_that_are_no_mapping(tmp_path, capsys, text, where):
+    """A name YAML reads as a number or a boolean, or a list for a section, is one line
+    naming the file and the key (exit 2), not a traceback."""
+    path = write(tmp_path, text)
+    from dpsinkhorn import cli
+
+    assert cli.main(["targets", "all", "--config", str(path)]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"dpsinkhorn targets: error: {path}: {where}")
+
+
+def test_an_error_names_the_file_of_a_list_item_a_default_or_a_study(tmp_path):
+    """Keys that no file spells out (an item of a list, a key filled from the schema's
+    defaults, an experiment made by a study) are traced to the file, not to --config."""
+    path = write(
+        tmp_path, "datasets: {d: {path: x, classes: [a, '']}}\nexperiments:\n  e: {dataset: d}\n"
+    )
+    assert error_of(path).startswith(f"{path}: datasets.d.classes.1: bad value ''")
+    path = write(tmp_path, "datasets: {d: {path: x.npz}}\nexperiments:\n  e: {dataset: d}\n")
+    assert error_of(path).startswith(f"{path}: datasets.d.classes: an .npz dataset needs")
+    path = write(tmp_path, "datasets: {mnist: {path: x}}\nexperiments:\n  e: {dataset: mnist}\n")
+    assert error_of(path).startswith(f"{path}: datasets.mnist: bad name 'mnist'")
+    path = write(
+        tmp_path,
+        "experiments:\n  e: {dataset: mnist}\n"
+        "studies:\n  fig5: {bases: [e], vary: {sigmaa: [1.0]}}\n",
+    )
+    message = error_of(path)
+    assert message.startswith(f"{path}: experiments.fig5_sigmaa1.sigmaa: unknown key")
+    assert message.endswith("(an experiment made by studies.fig5)")
+
+
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [
+        (b"a: [\n", "not valid YAML (line 2, column 1: expected the node content"),
+        (bytes(range(256)), "not valid YAML (not UTF-8 text: byte 128)"),
+    ],
+)
+def test_a_file_that_is_no_yaml_is_one_line(tmp_path, capsys, content, problem):
+    path = tmp_path / "c.yaml"
+    path.write_bytes(content)
+    from dpsinkhorn import cli
+
+    assert cli.main(["targets", "all", "--config", str(path)]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"dpsinkhorn targets: error: {path}: {problem}") and "\\n" not in line
+
+
 @pytest.mark.parametrize("sigma", [0, -1.5])
 def test_sigma_must_be_positive(tmp_path, sigma):
     message = error_of(with_experiment(tmp_path, f"sigma: {sigma}"))

@@ -102,14 +102,23 @@ def read_yaml(path: PathLike) -> dict:
     if not path.is_file():
         raise FileNotFoundError(f"config file not found: {path}")
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path}: not valid YAML (not UTF-8 text: byte {err.start})") from err
     except yaml.YAMLError as err:
-        raise ValueError(f"{path}: not valid YAML ({err})") from err
+        raise ValueError(f"{path}: not valid YAML ({_yaml_problem(err)})") from err
     if data is None:
         return {}
     if not isinstance(data, dict):
         raise ValueError(f"{path}: must hold a mapping of keys, got {type(data).__name__}")
     return data
+
+
+def _yaml_problem(err: yaml.YAMLError) -> str:
+    """One line: where the YAML parser stopped, and why."""
+    mark = getattr(err, "problem_mark", None)
+    problem = getattr(err, "problem", None) or " ".join(str(err).split())
+    return f"line {mark.line + 1}, column {mark.column + 1}: {problem}" if mark else problem
 
 
 def _as_paths(paths: Sequence[PathLike] | PathLike) -> list[Path]:
@@ -143,37 +152,90 @@ def validate(config: Mapping, source: str | Sequence[PathLike] = "config") -> di
     came from the command line and are reported as ``--config``).
     """
     filled = copy.deepcopy(dict(config))
-    _fill_defaults(filled, load_schema())
-    for entry in (filled.get("datasets") or {}).values():  # own datasets: under patternProperties
-        if isinstance(entry, dict):
-            _fill_defaults(entry, load_schema()["$defs"]["own_dataset"])
-    messages = _schema_errors(filled)
+    # Keys that are no text (YAML's `1:`, `yes:`) and values that are no finite number
+    # (YAML's .nan and .inf pass the schema's bounds) are refused wherever they are.
+    messages = _key_errors(filled) + _non_finite_errors(filled)
+    made: dict[str, str] = {}  # experiment made by a study -> that study
+    if not messages:
+        _fill_defaults(filled, load_schema())
+        datasets = filled.get("datasets")
+        for entry in datasets.values() if isinstance(datasets, dict) else ():
+            if isinstance(entry, dict):  # own datasets: under patternProperties
+                _fill_defaults(entry, load_schema()["$defs"]["own_dataset"])
+        messages = _schema_errors(filled)
     if not messages and filled.get("studies"):
         # Each study cell becomes an experiment, checked like any other (dpsinkhorn.config.studies).
         try:
+            made = {
+                name: study
+                for study, cells in studies.plan_cells(filled)[0].items()
+                for name in {cell.experiment for cell in cells} - set(filled["experiments"])
+            }
             studies.expand(filled)
         except ValueError as err:
             where, _, message = str(err).partition(": ")
             messages = [(where.split("."), message)]
         if not messages:
             messages = [
-                (path, f"{message} (an experiment made by studies)")
+                (path, f"{message} (an experiment made by studies.{made.get(path[1], '')})")
                 for path, message in _schema_errors(filled)
             ]
     if not messages:
         messages = _semantic_errors(filled)
     if messages:
-        lines = [f"{_source_of(path, source, filled)}: {msg}" for path, msg in messages]
+        lines = []
+        for path, msg in messages:
+            # An experiment made by a study is in no file: name the file of that study.
+            study = made.get(path[1]) if path[:1] == ["experiments"] and len(path) > 1 else None
+            file = _file_of(["studies", study] if study else path, source, filled)
+            lines.append(f"{file}: {_dotted(path)}: {msg}")
         raise ValueError("\n".join(lines))
     filled["data_mirror"] = normal_mirror(filled.get("data_mirror"))
     return filled
 
 
+def _key_errors(node: Any, path: list | None = None) -> list[tuple[list, str]]:
+    """A key that is no text (YAML reads ``1:`` as a number, ``yes:`` as true), at any depth."""
+    path = path or []
+    if isinstance(node, list):
+        return [e for i, item in enumerate(node) for e in _key_errors(item, path + [i])]
+    if not isinstance(node, dict):
+        return []
+    errors = []
+    for key, value in node.items():
+        if not isinstance(key, str):
+            errors.append((path + [key], f"bad name {key!r}: a key must be text (quote it)"))
+        else:
+            errors += _key_errors(value, path + [key])
+    return errors
+
+
+def _non_finite_errors(node: Any, path: list | None = None) -> list[tuple[list, str]]:
+    """A number that is not finite (YAML's .nan, .inf), at any depth."""
+    path = path or []
+    if isinstance(node, float) and not math.isfinite(node):
+        return [(path, f"bad value {node!r}: must be a finite number")]
+    if not isinstance(node, dict | list):
+        return []
+    items = node.items() if isinstance(node, dict) else enumerate(node)
+    return [e for key, value in items for e in _non_finite_errors(value, path + [key])]
+
+
+@functools.cache
+def _validator_class() -> type:
+    """The schema's validator, where an integer is an int: JSON Schema also takes 1000.0,
+    which later fails as a step count or makes a file ``samples_seed0.0.npz``."""
+    base = jsonschema.validators.validator_for(load_schema())
+    checker = base.TYPE_CHECKER.redefine(
+        "integer", lambda _, value: isinstance(value, int) and not isinstance(value, bool)
+    )
+    return jsonschema.validators.extend(base, type_checker=checker)
+
+
 def _schema_errors(config: dict) -> list[tuple[list, str]]:
     """(key path, message) of every schema violation, in key order."""
-    validator_cls = jsonschema.validators.validator_for(load_schema())
     errors = sorted(
-        validator_cls(load_schema()).iter_errors(config),
+        _validator_class()(load_schema()).iter_errors(config),
         key=lambda e: [str(p) for p in e.absolute_path],
     )
     return [_describe(error) for error in errors]
@@ -278,9 +340,6 @@ def _semantic_errors(config: dict) -> list[tuple[list, str]]:
                     f"bad value {exp['dataset']!r}: must be one of {', '.join(known)}",
                 )
             )
-        for key, value in exp.items():  # YAML's .nan / .inf pass the schema's bounds
-            if isinstance(value, float) and not math.isfinite(value):
-                errors.append((at + [key], f"bad value {value!r}: must be a finite number"))
         if method != "real_data":
             if exp["sigma"] is None and exp["steps"] is None:
                 errors.append((at + ["sigma"], "sigma and steps are both null; give at least one"))
@@ -447,10 +506,14 @@ def setting_source(files: Sequence[PathLike] | PathLike, names: Sequence[str], k
 
 
 def _lookup(node: Any, path: Sequence) -> Any:
+    """The value at ``path`` (keys of mappings, indices of lists), or ``_MISSING``."""
     for key in path:
-        if not isinstance(node, dict) or key not in node:
+        if isinstance(node, dict) and key in node:
+            node = node[key]
+        elif isinstance(node, list) and type(key) is int and -len(node) <= key < len(node):
+            node = node[key]
+        else:
             return _MISSING
-        node = node[key]
     return node
 
 
@@ -460,15 +523,14 @@ def _same(a: Any, b: Any) -> bool:
     return nan or a == b
 
 
-def _source_of(path: list, source: str | Sequence[PathLike], config: Mapping) -> str:
-    """``<file>: <key path>``, naming the last config file that set the key to its value.
+def _file_of(path: list, source: str | Sequence[PathLike], config: Mapping) -> str:
+    """The last config file that set the key at ``path`` to its value.
 
-    A key in no file came from the command line (``--config``); a missing key is
-    reported in the last file that holds its parent.
+    A key in no file came from the command line (``--config``); a missing key, or one
+    that holds its schema default, is reported in the last file that holds its parent.
     """
-    where = _dotted(path)
     if isinstance(source, str):
-        return f"{source}: {where}"
+        return source
     files = _as_paths(source)
     loaded = []
     for file in files:
@@ -478,12 +540,20 @@ def _source_of(path: list, source: str | Sequence[PathLike], config: Mapping) ->
             continue
     value = _lookup(config, path)
     for file, data in reversed(loaded):
-        if value is not _MISSING and _same(_lookup(data, path), value):
-            return f"{file}: {where}"
+        found = _lookup(data, path)
+        # A mapping (a dataset, an experiment) is merged over the files and filled with
+        # defaults: the last file that holds it set it.
+        mapping = isinstance(value, dict) and isinstance(found, dict)
+        if value is not _MISSING and (mapping or _same(found, value)):
+            return str(file)
+    in_no_file = all(_lookup(data, path) is _MISSING for _, data in loaded)
     for file, data in reversed(loaded):
-        if value is _MISSING and path and isinstance(_lookup(data, path[:-1]), dict):
-            return f"{file}: {where}"
-    return f"{'--config' if files else 'config'}: {where}"
+        # Below the top level (where --config sets keys), a key in no file was filled in
+        # from the schema's defaults.
+        defaulted = len(path) > 1 and in_no_file
+        if (value is _MISSING or defaulted) and isinstance(_lookup(data, path[:-1]), dict):
+            return str(file)
+    return "--config" if files else "config"
 
 
 def check_overrides(config: Mapping, files: Sequence[PathLike]) -> None:
