@@ -241,6 +241,16 @@ def _bad_folder(tmp_path: Path, case: str) -> tuple[Path, Path, dict]:
     if case == "corrupt, its name with a line break":
         (root / "a" / "bad\nname.png").write_bytes(b"\x89PNG not really")
         return root, root / "a" / "bad\nname.png", settings
+    if case == "a broken link":  # left out without a word before
+        (root / "a" / "3.png").symlink_to(tmp_path / "moved.png")
+        return root, root / "a" / "3.png", settings
+    if case == "a file that is no .npz":  # said 'image folder not found' of a file
+        path = tmp_path / "digits.npy"
+        np.save(path, np.zeros((3, 28, 28), np.uint8))
+        return path, path, settings
+    if case == "a class folder no folder of samples can take":  # refused only by training
+        _png(root / "b\\c" / "0.png")
+        return root, root, settings
     if case == "truncated":
         data = (root / "a" / "0.png").read_bytes()
         (root / "a" / "0.png").write_bytes(data[: len(data) // 2])
@@ -276,6 +286,9 @@ def _bad_npz(tmp_path: Path, case: str) -> tuple[Path, Path, dict]:
         "undeclared class",
         "corrupt",
         "truncated",
+        "a broken link",
+        "a file that is no .npz",
+        "a class folder no folder of samples can take",
         "a val folder beside train",
         "corrupt, its name with a line break",
         "npz:no labels",
@@ -299,6 +312,8 @@ def test_bad_input_is_one_line_naming_the_file(tmp_path, run_cli, capsys, case) 
     assert len(err.strip().splitlines()) == 1, err
     assert str(named).replace("\n", "\\n") in err, err  # a line break in it: escaped
     assert "allow_pickle" not in err, err  # no unsafe way out is offered
+    if case == "a file that is no .npz":
+        assert "a file, not an image folder (a dataset file must be an .npz)" in err, err
     assert not list(root.glob("digits*/train.npz"))
 
 

@@ -122,11 +122,20 @@ def folder_classes(root: Path) -> tuple[str, ...]:
     ``FileNotFoundError`` naming ``root`` when it is not a folder."""
     root = Path(root)
     if not root.is_dir():
-        raise FileNotFoundError(f"{root}: image folder not found")
+        raise image_folder_not_found(root)
     base = root / "train" if (root / "train").is_dir() else root
     return tuple(
         sorted(d.name for d in base.iterdir() if d.is_dir() and not d.name.startswith("."))
     )
+
+
+def image_folder_not_found(root: Path) -> FileNotFoundError:
+    """The error for an own dataset's ``path`` that is no folder (a file: not an .npz)."""
+    if Path(root).is_file():
+        return FileNotFoundError(
+            f"{root}: a file, not an image folder (a dataset file must be an .npz)"
+        )
+    return FileNotFoundError(f"{root}: image folder not found")
 
 
 def resize_statement(definition: Mapping[str, Any]) -> str:
@@ -154,6 +163,11 @@ def own_dataset_info(name: str, definition: Mapping[str, Any]) -> DatasetInfo:
         classes = folder_classes(path)
         if not classes:
             raise ValueError(f"{path}: no class folders (expected {path}/<class>/*.png|jpg)")
+        from dpsinkhorn.fileio import check_class_names
+
+        # Refused here, as a declared name is with the config, not after a training spent
+        # its budget (sample PNGs go to a folder per class name).
+        check_class_names(classes, f"{path}: class folders")
     channels, size = int(definition["channels"]), int(definition["image_size"])
     return DatasetInfo(
         key=name,

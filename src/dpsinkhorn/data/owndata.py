@@ -37,6 +37,7 @@ from dpsinkhorn.config.experiments import prepared_folder
 from dpsinkhorn.data.catalog import (
     IMAGE_EXTENSIONS,
     DatasetInfo,
+    image_folder_not_found,
     own_dataset_info,
     own_layout,
     resize_statement,
@@ -112,11 +113,12 @@ def _read_image(path: Path, definition: Mapping[str, Any]) -> np.ndarray:
 
 
 def _image_files(folder: Path) -> list[Path]:
-    """Image files under ``folder`` (recursively, sorted; hidden files left out)."""
+    """Image files under ``folder`` (recursively, sorted; hidden files left out). A broken
+    link with an image's name is listed, so that it is refused by name, not left out."""
     return sorted(
         p
         for p in folder.rglob("*")
-        if p.is_file()
+        if (p.is_file() or p.is_symlink())
         and p.suffix.lower() in IMAGE_EXTENSIONS
         and not any(part.startswith(".") for part in p.relative_to(folder).parts)
     )
@@ -168,7 +170,7 @@ def _read_image_folder(
 ) -> tuple[Arrays, Arrays | None]:
     """(train, test or None) of an image folder; ``root/train`` marks the split layout."""
     if not root.is_dir():
-        raise FileNotFoundError(f"{root}: image folder not found")
+        raise image_folder_not_found(root)
     if (root / "train").is_dir():
         _check_split_layout(root)
         train = _read_class_folders(root / "train", classes, definition, field)
