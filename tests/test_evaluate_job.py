@@ -129,6 +129,13 @@ def test_real_data_job_classifiers_equal_the_per_step_path(files, tmp_path, run_
         (["--seed", "1", "1"], "distinct seeds"),
         (["--test", "missing.npz"], "missing.npz: file not found"),
         (["--num", "1"], "--num must be at least 2"),
+        # refused before the samples and FID, not by the classifier after them
+        (["--patience", "0"], "--patience must be at least 1, got 0"),
+        (["--max-epochs", "0"], "--max-epochs must be at least 1"),
+        (["--batch-size", "0"], "--batch-size must be at least 1"),
+        (["--fid-batch-size", "0"], "--fid-batch-size must be at least 1"),
+        (["--dataset", "mnsit"], "dataset.json: not found"),
+        (["--reference", "{test}"], "not an FID statistics file"),
     ],
 )
 def test_bad_arguments_are_one_line_and_write_nothing(
@@ -137,7 +144,8 @@ def test_bad_arguments_are_one_line_and_write_nothing(
     argv = ["evaluate", "--generator", str(files["generator"]), "--test", str(files["test"])]
     argv += ["--reference", str(files["reference"]), "--seed", "0", "--num", "4"]
     argv += ["--samples-dir", str(tmp_path / "out"), "--scores-dir", str(tmp_path / "out")]
-    argv += [*DEVICE, *change]
+    argv += ["--weights", str(files["weights"]), *DEVICE]
+    argv += [c.format(test=files["test"]) for c in change]
     assert run_cli(argv) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1

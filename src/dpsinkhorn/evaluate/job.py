@@ -46,7 +46,7 @@ from dpsinkhorn.evaluate.classify import (
     train_and_evaluate_seeds,
     write_results,
 )
-from dpsinkhorn.evaluate.fid import SQRTM_METHODS, fid_against_reference
+from dpsinkhorn.evaluate.fid import SQRTM_METHODS, fid_against_reference, reference_statistics
 from dpsinkhorn.evaluate.inception import FID_PRECISIONS, network_sha256
 from dpsinkhorn.evaluate.phases import COMMIT_ENV, phase_code_sha256, resumable
 from dpsinkhorn.evaluate.sample import load_generator, sample_generator, sample_real
@@ -97,7 +97,9 @@ def evaluate(
     ``num`` samples per seed; ``test`` the real test split (sample file); ``reference``
     its FID statistics (``dpsinkhorn fid-stats``). Every argument is checked before any
     work: unknown classifiers, a missing file, an unconditional generator with
-    classifiers, a bad ``sqrtm``.
+    classifiers, a bad ``sqrtm``, a count below 1 (epochs, patience, batch sizes,
+    iterations), a ``reference`` that is no statistics file, a ``dataset`` whose class count
+    cannot be found.
 
     ``fast``: the fast paths (FID: :func:`fid.statistics` ``fast``, in ``fid_precision``;
     MLP / CNN: :mod:`dpsinkhorn.evaluate.fastfit`); today's reference path otherwise. FID
@@ -119,9 +121,18 @@ def evaluate(
         raise ValueError(
             f"FID precision {fid_precision!r}: one of {FID_PRECISIONS}, not fp32 only with --fast"
         )
+    counts = {"--max-epochs": max_epochs, "--patience": patience, "--batch-size": batch_size,
+              "--max-iter": max_iter, "--fid-batch-size": fid_batch_size}  # fmt: skip
+    for name, value in counts.items():
+        if value is not None and value < 1:
+            raise ValueError(f"{name} must be at least 1, got {value}")
     for path in [test, reference, generator, real_data]:
         if path is not None and not Path(path).is_file():
             raise FileNotFoundError(f"{path}: file not found")
+    if fid:
+        reference_statistics(reference)  # a sample file or a broken one: refused before the work
+    # the class count (--dataset, an own dataset's dataset.json) before the work, not after FID
+    num_classes = resolve_num_classes(None, dataset, str(test)) if classifiers else None
     timings: dict[str, float] = {}
     settings = {"seeds": seeds, "num": num, "sqrtm": sqrtm, "max_epochs": max_epochs,
                 "patience": patience, "batch_size": batch_size, "max_iter": max_iter,
@@ -170,7 +181,6 @@ def evaluate(
         timings["fid"] = _done("fid", begin)
 
     if classifiers:
-        num_classes = resolve_num_classes(None, dataset, str(test))
         test_images, test_labels = fileio.load_samples(test)
         for model_name in classifiers:
             begin = time.perf_counter()
