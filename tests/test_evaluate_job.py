@@ -243,3 +243,41 @@ def test_phases_resume_only_from_the_same_code_and_name_their_commit(files, tmp_
     monkeypatch.setattr(phases, "phase_code_sha256", lambda phase: "0" * 64)
     assert rerun_from(saved) == {"logreg": "beef001", "mlp": "beef001"}
     assert trained == ["logreg", "mlp"]
+
+
+def test_a_phase_is_not_resumed_under_another_class_count(files, tmp_path, monkeypatch):
+    """The class count is a setting of the key: Log-Reg saved with an own dataset's 12
+    classes (its dataset.json beside the test split) is trained again when the rerun's
+    class count is the labels' 10 (no --dataset), so no file reports another class count."""
+    from dpsinkhorn.evaluate import job
+
+    own = tmp_path / "own"
+    own.mkdir()
+    (own / "test.npz").write_bytes(Path(files["test"]).read_bytes())
+    record = {"name": "own", "image_size": 28, "channels": 1, "title": "own", "layout": "x",
+              "path": "x", "resize": None, "classes": [f"c{k}" for k in range(12)]}  # fmt: skip
+    fileio.write_json(own / "dataset.json", record)
+    kw = {"seeds": [0], "num": 100, "test": own / "test.npz", "reference": files["reference"],
+          "samples_dir": tmp_path, "scores_dir": tmp_path, "real_data": files["train"],
+          "classifiers": ["logreg", "mlp"], "device": "cpu", "max_epochs": 1, "patience": 1,
+          "max_iter": 20, "fid": False}  # fmt: skip
+    real, trained = job.train_and_evaluate_seeds, []
+
+    def stop_at_mlp(model, *args, **kwargs):
+        trained.append(model)
+        if model == "mlp":
+            raise KeyboardInterrupt("deadline")
+        return real(model, *args, **kwargs)
+
+    monkeypatch.setattr(job, "train_and_evaluate_seeds", stop_at_mlp)
+    with pytest.raises(KeyboardInterrupt):
+        job.evaluate(**kw, dataset="own")
+    assert _json(tmp_path / "acc_logreg_seed0.json")["num_classes"] == 12
+
+    trained.clear()
+    monkeypatch.setattr(job, "train_and_evaluate_seeds", lambda m, *a, **k: (
+        trained.append(m), real(m, *a, **k))[1])  # fmt: skip
+    job.evaluate(**kw)  # no dataset: the labels' 10 classes
+    assert trained == ["logreg", "mlp"]
+    for model in ("logreg", "mlp"):
+        assert _json(tmp_path / f"acc_{model}_seed0.json")["num_classes"] == 10

@@ -136,7 +136,8 @@ def evaluate(
     timings: dict[str, float] = {}
     settings = {"seeds": seeds, "num": num, "sqrtm": sqrtm, "max_epochs": max_epochs,
                 "patience": patience, "batch_size": batch_size, "max_iter": max_iter,
-                "weights": None if weights is None else network_sha256(weights)}  # fmt: skip
+                "weights": None if weights is None else network_sha256(weights),
+                "num_classes": num_classes}  # fmt: skip
     if fast:  # its results may differ in the last digits: not resumed from the reference's
         settings["fast"] = fid_precision
     progress = Progress(Path(scores_dir), [generator or real_data, test, reference], settings)
@@ -221,9 +222,9 @@ class Progress:
     A stopped job (a window's deadline, a cluster's time limit) loses its declared outputs:
     Snakemake deletes them. Each phase's records (FID, one classifier, all seeds) are also
     kept in ``<scores>/evaluate_progress.json`` (not an output, so kept), keyed by the
-    SHA-256 of the inputs and the settings: a rerun with the same key reuses them, any
-    other key starts afresh. Each phase also records the code that computed it
-    (:func:`dpsinkhorn.evaluate.phases.phase_code_sha256`) and the commit
+    SHA-256 of the inputs and the settings (the class count among them): a rerun with the
+    same key reuses them, any other key starts afresh. Each phase also records the code
+    that computed it (:func:`dpsinkhorn.evaluate.phases.phase_code_sha256`) and the commit
     (``$DPSINKHORN_COMMIT``, or null): a phase whose code differs from this code (another
     commit, an older archive) is computed again. Removed when the job completes, when
     :data:`EVALUATION_PHASES` takes each phase's commit and code. Only scores are kept
