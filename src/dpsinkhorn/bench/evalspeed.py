@@ -101,17 +101,19 @@ def bench_fid(
 def bench_classifiers(draws, test, seeds, device: torch.device, args, out: dict, save) -> dict:
     """Log-Reg once; MLP/CNN per epoch both ways over ``compare_epochs`` and the fast loop
     at the full protocol: seconds, epochs, accuracies. Fills ``out`` and calls ``save()``
-    after each classifier."""
+    after each classifier. The class count is the largest label + 1 (``evaluate`` without
+    ``--dataset``), so any generator's classes fit, not only MNIST's 10."""
+    classes = 1 + max(int(y.max()) for y in [*(y for _, y in draws), test[1]])
     xs = [torch.from_numpy(to_float(x)).to(device) for x, _ in draws]
     ys = [torch.from_numpy(y).to(device) for _, y in draws]
     x_test = torch.from_numpy(to_float(test[0])).to(device)
     y_test = torch.from_numpy(test[1]).to(device)
-    sec, res = _timed(device, train_logreg_torch, xs, ys, x_test, y_test, 10, args.max_iter)
+    sec, res = _timed(device, train_logreg_torch, xs, ys, x_test, y_test, classes, args.max_iter)
     out["logreg_s"], out["logreg_accuracy"] = sec, [r["accuracy"] for r in res]
     save()
     e = args.compare_epochs
     for model in args.classifiers:
-        common = (model, xs, ys, x_test, y_test, 10, seeds)
+        common = (model, xs, ys, x_test, y_test, classes, seeds)
         for path, fn in (("reference", train_torch_batched), ("fast", train_torch_batched_fast)):
             sec, res = _timed(device, fn, *common, e, e + 1, args.batch_size)
             out[f"{model}_{path}_s_per_epoch"] = sec / e
