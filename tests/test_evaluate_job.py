@@ -281,3 +281,36 @@ def test_a_phase_is_not_resumed_under_another_class_count(files, tmp_path, monke
     assert trained == ["logreg", "mlp"]
     for model in ("logreg", "mlp"):
         assert _json(tmp_path / f"acc_{model}_seed0.json")["num_classes"] == 10
+
+
+def test_a_phase_of_other_samples_is_computed_again(files, tmp_path, monkeypatch):
+    """Samples drawn by other code (a generator architecture in ``models`` changed by
+    another commit: the same generator.pt, other images) are scored again: a resumed FID
+    would be of images no longer on disk. Its record names the samples it scored."""
+    from dpsinkhorn.evaluate import job
+
+    kw = {"seeds": [0], "num": 4, "test": files["test"], "reference": files["reference"],
+          "samples_dir": tmp_path, "scores_dir": tmp_path, "generator": files["generator"],
+          "classifiers": ["logreg"], "weights": files["weights"], "device": "cpu",
+          "sqrtm": "eigh", "max_iter": 20}  # fmt: skip
+    real_train, real_sample, trained = job.train_and_evaluate_seeds, job.sample_generator, []
+
+    def stop_at_logreg(model, *args, **kwargs):
+        raise KeyboardInterrupt("deadline")
+
+    monkeypatch.setattr(job, "train_and_evaluate_seeds", stop_at_logreg)
+    with pytest.raises(KeyboardInterrupt):
+        job.evaluate(**kw)
+    first = _json(tmp_path / "fid_seed0.json")
+
+    def other_code(model, num, seed):  # what another commit's generator code draws
+        images, labels = real_sample(model, num, seed)
+        return 255 - images, labels
+
+    monkeypatch.setattr(job, "sample_generator", other_code)
+    monkeypatch.setattr(job, "train_and_evaluate_seeds", lambda m, *a, **k: (
+        trained.append(m), real_train(m, *a, **k))[1])  # fmt: skip
+    job.evaluate(**kw)
+    record = _json(tmp_path / "fid_seed0.json")
+    assert record["a_sha256"] == fileio.sha256_of(tmp_path / "samples_seed0.npz")
+    assert record["fid"] != first["fid"] and trained == ["logreg"]

@@ -157,6 +157,7 @@ def evaluate(
     files = sample_files(samples_dir, seeds)
     for path, (images, labels) in zip(files, draws, strict=True):
         fileio.save_samples(path, images, labels)
+    progress.bind([fileio.sha256_of(path) for path in files])
     timings["sample"] = _done("sample", begin)
 
     if fid:
@@ -226,7 +227,8 @@ class Progress:
     same key reuses them, any other key starts afresh. Each phase also records the code
     that computed it (:func:`dpsinkhorn.evaluate.phases.phase_code_sha256`) and the commit
     (``$DPSINKHORN_COMMIT``, or null): a phase whose code differs from this code (another
-    commit, an older archive) is computed again. Removed when the job completes, when
+    commit, an older archive) is computed again, and so is one computed on other samples
+    (:meth:`bind`). Removed when the job completes, when
     :data:`EVALUATION_PHASES` takes each phase's commit and code. Only scores are kept
     there, never images (samples are drawn again: seeded, the same).
     """
@@ -245,6 +247,16 @@ class Progress:
             commit = saved[phase].get("commit") if isinstance(saved[phase], dict) else None
             print(f"rerunning {phase}: saved by other evaluation code (commit "
                   f"{commit or 'unknown'})", flush=True)  # fmt: skip
+        self.samples: list[str] = []
+
+    def bind(self, samples_sha256: list[str]) -> None:
+        """Keep only the phases computed on these samples (SHA-256 of each seed's sample
+        file): samples drawn by other code (a generator architecture another commit changed,
+        outside :data:`phases.PHASE_MODULES`) are scored again; new phases record them."""
+        self.samples = list(samples_sha256)
+        for phase in [p for p, e in self.done.items() if e.get("samples_sha256") != self.samples]:
+            print(f"rerunning {phase}: saved for other samples", flush=True)
+            del self.done[phase]
         if self.done:
             print(f"resuming: {', '.join(self.done)} already done ({self.path})", flush=True)
 
@@ -256,6 +268,7 @@ class Progress:
         entry = self.done.get(phase) or {
             "code_sha256": phase_code_sha256(phase),
             "commit": os.environ.get(COMMIT_ENV),
+            "samples_sha256": self.samples,
         }
         self.done[phase] = {**entry, "records": [dict(r) for r in records]}
         fileio.write_json(self.path, {"key": self.key, "done": self.done})
