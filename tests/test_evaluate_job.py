@@ -136,6 +136,9 @@ def test_real_data_job_classifiers_equal_the_per_step_path(files, tmp_path, run_
         (["--fid-batch-size", "0"], "--fid-batch-size must be at least 1"),
         (["--dataset", "mnsit"], "dataset.json: not found"),
         (["--reference", "{test}"], "not an FID statistics file"),
+        # what the classifiers refuse, before the samples are written and scored
+        (["--test", "{rgb_test}"], "test images [H,W,C]=[32, 32, 3] differ from the samples'"),
+        (["--dataset", "celeba"], "labels go up to 9, outside the 2 classes"),
     ],
 )
 def test_bad_arguments_are_one_line_and_write_nothing(
@@ -145,7 +148,9 @@ def test_bad_arguments_are_one_line_and_write_nothing(
     argv += ["--reference", str(files["reference"]), "--seed", "0", "--num", "4"]
     argv += ["--samples-dir", str(tmp_path / "out"), "--scores-dir", str(tmp_path / "out")]
     argv += ["--weights", str(files["weights"]), *DEVICE]
-    argv += [c.format(test=files["test"]) for c in change]
+    rgb_test = tmp_path / "rgb_test.npz"  # a test split of 32x32 RGB images
+    fileio.save_samples(rgb_test, np.zeros((4, 32, 32, 3), np.uint8), np.arange(4))
+    argv += [c.format(test=files["test"], rgb_test=rgb_test) for c in change]
     assert run_cli(argv) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1

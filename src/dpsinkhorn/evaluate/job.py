@@ -32,6 +32,8 @@ import os
 import time
 from pathlib import Path
 
+import numpy as np
+
 from dpsinkhorn import fileio
 from dpsinkhorn.config.targets import (
     EVALUATION_PHASES,
@@ -99,7 +101,8 @@ def evaluate(
     work: unknown classifiers, a missing file, an unconditional generator with
     classifiers, a bad ``sqrtm``, a count below 1 (epochs, patience, batch sizes,
     iterations), a ``reference`` that is no statistics file, a ``dataset`` whose class count
-    cannot be found.
+    cannot be found; with classifiers, before the samples are saved, a test split whose
+    images differ in shape from the samples or whose labels exceed the class count.
 
     ``fast``: the fast paths (FID: :func:`fid.statistics` ``fast``, in ``fid_precision``;
     MLP / CNN: :mod:`dpsinkhorn.evaluate.fastfit`); today's reference path otherwise. FID
@@ -154,6 +157,9 @@ def evaluate(
         del model
     else:
         draws = [sample_real(Path(real_data), num, seed) for seed in seeds]
+    if classifiers:
+        test_images, test_labels = fileio.load_samples(test)
+        _check_test_split(draws, test_images, test_labels, num_classes, test)
     files = sample_files(samples_dir, seeds)
     for path, (images, labels) in zip(files, draws, strict=True):
         fileio.save_samples(path, images, labels)
@@ -183,7 +189,6 @@ def evaluate(
         timings["fid"] = _done("fid", begin)
 
     if classifiers:
-        test_images, test_labels = fileio.load_samples(test)
         for model_name in classifiers:
             begin = time.perf_counter()
             results = progress.get(model_name) or train_and_evaluate_seeds(
@@ -208,6 +213,28 @@ def evaluate(
     progress.finish(Path(scores_dir))
     timings["total"] = time.perf_counter() - start
     return timings
+
+
+def _check_test_split(
+    draws: list, test_images: np.ndarray, test_labels: np.ndarray, num_classes: int | None,
+    test: str | Path,
+) -> None:  # fmt: skip
+    """Refuse, before the samples are saved and scored, what the classifiers would refuse
+    only after FID: test images [H,W,C] of another shape than the samples' (uint8
+    [N,H,W(,C)], labels [N]), a label outside ``num_classes``."""
+    shape = fileio.channels_last(draws[0][0], "samples").shape[1:]
+    test_shape = fileio.channels_last(test_images, str(test)).shape[1:]
+    if shape != test_shape:
+        raise ValueError(
+            f"{test}: test images [H,W,C]={list(test_shape)} differ from the samples' {list(shape)}"
+        )
+    if len(test_labels) == 0:
+        raise ValueError(f"{test}: the test set must not be empty")
+    largest = max(int(labels.max()) for labels in [test_labels, *(y for _, y in draws)])
+    if num_classes is not None and largest >= num_classes:
+        raise ValueError(
+            f"labels go up to {largest}, outside the {num_classes} classes ({test}, samples)"
+        )
 
 
 def _done(phase: str, begin: float) -> float:
