@@ -9,6 +9,7 @@ from argparse import Namespace
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
 GENERATOR = (
@@ -88,3 +89,23 @@ def test_classifiers_take_a_generator_of_more_than_ten_classes():
             out[f"{model}_reference_accuracy_after_1_epochs"]
             == out[f"{model}_fast_accuracy_after_1_epochs"]
         )
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (["--reference-seeds", "0"], "--reference-seeds must be at least 1, got 0"),
+        (["--patience", "0"], "--patience must be at least 1"),
+        (["--num", "1"], "--num must be at least 2"),
+        (["--seeds", "0", "0"], "distinct seeds"),
+    ],
+)
+def test_bad_arguments_are_one_line_before_any_section(change, message, tmp_path, run_cli, capsys):
+    """Refused before the samples and FID, not recorded as a later section's error (exit 0)
+    after the earlier sections spent a GPU call's time."""
+    out = tmp_path / "bench.json"
+    argv = ["bench-eval", "--generator", str(GENERATOR), "--out", str(out), "--device", "cpu"]
+    assert run_cli([*argv, *change]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+    assert not out.exists()

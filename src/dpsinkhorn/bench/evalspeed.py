@@ -163,9 +163,26 @@ def _section(result: dict, key: str, save, fn, *args) -> None:
     save(result)
 
 
+def check_args(args: argparse.Namespace) -> None:
+    """Refuse before any work what a section would fail on only after the sections before it
+    had spent the call's time: repeated seeds, fewer than 2 samples (FID, hold-out), a count
+    below 1 (``--reference-seeds`` 0 divided the FID section's seconds by zero)."""
+    if not args.seeds or len(set(args.seeds)) != len(args.seeds):
+        raise ValueError(f"--seeds needs distinct seeds, got {args.seeds}")
+    least = {"--num": (args.num, 2), "--num-test": (args.num_test, 2),
+             "--reference-seeds": (args.reference_seeds, 1),
+             "--compare-epochs": (args.compare_epochs, 1), "--max-epochs": (args.max_epochs, 1),
+             "--patience": (args.patience, 1), "--batch-size": (args.batch_size, 1),
+             "--max-iter": (args.max_iter, 1)}  # fmt: skip
+    for name, (value, low) in least.items():
+        if value < low:
+            raise ValueError(f"{name} must be at least {low}, got {value}")
+
+
 def run(args: argparse.Namespace, save=lambda result: None) -> dict:
     """Everything in the module docstring; returns the JSON's dict. ``save(result)`` is
     called after each section with what is measured so far."""
+    check_args(args)
     device = resolve_device(args.device)
     start = time.perf_counter()
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
