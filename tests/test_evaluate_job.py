@@ -139,18 +139,26 @@ def test_real_data_job_classifiers_equal_the_per_step_path(files, tmp_path, run_
         # what the classifiers refuse, before the samples are written and scored
         (["--test", "{rgb_test}"], "test images [H,W,C]=[32, 32, 3] differ from the samples'"),
         (["--dataset", "celeba"], "labels go up to 9, outside the 2 classes"),
+        (["--reference", "{rgb_reference}"], "FID needs images of one shape [H,W,C]"),
     ],
 )
 def test_bad_arguments_are_one_line_and_write_nothing(
     change, message, files, tmp_path, run_cli, capsys
 ):
+    from dpsinkhorn.evaluate.fid import save_statistics
+    from dpsinkhorn.evaluate.inception import sha256_of
+
     argv = ["evaluate", "--generator", str(files["generator"]), "--test", str(files["test"])]
     argv += ["--reference", str(files["reference"]), "--seed", "0", "--num", "4"]
     argv += ["--samples-dir", str(tmp_path / "out"), "--scores-dir", str(tmp_path / "out")]
     argv += ["--weights", str(files["weights"]), *DEVICE]
     rgb_test = tmp_path / "rgb_test.npz"  # a test split of 32x32 RGB images
     fileio.save_samples(rgb_test, np.zeros((4, 32, 32, 3), np.uint8), np.arange(4))
-    argv += [c.format(test=files["test"], rgb_test=rgb_test) for c in change]
+    rgb_reference = tmp_path / "rgb_reference.npz"  # statistics of 32x32 RGB images
+    mu, sigma = np.zeros(2048), np.eye(2048)
+    save_statistics(rgb_reference, mu, sigma, 4, (32, 32, 3), sha256_of(files["weights"]))
+    names = {"test": files["test"], "rgb_test": rgb_test, "rgb_reference": rgb_reference}
+    argv += [c.format(**names) for c in change]
     assert run_cli(argv) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1

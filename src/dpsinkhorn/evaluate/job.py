@@ -48,7 +48,12 @@ from dpsinkhorn.evaluate.classify import (
     train_and_evaluate_seeds,
     write_results,
 )
-from dpsinkhorn.evaluate.fid import SQRTM_METHODS, fid_against_reference, reference_statistics
+from dpsinkhorn.evaluate.fid import (
+    SQRTM_METHODS,
+    fid_against_reference,
+    reference_statistics,
+    statistics_metadata,
+)
 from dpsinkhorn.evaluate.inception import FID_PRECISIONS, network_sha256
 from dpsinkhorn.evaluate.phases import COMMIT_ENV, phase_code_sha256, resumable
 from dpsinkhorn.evaluate.sample import load_generator, sample_generator, sample_real
@@ -101,8 +106,9 @@ def evaluate(
     work: unknown classifiers, a missing file, an unconditional generator with
     classifiers, a bad ``sqrtm``, a count below 1 (epochs, patience, batch sizes,
     iterations), a ``reference`` that is no statistics file, a ``dataset`` whose class count
-    cannot be found; with classifiers, before the samples are saved, a test split whose
-    images differ in shape from the samples or whose labels exceed the class count.
+    cannot be found; before the samples are saved, reference statistics of another image
+    shape than the samples' and (with classifiers) a test split whose images differ in
+    shape from the samples or whose labels exceed the class count.
 
     ``fast``: the fast paths (FID: :func:`fid.statistics` ``fast``, in ``fid_precision``;
     MLP / CNN: :mod:`dpsinkhorn.evaluate.fastfit`); today's reference path otherwise. FID
@@ -157,6 +163,12 @@ def evaluate(
         del model
     else:
         draws = [sample_real(Path(real_data), num, seed) for seed in seeds]
+    shape = [int(v) for v in fileio.channels_last(draws[0][0], "samples").shape[1:]]
+    if fid and statistics_metadata(reference)["image_shape"] not in (None, shape):
+        raise ValueError(  # as the FID phase would, before the samples are saved
+            f"FID needs images of one shape [H,W,C]: the samples have {shape}, {reference} "
+            f"has {statistics_metadata(reference)['image_shape']}"
+        )
     if classifiers:
         test_images, test_labels = fileio.load_samples(test)
         _check_test_split(draws, test_images, test_labels, num_classes, test)
