@@ -5,7 +5,12 @@ has every phase, ratio and result the GPU call's note reads."""
 from __future__ import annotations
 
 import json
+from argparse import Namespace
 from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
 
 GENERATOR = (
     Path(__file__).resolve().parents[2] / "shared/measurements/h100-83ae335/block_sigma1.5"
@@ -64,3 +69,43 @@ def test_a_failed_section_is_recorded_and_what_came_before_is_saved():
         "logreg_s": 2.0,
         "error": "RuntimeError: CUDA error: out of memory",
     }
+
+
+def test_classifiers_take_a_generator_of_more_than_ten_classes():
+    """Labels 0..11 (an own dataset's generator): every classifier trains on 12 classes
+    (was a fixed 10: ``IndexError: Target 10 is out of bounds``)."""
+    from dpsinkhorn.bench.evalspeed import bench_classifiers
+
+    rng = np.random.default_rng(0)
+    draws = [(rng.integers(0, 256, (24, 8, 8), np.uint8), np.arange(24) % 12) for _ in range(2)]
+    test = (rng.integers(0, 256, (12, 8, 8), np.uint8), np.arange(12))
+    args = Namespace(max_iter=5, compare_epochs=1, classifiers=["mlp", "cnn"], max_epochs=2,
+                     patience=1, batch_size=8)  # fmt: skip
+    out = bench_classifiers(draws, test, [0, 1], torch.device("cpu"), args, {}, lambda: None)
+    assert len(out["logreg_accuracy"]) == 2
+    for model in ("mlp", "cnn"):
+        assert len(out[f"{model}_fast_full_accuracy"]) == 2
+        assert (
+            out[f"{model}_reference_accuracy_after_1_epochs"]
+            == out[f"{model}_fast_accuracy_after_1_epochs"]
+        )
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (["--reference-seeds", "0"], "--reference-seeds must be at least 1, got 0"),
+        (["--patience", "0"], "--patience must be at least 1"),
+        (["--num", "1"], "--num must be at least 2"),
+        (["--seeds", "0", "0"], "distinct seeds"),
+    ],
+)
+def test_bad_arguments_are_one_line_before_any_section(change, message, tmp_path, run_cli, capsys):
+    """Refused before the samples and FID, not recorded as a later section's error (exit 0)
+    after the earlier sections spent a GPU call's time."""
+    out = tmp_path / "bench.json"
+    argv = ["bench-eval", "--generator", str(GENERATOR), "--out", str(out), "--device", "cpu"]
+    assert run_cli([*argv, *change]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+    assert not out.exists()

@@ -129,15 +129,36 @@ def test_real_data_job_classifiers_equal_the_per_step_path(files, tmp_path, run_
         (["--seed", "1", "1"], "distinct seeds"),
         (["--test", "missing.npz"], "missing.npz: file not found"),
         (["--num", "1"], "--num must be at least 2"),
+        # refused before the samples and FID, not by the classifier after them
+        (["--patience", "0"], "--patience must be at least 1, got 0"),
+        (["--max-epochs", "0"], "--max-epochs must be at least 1"),
+        (["--batch-size", "0"], "--batch-size must be at least 1"),
+        (["--fid-batch-size", "0"], "--fid-batch-size must be at least 1"),
+        (["--dataset", "mnsit"], "dataset.json: not found"),
+        (["--reference", "{test}"], "not an FID statistics file"),
+        # what the classifiers refuse, before the samples are written and scored
+        (["--test", "{rgb_test}"], "test images [H,W,C]=[32, 32, 3] differ from the samples'"),
+        (["--dataset", "celeba"], "labels go up to 9, outside the 2 classes"),
+        (["--reference", "{rgb_reference}"], "FID needs images of one shape [H,W,C]"),
     ],
 )
 def test_bad_arguments_are_one_line_and_write_nothing(
     change, message, files, tmp_path, run_cli, capsys
 ):
+    from dpsinkhorn.evaluate.fid import save_statistics
+    from dpsinkhorn.evaluate.inception import sha256_of
+
     argv = ["evaluate", "--generator", str(files["generator"]), "--test", str(files["test"])]
     argv += ["--reference", str(files["reference"]), "--seed", "0", "--num", "4"]
     argv += ["--samples-dir", str(tmp_path / "out"), "--scores-dir", str(tmp_path / "out")]
-    argv += [*DEVICE, *change]
+    argv += ["--weights", str(files["weights"]), *DEVICE]
+    rgb_test = tmp_path / "rgb_test.npz"  # a test split of 32x32 RGB images
+    fileio.save_samples(rgb_test, np.zeros((4, 32, 32, 3), np.uint8), np.arange(4))
+    rgb_reference = tmp_path / "rgb_reference.npz"  # statistics of 32x32 RGB images
+    mu, sigma = np.zeros(2048), np.eye(2048)
+    save_statistics(rgb_reference, mu, sigma, 4, (32, 32, 3), sha256_of(files["weights"]))
+    names = {"test": files["test"], "rgb_test": rgb_test, "rgb_reference": rgb_reference}
+    argv += [c.format(**names) for c in change]
     assert run_cli(argv) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
@@ -235,3 +256,74 @@ def test_phases_resume_only_from_the_same_code_and_name_their_commit(files, tmp_
     monkeypatch.setattr(phases, "phase_code_sha256", lambda phase: "0" * 64)
     assert rerun_from(saved) == {"logreg": "beef001", "mlp": "beef001"}
     assert trained == ["logreg", "mlp"]
+
+
+def test_a_phase_is_not_resumed_under_another_class_count(files, tmp_path, monkeypatch):
+    """The class count is a setting of the key: Log-Reg saved with an own dataset's 12
+    classes (its dataset.json beside the test split) is trained again when the rerun's
+    class count is the labels' 10 (no --dataset), so no file reports another class count."""
+    from dpsinkhorn.evaluate import job
+
+    own = tmp_path / "own"
+    own.mkdir()
+    (own / "test.npz").write_bytes(Path(files["test"]).read_bytes())
+    record = {"name": "own", "image_size": 28, "channels": 1, "title": "own", "layout": "x",
+              "path": "x", "resize": None, "classes": [f"c{k}" for k in range(12)]}  # fmt: skip
+    fileio.write_json(own / "dataset.json", record)
+    kw = {"seeds": [0], "num": 100, "test": own / "test.npz", "reference": files["reference"],
+          "samples_dir": tmp_path, "scores_dir": tmp_path, "real_data": files["train"],
+          "classifiers": ["logreg", "mlp"], "device": "cpu", "max_epochs": 1, "patience": 1,
+          "max_iter": 20, "fid": False}  # fmt: skip
+    real, trained = job.train_and_evaluate_seeds, []
+
+    def stop_at_mlp(model, *args, **kwargs):
+        trained.append(model)
+        if model == "mlp":
+            raise KeyboardInterrupt("deadline")
+        return real(model, *args, **kwargs)
+
+    monkeypatch.setattr(job, "train_and_evaluate_seeds", stop_at_mlp)
+    with pytest.raises(KeyboardInterrupt):
+        job.evaluate(**kw, dataset="own")
+    assert _json(tmp_path / "acc_logreg_seed0.json")["num_classes"] == 12
+
+    trained.clear()
+    monkeypatch.setattr(job, "train_and_evaluate_seeds", lambda m, *a, **k: (
+        trained.append(m), real(m, *a, **k))[1])  # fmt: skip
+    job.evaluate(**kw)  # no dataset: the labels' 10 classes
+    assert trained == ["logreg", "mlp"]
+    for model in ("logreg", "mlp"):
+        assert _json(tmp_path / f"acc_{model}_seed0.json")["num_classes"] == 10
+
+
+def test_a_phase_of_other_samples_is_computed_again(files, tmp_path, monkeypatch):
+    """Samples drawn by other code (a generator architecture in ``models`` changed by
+    another commit: the same generator.pt, other images) are scored again: a resumed FID
+    would be of images no longer on disk. Its record names the samples it scored."""
+    from dpsinkhorn.evaluate import job
+
+    kw = {"seeds": [0], "num": 4, "test": files["test"], "reference": files["reference"],
+          "samples_dir": tmp_path, "scores_dir": tmp_path, "generator": files["generator"],
+          "classifiers": ["logreg"], "weights": files["weights"], "device": "cpu",
+          "sqrtm": "eigh", "max_iter": 20}  # fmt: skip
+    real_train, real_sample, trained = job.train_and_evaluate_seeds, job.sample_generator, []
+
+    def stop_at_logreg(model, *args, **kwargs):
+        raise KeyboardInterrupt("deadline")
+
+    monkeypatch.setattr(job, "train_and_evaluate_seeds", stop_at_logreg)
+    with pytest.raises(KeyboardInterrupt):
+        job.evaluate(**kw)
+    first = _json(tmp_path / "fid_seed0.json")
+
+    def other_code(model, num, seed):  # what another commit's generator code draws
+        images, labels = real_sample(model, num, seed)
+        return 255 - images, labels
+
+    monkeypatch.setattr(job, "sample_generator", other_code)
+    monkeypatch.setattr(job, "train_and_evaluate_seeds", lambda m, *a, **k: (
+        trained.append(m), real_train(m, *a, **k))[1])  # fmt: skip
+    job.evaluate(**kw)
+    record = _json(tmp_path / "fid_seed0.json")
+    assert record["a_sha256"] == fileio.sha256_of(tmp_path / "samples_seed0.npz")
+    assert record["fid"] != first["fid"] and trained == ["logreg"]

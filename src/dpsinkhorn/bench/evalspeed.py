@@ -101,17 +101,19 @@ def bench_fid(
 def bench_classifiers(draws, test, seeds, device: torch.device, args, out: dict, save) -> dict:
     """Log-Reg once; MLP/CNN per epoch both ways over ``compare_epochs`` and the fast loop
     at the full protocol: seconds, epochs, accuracies. Fills ``out`` and calls ``save()``
-    after each classifier."""
+    after each classifier. The class count is the largest label + 1 (``evaluate`` without
+    ``--dataset``), so any generator's classes fit, not only MNIST's 10."""
+    classes = 1 + max(int(y.max()) for y in [*(y for _, y in draws), test[1]])
     xs = [torch.from_numpy(to_float(x)).to(device) for x, _ in draws]
     ys = [torch.from_numpy(y).to(device) for _, y in draws]
     x_test = torch.from_numpy(to_float(test[0])).to(device)
     y_test = torch.from_numpy(test[1]).to(device)
-    sec, res = _timed(device, train_logreg_torch, xs, ys, x_test, y_test, 10, args.max_iter)
+    sec, res = _timed(device, train_logreg_torch, xs, ys, x_test, y_test, classes, args.max_iter)
     out["logreg_s"], out["logreg_accuracy"] = sec, [r["accuracy"] for r in res]
     save()
     e = args.compare_epochs
     for model in args.classifiers:
-        common = (model, xs, ys, x_test, y_test, 10, seeds)
+        common = (model, xs, ys, x_test, y_test, classes, seeds)
         for path, fn in (("reference", train_torch_batched), ("fast", train_torch_batched_fast)):
             sec, res = _timed(device, fn, *common, e, e + 1, args.batch_size)
             out[f"{model}_{path}_s_per_epoch"] = sec / e
@@ -161,9 +163,26 @@ def _section(result: dict, key: str, save, fn, *args) -> None:
     save(result)
 
 
+def check_args(args: argparse.Namespace) -> None:
+    """Refuse before any work what a section would fail on only after the sections before it
+    had spent the call's time: repeated seeds, fewer than 2 samples (FID, hold-out), a count
+    below 1 (``--reference-seeds`` 0 divided the FID section's seconds by zero)."""
+    if not args.seeds or len(set(args.seeds)) != len(args.seeds):
+        raise ValueError(f"--seeds needs distinct seeds, got {args.seeds}")
+    least = {"--num": (args.num, 2), "--num-test": (args.num_test, 2),
+             "--reference-seeds": (args.reference_seeds, 1),
+             "--compare-epochs": (args.compare_epochs, 1), "--max-epochs": (args.max_epochs, 1),
+             "--patience": (args.patience, 1), "--batch-size": (args.batch_size, 1),
+             "--max-iter": (args.max_iter, 1)}  # fmt: skip
+    for name, (value, low) in least.items():
+        if value < low:
+            raise ValueError(f"{name} must be at least {low}, got {value}")
+
+
 def run(args: argparse.Namespace, save=lambda result: None) -> dict:
     """Everything in the module docstring; returns the JSON's dict. ``save(result)`` is
     called after each section with what is measured so far."""
+    check_args(args)
     device = resolve_device(args.device)
     start = time.perf_counter()
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"

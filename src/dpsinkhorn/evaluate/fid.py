@@ -247,6 +247,14 @@ def load_statistics(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray, in
     return mu.astype(np.float64), sigma.astype(np.float64), int(num)
 
 
+def reference_statistics(path: str | os.PathLike) -> Statistics:
+    """:func:`load_statistics` of a file that must be a statistics file (a sample file is
+    refused with one line, before any feature is computed)."""
+    if not _is_statistics_file(Path(path)):
+        raise ValueError(f"{path}: not an FID statistics file (mu, sigma, num_images)")
+    return load_statistics(path)
+
+
 def statistics_metadata(path: str | os.PathLike) -> dict:
     """``{"image_shape": [H,W,C] | None, "weights_sha256": str | None, "source_sha256":
     str | None}`` of a statistics file (None where the file predates these fields)."""
@@ -380,9 +388,7 @@ def fid_against_reference(
     if sqrtm not in SQRTM_METHODS:
         raise ValueError(f"unknown FID sqrtm method {sqrtm!r}; choose from {SQRTM_METHODS}")
     paths = [Path(name), Path(reference)]
-    if not _is_statistics_file(paths[1]):
-        raise ValueError(f"{reference}: not an FID statistics file (mu, sigma, num_images)")
-    loaded = [fileio.channels_last(images, name), load_statistics(paths[1])]
+    loaded = [fileio.channels_last(images, name), reference_statistics(paths[1])]
     record = _fid_of_inputs(paths, loaded, weights, device, batch_size, sqrtm, fast, precision)
     if fast:
         record["features"] = f"fast ({precision}; batch norm folded, channels-last)"

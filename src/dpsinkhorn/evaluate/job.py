@@ -32,6 +32,8 @@ import os
 import time
 from pathlib import Path
 
+import numpy as np
+
 from dpsinkhorn import fileio
 from dpsinkhorn.config.targets import (
     EVALUATION_PHASES,
@@ -46,7 +48,12 @@ from dpsinkhorn.evaluate.classify import (
     train_and_evaluate_seeds,
     write_results,
 )
-from dpsinkhorn.evaluate.fid import SQRTM_METHODS, fid_against_reference
+from dpsinkhorn.evaluate.fid import (
+    SQRTM_METHODS,
+    fid_against_reference,
+    reference_statistics,
+    statistics_metadata,
+)
 from dpsinkhorn.evaluate.inception import FID_PRECISIONS, network_sha256
 from dpsinkhorn.evaluate.phases import COMMIT_ENV, phase_code_sha256, resumable
 from dpsinkhorn.evaluate.sample import load_generator, sample_generator, sample_real
@@ -97,7 +104,11 @@ def evaluate(
     ``num`` samples per seed; ``test`` the real test split (sample file); ``reference``
     its FID statistics (``dpsinkhorn fid-stats``). Every argument is checked before any
     work: unknown classifiers, a missing file, an unconditional generator with
-    classifiers, a bad ``sqrtm``.
+    classifiers, a bad ``sqrtm``, a count below 1 (epochs, patience, batch sizes,
+    iterations), a ``reference`` that is no statistics file, a ``dataset`` whose class count
+    cannot be found; before the samples are saved, reference statistics of another image
+    shape than the samples' and (with classifiers) a test split whose images differ in
+    shape from the samples or whose labels exceed the class count.
 
     ``fast``: the fast paths (FID: :func:`fid.statistics` ``fast``, in ``fid_precision``;
     MLP / CNN: :mod:`dpsinkhorn.evaluate.fastfit`); today's reference path otherwise. FID
@@ -119,13 +130,23 @@ def evaluate(
         raise ValueError(
             f"FID precision {fid_precision!r}: one of {FID_PRECISIONS}, not fp32 only with --fast"
         )
+    counts = {"--max-epochs": max_epochs, "--patience": patience, "--batch-size": batch_size,
+              "--max-iter": max_iter, "--fid-batch-size": fid_batch_size}  # fmt: skip
+    for name, value in counts.items():
+        if value is not None and value < 1:
+            raise ValueError(f"{name} must be at least 1, got {value}")
     for path in [test, reference, generator, real_data]:
         if path is not None and not Path(path).is_file():
             raise FileNotFoundError(f"{path}: file not found")
+    if fid:
+        reference_statistics(reference)  # a sample file or a broken one: refused before the work
+    # the class count (--dataset, an own dataset's dataset.json) before the work, not after FID
+    num_classes = resolve_num_classes(None, dataset, str(test)) if classifiers else None
     timings: dict[str, float] = {}
     settings = {"seeds": seeds, "num": num, "sqrtm": sqrtm, "max_epochs": max_epochs,
                 "patience": patience, "batch_size": batch_size, "max_iter": max_iter,
-                "weights": None if weights is None else network_sha256(weights)}  # fmt: skip
+                "weights": None if weights is None else network_sha256(weights),
+                "num_classes": num_classes}  # fmt: skip
     if fast:  # its results may differ in the last digits: not resumed from the reference's
         settings["fast"] = fid_precision
     progress = Progress(Path(scores_dir), [generator or real_data, test, reference], settings)
@@ -142,9 +163,19 @@ def evaluate(
         del model
     else:
         draws = [sample_real(Path(real_data), num, seed) for seed in seeds]
+    shape = [int(v) for v in fileio.channels_last(draws[0][0], "samples").shape[1:]]
+    if fid and statistics_metadata(reference)["image_shape"] not in (None, shape):
+        raise ValueError(  # as the FID phase would, before the samples are saved
+            f"FID needs images of one shape [H,W,C]: the samples have {shape}, {reference} "
+            f"has {statistics_metadata(reference)['image_shape']}"
+        )
+    if classifiers:
+        test_images, test_labels = fileio.load_samples(test)
+        _check_test_split(draws, test_images, test_labels, num_classes, test)
     files = sample_files(samples_dir, seeds)
     for path, (images, labels) in zip(files, draws, strict=True):
         fileio.save_samples(path, images, labels)
+    progress.bind([fileio.sha256_of(path) for path in files])
     timings["sample"] = _done("sample", begin)
 
     if fid:
@@ -170,8 +201,6 @@ def evaluate(
         timings["fid"] = _done("fid", begin)
 
     if classifiers:
-        num_classes = resolve_num_classes(None, dataset, str(test))
-        test_images, test_labels = fileio.load_samples(test)
         for model_name in classifiers:
             begin = time.perf_counter()
             results = progress.get(model_name) or train_and_evaluate_seeds(
@@ -198,6 +227,28 @@ def evaluate(
     return timings
 
 
+def _check_test_split(
+    draws: list, test_images: np.ndarray, test_labels: np.ndarray, num_classes: int | None,
+    test: str | Path,
+) -> None:  # fmt: skip
+    """Refuse, before the samples are saved and scored, what the classifiers would refuse
+    only after FID: test images [H,W,C] of another shape than the samples' (uint8
+    [N,H,W(,C)], labels [N]), a label outside ``num_classes``."""
+    shape = fileio.channels_last(draws[0][0], "samples").shape[1:]
+    test_shape = fileio.channels_last(test_images, str(test)).shape[1:]
+    if shape != test_shape:
+        raise ValueError(
+            f"{test}: test images [H,W,C]={list(test_shape)} differ from the samples' {list(shape)}"
+        )
+    if len(test_labels) == 0:
+        raise ValueError(f"{test}: the test set must not be empty")
+    largest = max(int(labels.max()) for labels in [test_labels, *(y for _, y in draws)])
+    if num_classes is not None and largest >= num_classes:
+        raise ValueError(
+            f"labels go up to {largest}, outside the {num_classes} classes ({test}, samples)"
+        )
+
+
 def _done(phase: str, begin: float) -> float:
     """Print a phase's wall seconds as it ends (the job's log shows where time went)."""
     seconds = time.perf_counter() - begin
@@ -211,11 +262,12 @@ class Progress:
     A stopped job (a window's deadline, a cluster's time limit) loses its declared outputs:
     Snakemake deletes them. Each phase's records (FID, one classifier, all seeds) are also
     kept in ``<scores>/evaluate_progress.json`` (not an output, so kept), keyed by the
-    SHA-256 of the inputs and the settings: a rerun with the same key reuses them, any
-    other key starts afresh. Each phase also records the code that computed it
-    (:func:`dpsinkhorn.evaluate.phases.phase_code_sha256`) and the commit
+    SHA-256 of the inputs and the settings (the class count among them): a rerun with the
+    same key reuses them, any other key starts afresh. Each phase also records the code
+    that computed it (:func:`dpsinkhorn.evaluate.phases.phase_code_sha256`) and the commit
     (``$DPSINKHORN_COMMIT``, or null): a phase whose code differs from this code (another
-    commit, an older archive) is computed again. Removed when the job completes, when
+    commit, an older archive) is computed again, and so is one computed on other samples
+    (:meth:`bind`). Removed when the job completes, when
     :data:`EVALUATION_PHASES` takes each phase's commit and code. Only scores are kept
     there, never images (samples are drawn again: seeded, the same).
     """
@@ -234,6 +286,16 @@ class Progress:
             commit = saved[phase].get("commit") if isinstance(saved[phase], dict) else None
             print(f"rerunning {phase}: saved by other evaluation code (commit "
                   f"{commit or 'unknown'})", flush=True)  # fmt: skip
+        self.samples: list[str] = []
+
+    def bind(self, samples_sha256: list[str]) -> None:
+        """Keep only the phases computed on these samples (SHA-256 of each seed's sample
+        file): samples drawn by other code (a generator architecture another commit changed,
+        outside :data:`phases.PHASE_MODULES`) are scored again; new phases record them."""
+        self.samples = list(samples_sha256)
+        for phase in [p for p, e in self.done.items() if e.get("samples_sha256") != self.samples]:
+            print(f"rerunning {phase}: saved for other samples", flush=True)
+            del self.done[phase]
         if self.done:
             print(f"resuming: {', '.join(self.done)} already done ({self.path})", flush=True)
 
@@ -245,6 +307,7 @@ class Progress:
         entry = self.done.get(phase) or {
             "code_sha256": phase_code_sha256(phase),
             "commit": os.environ.get(COMMIT_ENV),
+            "samples_sha256": self.samples,
         }
         self.done[phase] = {**entry, "records": [dict(r) for r in records]}
         fileio.write_json(self.path, {"key": self.key, "done": self.done})
