@@ -251,6 +251,13 @@ def _bad_folder(tmp_path: Path, case: str) -> tuple[Path, Path, dict]:
     if case == "a class folder no folder of samples can take":  # refused only by training
         _png(root / "b\\c" / "0.png")
         return root, root, settings
+    if case == "an image beside the class folders":  # left out without a word before
+        _png(root / "loose.png")
+        return root, root / "loose.png", settings
+    if case == "a linked folder inside a class folder":  # rglob does not read it
+        _png(tmp_path / "more" / "0.png")
+        (root / "a" / "more").symlink_to(tmp_path / "more", target_is_directory=True)
+        return root, root / "a" / "more", settings
     if case == "truncated":
         data = (root / "a" / "0.png").read_bytes()
         (root / "a" / "0.png").write_bytes(data[: len(data) // 2])
@@ -290,6 +297,8 @@ def _bad_npz(tmp_path: Path, case: str) -> tuple[Path, Path, dict]:
         "a file that is no .npz",
         "a class folder no folder of samples can take",
         "a val folder beside train",
+        "an image beside the class folders",
+        "a linked folder inside a class folder",
         "corrupt, its name with a line break",
         "npz:no labels",
         "npz:no images",

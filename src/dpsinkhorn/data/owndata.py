@@ -115,12 +115,19 @@ def _read_image(path: Path, definition: Mapping[str, Any]) -> np.ndarray:
 def _image_files(folder: Path) -> list[Path]:
     """Image files under ``folder`` (recursively, sorted; hidden files left out). A broken
     link with an image's name is listed, so that it is refused by name, not left out."""
-    return sorted(
+    found = [
         p
         for p in folder.rglob("*")
-        if (p.is_file() or p.is_symlink())
-        and p.suffix.lower() in IMAGE_EXTENSIONS
-        and not any(part.startswith(".") for part in p.relative_to(folder).parts)
+        if not any(part.startswith(".") for part in p.relative_to(folder).parts)
+    ]
+    for p in found:  # rglob lists a linked folder but does not read it
+        if p.is_symlink() and p.is_dir():
+            raise DatasetError(
+                f"{p}: not read: a linked folder inside a class folder (link the images, "
+                "or copy them in)"
+            )
+    return sorted(
+        p for p in found if (p.is_file() or p.is_symlink()) and p.suffix.lower() in IMAGE_EXTENSIONS
     )
 
 
@@ -134,6 +141,13 @@ def _read_class_folders(
     if not class_dirs:
         loose = "; images must lie in <class>/ sub-folders" if _image_files(base) else ""
         raise DatasetError(f"{base}: no images (expected {base}/<class>/*.png|jpg|jpeg){loose}")
+    for entry in sorted(base.iterdir()):  # an image beside the class folders has no class
+        if entry.is_file() and entry.suffix.lower() in IMAGE_EXTENSIONS:
+            if not entry.name.startswith("."):
+                raise DatasetError(
+                    f"{entry}: not read: an image beside the class folders has no class "
+                    f"(move it into {base}/<class>/, or out of the folder)"
+                )
     index = {name: i for i, name in enumerate(classes)}
     images, labels = [], []
     for folder in class_dirs:
