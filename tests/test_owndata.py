@@ -274,12 +274,14 @@ def _bad_npz(tmp_path: Path, case: str) -> tuple[Path, Path, dict]:
         "lengths": {"images": images, "labels": labels[:3]},
         "label out of classes": {"images": images, "labels": labels},  # 4 labels, 3 classes
         "float images": {"images": images.astype(np.float32), "labels": labels},
+        "a side of 0 pixels": {"images": np.zeros((4, 0, 28), np.uint8), "labels": labels % 3},
     }
     if case == "not an npz":
         path.write_bytes(b"PK garbage")
     else:
         np.savez(path, **arrays[case])
-    return path, path, {"image_size": 28, "classes": ["a", "b", "c"]}
+    resize = case == "a side of 0 pixels"  # without resize: refused as another size
+    return path, path, {"image_size": 28, "classes": ["a", "b", "c"], "resize": resize}
 
 
 @pytest.mark.parametrize(
@@ -305,6 +307,7 @@ def _bad_npz(tmp_path: Path, case: str) -> tuple[Path, Path, dict]:
         "npz:lengths",
         "npz:label out of classes",
         "npz:float images",
+        "npz:a side of 0 pixels",
         "npz:not an npz",
     ],
 )

@@ -222,6 +222,8 @@ def _npz_pair(
         )
     if len(images) == 0:
         raise DatasetError(f"{path}: {keys[0]} holds no images")
+    if 0 in images.shape[1:3]:  # resize would make blank images of them
+        raise DatasetError(f"{path}: {keys[0]} has a side of 0 pixels: {list(images.shape)}")
     num_classes = len(definition["classes"])
     if labels.min() < 0 or labels.max() >= num_classes:
         # No label value is printed: the labels are private.
