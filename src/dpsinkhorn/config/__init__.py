@@ -64,6 +64,7 @@ from dpsinkhorn.config.identity import (
     deep_merge,
     experiment_spec_of,
 )
+from dpsinkhorn.config.semantics import SWEEP_BF16_ERROR
 from dpsinkhorn.config.targets import (
     TABLE_FIGURES,
     report_tables,
@@ -75,7 +76,6 @@ from dpsinkhorn.config.targets import (
 from dpsinkhorn.config.validate import (
     OVERRIDABLE,
     SCHEMA_PATH,
-    SWEEP_BF16_ERROR,
     check_overrides,
     cli_or_config,
     load_config,

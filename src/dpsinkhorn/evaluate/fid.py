@@ -3,11 +3,9 @@
 Features are the 2048-d pool3 activations of pytorch-fid's Inception network
 (:mod:`dpsinkhorn.evaluate.inception`, which also says how images are prepared); FID
 compares their Gaussian statistics (mean ``mu`` [2048], covariance ``sigma``
-[2048,2048], float64).
-
-Either side of a comparison may be a sample file (see ``dpsinkhorn.fileio``) or a
-statistics file (``mu``, ``sigma``, ``num_images``), so reference statistics of
-a real data set are computed once with ``dpsinkhorn fid-stats``.
+[2048,2048], float64). Either side may be a sample file (``dpsinkhorn.fileio``) or a
+statistics file (``mu``, ``sigma``, ``num_images``: a real data set's, computed once by
+``dpsinkhorn fid-stats``).
 """
 
 from __future__ import annotations
@@ -248,8 +246,7 @@ def load_statistics(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray, in
 
 
 def reference_statistics(path: str | os.PathLike) -> Statistics:
-    """:func:`load_statistics` of a file that must be a statistics file (a sample file is
-    refused with one line, before any feature is computed)."""
+    """:func:`load_statistics`; a sample file is refused in one line, before any feature."""
     if not _is_statistics_file(Path(path)):
         raise ValueError(f"{path}: not an FID statistics file (mu, sigma, num_images)")
     return load_statistics(path)
@@ -503,9 +500,7 @@ def register_cli(subparsers: argparse._SubParsersAction) -> None:
     _add_common(p)
     p.set_defaults(handler=_cmd_fid)
 
-    p = subparsers.add_parser(
-        "fid-weights", help="copy the Inception weights without the fc layer FID never reads"
-    )
+    p = subparsers.add_parser("fid-weights", help="the Inception weights without the fc layer")
     p.add_argument("--weights", required=True, help=f"pytorch-fid's {WEIGHTS_FILE_NAME}")
     p.add_argument("--strip-fc", required=True, help="where the copy without fc goes")
     p.set_defaults(handler=_cmd_fid_weights)
