@@ -10,6 +10,7 @@ same training sets (MLP: exactly the sequential result; Log-Reg: the same optimu
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -122,6 +123,23 @@ def test_real_data_job_classifiers_equal_the_per_step_path(files, tmp_path, run_
                 assert abs(ours["accuracy"] - theirs["accuracy"]) <= 0.005
 
 
+def _stop_at_mlp(monkeypatch) -> tuple[list[str], Callable]:
+    """Make the evaluation job stop (KeyboardInterrupt: a deadline) when the MLP's phase
+    starts; returns the list of classifiers it starts, in order, and the real trainer."""
+    from dpsinkhorn.evaluate import job
+
+    real, trained = job.train_and_evaluate_seeds, []
+
+    def stop_at_mlp(model, *args, **kwargs):
+        trained.append(model)
+        if model == "mlp":
+            raise KeyboardInterrupt("deadline")
+        return real(model, *args, **kwargs)
+
+    monkeypatch.setattr(job, "train_and_evaluate_seeds", stop_at_mlp)
+    return trained, real
+
+
 @pytest.mark.parametrize(
     "change, message",
     [
@@ -175,16 +193,7 @@ def test_a_stopped_job_resumes_after_its_finished_phases(files, tmp_path, monkey
           "samples_dir": tmp_path, "scores_dir": tmp_path, "real_data": files["train"],
           "classifiers": ["logreg", "mlp"], "dataset": "mnist", "device": "cpu",
           "max_epochs": 1, "patience": 1, "fid": False}  # fmt: skip
-    real = job.train_and_evaluate_seeds
-    trained = []
-
-    def stop_at_mlp(model, *args, **kwargs):
-        trained.append(model)
-        if model == "mlp":
-            raise KeyboardInterrupt("deadline")
-        return real(model, *args, **kwargs)
-
-    monkeypatch.setattr(job, "train_and_evaluate_seeds", stop_at_mlp)
+    trained, real = _stop_at_mlp(monkeypatch)
     with pytest.raises(KeyboardInterrupt):
         job.evaluate(**kw)
     progress = tmp_path / job.Progress.NAME
@@ -274,15 +283,7 @@ def test_a_phase_is_not_resumed_under_another_class_count(files, tmp_path, monke
           "samples_dir": tmp_path, "scores_dir": tmp_path, "real_data": files["train"],
           "classifiers": ["logreg", "mlp"], "device": "cpu", "max_epochs": 1, "patience": 1,
           "max_iter": 20, "fid": False}  # fmt: skip
-    real, trained = job.train_and_evaluate_seeds, []
-
-    def stop_at_mlp(model, *args, **kwargs):
-        trained.append(model)
-        if model == "mlp":
-            raise KeyboardInterrupt("deadline")
-        return real(model, *args, **kwargs)
-
-    monkeypatch.setattr(job, "train_and_evaluate_seeds", stop_at_mlp)
+    trained, real = _stop_at_mlp(monkeypatch)
     with pytest.raises(KeyboardInterrupt):
         job.evaluate(**kw, dataset="own")
     assert _json(tmp_path / "acc_logreg_seed0.json")["num_classes"] == 12

@@ -20,12 +20,17 @@ from dpsinkhorn.cli import main
 from dpsinkhorn.config.experiments import experiment
 from dpsinkhorn.evaluate import phases
 
-CONFIG = """\
+#: What the window configs of these tests share.
+HEAD = """\
 run_name: window
 data_dir: DATA
 device: cpu
 seeds: [0]
 evaluation: {num_samples: 60, fid_reference_size: 20, classifiers: [logreg]}
+"""
+CONFIG = (
+    HEAD
+    + """\
 training_defaults: {channels: [32, 16, 8]}
 experiments:
   dp_fast: {dataset: mnist, sigma: 1.5, steps: 600, batch_size: 50}
@@ -36,6 +41,7 @@ experiments:
   real_mnist: {dataset: mnist, table1_row: real, method: real_data}
   mnist_dpsinkhorn: {dataset: mnist, table1_row: paper, sigma: 1.5, steps: 600}
 """
+)
 #: Step rates of the three training shapes (made up for the test: 10, 5 and 105 steps/s
 #: give 1 min, 4 min and 25.4 min of training).
 RATES = {"dp_fast": 10.0, "dp_slow": 5.0, "long_np": 105.0}
@@ -230,12 +236,9 @@ def test_item_keys_are_checked(tmp_path, bad):
         setup(tmp_path, f"  - {{name: a, experiments: [real_mnist], {bad}}}\n")
 
 
-WINDOWS_CONFIG = """\
-run_name: window
-data_dir: DATA
-device: cpu
-seeds: [0]
-evaluation: {num_samples: 60, fid_reference_size: 20, classifiers: [logreg]}
+WINDOWS_CONFIG = (
+    HEAD
+    + """\
 training_defaults: {channels: [32, 16, 8], batch_size: 50}
 experiments:
   mnist_dpsinkhorn: {dataset: mnist, table1_row: paper, sigma: 1.5, steps: 4200}
@@ -243,6 +246,7 @@ experiments:
                  clipping: per_sample}
   fmnist_dpsinkhorn: {dataset: fmnist, table1_row: paper, sigma: 1.5, steps: 4200}
 """
+)
 
 
 def windows_setup(tmp_path: Path) -> tuple[dict, list[dict]]:
