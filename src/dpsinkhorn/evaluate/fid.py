@@ -322,7 +322,7 @@ def _input_metadata(path: Path, loaded: Statistics | np.ndarray) -> dict:
     return {"image_shape": [int(v) for v in loaded.shape[1:]], "weights_sha256": None}
 
 
-def _check_same_inputs(paths: list[Path], meta: list[dict], network_sha: str | None) -> str | None:
+def check_same_inputs(paths: list[Path], meta: list[dict], network_sha: str | None) -> str | None:
     """Refuse sides of different image shapes or networks; return the network's SHA-256."""
     shapes = [m["image_shape"] for m in meta]
     if None not in shapes and shapes[0] != shapes[1]:
@@ -408,13 +408,13 @@ def _fid_of_inputs(
     network_sha = None
     if needs_network and weights is not None:
         network_sha = verify_weights(weights) if Path(weights).is_file() else None
-    _check_same_inputs(paths, meta, network_sha)
+    check_same_inputs(paths, meta, network_sha)
     (mu_a, s_a, n_a), (mu_b, s_b, n_b) = (
         _statistics_of_input(x, weights, device, batch_size, fast, precision) for x in loaded
     )
     if needs_network and network_sha is None:  # pytorch-fid's download, verified on loading
         network_sha = network_sha256(weights)
-    weights_sha = _check_same_inputs(paths, meta, network_sha)
+    weights_sha = check_same_inputs(paths, meta, network_sha)
     return {
         "fid": fid_from_stats(mu_a, s_a, mu_b, s_b, method=sqrtm),
         "sqrtm": sqrtm,

@@ -50,6 +50,7 @@ from dpsinkhorn.evaluate.classify import (
 )
 from dpsinkhorn.evaluate.fid import (
     SQRTM_METHODS,
+    check_same_inputs,
     fid_against_reference,
     reference_statistics,
     statistics_metadata,
@@ -164,14 +165,12 @@ def evaluate(
     else:
         draws = [sample_real(Path(real_data), num, seed) for seed in seeds]
     shape = [int(v) for v in fileio.channels_last(draws[0][0], "samples").shape[1:]]
-    if fid and statistics_metadata(reference)["image_shape"] not in (None, shape):
-        raise ValueError(  # as the FID phase would, before the samples are saved
-            f"FID needs images of one shape [H,W,C]: the samples have {shape}, {reference} "
-            f"has {statistics_metadata(reference)['image_shape']}"
-        )
+    if fid:  # as the FID phase would, before the samples are saved
+        sides = [{"image_shape": shape, "weights_sha256": None}, statistics_metadata(reference)]
+        check_same_inputs([Path("the samples"), Path(reference)], sides, None)
     if classifiers:
         test_images, test_labels = fileio.load_samples(test)
-        _check_test_split(draws, test_images, test_labels, num_classes, test)
+        _check_test_split(shape, draws, test_images, test_labels, num_classes, test)
     files = sample_files(samples_dir, seeds)
     for path, (images, labels) in zip(files, draws, strict=True):
         fileio.save_samples(path, images, labels)
@@ -228,14 +227,13 @@ def evaluate(
 
 
 def _check_test_split(
-    draws: list, test_images: np.ndarray, test_labels: np.ndarray, num_classes: int | None,
-    test: str | Path,
+    shape: list[int], draws: list, test_images: np.ndarray, test_labels: np.ndarray,
+    num_classes: int | None, test: str | Path,
 ) -> None:  # fmt: skip
     """Refuse, before the samples are saved and scored, what the classifiers would refuse
-    only after FID: test images [H,W,C] of another shape than the samples' (uint8
+    only after FID: test images [H,W,C] of another shape than the samples' (``shape``; uint8
     [N,H,W(,C)], labels [N]), a label outside ``num_classes``."""
-    shape = fileio.channels_last(draws[0][0], "samples").shape[1:]
-    test_shape = fileio.channels_last(test_images, str(test)).shape[1:]
+    test_shape = [int(v) for v in fileio.channels_last(test_images, str(test)).shape[1:]]
     if shape != test_shape:
         raise ValueError(
             f"{test}: test images [H,W,C]={list(test_shape)} differ from the samples' {list(shape)}"
