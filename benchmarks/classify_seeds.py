@@ -56,7 +56,9 @@ def main() -> int:
         trains = []
         for k in range(args.seeds):
             trains.append(tmp / f"samples_seed{k}.npz")
-            fileio.save_samples(trains[-1], *read_idx(raw, "train", k * args.num_train, args.num_train))
+            fileio.save_samples(
+                trains[-1], *read_idx(raw, "train", k * args.num_train, args.num_train)
+            )
         seeds = [str(k) for k in range(args.seeds)]
         start = time.perf_counter()
         for k in range(args.seeds):
@@ -70,7 +72,9 @@ def main() -> int:
         batched = ["--batched"] if args.batched else []
         subprocess.run([*cmd, "--seed", *seeds, "--out", *outs, *common, *batched], check=True)
         together = time.perf_counter() - start
-        acc_alone = [fileio.read_json(tmp / f"alone_{k}.json")["accuracy"] for k in range(args.seeds)]
+        acc_alone = [
+            fileio.read_json(tmp / f"alone_{k}.json")["accuracy"] for k in range(args.seeds)
+        ]
         acc_together = [fileio.read_json(o)["accuracy"] for o in outs]
     print(
         json.dumps(

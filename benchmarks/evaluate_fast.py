@@ -47,14 +47,49 @@ def main() -> int:
     run(["data", "--dataset", "mnist", "--root", str(root / "data"), "--mirror", args.mirror])
     test = root / "data" / "mnist" / "test.npz"
     ref = root / "fid_ref.npz"
-    run(["fid-stats", "--samples", str(test), "--out", str(ref), "--num",
-         str(args.fid_reference_size), "--seed", "0", "--weights", args.weights,
-         "--device", args.device])  # fmt: skip
-    common = ["--generator", args.generator, "--test", str(test), "--reference", str(ref),
-              "--seed", *args.seeds, "--num", str(args.num), "--sqrtm", args.sqrtm,
-              "--weights", args.weights, "--max-epochs", str(args.max_epochs), "--patience",
-              str(args.patience), "--max-iter", str(args.max_iter), "--dataset", "mnist",
-              "--device", args.device]  # fmt: skip
+    run(
+        [
+            "fid-stats",
+            "--samples",
+            str(test),
+            "--out",
+            str(ref),
+            "--num",
+            str(args.fid_reference_size),
+            "--seed",
+            "0",
+            "--weights",
+            args.weights,
+            "--device",
+            args.device,
+        ]
+    )
+    common = [
+        "--generator",
+        args.generator,
+        "--test",
+        str(test),
+        "--reference",
+        str(ref),
+        "--seed",
+        *args.seeds,
+        "--num",
+        str(args.num),
+        "--sqrtm",
+        args.sqrtm,
+        "--weights",
+        args.weights,
+        "--max-epochs",
+        str(args.max_epochs),
+        "--patience",
+        str(args.patience),
+        "--max-iter",
+        str(args.max_iter),
+        "--dataset",
+        "mnist",
+        "--device",
+        args.device,
+    ]
     runs: dict[str, list[dict]] = {"reference": [], "fast": []}
     for rep in range(args.reps):
         for path in runs:
@@ -62,8 +97,19 @@ def main() -> int:
             out.mkdir()
             begin = time.perf_counter()
             extra = ["--fast"] if path == "fast" else []
-            run(["evaluate", *common, "--samples-dir", str(out), "--scores-dir", str(out),
-                 "--timings", str(out / "timings.json"), *extra])  # fmt: skip
+            run(
+                [
+                    "evaluate",
+                    *common,
+                    "--samples-dir",
+                    str(out),
+                    "--scores-dir",
+                    str(out),
+                    "--timings",
+                    str(out / "timings.json"),
+                    *extra,
+                ]
+            )
             wall = time.perf_counter() - begin
             phases = json.loads((out / "timings.json").read_text())["seconds"]
             scores = {f.stem: json.loads(f.read_text()) for f in sorted(out.glob("*_seed*.json"))}

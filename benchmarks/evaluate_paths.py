@@ -48,9 +48,23 @@ def main() -> int:
     run(["data", "--dataset", "mnist", "--root", str(root / "data"), "--mirror", args.mirror])
     test = root / "data" / "mnist" / "test.npz"
     ref = root / "fid_ref.npz"
-    run(["fid-stats", "--samples", str(test), "--out", str(ref), "--num",
-         str(args.fid_reference_size), "--seed", "0", "--weights", args.weights,
-         "--device", args.device])  # fmt: skip
+    run(
+        [
+            "fid-stats",
+            "--samples",
+            str(test),
+            "--out",
+            str(ref),
+            "--num",
+            str(args.fid_reference_size),
+            "--seed",
+            "0",
+            "--weights",
+            args.weights,
+            "--device",
+            args.device,
+        ]
+    )
     torch.manual_seed(0)
     config = GeneratorConfig()
     gen = root / "generator.pt"
@@ -58,28 +72,95 @@ def main() -> int:
     torch.save({**state, "model_config": config.to_dict()}, gen)
     seeds = [str(s) for s in args.seeds]
     device = ["--device", args.device]
-    fit = ["--max-epochs", str(args.max_epochs), "--patience", str(args.patience),
-           "--max-iter", str(args.max_iter), "--dataset", "mnist"]  # fmt: skip
+    fit = [
+        "--max-epochs",
+        str(args.max_epochs),
+        "--patience",
+        str(args.patience),
+        "--max-iter",
+        str(args.max_iter),
+        "--dataset",
+        "mnist",
+    ]
 
     def per_step(out: Path) -> None:
         for seed in seeds:
             samples = out / f"samples_seed{seed}.npz"
-            run(["sample", "--generator", str(gen), "--num", str(args.num), "--seed", seed,
-                 "--out", str(samples), *device])  # fmt: skip
-            run(["fid", "--a", str(samples), "--b", str(ref), "--out",
-                 str(out / f"fid_seed{seed}.json"), "--sqrtm", "eigh", "--weights",
-                 args.weights, *device])  # fmt: skip
+            run(
+                [
+                    "sample",
+                    "--generator",
+                    str(gen),
+                    "--num",
+                    str(args.num),
+                    "--seed",
+                    seed,
+                    "--out",
+                    str(samples),
+                    *device,
+                ]
+            )
+            run(
+                [
+                    "fid",
+                    "--a",
+                    str(samples),
+                    "--b",
+                    str(ref),
+                    "--out",
+                    str(out / f"fid_seed{seed}.json"),
+                    "--sqrtm",
+                    "eigh",
+                    "--weights",
+                    args.weights,
+                    *device,
+                ]
+            )
         for model in ("logreg", "mlp", "cnn"):
-            run(["classify", "--model", model, "--train",
-                 *[str(out / f"samples_seed{s}.npz") for s in seeds], "--test", str(test),
-                 "--seed", *seeds, "--out", *[str(out / f"acc_{model}_seed{s}.json")
-                                               for s in seeds], *fit, *device])  # fmt: skip
+            run(
+                [
+                    "classify",
+                    "--model",
+                    model,
+                    "--train",
+                    *[str(out / f"samples_seed{s}.npz") for s in seeds],
+                    "--test",
+                    str(test),
+                    "--seed",
+                    *seeds,
+                    "--out",
+                    *[str(out / f"acc_{model}_seed{s}.json") for s in seeds],
+                    *fit,
+                    *device,
+                ]
+            )
 
     def one_job(out: Path) -> None:
-        run(["evaluate", "--generator", str(gen), "--test", str(test), "--reference", str(ref),
-             "--seed", *seeds, "--num", str(args.num), "--samples-dir", str(out),
-             "--scores-dir", str(out), "--sqrtm", "eigh", "--weights", args.weights,
-             *fit, *device])  # fmt: skip
+        run(
+            [
+                "evaluate",
+                "--generator",
+                str(gen),
+                "--test",
+                str(test),
+                "--reference",
+                str(ref),
+                "--seed",
+                *seeds,
+                "--num",
+                str(args.num),
+                "--samples-dir",
+                str(out),
+                "--scores-dir",
+                str(out),
+                "--sqrtm",
+                "eigh",
+                "--weights",
+                args.weights,
+                *fit,
+                *device,
+            ]
+        )
 
     times: dict[str, list[float]] = {"per_step": [], "one_job": []}
     for rep in range(args.reps):
@@ -91,8 +172,16 @@ def main() -> int:
             times[name].append(time.perf_counter() - begin)
             print(json.dumps({"path": name, "rep": rep, "seconds": times[name][-1]}), flush=True)
     means = {k: sum(v) / len(v) for k, v in times.items()}
-    print(json.dumps({"seeds": len(seeds), "num": args.num, "mean_seconds": means,
-                      "speed_up": means["per_step"] / means["one_job"]}))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "seeds": len(seeds),
+                "num": args.num,
+                "mean_seconds": means,
+                "speed_up": means["per_step"] / means["one_job"],
+            }
+        )
+    )
     return 0
 
 

@@ -107,14 +107,29 @@ class Workflow:
 
 def command(workdir: Path) -> list[str]:
     weights = require_shared(shared_path("DPSINKHORN_FID_WEIGHTS"), "FID_WEIGHTS=PATH")
-    return [str(BIN / "snakemake"), "-s", str(REPO / "Snakefile"), "-d", str(workdir),
-            "-c", "2", "--max-threads", "1", "--configfile", str(workdir / CONFIG),
-            "--config", f"fid_weights={weights}"]  # fmt: skip
+    return [
+        str(BIN / "snakemake"),
+        "-s",
+        str(REPO / "Snakefile"),
+        "-d",
+        str(workdir),
+        "-c",
+        "2",
+        "--max-threads",
+        "1",
+        "--configfile",
+        str(workdir / CONFIG),
+        "--config",
+        f"fid_weights={weights}",
+    ]
 
 
 def env() -> dict:
-    return {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
-            "OMP_NUM_THREADS": "1"}  # fmt: skip
+    return {
+        **os.environ,
+        "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+        "OMP_NUM_THREADS": "1",
+    }
 
 
 def log_jobs(text: str) -> tuple[dict[str, str], set[str], bool]:
@@ -149,9 +164,15 @@ class Attempt:
         self.workdir, self.path = workdir, path
         self._log = open(path, "w")
         self.t0 = time.monotonic()
-        self.proc = subprocess.Popen(cmd or command(workdir), cwd=workdir, env=env(),
-                                     stdout=self._log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+        self.proc = subprocess.Popen(
+            cmd or command(workdir),
+            cwd=workdir,
+            env=env(),
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         self.started: dict[str, float] = {}  # job label -> when its start line showed
         self.finished: dict[str, float] = {}
         self.running: list[str] = []  # started, not finished
@@ -308,8 +329,14 @@ def killed_life(
     temporary files removed, seconds."""
     began = time.monotonic()
     cmd = cmd or command(workdir)
-    figure = {"moments": [], "hit": Counter(), "attempts": 0, "unlocks": 0,
-              "completed_before_kill": 0, "race": 0}  # fmt: skip
+    figure = {
+        "moments": [],
+        "hit": Counter(),
+        "attempts": 0,
+        "unlocks": 0,
+        "completed_before_kill": 0,
+        "race": 0,
+    }
     done: set[str] = set()
     cursor = 0.0
     while True:
@@ -330,8 +357,9 @@ def killed_life(
                 figure["hit"].update(hit)
                 if killed:  # Snakemake's lock is left: what a user does (docs/CLUSTER.md)
                     figure["unlocks"] += 1
-                    subprocess.run([*cmd, "--unlock"], cwd=workdir, env=env(),
-                                   capture_output=True, check=True)  # fmt: skip
+                    subprocess.run(
+                        [*cmd, "--unlock"], cwd=workdir, env=env(), capture_output=True, check=True
+                    )
                 continue
         code = attempt.close()
         figure["race"] += raced(attempt, ref.workflow)
@@ -457,14 +485,19 @@ def check_consistent(workdir: Path, wf: Workflow, figure: dict) -> list[str]:
         p.relative_to(workdir).as_posix()
         for p in workdir.rglob("*")
         if ".snakemake" not in p.parts
-        and (re.search(r"\.tmp(\.|$|-)", p.name) or p.name in ("private_workspace",
-                                                              ".dpsinkhorn.stopped"))
-    ]  # fmt: skip
+        and (
+            re.search(r"\.tmp(\.|$|-)", p.name)
+            or p.name in ("private_workspace", ".dpsinkhorn.stopped")
+        )
+    ]
     if left:
         problems.append(f"left behind: {left}")
     problems += [f"unreadable: {bad}" for bad in unreadable(workdir)]
-    events = [e for record in (workdir / "data" / "trainings").glob("*.jsonl")
-              for e in trainings.read(record)]  # fmt: skip
+    events = [
+        e
+        for record in (workdir / "data" / "trainings").glob("*.jsonl")
+        for e in trainings.read(record)
+    ]
     figure["republished"] = 0
     for name in cfg.trained_experiments(wf.config):
         folder = workdir / wf.folder(name)
@@ -484,10 +517,20 @@ def check_consistent(workdir: Path, wf: Workflow, figure: dict) -> list[str]:
                 problems.append(f"{name}: generator.pt is not the one its ledger names")
     published = workdir / "published"
     run = subprocess.run(
-        [str(BIN / "dpsinkhorn"), "release", "--config", CONFIG, "--out", str(published),
-         "--accept-no-guarantee"],
-        cwd=workdir, env=env(), capture_output=True, text=True,
-    )  # fmt: skip
+        [
+            str(BIN / "dpsinkhorn"),
+            "release",
+            "--config",
+            CONFIG,
+            "--out",
+            str(published),
+            "--accept-no-guarantee",
+        ],
+        cwd=workdir,
+        env=env(),
+        capture_output=True,
+        text=True,
+    )
     if run.returncode != 0:
         return [*problems, f"release refused: {run.stderr.strip()}"]
     manifest = json.loads((workdir / wf.results / "release_manifest.json").read_text())

@@ -89,14 +89,19 @@ def test_api_run_on_arrays_is_labelled_and_released_only_as_trained(tmp_path):
     manifest = (tmp_path / "out" / "release_manifest.json").read_text()
     assert str(tmp_path) not in manifest
     with pytest.raises(ValueError, match=r"dataset: 'mnist' cannot name train_data"):
-        api.train(TINY, tmp_path / "r2", train_data=(images, labels), classes=classes,
-                  dataset="mnist")  # fmt: skip
+        api.train(
+            TINY, tmp_path / "r2", train_data=(images, labels), classes=classes, dataset="mnist"
+        )
 
 
 def test_api_release_refuses_a_public_seed_and_a_workspace(tmp_path):
     images, labels = digits(28)
-    api.train({**TINY, "reproducible": True}, tmp_path / "run", train_data=(images, labels),
-              classes=[str(d) for d in range(10)])  # fmt: skip
+    api.train(
+        {**TINY, "reproducible": True},
+        tmp_path / "run",
+        train_data=(images, labels),
+        classes=[str(d) for d in range(10)],
+    )
     with pytest.raises(ValueError, match=r"pass accept_no_guarantee=True to"):
         api.release(tmp_path / "run", tmp_path / "out")
     assert not (tmp_path / "out").exists()
@@ -120,9 +125,13 @@ def test_unconditional_28px_ignores_labels_and_samples_minus_one(tmp_path):
     assert samples.shape == (12, 28, 28) and (out_labels == -1).all()
     assert api.class_names(generator) == ("unconditional",)
     files = api.save_pngs(
-        samples, out_labels, api.class_names(generator), out_dir=tmp_path / "pngs",
-        grid=tmp_path / "grid.png", per_class=5,
-    )  # fmt: skip
+        samples,
+        out_labels,
+        api.class_names(generator),
+        out_dir=tmp_path / "pngs",
+        grid=tmp_path / "grid.png",
+        per_class=5,
+    )
     assert len(list((tmp_path / "pngs" / "unconditional").glob("*.png"))) == 12
     assert len(files) == 13
     with Image.open(tmp_path / "grid.png") as im:  # 12 samples in rows of 5: 3 rows
@@ -133,9 +142,11 @@ def test_64px_rgb_run(tmp_path):
     images, labels = digits(64, channels=3)
     keep = labels < 3
     api.train(
-        {**TINY, "channels": [16, 8, 8, 4]}, tmp_path / "run",
-        train_data=(images[keep], labels[keep]), classes=["zero", "one", "two"],
-    )  # fmt: skip
+        {**TINY, "channels": [16, 8, 8, 4]},
+        tmp_path / "run",
+        train_data=(images[keep], labels[keep]),
+        classes=["zero", "one", "two"],
+    )
     samples, out_labels = api.sample(tmp_path / "run" / "generator.pt", 6, seed=0, device="cpu")
     assert samples.shape == (6, 64, 64, 3) and sorted(out_labels) == [0, 0, 1, 1, 2, 2]
     files = api.save_pngs(samples, out_labels, ["zero", "one", "two"], out_dir=tmp_path / "p")
@@ -166,8 +177,9 @@ def test_non_square_arrays_are_refused_before_anything_is_recorded(tmp_path):
     images, labels = digits(28)
     classes = [str(d) for d in range(10)]
     with pytest.raises(ValueError, match=r"images must be square.*\(1797, 28, 27\)"):
-        api.train(TINY, tmp_path / "run", train_data=(images[:, :, :27].copy(), labels),
-                  classes=classes)  # fmt: skip
+        api.train(
+            TINY, tmp_path / "run", train_data=(images[:, :, :27].copy(), labels), classes=classes
+        )
     assert not [p for p in tmp_path.rglob("*") if p.is_file()]
 
 
@@ -182,8 +194,12 @@ def test_a_delta_not_below_one_over_n_is_refused_before_anything_is_recorded(tmp
     with pytest.raises(ValueError, match=r"experiment custom: delta 0\.001 is not below 1/N"):
         api.train(settings, tmp_path / "run", train_data=(images, labels), classes=classes)
     assert not [p for p in tmp_path.rglob("*") if p.is_file()]
-    record = api.train({**settings, "delta": 0.99 / len(labels)}, tmp_path / "run",
-                       train_data=(images, labels), classes=classes)  # fmt: skip
+    record = api.train(
+        {**settings, "delta": 0.99 / len(labels)},
+        tmp_path / "run",
+        train_data=(images, labels),
+        classes=classes,
+    )
     assert record["delta"] * len(labels) < 1
 
 
@@ -211,14 +227,35 @@ def test_sample_cli_writes_png_grid_and_folders(tmp_path, capsys):
     torch.manual_seed(0)
     config = GeneratorConfig(num_classes=2, out_channels=3, image_size=32, latent_dim=8)
     model = build_generator(config)
-    payload = {"state_dict": model.state_dict(), "model_config": config.to_dict(),
-               "dataset": "celeba", "num_classes": 2, "image_shape": [3, 32, 32],
-               "experiment": "x", "steps": 0}  # fmt: skip
+    payload = {
+        "state_dict": model.state_dict(),
+        "model_config": config.to_dict(),
+        "dataset": "celeba",
+        "num_classes": 2,
+        "image_shape": [3, 32, 32],
+        "experiment": "x",
+        "steps": 0,
+    }
     write_bytes(tmp_path / "generator.pt", torch_bytes(payload))
-    args = ["sample", "--generator", str(tmp_path / "generator.pt"), "--num", "7", "--seed",
-            "0", "--out", str(tmp_path / "s.npz"), "--device", "cpu", "--png-grid",
-            str(tmp_path / "g.png"), "--png-per-class", "3",
-            "--png-dir", str(tmp_path / "d")]  # fmt: skip
+    args = [
+        "sample",
+        "--generator",
+        str(tmp_path / "generator.pt"),
+        "--num",
+        "7",
+        "--seed",
+        "0",
+        "--out",
+        str(tmp_path / "s.npz"),
+        "--device",
+        "cpu",
+        "--png-grid",
+        str(tmp_path / "g.png"),
+        "--png-per-class",
+        "3",
+        "--png-dir",
+        str(tmp_path / "d"),
+    ]
     assert cli.main(args) == 0
     assert len(list((tmp_path / "d" / "female").glob("*.png"))) == 4  # catalogue's names
     assert len(list((tmp_path / "d" / "male").glob("*.png"))) == 3
@@ -242,9 +279,14 @@ def test_unconditional_experiment_has_no_classifier_outputs():
     from dpsinkhorn.config import validate
 
     config = validate(
-        {"experiments": {"u": {"dataset": "mnist", "conditional": False},
-                         "c": {"dataset": "mnist"}}}, "test"
-    )  # fmt: skip
+        {
+            "experiments": {
+                "u": {"dataset": "mnist", "conditional": False},
+                "c": {"dataset": "mnist"},
+            }
+        },
+        "test",
+    )
     assert [Path(f).name for f in evaluation_files(config, "r", ["u"])] == [
         f"fid_seed{s}.json" for s in config["seeds"]
     ]

@@ -92,8 +92,10 @@ def test_broken_sanitisers_are_caught_with_a_computed_power_of_99_percent(result
 def test_every_listed_variant_is_audited_for_both_sanitisers():
     for perturbation in ("image", "parameter"):
         audited = {c.mechanism for c in prod.QUICK if c.perturbation == perturbation}
-        assert audited >= {"noise_over_sqrt_2", "sqrt_2_in_call", "noise_off",
-                           "noise_over_sqrt_n"} or perturbation == "image"  # fmt: skip
+        assert (
+            audited >= {"noise_over_sqrt_2", "sqrt_2_in_call", "noise_off", "noise_over_sqrt_n"}
+            or perturbation == "image"
+        )
     image = {c.mechanism for c in prod.QUICK if c.perturbation == "image"}
     assert image >= {"noise_over_sqrt_2", "sqrt_2_in_call", "noise_off", "noise_over_sqrt_n"}
 

@@ -19,20 +19,67 @@ GENERATOR = (
 
 def test_bench_eval_writes_every_phase(tmp_path, run_cli):
     out = tmp_path / "bench.json"
-    argv = ["bench-eval", "--generator", str(GENERATOR), "--out", str(out), "--device", "cpu",
-            "--seeds", "0", "1", "--num", "4", "--num-test", "4", "--fid-precisions",
-            "--sqrtm", "eigh", "--compare-epochs", "1", "--max-epochs", "2", "--patience", "1",
-            "--max-iter", "10", "--step-precisions", "fp32", "--step-records", "200",
-            "--steps", "2", "--warmup", "1", "--profile-steps", "1"]  # fmt: skip
+    argv = [
+        "bench-eval",
+        "--generator",
+        str(GENERATOR),
+        "--out",
+        str(out),
+        "--device",
+        "cpu",
+        "--seeds",
+        "0",
+        "1",
+        "--num",
+        "4",
+        "--num-test",
+        "4",
+        "--fid-precisions",
+        "--sqrtm",
+        "eigh",
+        "--compare-epochs",
+        "1",
+        "--max-epochs",
+        "2",
+        "--patience",
+        "1",
+        "--max-iter",
+        "10",
+        "--step-precisions",
+        "fp32",
+        "--step-records",
+        "200",
+        "--steps",
+        "2",
+        "--warmup",
+        "1",
+        "--profile-steps",
+        "1",
+    ]
     assert run_cli(argv) == 0
     result = json.loads(out.read_text())
-    assert set(result) >= {"settings", "inception", "fid", "classifiers", "train_step",
-                           "evaluation", "device", "torch", "wall_s"}  # fmt: skip
+    assert set(result) >= {
+        "settings",
+        "inception",
+        "fid",
+        "classifiers",
+        "train_step",
+        "evaluation",
+        "device",
+        "torch",
+        "wall_s",
+    }
     assert result["inception"].startswith("random weights")
     assert set(result["evaluation"]) == {"sample_s", "reference_s", "fast_s", "ratio"}
     fid = result["fid"]
-    for key in ["reference_features_s_per_seed", "fast_features_s_per_seed", "features_ratio",
-                "distance_s_per_seed", "reference_total_s", "fast_total_s"]:  # fmt: skip
+    for key in [
+        "reference_features_s_per_seed",
+        "fast_features_s_per_seed",
+        "features_ratio",
+        "distance_s_per_seed",
+        "reference_total_s",
+        "fast_total_s",
+    ]:
         assert fid[key] > 0
     assert len(fid["reference_fid"]) == 1 and len(fid["fast_fid"]) == 2
     assert fid["fast_fid_relative_difference"][0] < 1e-3  # fp32 on both paths
@@ -79,8 +126,14 @@ def test_classifiers_take_a_generator_of_more_than_ten_classes():
     rng = np.random.default_rng(0)
     draws = [(rng.integers(0, 256, (24, 8, 8), np.uint8), np.arange(24) % 12) for _ in range(2)]
     test = (rng.integers(0, 256, (12, 8, 8), np.uint8), np.arange(12))
-    args = Namespace(max_iter=5, compare_epochs=1, classifiers=["mlp", "cnn"], max_epochs=2,
-                     patience=1, batch_size=8)  # fmt: skip
+    args = Namespace(
+        max_iter=5,
+        compare_epochs=1,
+        classifiers=["mlp", "cnn"],
+        max_epochs=2,
+        patience=1,
+        batch_size=8,
+    )
     out = bench_classifiers(draws, test, [0, 1], torch.device("cpu"), args, {}, lambda: None)
     assert len(out["logreg_accuracy"]) == 2
     for model in ("mlp", "cnn"):

@@ -203,8 +203,15 @@ def test_dcgan32_shapes_and_old_configs_still_load():
     assert isinstance(model, ConditionalDCGAN)
     assert model(*model.sample_inputs(3)).shape == (3, 3, 32, 32)
     # a generator.pt written before this change has no architecture / image_size
-    old = GeneratorConfig.from_dict({"num_classes": 10, "latent_dim": 12, "embed_dim": 4,
-                                     "channels": [8, 8, 8], "out_channels": 1})  # fmt: skip
+    old = GeneratorConfig.from_dict(
+        {
+            "num_classes": 10,
+            "latent_dim": 12,
+            "embed_dim": 4,
+            "channels": [8, 8, 8],
+            "out_channels": 1,
+        }
+    )
     assert build_generator(old)(*build_generator(old).sample_inputs(2)).shape == (2, 1, 28, 28)
 
 
@@ -321,11 +328,23 @@ def test_two_celeba_sources_never_share_a_prepared_folder(fixture_dir, tmp_path,
     prepared = {}
     for run in ("a", "b"):
         done = subprocess.run(
-            [str(Path(sys.executable).parent / "snakemake"), f"data/{folders[run]}/train.npz",
-             "-s", str(REPO / "Snakefile"), "-d", str(tmp_path), "-c", "1",
-             "--configfile", str(configs[run])],
-            cwd=tmp_path, capture_output=True, text=True, env={**os.environ, **env},
-        )  # fmt: skip
+            [
+                str(Path(sys.executable).parent / "snakemake"),
+                f"data/{folders[run]}/train.npz",
+                "-s",
+                str(REPO / "Snakefile"),
+                "-d",
+                str(tmp_path),
+                "-c",
+                "1",
+                "--configfile",
+                str(configs[run]),
+            ],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            env={**os.environ, **env},
+        )
         assert done.returncode == 0, done.stderr[-3000:]
         prepared[run] = {
             p.name: p.read_bytes() for p in (tmp_path / "data" / folders[run]).iterdir()
@@ -335,8 +354,9 @@ def test_two_celeba_sources_never_share_a_prepared_folder(fixture_dir, tmp_path,
         assert {p.name: p.read_bytes() for p in folder.iterdir()} == files
     a, b = (load_train_data(experiment(loaded[r], "celeba_dp"), Path("data"), None) for r in "ab")
     assert not np.array_equal(a[0], b[0])
-    assert np.array_equal(a[0], data.load_split(Path("data"), "celeba", "train",
-                                                folder=folders["a"])[0])  # fmt: skip
+    assert np.array_equal(
+        a[0], data.load_split(Path("data"), "celeba", "train", folder=folders["a"])[0]
+    )
     with pytest.raises(ValueError, match="celeba prepared from 2 sources"):
         data.load_split(Path("data"), "celeba", "train")  # which one: the experiment says
     assert all(celeba.is_fixture(Path("data") / f) for f in folders.values())

@@ -197,9 +197,15 @@ def test_labels_outside_the_dataset_classes_are_refused(mnist, tmp_path, run_cli
     assert classify.resolve_num_classes(None, "mnist") == 10
     with pytest.raises(ValueError, match="outside the 10 classes"):
         classify.train_and_evaluate(
-            "mlp", x[:50], labels, x_test, y_test, seed=0, device=DEVICE,
+            "mlp",
+            x[:50],
+            labels,
+            x_test,
+            y_test,
+            seed=0,
+            device=DEVICE,
             num_classes=classify.resolve_num_classes(None, "mnist"),
-        )  # fmt: skip
+        )
     with pytest.raises(ValueError, match="dataset 'mnist' has 10 classes"):
         classify.resolve_num_classes(43, "mnist")
 

@@ -57,23 +57,32 @@ def dry_run_jobs(output: str) -> list[dict]:
         wildcards = re.search(r"wildcards: (.*)", block)
         runtime = re.search(r"runtime=(\d+)", block)
         extra = re.search(r"slurm_extra=('[^']*')", block)
-        jobs.append({
-            "rule": rule.group(2),
-            "wildcards": dict(w.split("=", 1) for w in wildcards.group(1).split(", "))
-            if wildcards else {},
-            "runtime": int(runtime.group(1)) if runtime else None,
-            "slurm_extra": extra.group(1) if extra else None,
-            "group": group if rule.group(1) else None,  # group members are indented
-        })  # fmt: skip
+        jobs.append(
+            {
+                "rule": rule.group(2),
+                "wildcards": dict(w.split("=", 1) for w in wildcards.group(1).split(", "))
+                if wildcards
+                else {},
+                "runtime": int(runtime.group(1)) if runtime else None,
+                "slurm_extra": extra.group(1) if extra else None,
+                "group": group if rule.group(1) else None,  # group members are indented
+            }
+        )
     return jobs
 
 
 @pytest.fixture(scope="module")
 def paper_jobs(tmp_path_factory) -> list[dict]:
     result = snakemake(
-        tmp_path_factory.mktemp("paper"), "-n", "--profile", str(PROFILE),
-        "--configfile", str(PAPER), "--config", "sweep_runs=8",
-    )  # fmt: skip
+        tmp_path_factory.mktemp("paper"),
+        "-n",
+        "--profile",
+        str(PROFILE),
+        "--configfile",
+        str(PAPER),
+        "--config",
+        "sweep_runs=8",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return dry_run_jobs(result.stdout)
 
@@ -88,9 +97,14 @@ def test_paper_config_asks_at_most_a_day_per_job(paper_jobs):
 def test_mnist_training_asks_for_its_measured_time(tmp_path):
     """The 160k-step MNIST training: 160,000 / 516.85 steps/s (H100) x 3 + 10 min."""
     result = snakemake(
-        tmp_path, "results/paper/mnist_dpsinkhorn/generator.pt", "-n", "--profile",
-        str(PROFILE), "--configfile", str(PAPER),
-    )  # fmt: skip
+        tmp_path,
+        "results/paper/mnist_dpsinkhorn/generator.pt",
+        "-n",
+        "--profile",
+        str(PROFILE),
+        "--configfile",
+        str(PAPER),
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     (train,) = [j for j in dry_run_jobs(result.stdout) if j["rule"] == "train"]
     assert train["runtime"] == math.ceil(160000 / 516.85 / 60 * 3 + 10) == 26
@@ -104,10 +118,23 @@ def test_profile_slurm_works_as_typed(tmp_path):
     assert (REPO / "slurm").is_symlink() and (REPO / "slurm").resolve() == PROFILE.resolve()
     env = {**os.environ, "PATH": f"{SNAKEMAKE.parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     result = subprocess.run(
-        ["snakemake", "results/quick/mnist_dpsinkhorn/generator.pt", "--profile", "slurm", "-n",
-         "-d", str(tmp_path), "--configfile", str(QUICK)],
-        cwd=REPO, capture_output=True, text=True, env=env, timeout=300,
-    )  # fmt: skip
+        [
+            "snakemake",
+            "results/quick/mnist_dpsinkhorn/generator.pt",
+            "--profile",
+            "slurm",
+            "-n",
+            "-d",
+            str(tmp_path),
+            "--configfile",
+            str(QUICK),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     used = "Using profiles slurm and workflow specific profile profiles/default"
     assert used in result.stdout + result.stderr
@@ -194,14 +221,20 @@ def test_rates_are_keyed_by_the_steps_shape_not_the_datasets_name():
     own dataset of the same shape too; CelebA (32 x 32 x 3), another batch size, image size
     or generator do not."""
     rates = cluster.load_rates(H100)
-    own = {"dataset": "digits", "batch_size": 50,
-           "dataset_definition": {"image_size": 28, "channels": 1}}  # fmt: skip
+    own = {
+        "dataset": "digits",
+        "batch_size": 50,
+        "dataset_definition": {"image_size": 28, "channels": 1},
+    }
     for spec in ({"dataset": "fmnist", "batch_size": 50}, own):
         rate, source = cluster.matching_rate(rates, spec, 1)
         assert rate == 516.85 and source.startswith("measured")
-    for spec in ({"dataset": "celeba", "batch_size": 50}, {"dataset": "fmnist", "batch_size": 64},
-                 {**own, "dataset_definition": {"image_size": 32, "channels": 1}},
-                 {**own, "generator": "biggan", "channels": [256, 256, 256, 256]}):  # fmt: skip
+    for spec in (
+        {"dataset": "celeba", "batch_size": 50},
+        {"dataset": "fmnist", "batch_size": 64},
+        {**own, "dataset_definition": {"image_size": 32, "channels": 1}},
+        {**own, "generator": "biggan", "channels": [256, 256, 256, 256]},
+    ):
         assert cluster.matching_rate(rates, spec, 1) == (None, "")
 
 

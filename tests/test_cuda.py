@@ -188,8 +188,14 @@ def test_resume_on_cuda_equals_an_uninterrupted_run(mnist, tmp_path, determinist
     spec = {**paper_spec(steps=12), "checkpoint_every": 4, "log_every": 2, "channels": [16, 8, 4]}
     full = train(spec, tmp_path / "full", device="cuda", train_data=mnist, progress=False)
     with pytest.raises(Preempted):
-        train(spec, tmp_path / "resumed", device="cuda", train_data=mnist, stop_after=5,
-              progress=False)  # fmt: skip
+        train(
+            spec,
+            tmp_path / "resumed",
+            device="cuda",
+            train_data=mnist,
+            stop_after=5,
+            progress=False,
+        )
     resumed = train(spec, tmp_path / "resumed", device="cuda", train_data=mnist, progress=False)
     # the ledgers equal less the train log's hash (the log holds wall-clock columns; on the
     # H100 at 935f156 this was the only difference): its step and ε columns equal

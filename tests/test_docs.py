@@ -49,8 +49,11 @@ def test_readme_is_short():
 def sets_with_cells() -> list:
     """Committed sets that hold results of some experiment (a set may hold measurements
     only: step rates, a profile, a window's calls)."""
-    return [s for s in committed_sets(ROOT) if json.loads((s / "provenance.json").read_text())
-            .get("experiments")]  # fmt: skip
+    return [
+        s
+        for s in committed_sets(ROOT)
+        if json.loads((s / "provenance.json").read_text()).get("experiments")
+    ]
 
 
 @pytest.mark.parametrize("set_dir", sets_with_cells(), ids=lambda p: p.name)

@@ -102,8 +102,16 @@ def test_epsilon_against_an_independent_computation():
     # The ledger recomputes its ε as every other ledger does (q = 1, one step).
     from dpsinkhorn.report.privacy_summary import check_ledger_record
 
-    ledger = {"private": True, "q": 1.0, "noise_multiplier": z, "steps": 1, "delta": 1e-5,
-              "epsilon": eps, "accountant": "rdp (x)", "guarantee": "g"}  # fmt: skip
+    ledger = {
+        "private": True,
+        "q": 1.0,
+        "noise_multiplier": z,
+        "steps": 1,
+        "delta": 1e-5,
+        "epsilon": eps,
+        "accountant": "rdp (x)",
+        "guarantee": "g",
+    }
     assert check_ledger_record(ledger, Path("privacy.json")) is ledger
     given = make_experiment("e", method="dpmerf", sigma=2.0, steps=5)
     assert merf_noise_multiplier(given) == 2.0
@@ -158,10 +166,21 @@ def _digits(size: int = 28) -> tuple[np.ndarray, np.ndarray]:
 
 def _spec(steps: int, **extra) -> dict:
     settings = dict(
-        method="dpmerf", generator="merf", channels=[200, 16, 8], latent_dim=5,
-        batch_size=100, lr=0.01, lr_decay=0.9, weight_decay=0.0, rff_features=2000,
-        sigma=None, target_epsilon=10.0, steps=steps, log_every=50, checkpoint_every=1000,
-    )  # fmt: skip
+        method="dpmerf",
+        generator="merf",
+        channels=[200, 16, 8],
+        latent_dim=5,
+        batch_size=100,
+        lr=0.01,
+        lr_decay=0.9,
+        weight_decay=0.0,
+        rff_features=2000,
+        sigma=None,
+        target_epsilon=10.0,
+        steps=steps,
+        log_every=50,
+        checkpoint_every=1000,
+    )
     return make_experiment("digits_merf", **{**settings, **extra})
 
 
@@ -178,9 +197,15 @@ def test_generator_on_digits_beats_chance(tmp_path):
     order = np.random.default_rng(0).permutation(len(labels))
     train_idx, test_idx = order[:1400], order[1400:]
     out = tmp_path / "out"
-    record = train(_spec(200), out, train_data=(images[train_idx], labels[train_idx]),
-                   classes=[str(k) for k in range(10)], device="cpu", progress=False,
-                   record_dir=tmp_path / "trainings")  # fmt: skip
+    record = train(
+        _spec(200),
+        out,
+        train_data=(images[train_idx], labels[train_idx]),
+        classes=[str(k) for k in range(10)],
+        device="cpu",
+        progress=False,
+        record_dir=tmp_path / "trainings",
+    )
     ledger = json.loads((out / "privacy.json").read_text())
     assert ledger == record and ledger["steps"] == 1 and ledger["generator_steps"] == 200
     assert ledger["q"] == 1.0 and ledger["sensitivity"] == 1.0 and ledger["epsilon"] <= 10
@@ -207,8 +232,13 @@ def test_resume_keeps_the_one_release(tmp_path):
     images, labels = _digits()
     images, labels = images[:300], labels[:300]
     spec = _spec(12, reproducible=True, checkpoint_every=5, rff_features=200)
-    kwargs = {"train_data": (images, labels), "classes": [str(k) for k in range(10)],
-              "device": "cpu", "progress": False, "record_dir": tmp_path / "t"}  # fmt: skip
+    kwargs = {
+        "train_data": (images, labels),
+        "classes": [str(k) for k in range(10)],
+        "device": "cpu",
+        "progress": False,
+        "record_dir": tmp_path / "t",
+    }
     whole = train(spec, tmp_path / "whole", **kwargs)
     with pytest.raises(Preempted):
         train(spec, tmp_path / "split", stop_after=5, **kwargs)
@@ -258,9 +288,21 @@ def test_workflow_trains_evaluates_reports_and_releases_dpmerf(tmp_path, data_mi
         if o.split("=")[0] not in ("data_mirror", "fid_weights")
     ]
     env = {**os.environ, "PATH": f"{exe}{os.pathsep}{os.environ.get('PATH', '')}"}
-    cmd = [str(exe / "snakemake"), "-s", str(REPO / "Snakefile"), "-d", str(tmp_path),
-           "--cores", "2", "--max-threads", "1", "--configfile", str(config),
-           "--config", *overrides]  # fmt: skip
+    cmd = [
+        str(exe / "snakemake"),
+        "-s",
+        str(REPO / "Snakefile"),
+        "-d",
+        str(tmp_path),
+        "--cores",
+        "2",
+        "--max-threads",
+        "1",
+        "--configfile",
+        str(config),
+        "--config",
+        *overrides,
+    ]
     run = subprocess.run(cmd, capture_output=True, text=True, env=env, stdin=subprocess.DEVNULL)
     assert run.returncode == 0, (run.stdout + run.stderr)[-6000:]
     results = tmp_path / "results" / "merf"
@@ -270,9 +312,20 @@ def test_workflow_trains_evaluates_reports_and_releases_dpmerf(tmp_path, data_mi
     summary = json.loads((results / "privacy_summary.json").read_text())
     assert summary["datasets"][0]["epsilon_composed"] == pytest.approx(10.0, rel=1e-3)
     release = subprocess.run(
-        [str(exe / "dpsinkhorn"), "release", "--config", str(config), "--run", str(results),
-         "--out", str(tmp_path / "publish")],
-        capture_output=True, text=True, env=env, cwd=tmp_path,
-    )  # fmt: skip
+        [
+            str(exe / "dpsinkhorn"),
+            "release",
+            "--config",
+            str(config),
+            "--run",
+            str(results),
+            "--out",
+            str(tmp_path / "publish"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+    )
     assert release.returncode == 0, release.stdout + release.stderr
     assert (tmp_path / "publish" / "mnist_dpmerf" / "generator.pt").is_file()

@@ -44,8 +44,13 @@ def files(tmp_path_factory, prepared_mnist, fid_weights):
     from dpsinkhorn.evaluate.inception import sha256_of
 
     save_statistics(ref, mu, sigma, 16, (28, 28, 1), sha256_of(fid_weights))
-    return {"generator": gen, "test": test, "train": prepared_mnist / "mnist" / "train.npz",
-            "reference": ref, "weights": fid_weights}  # fmt: skip
+    return {
+        "generator": gen,
+        "test": test,
+        "train": prepared_mnist / "mnist" / "train.npz",
+        "reference": ref,
+        "weights": fid_weights,
+    }
 
 
 def _json(path: Path) -> dict:
@@ -70,8 +75,21 @@ def test_generator_job_equals_the_per_step_path(files, tmp_path, run_cli):
         ):
             np.testing.assert_array_equal(a, b)
         fid = tmp_path / f"fid_seed{seed}.json"
-        assert run_cli(["fid", "--a", str(step), "--b", str(files["reference"]),
-                        "--out", str(fid), *common]) == 0  # fmt: skip
+        assert (
+            run_cli(
+                [
+                    "fid",
+                    "--a",
+                    str(step),
+                    "--b",
+                    str(files["reference"]),
+                    "--out",
+                    str(fid),
+                    *common,
+                ]
+            )
+            == 0
+        )
         ours, theirs = _json(job / "scores" / fid.name), _json(fid)
         assert ours["fid"] == pytest.approx(theirs["fid"], rel=1e-9, abs=1e-9)
         assert {k: v for k, v in ours.items() if k not in ("fid", "a")} == {
@@ -189,10 +207,21 @@ def test_a_stopped_job_resumes_after_its_finished_phases(files, tmp_path, monkey
     settings start afresh; the progress file goes once the job completes."""
     from dpsinkhorn.evaluate import job
 
-    kw = {"seeds": [0, 1], "num": 200, "test": files["test"], "reference": files["reference"],
-          "samples_dir": tmp_path, "scores_dir": tmp_path, "real_data": files["train"],
-          "classifiers": ["logreg", "mlp"], "dataset": "mnist", "device": "cpu",
-          "max_epochs": 1, "patience": 1, "fid": False}  # fmt: skip
+    kw = {
+        "seeds": [0, 1],
+        "num": 200,
+        "test": files["test"],
+        "reference": files["reference"],
+        "samples_dir": tmp_path,
+        "scores_dir": tmp_path,
+        "real_data": files["train"],
+        "classifiers": ["logreg", "mlp"],
+        "dataset": "mnist",
+        "device": "cpu",
+        "max_epochs": 1,
+        "patience": 1,
+        "fid": False,
+    }
     trained, real = _stop_at_mlp(monkeypatch)
     with pytest.raises(KeyboardInterrupt):
         job.evaluate(**kw)
@@ -202,8 +231,9 @@ def test_a_stopped_job_resumes_after_its_finished_phases(files, tmp_path, monkey
     (tmp_path / "acc_logreg_seed1.json").unlink()  # as Snakemake removes a failed job's outputs
 
     trained.clear()
-    monkeypatch.setattr(job, "train_and_evaluate_seeds", lambda m, *a, **k: (
-        trained.append(m), real(m, *a, **k))[1])  # fmt: skip
+    monkeypatch.setattr(
+        job, "train_and_evaluate_seeds", lambda m, *a, **k: (trained.append(m), real(m, *a, **k))[1]
+    )
     job.evaluate(**kw)
     assert trained == ["mlp"]  # Log-Reg came from the progress file
     assert _json(tmp_path / "acc_logreg_seed1.json") == first
@@ -221,10 +251,21 @@ def test_phases_resume_only_from_the_same_code_and_name_their_commit(files, tmp_
     from dpsinkhorn.config.targets import EVALUATION_PHASES
     from dpsinkhorn.evaluate import job, phases
 
-    kw = {"seeds": [0, 1], "num": 200, "test": files["test"], "reference": files["reference"],
-          "samples_dir": tmp_path, "scores_dir": tmp_path, "real_data": files["train"],
-          "classifiers": ["logreg", "mlp"], "dataset": "mnist", "device": "cpu",
-          "max_epochs": 1, "patience": 1, "fid": False}  # fmt: skip
+    kw = {
+        "seeds": [0, 1],
+        "num": 200,
+        "test": files["test"],
+        "reference": files["reference"],
+        "samples_dir": tmp_path,
+        "scores_dir": tmp_path,
+        "real_data": files["train"],
+        "classifiers": ["logreg", "mlp"],
+        "dataset": "mnist",
+        "device": "cpu",
+        "max_epochs": 1,
+        "patience": 1,
+        "fid": False,
+    }
     real, trained, deadline = job.train_and_evaluate_seeds, [], [True]
 
     def train(model, *args, **kwargs):
@@ -276,21 +317,41 @@ def test_a_phase_is_not_resumed_under_another_class_count(files, tmp_path, monke
     own = tmp_path / "own"
     own.mkdir()
     (own / "test.npz").write_bytes(Path(files["test"]).read_bytes())
-    record = {"name": "own", "image_size": 28, "channels": 1, "title": "own", "layout": "x",
-              "path": "x", "resize": None, "classes": [f"c{k}" for k in range(12)]}  # fmt: skip
+    record = {
+        "name": "own",
+        "image_size": 28,
+        "channels": 1,
+        "title": "own",
+        "layout": "x",
+        "path": "x",
+        "resize": None,
+        "classes": [f"c{k}" for k in range(12)],
+    }
     fileio.write_json(own / "dataset.json", record)
-    kw = {"seeds": [0], "num": 100, "test": own / "test.npz", "reference": files["reference"],
-          "samples_dir": tmp_path, "scores_dir": tmp_path, "real_data": files["train"],
-          "classifiers": ["logreg", "mlp"], "device": "cpu", "max_epochs": 1, "patience": 1,
-          "max_iter": 20, "fid": False}  # fmt: skip
+    kw = {
+        "seeds": [0],
+        "num": 100,
+        "test": own / "test.npz",
+        "reference": files["reference"],
+        "samples_dir": tmp_path,
+        "scores_dir": tmp_path,
+        "real_data": files["train"],
+        "classifiers": ["logreg", "mlp"],
+        "device": "cpu",
+        "max_epochs": 1,
+        "patience": 1,
+        "max_iter": 20,
+        "fid": False,
+    }
     trained, real = _stop_at_mlp(monkeypatch)
     with pytest.raises(KeyboardInterrupt):
         job.evaluate(**kw, dataset="own")
     assert _json(tmp_path / "acc_logreg_seed0.json")["num_classes"] == 12
 
     trained.clear()
-    monkeypatch.setattr(job, "train_and_evaluate_seeds", lambda m, *a, **k: (
-        trained.append(m), real(m, *a, **k))[1])  # fmt: skip
+    monkeypatch.setattr(
+        job, "train_and_evaluate_seeds", lambda m, *a, **k: (trained.append(m), real(m, *a, **k))[1]
+    )
     job.evaluate(**kw)  # no dataset: the labels' 10 classes
     assert trained == ["logreg", "mlp"]
     for model in ("logreg", "mlp"):
@@ -303,10 +364,20 @@ def test_a_phase_of_other_samples_is_computed_again(files, tmp_path, monkeypatch
     would be of images no longer on disk. Its record names the samples it scored."""
     from dpsinkhorn.evaluate import job
 
-    kw = {"seeds": [0], "num": 4, "test": files["test"], "reference": files["reference"],
-          "samples_dir": tmp_path, "scores_dir": tmp_path, "generator": files["generator"],
-          "classifiers": ["logreg"], "weights": files["weights"], "device": "cpu",
-          "sqrtm": "eigh", "max_iter": 20}  # fmt: skip
+    kw = {
+        "seeds": [0],
+        "num": 4,
+        "test": files["test"],
+        "reference": files["reference"],
+        "samples_dir": tmp_path,
+        "scores_dir": tmp_path,
+        "generator": files["generator"],
+        "classifiers": ["logreg"],
+        "weights": files["weights"],
+        "device": "cpu",
+        "sqrtm": "eigh",
+        "max_iter": 20,
+    }
     real_train, real_sample, trained = job.train_and_evaluate_seeds, job.sample_generator, []
 
     def stop_at_logreg(model, *args, **kwargs):
@@ -322,8 +393,11 @@ def test_a_phase_of_other_samples_is_computed_again(files, tmp_path, monkeypatch
         return 255 - images, labels
 
     monkeypatch.setattr(job, "sample_generator", other_code)
-    monkeypatch.setattr(job, "train_and_evaluate_seeds", lambda m, *a, **k: (
-        trained.append(m), real_train(m, *a, **k))[1])  # fmt: skip
+    monkeypatch.setattr(
+        job,
+        "train_and_evaluate_seeds",
+        lambda m, *a, **k: (trained.append(m), real_train(m, *a, **k))[1],
+    )
     job.evaluate(**kw)
     record = _json(tmp_path / "fid_seed0.json")
     assert record["a_sha256"] == fileio.sha256_of(tmp_path / "samples_seed0.npz")

@@ -46,9 +46,14 @@ def test_fast_needs_batched_and_graphs_need_cuda(sets):
     xs, ys, x_test, y_test = sets
     with pytest.raises(ValueError, match="batched"):
         classify.train_and_evaluate_seeds(
-            "mlp", [(np.zeros((4, 28, 28), np.uint8), np.arange(4))], np.zeros((4, 28, 28),
-            np.uint8), np.arange(4), [0], fast=True, device="cpu",
-        )  # fmt: skip
+            "mlp",
+            [(np.zeros((4, 28, 28), np.uint8), np.arange(4))],
+            np.zeros((4, 28, 28), np.uint8),
+            np.arange(4),
+            [0],
+            fast=True,
+            device="cpu",
+        )
     with pytest.raises(ValueError, match="CUDA"):
         fastfit.train_torch_batched_fast(
             "mlp", xs, ys, x_test, y_test, 10, [0, 1], 1, 1, 32, cuda_graphs=True

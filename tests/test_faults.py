@@ -56,9 +56,19 @@ def spec_of(path: Path) -> dict:
 
 def train_cmd(cfg: Path, out: Path, *extra: str) -> list[str]:
     return [
-        sys.executable, "-m", "dpsinkhorn", "train", "--config", str(cfg),
-        "--experiment", "e", "--out", str(out), "--no-progress", *extra,
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "dpsinkhorn",
+        "train",
+        "--config",
+        str(cfg),
+        "--experiment",
+        "e",
+        "--out",
+        str(out),
+        "--no-progress",
+        *extra,
+    ]
 
 
 def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 120) -> None:
@@ -197,8 +207,14 @@ def test_stale_temps_under_a_folder_are_removed_and_nothing_else(tmp_path):
         _killed_write(tmp_path / "tables" / "table1.md"),
         _killed_write(tmp_path / "reproduction"),  # a name without a suffix
     ]
-    names = ("generator.pt", ".dpsinkhorn.lock", ".dpsinkhorn.stopped", ".notes.tmp",
-             "x.abcdefgh.tmp.npz", ".x.abcdefgh.tmp.a.b")  # fmt: skip
+    names = (
+        "generator.pt",
+        ".dpsinkhorn.lock",
+        ".dpsinkhorn.stopped",
+        ".notes.tmp",
+        "x.abcdefgh.tmp.npz",
+        ".x.abcdefgh.tmp.a.b",
+    )
     kept = [tmp_path / "e" / name for name in names]
     for path in kept:
         path.write_bytes(b"kept")
@@ -277,11 +293,24 @@ def test_sigint_stops_a_snakemake_run_and_keeps_the_checkpoint(tmp_path, data_mi
     (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(cfg))
     snakemake = Path(sys.executable).parent / "snakemake"
     proc = subprocess.Popen(
-        [str(snakemake), "-s", str(ROOT / "Snakefile"), "--profile", str(ROOT / "profiles/default"),
-         "--configfile", "cfg.yaml", "-c2", "results/sig/e/generator.pt"],
-        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        start_new_session=True, env={**os.environ, "PATH": "/usr/bin:/bin"},
-    )  # fmt: skip
+        [
+            str(snakemake),
+            "-s",
+            str(ROOT / "Snakefile"),
+            "--profile",
+            str(ROOT / "profiles/default"),
+            "--configfile",
+            "cfg.yaml",
+            "-c2",
+            "results/sig/e/generator.pt",
+        ],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+        env={**os.environ, "PATH": "/usr/bin:/bin"},
+    )
     log = tmp_path / "results/sig/logs/train_e.log"
     deadline = time.time() + 120
     while time.time() < deadline and proc.poll() is None:

@@ -34,10 +34,11 @@ def test_fast_fid_equals_the_reference_fid(images, fid_weights, tmp_path):
     mu_r, sigma_r = fid.statistics_of_activations(acts)
     assert np.allclose(mu_f, mu_r, rtol=0, atol=1e-5) and np.allclose(sigma_f, sigma_r, atol=1e-5)
     records = [
-        fid.fid_against_reference(images[:12], reference, "s.npz", fid_weights, "cpu",
-                                  sqrtm="eigh", fast=fast)
+        fid.fid_against_reference(
+            images[:12], reference, "s.npz", fid_weights, "cpu", sqrtm="eigh", fast=fast
+        )
         for fast in (False, True)
-    ]  # fmt: skip
+    ]
     assert abs(records[1]["fid"] / records[0]["fid"] - 1) < 1e-5
     assert set(records[0]) | set(records[1]) <= fid.RECORD_KEYS  # what a release may publish
     assert "features" not in records[0] and records[1]["features"].startswith("fast (fp32")
@@ -59,8 +60,18 @@ def test_fid_stats_fast_equals_the_reference_statistics(images, fid_weights, tmp
     stats = {}
     for name, extra in (("reference", []), ("fast", ["--fast"])):
         stats[name] = tmp_path / f"{name}.npz"
-        argv = ["fid-stats", "--samples", str(samples), "--out", str(stats[name]),
-                "--weights", str(fid_weights), "--device", "cpu", *extra]  # fmt: skip
+        argv = [
+            "fid-stats",
+            "--samples",
+            str(samples),
+            "--out",
+            str(stats[name]),
+            "--weights",
+            str(fid_weights),
+            "--device",
+            "cpu",
+            *extra,
+        ]
         assert run_cli(argv) == 0
     ref, fast = np.load(stats["reference"]), np.load(stats["fast"])
     assert np.allclose(fast["mu"], ref["mu"], rtol=0, atol=1e-5)

@@ -124,8 +124,12 @@ def test_runbook_keeps_results_data_and_snakemake_state_between_fresh_copies(tmp
     (first / "results" / "paper" / "checkpoint.pt").write_text("step 1000")
     result = subprocess.run(
         ["bash", "benchmarks/gpu/run.sh", "targets"],
-        cwd=first, env=env, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        cwd=first,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
     assert f"persistent folder    {persist}" in result.stdout
     for name in ("results", "data", ".snakemake"):
@@ -136,7 +140,11 @@ def test_runbook_keeps_results_data_and_snakemake_state_between_fresh_copies(tmp
     second = fresh_copy("call2")  # the next call: no results/ in its tree
     result = subprocess.run(
         ["bash", "benchmarks/gpu/run.sh", "targets"],
-        cwd=second, env=env, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        cwd=second,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
     assert (second / "results" / "paper" / "checkpoint.pt").read_text() == "step 1000"

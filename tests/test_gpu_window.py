@@ -396,11 +396,27 @@ def test_items_are_independent_and_an_import_is_never_retrained(tmp_path):
     }
     states = []
     for k in range(2):
-        cmd = [sys.executable, "-m", "dpsinkhorn", "gpu-window", "--config",
-               str(tmp_path / "window.yaml"), "--archive-out", str(tmp_path / f"s{k}.tgz"),
-               "--budget-s", "600", "--reserve-s", "0", "--commit", "test",
-               "--import-root", str(tmp_path / "committed"), "--snakemake-config",
-               f"data_mirror={mirror}", f"fid_weights={weights}"]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "dpsinkhorn",
+            "gpu-window",
+            "--config",
+            str(tmp_path / "window.yaml"),
+            "--archive-out",
+            str(tmp_path / f"s{k}.tgz"),
+            "--budget-s",
+            "600",
+            "--reserve-s",
+            "0",
+            "--commit",
+            "test",
+            "--import-root",
+            str(tmp_path / "committed"),
+            "--snakemake-config",
+            f"data_mirror={mirror}",
+            f"fid_weights={weights}",
+        ]
         if k:
             cmd += ["--archive-in", str(tmp_path / "s0.tgz")]
         result = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
@@ -427,8 +443,10 @@ def test_imports_are_checked_against_their_ledgers(tmp_path):
     source = tmp_path / "committed" / "run1"
     fileio.write_bytes(source / "generator.pt", b"weights")
     fileio.write_bytes(source / "train_log.csv", b"step,epsilon\n4,0.5\n")
-    sha = {n: hashlib.sha256((source / n).read_bytes()).hexdigest()
-           for n in ("generator.pt", "train_log.csv")}  # fmt: skip
+    sha = {
+        n: hashlib.sha256((source / n).read_bytes()).hexdigest()
+        for n in ("generator.pt", "train_log.csv")
+    }
     config = window.load_config([tmp_path / "tiny.yaml"])
 
     def attempt(ledger: dict, pin: str | None = None) -> Path:

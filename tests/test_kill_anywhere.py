@@ -94,20 +94,34 @@ def _config(workdir: Path, reproducible: bool, npz: Path | None = None) -> Path:
         "data_dir": "data",
         "device": "cpu",
         "seeds": [0],
-        "datasets": {"digits": {"path": str(npz), "classes": DIGITS, "image_size": 28,
-                                "resize": True}},
-        "evaluation": {"num_samples": 20, "fid_reference_size": 20, "fid_sqrtm": "eigh",
-                       "classifiers": ["logreg"], "logreg_max_iter": 50, "max_epochs": 1,
-                       "patience": 1, "batch_size": 128},
-        "training_defaults": {"steps": 20, "checkpoint_every": 5, "log_every": 5,
-                              "batch_size": 50, "channels": [8, 4, 2],
-                              "reproducible": reproducible},
+        "datasets": {
+            "digits": {"path": str(npz), "classes": DIGITS, "image_size": 28, "resize": True}
+        },
+        "evaluation": {
+            "num_samples": 20,
+            "fid_reference_size": 20,
+            "fid_sqrtm": "eigh",
+            "classifiers": ["logreg"],
+            "logreg_max_iter": 50,
+            "max_epochs": 1,
+            "patience": 1,
+            "batch_size": 128,
+        },
+        "training_defaults": {
+            "steps": 20,
+            "checkpoint_every": 5,
+            "log_every": 5,
+            "batch_size": 50,
+            "channels": [8, 4, 2],
+            "reproducible": reproducible,
+        },
         # A real-data row is left out: its evaluation (Inception) costs as much as a
         # training's, and no training or ledger of it can be lost.
-        "experiments": {DP: {"dataset": "digits", "table1_row": "paper", "sigma": 1.5},
-                        NONPRIVATE: {"dataset": "digits", "table1_row": "nonprivate",
-                                     "method": "sinkhorn"}},
-    }  # fmt: skip
+        "experiments": {
+            DP: {"dataset": "digits", "table1_row": "paper", "sigma": 1.5},
+            NONPRIVATE: {"dataset": "digits", "table1_row": "nonprivate", "method": "sinkhorn"},
+        },
+    }
     path = workdir / CONFIG
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     return path
@@ -159,9 +173,14 @@ def test_a_killed_release_leaves_no_folder_or_the_whole_one(reference, record_pr
     for i in range(max(MOMENTS // 2, 6)):
         out = ref / f"published{i}"
         delay, how = rng.uniform(0, release_s * 1.2), rng.choice(SIGNALS)
-        proc = subprocess.Popen([*command, "--out", out.name], cwd=ref, env=killing.env(),
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                start_new_session=True)  # fmt: skip
+        proc = subprocess.Popen(
+            [*command, "--out", out.name],
+            cwd=ref,
+            env=killing.env(),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         try:
             proc.wait(delay)
         except subprocess.TimeoutExpired:
@@ -172,8 +191,13 @@ def test_a_killed_release_leaves_no_folder_or_the_whole_one(reference, record_pr
         stale += [p.name for p in ref.glob(f".{out.name}.tmp-*")]
         assert not state.startswith("mix"), (f"seed {seed}", outcomes)
         if state == "old":  # run again: it completes
-            again = subprocess.run([*command, "--out", out.name], cwd=ref, env=killing.env(),
-                                   capture_output=True, text=True)  # fmt: skip
+            again = subprocess.run(
+                [*command, "--out", out.name],
+                cwd=ref,
+                env=killing.env(),
+                capture_output=True,
+                text=True,
+            )
             assert again.returncode == 0, (f"seed {seed}", outcomes, again.stderr)
             assert {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()} == whole
     text = f"killed release (seed {seed}): {outcomes}; stale temporary folders: {stale}"

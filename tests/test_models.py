@@ -41,15 +41,29 @@ FROZEN = {
 
 #: image size -> the state_dict layout (name, shape) of the old classes, in order.
 OLD_LAYOUT = {
-    28: [("embedding.weight", (10, 4)), ("net.0.weight", (16, 256, 7, 7)),
-         ("net.0.bias", (256,)), ("net.2.weight", (256, 128, 4, 4)), ("net.2.bias", (128,)),
-         ("net.4.weight", (128, 64, 4, 4)), ("net.4.bias", (64,)),
-         ("net.6.weight", (64, 1, 3, 3)), ("net.6.bias", (1,))],
-    32: [("embedding.weight", (2, 4)), ("net.0.weight", (36, 256, 4, 4)),
-         ("net.0.bias", (256,)), ("net.2.weight", (256, 128, 4, 4)), ("net.2.bias", (128,)),
-         ("net.4.weight", (128, 64, 4, 4)), ("net.4.bias", (64,)),
-         ("net.6.weight", (64, 3, 4, 4)), ("net.6.bias", (3,))],
-}  # fmt: skip
+    28: [
+        ("embedding.weight", (10, 4)),
+        ("net.0.weight", (16, 256, 7, 7)),
+        ("net.0.bias", (256,)),
+        ("net.2.weight", (256, 128, 4, 4)),
+        ("net.2.bias", (128,)),
+        ("net.4.weight", (128, 64, 4, 4)),
+        ("net.4.bias", (64,)),
+        ("net.6.weight", (64, 1, 3, 3)),
+        ("net.6.bias", (1,)),
+    ],
+    32: [
+        ("embedding.weight", (2, 4)),
+        ("net.0.weight", (36, 256, 4, 4)),
+        ("net.0.bias", (256,)),
+        ("net.2.weight", (256, 128, 4, 4)),
+        ("net.2.bias", (128,)),
+        ("net.4.weight", (128, 64, 4, 4)),
+        ("net.4.bias", (64,)),
+        ("net.6.weight", (64, 3, 4, 4)),
+        ("net.6.bias", (3,)),
+    ],
+}
 
 
 def state_sha(model: torch.nn.Module) -> str:

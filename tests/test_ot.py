@@ -74,9 +74,13 @@ def test_results_carry_no_autograd_history():
     x, y = clouds(5, 6, 3, 0)
     x.requires_grad_()
     out = ot.entropic_ot_with_grad(
-        x[None], y[None], torch.full((1, 5), 0.2, dtype=F64), torch.full((1, 6), 1 / 6, dtype=F64),
-        ot.temperature_schedule(DIAMETER, LAMBDA, SCALING), torch.ones(1, dtype=F64),
-    )  # fmt: skip
+        x[None],
+        y[None],
+        torch.full((1, 5), 0.2, dtype=F64),
+        torch.full((1, 6), 1 / 6, dtype=F64),
+        ot.temperature_schedule(DIAMETER, LAMBDA, SCALING),
+        torch.ones(1, dtype=F64),
+    )
     assert not any(t.requires_grad for t in out)
 
 
@@ -171,9 +175,16 @@ def test_float32_is_as_accurate_as_geomloss_at_the_paper_scale():
     def geomloss(dtype):
         xg = x.to(dtype).requires_grad_()
         loss = geomloss_semi_debiased_sinkhorn(
-            xg, y.to(dtype), n, p, LAMBDA, 1.0, y_weights=weights.to(dtype),
-            scaling=SCALING, diameter=diameter,
-        )  # fmt: skip
+            xg,
+            y.to(dtype),
+            n,
+            p,
+            LAMBDA,
+            1.0,
+            y_weights=weights.to(dtype),
+            scaling=SCALING,
+            diameter=diameter,
+        )
         return loss.detach(), torch.autograd.grad(loss, xg)[0]
 
     exact_loss, exact_grad = geomloss(F64)

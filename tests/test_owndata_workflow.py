@@ -63,39 +63,79 @@ def workdir(tmp_path_factory) -> Path:
         "device": "auto",
         "seeds": [0],
         "datasets": {
-            "digits": {"path": str(folder), "image_size": 28, "resize": True,
-                       "title": "Digits (scikit-learn)"},
-            "digits32": {"path": str(npz), "classes": DIGITS, "image_size": 32,
-                         "channels": 3, "resize": True},
-            "digits64": {"path": str(npz), "classes": DIGITS, "image_size": 64,
-                         "resize": True},
+            "digits": {
+                "path": str(folder),
+                "image_size": 28,
+                "resize": True,
+                "title": "Digits (scikit-learn)",
+            },
+            "digits32": {
+                "path": str(npz),
+                "classes": DIGITS,
+                "image_size": 32,
+                "channels": 3,
+                "resize": True,
+            },
+            "digits64": {"path": str(npz), "classes": DIGITS, "image_size": 64, "resize": True},
         },
         "evaluation": {
             # 30 samples, as config/smoke.yaml: every FID and classifier still computed
-            "num_samples": 30, "fid_reference_size": 30, "fid_sqrtm": "eigh",
-            "classifiers": ["logreg", "mlp", "cnn"], "logreg_max_iter": 200,
-            "max_epochs": 2, "patience": 1, "batch_size": 128,
+            "num_samples": 30,
+            "fid_reference_size": 30,
+            "fid_sqrtm": "eigh",
+            "classifiers": ["logreg", "mlp", "cnn"],
+            "logreg_max_iter": 200,
+            "max_epochs": 2,
+            "patience": 1,
+            "batch_size": 128,
         },
-        "training_defaults": {"steps": 12, "checkpoint_every": 6, "log_every": 4,
-                              "batch_size": 50, "reproducible": False},
+        "training_defaults": {
+            "steps": 12,
+            "checkpoint_every": 6,
+            "log_every": 4,
+            "batch_size": 50,
+            "reproducible": False,
+        },
         "experiments": {
             "real_digits": {"dataset": "digits", "table1_row": "real", "method": "real_data"},
             "digits_dp": {"dataset": "digits", "table1_row": "paper", "sigma": 1.5},
             "digits32_dp": {"dataset": "digits32", "table1_row": "paper", "sigma": 1.5},
-            "digits64_uncond": {"dataset": "digits64", "table1_row": "paper", "sigma": 1.5,
-                                "conditional": False, "channels": [64, 32, 16, 8]},
+            "digits64_uncond": {
+                "dataset": "digits64",
+                "table1_row": "paper",
+                "sigma": 1.5,
+                "conditional": False,
+                "channels": [64, 32, 16, 8],
+            },
         },
-    }  # fmt: skip
+    }
     (workdir / "digits.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     weights = require_shared(shared_path("DPSINKHORN_FID_WEIGHTS"), "FID_WEIGHTS=PATH")
     run(
-        str(BIN / "snakemake"), "-s", str(REPO / "Snakefile"), "-d", str(workdir), "-c", "2",
-        "--max-threads", "1",  # two one-thread jobs side by side (as tests/test_workflow.py)
-        "--configfile", str(workdir / "digits.yaml"), "--config", f"fid_weights={weights}",
+        str(BIN / "snakemake"),
+        "-s",
+        str(REPO / "Snakefile"),
+        "-d",
+        str(workdir),
+        "-c",
+        "2",
+        "--max-threads",
+        "1",  # two one-thread jobs side by side (as tests/test_workflow.py)
+        "--configfile",
+        str(workdir / "digits.yaml"),
+        "--config",
+        f"fid_weights={weights}",
         cwd=workdir,
-    )  # fmt: skip
-    run(str(BIN / "dpsinkhorn"), "release", "--config", "digits.yaml", "--out", "published",
-        cwd=workdir)  # fmt: skip
+    )
+    run(
+        str(BIN / "dpsinkhorn"),
+        "release",
+        "--config",
+        "digits.yaml",
+        "--out",
+        "published",
+        cwd=workdir,
+    )
     return workdir
 
 
@@ -111,8 +151,11 @@ def test_table_has_a_row_per_experiment_with_fid_and_accuracies(results):
     by_dataset = {}
     for row in ours:
         by_dataset.setdefault(row["dataset"], []).append(row)
-    conditional = [r for r in by_dataset["digits"] + by_dataset["digits32"]
-                   if r["method"].startswith("DP-Sinkhorn")]  # fmt: skip
+    conditional = [
+        r
+        for r in by_dataset["digits"] + by_dataset["digits32"]
+        if r["method"].startswith("DP-Sinkhorn")
+    ]
     assert len(conditional) == 2
     for row in conditional:
         for metric in ("fid", "acc_logreg", "acc_mlp", "acc_cnn"):
@@ -165,8 +208,10 @@ def test_release_holds_exactly_the_manifest(workdir, results):
 
 
 def test_privacy_summary_composes_releases_of_the_same_private_data(results):
-    summary = {d["dataset"]: d for d in
-               json.loads((results / "privacy_summary.json").read_text())["datasets"]}  # fmt: skip
+    summary = {
+        d["dataset"]: d
+        for d in json.loads((results / "privacy_summary.json").read_text())["datasets"]
+    }
     # digits32 and digits64 read the same .npz: one private source, two releases composed.
     assert set(summary) == {"digits", "digits32+digits64"}, summary
     both = summary["digits32+digits64"]

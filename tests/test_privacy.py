@@ -409,9 +409,14 @@ def test_resolve_budget_paper_convention_is_tight():
     """σ given, steps solved: the most steps whose paper-convention ε stays within the target."""
     q, delta, n = 50 / 60000, 1e-5, 50
     sigma, steps = resolve_budget(
-        sigma=1.3, steps=None, target_epsilon=10.0, q=q, batch_size=n, delta=delta,
+        sigma=1.3,
+        steps=None,
+        target_epsilon=10.0,
+        q=q,
+        batch_size=n,
+        delta=delta,
         convention="paper",
-    )  # fmt: skip
+    )
     assert sigma == 1.3
     assert paper_convention_epsilon(q, 1.3, steps, n, delta) <= 10.0
     assert paper_convention_epsilon(q, 1.3, steps + 1, n, delta) > 10.0
@@ -423,36 +428,61 @@ def test_resolve_budget_paper_convention_is_tight():
     assert compute_epsilon(1.3, q, steps, delta) < 10.0
     # the paper's own setting: σ = 1.5 for ε = 10 runs ~160k steps (appendix D.4)
     _, paper_steps = resolve_budget(
-        sigma=1.5, steps=None, target_epsilon=10.0, q=q, batch_size=n, delta=delta,
+        sigma=1.5,
+        steps=None,
+        target_epsilon=10.0,
+        q=q,
+        batch_size=n,
+        delta=delta,
         convention="paper",
-    )  # fmt: skip
+    )
     assert 155_000 < paper_steps < 165_000
     # steps given, σ solved: the smallest σ within the target
     sigma, _ = resolve_budget(
-        sigma=None, steps=160_000, target_epsilon=10.0, q=q, batch_size=n, delta=delta,
+        sigma=None,
+        steps=160_000,
+        target_epsilon=10.0,
+        q=q,
+        batch_size=n,
+        delta=delta,
         convention="paper",
-    )  # fmt: skip
+    )
     assert paper_convention_epsilon(q, sigma, 160_000, n, delta) <= 10.0
     assert paper_convention_epsilon(q, sigma * 0.999, 160_000, n, delta) > 10.0
     assert sigma == pytest.approx(1.5, rel=0.01)
     with pytest.raises(ValueError, match="paper convention"):  # given both: target checked
         resolve_budget(
-            sigma=1.5, steps=200_000, target_epsilon=10.0, q=q, batch_size=n, delta=delta,
+            sigma=1.5,
+            steps=200_000,
+            target_epsilon=10.0,
+            q=q,
+            batch_size=n,
+            delta=delta,
             convention="paper",
-        )  # fmt: skip
+        )
     with pytest.raises(ValueError, match="convention must be one of"):
         resolve_budget(
-            sigma=1.5, steps=10, target_epsilon=None, q=q, batch_size=n, delta=delta,
+            sigma=1.5,
+            steps=10,
+            target_epsilon=None,
+            q=q,
+            batch_size=n,
+            delta=delta,
             convention="other",
-        )  # fmt: skip
+        )
 
 
 def test_per_sample_budget_uses_sigma_over_sqrt_n():
     q, delta = 50 / 60000, 1e-5
     sigma, _ = resolve_budget(
-        sigma=None, steps=1000, target_epsilon=5.0, q=q, batch_size=50, delta=delta,
+        sigma=None,
+        steps=1000,
+        target_epsilon=5.0,
+        q=q,
+        batch_size=50,
+        delta=delta,
         clipping="per_sample",
-    )  # fmt: skip
+    )
     assert compute_epsilon(sigma / math.sqrt(50), q, 1000, delta) == pytest.approx(5.0, rel=1e-3)
 
 
@@ -495,8 +525,18 @@ def test_cli_epsilon_steps_and_sigma(capsys):
     assert code == 0 and r["epsilon"] <= 10 and 0.5 < r["sigma"] < 0.6
     code, r = _run(capsys, *base, "--sigma", "1.5", "--epsilon", "1.0")
     assert code == 0 and r["epsilon"] <= 1.0 and 100_000 < r["steps"] < 160_000
-    code, r = _run(capsys, *base, "--sigma", "1.5", "--steps", "100", "--accountant", "pld",
-                   "--clipping", "per_sample")  # fmt: skip
+    code, r = _run(
+        capsys,
+        *base,
+        "--sigma",
+        "1.5",
+        "--steps",
+        "100",
+        "--accountant",
+        "pld",
+        "--clipping",
+        "per_sample",
+    )
     assert code == 0 and r["noise_multiplier"] == pytest.approx(1.5 / math.sqrt(50))
 
 
@@ -526,20 +566,63 @@ def test_privacy_report_keys():
     "args, message",
     [
         # was ZeroDivisionError
-        (["--q", "0.01", "--sigma", "1", "--steps", "10", "--batch-size", "0",
-          "--clipping", "per_sample"], "batch size must be an integer >= 1, got 0"),
+        (
+            [
+                "--q",
+                "0.01",
+                "--sigma",
+                "1",
+                "--steps",
+                "10",
+                "--batch-size",
+                "0",
+                "--clipping",
+                "per_sample",
+            ],
+            "batch size must be an integer >= 1, got 0",
+        ),
         # was ε = -1698.7 with exit 0
-        (["--q", "0.01", "--sigma", "1", "--steps", "-5", "--batch-size", "50",
-          "--convention", "paper"], "steps must be an integer >= 1, got -5"),
-        (["--q", "0.01", "--sigma", "1", "--steps", "-5", "--batch-size", "50"],
-         "steps must be an integer >= 1, got -5"),
+        (
+            [
+                "--q",
+                "0.01",
+                "--sigma",
+                "1",
+                "--steps",
+                "-5",
+                "--batch-size",
+                "50",
+                "--convention",
+                "paper",
+            ],
+            "steps must be an integer >= 1, got -5",
+        ),
+        (
+            ["--q", "0.01", "--sigma", "1", "--steps", "-5", "--batch-size", "50"],
+            "steps must be an integer >= 1, got -5",
+        ),
         (["--q", "nan", "--sigma", "1", "--steps", "5", "--batch-size", "50"], "q must be in"),
-        (["--q", "0.01", "--sigma", "1", "--epsilon", "nan", "--batch-size", "50"],
-         "target epsilon must be a positive number, got nan"),
-        (["--q", "0.01", "--sigma", "0.01", "--steps", "5", "--batch-size", "50",
-          "--accountant", "pld"], "use accountant rdp"),
+        (
+            ["--q", "0.01", "--sigma", "1", "--epsilon", "nan", "--batch-size", "50"],
+            "target epsilon must be a positive number, got nan",
+        ),
+        (
+            [
+                "--q",
+                "0.01",
+                "--sigma",
+                "0.01",
+                "--steps",
+                "5",
+                "--batch-size",
+                "50",
+                "--accountant",
+                "pld",
+            ],
+            "use accountant rdp",
+        ),
     ],
-)  # fmt: skip
+)
 def test_cli_refuses_bad_numbers_in_one_line(capsys, args, message):
     code, err = _run(capsys, *args, "--delta", "1e-5")
     assert code == 2 and message in err and err.count("\n") == 1
@@ -565,8 +648,9 @@ def test_noise_search_never_asks_below_its_floor():
 
 def test_target_epsilon_nan_is_refused(tmp_path):
     with pytest.raises(ValueError, match="target epsilon must be a positive number, got nan"):
-        resolve_budget(sigma=1.5, steps=10, target_epsilon=float("nan"), q=0.01,
-                       batch_size=50, delta=1e-5)  # fmt: skip
+        resolve_budget(
+            sigma=1.5, steps=10, target_epsilon=float("nan"), q=0.01, batch_size=50, delta=1e-5
+        )
     path = tmp_path / "c.yaml"
     path.write_text("experiments:\n  e:\n    dataset: mnist\n    target_epsilon: .nan\n")
     with pytest.raises(ValueError, match=r"experiments\.e\.target_epsilon: bad value nan"):
@@ -579,9 +663,16 @@ def test_budget_of_reads_the_experiments_own_settings():
         "b", sigma=None, steps=500, target_epsilon=3.0, clipping="per_sample", accountant="rdp"
     )
     expected = resolve_budget(
-        sigma=None, steps=500, target_epsilon=3.0, q=50 / 60000, batch_size=50,
-        delta=spec["delta"], clipping="per_sample", accountant="rdp", convention="sound",
-    )  # fmt: skip
+        sigma=None,
+        steps=500,
+        target_epsilon=3.0,
+        q=50 / 60000,
+        batch_size=50,
+        delta=spec["delta"],
+        clipping="per_sample",
+        accountant="rdp",
+        convention="sound",
+    )
     assert budget_of(spec, 60000) == expected
 
 

@@ -70,14 +70,41 @@ def make_run(root, prepared, mnist, weights, reproducible: bool = False):
     assert cli.main([*args, "--weights", str(weights), "--device", "cpu"]) == 0
     for exp in config_lib.trained_experiments(config):
         out = config_lib.experiment_dir(config, root, exp)
-        train(config_lib.experiment(config, exp), out, train_data=mnist, progress=False,
-              record_dir=data_dir / "trainings")  # fmt: skip
+        train(
+            config_lib.experiment(config, exp),
+            out,
+            train_data=mnist,
+            progress=False,
+            record_dir=data_dir / "trainings",
+        )
         if exp in DP:
-            args = ["evaluate", "--generator", str(out / "generator.pt"), "--test", str(test),
-                    "--reference", reference, "--seed", "0", "--num", str(NUM),
-                    "--samples-dir", str(out), "--scores-dir", str(out), "--classifiers",
-                    "logreg", "--dataset", "mnist", "--weights", str(weights), "--sqrtm",
-                    "eigh", "--device", "cpu"]  # fmt: skip
+            args = [
+                "evaluate",
+                "--generator",
+                str(out / "generator.pt"),
+                "--test",
+                str(test),
+                "--reference",
+                reference,
+                "--seed",
+                "0",
+                "--num",
+                str(NUM),
+                "--samples-dir",
+                str(out),
+                "--scores-dir",
+                str(out),
+                "--classifiers",
+                "logreg",
+                "--dataset",
+                "mnist",
+                "--weights",
+                str(weights),
+                "--sqrtm",
+                "eigh",
+                "--device",
+                "cpu",
+            ]
             assert cli.main(args) == 0
     for exp in ("np", "real"):  # not released: only their place matters
         for path in targets.evaluation_files(config, root, [exp]):
@@ -129,16 +156,26 @@ def test_private_and_nonprivate_files_live_apart(run):
     top = {p.name for p in root.iterdir()}
     assert top == {*DP, "nonprivate", MANIFEST, "privacy_summary.json"}
     assert {p.name for p in (root / "nonprivate").iterdir()} == {
-        "np", "real", "dp_a", "fid_ref_mnist.npz"}  # fmt: skip
+        "np",
+        "real",
+        "dp_a",
+        "fid_ref_mnist.npz",
+    }
     assert not (root / "dp_a" / "gradstudy.json").exists()
     ledger = fileio.read_json(root / "nonprivate" / "np" / "privacy.json")
     assert ledger["private"] is False and ledger["guarantee"] is None
     for exp in DP:
         names = {p.name for p in (root / exp).iterdir()} - {".dpsinkhorn.lock"}
         # evaluate_phases.json: the commit and code of each evaluation phase (no data)
-        assert names == {"generator.pt", "privacy.json", "train_log.csv", "samples_seed0.npz",
-                         "fid_seed0.json", "acc_logreg_seed0.json",
-                         "evaluate_phases.json"}  # fmt: skip
+        assert names == {
+            "generator.pt",
+            "privacy.json",
+            "train_log.csv",
+            "samples_seed0.npz",
+            "fid_seed0.json",
+            "acc_logreg_seed0.json",
+            "evaluate_phases.json",
+        }
 
 
 def test_release_publishes_exactly_what_the_config_lists_each_proven(run, tmp_path):
@@ -146,8 +183,18 @@ def test_release_publishes_exactly_what_the_config_lists_each_proven(run, tmp_pa
     out = tmp_path / "published"
     assert cli.main(_release_argv(config, _copy(root, tmp_path / "c"), out)) == 0
     files = _published(out)
-    expected = [f"{e}/{n}" for e in DP for n in ("privacy.json", "generator.pt", "train_log.csv",
-                "samples_seed0.npz", "fid_seed0.json", "acc_logreg_seed0.json")]  # fmt: skip
+    expected = [
+        f"{e}/{n}"
+        for e in DP
+        for n in (
+            "privacy.json",
+            "generator.pt",
+            "train_log.csv",
+            "samples_seed0.npz",
+            "fid_seed0.json",
+            "acc_logreg_seed0.json",
+        )
+    ]
     assert sorted(files) == sorted([*expected, "privacy_summary.json", MANIFEST])
     for name in expected + ["privacy_summary.json"]:
         assert files[name] == (root / name).read_bytes(), name  # samples: the redraw's bytes
@@ -191,8 +238,12 @@ def test_sample_real_in_a_dp_samples_place_is_refused(run, tmp_path, capsys):
     args = ["sample-real", "--data", str(train_npz), "--num", str(NUM), "--seed", "0"]
     assert cli.main([*args, "--out", str(bad / "dp_a" / "samples_seed0.npz")]) == 0
     capsys.readouterr()
-    _refused(_release_argv(config, bad, tmp_path / "o"), capsys, "dp_a/samples_seed0.npz",
-             "not the verified generator's draw")  # fmt: skip
+    _refused(
+        _release_argv(config, bad, tmp_path / "o"),
+        capsys,
+        "dp_a/samples_seed0.npz",
+        "not the verified generator's draw",
+    )
     assert not (tmp_path / "o").exists()
 
 
@@ -201,18 +252,27 @@ def test_a_lying_manifest_or_ledger_is_refused(run, tmp_path, capsys):
     # The run's manifest is not an input: a lie in it is refused, never believed.
     lies = {
         "guarantee": lambda m: m["ledgers"].update(
-            {"dp_a/privacy.json": "(epsilon, delta)-DP with epsilon = 0.01"}),
+            {"dp_a/privacy.json": "(epsilon, delta)-DP with epsilon = 0.01"}
+        ),
         "file": lambda m: m["files"].append(
-            {"path": "nonprivate/real/samples_seed0.npz", "sha256": "x",
-             "ledgers": ["dp_a/privacy.json"]}),
-    }  # fmt: skip
+            {
+                "path": "nonprivate/real/samples_seed0.npz",
+                "sha256": "x",
+                "ledgers": ["dp_a/privacy.json"],
+            }
+        ),
+    }
     for name, lie in lies.items():
         lied = _copy(root, tmp_path / name)
         manifest = fileio.read_json(lied / MANIFEST)
         lie(manifest)
         fileio.write_json(lied / MANIFEST, manifest)
-        _refused(_release_argv(config, lied, tmp_path / "o1"), capsys, MANIFEST,
-                 "does not report this release")  # fmt: skip
+        _refused(
+            _release_argv(config, lied, tmp_path / "o1"),
+            capsys,
+            MANIFEST,
+            "does not report this release",
+        )
     assert not (tmp_path / "o1").exists()
 
     def ledger_edit(name, change, *words):
@@ -223,8 +283,11 @@ def test_a_lying_manifest_or_ledger_is_refused(run, tmp_path, capsys):
         _refused(_release_argv(config, bad, tmp_path / "o2"), capsys, "dp_a/privacy.json", *words)
 
     ledger_edit("public", lambda x: x.update(reproducible=True), "reproducible is True")
-    ledger_edit("eps", lambda x: x.update(guarantee=x["guarantee"].replace("epsilon = ",
-                "epsilon = 1")), "guarantee states epsilon")  # fmt: skip
+    ledger_edit(
+        "eps",
+        lambda x: x.update(guarantee=x["guarantee"].replace("epsilon = ", "epsilon = 1")),
+        "guarantee states epsilon",
+    )
     ledger_edit("epsilon", lambda x: x.update(epsilon=x["epsilon"] / 2), "is not that of its q")
     ledger_edit("nonprivate", lambda x: x.update(private=False), "not a DP ledger")
     ledger_edit("other", lambda x: x.update(experiment="dp_b"), "the ledger of 'dp_b'")
@@ -242,22 +305,37 @@ def test_a_ledger_its_training_did_not_write_is_refused(run, tmp_path, capsys):
         shutil.copy(forged / "nonprivate" / "np" / name, forged / "dp_a" / name)
         ledger[key] = fileio.sha256_of(forged / "dp_a" / name)
     fileio.write_json(forged / "dp_a" / "privacy.json", ledger)
-    _refused(_release_argv(config, forged, tmp_path / "o"), capsys, "dp_a/privacy.json",
-             "no finished DP training in the training record")  # fmt: skip
+    _refused(
+        _release_argv(config, forged, tmp_path / "o"),
+        capsys,
+        "dp_a/privacy.json",
+        "no finished DP training in the training record",
+    )
     gone = _copy(root, tmp_path / "gone")  # no training record at all: said so, not named
     shutil.rmtree(gone.parent / "data" / "trainings")
-    _refused(_release_argv(config, gone, tmp_path / "o"), capsys, "dp_a/privacy.json",
-             "(no record file of this training data in ")  # fmt: skip
+    _refused(
+        _release_argv(config, gone, tmp_path / "o"),
+        capsys,
+        "dp_a/privacy.json",
+        "(no record file of this training data in ",
+    )
 
-    edits = {"key": lambda x: x.update(note="records 17, 4, 9"),
-             "text": lambda x: x.update(guarantee=x["guarantee"] + " 17, 4, 9")}  # fmt: skip
+    edits = {
+        "key": lambda x: x.update(note="records 17, 4, 9"),
+        "text": lambda x: x.update(guarantee=x["guarantee"] + " 17, 4, 9"),
+    }
     for name, change in edits.items():
         bad = _copy(root, tmp_path / name)
         ledger = fileio.read_json(bad / "dp_a" / "privacy.json")
         change(ledger)
         fileio.write_json(bad / "dp_a" / "privacy.json", ledger)
-        _refused(_release_argv(config, bad, tmp_path / "o"), capsys, "dp_a/privacy.json",
-                 "not the ledger training", "ledger_sha256")  # fmt: skip
+        _refused(
+            _release_argv(config, bad, tmp_path / "o"),
+            capsys,
+            "dp_a/privacy.json",
+            "not the ledger training",
+            "ledger_sha256",
+        )
 
     settings = _copy(root, tmp_path / "settings")
     other = {**config, "experiments": {**config["experiments"]}}
@@ -265,8 +343,12 @@ def test_a_ledger_its_training_did_not_write_is_refused(run, tmp_path, capsys):
     (settings.parent / "config.yaml").write_text(
         yaml.safe_dump({**other, "data_dir": str(settings.parent / "data")})
     )
-    _refused(_release_argv(other, settings, tmp_path / "o"), capsys, "dp_a/privacy.json",
-             "other settings than the config's (lr)")  # fmt: skip
+    _refused(
+        _release_argv(other, settings, tmp_path / "o"),
+        capsys,
+        "dp_a/privacy.json",
+        "other settings than the config's (lr)",
+    )
     assert not (tmp_path / "o").exists()
 
 
@@ -278,17 +360,27 @@ def test_a_record_older_than_ledger_hashes_proves_by_the_kept_copy(run, tmp_path
     (path,) = (old.parent / "data" / "trainings").glob("*.jsonl")
     events = [json.loads(line) for line in path.read_text().splitlines()]
     assert sum("ledger_sha256" in e for e in events) == len(DP) + 1  # each finished event (np)
-    path.write_text("".join(json.dumps({k: v for k, v in e.items()
-                                        if k not in ("ledger_sha256", "train_log_sha256")}) + "\n"
-                            for e in events))  # fmt: skip
+    path.write_text(
+        "".join(
+            json.dumps(
+                {k: v for k, v in e.items() if k not in ("ledger_sha256", "train_log_sha256")}
+            )
+            + "\n"
+            for e in events
+        )
+    )
     assert cli.main(_release_argv(config, old, tmp_path / "o")) == 0
     proofs = {e["path"]: e["proof"] for e in fileio.read_json(tmp_path / "o" / MANIFEST)["files"]}
     assert "the release copy it kept" in proofs["dp_a/privacy.json"]
 
     ledger = fileio.read_json(old / "dp_a" / "privacy.json")
     fileio.write_json(old / "dp_a" / "privacy.json", {**ledger, "note": "17, 4, 9"})
-    _refused(_release_argv(config, old, tmp_path / "o2"), capsys, "dp_a/privacy.json",
-             "its record predates ledger_sha256")  # fmt: skip
+    _refused(
+        _release_argv(config, old, tmp_path / "o2"),
+        capsys,
+        "dp_a/privacy.json",
+        "its record predates ledger_sha256",
+    )
 
 
 def test_a_release_without_its_prepared_training_split_names_it(run, tmp_path, capsys):
@@ -301,8 +393,9 @@ def test_a_release_without_its_prepared_training_split_names_it(run, tmp_path, c
     prepared.unlink()  # the fixture's symlink to the shared prepared data, not the data
     prepared.mkdir()
     (prepared / "test.npz").write_bytes(test)
-    _refused(_release_argv(config, bare, tmp_path / "o"), capsys, "train.npz: missing",
-             "training record")  # fmt: skip
+    _refused(
+        _release_argv(config, bare, tmp_path / "o"), capsys, "train.npz: missing", "training record"
+    )
     assert not (tmp_path / "o").exists()
 
 
@@ -313,15 +406,30 @@ def test_fid_against_statistics_of_other_data_is_refused(run, fid_weights, tmp_p
     bad = _copy(root, tmp_path / "c")
     prepared = bad.parent / "data" / config_lib.prepared_folder_of(config, "mnist")
     reference = targets.fid_reference_file(bad, "mnist")
-    args = ["fid-stats", "--samples", str(prepared / "train.npz"), "--out", reference,
-            "--num", "16", "--weights", str(fid_weights), "--device", "cpu"]  # fmt: skip
+    args = [
+        "fid-stats",
+        "--samples",
+        str(prepared / "train.npz"),
+        "--out",
+        reference,
+        "--num",
+        "16",
+        "--weights",
+        str(fid_weights),
+        "--device",
+        "cpu",
+    ]
     assert cli.main(args) == 0
     capsys.readouterr()
     for exp in DP:
         path = bad / exp / "fid_seed0.json"
         fileio.write_json(path, {**fileio.read_json(path), "b_sha256": fileio.sha256_of(reference)})
-    _refused(_release_argv(config, bad, tmp_path / "o"), capsys, "fid_ref_mnist.npz",
-             "not the statistics of the public test split")  # fmt: skip
+    _refused(
+        _release_argv(config, bad, tmp_path / "o"),
+        capsys,
+        "fid_ref_mnist.npz",
+        "not the statistics of the public test split",
+    )
     assert not (tmp_path / "o").exists()
 
 
@@ -334,8 +442,12 @@ def test_a_hand_added_file_with_its_sidecar_is_refused(run, prepared_mnist, tmp_
         shutil.copy(prepared_mnist / "mnist" / "train.npz", sneaked / "dp_a" / name)
         digest = fileio.sha256_of(sneaked / "dp_a" / name)
         (sneaked / "dp_a" / f"{name}.sha256").write_text(f"{digest}  {name}\n")
-        _refused(_release_argv(config, sneaked, tmp_path / "o"), capsys, "dp_a/",
-                 "no rule writes it into the DP folder")  # fmt: skip
+        _refused(
+            _release_argv(config, sneaked, tmp_path / "o"),
+            capsys,
+            "dp_a/",
+            "no rule writes it into the DP folder",
+        )
     assert not (tmp_path / "o").exists()
 
 
@@ -345,24 +457,45 @@ def test_a_score_not_computed_from_the_release_is_refused(run, tmp_path, capsys)
     config, root = run
     bad = _copy(root, tmp_path / "private")
     prepared = bad.parent / "data" / config_lib.prepared_folder_of(config, "mnist")
-    args = ["classify", "--model", "logreg", "--train", str(bad / "dp_a" / "samples_seed0.npz"),
-            "--test", str(prepared / "train.npz"), "--seed", "0",
-            "--out", str(bad / "dp_a" / "acc_logreg_seed0.json"), "--dataset", "mnist"]  # fmt: skip
+    args = [
+        "classify",
+        "--model",
+        "logreg",
+        "--train",
+        str(bad / "dp_a" / "samples_seed0.npz"),
+        "--test",
+        str(prepared / "train.npz"),
+        "--seed",
+        "0",
+        "--out",
+        str(bad / "dp_a" / "acc_logreg_seed0.json"),
+        "--dataset",
+        "mnist",
+    ]
     assert cli.main(args) == 0
     capsys.readouterr()
-    _refused(_release_argv(config, bad, tmp_path / "o"), capsys, "acc_logreg_seed0.json",
-             "not scored against the public")  # fmt: skip
+    _refused(
+        _release_argv(config, bad, tmp_path / "o"),
+        capsys,
+        "acc_logreg_seed0.json",
+        "not scored against the public",
+    )
 
     extra = _copy(root, tmp_path / "extra")
     record = fileio.read_json(extra / "dp_b" / "fid_seed0.json")
     fileio.write_json(extra / "dp_b" / "fid_seed0.json", {**record, "mean_norm": 3.2})
-    _refused(_release_argv(config, extra, tmp_path / "o"), capsys, "dp_b/fid_seed0.json",
-             "'mean_norm'")  # fmt: skip
+    _refused(
+        _release_argv(config, extra, tmp_path / "o"), capsys, "dp_b/fid_seed0.json", "'mean_norm'"
+    )
 
     swapped = _copy(root, tmp_path / "swapped")
     shutil.copy(root / "dp_b" / "fid_seed0.json", swapped / "dp_a" / "fid_seed0.json")
-    _refused(_release_argv(config, swapped, tmp_path / "o"), capsys, "dp_a/fid_seed0.json",
-             "not computed from")  # fmt: skip
+    _refused(
+        _release_argv(config, swapped, tmp_path / "o"),
+        capsys,
+        "dp_a/fid_seed0.json",
+        "not computed from",
+    )
     assert not (tmp_path / "o").exists()
 
 
@@ -383,8 +516,12 @@ def test_a_score_carrying_data_in_its_own_keys_is_refused(run, tmp_path, capsys)
         bad = _copy(root, tmp_path / key)
         record = fileio.read_json(bad / "dp_a" / "fid_seed0.json")
         fileio.write_json(bad / "dp_a" / "fid_seed0.json", {**record, key: value})
-        _refused(_release_argv(config, bad, tmp_path / "o"), capsys, "dp_a/fid_seed0.json",
-                 f"its {key!r} is not a value its writer writes")  # fmt: skip
+        _refused(
+            _release_argv(config, bad, tmp_path / "o"),
+            capsys,
+            "dp_a/fid_seed0.json",
+            f"its {key!r} is not a value its writer writes",
+        )
     assert not (tmp_path / "o").exists()
 
 
@@ -399,8 +536,12 @@ def test_a_file_swapped_between_check_and_copy_is_refused(run, tmp_path, capsys,
         return files
 
     monkeypatch.setattr(decision, "decide", decide_then_swap)
-    _refused(_release_argv(config, racy, tmp_path / "o"), capsys, "dp_a/generator.pt",
-             "changed while it was released")  # fmt: skip
+    _refused(
+        _release_argv(config, racy, tmp_path / "o"),
+        capsys,
+        "dp_a/generator.pt",
+        "changed while it was released",
+    )
     assert not (tmp_path / "o").exists()
     assert not list(tmp_path.glob(".o.tmp-*"))
 
@@ -418,13 +559,21 @@ def test_swapped_edited_or_unfinished_files_are_refused(run, tmp_path, capsys):
 
     refused("gen", swap, "dp_a/generator.pt", "content_sha256")
     log = "dp_b/train_log.csv"
-    refused("log", lambda b: (b / log).write_text((b / log).read_text().replace("step,", "step ,")),
-            log, "train_log_sha256")  # fmt: skip
+    refused(
+        "log",
+        lambda b: (b / log).write_text((b / log).read_text().replace("step,", "step ,")),
+        log,
+        "train_log_sha256",
+    )
     refused("ws", lambda b: (b / "dp_b" / WORKSPACE).mkdir(), WORKSPACE, "not complete")
     refused("gone", lambda b: (b / "dp_b" / "samples_seed0.npz").unlink(), "missing")
     summary = "privacy_summary.json"
-    refused("summary", lambda b: (b / summary).write_text((b / summary).read_text() + " "),
-            summary, "stale or edited")  # fmt: skip
+    refused(
+        "summary",
+        lambda b: (b / summary).write_text((b / summary).read_text() + " "),
+        summary,
+        "stale or edited",
+    )
     assert not (tmp_path / "o").exists()
     # A non-private training still writing its workspace does not block the release.
     busy = _copy(root, tmp_path / "busy")
@@ -458,8 +607,12 @@ def test_sample_files_of_another_writer_or_device(run, tmp_path, capsys):
     assert "1 pixels of the run's file differ by one grey level" in proof["dp_a/samples_seed0.npz"]
     images[0, 0, 0] ^= 3
     np.savez(path, images=images, labels=labels)
-    _refused(_release_argv(config, other, tmp_path / "o2"), capsys, "dp_a/samples_seed0.npz",
-             "2 grey levels")  # fmt: skip
+    _refused(
+        _release_argv(config, other, tmp_path / "o2"),
+        capsys,
+        "dp_a/samples_seed0.npz",
+        "2 grey levels",
+    )
 
 
 def test_public_noise_seed_needs_the_flag(tmp_path, prepared_mnist, mnist, fid_weights, capsys):
@@ -491,9 +644,13 @@ def test_a_release_folder_that_cannot_hold_the_release_is_refused(run, tmp_path,
     config, root = run
     how, words = BAD_OUTS[case]
     before = sorted(p.relative_to(root) for p in root.rglob("*"))
-    out = {"link": tmp_path / "link", "dangling": tmp_path / "dangling",
-           "file": tmp_path / "afile" / "sub", "dp": root / "dp_a" / "pub",
-           "run": root / "pub"}[how]  # fmt: skip
+    out = {
+        "link": tmp_path / "link",
+        "dangling": tmp_path / "dangling",
+        "file": tmp_path / "afile" / "sub",
+        "dp": root / "dp_a" / "pub",
+        "run": root / "pub",
+    }[how]
     if how == "link":
         (tmp_path / "empty").mkdir()
         out.symlink_to(tmp_path / "empty", target_is_directory=True)
@@ -549,10 +706,15 @@ def test_the_release_rule_waits_for_exactly_the_files_the_release_decides(name, 
     ``run_folders`` lets the release publish, and the summary: one rule, two readers."""
     config = config_lib.load_config([Path(__file__).parents[1] / "config" / name])
     run = tmp_path / "results"
-    decided = {str(run / f.rel / n) for f in run_folders(config, run)
-               for n in (*targets.TRAINING_FILES, *map(targets.sample_name, f.seeds),
-                         *(targets.score_name(m, s) for m in f.scores
-                           for s in f.seeds))}  # fmt: skip
+    decided = {
+        str(run / f.rel / n)
+        for f in run_folders(config, run)
+        for n in (
+            *targets.TRAINING_FILES,
+            *map(targets.sample_name, f.seeds),
+            *(targets.score_name(m, s) for m in f.scores for s in f.seeds),
+        )
+    }
     decided.add(targets.privacy_summary_file(run))
     assert set(targets.release_inputs(config, run)) == decided
     assert any("fid_seed" in p for p in decided) and any("samples_seed" in p for p in decided)

@@ -33,8 +33,28 @@ PAGES = ["README.md", *sorted(f"docs/{p.name}" for p in (ROOT / "docs").glob("*.
 TEXT = "\n".join((ROOT / page).read_text() for page in PAGES)
 DOCS = (*PAGES, "benchmarks/README.md")
 #: endings of file names, which the docs also write in backticks
-FILE_SUFFIXES = {"py", "md", "json", "jsonl", "yaml", "csv", "tsv", "npz", "pt", "pth", "txt",
-                 "smk", "sh", "png", "pdf", "tex", "toml", "lock", "log", "html"}  # fmt: skip
+FILE_SUFFIXES = {
+    "py",
+    "md",
+    "json",
+    "jsonl",
+    "yaml",
+    "csv",
+    "tsv",
+    "npz",
+    "pt",
+    "pth",
+    "txt",
+    "smk",
+    "sh",
+    "png",
+    "pdf",
+    "tex",
+    "toml",
+    "lock",
+    "log",
+    "html",
+}
 
 
 def quoted(pattern: str, text: str = TEXT) -> tuple[str, ...]:
@@ -166,8 +186,11 @@ def test_celeba_epsilon(paper):
     )
     spec = experiment(paper, "celeba_dpsinkhorn")
     assert (int(batch), float(sigma), float(delta), number(steps)) == (
-        spec["batch_size"], spec["sigma"], spec["delta"], spec["steps"],
-    )  # fmt: skip
+        spec["batch_size"],
+        spec["sigma"],
+        spec["delta"],
+        spec["steps"],
+    )
     args = (spec["sigma"], q_of(spec), spec["steps"], spec["delta"])
     assert_printed_as(sound, compute_epsilon(*args))
     assert_printed_as(conv, paper_epsilon(spec))
@@ -197,8 +220,9 @@ def test_eps10_study_cells_and_sigmas(paper):
 def test_results_set_epsilons_are_the_committed_ledgers(name):
     """Each paper-scale table's RDP and paper-convention ε are those of its set's ledger."""
     readme = (ROOT / "README.md").read_text()
-    blocks = re.findall(r"<!-- table1: (results-paper-scale/[\w-]+) -->\n(.*?)<!-- end table1 -->",
-                        readme, re.S)  # fmt: skip
+    blocks = re.findall(
+        r"<!-- table1: (results-paper-scale/[\w-]+) -->\n(.*?)<!-- end table1 -->", readme, re.S
+    )
     row = rf"^\| [^|]*\(`{name}`\) \| ([\d.]+)[ †‡]* / [\d.]+[ †‡]* \| ([\d.]+) \|"
     checked = 0
     for set_dir, block in blocks:

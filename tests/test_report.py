@@ -296,8 +296,14 @@ def test_own_dataset_table_and_reproduction_speak_of_that_dataset(tmp_path, monk
     for path in map(Path, files["results"]):
         key = "fid" if path.name.startswith("fid") else "accuracy"
         fileio.write_json(path, {key: 0.5})
-    ledger = {"mechanism": "x", "epsilon": 3.0, "epsilon_paper_convention": 20.0,
-              "clipping": "batch", "noise_multiplier": 1.0, "sensitivity": 1.0}  # fmt: skip
+    ledger = {
+        "mechanism": "x",
+        "epsilon": 3.0,
+        "epsilon_paper_convention": 20.0,
+        "clipping": "batch",
+        "noise_multiplier": 1.0,
+        "sensitivity": 1.0,
+    }
     for path in files["privacy"]:
         fileio.write_json(Path(path), ledger)
     for path in files["samples"]:

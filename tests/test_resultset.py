@@ -30,13 +30,20 @@ def ledger(clipping: str, steps: int = 200, sigma: float = 1.5) -> dict:
     z = mechanism.noise_multiplier(sigma, 50, clipping)
     q = 50 / 60000
     return {
-        "clipping": clipping, "clip": 0.5, "sigma": sigma, "batch_size": 50, "q": q,
-        "steps": steps, "delta": 1e-5, "noise_multiplier": z, "sensitivity": sigma / z,
+        "clipping": clipping,
+        "clip": 0.5,
+        "sigma": sigma,
+        "batch_size": 50,
+        "q": q,
+        "steps": steps,
+        "delta": 1e-5,
+        "noise_multiplier": z,
+        "sensitivity": sigma / z,
         "epsilon": accounting.compute_epsilon(z, q, steps, 1e-5),
         "epsilon_paper_convention": accounting.paper_convention_epsilon(q, sigma, steps, 50, 1e-5),
         "accountant": "rdp (dp-accounting)",
         "guarantee": "(epsilon, delta)-DP with epsilon = ..., a secret noise key",
-    }  # fmt: skip
+    }
 
 
 @pytest.fixture
@@ -47,9 +54,14 @@ def small_set(tmp_path: Path) -> Path:
     set_dir = tmp_path / "results-paper-scale" / "gpu1"
     fileio.write_json(
         set_dir / "provenance.json",
-        {"name": "gpu1", "device": "GPU X", "commit": "abc1234", "config": "config/config.yaml",
-         "experiments": {"mnist_dpsinkhorn": {"command": "snakemake ... mnist_dpsinkhorn"}}},
-    )  # fmt: skip
+        {
+            "name": "gpu1",
+            "device": "GPU X",
+            "commit": "abc1234",
+            "config": "config/config.yaml",
+            "experiments": {"mnist_dpsinkhorn": {"command": "snakemake ... mnist_dpsinkhorn"}},
+        },
+    )
     fileio.write_json(set_dir / "mnist_dpsinkhorn" / "privacy.json", ledger("batch"))
     for seed, acc in [(0, 0.40), (2, 0.44)]:  # seed 1 missing, no FID at all
         fileio.write_json(

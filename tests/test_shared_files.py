@@ -28,8 +28,12 @@ def run_needing_the_mirror(tmp_path: Path, ci: str | None) -> subprocess.Complet
     return subprocess.run(
         # conftest.py loaded as a plugin: its fixtures, without this folder's other tests
         [sys.executable, "-m", "pytest", "-p", "conftest", "-rs", "-q", "-p", "no:cacheprovider"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_missing_shared_file_fails_in_ci(tmp_path):

@@ -620,8 +620,11 @@ def test_every_paper_job_is_accepted_by_a_48h_partition(tmp_path):
         pytest.skip("needs the live test cluster: make test-slurm (sets DPSINKHORN_SLURM=1)")
     start = time.monotonic()
     dag = paper_dry_run(tmp_path / "dag")
-    local = set(re.findall(r"(\w+),", (REPO / "Snakefile").read_text().split("localrules:")[1]
-                           .split("\n\n")[0]))  # fmt: skip
+    local = set(
+        re.findall(
+            r"(\w+),", (REPO / "Snakefile").read_text().split("localrules:")[1].split("\n\n")[0]
+        )
+    )
     groups = {g for rule, _, g in dag if g}
     singles = [rule for rule, _, g in dag if not g and rule not in local]
     assert not groups  # each experiment's evaluation is one rule, evaluate_<exp>

@@ -117,9 +117,13 @@ def test_full_config_studies_and_fig4b_noise_scale():
         spec = config_lib.experiment(config, f"fig4b_m3_eps{eps:g}")
         q = spec["batch_size"] / plan.TRAIN_SIZES["mnist"]
         sigma, steps = resolve_budget(
-            sigma=None, steps=spec["steps"], target_epsilon=eps, q=q,
-            batch_size=spec["batch_size"], delta=spec["delta"],
-        )  # fmt: skip
+            sigma=None,
+            steps=spec["steps"],
+            target_epsilon=eps,
+            q=q,
+            batch_size=spec["batch_size"],
+            delta=spec["delta"],
+        )
         assert (spec["m"], steps) == (3.0, 16000 * eps)
         assert compute_epsilon(sigma, q, steps, spec["delta"]) == pytest.approx(eps, rel=1e-3)
 
@@ -131,9 +135,13 @@ def test_paper_convention_steps_for_table4():
     # The paper: sigma 1.5 reaches its epsilon = 10 in ~160,000 steps.
     assert 150000 < steps < 170000
     _, sound_steps = resolve_budget(
-        sigma=1.5, steps=None, target_epsilon=10.0, q=spec["batch_size"] / 60000,
-        batch_size=spec["batch_size"], delta=spec["delta"],
-    )  # fmt: skip
+        sigma=1.5,
+        steps=None,
+        target_epsilon=10.0,
+        q=spec["batch_size"] / 60000,
+        batch_size=spec["batch_size"],
+        delta=spec["delta"],
+    )
     assert sound_steps > 10 * steps  # the sound count allows far more steps
 
 
@@ -161,8 +169,10 @@ def test_outputs_inputs_and_targets_cli(tmp_path):
         targets.outputs(config, "table2", results)
     out = subprocess.run(
         [sys.executable, "-m", "dpsinkhorn", "targets", "table4", "--config", str(path), "--cells"],
-        capture_output=True, text=True, check=True,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert str(results / "tables/table4.md") in out.stdout
     assert str(results / "table4_a" / "fid_seed1.json") in out.stdout
 

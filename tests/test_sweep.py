@@ -34,11 +34,20 @@ TINY = {
 # optimizer, clipping, perturbation, steps, and private vs non-private.
 RUNS = {
     "a": {"seed": 0, "p": 0.2, "m": 1.0, "sigma": 0.8, "lr": 1e-4},
-    "b": {"seed": 1, "p": 0.6, "m": 0.0, "sigma": 1.5, "clip": 0.5, "optimizer": "sgd",
-          "lr": 3e-3, "clipping": "per_sample", "steps": 5},
+    "b": {
+        "seed": 1,
+        "p": 0.6,
+        "m": 0.0,
+        "sigma": 1.5,
+        "clip": 0.5,
+        "optimizer": "sgd",
+        "lr": 3e-3,
+        "clipping": "per_sample",
+        "steps": 5,
+    },
     "c": {"seed": 2, "p": 0.0, "m": 2.0, "sigma": 1.2, "perturbation": "parameter", "lr": 1e-3},
     "d": {"seed": 3, "p": 0.4, "method": "sinkhorn", "optimizer": "sgd", "lr": 1e-5, "steps": 6},
-}  # fmt: skip
+}
 
 
 def write_config(tmp_path, data_dir, runs=RUNS, **top) -> dict:
@@ -128,8 +137,14 @@ def test_train_sweep_writes_single_run_files_and_resumes(tmp_path, prepared_data
 
     # A sweep member's checkpoint is a single run's checkpoint: `train` continues it.
     with pytest.raises(Preempted):
-        train_sweep(specs, [tmp_path / "mixed" / s["name"] for s in specs], prepared_data,
-                    "cpu", stop_after=4, progress=False)  # fmt: skip
+        train_sweep(
+            specs,
+            [tmp_path / "mixed" / s["name"] for s in specs],
+            prepared_data,
+            "cpu",
+            stop_after=4,
+            progress=False,
+        )
     record = train(specs[0], tmp_path / "mixed" / "a", prepared_data, "cpu", progress=False)
     assert record["steps"] == 8 and record["epsilon"] == full[0]["epsilon"]
 

@@ -264,8 +264,20 @@ def test_train_from_target_epsilon_and_nonprivate(tmp_path, prepared_data):
     assert record["epsilon"] <= 3.0 and record["epsilon"] == pytest.approx(3.0, rel=1e-3)
     assert record["epsilon_paper_convention"] > 0 and record["sigma"] > 0
     on_disk = json.loads((tmp_path / "dp" / "privacy.json").read_text())
-    for key in ("mechanism", "clipping", "clip", "sigma", "noise_multiplier", "q", "batch_size",
-                "steps", "delta", "epsilon", "epsilon_paper_convention", "accountant"):  # fmt: skip
+    for key in (
+        "mechanism",
+        "clipping",
+        "clip",
+        "sigma",
+        "noise_multiplier",
+        "q",
+        "batch_size",
+        "steps",
+        "delta",
+        "epsilon",
+        "epsilon_paper_convention",
+        "accountant",
+    ):
         assert key in on_disk
 
     spec = spec_of(
@@ -357,8 +369,13 @@ def test_parameter_perturbation_resume_is_bit_identical(tmp_path, prepared_data)
     assert on_disk["noise_multiplier"] == 1.5 and on_disk["clipping"] == "batch"
     assert on_disk["epsilon"] == pytest.approx(compute_epsilon(1.5, 50 / 60000, 12, 1e-5))
 
-    image = train(spec_of(make_config(tmp_path, prepared_data)), tmp_path / "image",
-                  prepared_data, "cpu", progress=False)  # fmt: skip
+    image = train(
+        spec_of(make_config(tmp_path, prepared_data)),
+        tmp_path / "image",
+        prepared_data,
+        "cpu",
+        progress=False,
+    )
     assert image["perturbation"] == "image" and "generated images" in image["mechanism"]
     c = torch.load(tmp_path / "image" / "generator.pt", weights_only=False)["state_dict"]
     assert not all(torch.equal(a[k], c[k]) for k in a)  # a different mechanism was applied
@@ -375,8 +392,13 @@ def test_l1_cost_trains_with_the_l1_diameter(tmp_path, prepared_data):
     assert len(rows) == 4
     assert record["steps"] == 4 and record["perturbation"] == "image"
     # a different cost trains a different generator from the same seed
-    train(spec_of(make_config(tmp_path, prepared_data, cost="l2", steps=4)), tmp_path / "l2",
-          prepared_data, "cpu", progress=False)  # fmt: skip
+    train(
+        spec_of(make_config(tmp_path, prepared_data, cost="l2", steps=4)),
+        tmp_path / "l2",
+        prepared_data,
+        "cpu",
+        progress=False,
+    )
     a = torch.load(tmp_path / "l1" / "generator.pt", weights_only=False)["state_dict"]
     b = torch.load(tmp_path / "l2" / "generator.pt", weights_only=False)["state_dict"]
     assert not all(torch.equal(a[k], b[k]) for k in a)
@@ -386,9 +408,10 @@ def test_paper_epsilon_convention_solves_steps_and_sigma(tmp_path, prepared_data
     q, delta = 50 / 60000, 1e-5
     target = paper_convention_epsilon(q, 1.5, 5, 50, delta)  # the paper's ε after 5 steps
     spec = spec_of(
-        make_config(tmp_path, prepared_data, steps=None, target_epsilon=target,
-                    epsilon_convention="paper")
-    )  # fmt: skip
+        make_config(
+            tmp_path, prepared_data, steps=None, target_epsilon=target, epsilon_convention="paper"
+        )
+    )
     record = train(spec, tmp_path / "steps", prepared_data, "cpu", progress=False)
     assert record["steps"] == 5 and record["sigma"] == 1.5
     assert record["epsilon_convention"] == "paper"
@@ -398,9 +421,15 @@ def test_paper_epsilon_convention_solves_steps_and_sigma(tmp_path, prepared_data
     assert on_disk["epsilon_convention"] == "paper" and on_disk["target_epsilon"] == target
 
     spec = spec_of(
-        make_config(tmp_path, prepared_data, sigma=None, steps=3, target_epsilon=2.0,
-                    epsilon_convention="paper")
-    )  # fmt: skip
+        make_config(
+            tmp_path,
+            prepared_data,
+            sigma=None,
+            steps=3,
+            target_epsilon=2.0,
+            epsilon_convention="paper",
+        )
+    )
     record = train(spec, tmp_path / "sigma", prepared_data, "cpu", progress=False)
     assert record["epsilon_paper_convention"] <= 2.0
     assert record["epsilon_paper_convention"] == pytest.approx(2.0, rel=1e-3)
@@ -412,8 +441,10 @@ def test_parameter_perturbation_needs_batch_clipping(tmp_path, prepared_data):
     path = make_config(tmp_path, prepared_data, perturbation="parameter", clipping="per_sample")
     with pytest.raises(ValueError, match=r"config\.yaml: experiments\.e\.clipping: perturbation"):
         config_lib.load_config(path)
-    spec = {**spec_of(make_config(tmp_path, prepared_data, perturbation="parameter")),
-            "clipping": "per_sample"}  # fmt: skip
+    spec = {
+        **spec_of(make_config(tmp_path, prepared_data, perturbation="parameter")),
+        "clipping": "per_sample",
+    }
     with pytest.raises(ValueError, match="experiment e: perturbation parameter"):
         Trainer(spec, *data.load_split(prepared_data, "mnist", "train"), torch.device("cpu"))
 
@@ -430,8 +461,9 @@ def _refusing_rmtree(monkeypatch) -> None:
     monkeypatch.setattr(shutil, "rmtree", refuse)
 
 
-def test_workspace_that_cannot_be_deleted_fails_the_run(tmp_path, prepared_data, capsys,
-                                                        monkeypatch):  # fmt: skip
+def test_workspace_that_cannot_be_deleted_fails_the_run(
+    tmp_path, prepared_data, capsys, monkeypatch
+):
     """The workspace (generator state, secret noise-RNG state) must not stay silently in
     the release folder: `dpsinkhorn train` exits 2 with one line naming it."""
     cfg = make_config(tmp_path, prepared_data, steps=2)
@@ -464,8 +496,7 @@ class _WritesAFileWhenUnpickled:
         return (open, (str(self.marker), "w"))
 
 
-def test_sample_refuses_a_generator_whose_pickle_would_run_code(tmp_path, prepared_data,
-                                                               capsys):  # fmt: skip
+def test_sample_refuses_a_generator_whose_pickle_would_run_code(tmp_path, prepared_data, capsys):
     """generator.pt is read with weights_only=True: a downloaded file cannot run code."""
     spec = spec_of(make_config(tmp_path, prepared_data, steps=2))
     train(spec, tmp_path / "g", prepared_data, "cpu", progress=False)

@@ -34,8 +34,15 @@ REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 DIGITS = [str(d) for d in range(10)]
 #: A tiny DP generator on the digits: seconds on one core.
-TINY = {"steps": 4, "batch_size": 50, "sigma": 1.5, "channels": [8, 4, 2], "log_every": 2,
-        "checkpoint_every": 2, "reproducible": False}  # fmt: skip
+TINY = {
+    "steps": 4,
+    "batch_size": 50,
+    "sigma": 1.5,
+    "channels": [8, 4, 2],
+    "log_every": 2,
+    "checkpoint_every": 2,
+    "reproducible": False,
+}
 
 
 def _config(workdir: Path, npz: Path, run: str) -> Path:
@@ -44,11 +51,12 @@ def _config(workdir: Path, npz: Path, run: str) -> Path:
         "data_dir": "data",
         "device": "cpu",
         "seeds": [0],
-        "datasets": {"clothes": {"path": str(npz), "classes": DIGITS, "image_size": 28,
-                                 "resize": True}},
+        "datasets": {
+            "clothes": {"path": str(npz), "classes": DIGITS, "image_size": 28, "resize": True}
+        },
         "training_defaults": TINY,
         "experiments": {"clothes_dp": {"dataset": "clothes", "table1_row": "paper"}},
-    }  # fmt: skip
+    }
     path = workdir / f"{run}.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     return path
@@ -57,10 +65,24 @@ def _config(workdir: Path, npz: Path, run: str) -> Path:
 def _snakemake(workdir: Path, configfile: Path, *args: str, **env: str):
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", **env}
     return subprocess.run(
-        [str(BIN / "snakemake"), *args, "-s", str(REPO / "Snakefile"), "-d", str(workdir),
-         "-c", "1", "--configfile", str(configfile)],
-        cwd=workdir, capture_output=True, text=True, env=env, stdin=subprocess.DEVNULL,
-    )  # fmt: skip
+        [
+            str(BIN / "snakemake"),
+            *args,
+            "-s",
+            str(REPO / "Snakefile"),
+            "-d",
+            str(workdir),
+            "-c",
+            "1",
+            "--configfile",
+            str(configfile),
+        ],
+        cwd=workdir,
+        capture_output=True,
+        text=True,
+        env=env,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def _snakemake_data(workdir: Path, configfile: Path) -> subprocess.CompletedProcess:
@@ -94,8 +116,9 @@ def digits_spec() -> dict:
 
 
 def _train(spec, out, records, **kw):
-    return train(spec, out, train_data=digits_28(), progress=False, record_dir=records,
-                 device="cpu", **kw)  # fmt: skip
+    return train(
+        spec, out, train_data=digits_28(), progress=False, record_dir=records, device="cpu", **kw
+    )
 
 
 def digits_28() -> tuple[np.ndarray, np.ndarray]:
@@ -161,10 +184,20 @@ def _trained_by_cli(tmp_path: Path, monkeypatch) -> tuple[Path, list[str]]:
     npz = write_digits_npz(tmp_path / "clothes.npz")
     configfile = _config(tmp_path, npz, "cli")
     monkeypatch.chdir(tmp_path)
-    assert cli.main(["data", "--dataset", "clothes", "--root", "data",
-                     "--config", str(configfile)]) == 0  # fmt: skip
-    args = ["train", "--config", str(configfile), "--experiment", "clothes_dp",
-            "--out", "results/cli/clothes_dp", "--no-progress"]  # fmt: skip
+    assert (
+        cli.main(["data", "--dataset", "clothes", "--root", "data", "--config", str(configfile)])
+        == 0
+    )
+    args = [
+        "train",
+        "--config",
+        str(configfile),
+        "--experiment",
+        "clothes_dp",
+        "--out",
+        "results/cli/clothes_dp",
+        "--no-progress",
+    ]
     assert cli.main(args) == 0
     return configfile, args
 
@@ -368,15 +401,31 @@ def test_the_record_merges_per_id_whatever_events_survive(tmp_path):
     """A finished event alone (its started one lost) is one finished training of its
     experiment, refused a retrain; an unfinished training counts at its planned steps; a
     line that is no training event is a one-line error naming it."""
-    identity = {"experiment": "e", "out": str(tmp_path / "gone" / "e"), "out_rel": "../run/e",
-                "spec": {"sigma": 1.5}, "private": True, "reproducible": False, "q": 0.01,
-                "noise_multiplier": 1.5, "delta": 1e-5, "accountant": "rdp",
-                "steps_planned": 100, "retrain": False}  # fmt: skip
+    identity = {
+        "experiment": "e",
+        "out": str(tmp_path / "gone" / "e"),
+        "out_rel": "../run/e",
+        "spec": {"sigma": 1.5},
+        "private": True,
+        "reproducible": False,
+        "q": 0.01,
+        "noise_multiplier": 1.5,
+        "delta": 1e-5,
+        "accountant": "rdp",
+        "steps_planned": 100,
+        "retrain": False,
+    }
     records = tmp_path / "data" / "trainings"
-    trainings.append(records, "ab" * 32, {"event": "finished", "training": "t1", **identity,
-                                          "steps": 100, "epsilon": 1.0})  # fmt: skip
-    trainings.append(records, "ab" * 32, {"event": "resumed", "training": "t2", **identity,
-                                          "retrain": True, "start_step": 40})  # fmt: skip
+    trainings.append(
+        records,
+        "ab" * 32,
+        {"event": "finished", "training": "t1", **identity, "steps": 100, "epsilon": 1.0},
+    )
+    trainings.append(
+        records,
+        "ab" * 32,
+        {"event": "resumed", "training": "t2", **identity, "retrain": True, "start_step": 40},
+    )
     merged = trainings.source_trainings(records, "ab" * 32)
     assert [(t["training"], t["finished"], t["steps"], t["retrain"]) for t in merged] == [
         ("t1", True, 100, False),
@@ -389,8 +438,9 @@ def test_the_record_merges_per_id_whatever_events_survive(tmp_path):
     copy = tmp_path / "copy" / trainings.record_file(records, "ab" * 32).name
     copy.parent.mkdir()
     copy.write_bytes(trainings.record_file(records, "ab" * 32).read_bytes())
-    trainings.append(copy.parent, "ab" * 32, {"event": "finished", "training": "t2", **identity,
-                                              "steps": 100})  # fmt: skip
+    trainings.append(
+        copy.parent, "ab" * 32, {"event": "finished", "training": "t2", **identity, "steps": 100}
+    )
     merged_into = trainings.merge_copy(records, copy)  # twice: each event once
     assert trainings.merge_copy(records, copy) == merged_into
     assert len(trainings.read(merged_into)) == 3
@@ -414,8 +464,9 @@ def _lose_identities(record: Path) -> None:
     ``started`` event lost (a window call without the record), its ``finished`` event as
     that writer wrote it."""
     events = [e for e in trainings.read(record) if e["event"] == "finished"]
-    record.write_text("".join(json.dumps({k: e[k] for k in OLD_FINISHED_KEYS}) + "\n"
-                              for e in events))  # fmt: skip
+    record.write_text(
+        "".join(json.dumps({k: e[k] for k in OLD_FINISHED_KEYS}) + "\n" for e in events)
+    )
 
 
 def test_an_unattributed_training_is_counted_and_refuses_a_retrain(tmp_path, capsys, monkeypatch):
@@ -431,8 +482,11 @@ def test_an_unattributed_training_is_counted_and_refuses_a_retrain(tmp_path, cap
 
     (old,) = trainings.trainings(trainings.read(record))
     assert (old["attributed"], old["private"], old["finished"], old["steps"]) == (
-        False, True, True, ledger["steps"]
-    )  # fmt: skip
+        False,
+        True,
+        True,
+        ledger["steps"],
+    )
     counted = trainings.composed([old])
     assert counted["trainings"] == 1 and counted["unattributed"] == 1
     assert counted["unaccounted"] == [old["training"]] and counted["epsilon_composed"] is None
@@ -446,8 +500,9 @@ def test_an_unattributed_training_is_counted_and_refuses_a_retrain(tmp_path, cap
     assert old["training"] in loud and f"{ledger['epsilon']:.4g}" in loud
     assert "**unknown**" in "\n".join(summary_markdown({"datasets": [summary]}))
     capsys.readouterr()
-    assert cli.main(["privacy-summary", "--config", str(configfile), "--results",
-                     "results/cli"]) == 0  # fmt: skip
+    assert (
+        cli.main(["privacy-summary", "--config", str(configfile), "--results", "results/cli"]) == 0
+    )
     assert "WARNING: " + UNKNOWN_EPSILON in capsys.readouterr().err
 
     # The same experiment into its folder, and another folder: either could retrain it.
@@ -491,8 +546,9 @@ def test_an_unattributed_event_counts_as_what_it_shows(tmp_path, digits_spec):
     for name in TRAINING_FILES:  # removed: the next training publishes the kept copy again
         (out / name).unlink()
     _train(digits_spec, out, records)
-    record.write_text("".join(json.dumps(e) + "\n" for e in trainings.read(record)
-                              if e["event"] == "republished"))  # fmt: skip
+    record.write_text(
+        "".join(json.dumps(e) + "\n" for e in trainings.read(record) if e["event"] == "republished")
+    )
     (lone,) = trainings.trainings(trainings.read(record))
     assert (lone["attributed"], lone["private"], lone["finished"]) == (False, True, True)
     assert trainings.composed([lone])["unaccounted"] == [lone["training"]]
@@ -501,5 +557,4 @@ def test_an_unattributed_event_counts_as_what_it_shows(tmp_path, digits_spec):
     assert not trainings.check_retrain(records, other, "x", {}, fingerprint, False)
     with pytest.raises(trainings.RetrainRefused, match="do not say which experiment"):
         trainings.check_retrain(records, str(out.resolve()), "clothes_dp", {}, fingerprint, False)
-    assert trainings.check_retrain(records, str(out.resolve()), "clothes_dp", {}, fingerprint,
-                                   True)  # fmt: skip
+    assert trainings.check_retrain(records, str(out.resolve()), "clothes_dp", {}, fingerprint, True)

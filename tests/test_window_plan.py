@@ -55,9 +55,17 @@ def setup(tmp_path: Path, work: str) -> tuple[dict, dict]:
     rates = []
     for exp, rate in RATES.items():
         spec = experiment(config, exp)
-        rates.append({"dataset": "mnist", "batch_size": spec["batch_size"], "runs": 1,
-                      "steps_per_s": rate, "source": "test", "generator": "dcgan",
-                      "channels": [32, 16, 8]})  # fmt: skip
+        rates.append(
+            {
+                "dataset": "mnist",
+                "batch_size": spec["batch_size"],
+                "runs": 1,
+                "steps_per_s": rate,
+                "source": "test",
+                "generator": "dcgan",
+                "channels": [32, 16, 8],
+            }
+        )
     return loaded, {"rates": rates, "later_s": 0.0, "start_long": False}
 
 
@@ -75,15 +83,25 @@ def run_work(tmp_path, monkeypatch, loaded, limits, seconds, weights: Path) -> t
     state = {"calls": []}
     work = tmp_path / "work"
     work.mkdir(exist_ok=True)
-    outcome = window.work(loaded, work, time.monotonic() + seconds,
-                          [f"data_mirror={mirror}", f"fid_weights={weights}"], None, "1", state,
-                          tmp_path / "log", limits)  # fmt: skip
+    outcome = window.work(
+        loaded,
+        work,
+        time.monotonic() + seconds,
+        [f"data_mirror={mirror}", f"fid_weights={weights}"],
+        None,
+        "1",
+        state,
+        tmp_path / "log",
+        limits,
+    )
     return outcome, started, state
 
 
 def test_a_long_training_is_not_started_in_a_short_window(tmp_path, monkeypatch):
-    loaded, limits = setup(tmp_path, "  - {name: np, experiments: [long_np]}\n"
-                                     "  - {name: slow, experiments: [dp_slow]}\n")  # fmt: skip
+    loaded, limits = setup(
+        tmp_path,
+        "  - {name: np, experiments: [long_np]}\n  - {name: slow, experiments: [dp_slow]}\n",
+    )
     weights = tmp_path / "weights.pth"
     weights.write_bytes(b"w")
     outcome, started, state = run_work(tmp_path, monkeypatch, loaded, limits, 90, weights)
@@ -97,14 +115,18 @@ def test_a_long_training_is_not_started_in_a_short_window(tmp_path, monkeypatch)
     )
     assert [t[0].split("/")[-2] for t in started] == ["dp_slow"]
     # asked for (--start-long): the long training starts
-    _, started, _ = run_work(tmp_path, monkeypatch, loaded, {**limits, "start_long": True}, 90,
-                             weights)  # fmt: skip
+    _, started, _ = run_work(
+        tmp_path, monkeypatch, loaded, {**limits, "start_long": True}, 90, weights
+    )
     assert ["long_np" in t[0] for t in started] == [True, False]
 
 
 def test_call_one_trains_most_cells_per_minute_first(tmp_path, monkeypatch):
-    loaded, limits = setup(tmp_path, "  - {name: slow, experiments: [dp_slow, long_np]}\n"
-                                     "  - {name: fast, experiments: [dp_fast]}\n")  # fmt: skip
+    loaded, limits = setup(
+        tmp_path,
+        "  - {name: slow, experiments: [dp_slow, long_np]}\n"
+        "  - {name: fast, experiments: [dp_fast]}\n",
+    )
     outcome, started, state = run_work(
         tmp_path, monkeypatch, loaded, limits, 600, tmp_path / "not-here-yet.pth"
     )
@@ -129,8 +151,17 @@ def test_a_call_whose_items_wait_for_what_has_not_arrived_is_not_done(tmp_path, 
     loaded["overrides"] = []
     monkeypatch.setattr(window, "run_until", lambda *a, **k: "done")
     state = {"calls": []}
-    outcome = window.work(loaded, tmp_path / "w2", time.monotonic() + 60, [], None, "1", state,
-                          tmp_path / "log", limits)  # fmt: skip
+    outcome = window.work(
+        loaded,
+        tmp_path / "w2",
+        time.monotonic() + 60,
+        [],
+        None,
+        "1",
+        state,
+        tmp_path / "log",
+        limits,
+    )
     assert outcome == "waiting" and "dataset mnist" in state["items"]["fast"]["outcome"]
 
 
@@ -138,9 +169,12 @@ def test_call_one_starts_no_training_that_the_earlier_ones_left_no_time_for(tmp_
     """Three 4-minute trainings, each of which fits the call's 10 minutes, run one after
     another while the FID weights travel: the third would start with 2 minutes left, so it
     is not started (the clock advances as each training takes its measured minutes)."""
-    loaded, limits = setup(tmp_path, "  - {name: a, experiments: [dp_slow]}\n"
-                                     "  - {name: b, experiments: [dp_slow2]}\n"
-                                     "  - {name: c, experiments: [dp_slow3]}\n")  # fmt: skip
+    loaded, limits = setup(
+        tmp_path,
+        "  - {name: a, experiments: [dp_slow]}\n"
+        "  - {name: b, experiments: [dp_slow2]}\n"
+        "  - {name: c, experiments: [dp_slow3]}\n",
+    )
     mirror = require_shared(shared_path("DPSINKHORN_DATA_MIRROR"), "MNIST mirror")
     now, started = [1000.0], []
 
@@ -153,16 +187,27 @@ def test_call_one_starts_no_training_that_the_earlier_ones_left_no_time_for(tmp_
     monkeypatch.setattr(window, "run_until", train)
     monkeypatch.setattr(window, "time", type("Clock", (), {"monotonic": lambda: now[0]}))
     work, state = tmp_path / "work", {"calls": []}
-    outcome = window.work(loaded, work, now[0] + 600,
-                          [f"data_mirror={mirror}", f"fid_weights={tmp_path / 'not-here.pth'}"],
-                          None, "1", state, tmp_path / "log", limits)  # fmt: skip
+    outcome = window.work(
+        loaded,
+        work,
+        now[0] + 600,
+        [f"data_mirror={mirror}", f"fid_weights={tmp_path / 'not-here.pth'}"],
+        None,
+        "1",
+        state,
+        tmp_path / "log",
+        limits,
+    )
     assert started == ["dp_slow", "dp_slow2"] and outcome == "waiting"
     assert re.search(r"dp_slow3: 4.0 min of training, 2.0 min left", state["items"]["c"]["outcome"])
 
 
 def test_cells_exported_after_a_call_that_stops_at_its_deadline(tmp_path, monkeypatch):
-    loaded, _ = setup(tmp_path, "  - {name: real, experiments: [real_mnist]}\n"
-                                "  - {name: dp, experiments: [mnist_dpsinkhorn]}\n")  # fmt: skip
+    loaded, _ = setup(
+        tmp_path,
+        "  - {name: real, experiments: [real_mnist]}\n"
+        "  - {name: dp, experiments: [mnist_dpsinkhorn]}\n",
+    )
     results = "results/window"
 
     def stopped(win, workdir, deadline, *args):
@@ -181,10 +226,27 @@ def test_cells_exported_after_a_call_that_stops_at_its_deadline(tmp_path, monkey
     monkeypatch.setattr(window, "work", stopped)
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "kernels"))
     out = tmp_path / "out"
-    code = main(["gpu-window", "--config", str(tmp_path / "w.yaml"), "--archive-out",
-                 str(out / "state.tgz"), "--results-set", str(out / "sets"), "--set-name",
-                 "cpu-test", "--commit", "abc1234", "--device-name", "cpu (test)",
-                 "--budget-s", "60", "--reserve-s", "0"])  # fmt: skip
+    code = main(
+        [
+            "gpu-window",
+            "--config",
+            str(tmp_path / "w.yaml"),
+            "--archive-out",
+            str(out / "state.tgz"),
+            "--results-set",
+            str(out / "sets"),
+            "--set-name",
+            "cpu-test",
+            "--commit",
+            "abc1234",
+            "--device-name",
+            "cpu (test)",
+            "--budget-s",
+            "60",
+            "--reserve-s",
+            "0",
+        ]
+    )
     assert code == 0
     set_dir = out / "sets" / "cpu-test"
     provenance = json.loads((set_dir / "provenance.json").read_text())
@@ -252,8 +314,17 @@ experiments:
 def windows_setup(tmp_path: Path) -> tuple[dict, list[dict]]:
     """Three Table 1 trainings of 7 minutes each (4,200 steps at 10 steps/s)."""
     (tmp_path / "c.yaml").write_text(WINDOWS_CONFIG.replace("DATA", str(tmp_path / "data")))
-    rates = [{"dataset": "mnist", "batch_size": 50, "runs": 1, "steps_per_s": 10.0,
-              "source": "test", "generator": "dcgan", "channels": [32, 16, 8]}]  # fmt: skip
+    rates = [
+        {
+            "dataset": "mnist",
+            "batch_size": 50,
+            "runs": 1,
+            "steps_per_s": 10.0,
+            "source": "test",
+            "generator": "dcgan",
+            "channels": [32, 16, 8],
+        }
+    ]
     fileio.write_json(tmp_path / "rates.json", {"rates": rates})
     work = "  - {name: a, experiments: [mnist_dpsinkhorn]}\n"
     (tmp_path / "w.yaml").write_text(f"configfile: c.yaml\nwork:\n{work}")
@@ -281,14 +352,31 @@ def test_plan_windows_counts_trainings_that_cannot_share_an_allocation(tmp_path)
 
 @pytest.mark.parametrize(
     "bad",
-    [["--window-work-minutes", "0"], ["--window-work-minutes", "-3"], ["--eval-minutes", "0"],
-     ["--eval-minutes", "-5"], ["--sets", "missing"], ["--sets", "rates.json"]],
-)  # fmt: skip
+    [
+        ["--window-work-minutes", "0"],
+        ["--window-work-minutes", "-3"],
+        ["--eval-minutes", "0"],
+        ["--eval-minutes", "-5"],
+        ["--sets", "missing"],
+        ["--sets", "rates.json"],
+    ],
+)
 def test_plan_windows_refuses_bad_input_in_one_line(tmp_path, capsys, bad):
     windows_setup(tmp_path)
-    args = ["plan", "--config", str(tmp_path / "c.yaml"), "--rates", str(tmp_path / "rates.json"),
-            "--windows", "--window", str(tmp_path / "w.yaml"), "--sets", str(tmp_path / "sets"),
-            "--eval-minutes", "5"]  # fmt: skip
+    args = [
+        "plan",
+        "--config",
+        str(tmp_path / "c.yaml"),
+        "--rates",
+        str(tmp_path / "rates.json"),
+        "--windows",
+        "--window",
+        str(tmp_path / "w.yaml"),
+        "--sets",
+        str(tmp_path / "sets"),
+        "--eval-minutes",
+        "5",
+    ]
     bad = [bad[0], str(tmp_path / bad[1]) if bad[0] == "--sets" else bad[1]]
     assert main([*args, *bad]) == 2
     err = capsys.readouterr().err.strip()
@@ -297,10 +385,18 @@ def test_plan_windows_refuses_bad_input_in_one_line(tmp_path, capsys, bad):
 
 @pytest.mark.parametrize(
     "bad",
-    [["--budget-s", "-5"], ["--budget-s", "0"], ["--budget-s", "nan"], ["--reserve-s", "-1"],
-     ["--part-mib", "0"], ["--later-s", "-60"], ["--archive-cap-mib", "0"],
-     ["--archive-in", "missing.tgz"], ["--archive-in", "cut.tgz"]],
-)  # fmt: skip
+    [
+        ["--budget-s", "-5"],
+        ["--budget-s", "0"],
+        ["--budget-s", "nan"],
+        ["--reserve-s", "-1"],
+        ["--part-mib", "0"],
+        ["--later-s", "-60"],
+        ["--archive-cap-mib", "0"],
+        ["--archive-in", "missing.tgz"],
+        ["--archive-in", "cut.tgz"],
+    ],
+)
 def test_gpu_window_refuses_bad_input_in_one_line(tmp_path, capsys, bad):
     """A bad budget, part size or cap, or an archive that is missing or cut short, is one
     line (exit 2) before any work, and the archive a call would replace is kept."""
@@ -311,9 +407,22 @@ def test_gpu_window_refuses_bad_input_in_one_line(tmp_path, capsys, bad):
     (tmp_path / "cut.tgz").write_bytes(whole[: len(whole) // 2])
     (tmp_path / "out.tgz").write_bytes(whole)
     bad = [tmp_path / b if b.endswith(".tgz") else b for b in bad]
-    args = ["gpu-window", "--config", str(tmp_path / "w.yaml"), "--archive-out",
-            str(tmp_path / "out.tgz"), "--commit", "abc1234", "--device-name", "cpu (test)",
-            "--budget-s", "60", "--workdir", str(tmp_path / "w"), *map(str, bad)]  # fmt: skip
+    args = [
+        "gpu-window",
+        "--config",
+        str(tmp_path / "w.yaml"),
+        "--archive-out",
+        str(tmp_path / "out.tgz"),
+        "--commit",
+        "abc1234",
+        "--device-name",
+        "cpu (test)",
+        "--budget-s",
+        "60",
+        "--workdir",
+        str(tmp_path / "w"),
+        *map(str, bad),
+    ]
     assert main(args) == 2
     err = capsys.readouterr().err.strip()
     assert (

@@ -48,9 +48,16 @@ def carried(tmp_path_factory):
     (root / "imports" / "gen" / "generator.pt").write_bytes(b"g" * 1000)
     (root / "window.yaml").write_text(WINDOW.format(config=REPO / "config" / "config.yaml"))
     window = load_window(root / "window.yaml")
-    plan = plan_carry(window, root / "out", mirror=mirror, weights=weights,
-                      import_root=root / "imports", limit_mib=40, tree_bytes=2_000_000,
-                      archive_mib=0)  # fmt: skip
+    plan = plan_carry(
+        window,
+        root / "out",
+        mirror=mirror,
+        weights=weights,
+        import_root=root / "imports",
+        limit_mib=40,
+        tree_bytes=2_000_000,
+        archive_mib=0,
+    )
     return {"root": root, "window": window, "plan": plan, "weights": weights, "mirror": mirror}
 
 
@@ -108,21 +115,38 @@ def test_a_part_that_does_not_add_up_is_refused(carried, tmp_path):
 
 def test_plan_refuses_what_can_never_fit(carried, tmp_path):
     with pytest.raises(ValueError, match="do not fit one call"):
-        plan_carry(carried["window"], tmp_path / "o", mirror=carried["mirror"],
-                   weights=carried["weights"], import_root=carried["root"] / "imports",
-                   limit_mib=12, archive_mib=0)  # fmt: skip
+        plan_carry(
+            carried["window"],
+            tmp_path / "o",
+            mirror=carried["mirror"],
+            weights=carried["weights"],
+            import_root=carried["root"] / "imports",
+            limit_mib=12,
+            archive_mib=0,
+        )
     assert Path(tmp_path / "o" / "carry.json").exists() is False
     for bad in ({"archive_mib": -16}, {"tree_bytes": -(2**20)}):  # room beyond the limit
         with pytest.raises(ValueError, match="at least 0"):
-            plan_carry(carried["window"], tmp_path / "o", mirror=carried["mirror"],
-                       weights=carried["weights"], import_root=carried["root"] / "imports",
-                       **bad)  # fmt: skip
+            plan_carry(
+                carried["window"],
+                tmp_path / "o",
+                mirror=carried["mirror"],
+                weights=carried["weights"],
+                import_root=carried["root"] / "imports",
+                **bad,
+            )
     # planned again into the same folder (a larger limit): the weights still travel, and
     # no setup folder of an earlier, longer plan is left beside it
     (tmp_path / "o" / "setup9").mkdir()
-    plan = plan_carry(carried["window"], tmp_path / "o", mirror=carried["mirror"],
-                      weights=carried["weights"], import_root=carried["root"] / "imports",
-                      limit_mib=64, archive_mib=0)  # fmt: skip
+    plan = plan_carry(
+        carried["window"],
+        tmp_path / "o",
+        mirror=carried["mirror"],
+        weights=carried["weights"],
+        import_root=carried["root"] / "imports",
+        limit_mib=64,
+        archive_mib=0,
+    )
     assert WEIGHTS in " ".join(h for call in plan for h in call["holds"])
     assert sorted(p.name for p in (tmp_path / "o").iterdir()) == sorted(
         [*(c["folder"] for c in plan), "carry.json"]
@@ -158,9 +182,16 @@ def test_three_call_window_carries_call_one_archive_beside_the_weights(carried, 
     cap: call 1's archive, kernel cache and checkpoint in it, travels beside the weights'
     second part within 64 MiB; over a smaller cap the kernels are left out, never a result."""
     tree = 2_680_000  # the tree measured on the H100 at 0f6b577
-    plan = plan_carry(carried["window"], tmp_path / "out", mirror=carried["mirror"],
-                      weights=carried["weights"], import_root=carried["root"] / "imports",
-                      limit_mib=64, tree_bytes=tree, archive_mib=16)  # fmt: skip
+    plan = plan_carry(
+        carried["window"],
+        tmp_path / "out",
+        mirror=carried["mirror"],
+        weights=carried["weights"],
+        import_root=carried["root"] / "imports",
+        limit_mib=64,
+        tree_bytes=tree,
+        archive_mib=16,
+    )
     assert len(plan) == 3 and WEIGHTS in " ".join(plan[1]["holds"])  # the weights' 2nd part
     parts, dropped, _ = realistic_archive(tmp_path, cap_mib=16)
     archive = sum(p.stat().st_size for p in parts)
@@ -173,9 +204,16 @@ def test_three_call_window_carries_call_one_archive_beside_the_weights(carried, 
         assert call["total_bytes"] <= 64 * 2**20
     # the last allocation's archive given to the plan: call 1 keeps its measured bytes
     given = tmp_path / "state.tgz"
-    again = plan_carry(carried["window"], tmp_path / "out2", mirror=carried["mirror"],
-                       weights=carried["weights"], import_root=carried["root"] / "imports",
-                       limit_mib=64, tree_bytes=tree, archive_in=given)  # fmt: skip
+    again = plan_carry(
+        carried["window"],
+        tmp_path / "out2",
+        mirror=carried["mirror"],
+        weights=carried["weights"],
+        import_root=carried["root"] / "imports",
+        limit_mib=64,
+        tree_bytes=tree,
+        archive_in=given,
+    )
     assert again[0]["archive_bytes"] == archive and again[0]["total_bytes"] <= 64 * 2**20
     # a cap the archive exceeds: the kernels are left out, the checkpoint and results kept
     small = tmp_path / "small"

@@ -71,9 +71,13 @@ def snakemake(workdir: Path, *args: str, timeout: int = 3600) -> subprocess.Comp
     """The repo's workflow on the smoke config, run in ``workdir``, inside this venv."""
     env = {**os.environ, "PATH": f"{SNAKEMAKE.parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     return subprocess.run(
-        smoke_command(workdir, *args), capture_output=True, text=True, env=env,
-        timeout=timeout, stdin=subprocess.DEVNULL,
-    )  # fmt: skip
+        smoke_command(workdir, *args),
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def check(result: subprocess.CompletedProcess) -> str:

@@ -67,11 +67,17 @@ def main() -> None:
             seconds = time.perf_counter() - start
         samples, sample_labels = api.sample(args.out / name / "generator.pt", num=1000, seed=0)
         hits = judge.predict(samples.reshape(len(samples), -1) / 255) == sample_labels
-        results.append({
-            "run": name, "steps": steps, "target_epsilon": eps, "epsilon": record.get("epsilon"),
-            "sigma": record.get("sigma"), "train_seconds": round(seconds, 1),
-            "real_data_classifier_agreement": round(float(hits.mean()), 3),
-        })  # fmt: skip
+        results.append(
+            {
+                "run": name,
+                "steps": steps,
+                "target_epsilon": eps,
+                "epsilon": record.get("epsilon"),
+                "sigma": record.get("sigma"),
+                "train_seconds": round(seconds, 1),
+                "real_data_classifier_agreement": round(float(hits.mean()), 3),
+            }
+        )
         panels.append((samples, sample_labels, name))
         print(json.dumps(results[-1]), flush=True)
     (args.out / "budgets.json").write_text(json.dumps(results, indent=1) + "\n")

@@ -111,8 +111,7 @@ def job_count(config: Mapping) -> dict[str, int]:
     names = available(config)
     jobs = {
         "data": len(datasets(config)),
-        "celeba_fixture": int(fixture_source(config) is not None
-                              and "celeba" in datasets(config)),
+        "celeba_fixture": int(fixture_source(config) is not None and "celeba" in datasets(config)),
         "fid_reference": len(datasets(config)),
         "train": len(training_jobs(config)[0]),
         "train_sweep": len(training_jobs(config)[1]),
@@ -122,7 +121,7 @@ def job_count(config: Mapping) -> dict[str, int]:
         "privacy_summary": 1,  # then the release manifest
         "release_manifest": 1,
         "all": 1,
-    }  # fmt: skip
+    }
     return {k: v for k, v in jobs.items() if v}
 
 
@@ -154,9 +153,13 @@ def plan(
             rates[shape] = measure_steps_per_s(spec, device, bench_steps, record(name))
         steps = resolved_steps(spec, record(name))
         rows.append(
-            {"experiment": name, "steps": steps, "steps_per_s": rates[shape],
-             "hours": steps / rates[shape] / 3600}
-        )  # fmt: skip
+            {
+                "experiment": name,
+                "steps": steps,
+                "steps_per_s": rates[shape],
+                "hours": steps / rates[shape] / 3600,
+            }
+        )
     jobs = job_count(config)
     return {
         "jobs": jobs,
@@ -196,13 +199,19 @@ def plan_from_rates(
         steps = max(resolved_steps(experiment(config, e)) for e in group)
         rate, source = matching_rate(rates, spec, len(group))
         request = train_request(config, group, rates)  # what the cluster job asks for
-        jobs.append({
-            "experiments": group, "steps": steps, "batch_size": spec["batch_size"],
-            "steps_per_s": rate, "hours": steps / rate / 3600 if rate else None,
-            "rate_source": source or "no measured rate",
-            "request_minutes": request.minutes, "chain_jobs": request.chain_jobs,
-            "request_note": request.note,
-        })  # fmt: skip
+        jobs.append(
+            {
+                "experiments": group,
+                "steps": steps,
+                "batch_size": spec["batch_size"],
+                "steps_per_s": rate,
+                "hours": steps / rate / 3600 if rate else None,
+                "rate_source": source or "no measured rate",
+                "request_minutes": request.minutes,
+                "chain_jobs": request.chain_jobs,
+                "request_note": request.note,
+            }
+        )
     known = [j for j in jobs if j["hours"] is not None]
     return {
         "jobs": jobs,
@@ -223,26 +232,34 @@ def _rates_cli(args: argparse.Namespace, config: Mapping, experiments: Sequence[
         hours = "?" if job["hours"] is None else f"{job['hours']:.2f}"
         runs, names = len(job["experiments"]), " ".join(job["experiments"])
         chain = "?" if job["chain_jobs"] is None else job["chain_jobs"]
-        print(f"  {runs} run(s) B {job['batch_size']:<5} {job['steps']:>9,} steps  "
-              f"{rate:>16} steps/s  {hours:>6} h  SLURM {job['request_minutes']:>5} min "
-              f"x {chain} job(s)  {names}")  # fmt: skip
+        print(
+            f"  {runs} run(s) B {job['batch_size']:<5} {job['steps']:>9,} steps  "
+            f"{rate:>16} steps/s  {hours:>6} h  SLURM {job['request_minutes']:>5} min "
+            f"x {chain} job(s)  {names}"
+        )
     sources = dict.fromkeys(j["rate_source"] for j in result["jobs"] if j["steps_per_s"])
-    print(f"GPU-hours from measured rates: {result['hours_measured']:.1f} h, one job at a time, "
-          f"sweeps of at most {args.sweep_runs} run(s)")  # fmt: skip
+    print(
+        f"GPU-hours from measured rates: {result['hours_measured']:.1f} h, one job at a time, "
+        f"sweeps of at most {args.sweep_runs} run(s)"
+    )
     for source in sources:
         print(f"  rate: {source}")
     cluster = config["cluster"]
-    print(f"SLURM requests: steps / rate / 60 x {cluster['safety_factor']} + "
-          f"{cluster['startup_minutes']} min, at most {cluster['max_job_minutes']} min "
-          "(cluster: keys of the config); x ? = chain length unknown")  # fmt: skip
+    print(
+        f"SLURM requests: steps / rate / 60 x {cluster['safety_factor']} + "
+        f"{cluster['startup_minutes']} min, at most {cluster['max_job_minutes']} min "
+        "(cluster: keys of the config); x ? = chain length unknown"
+    )
     for note in dict.fromkeys(j["request_note"] for j in result["jobs"] if j["chain_jobs"] is None):
         print(f"  asks the cap: {note}")
     if args.study is None:
         print(f"SLURM jobs of a full build (profiles/slurm): {slurm_job_count(config)}")
     if result["unmeasured"]:
-        print(f"  NOT included ({len(result['unmeasured'])} generators, no measured rate for "
-              f"their batch size; measure one with dpsinkhorn bench on the GPU): "
-              + " ".join(result["unmeasured"]))  # fmt: skip
+        print(
+            f"  NOT included ({len(result['unmeasured'])} generators, no measured rate for "
+            f"their batch size; measure one with dpsinkhorn bench on the GPU): "
+            + " ".join(result["unmeasured"])
+        )
     return 0
 
 
@@ -376,16 +393,22 @@ def _windows_cli(args: argparse.Namespace, config: Mapping) -> int:
         config, load_rates(path), sets, trained, eval_minutes, args.window_work_minutes
     )
     for row in result["remaining"]:
-        print(f"  {row['experiment']:28s} train {row['train_minutes']:6.1f} min  "
-              f"evaluate {row['eval_minutes']:5.1f} min  (fits an allocation)")  # fmt: skip
+        print(
+            f"  {row['experiment']:28s} train {row['train_minutes']:6.1f} min  "
+            f"evaluate {row['eval_minutes']:5.1f} min  (fits an allocation)"
+        )
     for row in result["cluster"]:
-        print(f"  {row['experiment']:28s} train {row['train_minutes']:6.1f} min  "
-              f"evaluate {row['eval_minutes']:5.1f} min  (training needs a cluster or "
-              f"longer GPU time: more than {args.window_work_minutes} work minutes)")  # fmt: skip
+        print(
+            f"  {row['experiment']:28s} train {row['train_minutes']:6.1f} min  "
+            f"evaluate {row['eval_minutes']:5.1f} min  (training needs a cluster or "
+            f"longer GPU time: more than {args.window_work_minutes} work minutes)"
+        )
     left = len(result["remaining"]) + len(result["cluster"])
-    print(f"Table 1 cells left in {args.sets}: {left} experiments; {result['minutes']:.1f} "
-          f"GPU-minutes fit allocations at {eval_minutes:.1f} min per evaluation: "
-          f"{result['windows']} windows of {args.window_work_minutes} work minutes")  # fmt: skip
+    print(
+        f"Table 1 cells left in {args.sets}: {left} experiments; {result['minutes']:.1f} "
+        f"GPU-minutes fit allocations at {eval_minutes:.1f} min per evaluation: "
+        f"{result['windows']} windows of {args.window_work_minutes} work minutes"
+    )
     if result["cluster"]:
         print(
             f"  on a cluster or longer GPU time: {len(result['cluster'])} trainings, "
@@ -393,8 +416,10 @@ def _windows_cli(args: argparse.Namespace, config: Mapping) -> int:
             "in the windows above): " + " ".join(r["experiment"] for r in result["cluster"])
         )
     if result["unmeasured"]:
-        print("  NOT included (no measured rate for their step's shape; never started in a "
-              "window unless asked for): " + " ".join(result["unmeasured"]))  # fmt: skip
+        print(
+            "  NOT included (no measured rate for their step's shape; never started in a "
+            "window unless asked for): " + " ".join(result["unmeasured"])
+        )
     return 0
 
 
@@ -432,12 +457,16 @@ def _plan_cli(args: argparse.Namespace) -> int:
     )
     print(f"training: {len(result['training'])} generators, {result['training_steps']:,} steps")
     for row in sorted(result["training"], key=lambda r: -r["hours"]):
-        print(f"  {row['experiment']:40s} {row['steps']:>9,} steps  "
-              f"{row['steps_per_s']:8.2f} steps/s  {row['hours']:8.2f} h")  # fmt: skip
+        print(
+            f"  {row['experiment']:40s} {row['steps']:>9,} steps  "
+            f"{row['steps_per_s']:8.2f} steps/s  {row['hours']:8.2f} h"
+        )
     hours = result["training_hours"]
     days = f" ({hours / 24:.1f} days)" if hours > 48 else ""
-    print(f"total training on {device}: {hours:.1f} h{days} one job at a time; "
-          f"steps/s {result['steps_per_s_source']}")  # fmt: skip
+    print(
+        f"total training on {device}: {hours:.1f} h{days} one job at a time; "
+        f"steps/s {result['steps_per_s_source']}"
+    )
     if not math.isfinite(hours):
         return 1
     return 0

@@ -206,10 +206,19 @@ def work(
     def run(item: Mapping, record: dict, targets: list[str]) -> str:
         cmd = snakemake_command(window, workdir, targets, extra_config, cores)
         for exp in item["experiments"]:
-            state.setdefault("commands", {}).setdefault(exp, shlex.join(
-                ["snakemake", "--configfile", window["configfile"],
-                 *(["--config", *window["overrides"]] if window["overrides"] else []),
-                 "--", *[t for t in item_targets(config, item) if f"/{exp}/" in t]]))  # fmt: skip
+            state.setdefault("commands", {}).setdefault(
+                exp,
+                shlex.join(
+                    [
+                        "snakemake",
+                        "--configfile",
+                        window["configfile"],
+                        *(["--config", *window["overrides"]] if window["overrides"] else []),
+                        "--",
+                        *[t for t in item_targets(config, item) if f"/{exp}/" in t],
+                    ]
+                ),
+            )
         begin = time.monotonic()
         outcome = "done"
         if item["import"]:  # data first, then the imports made newer than it (see below)
@@ -416,9 +425,12 @@ def gpu_window(args: argparse.Namespace) -> int:
             args.cores,
             state,
             log,
-            {"rates": step_rates(args.rates, window["config_path"], REPO), "later_s": args.later_s,
-             "start_long": args.start_long},
-        )  # fmt: skip
+            {
+                "rates": step_rates(args.rates, window["config_path"], REPO),
+                "later_s": args.later_s,
+                "start_long": args.start_long,
+            },
+        )
         state["calls"].append(
             {
                 "call": len(state["calls"]) + 1,

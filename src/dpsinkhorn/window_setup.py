@@ -144,9 +144,14 @@ def load_window(path: str | Path) -> dict:
         if not isinstance(item.get("long", False), bool):
             raise ValueError(f"{at}.long: must be true or false, got {item['long']!r}")
         window["work"].append(
-            {"name": item["name"], "experiments": exps, "import": imports, "pins": pins,
-             "long": item.get("long", False)}
-        )  # fmt: skip
+            {
+                "name": item["name"],
+                "experiments": exps,
+                "import": imports,
+                "pins": pins,
+                "long": item.get("long", False),
+            }
+        )
     return window
 
 
@@ -286,9 +291,12 @@ def plan_carry(
     for k, call in enumerate(plan):
         call["archive_bytes"] = carried[k]
         call["archive"] = (
-            f"{archive_in} (measured)" if k == 0 and archive_in
-            else "none" if k == 0 else f"call {k}'s, packed within {archive_mib} MiB"
-        )  # fmt: skip
+            f"{archive_in} (measured)"
+            if k == 0 and archive_in
+            else "none"
+            if k == 0
+            else f"call {k}'s, packed within {archive_mib} MiB"
+        )
         call["total_bytes"] = tree_bytes + call["bytes"] + carried[k]
     fileio.write_json(dest / PLAN, plan)
     shutil.rmtree(dest / "work", ignore_errors=True)

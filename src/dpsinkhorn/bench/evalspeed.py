@@ -169,11 +169,16 @@ def check_args(args: argparse.Namespace) -> None:
     below 1 (``--reference-seeds`` 0 divided the FID section's seconds by zero)."""
     if not args.seeds or len(set(args.seeds)) != len(args.seeds):
         raise ValueError(f"--seeds needs distinct seeds, got {args.seeds}")
-    least = {"--num": (args.num, 2), "--num-test": (args.num_test, 2),
-             "--reference-seeds": (args.reference_seeds, 1),
-             "--compare-epochs": (args.compare_epochs, 1), "--max-epochs": (args.max_epochs, 1),
-             "--patience": (args.patience, 1), "--batch-size": (args.batch_size, 1),
-             "--max-iter": (args.max_iter, 1)}  # fmt: skip
+    least = {
+        "--num": (args.num, 2),
+        "--num-test": (args.num_test, 2),
+        "--reference-seeds": (args.reference_seeds, 1),
+        "--compare-epochs": (args.compare_epochs, 1),
+        "--max-epochs": (args.max_epochs, 1),
+        "--patience": (args.patience, 1),
+        "--batch-size": (args.batch_size, 1),
+        "--max-iter": (args.max_iter, 1),
+    }
     for name, (value, low) in least.items():
         if value < low:
             raise ValueError(f"{name} must be at least {low}, got {value}")
@@ -187,8 +192,9 @@ def run(args: argparse.Namespace, save=lambda result: None) -> dict:
     start = time.perf_counter()
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     result: dict = {"settings": {k: v for k, v in vars(args).items() if k != "handler"}}
-    result.update(device=f"{device} ({name})", torch=torch.__version__,
-                  threads=torch.get_num_threads())  # fmt: skip
+    result.update(
+        device=f"{device} ({name})", torch=torch.__version__, threads=torch.get_num_threads()
+    )
     gen = load_generator(Path(args.generator), device)
     sec, draws = _timed(device, lambda: [sample_generator(gen, args.num, s) for s in args.seeds])
     if args.test:
@@ -204,8 +210,19 @@ def run(args: argparse.Namespace, save=lambda result: None) -> dict:
     result["inception"] = "real weights" if args.weights else "random weights (timing only)"
     _section(result, "fid", save, bench_fid, draws, test[0], net, device, args)
     result["classifiers"] = {}  # filled classifier by classifier, each saved
-    _section(result, "classifiers", save, bench_classifiers, draws, test, args.seeds, device,
-             args, result["classifiers"], lambda: save(result))  # fmt: skip
+    _section(
+        result,
+        "classifiers",
+        save,
+        bench_classifiers,
+        draws,
+        test,
+        args.seeds,
+        device,
+        args,
+        result["classifiers"],
+        lambda: save(result),
+    )
     if args.step_precisions:
         step_data = sample_generator(gen, args.step_records, 20_000)
         _section(result, "train_step", save, bench_step, *step_data, device, args)
@@ -213,10 +230,14 @@ def run(args: argparse.Namespace, save=lambda result: None) -> dict:
     models = args.classifiers
     if "error" not in fid and "error" not in cls:
         common = phases["sample_s"] + cls["logreg_s"]
-        phases["reference_s"] = common + fid["reference_total_s"] + sum(
-            cls[f"{m}_reference_full_s_estimate"] for m in models)  # fmt: skip
-        phases["fast_s"] = common + fid["fast_total_s"] + sum(
-            cls[f"{m}_fast_full_s"] for m in models)  # fmt: skip
+        phases["reference_s"] = (
+            common
+            + fid["reference_total_s"]
+            + sum(cls[f"{m}_reference_full_s_estimate"] for m in models)
+        )
+        phases["fast_s"] = (
+            common + fid["fast_total_s"] + sum(cls[f"{m}_fast_full_s"] for m in models)
+        )
         phases["ratio"] = phases["reference_s"] / phases["fast_s"]
     result["evaluation"] = phases
     result["wall_s"] = time.perf_counter() - start

@@ -77,9 +77,12 @@ class ReferenceStep:
             fake.register_hook(self._sanitize)
         x = self._features(fake, labels)
         ot = SamplesLoss(
-            "sinkhorn", p=1, blur=spec["entropy_reg"], debias=False,
+            "sinkhorn",
+            p=1,
+            blur=spec["entropy_reg"],
+            debias=False,
             cost=lambda a, b: mixed_cost(a, b, spec["m"], spec["cost"]),
-        )  # fmt: skip
+        )
         self_term = ot(x[:n], x[n_prime : n + n_prime])
         data_term = ot(x[:n], y) if len(chosen) else torch.zeros((), device=self.device)
         loss = 2 * data_term - self_term

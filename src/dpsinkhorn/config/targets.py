@@ -60,8 +60,22 @@ CELEBA_TABLES = ("table3", "table6")
 #: Sample-grid figures -> samples per class (paper Figures 2 and 7).
 SAMPLE_FIGURES = {"fig2": 10, "fig7": 20}
 #: Every output name, in the paper's order.
-NAMES = ("table1", "table2", "table3", "table4", "table5", "table6", "fig2", "fig4a", "fig4b",
-         "fig4c", "fig5", "fig7", "eps10", "reproduction")  # fmt: skip
+NAMES = (
+    "table1",
+    "table2",
+    "table3",
+    "table4",
+    "table5",
+    "table6",
+    "fig2",
+    "fig4a",
+    "fig4b",
+    "fig4c",
+    "fig5",
+    "fig7",
+    "eps10",
+    "reproduction",
+)
 
 TITLES = {
     **STUDIES,
@@ -77,8 +91,13 @@ TITLES = {
 TABLE_FIGURES = {"table3": ("fig3", ("dp",)), "table6": ("fig6", ("dcgan", "biggan"))}
 
 assert set(TITLES) == set(NAMES), "every output has a title"
-assert set(NAMES) == {*MAIN_TABLES, *TABLE_STUDIES, *FIGURE_STUDIES, *SAMPLE_FIGURES,
-                      "reproduction"}  # fmt: skip
+assert set(NAMES) == {
+    *MAIN_TABLES,
+    *TABLE_STUDIES,
+    *FIGURE_STUDIES,
+    *SAMPLE_FIGURES,
+    "reproduction",
+}
 assert set(CELEBA_TABLES) == set(TABLE_ROWS) == set(TABLE_FIGURES), "CelebA tables: rows, figure"
 
 PathLike = str | os.PathLike
@@ -184,10 +203,14 @@ def release_inputs(config: Mapping, results: PathLike) -> list[str]:
     return [
         *(str(experiment_dir(config, results, e) / f) for e in exps for f in TRAINING_FILES),
         *(f for e in exps for f in samples_files(config, results, e)),
-        *(str(experiment_dir(config, results, e) / score_name(m, s))
-          for e in exps for m in released_metrics(config, e) for s in config["seeds"]),
+        *(
+            str(experiment_dir(config, results, e) / score_name(m, s))
+            for e in exps
+            for m in released_metrics(config, e)
+            for s in config["seeds"]
+        ),
         privacy_summary_file(results),
-    ]  # fmt: skip
+    ]
 
 
 # ----------------------------------------------------------------------- main tables

@@ -118,11 +118,14 @@ def private_trainings(config: Mapping, results: PathLike) -> list[tuple[str, str
     as ``privacy.trainings.refuse_changed_settings`` compares them with the record."""
     trained = set(trained_experiments(config))
     return [
-        (name, str(Path(experiment_dir(config, results, name)).resolve()),
-         json.loads(experiment_spec(config, name)))
+        (
+            name,
+            str(Path(experiment_dir(config, results, name)).resolve()),
+            json.loads(experiment_spec(config, name)),
+        )
         for name in private_experiments(config)
         if name in trained
-    ]  # fmt: skip
+    ]
 
 
 #: The note a training leaves in its output folder after a stop that a retry cannot fix

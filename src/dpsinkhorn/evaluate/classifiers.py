@@ -47,10 +47,17 @@ def make_model(name: str, in_shape: tuple[int, int, int], num_classes: int) -> n
         if h < 4 or w < 4:
             raise ValueError(f"cnn needs images of at least 4x4 pixels, got {h}x{w}")
         return nn.Sequential(
-            nn.Conv2d(c, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Dropout(0.5),
-            nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Dropout(0.5),
-            nn.Flatten(), nn.Linear(64 * (h // 4) * (w // 4), num_classes),
-        )  # fmt: skip
+            nn.Conv2d(c, 32, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Dropout(0.5),
+            nn.Conv2d(32, 64, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Dropout(0.5),
+            nn.Flatten(),
+            nn.Linear(64 * (h // 4) * (w // 4), num_classes),
+        )
     raise ValueError(f"unknown torch model {name!r}; choose from mlp, cnn")
 
 

@@ -38,12 +38,36 @@ from dpsinkhorn.evaluate.fastfit import train_torch_batched_fast
 #: Every key an accuracy score file holds (``evaluate.classifiers``' results, the fast loop's
 #: ``fast_loop``, and what :func:`write_results` adds); ``dpsinkhorn release`` publishes no
 #: score file holding another.
-RECORD_KEYS = frozenset({
-    "accuracy", "model", "seed", "holdout_accuracy", "epochs", "best_epoch", "num_holdout",
-    "max_epochs", "patience", "batch_size", "iterations", "converged", "max_iter",
-    "num_train", "num_test", "num_classes", "device", "seconds", "train", "test",
-    "train_sha256", "test_sha256", "dataset", "batched_seeds", "solver", "fast_loop",
-})  # fmt: skip
+RECORD_KEYS = frozenset(
+    {
+        "accuracy",
+        "model",
+        "seed",
+        "holdout_accuracy",
+        "epochs",
+        "best_epoch",
+        "num_holdout",
+        "max_epochs",
+        "patience",
+        "batch_size",
+        "iterations",
+        "converged",
+        "max_iter",
+        "num_train",
+        "num_test",
+        "num_classes",
+        "device",
+        "seconds",
+        "train",
+        "test",
+        "train_sha256",
+        "test_sha256",
+        "dataset",
+        "batched_seeds",
+        "solver",
+        "fast_loop",
+    }
+)
 
 
 def to_float(images: np.ndarray, where: str = "images") -> np.ndarray:
@@ -158,9 +182,17 @@ def train_and_evaluate_seeds(
         else:
             train = train_torch_batched_fast if fast else train_torch_batched
             trained = train(
-                model, xs, ys, x_test_dev, y_test_dev, classes, seeds, max_epochs, patience,
+                model,
+                xs,
+                ys,
+                x_test_dev,
+                y_test_dev,
+                classes,
+                seeds,
+                max_epochs,
+                patience,
                 batch_size,
-            )  # fmt: skip
+            )
         seconds = (time.perf_counter() - start) / len(seeds)  # the shared run, split evenly
         return [
             _record(model, seed, result, len(x), len(x_test), classes, dev, seconds)

@@ -82,10 +82,23 @@ def statistics(
 SQRTM_METHODS = ("pytorch_fid", "eigh")
 #: Every key an FID score file holds (:func:`_fid_of_inputs`, ``features`` on the fast path,
 #: ``seed``); ``dpsinkhorn release`` publishes no score file holding another.
-RECORD_KEYS = frozenset({
-    "fid", "sqrtm", "num_images_a", "num_images_b", "weights", "weights_sha256",
-    "image_shape", "a", "b", "a_sha256", "b_sha256", "seed", "features",
-})  # fmt: skip
+RECORD_KEYS = frozenset(
+    {
+        "fid",
+        "sqrtm",
+        "num_images_a",
+        "num_images_b",
+        "weights",
+        "weights_sha256",
+        "image_shape",
+        "a",
+        "b",
+        "a_sha256",
+        "b_sha256",
+        "seed",
+        "features",
+    }
+)
 #: pytorch-fid's ``eps``: added to both diagonals when sqrtm of the product is not finite
 PYTORCH_FID_EPS = 1e-6
 

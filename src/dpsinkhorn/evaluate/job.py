@@ -131,8 +131,13 @@ def evaluate(
         raise ValueError(
             f"FID precision {fid_precision!r}: one of {FID_PRECISIONS}, not fp32 only with --fast"
         )
-    counts = {"--max-epochs": max_epochs, "--patience": patience, "--batch-size": batch_size,
-              "--max-iter": max_iter, "--fid-batch-size": fid_batch_size}  # fmt: skip
+    counts = {
+        "--max-epochs": max_epochs,
+        "--patience": patience,
+        "--batch-size": batch_size,
+        "--max-iter": max_iter,
+        "--fid-batch-size": fid_batch_size,
+    }
     for name, value in counts.items():
         if value is not None and value < 1:
             raise ValueError(f"{name} must be at least 1, got {value}")
@@ -144,10 +149,17 @@ def evaluate(
     # the class count (--dataset, an own dataset's dataset.json) before the work, not after FID
     num_classes = resolve_num_classes(None, dataset, str(test)) if classifiers else None
     timings: dict[str, float] = {}
-    settings = {"seeds": seeds, "num": num, "sqrtm": sqrtm, "max_epochs": max_epochs,
-                "patience": patience, "batch_size": batch_size, "max_iter": max_iter,
-                "weights": None if weights is None else network_sha256(weights),
-                "num_classes": num_classes}  # fmt: skip
+    settings = {
+        "seeds": seeds,
+        "num": num,
+        "sqrtm": sqrtm,
+        "max_epochs": max_epochs,
+        "patience": patience,
+        "batch_size": batch_size,
+        "max_iter": max_iter,
+        "weights": None if weights is None else network_sha256(weights),
+        "num_classes": num_classes,
+    }
     if fast:  # its results may differ in the last digits: not resumed from the reference's
         settings["fast"] = fid_precision
     progress = Progress(Path(scores_dir), [generator or real_data, test, reference], settings)
@@ -190,7 +202,7 @@ def evaluate(
                 sqrtm,
                 fast,
                 fid_precision,
-            )  # fmt: skip
+            )
             for path, (images, _) in zip(files, draws, strict=True)
         ]
         progress.put("fid", records)
@@ -227,9 +239,13 @@ def evaluate(
 
 
 def _check_test_split(
-    shape: list[int], draws: list, test_images: np.ndarray, test_labels: np.ndarray,
-    num_classes: int | None, test: str | Path,
-) -> None:  # fmt: skip
+    shape: list[int],
+    draws: list,
+    test_images: np.ndarray,
+    test_labels: np.ndarray,
+    num_classes: int | None,
+    test: str | Path,
+) -> None:
     """Refuse, before the samples are saved and scored, what the classifiers would refuse
     only after FID: test images [H,W,C] of another shape than the samples' (``shape``; uint8
     [N,H,W(,C)], labels [N]), a label outside ``num_classes``."""
@@ -282,8 +298,10 @@ class Progress:
         self.done = resumable(saved)
         for phase in sorted(set(saved) - set(self.done)):
             commit = saved[phase].get("commit") if isinstance(saved[phase], dict) else None
-            print(f"rerunning {phase}: saved by other evaluation code (commit "
-                  f"{commit or 'unknown'})", flush=True)  # fmt: skip
+            print(
+                f"rerunning {phase}: saved by other evaluation code (commit {commit or 'unknown'})",
+                flush=True,
+            )
         self.samples: list[str] = []
 
     def bind(self, samples_sha256: list[str]) -> None:

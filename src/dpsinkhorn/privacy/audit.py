@@ -97,8 +97,9 @@ def _broken_call(self, grad: torch.Tensor) -> torch.Tensor:
     private, rest = (self.clipped(grad), None)
     if isinstance(private, tuple):
         private, rest = private
-    noise = torch.randn(private.shape, generator=self.generator, device=grad.device,
-                        dtype=grad.dtype)  # fmt: skip
+    noise = torch.randn(
+        private.shape, generator=self.generator, device=grad.device, dtype=grad.dtype
+    )
     out = private + self._drawn_std() * noise
     return out if rest is None else torch.cat([out, rest])
 
@@ -107,8 +108,12 @@ def _variant(base: type, mixin: type, name: str) -> type:
     return type(name, (mixin, base), {"__call__": _broken_call, "__doc__": mixin.__doc__})
 
 
-_MIXINS = {"noise_off": _NoiseOff, "noise_over_sqrt_n": _OverRootN,
-           "noise_over_sqrt_2": _OverRoot2, "sqrt_2_in_call": _Root2InCall}  # fmt: skip
+_MIXINS = {
+    "noise_off": _NoiseOff,
+    "noise_over_sqrt_n": _OverRootN,
+    "noise_over_sqrt_2": _OverRoot2,
+    "sqrt_2_in_call": _Root2InCall,
+}
 #: Image sanitiser classes by audit name; "sound" is the one training uses.
 IMAGE_MECHANISMS: dict[str, type[ImageGradientSanitizer]] = {
     "sound": ImageGradientSanitizer,
@@ -120,9 +125,11 @@ IMAGE_MECHANISMS: dict[str, type[ImageGradientSanitizer]] = {
 #: ``__call__``). ``noise_over_sqrt_n`` needs ``n`` set (``train.audit`` subclasses it).
 PARAMETER_MECHANISMS: dict[str, type[ParameterGradientSanitizer]] = {
     "sound": ParameterGradientSanitizer,
-    **{k: _variant(ParameterGradientSanitizer, m, f"Parameter{m.__name__[1:]}")
-       for k, m in _MIXINS.items()},
-}  # fmt: skip
+    **{
+        k: _variant(ParameterGradientSanitizer, m, f"Parameter{m.__name__[1:]}")
+        for k, m in _MIXINS.items()
+    },
+}
 NoiselessSanitizer = IMAGE_MECHANISMS["noise_off"]
 NoiseOverRootNSanitizer = IMAGE_MECHANISMS["noise_over_sqrt_n"]
 NoiseOverRoot2Sanitizer = IMAGE_MECHANISMS["noise_over_sqrt_2"]
@@ -202,8 +209,7 @@ def noise_check(values: torch.Tensor, distances: torch.Tensor, noise_std: float,
         lo, hi = chi2.ppf(level / 2, df), chi2.isf(level / 2, df)
         z_mean = float(values.mean()) / (noise_std / math.sqrt(df))
         ok = lo <= ratio <= hi and abs(z_mean) < 5.0
-    return {"noise_std_measured": measured, "noise_check_passed": bool(ok),
-            "noise_check_df": df}  # fmt: skip
+    return {"noise_std_measured": measured, "noise_check_passed": bool(ok), "noise_check_df": df}
 
 
 def audit_power(
@@ -242,12 +248,16 @@ def audit_power(
         mu = distance / true_std
         grid = np.linspace(-mu / 2 - 8, mu / 2 + 8, 4001)
         rates = norm.sf(grid + mu / 2), norm.cdf(grid - mu / 2)
-        expected = _bounds(np.round(rates[0] * half), np.round(rates[1] * half), half, half,
-                           alpha, delta)  # fmt: skip
+        expected = _bounds(
+            np.round(rates[0] * half), np.round(rates[1] * half), half, half, alpha, delta
+        )
         best = int(np.argmax(expected))
         fpr, fnr = float(rates[0][best]), float(rates[1][best])
     rng = np.random.default_rng(0)
     fp, fn = rng.binomial(half, fpr, sims), rng.binomial(half, fnr, sims)
     bound = float(np.mean(_bounds(fp, fn, half, half, alpha, delta) > claim))
-    return {"power_noise_check": check, "power_bound": bound,
-            "power": 1 - (1 - check) * (1 - bound)}  # fmt: skip
+    return {
+        "power_noise_check": check,
+        "power_bound": bound,
+        "power": 1 - (1 - check) * (1 - bound),
+    }

@@ -203,9 +203,16 @@ def privacy_report(
     if convention == "paper" and sigma is None and (steps is None or epsilon is None):
         raise ValueError("without --sigma give both --steps and --epsilon")
     sigma, steps = resolve_budget(
-        sigma=sigma, steps=steps, target_epsilon=epsilon, q=q, batch_size=batch_size,
-        delta=delta, clipping=clipping, accountant=accountant, convention=convention,
-    )  # fmt: skip
+        sigma=sigma,
+        steps=steps,
+        target_epsilon=epsilon,
+        q=q,
+        batch_size=batch_size,
+        delta=delta,
+        clipping=clipping,
+        accountant=accountant,
+        convention=convention,
+    )
     if convention == "sound":
         z = noise_multiplier(sigma, batch_size, clipping)
         eps = compute_epsilon(z, q, steps, delta, accountant)

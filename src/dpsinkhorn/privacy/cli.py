@@ -33,9 +33,15 @@ def _cli(args: argparse.Namespace) -> int:
     if args.steps is None and args.epsilon is None:
         raise ValueError("give --steps, --epsilon, or both")
     report = privacy_report(
-        q=args.q, delta=args.delta, batch_size=args.batch_size, sigma=args.sigma,
-        steps=args.steps, epsilon=args.epsilon, convention=args.convention,
-        accountant=args.accountant, clipping=args.clipping,
-    )  # fmt: skip
+        q=args.q,
+        delta=args.delta,
+        batch_size=args.batch_size,
+        sigma=args.sigma,
+        steps=args.steps,
+        epsilon=args.epsilon,
+        convention=args.convention,
+        accountant=args.accountant,
+        clipping=args.clipping,
+    )
     print(json.dumps(report))
     return 0

@@ -48,10 +48,22 @@ from dpsinkhorn.privacy.sampler import PoissonSampler
 
 #: The experiment keys the factory reads (a validated experiment dict has them all).
 SPEC_KEYS = (
-    "name", "method", "batch_size", "p", "steps", "sigma", "clip", "clipping",
-    "perturbation", "target_epsilon", "epsilon_convention", "delta", "accountant",
-    "seed", "reproducible",
-)  # fmt: skip
+    "name",
+    "method",
+    "batch_size",
+    "p",
+    "steps",
+    "sigma",
+    "clip",
+    "clipping",
+    "perturbation",
+    "target_epsilon",
+    "epsilon_convention",
+    "delta",
+    "accountant",
+    "seed",
+    "reproducible",
+)
 
 Sanitizer = ImageGradientSanitizer | ParameterGradientSanitizer
 

@@ -30,7 +30,22 @@ from dpsinkhorn.publish.proofs import (
 )
 
 __all__ = [
-    "ACCEPT_FLAG", "LEDGER", "MANIFEST", "MANIFEST_VERSION", "NO_GUARANTEE", "SAMPLE_TOLERANCE",
-    "SCORE_KEYS", "WORKSPACE", "Folder", "Published", "check_ledger", "check_out", "decide",
-    "experiment_folder", "manifest", "release", "run_folders", "write_manifest",
-]  # fmt: skip
+    "ACCEPT_FLAG",
+    "LEDGER",
+    "MANIFEST",
+    "MANIFEST_VERSION",
+    "NO_GUARANTEE",
+    "SAMPLE_TOLERANCE",
+    "SCORE_KEYS",
+    "WORKSPACE",
+    "Folder",
+    "Published",
+    "check_ledger",
+    "check_out",
+    "decide",
+    "experiment_folder",
+    "manifest",
+    "release",
+    "run_folders",
+    "write_manifest",
+]

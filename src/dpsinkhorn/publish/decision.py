@@ -236,13 +236,24 @@ def _decide_folder(
             "prepare the data again from the same source"
         )
     trained = trainings.finished_into(folder.records, exp)
-    recorded = check_recorded(record, ledger_bytes, ledger_path, trained, list(folder.records),
-                              folder.spec)  # fmt: skip
-    files = [_published(folder, LEDGER, "ledger", ledger_bytes, "the ledger: private, ε "
-                        f"recomputed, guarantee stated; {recorded}", ledger_path)]  # fmt: skip
+    recorded = check_recorded(
+        record, ledger_bytes, ledger_path, trained, list(folder.records), folder.spec
+    )
+    files = [
+        _published(
+            folder,
+            LEDGER,
+            "ledger",
+            ledger_bytes,
+            f"the ledger: private, ε recomputed, guarantee stated; {recorded}",
+            ledger_path,
+        )
+    ]
     verified = {}
-    checks = (("generator.pt", "generator", "content_sha256"),
-              ("train_log.csv", "train_log", "train_log_sha256"))  # fmt: skip
+    checks = (
+        ("generator.pt", "generator", "content_sha256"),
+        ("train_log.csv", "train_log", "train_log_sha256"),
+    )
     for name, kind, key in checks:
         path = exp / name
         data = _read(path)
@@ -297,8 +308,15 @@ def _decide_samples(model, folder: Folder, exp: Path, seed: int) -> tuple[Publis
         proof = f"redrawn from the verified generator (seed {seed}, {len(labels)} samples): equal"
     else:
         proof = check_draw(path, data, images, labels, seed)
-    published = Published(_rel(folder, name), "samples", redraw, [_rel(folder, LEDGER)], proof,
-                          path, fileio.sha256_of_bytes(data))  # fmt: skip
+    published = Published(
+        _rel(folder, name),
+        "samples",
+        redraw,
+        [_rel(folder, LEDGER)],
+        proof,
+        path,
+        fileio.sha256_of_bytes(data),
+    )
     return published, fileio.sha256_of_bytes(data)
 
 
@@ -324,9 +342,15 @@ def _decide_summary(run: Path, config: Mapping, ledgers: list[str]) -> Published
             "--config ..."
         )
     rel = path.relative_to(run).as_posix()
-    return Published(rel, "privacy_summary", data, sorted(ledgers),
-                     "recomputed from the ledgers and the training record: equal", path,
-                     fileio.sha256_of_bytes(data))  # fmt: skip
+    return Published(
+        rel,
+        "privacy_summary",
+        data,
+        sorted(ledgers),
+        "recomputed from the ledgers and the training record: equal",
+        path,
+        fileio.sha256_of_bytes(data),
+    )
 
 
 # ---------------------------------------------------------------- report and release
@@ -341,15 +365,20 @@ def manifest(files: Sequence[Published], name: str | None) -> dict:
         "run": name,
         "ledgers": guarantees,
         "files": [
-            {"path": f.path, "sha256": fileio.sha256_of_bytes(f.data), "kind": f.kind,
-             "ledgers": f.ledgers, "guarantees": [guarantees[x] for x in f.ledgers],
-             "proof": f.proof}
+            {
+                "path": f.path,
+                "sha256": fileio.sha256_of_bytes(f.data),
+                "kind": f.kind,
+                "ledgers": f.ledgers,
+                "guarantees": [guarantees[x] for x in f.ledgers],
+                "proof": f.proof,
+            }
             for f in files
         ],
         "not_released": f"everything else in the run folder, {NONPRIVATE}/ first: it is "
         "computed from the private data without a ledger, or mixes such rows (tables, figures, "
         "reports)",
-    }  # fmt: skip
+    }
 
 
 def check_out(out: str | Path, run: str | Path | None = None) -> None:
@@ -422,10 +451,15 @@ def _reported(report: Mapping) -> tuple:
     """What a decision report says, less what the redraw's device may change: each file's
     path, kind and ledgers, its sha256 (samples: redrawn, so not), and every guarantee."""
     files = sorted(
-        (f.get("path"), f.get("kind"), tuple(f.get("ledgers") or ()),
-         None if f.get("kind") == "samples" else f.get("sha256"))
-        for f in report.get("files") or [] if isinstance(f, dict)
-    )  # fmt: skip
+        (
+            f.get("path"),
+            f.get("kind"),
+            tuple(f.get("ledgers") or ()),
+            None if f.get("kind") == "samples" else f.get("sha256"),
+        )
+        for f in report.get("files") or []
+        if isinstance(f, dict)
+    )
     return files, report.get("ledgers")
 
 
@@ -473,8 +507,12 @@ def register_cli(subparsers: argparse._SubParsersAction) -> None:
     r = subparsers.add_parser(
         "release", help="publish a finished run's DP releases, each file proven from its ledger"
     )
-    r.add_argument("--config", nargs="+", default=["config/config.yaml"],
-                   help="the run's config file(s): what is published")  # fmt: skip
+    r.add_argument(
+        "--config",
+        nargs="+",
+        default=["config/config.yaml"],
+        help="the run's config file(s): what is published",
+    )
     r.add_argument("--run", help="results/<run> (default: the config's results folder)")
     r.add_argument(
         "--out", required=True, help="a new or empty folder outside the run folder, not a link"

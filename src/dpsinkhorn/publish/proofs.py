@@ -40,10 +40,29 @@ SCORE_KEYS = {"fid": fid.RECORD_KEYS, "acc": classify.RECORD_KEYS}
 #: Score keys whose value must be a number (not a bool) or null, and the longest string a
 #: score file may hold (a path, a method's name, the fast loop's one-line error of at most
 #: 300 characters), so that no writer's slip or hand edit carries records or arrays out.
-SCORE_NUMBERS = frozenset({"fid", "accuracy", "holdout_accuracy", "seconds", "seed", "epochs",
-                           "best_epoch", "num_images_a", "num_images_b", "num_holdout",
-                           "num_train", "num_test", "num_classes", "max_epochs", "patience",
-                           "batch_size", "iterations", "max_iter", "batched_seeds"})  # fmt: skip
+SCORE_NUMBERS = frozenset(
+    {
+        "fid",
+        "accuracy",
+        "holdout_accuracy",
+        "seconds",
+        "seed",
+        "epochs",
+        "best_epoch",
+        "num_images_a",
+        "num_images_b",
+        "num_holdout",
+        "num_train",
+        "num_test",
+        "num_classes",
+        "max_epochs",
+        "patience",
+        "batch_size",
+        "iterations",
+        "max_iter",
+        "batched_seeds",
+    }
+)
 SCORE_MAX_STRING = 400
 #: Which recorded hash names the scored samples and which the public data, per score kind.
 SCORE_INPUTS = {"fid": ("a_sha256", "b_sha256"), "acc": ("train_sha256", "test_sha256")}
@@ -162,8 +181,11 @@ def check_recorded(
             )
         proof = "the ledger its training wrote (the release copy it kept)"
     if spec is not None and done.get("spec") != spec:
-        changed = sorted(k for k in set(spec) | set(done.get("spec") or {})
-                         if spec.get(k) != (done.get("spec") or {}).get(k))  # fmt: skip
+        changed = sorted(
+            k
+            for k in set(spec) | set(done.get("spec") or {})
+            if spec.get(k) != (done.get("spec") or {}).get(k)
+        )
         raise ValueError(
             f"{path}: trained with other settings than the config's ({', '.join(changed)}); "
             "the config does not describe this generator, refusing"

@@ -367,19 +367,41 @@ def _eps10(config: Mapping, out_dir: Path) -> list[Path]:
         points = [(y + 0.2 * (k - (len(models) - 1) / 2), v) for y, v in points if v]
         if points:
             means, stds = [v[0] for _, v in points], [v[1] for _, v in points]
-            ax.errorbar(means, [y for y, _ in points], xerr=stds if seeds > 1 else None,
-                        fmt="o", ms=4, label=model)  # fmt: skip
-    ax.axvline(PAPER_CLAIM["acc_cnn"], color="k", ls="--", lw=1,
-               label=f"paper's claimed row: CNN {PAPER_CLAIM['acc_cnn']:g}%")  # fmt: skip
+            ax.errorbar(
+                means,
+                [y for y, _ in points],
+                xerr=stds if seeds > 1 else None,
+                fmt="o",
+                ms=4,
+                label=model,
+            )
+    ax.axvline(
+        PAPER_CLAIM["acc_cnn"],
+        color="k",
+        ls="--",
+        lw=1,
+        label=f"paper's claimed row: CNN {PAPER_CLAIM['acc_cnn']:g}%",
+    )
     ax.set_xlabel("accuracy on the real test set (%) ↑")
     ax = axes[0, 1]
     fid = [(y, _metric("fid")(r)) for y, r in zip(ys, results, strict=True)]
     fid = [(y, v) for y, v in fid if v]
     if fid:
-        ax.errorbar([v[0] for _, v in fid], [y for y, _ in fid], fmt="o", ms=4, label="FID",
-                    xerr=[v[1] for _, v in fid] if seeds > 1 else None)  # fmt: skip
-    ax.axvline(PAPER_CLAIM["fid"], color="k", ls="--", lw=1,
-               label=f"paper's claimed row: FID {PAPER_CLAIM['fid']:g}")  # fmt: skip
+        ax.errorbar(
+            [v[0] for _, v in fid],
+            [y for y, _ in fid],
+            fmt="o",
+            ms=4,
+            label="FID",
+            xerr=[v[1] for _, v in fid] if seeds > 1 else None,
+        )
+    ax.axvline(
+        PAPER_CLAIM["fid"],
+        color="k",
+        ls="--",
+        lw=1,
+        label=f"paper's claimed row: FID {PAPER_CLAIM['fid']:g}",
+    )
     ax.set_xlabel("FID ↓")
     for ax in axes[0]:
         ax.set_yticks(ys, [_eps10_label(r) for r in results], fontsize=7)
@@ -390,11 +412,14 @@ def _eps10(config: Mapping, out_dir: Path) -> list[Path]:
     written = _save_figure(fig, out_dir, "eps10")
     records = [
         _figure_record(
-            r, series=r.spec["clipping"], batch_size=r.spec["batch_size"],
-            clipping=r.spec["clipping"], noise_multiplier=r.privacy.get("noise_multiplier"),
+            r,
+            series=r.spec["clipping"],
+            batch_size=r.spec["batch_size"],
+            clipping=r.spec["clipping"],
+            noise_multiplier=r.privacy.get("noise_multiplier"),
         )
         for r in results
-    ]  # fmt: skip
+    ]
     return written + [write_csv(out_dir / FIGURES_DIR / "eps10.csv", EPS10_COLUMNS, records)]
 
 
@@ -425,10 +450,19 @@ def eps10_section(config: Mapping, out_dir: Path) -> list[str]:
 
         cnn = r.row.mean.get("acc_cnn")
         diff = "–" if cnn is None else f"{cnn - PAPER_CLAIM['acc_cnn']:+.1f}"
-        cells = [r.label, str(r.spec["batch_size"]), str(r.steps), r.spec["clipping"],
-                 format_g(r.sigma), f"{r.spec['lr']:g}", f"{r.spec['p']:g}",
-                 epsilon_text(r.row.epsilon, False), cell("fid"),
-                 *(cell(f"acc_{m}") for m in models), diff]  # fmt: skip
+        cells = [
+            r.label,
+            str(r.spec["batch_size"]),
+            str(r.steps),
+            r.spec["clipping"],
+            format_g(r.sigma),
+            f"{r.spec['lr']:g}",
+            f"{r.spec['p']:g}",
+            epsilon_text(r.row.epsilon, False),
+            cell("fid"),
+            *(cell(f"acc_{m}") for m in models),
+            diff,
+        ]
         lines.append("| " + " | ".join(cells) + " |")
     return lines + [""]
 

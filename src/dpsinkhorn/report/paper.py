@@ -62,8 +62,9 @@ def sok_note(datasets: Sequence[str]) -> str:
     for d in datasets:
         if d in SOK_OFFICIAL_CODE:
             fid, _, _, cnn = SOK_OFFICIAL_CODE[d]
-            parts.append(f"{DATASETS[d].title} (σ {SOK_NOISE_MULTIPLIER[d]:g}) FID {fid:g}, "
-                         f"CNN {cnn:g}%")  # fmt: skip
+            parts.append(
+                f"{DATASETS[d].title} (σ {SOK_NOISE_MULTIPLIER[d]:g}) FID {fid:g}, CNN {cnn:g}%"
+            )
     if not parts:
         return ""
     return (

@@ -111,8 +111,9 @@ def dataset_summary(config: Mapping, results: Path, dataset: str | list[str]) ->
         "epsilon_composed": None,
     }
     if ledgers:
-        mechanisms = [(float(x["q"]), float(x["noise_multiplier"]), int(x["steps"]))
-                      for x in ledgers.values()]  # fmt: skip
+        mechanisms = [
+            (float(x["q"]), float(x["noise_multiplier"]), int(x["steps"])) for x in ledgers.values()
+        ]
         from dpsinkhorn.privacy.accounting import composed_epsilon  # at use: see the imports
 
         eps = composed_epsilon(mechanisms, delta)

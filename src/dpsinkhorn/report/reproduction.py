@@ -197,8 +197,10 @@ def reproduction_markdown(config: Mapping, out_dir: Path, files: Sequence[str] =
     if summary.exists():
         lines += ["", *summary_markdown(fileio.read_json(summary))]
     else:
-        lines += ["", f"No {summary.name}: run `dpsinkhorn privacy-summary` for privacy "
-                  "across releases."]  # fmt: skip
+        lines += [
+            "",
+            f"No {summary.name}: run `dpsinkhorn privacy-summary` for privacy across releases.",
+        ]
     return "\n".join(lines).rstrip() + "\n"
 
 

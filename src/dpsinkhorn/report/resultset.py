@@ -312,13 +312,13 @@ def markdown(rows: Sequence[Row], config: dict, set_dir: Path, provenance: dict)
             f" with {'; '.join(provenance['config_changes'])}"
             if provenance.get("config_changes")
             else ""
-        )  # fmt: skip
+        )
         + ". Commands and generator checksums: `provenance.json`"
         + (
             f"; removed before committing: {provenance['removed']}"
             if provenance.get("removed")
             else ""
-        )  # fmt: skip
+        )
         + (f"; added after the run: {provenance['added']}" if provenance.get("added") else "")
         + ". Rendered by `dpsinkhorn report results-set --dir "
         f"{SETS_DIR}/{set_dir.name}`.",
@@ -333,8 +333,11 @@ def markdown(rows: Sequence[Row], config: dict, set_dir: Path, provenance: dict)
     official = [r.dataset for r in rows if r.method == ROW_LABELS["sound_official"]]
     for note in [*guarantee_notes(rows), mechanism_note(rows), sok_note(official)]:
         lines += [note, ""] if note else []
-    lines += ["| Dataset | Row | Experiment | ε sound (RDP) | ε sound (PLD) | "
-              "ε paper conv. | FID ↓ | Log Reg | MLP | CNN |", "|" + "---|" * 10]  # fmt: skip
+    lines += [
+        "| Dataset | Row | Experiment | ε sound (RDP) | ε sound (PLD) | "
+        "ε paper conv. | FID ↓ | Log Reg | MLP | CNN |",
+        "|" + "---|" * 10,
+    ]
     for r in rows:
         eps = sound_epsilons(r.privacy)
         title = DATASET_TITLES.get(r.dataset, r.dataset)
@@ -359,8 +362,12 @@ def markdown(rows: Sequence[Row], config: dict, set_dir: Path, provenance: dict)
             cells += [f"{PAPER_DP_EPSILON:g} (claimed)"] + [f"{v:g}" for v in values]
             lines.append("| " + " | ".join(cells) + " |")
     if absent:
-        lines += ["", "Not in this set (not run at paper scale here): "
-                  + ", ".join(f"`{n}`" for n in absent) + "."]  # fmt: skip
+        lines += [
+            "",
+            "Not in this set (not run at paper scale here): "
+            + ", ".join(f"`{n}`" for n in absent)
+            + ".",
+        ]
     fids = cpu_fid(set_dir)
     if fids:
         lines += [
@@ -413,8 +420,12 @@ def readme_table(set_dir: str | Path) -> str:
     set_dir = Path(set_dir)
     provenance = load_provenance(set_dir)
     rows = set_rows(set_config(set_dir, provenance), set_dir)
-    lines = ["| Row | sound ε (RDP / PLD) | paper conv. ε | " + " | ".join(
-        METRIC_TITLES[m] for m in METRICS) + " |", "|" + "---|" * (3 + len(METRICS))]  # fmt: skip
+    lines = [
+        "| Row | sound ε (RDP / PLD) | paper conv. ε | "
+        + " | ".join(METRIC_TITLES[m] for m in METRICS)
+        + " |",
+        "|" + "---|" * (3 + len(METRICS)),
+    ]
     for r in rows:
         title = DATASET_TITLES.get(r.dataset, r.dataset)
         if r.privacy:

@@ -153,27 +153,53 @@ _QUICK_COMMON = {"num_records": 40 * _N, "batch_size": _N, "steps": 2, "releases
 _QUICK_FEW = {**_QUICK_COMMON, "releases": 200_000}
 QUICK: list[AuditConfig] = [
     _worst("worst/batch", sigmas=(3.0,), **_QUICK_COMMON),
-    _worst("worst/per_sample", sigmas=(3.0 * math.sqrt(_N),), clipping="per_sample",
-           **_QUICK_COMMON),
+    _worst(
+        "worst/per_sample", sigmas=(3.0 * math.sqrt(_N),), clipping="per_sample", **_QUICK_COMMON
+    ),
     _worst("worst/sweep", sigmas=(3.0, 4.0), **_QUICK_COMMON),
     _worst("worst/parameter", sigmas=(3.0,), perturbation="parameter", **_QUICK_COMMON),
-    *(_worst(name, sigmas=(3.0,), mechanism=m, perturbation=p, **_QUICK_COMMON)
-      for name, p in (("worst/batch", "image"), ("worst/parameter", "parameter"))
-      for m in ("noise_over_sqrt_2", "sqrt_2_in_call")),
+    *(
+        _worst(name, sigmas=(3.0,), mechanism=m, perturbation=p, **_QUICK_COMMON)
+        for name, p in (("worst/batch", "image"), ("worst/parameter", "parameter"))
+        for m in ("noise_over_sqrt_2", "sqrt_2_in_call")
+    ),
     _worst("worst/batch", sigmas=(3.0,), mechanism="noise_off", **_QUICK_FEW),
-    _worst("worst/parameter", sigmas=(3.0,), mechanism="noise_off", perturbation="parameter",
-           **_QUICK_FEW),
-    _worst("worst/per_sample", sigmas=(3.0 * math.sqrt(_N),), clipping="per_sample",
-           mechanism="noise_over_sqrt_n", **_QUICK_FEW),
-    _worst("worst/parameter", sigmas=(3.0,), mechanism="noise_over_sqrt_n",
-           perturbation="parameter", **_QUICK_FEW),
-]  # fmt: skip
+    _worst(
+        "worst/parameter",
+        sigmas=(3.0,),
+        mechanism="noise_off",
+        perturbation="parameter",
+        **_QUICK_FEW,
+    ),
+    _worst(
+        "worst/per_sample",
+        sigmas=(3.0 * math.sqrt(_N),),
+        clipping="per_sample",
+        mechanism="noise_over_sqrt_n",
+        **_QUICK_FEW,
+    ),
+    _worst(
+        "worst/parameter",
+        sigmas=(3.0,),
+        mechanism="noise_over_sqrt_n",
+        perturbation="parameter",
+        **_QUICK_FEW,
+    ),
+]
 
 #: The paper's rate q = 1/1200 (B = 16 of N = 19,200: the paper's B = 50 of 60,000 gives
 #: the same q; n = 16 keeps the step cheap), more canary steps and releases.
 _SHARP_COMMON = {"num_records": 1200 * _N, "batch_size": _N, "steps": 16, "releases": 4_000_000}
-_MNIST = {"data": "mnist", "cost": None, "clip": 0.5, "accountant": "rdp", "steps": 8,
-          "num_records": 60000, "batch_size": 50, "releases": 1_000_000}  # fmt: skip
+_MNIST = {
+    "data": "mnist",
+    "cost": None,
+    "clip": 0.5,
+    "accountant": "rdp",
+    "steps": 8,
+    "num_records": 60000,
+    "batch_size": 50,
+    "releases": 1_000_000,
+}
 SHARP: list[AuditConfig] = [
     *(replace(c, **_SHARP_COMMON) for c in QUICK),
     AuditConfig("mnist/batch", sigmas=(1.0,), **_MNIST),
@@ -221,17 +247,30 @@ def build_runs(cfg: AuditConfig, data_root: Path) -> tuple[list[Trainer], Traini
     """The runs of ``cfg`` as training builds them (factory, then Trainer / SweepTrainer),
     and the step that advances them together."""
     images, labels = build_data(cfg, data_root)
-    settings = {"batch_size": cfg.batch_size, "clip": cfg.clip, "clipping": cfg.clipping,
-                "perturbation": cfg.perturbation, "accountant": cfg.accountant,
-                "delta": cfg.delta, "channels": list(cfg.channels), "steps": 1,
-                "reproducible": True, "seed": cfg.seed, **cfg.extra}  # fmt: skip
+    settings = {
+        "batch_size": cfg.batch_size,
+        "clip": cfg.clip,
+        "clipping": cfg.clipping,
+        "perturbation": cfg.perturbation,
+        "accountant": cfg.accountant,
+        "delta": cfg.delta,
+        "channels": list(cfg.channels),
+        "steps": 1,
+        "reproducible": True,
+        "seed": cfg.seed,
+        **cfg.extra,
+    }
     if cfg.cost is not None:
         settings["cost"] = cfg.cost
     specs = [
-        make_experiment(f"audit-{cfg.name}-{cfg.mechanism}-{k}".replace("/", "-"),
-                        dataset="mnist", sigma=sigma, **settings)
+        make_experiment(
+            f"audit-{cfg.name}-{cfg.mechanism}-{k}".replace("/", "-"),
+            dataset="mnist",
+            sigma=sigma,
+            **settings,
+        )
         for k, sigma in enumerate(cfg.sigmas)
-    ]  # fmt: skip
+    ]
     sanitizer = _recording(IMAGE_MECHANISMS[cfg.mechanism])
     parameter = PARAMETER_MECHANISMS[cfg.mechanism]
     parameter = type(parameter.__name__, (parameter,), {"n": cfg.batch_size})  # for ÷ √n
@@ -355,8 +394,13 @@ def collect(
             if len(pairs[k]) < cfg.steps:
                 pairs[k].append((a, b, _query(t).clone(), queries_in[k]))
                 checks[k].append(_real_noise(t, queries_in[k], CHECK_CALLS * b.numel()))
-    return {"pairs": pairs, "checks": checks, "draws": draws, "identical": identical,
-            "debias_differ": debias_differ}  # fmt: skip
+    return {
+        "pairs": pairs,
+        "checks": checks,
+        "draws": draws,
+        "identical": identical,
+        "debias_differ": debias_differ,
+    }
 
 
 def audit_run(cfg: AuditConfig, t: Trainer, pairs, checks, rng: torch.Generator) -> dict:
@@ -416,9 +460,18 @@ def audit_run(cfg: AuditConfig, t: Trainer, pairs, checks, rng: torch.Generator)
             * sanitizer.noise_scale
             * (1 / math.sqrt(cfg.batch_size) if fraction is None else fraction)
         )
-        result.update(audit_power(true_std, std, claimed, float(distances.mean()),
-                                  check["noise_check_df"], CHECK_LEVEL, cfg.releases,
-                                  cfg.delta))  # fmt: skip
+        result.update(
+            audit_power(
+                true_std,
+                std,
+                claimed,
+                float(distances.mean()),
+                check["noise_check_df"],
+                CHECK_LEVEL,
+                cfg.releases,
+                cfg.delta,
+            )
+        )
     return result
 
 
@@ -427,8 +480,11 @@ def commit() -> str:
     try:
         out = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"],
-            cwd=Path(__file__).resolve().parent, capture_output=True, text=True, timeout=10,
-        )  # fmt: skip
+            cwd=Path(__file__).resolve().parent,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else "unknown"
@@ -450,13 +506,25 @@ def audit(
     for k, t in enumerate(trainers):
         t.accountant.step()  # the run's ledger for one step at its rate q (context only)
         res = audit_run(cfg, t, got["pairs"][k], got["checks"][k], t.rng)
-        results.append({"commit": commit(), "config": cfg.name, "data": cfg.data, "run": k,
-                        "runs": len(trainers), "perturbation": cfg.perturbation,
-                        "num_records": cfg.num_records, "batch_size": cfg.batch_size,
-                        "accountant": cfg.accountant, "delta": cfg.delta,
-                        "draws": got["draws"], "canary_steps": cfg.steps,
-                        "steps_debias_rows_differ": got["debias_differ"],
-                        "releases_per_dataset": cfg.releases, **res})  # fmt: skip
+        results.append(
+            {
+                "commit": commit(),
+                "config": cfg.name,
+                "data": cfg.data,
+                "run": k,
+                "runs": len(trainers),
+                "perturbation": cfg.perturbation,
+                "num_records": cfg.num_records,
+                "batch_size": cfg.batch_size,
+                "accountant": cfg.accountant,
+                "delta": cfg.delta,
+                "draws": got["draws"],
+                "canary_steps": cfg.steps,
+                "steps_debias_rows_differ": got["debias_differ"],
+                "releases_per_dataset": cfg.releases,
+                **res,
+            }
+        )
     for r in results:
         if got["debias_differ"] and r["mechanism"] == "sound":
             r["passed"] = False  # the rows released without noise depend on the canary
@@ -479,8 +547,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, help="canary steps per run")
     parser.add_argument("--only", help="configurations whose name contains this")
     parser.add_argument("--mechanism", choices=sorted(IMAGE_MECHANISMS), help="only this one")
-    parser.add_argument("--data-root", type=Path, default=Path(os.environ.get(
-        "DPSINKHORN_AUDIT_DATA", "data")), help="folder with mnist/train.npz")  # fmt: skip
+    parser.add_argument(
+        "--data-root",
+        type=Path,
+        default=Path(os.environ.get("DPSINKHORN_AUDIT_DATA", "data")),
+        help="folder with mnist/train.npz",
+    )
     args = parser.parse_args(argv)
     configs = SHARP if args.sharp else QUICK
     configs = [
