@@ -68,10 +68,14 @@ def feature_diameter(image_numel: int, alpha_c: float, cost: str = "mixed") -> f
     from ``diameter`` down to λ, i.e. ``diameter`` is read as the largest distance between
     two points. Both paths take it.
 
-    mixed, l2: the Euclidean diameter. Pixels lie in [-1, 1] and two one-hot codes
-    differ in two entries, so ||u - v||_2 <= sqrt(4 * image_numel + 2 * alpha_c**2).
-    This is what geomloss would estimate from the points itself (the paper's
-    setting); l2 is mixed with m = 0 and is handled identically.
+    mixed, l2: the largest Euclidean distance between two feature points. Pixels lie in
+    [-1, 1] and two one-hot codes differ in two entries, so
+    ||u - v||_2 <= sqrt(4 * image_numel + 2 * alpha_c**2) (59.88 for MNIST at α_c = 15).
+    geomloss, given no diameter (the official code), estimates one from each call's
+    points: the diagonal of their bounding box, which lies between the largest distance
+    of the points and the box's diagonal sqrt(4 * image_numel + classes * alpha_c**2);
+    docs/PAPER.md gives its values on real MNIST batches and what the choice changes.
+    l2 is mixed with m = 0 and is handled identically.
 
     l1: the L1 diameter, ||u - v||_1 <= 2 * image_numel + 2 * alpha_c, which is also
     the largest value of the cost, so annealing starts at the cost's own scale (the
