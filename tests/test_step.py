@@ -12,6 +12,7 @@ from dpsinkhorn.config import make_experiment
 from dpsinkhorn.data import datasets as data
 from dpsinkhorn.privacy.factory import SPEC_KEYS, make_private, make_private_stack
 from dpsinkhorn.privacy.mechanism import ImageGradientSanitizer, ParameterGradientSanitizer
+from dpsinkhorn.train import step as step_module
 from dpsinkhorn.train.sweep import SweepTrainer
 from dpsinkhorn.train.trainer import Trainer
 
@@ -135,3 +136,38 @@ def test_an_unsampled_record_changes_nothing_in_a_step(mnist, value):
         states.append(_state_bytes(trainer.model))
     for a, b in zip(*states, strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("members", [[{"p": 0.4}], [{"p": 0.4}, {"p": 1.0}, {"p": 0.0}]])
+def test_debiasing_rows_take_labels_of_their_own_draws(mnist, monkeypatch, members):
+    """Paper Algorithm 1: the labels of all n + n' generated rows are drawn i.i.d.; the
+    debiasing rows X[n:n+n'] do NOT reuse the labels of X[0:n'] (the released code's
+    ``gen_y[:n_regen]``). What reaches the cost's label columns is checked for one run
+    and for a sweep whose members have different n'."""
+    seen = []
+    real_features = step_module.conditional_features
+
+    def spy(images, labels, *args):
+        seen.append(labels.clone())
+        return real_features(images, labels, *args)
+
+    specs = [spec(f"m{i}", **settings) for i, settings in enumerate(members)]
+    if len(specs) == 1:  # dpsinkhorn train
+        single = Trainer(specs[0], *mnist, CPU)
+        runs, take_step = [single], single.step
+    else:  # dpsinkhorn train-sweep
+        sweep = SweepTrainer(specs, *mnist, CPU)
+        runs, take_step = sweep.trainers, lambda: sweep.step(sweep.trainers)
+    expected = []
+    for t in runs:
+        draws = torch.Generator().set_state(t.rng.get_state())
+        expected.append(t.model.sample_inputs(t.n + t.n_prime, draws, CPU)[1])
+    monkeypatch.setattr(step_module, "conditional_features", spy)
+    take_step()
+    rows = max(t.n + t.n_prime for t in runs)
+    labels = seen[-1].view(len(runs), rows)  # the step's stacked [K * rows] generated labels
+    for run, (t, want) in enumerate(zip(runs, expected, strict=True)):
+        n, n_prime = t.n, t.n_prime
+        assert torch.equal(labels[run, : n + n_prime], want)
+        if n_prime:
+            assert not torch.equal(labels[run, n : n + n_prime], labels[run, :n_prime])
