@@ -336,3 +336,21 @@ def test_paper_table_keeps_its_title_footnote_and_mechanism_sentence(run):
     two = one + [Row(ROW_LABELS["perrow"], "mnist", "this run", exp_name="b", privacy=ledger)]
     assert "both paper-setting rows" not in mechanism_note(one)
     assert "both paper-setting rows" in mechanism_note(two)
+
+
+def test_mechanism_note_names_the_released_code_or_the_papers_text_by_clipping():
+    """Table 1's caption says, from each DP row's clipping setting (not its name), whether
+    it ran the released code's mechanism (block clipped as one vector) or the paper's
+    text (each row clipped); a parameter-gradient row is neither."""
+    from dpsinkhorn.report.common import Row, mechanism_note
+
+    def note(**ledger) -> str:
+        return mechanism_note(
+            [Row("DP-Sinkhorn", "mnist", "this run", exp_name="x", privacy=ledger)]
+        )
+
+    assert "the released code's mechanism" in note(clipping="batch")
+    assert "the paper's text" not in note(clipping="batch")
+    assert "the paper's text (Appendix B.1" in note(clipping="per_sample", perturbation="image")
+    parameter = note(clipping="batch", perturbation="parameter")
+    assert "released code" not in parameter and "paper's text" not in parameter

@@ -70,6 +70,13 @@ CLIPPING_TEXT = {
     "per_sample": "each generated row clipped to Δ (per-row, as the paper's Algorithm 1 and "
     "Appendix B.1 state it)",
 }
+#: Whose mechanism each clipping mode of ``perturbation: image`` is (docs/PAPER.md, "What
+#: the released code runs"): the official code's hooks, or the paper's text.
+MECHANISM_SOURCE = {
+    "batch": "the released code's mechanism (nv-tlabs/DP-Sinkhorn_code: sinkhorn_poisson.py "
+    "clips the block as one vector)",
+    "per_sample": "the paper's text (Appendix B.1: each row clipped), not the released code",
+}
 #: privacy.json "guarantee" starts with this when the noise seed was public (no DP at all).
 NO_GUARANTEE_PREFIX = "none"
 #: The two ε columns, as the study tables and reproduction.md explain them.
@@ -450,6 +457,8 @@ def mechanism_note(rows: Sequence[Row]) -> str:
             continue
         title = DATASET_TITLES.get(r.dataset, r.dataset)
         text = f"{title} *{r.method}* (`{r.exp_name}`): {CLIPPING_TEXT.get(clipping, clipping)}"
+        if r.privacy.get("perturbation", "image") == "image" and clipping in MECHANISM_SOURCE:
+            text += f", {MECHANISM_SOURCE[clipping]}"
         z, sens = r.privacy.get("noise_multiplier"), r.privacy.get("sensitivity")
         if isinstance(z, int | float) and isinstance(sens, int | float):
             text += f", L2 sensitivity {sens:.3g}, Gaussian noise multiplier {z:.3g}"
