@@ -73,9 +73,8 @@ CLIPPING_TEXT = {
 #: Whose mechanism each clipping mode of ``perturbation: image`` is (docs/PAPER.md, "What
 #: the released code runs"): the official code's hooks, or the paper's text.
 MECHANISM_SOURCE = {
-    "batch": "the released code's mechanism (nv-tlabs/DP-Sinkhorn_code: sinkhorn_poisson.py "
-    "clips the block as one vector)",
-    "per_sample": "the paper's text (Appendix B.1: each row clipped), not the released code",
+    "batch": "the released code's mechanism (nv-tlabs/DP-Sinkhorn_code, sinkhorn_poisson.py)",
+    "per_sample": "the paper's text (Appendix B.1), not the released code",
 }
 #: privacy.json "guarantee" starts with this when the noise seed was public (no DP at all).
 NO_GUARANTEE_PREFIX = "none"
