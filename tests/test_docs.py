@@ -69,7 +69,7 @@ def test_readme_table1_is_the_rendered_results_set(set_dir):
 
 def test_readme_table1_says_missing_where_nothing_was_measured():
     """Cells without a measured seed say so (the CPU-trained DP-MERF set has no evaluation)."""
-    table = readme_table(ROOT / "results-paper-scale" / "cpu-d19c6c0").splitlines()
+    table = readme_table(ROOT / "results-paper-scale" / "dpmerf-cpu").splitlines()
     rows = [r for r in table if r.startswith("| ") and "(`mnist_" in r]
     assert rows and all(f"{MISSING} (0/5 seeds)" in r for r in rows)
 

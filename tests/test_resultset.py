@@ -13,7 +13,7 @@ from dpsinkhorn.privacy import accounting, mechanism
 from dpsinkhorn.report import resultset
 
 ROOT = Path(__file__).resolve().parents[1]
-H100 = ROOT / "results-paper-scale" / "h100-83ae335"
+H100 = ROOT / "results-paper-scale" / "mnist-paper-setting-h100"
 
 CONFIG = """
 run_name: fake
@@ -119,7 +119,7 @@ def test_committed_h100_set_holds_no_loss_no_generator_and_its_table_is_current(
     assert all(p.stat().st_size < 2_000_000 for p in files)
     for log in H100.glob("*/train_log.csv"):
         assert "loss" not in log.read_text().splitlines()[0].split(",")
-    copy = tmp_path / "h100-83ae335"
+    copy = tmp_path / "mnist-paper-setting-h100"
     shutil.copytree(H100, copy)
     resultset.render(copy, [ROOT / "config" / "config.yaml"])
     for name in ("table1.md", "table1.csv"):

@@ -22,7 +22,7 @@ from dpsinkhorn.report.table1 import table1
 
 REPO = Path(__file__).resolve().parents[1]
 PAPER = REPO / "config" / "config.yaml"
-H100 = REPO / "results-paper-scale" / "h100-83ae335" / "step_rates.json"
+H100 = REPO / "results-paper-scale" / "mnist-paper-setting-h100" / "step_rates.json"
 
 
 @pytest.fixture(scope="module")
