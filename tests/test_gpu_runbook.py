@@ -29,7 +29,7 @@ def load_targets():
 
 @pytest.fixture
 def h100_measurements() -> Path:
-    path = shared_path("DPSINKHORN_DATA_MIRROR").parent / "measurements" / "mnist-paper-setting-h100"
+    path = shared_path("DPSINKHORN_DATA_MIRROR").parent / "measurements" / "h100-83ae335"
     return require_shared(path, "the H100 measurements beside the data mirror")
 
 
@@ -49,7 +49,13 @@ LOOP = r"loop ([\d.]+) steps/s .*; ([\d.]+) over all .* vs bench ([\d.]+) \(([\d
 def committed_loop_log() -> Path:
     """The committed training log of the block row, trained in tf32 with graphs and the
     compiled solver (results-paper-scale/mnist-paper-setting-h100/provenance.json)."""
-    return REPO / "results-paper-scale" / "mnist-paper-setting-h100" / "mnist_dpsinkhorn" / "train_log.csv"
+    return (
+        REPO
+        / "results-paper-scale"
+        / "mnist-paper-setting-h100"
+        / "mnist_dpsinkhorn"
+        / "train_log.csv"
+    )
 
 
 def test_runbook_loop_rate_is_the_committed_logs():

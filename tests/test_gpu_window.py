@@ -274,7 +274,9 @@ def test_paper_window_file_loads_in_order():
     assert [set(item["import"]) for item in imports] == [{"fmnist_dpmerf"}, {"mnist_dpsinkhorn"}]
     # the generators of 83ae335 have ledgers older than content_sha256: pinned to the hashes
     # their results set recorded; DP-MERF's ledgers have it
-    provenance = json.loads((REPO / "results-paper-scale/mnist-paper-setting-h100/provenance.json").read_text())
+    provenance = json.loads(
+        (REPO / "results-paper-scale/mnist-paper-setting-h100/provenance.json").read_text()
+    )
     assert imports[1]["pins"] == {
         e: provenance["experiments"][e]["generator"]["sha256"] for e in imports[1]["import"]
     }
