@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from dpsinkhorn.report import timings
 from dpsinkhorn.report.resultset import MISSING, committed_sets, readme_table
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -120,19 +121,43 @@ def test_each_page_starts_with_what_it_is_for(page):
 
 
 #: Phrases that tell the history of a document's own writing instead of the project.
-HISTORY = re.compile(r"\bissue \d+|\bthis change\b|\bthis session\b|\bthis PR\b", re.I)
-
-
-@pytest.mark.parametrize(
-    "page",
-    [
-        ROOT / "README.md",
-        *PAGES,
-        ROOT / "benchmarks" / "README.md",
-        ROOT / "profiles" / "README.md",
-    ],
-    ids=lambda p: str(p.relative_to(ROOT)),
+HISTORY = re.compile(
+    r"\bissue \d+|\bthis change\b|\bthis session\b|\bthis PR\b|\bthe CI of\b|\bat commit\b",
+    re.I,
 )
+#: A commit hash: 7 to 12 hex digits with both a digit and a letter.
+COMMIT = re.compile(r"(?<![-\w./])(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,12}\b(?!…)")
+#: A block rendered from a results set's files (a ledger's own text may name a commit).
+GENERATED = re.compile(r"<!-- (table1|timings)[^>]*-->\n.*?<!-- end \w+ -->", re.S)
+ALL_PAGES = [
+    ROOT / "README.md",
+    *PAGES,
+    ROOT / "benchmarks" / "README.md",
+    ROOT / "profiles" / "README.md",
+]
+
+
+@pytest.mark.parametrize("page", ALL_PAGES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_docs_tell_no_history_of_their_writing(page):
-    found = [m.group(0) for m in HISTORY.finditer(page.read_text())]
+    text = GENERATED.sub("", page.read_text())
+    found = [m.group(0) for m in HISTORY.finditer(text)] + COMMIT.findall(text)
     assert not found, f"{page.relative_to(ROOT)}: {found}"
+
+
+@pytest.mark.parametrize("page", ALL_PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_timings_blocks_are_the_rendered_sets(page):
+    """Each page quotes times only as one block rendered from committed results sets."""
+    text = page.read_text()
+    blocks = timings.BLOCK.findall(text)
+    assert len(blocks) <= 1, f"{page.relative_to(ROOT)}: {len(blocks)} timings tables, one at most"
+    expected = timings.render_blocks(text, ROOT)
+    assert text == expected, f"{page.relative_to(ROOT)}: a timings block differs:\n" + "".join(
+        timings.timings_table([ROOT / s for s in b[1].split()], bool(b[0])) for b in blocks
+    )
+
+
+def test_readme_quotes_the_times_of_its_two_commands():
+    (totals, sets, _), *_ = timings.BLOCK.findall(README)
+    assert totals and "results-paper-scale/quick-cpu" in sets.split()
+    block = timings.timings_table([ROOT / s for s in sets.split()], True)
+    assert "| `make run` " in block and "| `make test` " in block

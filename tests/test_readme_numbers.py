@@ -118,9 +118,7 @@ def test_slurm_job_counts_of_the_paper_config(paper):
     """docs/CLUSTER.md's SLURM job counts of config/config.yaml (profiles/slurm;
     tests/test_cluster.py checks the count against the dry run)."""
     cluster_doc = (ROOT / "docs" / "CLUSTER.md").read_text()
-    total, swept = quoted(
-        r"SLURM jobs of a full build \|[^|]*\| ([\d,]+) \(([\d,]+) with", cluster_doc
-    )
+    total, swept = quoted(r"SLURM jobs of a full build \| ([\d,]+) \(([\d,]+) with", cluster_doc)
     trainings, references, studies, groups, again = quoted(
         r"(\d+) trainings \+ (\d+) FID references \+ (\d+) gradient studies \+ (\d+) "
         r"evaluation jobs = ([\d,]+)",
