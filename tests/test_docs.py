@@ -4,13 +4,14 @@ speak of the project rather than of their own writing."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import re
 from pathlib import Path
 
 import pytest
 
-from dpsinkhorn.report import timings
+from dpsinkhorn.report import docblocks
 from dpsinkhorn.report.resultset import MISSING, committed_sets, readme_table
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -64,8 +65,7 @@ def test_readme_table1_is_the_rendered_results_set(set_dir):
     marker = f"<!-- table1: results-paper-scale/{set_dir.name} -->\n"
     assert marker in README, f"README.md has no Table 1 block {marker.strip()}"
     block = README.split(marker, 1)[1].split("<!-- end table1 -->", 1)[0]
-    expected = readme_table(set_dir)
-    assert block == expected, "README.md's Table 1 differs from the rendering:\n" + expected
+    assert block == readme_table(set_dir), "README.md's Table 1 differs from the rendering"
 
 
 def test_readme_table1_says_missing_where_nothing_was_measured():
@@ -128,7 +128,7 @@ HISTORY = re.compile(
 #: A commit hash: 7 to 12 hex digits with both a digit and a letter.
 COMMIT = re.compile(r"(?<![-\w./])(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,12}\b(?!…)")
 #: A block rendered from a results set's files (a ledger's own text may name a commit).
-GENERATED = re.compile(r"<!-- (table1|timings)[^>]*-->\n.*?<!-- end \w+ -->", re.S)
+GENERATED = docblocks.BLOCK
 ALL_PAGES = [
     ROOT / "README.md",
     *PAGES,
@@ -145,19 +145,87 @@ def test_docs_tell_no_history_of_their_writing(page):
 
 
 @pytest.mark.parametrize("page", ALL_PAGES, ids=lambda p: str(p.relative_to(ROOT)))
-def test_timings_blocks_are_the_rendered_sets(page):
-    """Each page quotes times only as one block rendered from committed results sets."""
+def test_generated_blocks_are_rendered_from_their_sources(page):
+    """Every number a page quotes from a results set or the accountant is a generated block
+    (``report.docblocks``) equal to its rendering, and a page has one timings table at most."""
     text = page.read_text()
-    blocks = timings.BLOCK.findall(text)
-    assert len(blocks) <= 1, f"{page.relative_to(ROOT)}: {len(blocks)} timings tables, one at most"
-    expected = timings.render_blocks(text, ROOT)
-    assert text == expected, f"{page.relative_to(ROOT)}: a timings block differs:\n" + "".join(
-        timings.timings_table([ROOT / s for s in b[1].split()], bool(b[0])) for b in blocks
+    found = docblocks.blocks(text)
+    kinds = [kind.split()[0] for kind, _, _ in found]
+    assert kinds.count("timings") <= 1, (
+        f"{page.relative_to(ROOT)}: {kinds.count('timings')} timings tables"
     )
+    for kind, args, body in found:
+        expected = docblocks.render(kind, args, ROOT)
+        assert body == expected, (
+            f"{page.relative_to(ROOT)}: <!-- {kind}: {args} --> differs from its rendering "
+            f"(python -m dpsinkhorn.report.docblocks {page.relative_to(ROOT)}):\n{expected}"
+        )
 
 
 def test_readme_quotes_the_times_of_its_two_commands():
-    (totals, sets, _), *_ = timings.BLOCK.findall(README)
-    assert totals and "results-paper-scale/quick-cpu" in sets.split()
-    block = timings.timings_table([ROOT / s for s in sets.split()], True)
+    (kind, sets, _), *_ = [b for b in docblocks.blocks(README) if b[0].startswith("timings")]
+    assert kind == "timings totals" and "results-paper-scale/quick-cpu" in sets.split()
+    block = docblocks.render(kind, sets, ROOT)
     assert "| `make run` " in block and "| `make test` " in block
+
+
+def test_an_unknown_block_is_refused_by_name():
+    with pytest.raises(ValueError, match="unknown generated block 'tables'"):
+        docblocks.render("tables", "x", ROOT)
+    with pytest.raises(ValueError, match="ends with <!-- end table1 -->"):
+        docblocks.blocks("<!-- timings: a -->\nx\n<!-- end table1 -->")
+
+
+#: endings of file names, which the docs also write in backticks
+FILE_SUFFIXES = {
+    "py",
+    "md",
+    "json",
+    "jsonl",
+    "yaml",
+    "csv",
+    "tsv",
+    "npz",
+    "pt",
+    "pth",
+    "txt",
+    "smk",
+    "sh",
+    "png",
+    "pdf",
+    "tex",
+    "toml",
+    "lock",
+    "log",
+    "html",
+}
+
+
+def _resolves(name: str) -> bool | None:
+    """Whether a dotted name in the docs exists: inside dpsinkhorn when its first part is a
+    dpsinkhorn module, else in the importable module it names; None when it names neither
+    (a JSON key, a file)."""
+    parts = name.removeprefix("dpsinkhorn.").split(".")
+    package = Path(importlib.import_module("dpsinkhorn").__file__).parent
+    ours = (package / parts[0]).is_dir() or (package / f"{parts[0]}.py").is_file()
+    prefix = "dpsinkhorn." if ours else ""
+    for i in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(prefix + ".".join(parts[:i]))
+        except ImportError:
+            continue
+        for attribute in parts[i:]:
+            if not hasattr(obj, attribute):
+                return False
+            obj = getattr(obj, attribute)
+        return True
+    return False if ours else None
+
+
+@pytest.mark.parametrize("page", ALL_PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_dotted_names_in_the_docs_exist(page):
+    text = page.read_text()
+    names = set(re.findall(r"`((?:[a-z_]+\.)+[A-Za-z_][A-Za-z0-9_]*)[`(\[]", text))
+    code = {n for n in names if n.rsplit(".", 1)[1] not in FILE_SUFFIXES}
+    missing = sorted(n for n in code if _resolves(n) is False)
+    assert not missing, f"{page.relative_to(ROOT)} names what does not exist: {', '.join(missing)}"

@@ -10,7 +10,6 @@ evaluation seconds) and its optional ``step_rates.json`` (steps/s).
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -23,8 +22,6 @@ STEP_KEYS = {
     "evaluate_seconds": "evaluate",
     "evaluate_cpu_wall_seconds": "evaluate",
 }
-#: one block of a page: (the sets' paths, the table)
-BLOCK = re.compile(r"<!-- timings( totals)?: ([^>]*?) -->\n(.*?)<!-- end timings -->", re.S)
 
 
 def duration(seconds: float) -> str:
@@ -69,15 +66,3 @@ def timings_table(set_dirs: Sequence[str | Path], totals: bool = False) -> str:
         date = f", {provenance['date']}" if provenance.get("date") else ""
         notes.append(f"- `{set_dir.name}`: {provenance['device']}{date}.")
     return "\n".join([*lines, "", *notes]) + "\n"
-
-
-def render_blocks(text: str, root: Path) -> str:
-    """``text`` with every timings block rendered again from the sets under ``root``."""
-    return BLOCK.sub(
-        lambda m: (
-            f"<!-- timings{m.group(1) or ''}: {m.group(2)} -->\n"
-            + timings_table([root / s for s in m.group(2).split()], bool(m.group(1)))
-            + "<!-- end timings -->"
-        ),
-        text,
-    )
