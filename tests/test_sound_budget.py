@@ -1,4 +1,4 @@
-"""Sound-budget cells (issue 24): the official code's σ at a sound ε = 10 in Table 1, the
+"""Sound-budget cells: the official code's σ at a sound ε = 10 in Table 1, the
 SoK re-run cited beside them, the eps10 study's long cells, and their GPU-hours."""
 
 from __future__ import annotations
