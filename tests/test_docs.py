@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from dpsinkhorn.report import docblocks
+from dpsinkhorn import fileio
+from dpsinkhorn.report import docblocks, timings
 from dpsinkhorn.report.resultset import MISSING, committed_sets, readme_table
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -229,3 +230,41 @@ def test_dotted_names_in_the_docs_exist(page):
     code = {n for n in names if n.rsplit(".", 1)[1] not in FILE_SUFFIXES}
     missing = sorted(n for n in code if _resolves(n) is False)
     assert not missing, f"{page.relative_to(ROOT)} names what does not exist: {', '.join(missing)}"
+
+
+def test_timings_table_of_a_set(tmp_path):
+    """Whole commands, then each experiment's training and evaluation, then step rates; a
+    ``totals`` table keeps the whole commands; a line per set names its device and date."""
+    fileio.write_json(
+        tmp_path / "provenance.json",
+        {
+            "device": "a CPU",
+            "date": "2026-01-02",
+            "wall_seconds": {"make run (install included)": 1860.0},
+            "experiments": {"e": {"train_seconds": 63.2, "evaluate_cpu_wall_seconds": 120.0}},
+        },
+    )
+    fileio.write_json(
+        tmp_path / "step_rates.json",
+        {
+            "rates": [
+                {
+                    "dataset": "mnist",
+                    "batch_size": 50,
+                    "runs": 8,
+                    "steps_per_s": 114.84,
+                    "options": "cuda_graphs",
+                }
+            ]
+        },
+    )
+    rows = timings.timings_table([tmp_path]).splitlines()
+    name = tmp_path.name
+    assert rows[2:6] == [
+        f"| `make run` (install included) | 31.0 min | `{name}` |",
+        f"| train `e` | 63 s | `{name}` |",
+        f"| evaluate `e` | 2.0 min | `{name}` |",
+        f"| training, mnist B = 50, 8 runs in one sweep (cuda_graphs) | 115 steps/s | `{name}` |",
+    ]
+    assert rows[-1] == f"- `{name}`: a CPU, 2026-01-02."
+    assert timings.timings_table([tmp_path], totals=True).splitlines()[2:4] == [rows[2], ""]
