@@ -160,7 +160,7 @@ SLOW_TESTS: dict[str, int] = {
     "test_train.py::test_l1_cost_trains_with_the_l1_diameter": 11,
     "test_sweep.py::test_train_sweep_cli": 10,
     "test_ablations.py::test_cli_subcommands": 10,
-    # issue 35's fast paths (load average 4-5, another benchmark running)
+    # the evaluation's fast paths (load average 4-5, another benchmark running)
     "test_bench_eval.py::test_bench_eval_writes_every_phase": 102,
     "test_fid_fast.py::test_fast_fid_equals_the_reference_fid": 42,
     # the one-job evaluation and the window's carry (load average 4-8)
@@ -180,7 +180,7 @@ SLOW_TESTS: dict[str, int] = {
 #: the 900 s), and single tests that are a whole run each. Generous, so that only a hang
 #: trips them on a loaded 2-core machine (docs/TESTING.md).
 TIMEOUTS_FIRST_OF_MODULE = {
-    "test_workflow.py": 3600,  # the smoke run: 36 min of `make test` alone at e81f99f
+    "test_workflow.py": 3600,  # the smoke run: up to 36 min of `make test` on 2 loaded cores
     "test_owndata_workflow.py": 1500,  # "a few minutes" (its docstring)
     "test_slurm.py": 3000,  # its fixture stops the workflow itself after 2,400 s
     "test_kill_anywhere.py": 1800,  # the uninterrupted reference run, then the first life
@@ -202,7 +202,7 @@ def _name(item: pytest.Item) -> str:
 #: they balance the two workers' ends. The split gpu-window test's calls train for minutes
 #: each and took several times as long beside `make test-slurm` (.ci/run), which ends about
 #: 13 minutes in: its file comes after the other long files of its worker, 20 minutes in.
-#: (Run last instead, it ran alone: in the CI of da36f34 the other worker waited 320 s.)
+#: (Run last instead, it ran alone while the other worker waited for it.)
 FIRST_FILES = (
     "test_workflow.py",
     "test_kill_anywhere.py",

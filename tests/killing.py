@@ -1,4 +1,4 @@
-"""Killing a workflow anywhere (issue 36): Snakemake and its jobs killed at moments drawn
+"""Killing a workflow anywhere: Snakemake and its jobs killed at moments drawn
 from a seed, the same command run again until it completes, then what the run left checked.
 
 Shared by tests/test_kill_anywhere.py (the own-data lives, the killed release and the slow
@@ -317,7 +317,7 @@ def hit_rules(attempt: Attempt) -> list[str]:
 
 
 def raced(attempt: Attempt, workflow: Workflow) -> bool:
-    """Whether ``release_manifest`` started while a non-private training ran (issue 36)."""
+    """Whether ``release_manifest`` started while a non-private training ran."""
     return any(attempt.started_beside("release_manifest", t) for t in workflow.nonprivate_trainings)
 
 

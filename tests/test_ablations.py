@@ -289,7 +289,7 @@ def test_reproduction_says_what_the_paper_epsilon_means(run, monkeypatch):
     monkeypatch.chdir(Path(__file__).resolve().parents[1])  # the repository root
     (path,) = report_cli.render("reproduction", [config], out)
     md = path.read_text()
-    assert "## What the paper's ε = 10 means (results set `h100-83ae335`)" in md
+    assert "## What the paper's ε = 10 means (results set `mnist-paper-setting-h100`)" in md
     assert "`mnist_perrow`" in md and "sound ε 983.70 (RDP) / 845.28 (PLD)" in md
     assert "sound ε 1.01 (RDP) / 0.93 (PLD)" in md
     assert "Reproduce: `snakemake" in md

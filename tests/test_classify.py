@@ -128,8 +128,8 @@ def test_cli_bad_input_exits_2_without_output(case, mnist, tmp_path, run_cli, ca
 
 # Measured on this CPU (2 cores, OMP_NUM_THREADS=1), five disjoint 500-image real MNIST training
 # sets, 1000 test images, max_epochs 5, patience 2, seeds 0-4: accuracies mlp 0.642 0.666 0.661
-# 0.708 0.703 (std 0.028), cnn 0.663 0.687 0.609 0.712 0.636 (std 0.041), and commit 83ae335's
-# classify.py gave exactly the same ten numbers one seed per call. The seed-to-seed spread is
+# 0.708 0.703 (std 0.028), cnn 0.663 0.687 0.609 0.712 0.636 (std 0.041), and training one seed
+# per call gave exactly the same ten numbers. The seed-to-seed spread is
 # thus 0.03-0.04; training the seeds together changes nothing at all (asserted: equal results).
 
 
@@ -190,7 +190,7 @@ def test_cli_trains_several_seeds_into_one_file_each(mnist, tmp_path, run_cli):
 
 
 def test_labels_outside_the_dataset_classes_are_refused(mnist, tmp_path, run_cli, capsys):
-    """A 42 among MNIST labels trained a 43-class classifier at 83ae335 (exit 0)."""
+    """A 42 among MNIST labels is refused, not trained as a 43rd class."""
     x, y, x_test, y_test = mnist
     labels = y[:50].copy()
     labels[7] = 42

@@ -26,7 +26,7 @@ SNAKEMAKE = Path(sys.executable).with_name("snakemake")
 PAPER = REPO / "config" / "config.yaml"
 QUICK = REPO / "config" / "quick.yaml"
 PROFILE = REPO / "profiles" / "slurm"
-H100 = REPO / "results-paper-scale" / "h100-83ae335" / "step_rates.json"
+H100 = REPO / "results-paper-scale" / "mnist-paper-setting-h100" / "step_rates.json"
 DAY = 24 * 60
 
 

@@ -4,8 +4,8 @@ Skipped without a GPU (CI has none). Run on a GPU machine with
 ``python -m pytest tests/test_cuda.py`` and the MNIST mirror beside the project
 (or ``DPSINKHORN_DATA_MIRROR``).
 
-Graph replay against the eager run: at 83ae335 these tests allowed rtol 1e-4 / atol 1e-6
-and failed on an H100 (2 of 524,288 weights of the 256->128 transposed convolution off by
+Graph replay against the eager run: with a tolerance (rtol 1e-4 / atol 1e-6) these tests
+failed on an H100 (2 of 524,288 weights of the 256->128 transposed convolution off by
 1.1e-5 after 9 steps; an embedding entry off by 2.2e-6 in the single run). The cause is in
 the eager run as much as in the replay: with ``cudnn.deterministic`` off, cuDNN may pick
 convolution algorithms that accumulate with atomics (backward-filter ALGO_0/ALGO_3 and
@@ -177,10 +177,10 @@ def test_solver_in_float32_on_cuda_is_as_accurate_as_geomloss():
 
 
 def test_resume_on_cuda_equals_an_uninterrupted_run(mnist, tmp_path, deterministic_cudnn):
-    """Issue 15: a checkpoint written on CUDA resumes on CUDA (its RNG state reaches
+    """A checkpoint written on CUDA resumes on CUDA (its RNG state reaches
     ``Generator.set_state`` as a CPU ByteTensor), and the resumed run's generator and
     ledger equal those of an uninterrupted run (same GPU; public noise key). Deterministic
-    cuDNN algorithms, as for the replay tests: on the H100 at c68545d, without them, the
+    cuDNN algorithms, as for the replay tests: on an H100, without them, the
     two runs' generators differed (two eager runs of one step may, module docstring)."""
     from dpsinkhorn.train.run import train
     from dpsinkhorn.train.signals import Preempted
@@ -198,7 +198,7 @@ def test_resume_on_cuda_equals_an_uninterrupted_run(mnist, tmp_path, determinist
         )
     resumed = train(spec, tmp_path / "resumed", device="cuda", train_data=mnist, progress=False)
     # the ledgers equal less the train log's hash (the log holds wall-clock columns; on the
-    # H100 at 935f156 this was the only difference): its step and ε columns equal
+    # H100 this was the only difference): its step and ε columns equal
     assert without_log_hash(resumed) == without_log_hash(full)
 
     def steps_and_epsilons(run: str) -> list[list[str]]:

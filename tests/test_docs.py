@@ -4,12 +4,15 @@ speak of the project rather than of their own writing."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import re
 from pathlib import Path
 
 import pytest
 
+from dpsinkhorn import fileio
+from dpsinkhorn.report import docblocks, timings
 from dpsinkhorn.report.resultset import MISSING, committed_sets, readme_table
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -63,13 +66,12 @@ def test_readme_table1_is_the_rendered_results_set(set_dir):
     marker = f"<!-- table1: results-paper-scale/{set_dir.name} -->\n"
     assert marker in README, f"README.md has no Table 1 block {marker.strip()}"
     block = README.split(marker, 1)[1].split("<!-- end table1 -->", 1)[0]
-    expected = readme_table(set_dir)
-    assert block == expected, "README.md's Table 1 differs from the rendering:\n" + expected
+    assert block == readme_table(set_dir), "README.md's Table 1 differs from the rendering"
 
 
 def test_readme_table1_says_missing_where_nothing_was_measured():
     """Cells without a measured seed say so (the CPU-trained DP-MERF set has no evaluation)."""
-    table = readme_table(ROOT / "results-paper-scale" / "cpu-d19c6c0").splitlines()
+    table = readme_table(ROOT / "results-paper-scale" / "dpmerf-cpu").splitlines()
     rows = [r for r in table if r.startswith("| ") and "(`mnist_" in r]
     assert rows and all(f"{MISSING} (0/5 seeds)" in r for r in rows)
 
@@ -120,19 +122,149 @@ def test_each_page_starts_with_what_it_is_for(page):
 
 
 #: Phrases that tell the history of a document's own writing instead of the project.
-HISTORY = re.compile(r"\bissue \d+|\bthis change\b|\bthis session\b|\bthis PR\b", re.I)
-
-
-@pytest.mark.parametrize(
-    "page",
-    [
-        ROOT / "README.md",
-        *PAGES,
-        ROOT / "benchmarks" / "README.md",
-        ROOT / "profiles" / "README.md",
-    ],
-    ids=lambda p: str(p.relative_to(ROOT)),
+HISTORY = re.compile(
+    r"\bissue \d+|\bthis change\b|\bthis session\b|\bthis PR\b|\bthe CI of\b|\bat commit\b",
+    re.I,
 )
+#: A commit hash: 7 to 12 hex digits with both a digit and a letter.
+COMMIT = re.compile(r"(?<![-\w./])(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,12}\b(?!…)")
+#: A block rendered from a results set's files (a ledger's own text may name a commit).
+GENERATED = docblocks.BLOCK
+ALL_PAGES = [
+    ROOT / "README.md",
+    *PAGES,
+    ROOT / "benchmarks" / "README.md",
+    ROOT / "profiles" / "README.md",
+]
+
+
+@pytest.mark.parametrize("page", ALL_PAGES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_docs_tell_no_history_of_their_writing(page):
-    found = [m.group(0) for m in HISTORY.finditer(page.read_text())]
+    text = GENERATED.sub("", page.read_text())
+    found = [m.group(0) for m in HISTORY.finditer(text)] + COMMIT.findall(text)
     assert not found, f"{page.relative_to(ROOT)}: {found}"
+
+
+@pytest.mark.parametrize("page", ALL_PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_generated_blocks_are_rendered_from_their_sources(page):
+    """Every number a page quotes from a results set or the accountant is a generated block
+    (``report.docblocks``) equal to its rendering, and a page has one timings table at most."""
+    text = page.read_text()
+    found = docblocks.blocks(text)
+    kinds = [kind.split()[0] for kind, _, _ in found]
+    assert kinds.count("timings") <= 1, (
+        f"{page.relative_to(ROOT)}: {kinds.count('timings')} timings tables"
+    )
+    for kind, args, body in found:
+        expected = docblocks.render(kind, args, ROOT)
+        assert body == expected, (
+            f"{page.relative_to(ROOT)}: <!-- {kind}: {args} --> differs from its rendering "
+            f"(python -m dpsinkhorn.report.docblocks {page.relative_to(ROOT)}):\n{expected}"
+        )
+
+
+def test_readme_quotes_the_times_of_its_two_commands():
+    (kind, sets, _), *_ = [b for b in docblocks.blocks(README) if b[0].startswith("timings")]
+    assert kind == "timings totals" and "results-paper-scale/quick-cpu" in sets.split()
+    block = docblocks.render(kind, sets, ROOT)
+    assert "| `make run` " in block and "| `make test` " in block
+
+
+def test_an_unknown_block_is_refused_by_name():
+    with pytest.raises(ValueError, match="unknown generated block 'tables'"):
+        docblocks.render("tables", "x", ROOT)
+    with pytest.raises(ValueError, match="ends with <!-- end table1 -->"):
+        docblocks.blocks("<!-- timings: a -->\nx\n<!-- end table1 -->")
+
+
+#: endings of file names, which the docs also write in backticks
+FILE_SUFFIXES = {
+    "py",
+    "md",
+    "json",
+    "jsonl",
+    "yaml",
+    "csv",
+    "tsv",
+    "npz",
+    "pt",
+    "pth",
+    "txt",
+    "smk",
+    "sh",
+    "png",
+    "pdf",
+    "tex",
+    "toml",
+    "lock",
+    "log",
+    "html",
+}
+
+
+def _resolves(name: str) -> bool | None:
+    """Whether a dotted name in the docs exists: inside dpsinkhorn when its first part is a
+    dpsinkhorn module, else in the importable module it names; None when it names neither
+    (a JSON key, a file)."""
+    parts = name.removeprefix("dpsinkhorn.").split(".")
+    package = Path(importlib.import_module("dpsinkhorn").__file__).parent
+    ours = (package / parts[0]).is_dir() or (package / f"{parts[0]}.py").is_file()
+    prefix = "dpsinkhorn." if ours else ""
+    for i in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(prefix + ".".join(parts[:i]))
+        except ImportError:
+            continue
+        for attribute in parts[i:]:
+            if not hasattr(obj, attribute):
+                return False
+            obj = getattr(obj, attribute)
+        return True
+    return False if ours else None
+
+
+@pytest.mark.parametrize("page", ALL_PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_dotted_names_in_the_docs_exist(page):
+    text = page.read_text()
+    names = set(re.findall(r"`((?:[a-z_]+\.)+[A-Za-z_][A-Za-z0-9_]*)[`(\[]", text))
+    code = {n for n in names if n.rsplit(".", 1)[1] not in FILE_SUFFIXES}
+    missing = sorted(n for n in code if _resolves(n) is False)
+    assert not missing, f"{page.relative_to(ROOT)} names what does not exist: {', '.join(missing)}"
+
+
+def test_timings_table_of_a_set(tmp_path):
+    """Whole commands, then each experiment's training and evaluation, then step rates; a
+    ``totals`` table keeps the whole commands; a line per set names its device and date."""
+    fileio.write_json(
+        tmp_path / "provenance.json",
+        {
+            "device": "a CPU",
+            "date": "2026-01-02",
+            "wall_seconds": {"make run (install included)": 1860.0},
+            "experiments": {"e": {"train_seconds": 63.2, "evaluate_cpu_wall_seconds": 120.0}},
+        },
+    )
+    fileio.write_json(
+        tmp_path / "step_rates.json",
+        {
+            "rates": [
+                {
+                    "dataset": "mnist",
+                    "batch_size": 50,
+                    "runs": 8,
+                    "steps_per_s": 114.84,
+                    "options": "cuda_graphs",
+                }
+            ]
+        },
+    )
+    rows = timings.timings_table([tmp_path]).splitlines()
+    name = tmp_path.name
+    assert rows[2:6] == [
+        f"| `make run` (install included) | 31.0 min | `{name}` |",
+        f"| train `e` | 63 s | `{name}` |",
+        f"| evaluate `e` | 2.0 min | `{name}` |",
+        f"| training, mnist B = 50, 8 runs in one sweep (cuda_graphs) | 115 steps/s | `{name}` |",
+    ]
+    assert rows[-1] == f"- `{name}`: a CPU, 2026-01-02."
+    assert timings.timings_table([tmp_path], totals=True).splitlines()[2:4] == [rows[2], ""]

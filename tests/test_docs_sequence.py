@@ -1,10 +1,10 @@
 """The README's commands in the order a new user types them never retrain or refuse.
 
-Issue 39: ``make run DATA=../shared/data`` (the Makefile passes the mirror as an absolute
-path), then the README's one-file command (``data/mnist/train.npz --config
-data_mirror=../shared/data``, a relative path), then ``make run`` again re-prepared the
-data each time, so the second ``make run`` reran the finished DP training, which was
-refused. Here the same three commands run in a folder laid out like a clone, with a tiny
+``make run DATA=../shared/data`` (the Makefile passes the mirror as an absolute path),
+then the README's one-file command (``data/mnist/train.npz --config
+data_mirror=../shared/data``, a relative path), then ``make run`` again must not prepare
+the data again: if it did, the second ``make run`` would rerun the finished DP training,
+which is refused. Here the same three commands run in a folder laid out like a clone, with a tiny
 config in place of ``config/quick.yaml``: the first one for real up to the DP training (a
 secret-key training, so a retrain would be refused), the README's command for real, and
 ``make run`` as a dry run, which must plan no data or training job. The mirror's other

@@ -1,4 +1,4 @@
-"""Faults and bad input (issue 17): locks, damaged files, full disks, memory, signals."""
+"""Faults and bad input: locks, damaged files, full disks, memory, signals."""
 
 from __future__ import annotations
 

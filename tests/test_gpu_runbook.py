@@ -48,8 +48,14 @@ LOOP = r"loop ([\d.]+) steps/s .*; ([\d.]+) over all .* vs bench ([\d.]+) \(([\d
 
 def committed_loop_log() -> Path:
     """The committed training log of the block row, trained in tf32 with graphs and the
-    compiled solver (results-paper-scale/h100-83ae335/provenance.json)."""
-    return REPO / "results-paper-scale" / "h100-83ae335" / "mnist_dpsinkhorn" / "train_log.csv"
+    compiled solver (results-paper-scale/mnist-paper-setting-h100/provenance.json)."""
+    return (
+        REPO
+        / "results-paper-scale"
+        / "mnist-paper-setting-h100"
+        / "mnist_dpsinkhorn"
+        / "train_log.csv"
+    )
 
 
 def test_runbook_loop_rate_is_the_committed_logs():

@@ -274,7 +274,9 @@ def test_paper_window_file_loads_in_order():
     assert [set(item["import"]) for item in imports] == [{"fmnist_dpmerf"}, {"mnist_dpsinkhorn"}]
     # the generators of 83ae335 have ledgers older than content_sha256: pinned to the hashes
     # their results set recorded; DP-MERF's ledgers have it
-    provenance = json.loads((REPO / "results-paper-scale/h100-83ae335/provenance.json").read_text())
+    provenance = json.loads(
+        (REPO / "results-paper-scale/mnist-paper-setting-h100/provenance.json").read_text()
+    )
     assert imports[1]["pins"] == {
         e: provenance["experiments"][e]["generator"]["sha256"] for e in imports[1]["import"]
     }
@@ -498,7 +500,7 @@ def test_repo_sources_import_the_committed_dpmerf_generators(tmp_path):
     state: dict = {}
     for item in items:
         window_imports.import_generators(item, config, tmp_path, None, state)
-    assert set(state["imports"]) == {"fmnist_dpmerf"}  # MNIST's row is in h100-b219f4e
+    assert set(state["imports"]) == {"fmnist_dpmerf"}  # MNIST's row is in mnist-dpmerf-h100
     for item in items:
         for exp, source in item["import"].items():
             committed = REPO / source.removeprefix("repo:")

@@ -1,12 +1,12 @@
-"""Kill anywhere (issue 36): Snakemake and its jobs killed at random moments, the same
+"""Kill anywhere: Snakemake and its jobs killed at random moments, the same
 command run again after each kill until it completes, and nothing lost or counted twice.
 
 A tiny own-data workflow on scikit-learn's digits runs the smoke workflow's chain of
 rules (data, fid_reference, train, evaluate, privacy_summary, release_manifest, table1,
 reproduction) for a DP experiment and a non-private one, in about a minute. The
 non-private training writes its private workspace under the results folder, where
-``release_manifest``, whose inputs are the DP files only, may run beside it: the first
-race of issue 36. Whether they overlap is Snakemake's choice (it trained the non-private
+``release_manifest``, whose inputs are the DP files only, may run beside it: a race
+this test looks for. Whether they overlap is Snakemake's choice (it trained the non-private
 experiment first in the runs measured); the figure counts the attempts where they did.
 Two lives of it:
 

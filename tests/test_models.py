@@ -4,7 +4,7 @@ same images as the two separate classes it replaced, so old generator.pt files l
 reproducible runs stay bit-identical.
 
 The hashes were computed with the code before the merge of ``ConditionalDCGAN`` and
-``ConditionalDCGAN32`` (commit 9a8c7f6) by the functions below.
+``ConditionalDCGAN32`` by the functions below.
 """
 
 from __future__ import annotations
@@ -120,7 +120,7 @@ def test_dcgan_layer_table():
         ConditionalDCGAN(GeneratorConfig(image_size=64))
 
 
-#: The 64x64 DCGAN (added with issue 21; pinned when it was added, not from an older class).
+#: The 64x64 DCGAN (pinned when it was added, not from an older class).
 CONFIG_64 = {
     1: GeneratorConfig(num_classes=4, channels=(64, 32, 16, 8), image_size=64),
     3: GeneratorConfig(num_classes=1, channels=(64, 32, 16, 8), out_channels=3, image_size=64),

@@ -559,7 +559,7 @@ def test_privacy_report_keys():
     assert r["noise_multiplier"] == 1.0 and r["steps"] == 10
 
 
-# --- Issue 14: accountant and CLI input ---------------------------------------------
+# --- accountant and CLI input ------------------------------------------------------
 
 
 @pytest.mark.parametrize(

@@ -1,10 +1,10 @@
-"""Issue 14: what a run releases depends on the private data only through the mechanism.
+"""What a run releases depends on the private data only through the mechanism.
 
-Each test here fails on commit 83ae335: the loss was logged to train_log.csv and the
-progress bar, checkpoints sat beside generator.pt, the noise generator was seeded with
-the public config seed + 1 (so runs with one seed shared their noise), the class count
-came from the private labels, a resume on other data was accepted, and a Poisson buffer
-overflow blocked the run.
+Each test here checks one way private data could leak or a run could break: the loss in
+train_log.csv or the progress bar, checkpoints beside generator.pt, noise seeded from the
+public config seed (runs with one seed would share their noise), the class count taken
+from the private labels, a resume on other data, and a Poisson buffer overflow blocking
+the run.
 """
 
 from __future__ import annotations
@@ -161,9 +161,9 @@ def test_secret_key_resumes_bit_identically_from_the_checkpoint(mnist):
 
 @pytest.mark.parametrize("map_location", ["meta", lambda storage, where: storage])
 def test_rng_state_reaches_set_state_as_a_cpu_byte_tensor(tmp_path, mnist, map_location):
-    """Issue 15, resume on CUDA: the checkpoint was loaded with map_location=device, which
-    moved the RNG ByteTensor to the GPU and made Generator.set_state raise. The state is
-    now stored as bytes, which no map_location moves."""
+    """Resume on CUDA: loaded with map_location=device, an RNG ByteTensor would move to the
+    GPU and make Generator.set_state raise. The state is stored as bytes, which no
+    map_location moves."""
     s = spec(reproducible=True, keep_private_workspace=True)
     with pytest.raises(Preempted):
         train(s, tmp_path / "run", train_data=mnist, stop_after=3, progress=False)

@@ -1,4 +1,4 @@
-"""Sound-budget cells (issue 24): the official code's σ at a sound ε = 10 in Table 1, the
+"""Sound-budget cells: the official code's σ at a sound ε = 10 in Table 1, the
 SoK re-run cited beside them, the eps10 study's long cells, and their GPU-hours."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from dpsinkhorn.report.table1 import table1
 
 REPO = Path(__file__).resolve().parents[1]
 PAPER = REPO / "config" / "config.yaml"
-H100 = REPO / "results-paper-scale" / "h100-83ae335" / "step_rates.json"
+H100 = REPO / "results-paper-scale" / "mnist-paper-setting-h100" / "step_rates.json"
 
 
 @pytest.fixture(scope="module")

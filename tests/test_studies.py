@@ -199,7 +199,7 @@ def test_plan_measures_steps_per_s(tmp_path):
     assert result["steps_per_s_source"].startswith("measured")
 
 
-H100_RATES = ROOT / "results-paper-scale" / "h100-83ae335" / "step_rates.json"
+H100_RATES = ROOT / "results-paper-scale" / "mnist-paper-setting-h100" / "step_rates.json"
 
 
 def test_eps10_study_hours_from_measured_h100_rates():

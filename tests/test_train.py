@@ -329,7 +329,7 @@ def test_python_api_on_own_arrays(tmp_path):
     with pytest.raises(ValueError, match="a training label is outside the 10 declared") as err:
         train(spec, tmp_path / "bad", train_data=(images, np.where(labels == 3, 77, labels)))
     assert "77" not in str(err.value)  # no private label value in the message (or the log)
-    # Declared classes (issue 21): their count is the generator's, not the nominal dataset's.
+    # Declared classes: their count is the generator's, not the nominal dataset's.
     train(spec, tmp_path / "four", train_data=(images, labels), classes=list("abcd"))
     four = load_generator(tmp_path / "four" / "generator.pt", torch.device("cpu"))
     assert four.config.num_classes == 4 and four.class_names == tuple("abcd")

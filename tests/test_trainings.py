@@ -157,7 +157,7 @@ def test_a_finished_dp_experiment_is_not_retrained_unless_asked_and_then_counted
 
 
 def test_a_finished_training_whose_outputs_were_removed_is_published_again(tmp_path, digits_spec):
-    """Issue 36: SLURM cancels a job as Snakemake stores a finished training's outputs, the
+    """SLURM cancels a job as Snakemake stores a finished training's outputs, the
     job fails and Snakemake removes them; the workspace went at finish. The retry publishes
     the kept copy of that release again (same bytes, the record's content_sha256), with no
     new training; a retrain asked for while the folder holds it trains anew."""
@@ -452,10 +452,10 @@ def test_the_record_merges_per_id_whatever_events_survive(tmp_path):
     assert merged_into.stem not in str(err.value) and str(records) in str(err.value)
 
 
-# ------------------------------------------------- records that lost who trained (issue 39)
+# ----------------------------------------------------------- records that lost who trained
 
 #: What a ``finished`` event held before every event carried its training's identity
-#: (002aba7..a0b775f: ``RunFiles._record``); the identity was in ``started`` only.
+#: (``RunFiles._record`` of earlier versions); the identity was in ``started`` only.
 OLD_FINISHED_KEYS = ("event", "training", "time", "steps", "epsilon", "content_sha256")
 
 

@@ -34,7 +34,7 @@ work:
   - {{name: real_mnist, experiments: [real_mnist]}}
   - {{name: fmnist, experiments: [fmnist_dpsinkhorn]}}
   - name: dpmerf
-    import: {{mnist_dpmerf: "repo:results-paper-scale/cpu-d19c6c0/mnist_dpmerf"}}
+    import: {{mnist_dpmerf: "repo:results-paper-scale/dpmerf-cpu/mnist_dpmerf"}}
 """
 
 

@@ -234,7 +234,7 @@ def test_single_cell_reruns_alone(workdir, results):
     assert "1 of 1 steps (100%) done" in output
 
 
-# ------------------------------------------------- Tables 2/4/5, Figures, report (issue 3)
+# -------------------------------------------------------- Tables 2/4/5, Figures, report
 
 
 @pytest.mark.parametrize("table", ["table2", "table4", "table5"])

@@ -1,12 +1,13 @@
 """Committed results sets: ``dpsinkhorn report results-set --dir results-paper-scale/<name>``.
 
-A results set is a folder, committed in the repository, holding what a (GPU) run of this
-project's code wrote for some Table 1 experiments, without the generators::
+A results set is a folder, committed in the repository and named by what it holds
+(``mnist-perrow-h100``), holding what a run of this project's code wrote for some Table 1
+experiments, without the generators (the run's commit, device and date: its provenance)::
 
     <set>/provenance.json           device, commit, config, command per experiment, generator sha256
     <set>/<experiment>/privacy.json the training ledger (as train wrote it)
     <set>/<experiment>/acc_<model>_seed<k>.json, fid_seed<k>.json   the evaluation results
-    <set>/cpu-fid/<experiment>.json optional small-sample FID (``dpsinkhorn fid``), never Table 1's
+    <set>/cpu-fid/<experiment>.json optional FID of fewer images, never Table 1's
 
 :func:`render` turns it into ``<set>/table1.{md,csv}``: one row per Table 1 experiment of
 the set's config that has a folder in the set, each cell the mean ± std over the seeds whose

@@ -1,0 +1,68 @@
+"""Typical times that README.md and docs/ quote, rendered from committed results sets.
+
+A page holds ``<!-- timings: results-paper-scale/<set> [...] -->`` (``timings totals:``
+for the whole commands' rows only), then the table :func:`timings_table` renders from those
+sets, then ``<!-- end timings -->``;
+``tests/test_docs.py`` renders every block again and compares. Rows come from each set's
+``provenance.json`` (``wall_seconds``: what ran -> seconds; each experiment's training and
+evaluation seconds) and its optional ``step_rates.json`` (steps/s).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from dpsinkhorn import fileio
+
+#: provenance keys of an experiment -> the step they time
+STEP_KEYS = {
+    "train_seconds": "train",
+    "train_cpu_wall_seconds": "train",
+    "evaluate_seconds": "evaluate",
+    "evaluate_cpu_wall_seconds": "evaluate",
+}
+
+
+def duration(seconds: float) -> str:
+    """``'45 s'`` under 100 s, else minutes with one decimal (``'31.0 min'``)."""
+    return f"{seconds:.0f} s" if seconds < 100 else f"{seconds / 60:.1f} min"
+
+
+def _command(what: str) -> str:
+    """```make test` (866 passed)`` from ``make test (866 passed)``: the command in code."""
+    command, _, note = what.partition(" (")
+    return f"`{command}`" + (f" ({note}" if note else "")
+
+
+def timing_rows(set_dir: Path, totals: bool = False) -> list[tuple[str, str]]:
+    """(what ran, its time) of one set, in the order its files list them; ``totals``: only
+    the whole commands (``wall_seconds``)."""
+    provenance = fileio.read_json(set_dir / "provenance.json")
+    rows = [(_command(what), duration(s)) for what, s in provenance.get("wall_seconds", {}).items()]
+    if totals:
+        return rows
+    for name, exp in provenance.get("experiments", {}).items():
+        rows += [
+            (f"{step} `{name}`", duration(exp[k])) for k, step in STEP_KEYS.items() if k in exp
+        ]
+    rates = set_dir / "step_rates.json"
+    for r in fileio.read_json(rates)["rates"] if rates.is_file() else []:
+        sweep = f", {r['runs']} runs in one sweep" if r["runs"] > 1 else ""
+        what = f"training, {r['dataset']} B = {r['batch_size']}{sweep} ({r['options']})"
+        rows.append((what, f"{r['steps_per_s']:.0f} steps/s"))
+    return rows
+
+
+def timings_table(set_dirs: Sequence[str | Path], totals: bool = False) -> str:
+    """One markdown table of the sets' times, then one line per set: its device and date."""
+    lines = ["| what | time | results set |", "|---|---|---|"]
+    notes = []
+    for set_dir in map(Path, set_dirs):
+        provenance = fileio.read_json(set_dir / "provenance.json")
+        lines += [
+            f"| {what} | {time} | `{set_dir.name}` |" for what, time in timing_rows(set_dir, totals)
+        ]
+        date = f", {provenance['date']}" if provenance.get("date") else ""
+        notes.append(f"- `{set_dir.name}`: {provenance['device']}{date}.")
+    return "\n".join([*lines, "", *notes]) + "\n"
