@@ -280,12 +280,9 @@ class GeneratorPrecision:
       optimiser state and parameter gradients stay float32; autograd runs each backward
       operation in its forward's dtype).
 
-    Only the generator is affected. The Sinkhorn solve, the clipping and the noise are
-    always float32: ``Trainer`` casts the images to float32 before the features and the
-    sanitised image gradient back to the images' dtype only afterwards. That cast is
-    post-processing of the mechanism's output, so the privacy guarantee is unchanged.
-    ``tests/test_precision.py`` (bf16, any device) and ``tests/test_cuda.py`` (tf32)
-    bound the effect on the loss and the gradients.
+    Only the generator is affected: the Sinkhorn solve, the clipping and the noise are
+    always float32, and casting the sanitised gradient back to the images' dtype is
+    post-processing, so the privacy guarantee is unchanged.
     """
 
     def __init__(self, precision: str, device: torch.device):

@@ -81,10 +81,9 @@ def clip_block(block: torch.Tensor, clip: float, per_row: bool) -> torch.Tensor:
 class ImageGradientSanitizer:
     """Clips and noises G = ∇_X S, the gradient w.r.t. the generated batch [n + n', ...].
 
-    Gaussian mechanism on G[0:n] under add/remove-one adjacency; see the module
-    docstring for sensitivity (2Δ batch / 2Δ√n per_sample) and noise multiplier
-    (σ / σ/√n), with σ = ``noise_scale``. Noise std per element: 2Δσ. ``generator`` makes the noise
-    reproducible (its state is checkpointed by the trainer).
+    Gaussian mechanism on G[0:n] under add/remove-one adjacency: sensitivity 2Δ (batch) or
+    2Δ√n (per_sample), noise std 2Δσ per element (σ = ``noise_scale``), noise multiplier σ
+    or σ/√n. ``generator`` draws the noise (its state is checkpointed by the trainer).
     """
 
     def __init__(
@@ -139,14 +138,10 @@ PERTURBATIONS = ("image", "parameter")
 class ParameterGradientSanitizer:
     """Clips and noises the generator's whole parameter gradient g = ∇_θ S (paper Table 2).
 
-    Gaussian mechanism on g, ALL parameters' gradients concatenated into one vector,
-    under add/remove-one adjacency with Poisson sampling. g is clipped as one vector
-    to L2 norm Δ (``clip``); the clipped vectors of neighbouring batches differ by at
-    most 2Δ, so the L2 sensitivity is 2Δ. Each element gets N(0, (2Δσ)²) noise, so
-    the noise multiplier (noise std / sensitivity) is σ and the accounting is that
-    of the image-gradient mechanism with ``clipping: batch`` (the only mode here).
-    ``generator`` makes the noise reproducible (its state is checkpointed by the
-    trainer). Call :meth:`apply` after ``loss.backward()`` and before the optimiser step.
+    Gaussian mechanism on g (all parameters' gradients as one vector) under add/remove-one
+    adjacency: g clipped to L2 norm Δ, sensitivity 2Δ, noise N(0, (2Δσ)²) per element,
+    noise multiplier σ (accounted as ``clipping: batch``, the only mode here). Call
+    :meth:`apply` after ``loss.backward()`` and before the optimiser step.
     """
 
     clipping = "batch"

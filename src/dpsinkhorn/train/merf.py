@@ -165,7 +165,7 @@ class MerfTrainer:
         self.optimizer.load_state_dict(state["optimizer"])
         self.rng.set_state(rng_state_tensor(state["rng"]))
         self.accountant.load_state_dict(state["accountant"])
-        noisy = state.get("noisy_embedding")
+        noisy = state["noisy_embedding"]
         released = noisy is not None
         if self.accountant.steps != int(released) or (self.step_count > 0) != released:
             raise ValueError(

@@ -196,7 +196,7 @@ class RunFiles:
                 # load_state_dict; the RNG state must stay a CPU ByteTensor (set_state).
                 state = _load_checkpoint(self.ckpt_path, torch.device("cpu"))
             resumes = state is not None and state.get("spec_hash") == self.digest
-            self.training_id = state.get("training") if resumes else None
+            self.training_id = state["training"] if resumes else None
             if not resumes:
                 # A finished DP training whose outputs were removed (a scheduler's cancel
                 # as Snakemake stored them): published again from its copy, not retrained.
@@ -205,7 +205,7 @@ class RunFiles:
             # unless asked for (privacy.trainings), before the workspace is created. A
             # resumed one keeps what its checkpoint says.
             if resumes:
-                self.retrain = bool(state.get("retrain"))
+                self.retrain = bool(state["retrain"])
             else:
                 self.retrain = self.recovered is None and self._check_retrain(retrain)
         self.log_rows: list[dict] = []
