@@ -42,6 +42,10 @@ class GeneratorConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> GeneratorConfig:
+        """From :meth:`to_dict`'s dict (generator.pt's ``model_config``): every field given."""
+        missing = sorted(set(cls.__dataclass_fields__) - set(d))
+        if missing:
+            raise ValueError(f"generator model_config lacks {missing}")
         return cls(**{**d, "channels": tuple(d["channels"])})
 
     @classmethod
