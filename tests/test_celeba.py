@@ -196,23 +196,15 @@ def test_biggan_shapes_and_spectral_norm():
         build_generator(GeneratorConfig(channels=(8, 8, 8), architecture="biggan", image_size=32))
 
 
-def test_dcgan32_shapes_and_old_configs_still_load():
-    model = build_generator(
-        GeneratorConfig(num_classes=2, latent_dim=32, out_channels=3, image_size=32)
-    )
+def test_dcgan32_shapes_and_model_config_round_trip():
+    config = GeneratorConfig(num_classes=2, latent_dim=32, out_channels=3, image_size=32)
+    model = build_generator(config)
     assert isinstance(model, ConditionalDCGAN)
     assert model(*model.sample_inputs(3)).shape == (3, 3, 32, 32)
-    # a generator.pt written before this change has no architecture / image_size
-    old = GeneratorConfig.from_dict(
-        {
-            "num_classes": 10,
-            "latent_dim": 12,
-            "embed_dim": 4,
-            "channels": [8, 8, 8],
-            "out_channels": 1,
-        }
-    )
-    assert build_generator(old)(*build_generator(old).sample_inputs(2)).shape == (2, 1, 28, 28)
+    assert GeneratorConfig.from_dict(config.to_dict()) == config
+    partial = {k: v for k, v in config.to_dict().items() if k != "architecture"}
+    with pytest.raises(ValueError, match="lacks"):
+        GeneratorConfig.from_dict(partial)
 
 
 @pytest.mark.parametrize(

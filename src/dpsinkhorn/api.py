@@ -8,13 +8,9 @@
                   out_dir="runs/mine/pngs", grid="runs/mine/grid.png")
     api.release("runs/mine", "publish/mine")  # generator.pt, privacy.json, train_log.csv
 
-``images`` are uint8 [N,S,S] or [N,S,S,C] with S in 28, 32, 64 and C in 1, 3; ``labels``
-int64 [N] in 0..len(classes)-1. The class count is the declared ``classes``', never
-counted from the labels; with ``conditional: False`` the labels are not read at all.
-The run's folder receives what ``dpsinkhorn train`` publishes (generator.pt,
-privacy.json, train_log.csv; ``train.release``); :func:`release` copies exactly those,
-with their manifest, and refuses what they do not cover. docs/OWN_DATA.md, "The Python API", is
-this module's example (``tests/test_api.py`` runs it).
+``images`` are uint8 [N,S,S] or [N,S,S,C] (S in 28, 32, 64; C in 1, 3), ``labels`` int64
+[N] in 0..len(classes)-1. The run's folder receives what ``dpsinkhorn train`` publishes;
+:func:`release` copies exactly those files. docs/OWN_DATA.md, "The Python API".
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
 """Which device a step runs on: with ``auto`` on a machine with several GPUs, a free one.
 
-Snakemake runs several steps at once, and ``auto`` would put them all on ``cuda:0``.
-So when more than one GPU is visible, ``auto`` claims the first GPU that no other process
-holds: an exclusive ``flock`` on ``<lock dir>/dpsinkhorn-gpu-<id>.lock``, held until the
-process exits (the kernel drops it then, also after a crash). With every GPU taken it
-waits for one. profiles/default caps the GPU steps running at once at the number of GPUs
-(``resources: gpu=N``), so in a workflow run it never has to wait. With
-``DPSINKHORN_JOBS_PER_GPU=J`` each GPU takes J steps (J locks per GPU; the cap is N x J).
-
-Under SLURM each job sees only the GPUs it was given (``CUDA_VISIBLE_DEVICES``), one for
-every step of this workflow, so nothing is claimed there.
+When more than one GPU is visible, ``auto`` claims the first GPU no other process holds
+(an exclusive ``flock`` on ``<lock dir>/dpsinkhorn-gpu-<id>.lock``, dropped by the kernel
+when the process exits) and waits when all are taken; ``DPSINKHORN_JOBS_PER_GPU=J`` lets
+each GPU take J steps. Under SLURM each job sees only its own GPU, so nothing is claimed.
 """
 
 from __future__ import annotations

@@ -1,36 +1,16 @@
-"""Generators of the paper (appendix D.3): conditional DCGAN and BigGAN-style.
+"""Generators of the paper (appendix D.3): conditional DCGAN, BigGAN-style, and DP-MERF's.
 
-``build_generator(GeneratorConfig)`` picks the class from ``architecture`` and
-``image_size``: the DCGAN (:class:`ConditionalDCGAN`) at 28x28 (MNIST, Fashion-MNIST),
-32x32 (CelebA, Table 6) or 64x64 (your own images), and the BigGAN-style residual generator at 32x32
-(:class:`ConditionalBigGAN`, CelebA), and DP-MERF's own generator at 28x28 and 32x32
-(:class:`MerfGenerator`, ``method: dpmerf``). ``GeneratorConfig.to_dict()`` is stored in
-generator.pt, so a saved generator names its own architecture.
+:func:`build_generator` picks the class from ``GeneratorConfig.architecture`` and
+``image_size``: :class:`ConditionalDCGAN` at 28x28 (MNIST, Fashion-MNIST), 32x32 (CelebA)
+or 64x64 (own images), :class:`ConditionalBigGAN` at 32x32 and :class:`MerfGenerator`
+(``method: dpmerf``). generator.pt stores ``GeneratorConfig.to_dict()``, so a saved
+generator names its own architecture.
 
-The DCGAN:
-
-g(z, label): z ~ Uniform(0, 1)^latent_dim and a learned label embedding of size
-embed_dim are concatenated and fed, as a 1x1 feature map, to four transposed
-convolutions (``DCGAN_LAYERS`` holds their kernel, stride and padding per image size):
-
-    28x28                                    32x32
-    ConvT(latent+embed -> c1, k7, s1, p0)    ConvT(latent+embed -> c1, k4, s1, p0)
-        1x1   -> 7x7                             1x1   -> 4x4
-    ConvT(c1 -> c2, k4, s2, p1)              ConvT(c1 -> c2, k4, s2, p1)
-        7x7   -> 14x14                           4x4   -> 8x8
-    ConvT(c2 -> c3, k4, s2, p1)              ConvT(c2 -> c3, k4, s2, p1)
-        14x14 -> 28x28                           8x8   -> 16x16
-    ConvT(c3 -> C,  k3, s1, p1)              ConvT(c3 -> C,  k4, s2, p1)
-        28x28 -> 28x28                           16x16 -> 32x32
-
-with ReLU between layers and tanh at the output, so images lie in [-1, 1]. The paper's
-MNIST / Fashion-MNIST widths are (c1, c2, c3) = (256, 128, 64). At 64x64 (your own
-images; not in the paper) it is the standard DCGAN stack of five transposed
-convolutions, 1x1 -> 4x4 (k4, s1, p0) then four doublings (k4, s2, p1) to 64x64, with
-four widths (c1, c2, c3, c4), e.g. (512, 256, 128, 64).
-
-An unconditional generator (experiment key ``conditional: false``) is the same network
-with ``num_classes = 1``: its label is always 0, so the embedding is a learned constant.
+The DCGAN maps z ~ Uniform(0, 1)^latent_dim and a learned label embedding (embed_dim),
+as a 1x1 feature map, through transposed convolutions (:data:`DCGAN_LAYERS`: kernel,
+stride, padding per image size; the paper's widths (256, 128, 64)) with ReLU between
+and tanh at the output: images in [-1, 1]. An unconditional generator (``conditional:
+false``) is the same network with ``num_classes = 1``.
 """
 
 from __future__ import annotations
@@ -62,6 +42,10 @@ class GeneratorConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> GeneratorConfig:
+        """From :meth:`to_dict`'s dict (generator.pt's ``model_config``): every field given."""
+        missing = sorted(set(cls.__dataclass_fields__) - set(d))
+        if missing:
+            raise ValueError(f"generator model_config lacks {missing}")
         return cls(**{**d, "channels": tuple(d["channels"])})
 
     @classmethod
@@ -300,12 +284,9 @@ class GeneratorPrecision:
       optimiser state and parameter gradients stay float32; autograd runs each backward
       operation in its forward's dtype).
 
-    Only the generator is affected. The Sinkhorn solve, the clipping and the noise are
-    always float32: ``Trainer`` casts the images to float32 before the features and the
-    sanitised image gradient back to the images' dtype only afterwards. That cast is
-    post-processing of the mechanism's output, so the privacy guarantee is unchanged.
-    ``tests/test_precision.py`` (bf16, any device) and ``tests/test_cuda.py`` (tf32)
-    bound the effect on the loss and the gradients.
+    Only the generator is affected: the Sinkhorn solve, the clipping and the noise are
+    always float32, and casting the sanitised gradient back to the images' dtype is
+    post-processing, so the privacy guarantee is unchanged.
     """
 
     def __init__(self, precision: str, device: torch.device):

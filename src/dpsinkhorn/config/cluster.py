@@ -1,21 +1,12 @@
 """What a cluster job asks for: wall time from measured step rates, retries, evaluation.
 
-A training job's request (``runtime``, minutes) is::
-
-    estimate = steps / steps_per_s / 60 * safety_factor + startup_minutes
-    request  = min(ceil(estimate), max_job_minutes)
-
-with ``steps_per_s`` measured for the job's shape (dataset, batch size, runs in the job)
-and the other three from the config's ``cluster:`` section. A job with no measured rate
-for its shape, or whose steps are solved from ``target_epsilon`` when it starts (unknown
-here: Snakemake parses without torch), asks for ``max_job_minutes`` and says why
-(:attr:`TrainRequest.note`). A training longer than one request runs as a chain of jobs:
-SLURM sends SIGTERM :data:`SIGNAL_LEAD_MINUTES` before the limit, the training
-checkpoints and exits 75, and the retry resumes it (docs/CLUSTER.md).
-
-Evaluation (sampling, FID, classifiers) of one generator is one job (``evaluate_<exp>``);
-:func:`eval_runtime_minutes` is its request, at most ``max_job_minutes``.
-Torch-free: the Snakefile imports it while it parses the workflow.
+A training job requests ``min(ceil(steps / steps_per_s / 60 * safety_factor +
+startup_minutes), max_job_minutes)`` minutes, with ``steps_per_s`` measured for the job's
+step shape and the rest from the config's ``cluster:`` section; without a rate (or with
+steps solved from ``target_epsilon`` at start) it asks for ``max_job_minutes`` and says why
+(:attr:`TrainRequest.note`). A longer training runs as a chain of jobs that checkpoint on
+SLURM's SIGTERM and resume (docs/CLUSTER.md). :func:`eval_runtime_minutes` is an
+evaluation job's request. Torch-free: the Snakefile imports it while it parses.
 """
 
 from __future__ import annotations
@@ -117,7 +108,7 @@ def load_rates(path: PathLike) -> list[dict]:
 BUILTIN_IMAGE_SHAPES = {"mnist": (28, 28, 1), "fmnist": (28, 28, 1), "celeba": (32, 32, 3)}
 
 
-#: The generator every rate file entry without ``generator``/``channels`` was measured with.
+#: The generator of a rate entry that names none (``generator``, ``channels``): the paper's DCGAN.
 RATE_GENERATOR = ("dcgan", (256, 128, 64))
 
 

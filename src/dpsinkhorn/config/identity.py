@@ -35,9 +35,9 @@ NON_SEMANTIC_KEYS = (
     "prepared_folder",
 )
 
-#: Settings added after experiments had been trained, with the value that reproduces
-#: the earlier behaviour. At that value they are left out of :func:`experiment_spec_of`,
-#: so adding them changed neither the spec (no Snakemake retraining) nor checkpoint hashes.
+#: Settings left out of :func:`experiment_spec_of` at these values, so an experiment that
+#: keeps them has the spec (Snakemake parameter, checkpoint hash, training record) of one
+#: that does not name them.
 IMPLICIT_DEFAULTS = {
     "perturbation": "image",
     "cost": "mixed",

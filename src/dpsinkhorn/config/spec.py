@@ -12,9 +12,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-#: DP-MERF's keys and the values an experiment dict without them has (schema defaults).
-_MERF_DEFAULTS = {"rff_features": 10000, "rff_bandwidth": 105.0, "lr_decay": 1.0}
-
 
 @dataclass(frozen=True)
 class ExperimentSpec:
@@ -74,9 +71,7 @@ class ExperimentSpec:
         """From a validated experiment dict (keys beyond the fields are ignored); a missing
         setting is a ValueError naming it."""
         missing = [
-            key
-            for key in cls.__dataclass_fields__
-            if key not in spec and key not in ("generator", "conditional", *_MERF_DEFAULTS)
+            key for key in cls.__dataclass_fields__ if key not in spec and key != "generator"
         ]
         if missing:
             raise ValueError(
@@ -93,10 +88,10 @@ class ExperimentSpec:
                 "betas": tuple(spec["betas"]),
                 # The schema gives no default (a CelebA experiment names its generator).
                 "generator": spec.get("generator", "dcgan"),
-                # An experiment dict written before the key existed is conditional.
-                "conditional": bool(spec.get("conditional", True)),
-                # Keys added with DP-MERF: an older experiment dict lacks them.
-                **{k: type(v)(spec.get(k, v)) for k, v in _MERF_DEFAULTS.items()},
+                "conditional": bool(spec["conditional"]),
+                "rff_features": int(spec["rff_features"]),
+                "rff_bandwidth": float(spec["rff_bandwidth"]),
+                "lr_decay": float(spec["lr_decay"]),
                 "latent_dim": int(spec["latent_dim"]),
                 "embed_dim": int(spec["embed_dim"]),
                 "channels": tuple(spec["channels"]),

@@ -13,11 +13,9 @@ A config's ``studies:`` section describes each study by changes to existing expe
           l2: {cost: l2, p: 0.0}
           semi: {experiment: mnist_dpsinkhorn}   # a cell may simply be an experiment
 
-:func:`expand` turns every cell into an experiment (``<study>_<cell>``) and adds it to
-``experiments`` before validation, so each cell trains, samples and evaluates through
-the same rules as Table 1 and reruns alone by its own target paths. A cell whose
-settings equal an experiment that already exists (the same generator would be trained)
-reuses that experiment instead: Figure 4a's Adam/1e-4 cell *is* Table 1's DP row.
+:func:`expand` adds every cell to ``experiments`` as ``<study>_<cell>`` before validation,
+so it trains and evaluates through the same rules as Table 1; a cell whose settings equal
+an existing experiment reuses it.
 """
 
 from __future__ import annotations

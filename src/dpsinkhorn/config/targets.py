@@ -1,20 +1,12 @@
 """The outputs of the workflow: every table, figure and report, and the files behind each.
 
-THE list of outputs. Every other module (the CLI's ``targets`` and ``plan``, the rules,
-the report builders and captions) takes the names and titles from here, and the
-Snakemake rules take their inputs and outputs from :func:`inputs`, :func:`outputs`,
-:func:`table1_files` and :func:`table_files`; ``dpsinkhorn targets <name>`` prints the
-same paths, so any single cell can be rerun by handing its path to Snakemake.
-
-Kinds:
-- ``table1``, ``table3``, ``table6``: the paper's main tables, from configured experiments;
-- study tables and figures (:data:`TABLE_STUDIES`, :data:`FIGURE_STUDIES`): from the cells
-  of a ``studies:`` entry (:mod:`dpsinkhorn.config.studies`);
-- sample figures (:data:`SAMPLE_FIGURES`): grids of the Table 1 generators' samples;
-- ``reproduction``: the paper's numbers against this run.
-
-Training jobs are listed here too (:func:`training_jobs`): which experiments train alone
-and which train together in one sweep.
+The one list of outputs: the CLI's ``targets``, the rules, the report builders and
+captions take names and titles from here, and the Snakemake rules their inputs and outputs
+(:func:`inputs`, :func:`outputs`, :func:`table1_files`, :func:`table_files`). Kinds: the
+paper's main tables (``table1``, ``table3``, ``table6``), study tables and figures
+(:data:`TABLE_STUDIES`, :data:`FIGURE_STUDIES`), sample figures (:data:`SAMPLE_FIGURES`)
+and ``reproduction``. :func:`training_jobs` says which experiments train alone and which
+together in one sweep.
 """
 
 from __future__ import annotations

@@ -58,8 +58,8 @@ def data_source_args(config: Mapping, dataset: str, config_files: str) -> str:
 def config_file_args(files: Iterable[PathLike]) -> str:
     """Config files as CLI arguments: relative to the working directory when inside it.
 
-    A stable spelling keeps Snakemake from rerunning steps because ``config/quick.yaml``
-    was once given as ``./config/quick.yaml`` or as an absolute path.
+    A stable spelling keeps Snakemake from rerunning steps when ``config/quick.yaml`` is
+    given as ``./config/quick.yaml`` or as an absolute path.
     """
     args = []
     for file in files:

@@ -1,27 +1,13 @@
 """CelebA at 32x32, gender-conditioned (paper section 5.3, Tables 3 and 6).
 
-``dpsinkhorn data --dataset celeba`` reads CelebA in torchvision's on-disk layout::
-
-    <source>/celeba/img_align_celeba/000001.jpg ...   (178x218 aligned RGB JPEGs)
-    <source>/celeba/list_attr_celeba.txt             (count, 40 names, "-1/1" rows)
-    <source>/celeba/list_eval_partition.txt          ("000001.jpg 0" rows)
-
-where ``<source>`` is the data mirror (read in place, never downloaded), or
-``<root>/torchvision`` filled by torchvision's ``CelebA(download=True)``. Each image is
-downsampled ONCE: center crop 178x178 (rows 20..197 of the 218-pixel height), then
-PIL's antialiased bilinear resize to 32x32 (``Image.resize(..., BILINEAR)``, which
-widens the filter support when shrinking). Results go to ``<root>/celeba/{train,test}.npz``
-for the download, ``<root>/celeba-<source hash>/`` for a mirror or the fixture
-(:func:`prepared_dir`: CelebA's images are not checked, so two sources never share one)
-(``images`` uint8 [N,32,32,3], ``labels`` int64 [N] = the ``Male`` attribute: 1 male,
-0 female); train = partition 0 (162,770 images), test = partition 2 (19,962).
-The two text files are MD5-checked against torchvision's list, unless the source is
-the synthetic fixture.
-
-``dpsinkhorn celeba-fixture --out DIR`` writes a small synthetic CelebA in exactly these
-formats (plus the identity, bbox and landmark files torchvision's class also wants),
-with a ``SYNTHETIC_FIXTURE`` marker; preprocessing it writes ``FIXTURE`` into its folder,
-and the report says so in every CelebA caption.
+``dpsinkhorn data --dataset celeba`` reads torchvision's on-disk layout
+(``<source>/celeba/img_align_celeba/*.jpg``, ``list_attr_celeba.txt``,
+``list_eval_partition.txt``), centre-crops each image to 178x178 and resizes it once to
+32x32 (PIL bilinear, antialiased), and writes ``{train,test}.npz`` (``images`` uint8
+[N,32,32,3], ``labels`` int64 [N] = ``Male``: 1 male, 0 female; train = partition 0, test =
+partition 2) into :func:`prepared_dir`. The text files are MD5-checked against torchvision's
+list unless the source is the synthetic fixture, which ``dpsinkhorn celeba-fixture`` writes
+in the same formats (marked, and named in every CelebA caption).
 """
 
 from __future__ import annotations

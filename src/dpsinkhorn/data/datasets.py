@@ -1,17 +1,10 @@
 """Datasets (MNIST, Fashion-MNIST, CelebA): preparation, loading and pixel conversions.
 
-CelebA (JPEGs, 32x32 RGB, gender labels) is prepared by :mod:`dpsinkhorn.data.celeba`.
-
-``dpsinkhorn data`` turns the official idx archives into the two files every later
-stage reads, ``<root>/<dataset>/{train,test}.npz`` (``images`` uint8 [N,28,28],
-``labels`` int64 [N]). The archives come through torchvision's dataset classes,
-with ``<root>/torchvision`` as their root: downloaded when online, or copied from a
-local mirror folder holding ``<FolderName>/raw/*.gz`` (e.g. ``../shared/data``) and
-only extracted by torchvision. Every archive's MD5 is checked against torchvision's
-own list; the extracted idx files are always re-extracted from them.
-
-``to_unit_range`` / ``from_unit_range`` are the only pixel conversions in the
-package: uint8 [0, 255] <-> float32 [-1, 1], exact inverses on uint8 input.
+``dpsinkhorn data`` turns the official idx archives (through torchvision, downloaded or
+copied from a mirror holding ``<FolderName>/raw/*.gz``, MD5-checked) into
+``<root>/<dataset>/{train,test}.npz`` (``images`` uint8 [N,28,28], ``labels`` int64 [N]);
+CelebA: :mod:`dpsinkhorn.data.celeba`. :func:`to_unit_range` / :func:`from_unit_range` are
+the package's only pixel conversions: uint8 [0, 255] <-> float32 [-1, 1].
 """
 
 from __future__ import annotations

@@ -1,26 +1,12 @@
 """Own datasets (config ``datasets:``): an image folder or an .npz -> ``{train,test}.npz``.
 
-Two layouts are read, the ones users already have:
-
-* an **image folder** in torchvision's ``ImageFolder`` convention, ``path/<class>/*.png|jpg|jpeg``
-  (sub-folders of a class folder included, hidden files and other extensions ignored),
-  or ``path/train/<class>/...`` with an optional ``path/test/<class>/...``;
-* an **.npz** with ``images`` (uint8 [N,H,W] or [N,H,W,C], C in 1, 3) and ``labels``
-  (integers [N]), optionally ``test_images`` / ``test_labels``.
-
-The class list is the entry's ``classes`` or the sorted class folder names (both public),
-never counted from the labels. Images are brought to the entry's ``channels`` and
-``image_size`` only with ``resize: true`` (``catalog.resize_statement`` says how); without
-it an image of another size or mode is an error. Without a given test split, a fraction
-``test_fraction`` is held out by a permutation seeded with ``split_seed``.
-
-:func:`prepare_own` writes ``<root>/<folder>/{train,test}.npz`` (images uint8 [N,S,S] for
-one channel, [N,S,S,3] for three; labels int64 [N]) and the public
-``<root>/<folder>/dataset.json`` (layout, classes, size, resizing, how the test split was
-made, record counts). The folder is ``<name>-<entry hash>`` (``config.prepared_folder``):
-an entry of the same name in another config never writes or deletes its files. Every bad
-input is a :class:`DatasetError`: one line naming the file.
-Torch-free.
+Layouts: an image folder in torchvision's ``ImageFolder`` convention (``path/<class>/*``,
+or ``path/train/<class>/...`` with an optional ``path/test/``), or an .npz with ``images``
+(uint8 [N,H,W] or [N,H,W,C]) and ``labels`` (int [N]), optionally ``test_images`` /
+``test_labels``. The class list is public (the entry's ``classes`` or the folder names),
+never counted from the labels. :func:`prepare_own` writes ``{train,test}.npz`` and the
+public ``dataset.json`` into ``<root>/<name>-<entry hash>`` (``config.prepared_folder``).
+Every bad input is a :class:`DatasetError` naming the file. Torch-free; docs/OWN_DATA.md.
 """
 
 from __future__ import annotations

@@ -41,9 +41,8 @@ def _new_accountant(name: str) -> dp_accounting.PrivacyAccountant:
     raise ValueError(f"accountant must be one of {ACCOUNTANTS}, got {name!r}")
 
 
-#: Smallest noise multiplier the PLD accountant is asked about. Its discretised privacy
-#: loss grows as z falls: measured at q = 1/1200, 160,000 steps, z = 0.1 takes 6.7 GB and
-#: 67 s; z = 1e-3 (where the σ search used to start) asks for tens of GiB.
+#: Smallest noise multiplier the PLD accountant is asked about: its discretised privacy
+#: loss grows as z falls (at q = 1/1200 and 160,000 steps, z = 0.1 takes GBs and a minute).
 PLD_MIN_NOISE_MULTIPLIER = 0.2
 
 

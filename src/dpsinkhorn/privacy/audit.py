@@ -1,26 +1,12 @@
 """Statistics and deliberately broken mechanisms of the empirical privacy audit.
 
-The attack itself drives the production path (the Trainer's / the sweep's step, the
-config's sampler, solver and sanitiser) and lives in ``train.audit`` (``python -m
-dpsinkhorn.train.audit``), since ``privacy`` may not import ``train``. What is here:
-
-* :func:`epsilon_lower_bound`: from the scores of releases made without / with the
-  canary, a 95% lower bound on the ε of ANY (ε, δ)-DP mechanism that produced them.
-  Thresholds are chosen on the first half of the releases (smoothed point estimates),
-  the bound is computed on the second half: with FPR and FNR bounded above by
-  Clopper–Pearson at 97.5% each (95% jointly, union bound),
-  ε ≥ max(log((1 − δ − FNR)/FPR), log((1 − δ − FPR)/FNR))
-  (the hypothesis-testing characterisation of (ε, δ)-DP; Kairouz et al. 2015,
-  Jagielski et al. 2020, Nasr et al. 2021). The bound holds for any statistic.
-* :func:`one_step_claim`: the ε the accountant (``privacy.accounting.PrivacyAccountant``)
-  claims for ONE un-subsampled (q = 1) Gaussian mechanism with noise multiplier z
-  (noise std / L2 sensitivity), at δ. This is the claim of a training step when the
-  canary's inclusion in that step's Poisson sample is known to the adversary.
-* Broken sanitisers, image and parameter alike (subclasses of the sound ones in
-  ``privacy.mechanism`` that the audit must catch): noise off; noise ÷ √n (sensitivity
-  of per-sample clipping taken as 2Δ); noise ÷ √2 in ``noise_std`` (sensitivity taken as
-  Δ√2: the replace-one vs add/remove-one slip); ÷ √2 inside ``__call__`` only, while
-  ``noise_std`` stays right.
+The attack drives the production step and lives in ``train.audit`` (``privacy`` may not
+import ``train``). Here: :func:`epsilon_lower_bound` (a 95% Clopper–Pearson lower bound on
+the ε of any (ε, δ)-DP mechanism that produced the scores), :func:`one_step_claim` (the
+accountant's ε for one un-subsampled Gaussian mechanism with noise multiplier z = noise std
+/ L2 sensitivity, at δ) and broken sanitisers the audit must catch: noise off, noise ÷ √n
+(per-sample sensitivity taken as 2Δ), noise ÷ √2 (sensitivity taken as Δ√2: replace-one vs
+add/remove-one), and ÷ √2 inside ``__call__`` only. The method: docs/AUDIT.md.
 """
 
 from __future__ import annotations

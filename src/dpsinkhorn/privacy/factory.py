@@ -1,30 +1,14 @@
 """``make_private``: the one place where an experiment's settings become its privacy mechanism.
 
-From a validated experiment dict (``config.experiment``; the keys read are listed in
-:data:`SPEC_KEYS`) and the public number of training records N, :func:`make_private`
-builds what one training run's privacy consists of, in the way Opacus' ``make_private``
-wires a model, an optimiser and a data loader:
-
-* the run's random generator (``privacy.noise``): keyed with 256 secret bits from the
-  operating system, or, with ``reproducible: true``, with a public key from (seed,
-  name) (then there is no guarantee). z, labels, Poisson draws and noise all come
-  from it; the key itself is dropped here and never stored;
-* the sampler: ``privacy.sampler.PoissonSampler`` at rate q = batch_size / N (every run
-  samples, private or not, so the real batch always has the same shape);
-* the sanitiser, for ``method: dp_sinkhorn`` only:
-  ``perturbation: image`` -> ``privacy.mechanism.ImageGradientSanitizer`` (Gaussian
-  mechanism on ∇_X S[0:n], sensitivity 2Δ for ``clipping: batch``, 2Δ√n for
-  ``per_sample``; noise std 2Δσ), ``perturbation: parameter`` ->
-  ``privacy.mechanism.ParameterGradientSanitizer`` (the whole ∇_θ S clipped to Δ,
-  sensitivity 2Δ, noise std 2Δσ). Both under add/remove-one adjacency;
-* the accountant: ``privacy.accounting.PrivacyAccountant`` for q and the sanitiser's
-  noise multiplier (noise std / sensitivity: σ, or σ/√n for per-sample clipping), at
-  the experiment's δ.
-
-σ and the number of steps come from ``privacy.budget.budget_of`` (σ and steps given, or solved from
-``target_epsilon``). Training (``train.trainer.Trainer``), sweeps (a stack of runs,
-:func:`make_private_stack`) and the audit (``train.audit``) all build their
-mechanism here, so what the ledger charges is what the step runs.
+As Opacus' ``make_private`` wires a model, an optimiser and a data loader,
+:func:`make_private` builds from a validated experiment dict (keys: :data:`SPEC_KEYS`) and
+the public record count N: the run's keyed generator (``privacy.noise``: 256 secret bits,
+or a public key from (seed, name) with ``reproducible: true``, then no guarantee), the
+Poisson sampler at q = batch_size / N, the sanitiser (``privacy.mechanism``; add/remove-one
+adjacency, sensitivity 2Δ or 2Δ√n, noise std 2Δσ) and the accountant for q and the
+sanitiser's noise multiplier (σ, or σ/√n for per-sample clipping) at the experiment's δ.
+Training, sweeps (:func:`make_private_stack`) and the audit all build their mechanism here,
+so what the ledger charges is what the step runs.
 """
 
 from __future__ import annotations

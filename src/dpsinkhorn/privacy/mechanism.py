@@ -1,56 +1,20 @@
-"""The image-gradient Gaussian mechanism (and a parameter-gradient baseline): the sanitisers.
+"""The image-gradient Gaussian mechanism (and the parameter-gradient baseline): the sanitisers.
 
-Mechanism (one training step), the version this project implements:
+One step, under add/remove-one adjacency with Poisson sampling at q = B / N
+(``privacy.sampler``); the generated batch always has n + n' rows (n = B, n' = floor(n p)):
 
-* Data and adjacency. The private dataset holds N records (image, label).
-  Neighbouring datasets differ by adding or removing one record.
-* Sampling. Each step draws the real batch Y by Poisson sampling: every record
-  is included independently with probability q = B / N (``privacy.sampler``). The generated batch X
-  always has n + n' rows (n = B, n' = floor(n p)), whatever |Y| is, so its size
-  never depends on private data. |Y| = 0 is a legal draw.
-* Query. G = ∇_X S(X, Y) [n + n', D]. Only the block G[0:n] depends on Y; rows
-  [n:n+n'] enter S only through the debiasing term W(X[0:n], X[n':n+n']).
-* Clipping ``batch`` (default, paper Algorithm 1). G[0:n] is clipped as ONE
-  vector to L2 norm Δ. Adding or removing one record changes Y and hence the
-  clipped block by at most 2Δ in L2 norm: sensitivity s = 2Δ. The noise is
-  N(0, (2Δσ)²) per element, so the noise multiplier (noise std / sensitivity) is σ.
-* Clipping ``per_sample``. Each row of G[0:n] is clipped to Δ; the block norm is
-  at most Δ√n, so s = 2Δ√n and, with the same noise std 2Δσ, the noise
-  multiplier is σ/√n. The accountant must be given σ/√n. (The paper's appendix
-  instead composes n "per-row" mechanisms that share one Poisson sample, which
-  is not a valid analysis; we never do that.)
-* Non-finite entries. Before any norm is taken, every NaN or ±inf entry of the
-  block is replaced by 0 (:func:`finite_or_zero`, elementwise, no host
-  synchronisation: the step runs inside a CUDA graph). Clipping is then the map
-  g ↦ c(g) = f(g)·min(1, Δ/‖f(g)‖) with f = finite_or_zero, and ‖c(g)‖ ≤ Δ for
-  EVERY input g, finite or not (a norm that overflows to inf scales the block to
-  0). The sensitivity bounds below use only ‖c(g)‖ ≤ Δ, so they hold whatever the
-  solver or the generator returns; without f, one NaN would make the clipped
-  block, and hence the release, NaN: a data-dependent event seen in the output.
-* Rows [n:n+n'] are clipped to Δ (one vector in ``batch`` mode, per row in
-  ``per_sample`` mode) and receive no noise: they are a function of X alone.
-* Release. The generator update is post-processing of the sanitised gradient
-  (and of X, which does not depend on data), so each step is one Poisson
-  subsampled Gaussian mechanism with rate q and noise multiplier z (above);
-  T steps compose adaptively.
+* Image gradient, ``clipping: batch`` (paper Algorithm 1): G[0:n] of G = ∇_X S [n + n', D]
+  is clipped as ONE vector to L2 norm Δ: sensitivity 2Δ, noise N(0, (2Δσ)²) per element,
+  noise multiplier σ.
+* ``clipping: per_sample``: each row clipped to Δ: sensitivity 2Δ√n, same noise std 2Δσ,
+  noise multiplier σ/√n.
+* ``perturbation: parameter`` (paper Table 2): the whole ∇_θ S clipped as one vector to Δ:
+  sensitivity 2Δ, noise std 2Δσ, noise multiplier σ.
 
-Baseline ``perturbation: parameter`` (paper Table 2, ``ParameterGradientSanitizer``):
-noise on the generator's parameter gradient instead of the image gradient. The
-query is the whole parameter gradient g = ∇_θ S (all parameters, one vector),
-which depends on Y through every row of X. It is clipped as ONE vector to L2 norm
-Δ (non-finite entries set to 0 first, as above), so, under the same add/remove-one
-adjacency and Poisson sampling, neighbouring batches move the clipped vector by at
-most 2Δ: sensitivity 2Δ. Each element gets N(0, (2Δσ)²) noise: noise multiplier σ,
-the same accounting as above. Only
-``clipping: batch`` exists for it (there are no per-record rows to clip).
-
-Names. σ (config key ``sigma``, attribute ``noise_scale``) is the noise std in units of
-2Δ: noise std = 2Δσ in every mode. It is the noise multiplier (noise std / L2
-sensitivity, what the accountant takes) only for batch clipping; for per-sample
-clipping the multiplier is σ/√n. Δ is ``clip``. (The Sinkhorn temperature λ is
-``entropy_reg``, elsewhere.)
-
-Accounting for this mechanism: ``privacy.accounting``; the Poisson sampler: ``privacy.sampler``.
+Non-finite entries are set to 0 before any norm (:func:`finite_or_zero`), so every clipped
+block has norm ≤ Δ whatever its input. Rows [n:n+n'] do not depend on Y: clipped to Δ, no
+noise. σ (``sigma``) is the noise std in units of 2Δ in every mode. The derivation:
+docs/PRIVACY.md ("The mechanism"); the accountant: ``privacy.accounting``.
 """
 
 from __future__ import annotations
@@ -117,10 +81,9 @@ def clip_block(block: torch.Tensor, clip: float, per_row: bool) -> torch.Tensor:
 class ImageGradientSanitizer:
     """Clips and noises G = ∇_X S, the gradient w.r.t. the generated batch [n + n', ...].
 
-    Gaussian mechanism on G[0:n] under add/remove-one adjacency; see the module
-    docstring for sensitivity (2Δ batch / 2Δ√n per_sample) and noise multiplier
-    (σ / σ/√n), with σ = ``noise_scale``. Noise std per element: 2Δσ. ``generator`` makes the noise
-    reproducible (its state is checkpointed by the trainer).
+    Gaussian mechanism on G[0:n] under add/remove-one adjacency: sensitivity 2Δ (batch) or
+    2Δ√n (per_sample), noise std 2Δσ per element (σ = ``noise_scale``), noise multiplier σ
+    or σ/√n. ``generator`` draws the noise (its state is checkpointed by the trainer).
     """
 
     def __init__(
@@ -175,14 +138,10 @@ PERTURBATIONS = ("image", "parameter")
 class ParameterGradientSanitizer:
     """Clips and noises the generator's whole parameter gradient g = ∇_θ S (paper Table 2).
 
-    Gaussian mechanism on g, ALL parameters' gradients concatenated into one vector,
-    under add/remove-one adjacency with Poisson sampling. g is clipped as one vector
-    to L2 norm Δ (``clip``); the clipped vectors of neighbouring batches differ by at
-    most 2Δ, so the L2 sensitivity is 2Δ. Each element gets N(0, (2Δσ)²) noise, so
-    the noise multiplier (noise std / sensitivity) is σ and the accounting is that
-    of the image-gradient mechanism with ``clipping: batch`` (the only mode here).
-    ``generator`` makes the noise reproducible (its state is checkpointed by the
-    trainer). Call :meth:`apply` after ``loss.backward()`` and before the optimiser step.
+    Gaussian mechanism on g (all parameters' gradients as one vector) under add/remove-one
+    adjacency: g clipped to L2 norm Δ, sensitivity 2Δ, noise N(0, (2Δσ)²) per element,
+    noise multiplier σ (accounted as ``clipping: batch``, the only mode here). Call
+    :meth:`apply` after ``loss.backward()`` and before the optimiser step.
     """
 
     clipping = "batch"

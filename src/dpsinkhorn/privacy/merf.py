@@ -1,37 +1,15 @@
 """DP-MERF (Harder, Adamczewski and Park, AISTATS 2021): one Gaussian release of a
 class-conditional random-feature mean embedding (``method: dpmerf``).
 
-Mechanism (the version this project implements; the generator that is fitted to the
-release afterwards, at no privacy cost, is ``train.merf``):
-
-* Data and adjacency. The private dataset holds N records (image, label), N public
-  (as for DP-Sinkhorn). Neighbouring datasets differ by adding or removing one record.
-* Features. x ∈ [0, 1]^d is the image flattened (uint8 / 255; d = C·S·S). W ∈ R^{D/2 × d}
-  has i.i.d. N(0, 1/b) entries (b = ``rff_bandwidth``, DP-MERF's ``rff_sigma``: the
-  kernel's squared length scale, pixel units²), drawn from the public key (seed, name):
-  W is a setting, not data. φ(x) = [cos(Wx), sin(Wx)] / √(D/2) ∈ R^D (D =
-  ``rff_features``), the random Fourier features of the Gaussian kernel
-  k(x, x') = exp(−‖x − x'‖² / (2b)) (DP-MERF's ``rff_sphere``).
-* Embedding of a record. e(x, y) = φ(x) ⊗ onehot(y) ∈ R^{D × K}.
-  **Norm bound**: ‖e(x, y)‖_F = ‖φ(x)‖₂ = 1 for EVERY x and y, because each of the D/2
-  frequencies contributes (cos² + sin²) / (D/2) = 1 / (D/2). Inputs are pixels in [0, 1],
-  always finite, so the bound needs no clipping.
-* Query. The sum S(𝒟) = Σ_i e(x_i, y_i) ∈ R^{D × K}.
-* **Sensitivity** (add/remove-one adjacency). S(𝒟 ∪ {r}) − S(𝒟) = e(r), so
-  ‖S(𝒟) − S(𝒟')‖_F = 1 = Δ exactly, whatever record r is added or removed.
-* **Gaussian mechanism**. S̃ = S + N(0, (zΔ)² I), one draw of D·K normals from the run's
-  keyed generator (``privacy.noise``: 256 secret bits, or a public key in
-  ``reproducible`` mode), in float64. **Noise multiplier** z = noise std / Δ = ``sigma``
-  (solved from ``target_epsilon`` when null: :func:`merf_noise_multiplier`).
-* Release. μ̃ = S̃ / N (N public: post-processing), the noisy mean embedding. Everything
-  trained from it is post-processing. The ledger is ONE Gaussian mechanism without
-  subsampling: q = 1, steps = 1, noise multiplier z (``privacy.accounting``), so
-  ε(z, δ) is recomputed from privacy.json like every other ledger.
-
-DP-MERF's code (``code_balanced/rff_mmd_approx.noisy_dataset_embedding``) adds noise of
-std 2·noise_factor / N to the mean embedding (its replace-one sensitivity 2/N). Here the
-noise std on the mean is z / N (add/remove-one sensitivity 1/N), with z set by the
-accountant for the experiment's target ε.
+Embedding e(x, y) = φ(x) ⊗ onehot(y) ∈ R^{D × K}, φ(x) = [cos(Wx), sin(Wx)] / √(D/2), x the
+image in [0, 1]^d, W ∈ R^{D/2 × d} with N(0, 1/b) entries from the public key (b =
+``rff_bandwidth``, D = ``rff_features``). ‖e(x, y)‖_F = 1 for every record, so under
+add/remove-one adjacency the sum S = Σ e(x_i, y_i) has sensitivity Δ = 1 with no clipping.
+Gaussian mechanism: S + N(0, (zΔ)² I), one float64 draw from the run's keyed generator,
+noise multiplier z = ``sigma`` (or solved from ``target_epsilon``); the release is S̃ / N
+(N public). The ledger is one mechanism without subsampling (q = 1, steps = 1). The
+generator fitted to the release (post-processing) is ``train.merf``. Details and the
+comparison with DP-MERF's replace-one analysis: docs/PRIVACY.md ("DP-MERF").
 """
 
 from __future__ import annotations

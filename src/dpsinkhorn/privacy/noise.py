@@ -80,14 +80,9 @@ def rng_state_bytes(generator: torch.Generator) -> bytes:
     return bytes(generator.get_state().cpu().numpy().tobytes())
 
 
-def rng_state_tensor(state) -> torch.Tensor:
-    """``state`` (bytes, or a ByteTensor on any device, as older checkpoints hold it)
-    as the CPU ByteTensor that ``torch.Generator.set_state`` requires."""
-    if isinstance(state, bytes | bytearray):
-        return torch.frombuffer(bytearray(state), dtype=torch.uint8)
-    if isinstance(state, torch.Tensor):
-        if state.is_meta:
-            raise ValueError("checkpoint RNG state was loaded on the meta device: no data")
-        return state.detach().to("cpu", torch.uint8).contiguous()
-    kind = type(state).__name__
-    raise ValueError(f"checkpoint RNG state must be bytes or a ByteTensor, got {kind}")
+def rng_state_tensor(state: bytes) -> torch.Tensor:
+    """A checkpoint's RNG ``state`` (bytes, :func:`rng_state_bytes`) as the CPU ByteTensor
+    that ``torch.Generator.set_state`` requires."""
+    if not isinstance(state, bytes | bytearray):
+        raise ValueError(f"checkpoint RNG state must be bytes, got {type(state).__name__}")
+    return torch.frombuffer(bytearray(state), dtype=torch.uint8)

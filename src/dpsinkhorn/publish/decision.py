@@ -1,56 +1,11 @@
 """The release's decision and writing: ``dpsinkhorn release``, ``release-manifest``.
 
-A run folder ``results/<run>/`` holds two kinds of files:
-
-* **DP releases**: each DP experiment's folder ``<run>/<exp>/`` holds what its ledger
-  ``privacy.json`` covers: ``generator.pt``, ``privacy.json``, ``train_log.csv``
-  (``train.release``), ``samples_seed*.npz`` drawn from the generator, and the FID and
-  classifier scores of those samples when the test split they are scored against is
-  public (``config.PUBLIC_TEST_SPLITS``). ``privacy_summary.json`` (the composed ε of all
-  releases, ``report.privacy_summary``) reads the ledgers and the training record only and
-  is covered by them all.
-* **Not private**: everything else computed from the private data lives under
-  ``<run>/nonprivate/``. Tables, figures, ``reproduction.md`` and the Snakemake report mix
-  both kinds and are never part of a release.
-
-:func:`decide` is the release's whole logic. It takes the list of files from the config
-alone (:func:`run_folders`; one experiment folder trained alone: :func:`experiment_folder`)
-and proves each file from the ledger file on disk, reading every file once:
-
-* ``privacy.json``: ``private: true``; ε recomputed from its (q, noise multiplier, steps,
-  δ) by the accountant; a guarantee that states that ε and ``delta_total`` (or ``none…``:
-  a public noise seed, published only with ``--accept-no-guarantee``; a ``reproducible``
-  run's ledger must say so); its ``experiment`` is the config's. And it is the ledger a
-  finished DP training wrote into this folder: the training record of the data
-  (``privacy.trainings``, on the private side) holds that training, with the ledger's
-  sha256, the generator's, and the config's settings (``proofs.check_recorded``).
-* ``generator.pt`` and ``train_log.csv``: their bytes hash to the ledger's
-  ``content_sha256`` and ``train_log_sha256``.
-* ``samples_seed<s>.npz``: redrawn from the verified generator's bytes with the seed and
-  count of the config (``evaluate.sample.sample_generator``); the published bytes are the
-  redraw's (``fileio.samples_bytes``). The run's file must hold the same draw (labels
-  equal; images equal, or within :data:`SAMPLE_TOLERANCE` when drawn on another device),
-  since the scores were computed from it.
-* ``fid_seed<s>.json``, ``acc_<model>_seed<s>.json``: keys from :data:`SCORE_KEYS` only,
-  and the inputs they name by content: the run's sample file of that seed (verified above)
-  and the public test split (or its FID statistics, which name that split as their source)
-  that the config names.
-* ``privacy_summary.json``: recomputed from the ledgers and the training record; the
-  file's bytes must be the recomputed ones.
-
-Anything else is not published, whatever sits beside it (a ``.sha256`` file, a manifest
-entry). A file in a DP folder of a config that no rule writes there (a hand-added file,
-its sidecar) refuses the release, and so does a private workspace left there (an
-unfinished training); hidden files (locks, notes, writers' temporary files) are passed
-over, never published. The run's ``release_manifest.json``, when there is one, must
-report the same files, hashes and guarantees as the decision (else it is stale or
-edited: refused). :func:`release` writes the bytes :func:`decide` checked (read once, hashed,
-written) into a temporary folder, refuses if a source changed meanwhile, and renames the
-folder into place (the publish folder: new or empty, not a link, outside the run folder,
-:func:`check_out`): the publish folder is the old one (absent) or the whole new one. Its
-``release_manifest.json`` reports the decision (path, sha256, kind, ledgers, proof);
-``dpsinkhorn release-manifest`` writes the same report into the run folder (the
-workflow's last step). Neither reads a manifest back.
+:func:`decide` takes the list of a run's files from the config alone (:func:`run_folders`;
+one experiment folder trained alone: :func:`experiment_folder`) and proves each from its
+ledger on disk (``publish.proofs``), reading every file once; anything else is not
+published. :func:`release` writes the bytes it checked into a temporary folder and renames
+it into place. What each file is proven by: docs/PRIVACY.md ("What a publication path
+accepts").
 """
 
 from __future__ import annotations

@@ -435,7 +435,7 @@ def public_seed_experiments(rows: Sequence[Row]) -> list[str]:
 
 
 def guarantee_note(rows: Sequence[Row]) -> str:
-    """Caption warning when any row's noise seed was public; '' otherwise (old ledgers: '')."""
+    """Caption warning when any row's noise seed was public; '' otherwise."""
     public = public_seed_experiments(rows)
     if not public:
         return ""

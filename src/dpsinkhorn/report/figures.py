@@ -21,7 +21,6 @@ from dpsinkhorn import fileio
 from dpsinkhorn.config import (
     FIGURES_DIR,
     classifiers_of,
-    experiment,
     experiment_dir,
     figure_experiment,
     paper_figure_datasets,
@@ -240,9 +239,11 @@ def _fig5(config: Mapping, out_dir: Path) -> list[Path]:
     return written + [write_csv(out_dir / FIGURES_DIR / "fig5.csv", columns, records)]
 
 
-GRADSTUDY_KEYS = ("p", "bias_relative", "variance_normalised")
-FIG4C_COLUMNS = ("cell", "experiment", "trained_p", "p", "bias", "bias_relative", "variance")
-FIG4C_COLUMNS += ("variance_normalised", "bias_noise_floor", "batches")
+#: The per-p lists of ``evaluate.gradstudy``'s file that Figure 4c's CSV holds.
+GRADSTUDY_LISTS = ("bias", "bias_relative", "variance", "variance_normalised", "bias_noise_floor")
+GRADSTUDY_KEYS = ("trained_p", "p", "batches", *GRADSTUDY_LISTS)
+FIG4C_COLUMNS = ("cell", "experiment", "trained_p", "p", *GRADSTUDY_LISTS[:4])
+FIG4C_COLUMNS += ("bias_noise_floor", "batches")
 
 
 def _fig4c(config: Mapping, out_dir: Path) -> list[Path]:
@@ -258,17 +259,12 @@ def _fig4c(config: Mapping, out_dir: Path) -> list[Path]:
         missing = [k for k in GRADSTUDY_KEYS if k not in data]
         if missing:
             raise ValueError(f"{paths[cell.experiment]}: missing key(s) {missing}")
-        trained_p = data.get("trained_p", experiment(config, cell.experiment)["p"])
+        trained_p = data["trained_p"]
         lines.append((cell.experiment, (float(trained_p), cell.label, data)))
         for i, p in enumerate(data["p"]):
             record = {"cell": cell.label, "experiment": cell.experiment, "trained_p": trained_p}
-            record["p"], record["batches"] = p, data.get("batches")
-            for key in ("bias", "bias_relative", "variance", "variance_normalised"):
-                record[key] = (data.get(key) or [None] * len(data["p"]))[i]
-            record["bias_noise_floor"] = (data.get("bias_noise_floor") or [None] * len(data["p"]))[
-                i
-            ]
-            records.append(record)
+            record["p"], record["batches"] = p, data["batches"]
+            records.append(record | {key: data[key][i] for key in GRADSTUDY_LISTS})
     for ax, key, ylabel in [
         (axes[0, 0], "bias_relative", "relative bias ‖E G_p − E G_1‖ / ‖E G_1‖"),
         (axes[0, 1], "variance_normalised", "variance tr Cov(G_p) / tr Cov(G_0)"),

@@ -1,65 +1,17 @@
 """Empirical privacy audit of the production training step.
 
-``python -m dpsinkhorn.train.audit [--sharp] [--releases R] [--steps S]`` attacks the
-step that training runs, built as training builds it, and prints one JSON line per
-(configuration, sanitiser): commit, configuration, sanitiser, claimed and certified ε.
-Exit 1 if a sound mechanism's certified bound exceeds its claim (or its measured noise or
-sensitivity departs from what it declares); exit 2 on bad input.
+``python -m dpsinkhorn.train.audit [--sharp] [--releases R] [--steps S]`` builds the step
+as training builds it (``privacy.factory.make_private``, ``train.trainer.Trainer`` or a
+``train.sweep.SweepTrainer``), attacks each sanitiser (image gradient with batch clipping:
+sensitivity 2Δ, noise multiplier σ; per-sample: 2Δ√n, σ/√n; parameter gradient: 2Δ, σ)
+under add/remove-one adjacency (D' = D ∪ {canary}), and prints one JSON line per
+(configuration, sanitiser) with the claimed and the certified ε. Exit 1 if a sound
+mechanism's certified bound exceeds its claim, or its measured noise or sensitivity departs
+from what it declares; exit 2 on bad input.
 
-What is attacked. For each configuration (:data:`QUICK`, :data:`SHARP`) the audit builds
-an experiment with ``config.make_experiment`` and the real objects from it: the
-mechanism through ``privacy.factory.make_private`` / ``make_private_stack`` (keyed
-generator, Poisson sampler at q = batch_size / N, sanitiser, accountant), then a
-``train.trainer.Trainer`` (one run) or a ``train.sweep.SweepTrainer`` (K ≥ 2 runs with
-different σ), whose ``stepper.forward_backward`` is the step: generator forward, the
-float32 Sinkhorn solve and cost of the config, the sanitised backward. Sanitisers
-covered: image gradient with ``batch`` clipping (sensitivity 2Δ, noise std 2Δσ, noise
-multiplier z = σ), with ``per_sample`` clipping (2Δ√n, 2Δσ, z = σ/√n), a sweep member
-(each run its own σ), and ``perturbation: parameter`` (the whole ∇_θ S clipped to Δ:
-2Δ, 2Δσ, z = σ). Adjacency: add/remove one record; D' = D ∪ {canary}, the canary is the
-last record.
-
-The adversary (white box, knows everything but the bit "canary in D"). Each step draws
-z, labels and the Poisson sample from the run's own generator, exactly as training; a
-hook on the run's ``PoissonSampler.select`` reads whether the canary was drawn (its
-uniform < q) — the inclusion pattern is random at the config's rate. Steps without the
-canary release the same thing from D and D' (checked: identical clipped blocks) and
-carry no information; the hook stops them right after the draws. For a step with the
-canary, the step is run twice from the same generator state: with the canary (D') and
-with its weight set to 0 (D: an unsampled record leaves the step unchanged, as
-``tests/test_step.py`` checks). The release the adversary sees is the sanitiser's output
-(image: what flows into the generator; parameter: the sanitised ∇_θ); the generator
-update is post-processing. Its noise-free parts a (from D) and b (from D') come from the
-sanitiser's own ``clipped``.
-
-Statistic. The release is c + e, c ∈ {a, b}, e the sanitiser's noise. Its projection on
-u = (b − a)/‖b − a‖ about the midpoint, ±d/2 + e·u (d = ‖b − a‖), is the likelihood-ratio
-statistic of the step (Neyman–Pearson); steps are pooled with the score s·d. Every score's
-noise is drawn by the real sanitiser (``_real_noise``: image, its ``__call__``; parameter,
-its ``apply`` on the parameters' ``.grad``) on the step's own D or D' query: e·u has the
-law of one coordinate of its noise, whose coordinates are iid (R releases per dataset from
-⌈R/P⌉ calls, P coordinates each). Per included step, ``CHECK_CALLS`` more real calls test
-every coordinate of the noise for mean 0 and variance noise_std² (χ² at 10⁻⁶): a
-sanitiser that draws other noise than it declares fails there. For each broken variant
-the result states the power computed against it (``privacy.audit.audit_power``).
-Threshold selection and bound: ``privacy.audit.epsilon_lower_bound`` (thresholds on half
-the releases, Clopper–Pearson on the other half, 95%).
-
-What the bound means. Given the canary's inclusion, one step is the Gaussian mechanism
-without subsampling (q = 1) with the sanitiser's noise multiplier; the claim compared
-with is the accountant's ε for exactly that (``privacy.audit.one_step_claim``, the
-config's accountant, δ). A certified ε above it refutes the sensitivity or noise
-calibration of the mechanism actually run. Amplification by Poisson sampling at q and
-composition over T steps are the accountant's (``privacy.accounting``) and not tested
-here; the whole training's ε is the accountant's composition of these steps.
-
-Configurations. ``worst_case``: N − 1 identical grey records (pixel 127) and a white
-canary (255), the generator's last layer set to zero (every generated row the image
-0: a worst-case previous step, reachable as any θ is), cost l2. Every generated row's
-gradient then points away from the batch mean, and the canary flips its sign, so the
-clipped blocks are a full sensitivity apart (d = 2Δ, 2Δ√n): the tight configuration.
-``mnist``: the first N − 1 MNIST training images, the white canary labelled 0, the
-seeded initial generator, the config's default cost: real data, not sharp.
+The claim is one step without subsampling (q = 1) at the sanitiser's noise multiplier
+(``privacy.audit.one_step_claim``); amplification and composition are the accountant's.
+The adversary, the statistic and the configurations: docs/AUDIT.md.
 """
 
 from __future__ import annotations

@@ -1,20 +1,11 @@
 """How much memory a training step needs, and a refusal when the device cannot hold it.
 
-A step of DP-Sinkhorn keeps, at its peak (float32, 4 bytes each):
-    * the real data's conditional features on the device: N × D (D = pixels + classes);
-    * the Sinkhorn solve's matrices of the cross term [n, capacity] and of the self
-      term [n, n]: cost, logits, plans and their autograd intermediates, about
-      ``SINKHORN_MATRICES`` copies of each (measured on CPU: 13.9 at B = 2000 and 12.2
-      at B = 4000, MNIST, generator channels [16, 8, 4]);
-    * the generator's forward activations for its n + n' rows, kept for the backward
-      pass (measured at run time by two small forward passes).
-
-Checked on CPU (MNIST, 1 thread, ``ru_maxrss`` growth over two steps plus the data):
-B = 2000 with channels [256, 128, 64] used 2,213 MiB, estimated 2,536; B = 4000 with
-[16, 8, 4] used 1,850 MiB, estimated 2,253. So the estimate runs 15-25% high, and a
-setting is refused only when that estimate exceeds the memory available.
-``batch_size: 60000`` on MNIST (q = 1) needs ~400 GB by this estimate; without this check it
-grew until the kernel killed it, with no message.
+A step's peak (float32): the real data's features on the device, N × D (D = pixels +
+classes); the Sinkhorn solve's cross [n, capacity] and self [n, n] matrices, about
+:data:`SINKHORN_MATRICES` copies of each (cost, logits, plans, autograd); and the
+generator's activations for its n + n' rows (measured by two small forward passes). The
+estimate runs 15-25% above the measured peak on CPU; a setting is refused only when it
+exceeds the memory available.
 """
 
 from __future__ import annotations

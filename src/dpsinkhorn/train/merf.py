@@ -1,19 +1,12 @@
 """DP-MERF training: one private release, then a generator fitted to it (``method: dpmerf``).
 
-:class:`MerfTrainer` is the DP-MERF counterpart of ``train.trainer.Trainer``, with the
-same interface to the loop (``train.run``), the run's files and checkpoints
-(``train.workspace.RunFiles``) and what a run publishes (``train.release``): generator.pt,
-privacy.json and train_log.csv, so the same evaluation, ``dpsinkhorn release`` and
-privacy summary read it unchanged.
-
-Step 1 releases the noisy class-conditional mean embedding μ̃ [D, K] once
-(``privacy.merf.MerfRelease``: the Gaussian mechanism, one entry in the ledger). Every
-step then draws B codes and labels (uniform, from the run's keyed generator) and takes
-one Adam step on ‖μ̃ − μ(g(z, y))‖²_F, μ(g) = (1/B) Σ φ((g_j + 1)/2) ⊗ onehot(y_j), as
-DP-MERF's ``train_single_release`` does. Only μ̃, never the private data, enters that
-loss: training is post-processing at no further privacy cost. The learning rate decays by
-``lr_decay`` every epoch of ⌊N/B⌋ steps (DP-MERF's ``StepLR(step_size=1)`` per epoch).
-μ̃ is kept in the checkpoint (private workspace), so a resumed run never draws it again.
+:class:`MerfTrainer` has ``train.trainer.Trainer``'s interface to the loop, the workspace
+and the release, so evaluation, ``dpsinkhorn release`` and the privacy summary read its run
+unchanged. Step 1 releases the noisy mean embedding μ̃ [D, K] (``privacy.merf``); every
+step then takes one Adam step on ‖μ̃ − μ(g(z, y))‖²_F over B generated codes and labels,
+as DP-MERF's ``train_single_release`` does: post-processing at no further privacy cost.
+The learning rate decays by ``lr_decay`` per epoch of ⌊N/B⌋ steps. μ̃ stays in the
+checkpoint (private workspace), so a resumed run never draws it again.
 """
 
 from __future__ import annotations
@@ -172,7 +165,7 @@ class MerfTrainer:
         self.optimizer.load_state_dict(state["optimizer"])
         self.rng.set_state(rng_state_tensor(state["rng"]))
         self.accountant.load_state_dict(state["accountant"])
-        noisy = state.get("noisy_embedding")
+        noisy = state["noisy_embedding"]
         released = noisy is not None
         if self.accountant.steps != int(released) or (self.step_count > 0) != released:
             raise ValueError(

@@ -1,38 +1,13 @@
-"""What a training run publishes, and its privacy ledger: the one file to read for that.
+"""What a training run publishes, and its privacy ledger.
 
-A run's output folder ``<out>/`` receives exactly three files (:data:`OUTPUT_FILES`),
-written by :func:`publish` when the run completes, whether ``dpsinkhorn train`` or
-``train-sweep`` trained it. In a private run with a secret noise key, each is covered
-by the (ε, δ) guarantee recorded in privacy.json because it depends on the private data
-only through the sanitised gradient (``privacy.mechanism``) or not at all:
-
-* ``generator.pt`` (:func:`generator_payload`): the generator's weights and what rebuilds
-  it (``model_config``, ``dataset``, ``num_classes``, ``image_shape``, ``experiment``,
-  ``steps``; ``class_names`` when the caller declared them, ``conditional: false`` for an
-  unconditional generator). The weights are the mechanism's output: every step's
-  private-data gradient is clipped and noised before it reaches them, and the optimiser
-  only post-processes it. The other keys are the settings and the dataset's public format
-  (the class count comes from the declared classes or the dataset's catalogue entry, never
-  from the private labels). Its bytes are
-  deterministic.
-* ``privacy.json`` (:func:`privacy_record`; a DP-MERF run's: :func:`merf_record`): the
-  ledger itself: the mechanism, its parameters (q, batch size, n', σ, clip, sensitivity,
-  Poisson buffer capacity), ε and δ from the accountant, the Poisson-overflow charge to
-  δ, and the guarantee as a sentence (none for a non-private run or a ``reproducible``
-  run, whose noise key is public). All are functions of the public settings, N (public)
-  and the step count; ``content_sha256`` is a hash of generator.pt (post-processing of the released
-  generator), ``train_log_sha256`` one of train_log.csv (what every publication path,
-  ``train.publish``, checks the two files against) and ``threads`` a fact about the machine.
-* ``train_log.csv`` (:data:`LOG_COLUMNS`): step, ε spent, steps/s and elapsed time.
-  Nothing computed on the private data: ε is the accountant's (settings and step
-  count), and the times are of a step whose shapes are fixed whatever records the
-  Poisson sample drew.
-
-Nothing else leaves a run. Checkpoints (with the secret RNG state) and the un-noised
-private loss stay in the private workspace (``train.workspace``), which no guarantee
-covers; the output folder's ``.dpsinkhorn.lock`` and ``.dpsinkhorn.stopped`` are
-bookkeeping, never an output of a rule. :func:`commit_release` writes the ledger before
-the generator, so a generator never exists without its ledger.
+A run's output folder receives exactly :data:`OUTPUT_FILES`, written by :func:`publish`
+when the run completes: ``generator.pt`` (:func:`generator_payload`: the weights, the
+mechanism's output, and the public settings that rebuild the generator), ``privacy.json``
+(:func:`privacy_record`, :func:`merf_record`: mechanism, parameters, ε and δ from the
+accountant, the guarantee) and ``train_log.csv`` (:data:`LOG_COLUMNS`: step, ε, rates).
+None holds anything computed on the private data except through the sanitised gradient.
+:func:`commit_release` writes the ledger before the generator, so a generator never exists
+without its ledger. What the guarantee covers: docs/PRIVACY.md.
 """
 
 from __future__ import annotations

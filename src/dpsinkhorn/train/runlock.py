@@ -1,16 +1,11 @@
 """One writer per output folder: an exclusive lock held while a run owns the folder.
 
-``dpsinkhorn train`` and ``train-sweep`` take ``OutputLock(out_dir)`` before they read
-a checkpoint and keep it until their outputs are written, so two processes never
-train into the same folder (whatever folder the checkpoints themselves live in: the
-lock belongs to the output folder). The second one is refused with ``LockedError``,
-whose message names the folder and the holder (host, pid, command, start time).
-
-The lock is ``flock`` on ``<out_dir>/.dpsinkhorn.lock``: the kernel drops it when the
-holder exits, however it exits (SIGKILL, power cut of a node on NFS with lock
-recovery), so a stale lock never blocks anyone. A lock file whose holder is gone
-still names it; the next run takes the lock over and says so. The lock file itself
-stays (deleting it while others may open it would let two holders lock two files).
+``dpsinkhorn train`` and ``train-sweep`` take ``OutputLock(out_dir)`` before they read a
+checkpoint and keep it until their outputs are written; a second process is refused with
+``LockedError`` naming the folder and the holder (host, pid, command, start time). The lock
+is ``flock`` on ``<out_dir>/.dpsinkhorn.lock``: the kernel drops it however the holder
+exits, so a stale lock never blocks anyone. The lock file itself stays (deleting it while
+others may open it would let two holders lock two files).
 """
 
 from __future__ import annotations

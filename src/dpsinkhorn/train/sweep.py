@@ -1,29 +1,14 @@
-"""Sweeps: K independent training runs in one process on one device.
+"""Sweeps: K independent training runs in one process on one device (``dpsinkhorn train-sweep``).
 
-``dpsinkhorn train-sweep --config ... --experiments A B C --out-root results/<run>``
-trains each experiment into ``<out-root>/<name>/`` (``<out-root>/nonprivate/<name>/`` when
-not a DP release: ``config.experiment_dir``) with exactly the files, checkpoints
-and privacy ledger of ``dpsinkhorn train`` (a sweep member can be resumed by either).
-
-The step is the single run's (``train.step.TrainingStep``, K = the active runs); what is
-shared and what is not:
-    * each run keeps its own ``train.trainer.Trainer``: parameters, optimiser (its own lr,
-      betas, SGD/Adam), and what ``privacy.factory.make_private_stack`` builds for it:
-      RNG stream (its own secret key, or in reproducible mode a key from its seed and
-      name: members never share noise), Poisson sampler, sanitiser (σ, Δ, clipping, n')
-      and accountant. Every random draw of run k (z, labels, Poisson sample, noise)
-      comes from run k's generator in the same order as a single run, so a sweep member
-      follows the single run's trajectory up to float rounding;
-    * the generators run as one batched call (``torch.func.vmap`` over the runs'
-      stacked parameters), rows padded to the largest n + n'_k (padded rows get zero
-      gradient and are never sanitised or released); the Sinkhorn loss of all runs is
-      one batched solve; each run's gradient goes through its own sanitiser
-      (``train.step.sanitize``) before it flows into its generator.
-
-Runs may differ in anything that keeps step shapes compatible (seed, lr, optimizer,
-σ, Δ, p, m, steps, ε target, clipping, perturbation); ``sweep_key`` lists what must be
-equal (``config.identity.sweep_key``). A finished run leaves the batch; the others go on.
-``precision`` may be fp32 or tf32, not bf16: vmap does not apply autocast on every device.
+Each experiment trains into its own folder with exactly the files, checkpoints and ledger
+of ``dpsinkhorn train`` (either command resumes a sweep member). Each run keeps its own
+``Trainer``: parameters, optimiser, and what ``privacy.factory.make_private_stack`` builds
+(its own keyed generator, sampler, sanitiser and accountant), drawing in the single run's
+order. The generators run as one ``torch.func.vmap`` call over stacked parameters (rows
+padded to the largest n + n'_k; padded rows are never sanitised or released), the Sinkhorn
+losses as one batched solve, and each run's gradient goes through its own sanitiser.
+Runs may differ in anything that keeps step shapes compatible (``config.identity.sweep_key``);
+``precision`` may be fp32 or tf32, not bf16 (vmap does not apply autocast on every device).
 """
 
 from __future__ import annotations

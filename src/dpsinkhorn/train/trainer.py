@@ -1,17 +1,10 @@
 """One training run's state: generator, optimiser, privacy mechanism, ledger, checkpoints.
 
-A :class:`Trainer` holds what one run owns: the conditional generator g (initial weights
-from the config's ``seed``), its optimiser, the real data's features on the device, and
-what ``privacy.factory.make_private`` builds from the experiment: the run's keyed
-random generator (z, labels, Poisson draws and noise: 256 secret bits from the
-operating system, or with ``reproducible: true`` a public key from seed and name, and
-then privacy.json says there is no guarantee), the Poisson sampler, the sanitiser and
-the accountant. ``Trainer.step`` runs the one training step (``train.step``: draw,
-solve, sanitise, backward, update) as its K = 1 case and records it in the ledger.
-
-The loop: ``train.run``; a run's files and checkpoints: ``train.workspace``; what is
-published: ``train.release``; the CLI: ``train.cli``; K runs advanced by the same step:
-``train.sweep``.
+A :class:`Trainer` holds what one run owns: the generator (initial weights from ``seed``),
+its optimiser, the real data's features on the device, and what
+``privacy.factory.make_private`` builds (keyed generator, Poisson sampler, sanitiser,
+accountant). :meth:`Trainer.step` runs the training step (``train.step``) as its K = 1 case
+and records it in the ledger. The loop is ``train.run``; K runs together: ``train.sweep``.
 """
 
 from __future__ import annotations
@@ -239,7 +232,7 @@ class Trainer:
         self.step_count = int(state["step"])
         self.model.load_state_dict(state["model"])
         # A saved optimiser brings its execution flags along; keep this process's
-        # (a run may resume with or without CUDA graphs, or from an older checkpoint).
+        # (a run may resume with or without CUDA graphs).
         optimizer = {**state["optimizer"]}
         optimizer["param_groups"] = [
             {**group, **self.optimizer_flags} for group in optimizer["param_groups"]

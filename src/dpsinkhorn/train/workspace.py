@@ -196,7 +196,7 @@ class RunFiles:
                 # load_state_dict; the RNG state must stay a CPU ByteTensor (set_state).
                 state = _load_checkpoint(self.ckpt_path, torch.device("cpu"))
             resumes = state is not None and state.get("spec_hash") == self.digest
-            self.training_id = state.get("training") if resumes else None
+            self.training_id = state["training"] if resumes else None
             if not resumes:
                 # A finished DP training whose outputs were removed (a scheduler's cancel
                 # as Snakemake stored them): published again from its copy, not retrained.
@@ -205,7 +205,7 @@ class RunFiles:
             # unless asked for (privacy.trainings), before the workspace is created. A
             # resumed one keeps what its checkpoint says.
             if resumes:
-                self.retrain = bool(state.get("retrain"))
+                self.retrain = bool(state["retrain"])
             else:
                 self.retrain = self.recovered is None and self._check_retrain(retrain)
         self.log_rows: list[dict] = []
@@ -217,17 +217,13 @@ class RunFiles:
         readme = self.workspace / "README.txt"
         if not readme.exists():
             write_text(readme, WORKSPACE_README)
-        legacy = self.out_dir / "checkpoint.pt"  # where versions before the workspace kept it
-        if legacy.exists():  # holds the RNG state: out of the release folder, deleted at the end
-            legacy.replace(self.workspace / "legacy_checkpoint.pt")
-            print(f"moved {legacy} (not resumable: older format) into {self.workspace}")
         # Temporary files of a writer killed mid-write (SIGKILL); no one else writes here.
         for name in (self.ckpt_path, *(self.out_dir / f for f in OUTPUT_FILES)):
             remove_stale_temps(name)
         if resumes:
             trainer.load_state_dict(state)
             self.log_rows = state["log"]
-            self.private_rows = state.get("private_log", [])
+            self.private_rows = state["private_log"]
         elif state is not None:
             # Not printed: job logs are released, and whether the data changed since the
             # checkpoint is a fact about the private data. Noted in the workspace only.
