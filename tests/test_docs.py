@@ -126,8 +126,9 @@ HISTORY = re.compile(
     r"\bissue \d+|\bthis change\b|\bthis session\b|\bthis PR\b|\bthe CI of\b|\bat commit\b",
     re.I,
 )
-#: A commit hash: 7 to 12 hex digits with both a digit and a letter.
-COMMIT = re.compile(r"(?<![-\w./])(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,12}\b(?!…)")
+#: A commit hash: 7 to 12 hex digits with both a digit and a letter (``repo@hash`` cites
+#: another project's code and is allowed).
+COMMIT = re.compile(r"(?<![-\w./@])(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,12}\b(?!…)")
 #: A block rendered from a results set's files (a ledger's own text may name a commit).
 GENERATED = docblocks.BLOCK
 ALL_PAGES = [
