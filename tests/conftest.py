@@ -103,7 +103,7 @@ SLOW_TESTS: dict[str, int] = {
     "test_fid.py::test_real_vs_real_is_much_smaller_than_real_vs_shuffled_pixels": 302,
     "test_fid.py::test_pytorch_fid_value_on_real_statistics": 257,
     "test_fid.py::test_eigh_matches_pytorch_fid_rank_deficient": 250,
-    "test_fid.py::test_cli_self_fid_is_zero_and_stats_file_matches_samples": 162,
+    "test_fid.py::test_fid_stats_then_self_fid_is_zero": 24,
     "test_fid.py::test_activations_shape_and_dtype": 118,
     "test_fid.py::test_eigh_of_identical_inputs_is_zero": 117,
     "test_precision.py::test_bf16_step_stays_within_tolerance": 98,
@@ -115,7 +115,7 @@ SLOW_TESTS: dict[str, int] = {
     "test_committed_h100_set_holds_no_loss_no_generator_and_its_table_is_current": 57,
     "test_step.py::test_a_single_run_is_the_step_of_a_sweep_of_one": 56,
     "test_release.py::test_noise_key_is_secret_and_reproducible_mode_says_so": 52,
-    "test_classify.py::test_batched_seeds_stay_within_the_seed_spread": 48,
+    "test_classify.py::test_batched_seeds_agree_with_the_oracles": 48,
     "test_sweep.py::test_sweep_follows_each_single_run": 44,
     "test_publish.py::test_private_and_nonprivate_files_live_apart": 38,
     "test_publish.py::test_public_noise_seed_needs_the_flag": 36,
@@ -143,7 +143,6 @@ SLOW_TESTS: dict[str, int] = {
     "test_config.py::test_dry_run_default_config_and_overrides": 19,
     "test_privacy.py::test_cli_epsilon_steps_and_sigma": 18,
     "test_release.py::test_release_folder_holds_no_private_loss": 16,
-    "test_classify.py::test_seeds_together_equal_seeds_alone": 16,
     "test_train.py::test_python_api_on_own_arrays": 15,
     "test_cluster.py::test_paper_config_asks_at_most_a_day_per_job": 15,
     "test_owndata.py::test_snakemake_dry_run_resolves_an_own_dataset": 15,
@@ -160,12 +159,10 @@ SLOW_TESTS: dict[str, int] = {
     "test_train.py::test_l1_cost_trains_with_the_l1_diameter": 11,
     "test_sweep.py::test_train_sweep_cli": 10,
     "test_ablations.py::test_cli_subcommands": 10,
-    # the evaluation's fast paths (load average 4-5, another benchmark running)
-    "test_bench_eval.py::test_bench_eval_writes_every_phase": 102,
-    "test_fid_fast.py::test_fast_fid_equals_the_reference_fid": 42,
-    # the one-job evaluation and the window's carry (load average 4-8)
-    "test_evaluate_job.py::test_generator_job_equals_the_per_step_path": 60,
-    "test_evaluate_job.py::test_real_data_job_classifiers_equal_the_per_step_path": 40,
+    # the evaluation against its oracles, its benchmark script (load average 4-8)
+    "test_bench_evaluate_phases.py::test_evaluate_phases_writes_every_phase": 37,
+    "test_fid.py::test_features_and_fid_agree_with_pytorch_fid": 42,
+    "test_evaluate_job.py::test_generator_job_writes_each_seeds_draw_and_its_fid": 37,
     "test_evaluate_job.py::test_a_stopped_job_resumes_after_its_finished_phases": 30,
     "test_gpu_window.py::test_items_are_independent_and_an_import_is_never_retrained": 199,
     # three Snakemake runs and two trainings on the digits (idle 2-core machine)

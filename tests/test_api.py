@@ -14,7 +14,7 @@ import torch
 from PIL import Image
 from sklearn.datasets import load_digits
 
-from dpsinkhorn import api, cli
+from dpsinkhorn import api
 from dpsinkhorn.config import make_experiment
 from dpsinkhorn.config.targets import evaluation_files
 from dpsinkhorn.fileio import torch_bytes, write_bytes
@@ -223,7 +223,7 @@ def test_unconditional_step_does_not_read_the_labels(conditional):
         assert trainer.real.shape[1] == 28 * 28  # no label columns in the cost
 
 
-def test_sample_cli_writes_png_grid_and_folders(tmp_path, capsys):
+def test_api_writes_png_grid_and_folders(tmp_path):
     torch.manual_seed(0)
     config = GeneratorConfig(num_classes=2, out_channels=3, image_size=32, latent_dim=8)
     model = build_generator(config)
@@ -237,26 +237,12 @@ def test_sample_cli_writes_png_grid_and_folders(tmp_path, capsys):
         "steps": 0,
     }
     write_bytes(tmp_path / "generator.pt", torch_bytes(payload))
-    args = [
-        "sample",
-        "--generator",
-        str(tmp_path / "generator.pt"),
-        "--num",
-        "7",
-        "--seed",
-        "0",
-        "--out",
-        str(tmp_path / "s.npz"),
-        "--device",
-        "cpu",
-        "--png-grid",
-        str(tmp_path / "g.png"),
-        "--png-per-class",
-        "3",
-        "--png-dir",
-        str(tmp_path / "d"),
-    ]
-    assert cli.main(args) == 0
+    generator = tmp_path / "generator.pt"
+    images, labels = api.sample(generator, 7, seed=0, device="cpu")
+    names = api.class_names(generator)
+    api.save_pngs(
+        images, labels, names, out_dir=tmp_path / "d", grid=tmp_path / "g.png", per_class=3
+    )
     assert len(list((tmp_path / "d" / "female").glob("*.png"))) == 4  # catalogue's names
     assert len(list((tmp_path / "d" / "male").glob("*.png"))) == 3
     with Image.open(tmp_path / "g.png") as im:

@@ -1,10 +1,8 @@
-"""``dpsinkhorn evaluate``: one generator's whole evaluation in one process gives what the
-per-step commands (sample, sample-real, fid, classify) give for the same inputs.
+"""``dpsinkhorn evaluate``: one generator's whole evaluation in one process, checked against
+the oracles (the seeded draws, pytorch-fid's features and statistics, a per-seed torch
+loop, scikit-learn's Log-Reg), its one-line errors and its resumption.
 
-Sizes are small (a few dozen images per seed) because the properties checked do not
-depend on size: the samples come from the same seeded streams, the FID from the same
-Inception features and formula (equal to float precision), and each classifier sees the
-same training sets (MLP: exactly the sequential result; Log-Reg: the same optimum).
+Sizes are small (a few dozen images per seed): the properties checked do not depend on size.
 """
 
 from __future__ import annotations
@@ -16,8 +14,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from oracles import (
+    pytorch_fid_activations,
+    pytorch_fid_statistics,
+    sklearn_logreg,
+    train_one_seed,
+)
 
 from dpsinkhorn import fileio
+from dpsinkhorn.evaluate import classify, fid, job
+from dpsinkhorn.evaluate.sample import load_generator, sample_generator, sample_real
 from dpsinkhorn.models import GeneratorConfig, build_generator
 
 DEVICE = ["--device", "cpu"]
@@ -57,95 +63,77 @@ def _json(path: Path) -> dict:
     return json.loads(path.read_text())
 
 
-def test_generator_job_equals_the_per_step_path(files, tmp_path, run_cli):
-    """Samples byte-equal in content and FID equal to float precision (same features)."""
-    job = tmp_path / "job"
-    common = ["--weights", str(files["weights"]), "--sqrtm", "eigh", *DEVICE]
+def test_generator_job_writes_each_seeds_draw_and_its_fid(files, tmp_path, run_cli):
+    """Samples: the generator's seeded draws; FID: pytorch-fid's features and statistics
+    against the reference within 1e-5 relative; the record names what it scored."""
+    out = tmp_path / "job"
     argv = ["evaluate", "--generator", str(files["generator"]), "--test", str(files["test"])]
     argv += ["--reference", str(files["reference"]), "--seed", "0", "3", "--num", str(NUM)]
-    argv += ["--samples-dir", str(job), "--scores-dir", str(job / "scores"), "--classifiers"]
-    argv += ["--timings", str(job / "timings.json"), *common]
-    assert run_cli(argv) == 0
+    argv += ["--samples-dir", str(out), "--scores-dir", str(out / "scores"), "--classifiers"]
+    argv += ["--timings", str(out / "timings.json"), "--weights", str(files["weights"])]
+    assert run_cli([*argv, "--sqrtm", "eigh", *DEVICE]) == 0
+    generator = load_generator(files["generator"], torch.device("cpu"))
+    mu_ref, sigma_ref, _ = fid.load_statistics(files["reference"])
     for seed in (0, 3):
-        step = tmp_path / f"samples_seed{seed}.npz"
-        gen = ["sample", "--generator", str(files["generator"]), "--num", str(NUM)]
-        assert run_cli([*gen, "--seed", str(seed), "--out", str(step), *DEVICE]) == 0
-        for a, b in zip(
-            fileio.load_samples(step), fileio.load_samples(job / step.name), strict=True
-        ):
+        images, labels = sample_generator(generator, NUM, seed)
+        saved = out / f"samples_seed{seed}.npz"
+        for a, b in zip(fileio.load_samples(saved), (images, labels), strict=True):
             np.testing.assert_array_equal(a, b)
-        fid = tmp_path / f"fid_seed{seed}.json"
-        assert (
-            run_cli(
-                [
-                    "fid",
-                    "--a",
-                    str(step),
-                    "--b",
-                    str(files["reference"]),
-                    "--out",
-                    str(fid),
-                    *common,
-                ]
-            )
-            == 0
-        )
-        ours, theirs = _json(job / "scores" / fid.name), _json(fid)
-        assert ours["fid"] == pytest.approx(theirs["fid"], rel=1e-9, abs=1e-9)
-        assert {k: v for k, v in ours.items() if k not in ("fid", "a")} == {
-            k: v for k, v in theirs.items() if k not in ("fid", "a")
-        }
-        assert ours["a"] == str(job / step.name) and ours["num_images_a"] == NUM
-    assert not list((job / "scores").glob("acc_*"))  # --classifiers with none: FID only
-    timings = _json(job / "timings.json")["seconds"]
+        stats = pytorch_fid_statistics(pytorch_fid_activations(images, files["weights"]))
+        oracle = fid.fid_from_stats(*stats, mu_ref, sigma_ref, method="eigh")
+        record = _json(out / "scores" / f"fid_seed{seed}.json")
+        assert record["fid"] == pytest.approx(oracle, rel=1e-5)
+        assert set(record) <= fid.RECORD_KEYS and record["sqrtm"] == "eigh"
+        assert record["a"] == str(saved) and record["a_sha256"] == fileio.sha256_of(saved)
+        assert record["num_images_a"] == NUM and record["image_shape"] == [28, 28, 1]
+    assert not list((out / "scores").glob("acc_*"))  # --classifiers with none: FID only
+    timings = _json(out / "timings.json")["seconds"]
     assert set(timings) == {"sample", "fid", "total"} and timings["total"] > 0
 
 
-def test_real_data_job_classifiers_equal_the_per_step_path(files, tmp_path, run_cli):
-    """A real-data row: seeded subsets as sample-real draws them; MLP accuracies exactly
-    the per-seed `classify` results (batched MLP = sequential), Log-Reg within half a
-    point of scikit-learn's (same optimum); every cell's file written. FID is left out
-    (--no-fid): the generator test checks it, and Inception on 600 images costs minutes
-    on this CPU."""
-    job = tmp_path / "job"
-    num, seeds = 300, ["1", "2"]
+def test_real_data_job_classifiers_agree_with_the_oracles(files, tmp_path, run_cli):
+    """A real-data row: the seeded subsets of the training split; MLP accuracies exactly
+    the per-seed loop's, Log-Reg within half a point of scikit-learn's; every cell's file
+    written. FID is left out (--no-fid): the generator test checks it."""
+    out = tmp_path / "job"
+    num, seeds = 300, [1, 2]
     fit = ["--max-epochs", "2", "--patience", "1", "--dataset", "mnist", *DEVICE]
     argv = ["evaluate", "--real-data", str(files["train"]), "--test", str(files["test"])]
-    argv += ["--reference", str(files["reference"]), "--seed", *seeds, "--num", str(num)]
-    argv += ["--samples-dir", str(job), "--scores-dir", str(job), "--no-fid"]
-    argv += ["--classifiers", "logreg", "mlp", *fit]
-    assert run_cli(argv) == 0
-    steps = []
+    argv += ["--reference", str(files["reference"]), "--seed", *map(str, seeds)]
+    argv += ["--num", str(num), "--samples-dir", str(out), "--scores-dir", str(out), "--no-fid"]
+    assert run_cli([*argv, "--classifiers", "logreg", "mlp", *fit]) == 0
+    test_images, test_labels = fileio.load_samples(files["test"])
+    x_test = classify.to_float(test_images)
     for seed in seeds:
-        step = tmp_path / f"samples_seed{seed}.npz"
-        real = ["sample-real", "--data", str(files["train"]), "--num", str(num), "--seed", seed]
-        assert run_cli([*real, "--out", str(step)]) == 0
-        for a, b in zip(
-            fileio.load_samples(step), fileio.load_samples(job / step.name), strict=True
-        ):
+        images, labels = sample_real(files["train"], num, seed)
+        saved = fileio.load_samples(out / f"samples_seed{seed}.npz")
+        for a, b in zip(saved, (images, labels), strict=True):
             np.testing.assert_array_equal(a, b)
-        steps.append(step)
-        assert not (job / f"fid_seed{seed}.json").exists()
-    for model in ("logreg", "mlp"):
-        outs = [tmp_path / f"acc_{model}_seed{s}.json" for s in seeds]
-        argv = ["classify", "--model", model, "--train", *map(str, steps), "--test"]
-        argv += [str(files["test"]), "--seed", *seeds, "--out", *map(str, outs), *fit]
-        assert run_cli(argv) == 0
-        for seed, out in zip(seeds, outs, strict=True):
-            ours, theirs = _json(job / out.name), _json(out)
-            assert ours["seed"] == theirs["seed"] == int(seed)
-            assert ours["num_train"] == num and ours["dataset"] == "mnist"
+        assert not (out / f"fid_seed{seed}.json").exists()
+        x = classify.to_float(images)
+        mlp = train_one_seed(
+            "mlp",
+            *map(torch.from_numpy, (x, labels, x_test, test_labels)),
+            10,
+            seed,
+            2,
+            1,
+            128,
+        )
+        logreg = sklearn_logreg(x, labels, x_test, test_labels, 5000)
+        for model, oracle in (("mlp", mlp), ("logreg", logreg)):
+            ours = _json(out / f"acc_{model}_seed{seed}.json")
+            assert ours["seed"] == seed and ours["num_train"] == num
+            assert ours["dataset"] == "mnist" and set(ours) <= classify.RECORD_KEYS
             if model == "mlp":
-                assert ours["accuracy"] == theirs["accuracy"]
+                assert ours["accuracy"] == oracle["accuracy"]
             else:
-                assert abs(ours["accuracy"] - theirs["accuracy"]) <= 0.005
+                assert abs(ours["accuracy"] - oracle["accuracy"]) <= 0.005
 
 
 def _stop_at_mlp(monkeypatch) -> tuple[list[str], Callable]:
     """Make the evaluation job stop (KeyboardInterrupt: a deadline) when the MLP's phase
     starts; returns the list of classifiers it starts, in order, and the real trainer."""
-    from dpsinkhorn.evaluate import job
-
     real, trained = job.train_and_evaluate_seeds, []
 
     def stop_at_mlp(model, *args, **kwargs):
@@ -181,7 +169,6 @@ def _stop_at_mlp(monkeypatch) -> tuple[list[str], Callable]:
 def test_bad_arguments_are_one_line_and_write_nothing(
     change, message, files, tmp_path, run_cli, capsys
 ):
-    from dpsinkhorn.evaluate.fid import save_statistics
     from dpsinkhorn.evaluate.inception import sha256_of
 
     argv = ["evaluate", "--generator", str(files["generator"]), "--test", str(files["test"])]
@@ -192,7 +179,7 @@ def test_bad_arguments_are_one_line_and_write_nothing(
     fileio.save_samples(rgb_test, np.zeros((4, 32, 32, 3), np.uint8), np.arange(4))
     rgb_reference = tmp_path / "rgb_reference.npz"  # statistics of 32x32 RGB images
     mu, sigma = np.zeros(2048), np.eye(2048)
-    save_statistics(rgb_reference, mu, sigma, 4, (32, 32, 3), sha256_of(files["weights"]))
+    fid.save_statistics(rgb_reference, mu, sigma, 4, (32, 32, 3), sha256_of(files["weights"]))
     names = {"test": files["test"], "rgb_test": rgb_test, "rgb_reference": rgb_reference}
     argv += [c.format(**names) for c in change]
     assert run_cli(argv) == 2
@@ -205,8 +192,6 @@ def test_a_stopped_job_resumes_after_its_finished_phases(files, tmp_path, monkey
     """Stopped during the MLP (as a deadline stops it; Snakemake then deletes the declared
     outputs), the rerun reuses Log-Reg's records instead of training it again; other
     settings start afresh; the progress file goes once the job completes."""
-    from dpsinkhorn.evaluate import job
-
     kw = {
         "seeds": [0, 1],
         "num": 200,
@@ -224,7 +209,7 @@ def test_a_stopped_job_resumes_after_its_finished_phases(files, tmp_path, monkey
     }
     trained, real = _stop_at_mlp(monkeypatch)
     with pytest.raises(KeyboardInterrupt):
-        job.evaluate(**kw)
+        job.evaluate(job.EvaluationSpec(**kw))
     progress = tmp_path / job.Progress.NAME
     assert trained == ["logreg", "mlp"] and progress.is_file()
     first = _json(tmp_path / "acc_logreg_seed1.json")
@@ -234,13 +219,13 @@ def test_a_stopped_job_resumes_after_its_finished_phases(files, tmp_path, monkey
     monkeypatch.setattr(
         job, "train_and_evaluate_seeds", lambda m, *a, **k: (trained.append(m), real(m, *a, **k))[1]
     )
-    job.evaluate(**kw)
+    job.evaluate(job.EvaluationSpec(**kw))
     assert trained == ["mlp"]  # Log-Reg came from the progress file
     assert _json(tmp_path / "acc_logreg_seed1.json") == first
     assert not progress.exists()
 
     trained.clear()
-    job.evaluate(**{**kw, "num": 150})  # another key: nothing reused
+    job.evaluate(job.EvaluationSpec(**{**kw, "num": 150}))  # another key: nothing reused
     assert trained == ["logreg", "mlp"]
 
 
@@ -249,7 +234,7 @@ def test_phases_resume_only_from_the_same_code_and_name_their_commit(files, tmp_
     file of an older format) is computed again; a resumed phase keeps the commit that
     computed it, and evaluate_phases.json says, per phase, which commit and code did."""
     from dpsinkhorn.config.targets import EVALUATION_PHASES
-    from dpsinkhorn.evaluate import job, phases
+    from dpsinkhorn.evaluate import phases
 
     kw = {
         "seeds": [0, 1],
@@ -277,14 +262,14 @@ def test_phases_resume_only_from_the_same_code_and_name_their_commit(files, tmp_
     monkeypatch.setattr(job, "train_and_evaluate_seeds", train)
     monkeypatch.setenv(job.COMMIT_ENV, "c0ffee0")
     with pytest.raises(KeyboardInterrupt):
-        job.evaluate(**kw)
+        job.evaluate(job.EvaluationSpec(**kw))
     progress = tmp_path / job.Progress.NAME
     saved = _json(progress)
 
     deadline[0] = False
     monkeypatch.setenv(job.COMMIT_ENV, "beef001")
     trained.clear()
-    job.evaluate(**kw)
+    job.evaluate(job.EvaluationSpec(**kw))
     assert trained == ["mlp"]  # Log-Reg resumed: the same code computed it
     code = job.phase_code_sha256("mlp")
     assert _json(tmp_path / EVALUATION_PHASES) == {
@@ -295,7 +280,7 @@ def test_phases_resume_only_from_the_same_code_and_name_their_commit(files, tmp_
     def rerun_from(progress_json: dict) -> dict:
         fileio.write_json(progress, progress_json)
         trained.clear()
-        job.evaluate(**kw)
+        job.evaluate(job.EvaluationSpec(**kw))
         return {p: e["commit"] for p, e in _json(tmp_path / EVALUATION_PHASES).items()}
 
     # the progress file's older format (records without their code): computed again
@@ -312,8 +297,6 @@ def test_a_phase_is_not_resumed_under_another_class_count(files, tmp_path, monke
     """The class count is a setting of the key: Log-Reg saved with an own dataset's 12
     classes (its dataset.json beside the test split) is trained again when the rerun's
     class count is the labels' 10 (no --dataset), so no file reports another class count."""
-    from dpsinkhorn.evaluate import job
-
     own = tmp_path / "own"
     own.mkdir()
     (own / "test.npz").write_bytes(Path(files["test"]).read_bytes())
@@ -345,14 +328,14 @@ def test_a_phase_is_not_resumed_under_another_class_count(files, tmp_path, monke
     }
     trained, real = _stop_at_mlp(monkeypatch)
     with pytest.raises(KeyboardInterrupt):
-        job.evaluate(**kw, dataset="own")
+        job.evaluate(job.EvaluationSpec(**kw, dataset="own"))
     assert _json(tmp_path / "acc_logreg_seed0.json")["num_classes"] == 12
 
     trained.clear()
     monkeypatch.setattr(
         job, "train_and_evaluate_seeds", lambda m, *a, **k: (trained.append(m), real(m, *a, **k))[1]
     )
-    job.evaluate(**kw)  # no dataset: the labels' 10 classes
+    job.evaluate(job.EvaluationSpec(**kw))  # no dataset: the labels' 10 classes
     assert trained == ["logreg", "mlp"]
     for model in ("logreg", "mlp"):
         assert _json(tmp_path / f"acc_{model}_seed0.json")["num_classes"] == 10
@@ -362,8 +345,6 @@ def test_a_phase_of_other_samples_is_computed_again(files, tmp_path, monkeypatch
     """Samples drawn by other code (a generator architecture in ``models`` changed by
     another commit: the same generator.pt, other images) are scored again: a resumed FID
     would be of images no longer on disk. Its record names the samples it scored."""
-    from dpsinkhorn.evaluate import job
-
     kw = {
         "seeds": [0],
         "num": 4,
@@ -385,7 +366,7 @@ def test_a_phase_of_other_samples_is_computed_again(files, tmp_path, monkeypatch
 
     monkeypatch.setattr(job, "train_and_evaluate_seeds", stop_at_logreg)
     with pytest.raises(KeyboardInterrupt):
-        job.evaluate(**kw)
+        job.evaluate(job.EvaluationSpec(**kw))
     first = _json(tmp_path / "fid_seed0.json")
 
     def other_code(model, num, seed):  # what another commit's generator code draws
@@ -398,7 +379,7 @@ def test_a_phase_of_other_samples_is_computed_again(files, tmp_path, monkeypatch
         "train_and_evaluate_seeds",
         lambda m, *a, **k: (trained.append(m), real_train(m, *a, **k))[1],
     )
-    job.evaluate(**kw)
+    job.evaluate(job.EvaluationSpec(**kw))
     record = _json(tmp_path / "fid_seed0.json")
     assert record["a_sha256"] == fileio.sha256_of(tmp_path / "samples_seed0.npz")
     assert record["fid"] != first["fid"] and trained == ["logreg"]

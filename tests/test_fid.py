@@ -1,20 +1,21 @@
-"""FID on real MNIST with pytorch-fid's real Inception weights.
+"""FID on real MNIST with pytorch-fid's real Inception weights, against pytorch-fid's own
+feature path and statistics (``oracles``) at small size.
 
-On CPU the network runs at ~5-8 images/s and each pytorch-fid FID value costs a
-2048x2048 matrix square root (~10-20 s), so the module uses ~310 images and 5
-pytorch-fid FID values (two of them on synthetic statistics, checking ``eigh``).
+On CPU the network runs at a few images/s and each pytorch-fid FID value costs a 2048x2048
+matrix square root (~10-20 s), so the module uses few images and few such values.
 """
 
 from __future__ import annotations
 
 import gzip
-import json
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
+from oracles import pytorch_fid_activations, pytorch_fid_statistics
 
 from dpsinkhorn import fileio
 from dpsinkhorn.evaluate import fid, inception
@@ -33,8 +34,8 @@ def mnist_test(data_mirror: Path) -> tuple[np.ndarray, np.ndarray]:
     return images, labels
 
 
-#: Real MNIST images per set of :func:`features` (Inception's reference path on the CPU, the
-#: module's largest cost): rank-deficient statistics (n << 2048) like any small FID sample.
+#: Real MNIST images per set of :func:`features` (Inception on the CPU, the module's
+#: largest cost): rank-deficient statistics (n << 2048) like any small FID sample.
 #: At 50 the two solvers' real/real FIDs differ by 3.4e-7 of the traces (7.1e-5 of 207.6),
 #: a third of EIGH_RTOL_RANK_DEFICIENT; at 80 the FIDs differ by 1.6e-5 (comment below).
 N_REAL = 80
@@ -51,20 +52,24 @@ def features(mnist_test, fid_weights: Path) -> dict[str, np.ndarray]:
         "real_b": images[n : 2 * n],
         "shuffled": rng.permuted(images[n : 2 * n].reshape(n, -1), axis=1).reshape(n, 28, 28),
     }
-    return {
-        k: inception.activations(v, fid_weights, DEVICE, batch_size=50) for k, v in sets.items()
-    }
+    model = inception.load_inception(fid_weights, DEVICE)
+    return {k: _features(v, model) for k, v in sets.items()}
+
+
+def _features(images: np.ndarray, model) -> np.ndarray:
+    """The product's pool3 features, float64 [N,2048] on the host."""
+    return inception.activations(images, model).double().cpu().numpy()
 
 
 def _fid(features: dict[str, np.ndarray], a: str, b: str, method: str = "pytorch_fid") -> float:
-    stats_a = fid.statistics_of_activations(features[a])
-    stats_b = fid.statistics_of_activations(features[b])
+    stats_a = pytorch_fid_statistics(features[a])
+    stats_b = pytorch_fid_statistics(features[b])
     return fid.fid_from_stats(*stats_a, *stats_b, method=method)
 
 
 def test_activations_shape_and_dtype(features):
     acts = features["real_a"]
-    assert acts.shape == (N_REAL, 2048) and acts.dtype == np.float64
+    assert acts.shape == (N_REAL, 2048)
     assert np.isfinite(acts).all() and acts.min() >= 0  # pool3 follows a ReLU
 
 
@@ -75,9 +80,7 @@ def test_real_vs_real_is_much_smaller_than_real_vs_shuffled_pixels(features):
     assert real > 1.0  # two different finite samples
     assert real < 0.3 * shuffled
     # eigh on real, rank-deficient (N_REAL images) pool3 statistics: see EIGH_RTOL_RANK_DEFICIENT
-    (mu_a, s_a), (mu_b, s_b) = (
-        fid.statistics_of_activations(features[k]) for k in ("real_a", "real_b")
-    )
+    (mu_a, s_a), (mu_b, s_b) = (pytorch_fid_statistics(features[k]) for k in ("real_a", "real_b"))
     eigh = fid.fid_from_stats(mu_a, s_a, mu_b, s_b, method="eigh")
     scale = np.trace(s_a) + np.trace(s_b)
     print(
@@ -130,7 +133,7 @@ def rank_deficient_stats() -> tuple[tuple[np.ndarray, ...], float]:
     n, rng = N_SYNTH, np.random.default_rng(1)
     x = np.maximum(rng.normal(size=(n, D)), 0)
     y = np.maximum(rng.normal(0.2, 1.1, size=(n, D)), 0)
-    stats = fid.statistics_of_activations(x) + fid.statistics_of_activations(y)
+    stats = pytorch_fid_statistics(x) + pytorch_fid_statistics(y)
     xc, yc = x - x.mean(0), y - y.mean(0)
     tr_covmean = np.linalg.svd(xc @ yc.T / (n - 1), compute_uv=False).sum()
     diff = stats[0] - stats[2]
@@ -181,41 +184,15 @@ def test_eigh_small_exact_case_and_bad_method():
         fid.fid_from_stats(mu1, s1, mu2, s2, method="sqrtm")
 
 
-def test_cli_sqrtm_option_is_accepted_and_recorded(tmp_path, run_cli, capsys):
-    """Two statistics files: no Inception network is needed."""
-    rng = np.random.default_rng(3)
-    for name, n in (("a", 30), ("b", 40)):
-        feats = rng.normal(size=(n, 16))
-        fid.save_statistics(tmp_path / f"{name}.npz", *fid.statistics_of_activations(feats), n)
-    results = {}
-    for sqrtm in ("pytorch_fid", "eigh", None):
-        out = tmp_path / f"{sqrtm}.json"
-        argv = ["fid", "--a", str(tmp_path / "a.npz"), "--b", str(tmp_path / "b.npz")]
-        argv += ["--out", str(out)] + ([] if sqrtm is None else ["--sqrtm", sqrtm])
-        assert run_cli(argv) == 0
-        results[sqrtm] = json.loads(out.read_text())
-    assert results[None] == results["pytorch_fid"]  # the default
-    assert results["pytorch_fid"]["sqrtm"] == "pytorch_fid"
-    assert results["eigh"]["sqrtm"] == "eigh"
-    assert results["eigh"]["num_images_a"] == 30 and results["eigh"]["num_images_b"] == 40
-    assert results["eigh"]["fid"] == pytest.approx(results["pytorch_fid"]["fid"], rel=1e-10)
-
-    out = tmp_path / "bad.json"
-    argv = ["fid", "--a", str(tmp_path / "a.npz"), "--b", str(tmp_path / "b.npz")]
-    with pytest.raises(SystemExit) as err:
-        run_cli([*argv, "--out", str(out), "--sqrtm", "scipy"])
-    assert err.value.code == 2 and not out.exists()
-    assert "invalid choice: 'scipy'" in capsys.readouterr().err
-
-
 def test_grayscale_and_rgb_inputs_agree(mnist_test, fid_weights):
     gray = mnist_test[0][:2]
+    model = inception.load_inception(fid_weights, DEVICE)
     acts = [
-        inception.activations(x, fid_weights, DEVICE)
-        for x in (gray, gray[..., None], np.repeat(gray[..., None], 3, axis=-1))
+        _features(x, model) for x in (gray, gray[..., None], np.repeat(gray[..., None], 3, axis=-1))
     ]
-    np.testing.assert_allclose(acts[1], acts[0], rtol=0, atol=1e-6)
-    np.testing.assert_allclose(acts[2], acts[0], rtol=0, atol=1e-6)
+    # a grey image as 1 or 3 channels: the same values, convolved by other kernels (1e-6)
+    np.testing.assert_allclose(acts[1], acts[0], rtol=0, atol=1e-5)
+    np.testing.assert_allclose(acts[2], acts[0], rtol=0, atol=1e-5)
 
 
 def test_same_network_as_pytorch_fid_download_path(mnist_test, fid_weights, tmp_path, monkeypatch):
@@ -226,8 +203,8 @@ def test_same_network_as_pytorch_fid_download_path(mnist_test, fid_weights, tmp_
     monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
     monkeypatch.setattr(inception, "_MODELS", {})
     images = mnist_test[0][:2]
-    ours = inception.activations(images, fid_weights, DEVICE)
-    theirs = inception.activations(images, None, DEVICE)
+    ours = _features(images, inception.load_inception(fid_weights, DEVICE))
+    theirs = _features(images, inception.load_inception(None, DEVICE))
     np.testing.assert_allclose(ours, theirs, rtol=0, atol=1e-6)
 
 
@@ -270,25 +247,21 @@ def test_subsample_is_seeded_and_checked():
         fid.subsample(images, 11, seed=0)
 
 
-def test_cli_self_fid_is_zero_and_stats_file_matches_samples(
-    mnist_test, fid_weights, tmp_path, run_cli
-):
-    """fid-stats on a seeded subset, then FID of that statistics file against the same subset."""
+def test_fid_stats_then_self_fid_is_zero(mnist_test, fid_weights, tmp_path, run_cli):
+    """fid-stats on a seeded subset, then the FID of that subset against its statistics."""
     images, labels = mnist_test
     samples = tmp_path / "s.npz"
     fileio.save_samples(samples, images[300:330], labels[300:330])
     common = ["--weights", str(fid_weights), "--device", DEVICE, "--seed", "3"]
-    ref, out = tmp_path / "ref.npz", tmp_path / "fid.json"
+    ref = tmp_path / "ref.npz"
     stats_cmd = ["fid-stats", "--samples", str(samples), "--num", "20", "--out", str(ref)]
     assert run_cli([*stats_cmd, *common]) == 0
-    argv = ["fid", "--a", str(ref), "--b", str(samples), "--num-b", "20", "--out", str(out)]
+    subset = fid.subsample(images[300:330], 20, seed=3)
     # eigh: exact for identical statistics, where Schur's sqrtm of 2048x2048 spends ~10 s
-    assert run_cli([*argv, "--sqrtm", "eigh", *common]) == 0
-
-    result = json.loads(out.read_text())
-    assert set(result) >= {"fid", "num_images_a", "num_images_b", "weights"}
+    result = fid.fid_against_reference(subset, ref, "s.npz", fid_weights, DEVICE, sqrtm="eigh")
+    assert set(result) <= fid.RECORD_KEYS  # what a release may publish
     assert result["num_images_a"] == result["num_images_b"] == 20
-    assert result["weights"] == str(fid_weights)
+    assert result["weights"] == str(fid_weights) and result["sqrtm"] == "eigh"
     assert result["weights_sha256"] == inception.verify_weights(fid_weights)
     assert result["image_shape"] == [28, 28, 1]
     assert fid.statistics_metadata(ref) == {
@@ -298,31 +271,23 @@ def test_cli_self_fid_is_zero_and_stats_file_matches_samples(
     }
     assert isinstance(result["fid"], float) and abs(result["fid"]) < 1e-3
 
-    mu, sigma, num = fid.load_statistics(ref)
-    mu_direct, sigma_direct, num_direct = fid.input_statistics(
-        samples, num=20, seed=3, weights=fid_weights, device=DEVICE
-    )
-    assert num == num_direct == 20
-    np.testing.assert_allclose(mu, mu_direct, rtol=1e-10, atol=1e-12)
-    np.testing.assert_allclose(sigma, sigma_direct, rtol=1e-10, atol=1e-12)
-
 
 def _write_npz(path: Path, **arrays: np.ndarray) -> Path:
     np.savez(path, **arrays)
     return path
 
 
-BAD_CASES = ["float_images", "label_mismatch", "missing_file", "too_many", "subsample_stats"]
+BAD_CASES = ["float_images", "label_mismatch", "missing_file", "too_many", "statistics_file"]
 
 
 @pytest.mark.parametrize("case", [*BAD_CASES, "missing_weights"])
-def test_cli_bad_input_exits_2_without_output(
+def test_fid_stats_bad_input_exits_2_without_output(
     case, mnist_test, fid_weights, tmp_path, run_cli, capsys
 ):
     images, labels = mnist_test
-    good = tmp_path / "good.npz"
-    fileio.save_samples(good, images[:5], labels[:5])
-    a, extra, weights = good, [], fid_weights
+    a = tmp_path / "good.npz"
+    fileio.save_samples(a, images[:5], labels[:5])
+    extra, weights = [], fid_weights
     if case == "float_images":
         a = _write_npz(tmp_path / "f.npz", images=images[:5] / 255.0, labels=labels[:5])
     elif case == "label_mismatch":
@@ -330,14 +295,14 @@ def test_cli_bad_input_exits_2_without_output(
     elif case == "missing_file":
         a = tmp_path / "missing.npz"
     elif case == "too_many":
-        extra = ["--num-a", "6"]
-    elif case == "subsample_stats":
-        a, extra = tmp_path / "stats.npz", ["--num-a", "2"]
+        extra = ["--num", "6"]
+    elif case == "statistics_file":
+        a = tmp_path / "stats.npz"
         fid.save_statistics(a, np.zeros(3), np.eye(3), 5)
     else:
         weights = tmp_path / "no_such_weights.pth"
-    out = tmp_path / "out.json"
-    argv = ["fid", "--a", str(a), "--b", str(good), "--out", str(out), "--weights", str(weights)]
+    out = tmp_path / "out.npz"
+    argv = ["fid-stats", "--samples", str(a), "--out", str(out), "--weights", str(weights)]
     assert run_cli([*argv, *extra, "--device", DEVICE]) == 2
     assert not out.exists()
     named = weights if case == "missing_weights" else a
@@ -386,8 +351,8 @@ def test_pytorch_fid_value_on_real_statistics(features):
         pytest.skip(f"pytorch-fid's calculate_frechet_distance fails on scipy {scipy.__version__}")
     from pytorch_fid.fid_score import calculate_frechet_distance
 
-    stats_a = fid.statistics_of_activations(features["real_a"])
-    stats_b = fid.statistics_of_activations(features["shuffled"])
+    stats_a = pytorch_fid_statistics(features["real_a"])
+    stats_b = pytorch_fid_statistics(features["shuffled"])
     theirs = float(calculate_frechet_distance(*stats_a, *stats_b))
     ours = fid.fid_from_stats(*stats_a, *stats_b, method="pytorch_fid")
     print(f"real/shuffled: ours {ours!r} pytorch-fid {theirs!r} rel {abs(ours / theirs - 1):.3g}")
@@ -400,8 +365,6 @@ def test_pytorch_fid_value_on_real_statistics(features):
 
 def test_weights_are_verified_and_a_modified_copy_is_refused(fid_weights, tmp_path, run_cli):
     """A copy with one tensor scaled by 1.5 still loads, but has another SHA-256: refused."""
-    import torch
-
     digest = inception.verify_weights(fid_weights)
     assert digest in inception.KNOWN_WEIGHTS_SHA256
     sums = fid_weights.parent / "SHA256SUMS"
@@ -420,50 +383,39 @@ def test_weights_are_verified_and_a_modified_copy_is_refused(fid_weights, tmp_pa
     rng = np.random.default_rng(5)
     samples = tmp_path / "s.npz"
     fileio.save_samples(samples, rng.integers(0, 256, (4, 28, 28), dtype=np.uint8), np.arange(4))
-    out = tmp_path / "fid.json"
-    argv = ["fid", "--a", str(samples), "--b", str(samples), "--out", str(out)]
+    out = tmp_path / "stats.npz"
+    argv = ["fid-stats", "--samples", str(samples), "--out", str(out)]
     assert run_cli([*argv, "--weights", str(modified), "--device", DEVICE]) == 2
     assert not out.exists()
 
 
-def test_fid_refuses_images_of_different_shapes(mnist_test, fid_weights, tmp_path, run_cli, capsys):
-    """8x8 against 28x28 (the issue's case gave FID 449.7, exit 0): sample and statistics files."""
-    images, labels = mnist_test
-    small, large = tmp_path / "small.npz", tmp_path / "large.npz"
-    fileio.save_samples(small, images[:6, 10:18, 10:18].copy(), labels[:6])
-    fileio.save_samples(large, images[:6], labels[:6])
+def test_fid_refuses_images_of_different_shapes(mnist_test, fid_weights, tmp_path):
+    """8x8 samples against statistics of 28x28 images: refused before any feature."""
     ref = tmp_path / "ref.npz"  # statistics file of 28x28x1 images (as fid-stats writes it)
     fid.save_statistics(ref, np.zeros(2048), np.eye(2048), 6, (28, 28, 1), None)
-    for b in (large, ref):
-        out = tmp_path / "out.json"
-        argv = ["fid", "--a", str(small), "--b", str(b), "--out", str(out)]
-        assert run_cli([*argv, "--weights", str(fid_weights), "--device", DEVICE]) == 2
-        err = capsys.readouterr().err
-        assert "one shape" in err and "[8, 8, 1]" in err and "[28, 28, 1]" in err
-        assert not out.exists()
+    small = mnist_test[0][:6, 10:18, 10:18].copy()
+    with pytest.raises(ValueError, match="one shape") as err:
+        fid.fid_against_reference(small, ref, "small.npz", fid_weights, DEVICE)
+    assert "[8, 8, 1]" in str(err.value) and "[28, 28, 1]" in str(err.value)
 
 
-def test_weights_without_fc_give_the_same_features_and_name(
-    mnist_test, fid_weights, tmp_path, run_cli
-):
-    """`fid-weights --strip-fc`: the copy (what a short GPU call carries: 87 of 96 MB) is
-    accepted by its pool3 tensors, named by the whole file's SHA-256 (so statistics from
-    either file compare), and gives identical features; a stripped copy with one pool3
-    tensor changed, or a copy that still holds a changed fc, is refused."""
-    import torch
-
+def test_weights_without_fc_give_the_same_features_and_name(mnist_test, fid_weights, tmp_path):
+    """A copy without the fc layer is accepted by its pool3 tensors, named by the whole
+    file's SHA-256 (so statistics from either file compare), and gives identical features;
+    a stripped copy with one pool3 tensor changed is refused."""
     if inception.sha256_of(fid_weights) not in inception.KNOWN_POOL3_SHA256.values():
         pytest.skip("the pool3 hash is listed for the offline rebuild only")
     stripped = tmp_path / "inception_pool3.pth"
-    assert run_cli(["fid-weights", "--weights", str(fid_weights), "--strip-fc", str(stripped)]) == 0
-    state = torch.load(stripped, weights_only=True)
+    state = torch.load(fid_weights, map_location="cpu", weights_only=True)
+    state = {k: v for k, v in state.items() if not k.startswith(inception.FC_PREFIX)}
+    torch.save(state, stripped)
     assert not any(k.startswith("fc.") for k in state)
     assert stripped.stat().st_size < fid_weights.stat().st_size - 8_000_000  # 2048 x 1008 fp32
     assert inception.verify_weights(stripped) == inception.verify_weights(fid_weights)
     images = mnist_test[0][:6]
     np.testing.assert_array_equal(
-        inception.activations(images, stripped, DEVICE),
-        inception.activations(images, fid_weights, DEVICE),
+        _features(images, inception.load_inception(stripped, DEVICE)),
+        _features(images, inception.load_inception(fid_weights, DEVICE)),
     )
     key = "Conv2d_1a_3x3.conv.weight"
     state[key] = state[key] * 1.001
@@ -485,3 +437,72 @@ def test_pytorch_fid_is_imported_only_where_a_network_is_built():
 
     assert inception.POOL3_BLOCK == pfi.InceptionV3.BLOCK_INDEX_BY_DIM[2048]
     assert inception.WEIGHTS_FILE_NAME == Path(pfi.FID_WEIGHTS_URL).name
+
+
+# ----------------------------------------------------------------------------- the oracle
+
+
+def test_features_and_fid_agree_with_pytorch_fid(mnist_test, fid_weights, tmp_path):
+    """The product's features (batch norm folded, channels-last, statistics on the device)
+    against pytorch-fid's own forward and ``np.cov``: features within 1e-5 of the largest,
+    statistics within 1e-5, FID within 1e-5 relative."""
+    images = mnist_test[0][:24]
+    model = inception.load_inception(fid_weights, DEVICE)
+    theirs = pytorch_fid_activations(images[:12], model=model)
+    ours = inception.activations(images[:12], model, batch_size=5).double().numpy()
+    assert np.abs(ours - theirs).max() <= 1e-5 * np.abs(theirs).max()
+    mu, sigma = fid.statistics(images[:12], fid_weights, DEVICE)
+    mu_r, sigma_r = pytorch_fid_statistics(theirs)
+    assert np.allclose(mu, mu_r, rtol=0, atol=1e-5) and np.allclose(sigma, sigma_r, atol=1e-5)
+    reference = tmp_path / "ref.npz"
+    fid.save_statistics(
+        reference, *pytorch_fid_statistics(pytorch_fid_activations(images[12:], model=model)), 12
+    )
+    record = fid.fid_against_reference(
+        images[:12], reference, "s.npz", fid_weights, DEVICE, sqrtm="eigh"
+    )
+    oracle = fid.fid_from_stats(mu_r, sigma_r, *fid.load_statistics(reference)[:2], method="eigh")
+    assert abs(record["fid"] / oracle - 1) < 1e-5
+    assert record["features"].startswith("fp32")
+    with pytest.raises(ValueError, match="unknown FID precision"):
+        fid.statistics(images[:2], fid_weights, DEVICE, precision="int8")
+
+
+def _cudnn_tf32_switch():
+    """(read cuDNN's fp32 convolution setting, its IEEE value, its TF32 value), in torch's
+    new (``cudnn.conv.fp32_precision``) or old (``cudnn.allow_tf32``) form."""
+    conv = torch.backends.cudnn.conv
+    if hasattr(conv, "fp32_precision"):
+        return (lambda: conv.fp32_precision), "ieee", "tf32"
+    return (lambda: torch.backends.cudnn.allow_tf32), False, True
+
+
+def test_the_fid_network_convolves_without_tf32(mnist_test):
+    """fp32 features are IEEE fp32 on a GPU too: cuDNN's TF32 is off inside the call and
+    the switch is restored after."""
+    images = mnist_test[0]
+    state, ieee, _ = _cudnn_tf32_switch()
+    model = inception.random_inception(images[:4])
+    seen = []
+    net = inception.folded_network(model)
+    net.blocks[0].register_forward_pre_hook(lambda *_: seen.append(state()))
+    before = state()
+    inception.activations(images[:2], model)
+    assert seen and all(s == ieee for s in seen) and state() == before
+
+
+def test_tf32_precision_convolves_in_tf32_and_equals_fp32_on_the_cpu(mnist_test):
+    """``fid_precision: tf32``: cuDNN may convolve in TF32 inside the call (the switch is
+    restored after); on a CPU, where cuDNN does not convolve, the features are fp32's bit for
+    bit. Its FID difference from IEEE fp32 is a GPU measurement."""
+    images = mnist_test[0]
+    state, _, tf32 = _cudnn_tf32_switch()
+    model = inception.random_inception(images[:4])
+    seen = []
+    inception.folded_network(model).blocks[0].register_forward_pre_hook(
+        lambda *_: seen.append(state())
+    )
+    before = state()
+    features = inception.activations(images[:3], model, precision="tf32")
+    assert seen and all(s == tf32 for s in seen) and state() == before
+    assert torch.equal(features, inception.activations(images[:3], model, precision="fp32"))

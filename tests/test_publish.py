@@ -24,6 +24,8 @@ from dpsinkhorn import cli, fileio, publish
 from dpsinkhorn import config as config_lib
 from dpsinkhorn.config import targets
 from dpsinkhorn.data import datasets as data
+from dpsinkhorn.evaluate.classify import train_and_evaluate_seeds, write_results
+from dpsinkhorn.evaluate.sample import sample_real
 from dpsinkhorn.privacy.accounting import composed_epsilon, compute_epsilon
 from dpsinkhorn.publish import MANIFEST, decision, run_folders, write_manifest
 from dpsinkhorn.report.privacy_summary import privacy_summary, summary_markdown
@@ -235,9 +237,7 @@ def test_sample_real_in_a_dp_samples_place_is_refused(run, tmp_path, capsys):
     config, root = run
     bad = _copy(root, tmp_path / "c")
     train_npz = bad.parent / "data" / config_lib.prepared_folder_of(config, "mnist") / "train.npz"
-    args = ["sample-real", "--data", str(train_npz), "--num", str(NUM), "--seed", "0"]
-    assert cli.main([*args, "--out", str(bad / "dp_a" / "samples_seed0.npz")]) == 0
-    capsys.readouterr()
+    fileio.save_samples(bad / "dp_a" / "samples_seed0.npz", *sample_real(train_npz, NUM, 0))
     _refused(
         _release_argv(config, bad, tmp_path / "o"),
         capsys,
@@ -457,22 +457,11 @@ def test_a_score_not_computed_from_the_release_is_refused(run, tmp_path, capsys)
     config, root = run
     bad = _copy(root, tmp_path / "private")
     prepared = bad.parent / "data" / config_lib.prepared_folder_of(config, "mnist")
-    args = [
-        "classify",
-        "--model",
-        "logreg",
-        "--train",
-        str(bad / "dp_a" / "samples_seed0.npz"),
-        "--test",
-        str(prepared / "train.npz"),
-        "--seed",
-        "0",
-        "--out",
-        str(bad / "dp_a" / "acc_logreg_seed0.json"),
-        "--dataset",
-        "mnist",
-    ]
-    assert cli.main(args) == 0
+    samples, test = bad / "dp_a" / "samples_seed0.npz", prepared / "train.npz"
+    out = bad / "dp_a" / "acc_logreg_seed0.json"
+    test_set = fileio.load_samples(test)
+    records = train_and_evaluate_seeds("logreg", [fileio.load_samples(samples)], *test_set, [0])
+    write_results(records, [samples], test, "mnist", [out])
     capsys.readouterr()
     _refused(
         _release_argv(config, bad, tmp_path / "o"),

@@ -93,15 +93,12 @@ GPUS = 0 if config["device"] == "cpu" else 1
 # FID reference statistics: the whole real test set, or a seeded random subset of it.
 FID_SIZE = EVAL["fid_reference_size"]
 FID_SUBSET = "" if FID_SIZE is None else f"--num {FID_SIZE} --seed 0"
-# The reference statistics in the arithmetic of the evaluation jobs' features (fast or not).
-FID_FEATURES = "--fast" if EVAL["fast"] else ""
 # What every evaluation job passes on from the config's `evaluation:` and fid_weights.
 EVAL_OPTIONS = (
     ("" if config["fid_weights"] is None else f"--weights {config['fid_weights']} ")
     + f"--sqrtm {EVAL['fid_sqrtm']} --max-epochs {EVAL['max_epochs']}"
     + f" --patience {EVAL['patience']} --batch-size {EVAL['batch_size']}"
     + f" --max-iter {EVAL['logreg_max_iter']}"
-    + (" --fast" if EVAL["fast"] else "")
     + ("" if EVAL["fid_precision"] == "fp32" else f" --fid-precision {EVAL['fid_precision']}")
 )
 # Only used with --software-deployment-method conda (path relative to the rule files).

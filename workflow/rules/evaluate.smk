@@ -14,7 +14,6 @@ rule fid_reference:
         f"{RESULTS}/nonprivate/fid_ref_{{dataset}}.npz",  # = targets.fid_reference_file
     params:
         subset=FID_SUBSET,
-        features=FID_FEATURES,
         weights=flag("--weights", config["fid_weights"]),
         device=DEVICE,
     log:
@@ -31,7 +30,7 @@ rule fid_reference:
         CONDA_ENV
     shell:
         "dpsinkhorn fid-stats --samples {input.test} --out {output} {params.subset}"
-        " {params.features} {params.weights} {params.device} > {log} 2>&1"
+        " {params.weights} {params.device} > {log} 2>&1"
 
 
 for exp in experiment_names(config):

@@ -48,8 +48,8 @@ def benchmark(
 
     ``sweep_runs`` = K > 0 also times ``sweep.SweepTrainer`` on K copies of the experiment
     (seeds seed..seed+K-1): ``sweep_steps_per_s`` counts sweep steps (each advances all K
-    runs) and ``sweep_per_run_ratio`` = sweep_steps_per_s / ours_steps_per_s (the
-    issue's target: >= 0.7 at K >= 8). ``cuda_graphs`` replays ``ours`` and the sweep
+    runs) and ``sweep_per_run_ratio`` = sweep_steps_per_s / ours_steps_per_s (a sweep
+    pays at >= 0.7 for K >= 8). ``cuda_graphs`` replays ``ours`` and the sweep
     from CUDA graphs (``train.step.GraphedStep``; CUDA only); ``compile_solver`` compiles
     their Sinkhorn iterations; ``solver`` adds :func:`solver_iteration_times`;
     ``precision`` is ours' and the sweep's generator arithmetic

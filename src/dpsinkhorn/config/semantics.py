@@ -1,5 +1,5 @@
 """Checks of a run configuration across keys, which its JSON schema cannot express:
-precisions, cluster settings, own datasets' names and classes, experiment names, datasets,
+precision, cluster settings, own datasets' names and classes, experiment names, datasets,
 methods and table rows (:func:`semantic_errors`, run by
 :func:`dpsinkhorn.config.validate.validate` after the schema). Each error is (key path,
 message)."""
@@ -19,11 +19,6 @@ from dpsinkhorn.config.experiments import (
     generator_widths,
 )
 
-#: Why ``evaluation.fid_precision`` other than fp32 needs ``evaluation.fast``.
-FID_PRECISION_ERROR = (
-    "bad value {!r}: a precision other than fp32 runs on the fast Inception path only; "
-    "set evaluation.fast: true or fid_precision: fp32"
-)
 #: Why a sweep (``sweep_runs`` > 1) cannot train in bf16.
 SWEEP_BF16_ERROR = (
     "precision bf16 cannot train sweeps: torch.func.vmap, which runs a sweep's generators, "
@@ -46,14 +41,6 @@ def semantic_errors(config: dict) -> list[tuple[list, str]]:
     errors: list[tuple[list, str]] = []
     if config["precision"] == "bf16" and config["sweep_runs"] > 1:
         errors.append((["precision"], SWEEP_BF16_ERROR))
-    evaluation = config["evaluation"]
-    if evaluation["fid_precision"] != "fp32" and not evaluation["fast"]:
-        errors.append(
-            (
-                ["evaluation", "fid_precision"],
-                FID_PRECISION_ERROR.format(evaluation["fid_precision"]),
-            )
-        )
     errors += cluster_errors(config)
     errors += own_dataset_errors(config)
     rows: dict[tuple[str, str], str] = {}

@@ -1,31 +1,15 @@
-"""The three downstream classifiers of paper appendix D.2 and their training loops.
+"""The three downstream classifiers of paper appendix D.2 and their one training loop.
 
-Inputs are pixels scaled to [0,1] (uint8 / 255; no standardisation), float32
-[N,C,H,W] (torch models) or any [N,...] array (``logreg``, flattened).
-
-- ``logreg``: multinomial logistic regression with scikit-learn's objective (mean
-  cross-entropy + ||W||^2 / (2 C n), C = 1, intercept not penalised; L-BFGS, ``max_iter``
-  5000) on flattened pixels, fitted on the whole training set (no model selection):
-  scikit-learn's ``LogisticRegression`` on the host (:func:`train_logreg`), or the same
-  objective minimised by torch's L-BFGS on the device for several seeds at once
-  (:func:`train_logreg_torch`; the optimum is unique, so both give the same classifier up
-  to the solvers' tolerances).
-- ``mlp``: flatten - linear(100) - ReLU - linear(classes).
-- ``cnn``: conv3x3(32) - ReLU - maxpool2 - dropout(0.5) - conv3x3(64) - ReLU -
-  maxpool2 - dropout(0.5) - flatten - linear(classes); any H, W >= 4.
-
-The MLP and CNN are trained with Adam (default parameters) on 90% of the
-training set; the other 10% is a hold-out for early stopping: training stops
-after ``patience`` epochs without a better hold-out accuracy (or at
-``max_epochs``) and the best hold-out weights are kept. The test set is only
-used for the final accuracy. Everything is seeded: the same seed gives the
-same accuracy on CPU. Batches are index slices of device tensors (no DataLoader).
+Inputs are pixels in [0,1] (uint8 / 255), float32 [N,C,H,W]; every seed's model trains at
+once on one device. ``logreg``: scikit-learn's multinomial objective minimised by torch's
+L-BFGS (:func:`train_logreg`); ``mlp`` and ``cnn``: Adam, 10% hold-out, early stopping
+after ``patience`` epochs without a better hold-out accuracy, best weights kept
+(:func:`train_batched`). The models and the protocol are described in docs/PAPER.md.
 """
 
 from __future__ import annotations
 
 import copy
-import warnings
 
 import numpy as np
 import torch
@@ -75,141 +59,7 @@ def accuracy_of(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
     return int(correct.item()) / len(x)
 
 
-def train_torch(
-    name: str,
-    x: torch.Tensor,
-    y: torch.Tensor,
-    x_test: torch.Tensor,
-    y_test: torch.Tensor,
-    num_classes: int,
-    seed: int,
-    max_epochs: int,
-    patience: int,
-    batch_size: int,
-) -> dict:
-    """Adam + early stopping on a 10% hold-out of (x, y); returns the result fields.
-
-    ``x`` float32 [N,C,H,W], ``y`` int64 [N] and the test pair are tensors already on
-    the training device.
-    """
-    if len(x) < 2:
-        raise ValueError(f"{name} needs at least 2 training images, got {len(x)}")
-    if max_epochs < 1 or patience < 1 or batch_size < 1:
-        raise ValueError("max_epochs, patience and batch_size must be >= 1")
-    device = x.device
-    torch.manual_seed(seed)
-    order = np.random.default_rng(seed).permutation(len(x))
-    n_hold = max(1, int(round(HOLDOUT_FRACTION * len(x))))
-    hold = torch.from_numpy(order[:n_hold]).to(device)
-    fit = torch.from_numpy(order[n_hold:]).to(device)
-    x_fit, y_fit, x_hold, y_hold = x[fit], y[fit], x[hold], y[hold]
-    model = make_model(name, x.shape[1:], num_classes).to(device)
-    optimizer = torch.optim.Adam(model.parameters())
-    loss_fn = nn.CrossEntropyLoss()
-    shuffle = torch.Generator().manual_seed(seed)
-
-    best_acc, best_epoch, best_state, epoch = -1.0, 0, None, 0
-    for epoch in range(1, max_epochs + 1):
-        model.train()
-        for batch in torch.randperm(len(x_fit), generator=shuffle).to(device).split(batch_size):
-            optimizer.zero_grad(set_to_none=True)
-            loss_fn(model(x_fit[batch]), y_fit[batch]).backward()
-            optimizer.step()
-        acc = accuracy_of(model, x_hold, y_hold)
-        if acc > best_acc:
-            best_acc, best_epoch, best_state = acc, epoch, copy.deepcopy(model.state_dict())
-        elif epoch - best_epoch >= patience:
-            break
-    model.load_state_dict(best_state)
-    return {
-        "accuracy": accuracy_of(model, x_test, y_test),
-        "holdout_accuracy": best_acc,
-        "epochs": epoch,
-        "best_epoch": best_epoch,
-        "num_holdout": int(n_hold),
-        "max_epochs": max_epochs,
-        "patience": patience,
-        "batch_size": batch_size,
-    }
-
-
-def train_torch_batched(
-    name: str,
-    xs: list[torch.Tensor],
-    ys: list[torch.Tensor],
-    x_test: torch.Tensor,
-    y_test: torch.Tensor,
-    num_classes: int,
-    seeds: list[int],
-    max_epochs: int,
-    patience: int,
-    batch_size: int,
-) -> list[dict]:
-    """:func:`train_torch` for K seeds at once: the K models' parameters stacked [K, ...]
-    (``torch.func.stack_module_state``), every step one ``vmap``-ed forward/backward and one
-    Adam step (elementwise, so the same as K separate Adams).
-
-    Per seed as in :func:`train_torch`: initialisation (``torch.manual_seed(seed)``),
-    hold-out split, batch order, early stopping and the best hold-out weights; only the
-    dropout masks come from another stream (``vmap(randomness="different")``), so the CNN's
-    results differ from the sequential ones like another seed's would. The training sets
-    ``xs`` [N,C,H,W] (float32) / ``ys`` [N] must have the same N; all tensors on one device.
-    """
-    run = BatchedRun(name, xs, ys, num_classes, seeds, max_epochs, patience, batch_size)
-    k, params = run.k, run.params
-    optimizer = torch.optim.Adam(list(params.values()))
-
-    best_acc, best_epoch, epochs = [-1.0] * k, [0] * k, [0] * k
-    best_state: list[dict | None] = [None] * k
-    done = [False] * k
-    for epoch in range(1, max_epochs + 1):
-        for idx in run.epoch_batches():
-            run.step(optimizer, idx)
-        accs = run.accuracy(run.x_hold, run.y_hold, shared=False).tolist()
-        for j in range(k):
-            if done[j]:
-                continue
-            epochs[j] = epoch
-            if accs[j] > best_acc[j]:
-                best_acc[j], best_epoch[j] = accs[j], epoch
-                best_state[j] = {key: v[j].detach().clone() for key, v in params.items()}
-            elif epoch - best_epoch[j] >= patience:
-                done[j] = True
-        if all(done):
-            break
-    with torch.no_grad():
-        for j in range(k):
-            for key, v in params.items():
-                v[j].copy_(best_state[j][key])
-    test_acc = run.accuracy(x_test, y_test, shared=True).tolist()
-    return run.records(test_acc, best_acc, epochs, best_epoch)
-
-
 def train_logreg(
-    x: np.ndarray, y: np.ndarray, x_test: np.ndarray, y_test: np.ndarray, seed: int, max_iter: int
-) -> dict:
-    """L-BFGS logistic regression on flattened pixels of the whole training set."""
-    from sklearn.exceptions import ConvergenceWarning
-    from sklearn.linear_model import LogisticRegression
-
-    if len(np.unique(y)) < 2:
-        raise ValueError("logreg needs training samples of at least 2 classes")
-    clf = LogisticRegression(solver="lbfgs", max_iter=max_iter, random_state=seed)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", ConvergenceWarning)
-        clf.fit(x.reshape(len(x), -1), y)
-    converged = not any(issubclass(w.category, ConvergenceWarning) for w in caught)
-    return {
-        "accuracy": float(clf.score(x_test.reshape(len(x_test), -1), y_test)),
-        "holdout_accuracy": None,  # no model selection for logreg
-        "epochs": None,
-        "iterations": int(np.max(clf.n_iter_)),
-        "converged": converged,
-        "max_iter": max_iter,
-    }
-
-
-def train_logreg_torch(
     xs: list[torch.Tensor],
     ys: list[torch.Tensor],
     x_test: torch.Tensor,
@@ -219,16 +69,15 @@ def train_logreg_torch(
     c: float = 1.0,
     tolerance: float = 1e-6,
 ) -> list[dict]:
-    """scikit-learn's L2 logistic regression (lbfgs, multinomial), one per training set, all
-    fitted together on their device by ``torch.optim.LBFGS`` (strong Wolfe line search).
+    """scikit-learn's L2 logistic regression (lbfgs, multinomial, C = ``c``), one per training
+    set, all fitted together by ``torch.optim.LBFGS`` (strong Wolfe line search).
 
-    Per set k the objective is mean_i CE(W_k x_i + b_k, y_i) + ||W_k||^2 / (2 C n_k), which is
-    scikit-learn's ``C sum_i CE + ||W||^2 / 2`` divided by C n_k: the same unique minimiser.
-    The K objectives are summed; they share no parameter, so the sum's gradient is each set's
-    own and the joint minimiser is the K separate ones. ``xs`` float32 [N_k,C,H,W] (or any
-    [N_k,...]), ``ys`` int64 [N_k], the test pair likewise, all on one device. Stops when the
-    largest gradient entry is below ``tolerance`` or after ``max_iter`` L-BFGS iterations.
-    Deterministic (no random initialisation: W = 0, b = 0, as scikit-learn starts).
+    Per set k the objective is mean_i CE(W_k x_i + b_k, y_i) + ||W_k||^2 / (2 C n_k):
+    scikit-learn's ``C sum_i CE + ||W||^2 / 2`` divided by C n_k, the same unique minimiser.
+    The K objectives share no parameter, so their sum's minimiser is the K separate ones.
+    ``xs`` float32 [N_k,...], ``ys`` int64 [N_k], the test pair likewise, all on one device.
+    Stops when the largest gradient entry is below ``tolerance`` or after ``max_iter``
+    iterations. Deterministic: W = 0, b = 0 at the start, as scikit-learn starts.
     """
     device = xs[0].device
     flat = [x.reshape(len(x), -1) for x in xs]
@@ -281,11 +130,12 @@ def train_logreg_torch(
 
 
 class BatchedRun:
-    """What :func:`train_torch_batched` sets up for K seeds, and its pieces: per seed the
-    initialisation (``torch.manual_seed(seed)``), hold-out split and batch-order generator;
-    the K models' parameters stacked [K, ...]; the vmapped step, batch orders and accuracy.
-    Shared with the fast loop (:mod:`dpsinkhorn.evaluate.fastfit`), so both do the same
-    arithmetic."""
+    """K seeds of one model trained together: per seed the initialisation
+    (``torch.manual_seed(seed)``), hold-out split and batch-order generator; the K models'
+    parameters stacked [K, ...] (``torch.func.stack_module_state``); the vmapped step (one
+    forward/backward and one Adam step for all seeds), batch orders and accuracy. The
+    training sets ``xs`` [N,C,H,W] / ``ys`` [N] must have the same N. The CNN's dropout
+    masks come from one stream for all seeds (``vmap(randomness="different")``)."""
 
     def __init__(
         self,
@@ -377,11 +227,9 @@ class BatchedRun:
         """Fraction correct per seed [K] (float64, on the device); ``x`` [K,N,...] or,
         ``shared``, [N,...] for all seeds.
 
-        On the CPU a shared set (the real test set) is scored seed by seed, by each model in
-        channels-last layout: there the vmapped convolution took 10.4 s for one seed and
-        66 s for five on MNIST's 10,000 test images, channels-last 4.5 s and 27 s (one
-        thread). The logits differ by rounding only (6e-7 measured), as any two
-        convolution algorithms' do."""
+        On the CPU a shared set (the real test set) is scored seed by seed, each model in
+        channels-last layout, which is faster there than the vmapped convolution; the
+        logits differ by rounding only, as any two convolution algorithms' do."""
         from torch.func import vmap
 
         if shared and self.device.type == "cpu":
@@ -403,7 +251,7 @@ class BatchedRun:
     def records(
         self, test_acc: list[float], best_acc: list, epochs: list, best_epoch: list
     ) -> list[dict]:
-        """The K result dicts of :func:`train_torch_batched`."""
+        """The K result dicts of :func:`train_batched`."""
         return [
             {
                 "accuracy": test_acc[j],
@@ -418,3 +266,158 @@ class BatchedRun:
             }
             for j in range(self.k)
         ]
+
+
+class EarlyStopping:
+    """Per-seed early-stopping state on the device: best hold-out accuracy [K] (float64),
+    best epoch [K], epochs run [K], stopped [K] and the best parameters (one tensor [K, ...]
+    per name). A seed stops after ``patience`` epochs without a better hold-out accuracy;
+    a stopped seed is frozen, so epochs run after it change none of its results. Whether
+    every seed has stopped is read ``lag`` epochs later (:meth:`finished`), so a check
+    queues work instead of waiting for it."""
+
+    def __init__(self, params: dict[str, torch.Tensor], patience: int, lag: int) -> None:
+        k = next(iter(params.values())).shape[0]
+        device = next(iter(params.values())).device
+        self.patience, self.lag = patience, lag
+        self.best_acc = torch.full((k,), -1.0, dtype=torch.float64, device=device)
+        self.best_epoch = torch.zeros(k, dtype=torch.int64, device=device)
+        self.epochs = torch.zeros(k, dtype=torch.int64, device=device)
+        self.done = torch.zeros(k, dtype=torch.bool, device=device)
+        self.best = {key: v.detach().clone() for key, v in params.items()}
+        self.pending: list[tuple[torch.Tensor, torch.cuda.Event | None]] = []
+
+    @torch.no_grad()
+    def update(self, accs: torch.Tensor, epoch: int, params: dict[str, torch.Tensor]) -> None:
+        """Record epoch ``epoch``'s hold-out accuracies [K] (queued, no host wait)."""
+        active = ~self.done
+        self.epochs = torch.where(active, epoch, self.epochs)
+        improved = active & (accs > self.best_acc)
+        self.best_acc = torch.where(improved, accs, self.best_acc)
+        self.best_epoch = torch.where(improved, epoch, self.best_epoch)
+        stale = active & ~improved & (epoch - self.best_epoch >= self.patience)
+        self.done = self.done | stale
+        for key, v in params.items():
+            mask = improved.view(-1, *[1] * (v.ndim - 1))
+            self.best[key] = torch.where(mask, v.detach(), self.best[key])
+        flag = self.done.all()
+        if flag.device.type == "cuda":
+            host = torch.empty((), dtype=torch.bool, pin_memory=True)
+            host.copy_(flag, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record()
+            self.pending.append((host, event))
+        else:
+            self.pending.append((flag, None))
+
+    def finished(self) -> bool:
+        """Whether every seed had stopped ``lag`` epochs ago (waits only for that epoch)."""
+        if len(self.pending) <= self.lag:
+            return False
+        flag, event = self.pending.pop(0)
+        if event is not None:
+            event.synchronize()
+        return bool(flag)
+
+    def results(self) -> tuple[list[float], list[int], list[int]]:
+        """(best hold-out accuracies, epochs run, best epochs) per seed, on the host."""
+        return self.best_acc.tolist(), self.epochs.tolist(), self.best_epoch.tolist()
+
+
+class GraphedStep:
+    """``run.step(optimizer, idx)`` for full batches [K, ``batch``] replayed from one CUDA
+    graph: the first ``warmup`` calls run eagerly on a side stream, the next one captures
+    (into a static index tensor) and replays; calls with another batch shape run eagerly.
+    If the capture fails, every step runs eagerly and ``error`` says why."""
+
+    def __init__(
+        self, run: BatchedRun, optimizer: torch.optim.Optimizer, batch: int, warmup: int = 3
+    ) -> None:
+        self.run, self.optimizer, self.warmup = run, optimizer, warmup
+        self.idx = torch.zeros((run.k, batch), dtype=torch.int64, device=run.device)
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.calls = 0
+        self.error: str | None = None  # why capture failed (then every step runs eagerly)
+
+    def __call__(self, idx: torch.Tensor) -> None:
+        if idx.shape != self.idx.shape:
+            self.run.step(self.optimizer, idx)
+            return
+        if self.graph is None and self.calls < self.warmup:
+            self.calls += 1
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                self.run.step(self.optimizer, idx)
+            torch.cuda.current_stream().wait_stream(side)
+            return
+        if self.error is not None:
+            self.run.step(self.optimizer, idx)
+            return
+        self.idx.copy_(idx)
+        if self.graph is None:
+            self.optimizer.zero_grad(set_to_none=True)
+            graph = torch.cuda.CUDAGraph()
+            try:
+                with torch.cuda.graph(graph):
+                    self.run.step(self.optimizer, self.idx)
+            except RuntimeError as err:  # capture refused: a capture runs nothing, so the
+                # parameters and Adam's state are as before; this and later steps run eagerly
+                self.error = f"{type(err).__name__}: {err}".splitlines()[0][:300]
+                torch.cuda.synchronize()
+                self.run.step(self.optimizer, idx)
+                return
+            self.graph = graph  # capturing ran nothing: the replay below is this step
+        self.graph.replay()
+
+
+def train_batched(
+    name: str,
+    xs: list[torch.Tensor],
+    ys: list[torch.Tensor],
+    x_test: torch.Tensor,
+    y_test: torch.Tensor,
+    num_classes: int,
+    seeds: list[int],
+    max_epochs: int,
+    patience: int,
+    batch_size: int,
+    cuda_graphs: bool | None = None,
+    lag: int | None = None,
+) -> list[dict]:
+    """Train ``name`` (mlp, cnn) for each seed on (``xs[k]``, ``ys[k]``): Adam on 90% of the
+    set, early stopping on the other 10% on the device (:class:`EarlyStopping`), the best
+    hold-out weights tested on (``x_test`` [M,C,H,W], ``y_test`` [M]). ``cuda_graphs``
+    (default: on CUDA) replays every full batch's step from one CUDA graph
+    (:class:`GraphedStep`); ``lag`` (default 1 on CUDA, 0 elsewhere) is how many epochs
+    later the stop is read. Returns one record per seed (``training_loop``: the options)."""
+    run = BatchedRun(name, xs, ys, num_classes, seeds, max_epochs, patience, batch_size)
+    cuda = run.device.type == "cuda"
+    cuda_graphs = cuda if cuda_graphs is None else cuda_graphs
+    if cuda_graphs and not cuda:
+        raise ValueError("cuda_graphs needs the training on a CUDA device")
+    lag = (1 if cuda else 0) if lag is None else lag
+    params = run.params
+    optimizer = torch.optim.Adam(list(params.values()), capturable=cuda_graphs)
+    if cuda_graphs:
+        step = GraphedStep(run, optimizer, min(batch_size, run.x_fit.shape[1]))
+    else:
+        step = lambda idx: run.step(optimizer, idx)  # noqa: E731
+    stopping = EarlyStopping(params, patience, lag)
+    for epoch in range(1, max_epochs + 1):
+        for idx in run.epoch_batches():
+            step(idx)
+        stopping.update(run.accuracy(run.x_hold, run.y_hold, shared=False), epoch, params)
+        if stopping.finished():
+            break
+    with torch.no_grad():
+        for key, v in params.items():
+            v.copy_(stopping.best[key])
+    best_acc, epochs, best_epoch = stopping.results()
+    test_acc = run.accuracy(x_test, y_test, shared=True).tolist()
+    options = {"cuda_graphs": cuda_graphs, "stop_read_lag_epochs": lag}
+    if cuda_graphs and step.error is not None:
+        options |= {"cuda_graphs": False, "cuda_graph_error": step.error}
+    return [
+        r | {"training_loop": options} for r in run.records(test_acc, best_acc, epochs, best_epoch)
+    ]

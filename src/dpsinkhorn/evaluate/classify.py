@@ -1,21 +1,11 @@
-"""Downstream utility: classifiers trained on synthetic samples, tested on real data.
-
-Paper appendix D.2; the models and their training are in
-:mod:`dpsinkhorn.evaluate.classifiers`. Images are uint8 [N,H,W] (grayscale) or
-[N,H,W,C] with C in (1, 3), scaled to [0,1] here.
-
-Several seeds (each with its own training file) are trained by one call
-(:func:`train_and_evaluate_seeds`, ``dpsinkhorn classify --train A B --seed 0 1 --out
-a.json b.json``): the test set is moved to the device once, each training set once,
-and no DataLoader is involved (batches are index slices of device tensors). Each seed
-gives exactly the result it gives alone. The class count comes from the dataset
-definition (``--dataset``, ``data.catalog.DATASETS[name].num_classes``) or
-``--num-classes``; a label outside it is refused.
+"""Downstream utility (paper appendix D.2): classifiers trained on each seed's synthetic
+samples, all seeds together (:mod:`dpsinkhorn.evaluate.classifiers`), tested on the real
+test set. Images are uint8 [N,H,W] or [N,H,W,C], scaled to [0,1] here; the class count
+comes from the dataset definition, and a label outside it is refused.
 """
 
 from __future__ import annotations
 
-import argparse
 import time
 from pathlib import Path
 
@@ -26,18 +16,11 @@ from dpsinkhorn import fileio
 from dpsinkhorn.data.catalog import DATASETS, dataset_info
 from dpsinkhorn.data.owndata import prepared_dataset_info
 from dpsinkhorn.devices import resolve_device
-from dpsinkhorn.evaluate.classifiers import (
-    MODELS,
-    train_logreg,
-    train_logreg_torch,
-    train_torch,
-    train_torch_batched,
-)
-from dpsinkhorn.evaluate.fastfit import train_torch_batched_fast
+from dpsinkhorn.evaluate.classifiers import MODELS, train_batched, train_logreg
 
-#: Every key an accuracy score file holds (``evaluate.classifiers``' results, the fast loop's
-#: ``fast_loop``, and what :func:`write_results` adds); ``dpsinkhorn release`` publishes no
-#: score file holding another.
+#: Every key an accuracy score file holds (``evaluate.classifiers``' results and what
+#: :func:`write_results` adds; ``fast_loop``: the loop's options in committed results sets);
+#: ``dpsinkhorn release`` publishes no score file holding another.
 RECORD_KEYS = frozenset(
     {
         "accuracy",
@@ -66,6 +49,7 @@ RECORD_KEYS = frozenset(
         "batched_seeds",
         "solver",
         "fast_loop",
+        "training_loop",
     }
 )
 
@@ -138,27 +122,17 @@ def train_and_evaluate_seeds(
     patience: int = 30,
     batch_size: int = 128,
     max_iter: int = 5000,
-    batched: bool = False,
-    fast: bool = False,
 ) -> list[dict]:
-    """Train ``model`` once per (training set, seed) pair, in this process; one result each.
+    """Train ``model`` once per (training set, seed) pair, all seeds together on ``device``
+    (:func:`classifiers.train_batched`, Log-Reg :func:`classifiers.train_logreg`); one
+    result each, with the test accuracy.
 
-    ``batched``: all seeds trained together on the device: mlp/cnn in one vmapped training
-    (:func:`classifiers.train_torch_batched`; the CNN's dropout masks then differ from the
-    sequential run's), logreg by torch's L-BFGS (:func:`classifiers.train_logreg_torch`,
-    scikit-learn's objective); otherwise one after another (logreg: scikit-learn on the
-    host). ``fast`` (with ``batched``): mlp/cnn by :func:`fastfit.train_torch_batched_fast`
-    (early stopping on the device; CUDA graphs on CUDA; on a CPU the same results).
-
-    ``train_sets``: (images uint8 [N,H,W(,C)], labels int [N]) per seed. The test set
-    is converted and moved to the device once; every set is validated before any
-    training. Each result equals :func:`train_and_evaluate` of that pair alone
-    (``seconds`` is that seed's own time, its data transfer included).
+    ``train_sets``: (images uint8 [N,H,W(,C)], labels int [N]) per seed, all of one N.
+    Every set is validated before any training; the test set goes to the device once.
+    ``seconds`` is the run's wall time split evenly over the seeds.
     """
     if model not in MODELS:
         raise ValueError(f"unknown classifier {model!r}; choose from {', '.join(MODELS)}")
-    if fast and not batched:
-        raise ValueError("the fast classifier loop trains seeds batched (batched=True)")
     if len(train_sets) != len(seeds) or not seeds:
         raise ValueError(f"need one seed per training set, got {len(seeds)} and {len(train_sets)}")
     start = time.perf_counter()
@@ -167,58 +141,23 @@ def train_and_evaluate_seeds(
     for k, (images, labels) in enumerate(train_sets):
         x = to_float(images, "training set" if len(seeds) == 1 else f"training set {k}")
         checked.append((x, *_check_sets(x, x_test, labels, test_labels, num_classes)))
-    on_host = model == "logreg" and not batched  # scikit-learn
-    dev = torch.device("cpu") if on_host else resolve_device(device)
-    if not on_host:
-        x_test_dev = torch.from_numpy(x_test).to(dev)
-        y_test_dev = torch.from_numpy(checked[0][2]).to(dev)
-    shared = time.perf_counter() - start  # test set conversion and transfer, counted once
-    if batched:
-        classes = max(c[3] for c in checked)  # one model shape for all seeds
-        xs = [torch.from_numpy(x).to(dev) for x, *_ in checked]
-        ys = [torch.from_numpy(y).to(dev) for _, y, *_ in checked]
-        if model == "logreg":
-            trained = train_logreg_torch(xs, ys, x_test_dev, y_test_dev, classes, max_iter)
-        else:
-            train = train_torch_batched_fast if fast else train_torch_batched
-            trained = train(
-                model,
-                xs,
-                ys,
-                x_test_dev,
-                y_test_dev,
-                classes,
-                seeds,
-                max_epochs,
-                patience,
-                batch_size,
-            )
-        seconds = (time.perf_counter() - start) / len(seeds)  # the shared run, split evenly
-        return [
-            _record(model, seed, result, len(x), len(x_test), classes, dev, seconds)
-            for seed, result, (x, *_) in zip(seeds, trained, checked, strict=True)
-        ]
-    results = []
-    for seed, (x, y, y_test, classes) in zip(seeds, checked, strict=True):
-        begin = time.perf_counter()
-        if model == "logreg":
-            result = train_logreg(x, y, x_test, y_test, seed, max_iter)
-        else:
-            result = train_torch(
-                model,
-                torch.from_numpy(x).to(dev),
-                torch.from_numpy(y).to(dev),
-                x_test_dev,
-                y_test_dev,
-                classes,
-                seed,
-                max_epochs,
-                patience,
-                batch_size,
-            )
-        seconds = time.perf_counter() - begin + (shared if not results else 0.0)
-        results.append(_record(model, seed, result, len(x), len(x_test), classes, dev, seconds))
-    return results
+    dev = resolve_device(device)
+    x_test_dev = torch.from_numpy(x_test).to(dev)
+    y_test_dev = torch.from_numpy(checked[0][2]).to(dev)
+    classes = max(c[3] for c in checked)  # one model shape for all seeds
+    xs = [torch.from_numpy(x).to(dev) for x, *_ in checked]
+    ys = [torch.from_numpy(y).to(dev) for _, y, *_ in checked]
+    if model == "logreg":
+        trained = train_logreg(xs, ys, x_test_dev, y_test_dev, classes, max_iter)
+    else:
+        trained = train_batched(
+            model, xs, ys, x_test_dev, y_test_dev, classes, seeds, max_epochs, patience, batch_size
+        )
+    seconds = (time.perf_counter() - start) / len(seeds)
+    return [
+        _record(model, seed, result, len(x), len(x_test), classes, dev, seconds)
+        for seed, result, (x, *_) in zip(seeds, trained, checked, strict=True)
+    ]
 
 
 def _record(
@@ -246,77 +185,6 @@ def _record(
     }
 
 
-def train_and_evaluate(
-    model: str,
-    train_images: np.ndarray,
-    train_labels: np.ndarray,
-    test_images: np.ndarray,
-    test_labels: np.ndarray,
-    seed: int,
-    *,
-    num_classes: int | None = None,
-    device: str = "auto",
-    max_epochs: int = 1000,
-    patience: int = 30,
-    batch_size: int = 128,
-    max_iter: int = 5000,
-) -> dict:
-    """Train ``model`` (logreg, mlp, cnn) on the training set; accuracy on the test set.
-
-    Images uint8 [N,H,W] or [N,H,W,C] (same H, W, C for both sets); labels ints [N].
-    ``num_classes`` (the dataset's class count) defaults to the largest label in either
-    set + 1; a label >= ``num_classes`` is refused. Returns a JSON-ready dict with
-    ``accuracy`` (fraction in [0,1]), ``holdout_accuracy`` (None for logreg), ``epochs``
-    (None for logreg), ``model``, ``seed``, ``num_train``, ``num_test``, ``num_classes``,
-    ``seconds`` and model details.
-    """
-    return train_and_evaluate_seeds(
-        model,
-        [(train_images, train_labels)],
-        test_images,
-        test_labels,
-        [seed],
-        num_classes=num_classes,
-        device=device,
-        max_epochs=max_epochs,
-        patience=patience,
-        batch_size=batch_size,
-        max_iter=max_iter,
-    )[0]
-
-
-# ----------------------------------------------------------------------------- CLI
-
-
-def _cmd_classify(args: argparse.Namespace) -> int:
-    if args.model not in MODELS:  # before reading any data
-        raise ValueError(f"unknown classifier {args.model!r}; choose from {', '.join(MODELS)}")
-    if not len(args.train) == len(args.seed) == len(args.out):
-        raise ValueError(
-            f"--train, --seed and --out need one value per seed, got {len(args.train)}, "
-            f"{len(args.seed)} and {len(args.out)}"
-        )
-    num_classes = resolve_num_classes(args.num_classes, args.dataset, args.test)
-    train_sets = [fileio.load_samples(path) for path in args.train]
-    test_images, test_labels = fileio.load_samples(args.test)
-    results = train_and_evaluate_seeds(
-        args.model,
-        train_sets,
-        test_images,
-        test_labels,
-        args.seed,
-        num_classes=num_classes,
-        device=args.device,
-        max_epochs=args.max_epochs,
-        patience=args.patience,
-        batch_size=args.batch_size,
-        max_iter=args.max_iter,
-        batched=args.batched,
-    )
-    write_results(results, args.train, args.test, args.dataset, args.out)
-    return 0
-
-
 def write_results(
     results: list[dict], train_files: list, test: str | Path, dataset: str | None, outs: list
 ) -> None:
@@ -333,43 +201,3 @@ def write_results(
         print(
             f"{result['model']} accuracy {result['accuracy']:.4f} (seed {result['seed']}) -> {out}"
         )
-
-
-def register_cli(subparsers: argparse._SubParsersAction) -> None:
-    """Add ``classify``."""
-    p = subparsers.add_parser(
-        "classify", help="train a classifier on a sample file, test it on real data"
-    )
-    p.add_argument("--model", required=True, help=f"one of {', '.join(MODELS)}")
-    p.add_argument(
-        "--train", required=True, nargs="+", help="training sample file(s) (synthetic), one a seed"
-    )
-    p.add_argument("--test", required=True, help="test sample file (real)")
-    p.add_argument("--seed", type=int, nargs="+", default=[0], help="one seed per --train file")
-    p.add_argument(
-        "--out", required=True, nargs="+", help="output JSON {'accuracy', ...}, one a seed"
-    )
-    p.add_argument("--max-epochs", type=int, default=1000, help="mlp/cnn epoch cap")
-    p.add_argument("--patience", type=int, default=30, help="mlp/cnn early-stopping epochs")
-    p.add_argument("--batch-size", type=int, default=128, help="mlp/cnn batch size")
-    p.add_argument("--max-iter", type=int, default=5000, help="logreg L-BFGS iterations")
-    p.add_argument(
-        "--dataset",
-        default=None,
-        help="dataset whose class count applies (mnist, fmnist, celeba); labels outside it "
-        "are refused",
-    )
-    p.add_argument(
-        "--num-classes",
-        type=int,
-        default=None,
-        help="class count (default: that of --dataset, else largest label + 1)",
-    )
-    p.add_argument(
-        "--batched",
-        action="store_true",
-        help="mlp/cnn: train all seeds in one vmapped run (training sets of one size; the "
-        "CNN's dropout masks differ from one seed at a time)",
-    )
-    p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, ...")
-    p.set_defaults(handler=_cmd_classify)

@@ -1,11 +1,9 @@
-"""Fréchet Inception Distance (FID): statistics, the distance, statistics files, the CLI.
+"""Fréchet Inception Distance (FID): statistics, the distance, statistics files, ``fid-stats``.
 
-Features are the 2048-d pool3 activations of pytorch-fid's Inception network
-(:mod:`dpsinkhorn.evaluate.inception`, which also says how images are prepared); FID
-compares their Gaussian statistics (mean ``mu`` [2048], covariance ``sigma``
-[2048,2048], float64). Either side may be a sample file (``dpsinkhorn.fileio``) or a
-statistics file (``mu``, ``sigma``, ``num_images``: a real data set's, computed once by
-``dpsinkhorn fid-stats``).
+FID compares the Gaussian statistics (mean ``mu`` [2048], covariance ``sigma`` [2048,2048],
+float64) of the pool3 features of pytorch-fid's Inception network
+(:mod:`dpsinkhorn.evaluate.inception`): generated samples against a real test split's
+statistics file (``mu``, ``sigma``, ``num_images``), computed once by ``dpsinkhorn fid-stats``.
 """
 
 from __future__ import annotations
@@ -24,26 +22,17 @@ from dpsinkhorn.evaluate.inception import (
     FID_PRECISIONS,
     WEIGHTS_FILE_NAME,
     activations,
-    device_activations,
     hub_cache_file,
     load_inception,
     network_sha256,
-    strip_fc,
     verify_weights,
 )
 
 
-def statistics_of_activations(acts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Mean [D] and covariance [D,D] (float64, unbiased) of features [N,D], N >= 2."""
-    if acts.ndim != 2 or len(acts) < 2:
-        raise ValueError(f"FID statistics need at least 2 images, got {len(acts)}")
-    return acts.mean(axis=0), np.cov(acts, rowvar=False)
-
-
 def device_statistics(acts: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`statistics_of_activations` of features [N,D] on their device, in float64 (the
-    same formula as ``np.cov``: centred cross product / (N - 1)); only mu [D] and sigma
-    [D,D] come back to the host."""
+    """Mean [D] and unbiased covariance [D,D] (float64, as ``np.cov``: centred cross product
+    / (N - 1)) of features [N,D], N >= 2, computed on their device; only mu and sigma come
+    back to the host."""
     if acts.ndim != 2 or len(acts) < 2:
         raise ValueError(f"FID statistics need at least 2 images, got {len(acts)}")
     x = acts.double()
@@ -58,30 +47,19 @@ def statistics(
     weights: str | os.PathLike | None = None,
     device: str | torch.device = "auto",
     batch_size: int | None = None,
-    fast: bool = False,
     precision: str = "fp32",
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(mu [2048], sigma [2048,2048]) of the pool3 features of uint8 images.
-
-    ``fast``: features by :func:`inception.device_activations` (batch norm folded,
-    channels-last, convolutions in ``precision``) and statistics on the device
-    (:func:`device_statistics`); otherwise today's reference path (fp32 features, statistics
-    by numpy on the host). Both give the same FID to about 1e-6 relative in fp32
-    (``tests/test_fid_fast.py``).
-    """
+    """(mu [2048], sigma [2048,2048]) of the pool3 features of uint8 images [N,H,W(,C)],
+    features in ``precision`` (:data:`inception.FID_PRECISIONS`), statistics on the device."""
     if precision not in FID_PRECISIONS:
         raise ValueError(f"unknown FID precision {precision!r}; choose from {FID_PRECISIONS}")
-    if not fast:
-        if precision != "fp32":
-            raise ValueError(f"FID precision {precision} needs the fast path (--fast)")
-        return statistics_of_activations(activations(images, weights, device, batch_size))
     model = load_inception(weights, device)
-    return device_statistics(device_activations(images, model, batch_size, precision))
+    return device_statistics(activations(images, model, batch_size, precision))
 
 
 SQRTM_METHODS = ("pytorch_fid", "eigh")
-#: Every key an FID score file holds (:func:`_fid_of_inputs`, ``features`` on the fast path,
-#: ``seed``); ``dpsinkhorn release`` publishes no score file holding another.
+#: Every key an FID score file holds (:func:`fid_against_reference`); ``dpsinkhorn release``
+#: publishes no score file holding another.
 RECORD_KEYS = frozenset(
     {
         "fid",
@@ -292,49 +270,6 @@ def subsample(images: np.ndarray, num: int | None, seed: int, where: str = "imag
 Statistics = tuple[np.ndarray, np.ndarray, int]  # (mu [D], sigma [D,D], num_images)
 
 
-def _read_input(path: Path, num: int | None, seed: int) -> Statistics | np.ndarray:
-    """Statistics of a statistics file, or the (subsampled) images [N,H,W,C] of a sample file."""
-    if _is_statistics_file(path):
-        if num is not None:
-            raise ValueError(f"{path}: a statistics file cannot be subsampled (num={num})")
-        return load_statistics(path)
-    images, _ = fileio.load_samples(path)
-    return subsample(fileio.channels_last(images, str(path)), num, seed, str(path))
-
-
-def _statistics_of_input(
-    loaded: Statistics | np.ndarray,
-    weights: str | os.PathLike | None,
-    device: str | torch.device,
-    batch_size: int | None,
-    fast: bool = False,
-    precision: str = "fp32",
-) -> Statistics:
-    if isinstance(loaded, tuple):
-        return loaded
-    return (*statistics(loaded, weights, device, batch_size, fast, precision), len(loaded))
-
-
-def input_statistics(
-    path: str | os.PathLike,
-    num: int | None = None,
-    seed: int = 0,
-    weights: str | os.PathLike | None = None,
-    device: str | torch.device = "auto",
-    batch_size: int | None = None,
-) -> Statistics:
-    """(mu, sigma, num_images) of a sample file (optionally subsampled) or a statistics file."""
-    loaded = _read_input(Path(path), num, seed)
-    return _statistics_of_input(loaded, weights, device, batch_size)
-
-
-def _input_metadata(path: Path, loaded: Statistics | np.ndarray) -> dict:
-    """Image shape [H,W,C] and network hash of one side (None where unknown)."""
-    if isinstance(loaded, tuple):
-        return statistics_metadata(path)
-    return {"image_shape": [int(v) for v in loaded.shape[1:]], "weights_sha256": None}
-
-
 def check_same_inputs(paths: list[Path], meta: list[dict], network_sha: str | None) -> str | None:
     """Refuse sides of different image shapes or networks; return the network's SHA-256."""
     shapes = [m["image_shape"] for m in meta]
@@ -354,32 +289,6 @@ def check_same_inputs(paths: list[Path], meta: list[dict], network_sha: str | No
     return next(iter(hashes), None)
 
 
-def fid_between(
-    a: str | os.PathLike,
-    b: str | os.PathLike,
-    weights: str | os.PathLike | None = None,
-    num_a: int | None = None,
-    num_b: int | None = None,
-    seed: int = 0,
-    device: str | torch.device = "auto",
-    batch_size: int | None = None,
-    sqrtm: str = "pytorch_fid",
-) -> dict:
-    """FID between two sample/statistics files: {"fid", "num_images_a", "num_images_b", ...}.
-
-    ``sqrtm`` is :func:`fid_from_stats`'s ``method`` and is recorded under "sqrtm".
-    Both inputs are read and validated before any feature is computed: they must hold
-    images of the same shape [H,W,C] (``image_shape``) and, where a statistics file
-    records it, come from the same weights, whose verified SHA-256 is recorded under
-    ``weights_sha256``.
-    """
-    if sqrtm not in SQRTM_METHODS:
-        raise ValueError(f"unknown FID sqrtm method {sqrtm!r}; choose from {SQRTM_METHODS}")
-    paths = [Path(a), Path(b)]
-    loaded = [_read_input(paths[0], num_a, seed), _read_input(paths[1], num_b, seed)]
-    return _fid_of_inputs(paths, loaded, weights, device, batch_size, sqrtm) | {"seed": seed}
-
-
 def fid_against_reference(
     images: np.ndarray,
     reference: str | os.PathLike,
@@ -388,68 +297,70 @@ def fid_against_reference(
     device: str | torch.device = "auto",
     batch_size: int | None = None,
     sqrtm: str = "pytorch_fid",
-    fast: bool = False,
     precision: str = "fp32",
 ) -> dict:
-    """:func:`fid_between` of a sample file ``name`` holding ``images`` (uint8 [N,H,W(,C)],
-    already in memory) and the statistics file ``reference``: the same checks, features
-    and record, without reading the images again. ``fast`` / ``precision``: as
-    :func:`statistics` (recorded under ``"features"``)."""
+    """The FID record of uint8 images [N,H,W(,C)] (saved as the sample file ``name``)
+    against the statistics file ``reference``: ``fid``, the sizes, the verified weights'
+    SHA-256, the image shape and both inputs by path and SHA-256 (``dpsinkhorn release``
+    binds a score to its inputs). Sides of other image shapes or other weights are refused
+    before any feature is computed. ``sqrtm``: :func:`fid_from_stats`'s ``method``."""
     if sqrtm not in SQRTM_METHODS:
         raise ValueError(f"unknown FID sqrtm method {sqrtm!r}; choose from {SQRTM_METHODS}")
     paths = [Path(name), Path(reference)]
-    loaded = [fileio.channels_last(images, name), reference_statistics(paths[1])]
-    record = _fid_of_inputs(paths, loaded, weights, device, batch_size, sqrtm, fast, precision)
-    if fast:
-        record["features"] = f"fast ({precision}; batch norm folded, channels-last)"
-    return record | {"seed": 0}
-
-
-def _fid_of_inputs(
-    paths: list[Path],
-    loaded: list[Statistics | np.ndarray],
-    weights: str | os.PathLike | None,
-    device: str | torch.device,
-    batch_size: int | None,
-    sqrtm: str,
-    fast: bool = False,
-    precision: str = "fp32",
-) -> dict:
-    """The FID record of two loaded sides (images [N,H,W,C] or statistics)."""
-    meta = [_input_metadata(p, x) for p, x in zip(paths, loaded, strict=True)]
-    needs_network = any(not isinstance(x, tuple) for x in loaded)
+    images = fileio.channels_last(images, name)
+    mu_b, s_b, n_b = reference_statistics(paths[1])
+    shape = [int(v) for v in images.shape[1:]]
+    meta = [{"image_shape": shape, "weights_sha256": None}, statistics_metadata(paths[1])]
     network_sha = None
-    if needs_network and weights is not None:
-        network_sha = verify_weights(weights) if Path(weights).is_file() else None
+    if weights is not None and Path(weights).is_file():
+        network_sha = verify_weights(weights)
     check_same_inputs(paths, meta, network_sha)
-    (mu_a, s_a, n_a), (mu_b, s_b, n_b) = (
-        _statistics_of_input(x, weights, device, batch_size, fast, precision) for x in loaded
-    )
-    if needs_network and network_sha is None:  # pytorch-fid's download, verified on loading
+    mu_a, s_a = statistics(images, weights, device, batch_size, precision)
+    if network_sha is None:  # pytorch-fid's download, verified on loading
         network_sha = network_sha256(weights)
-    weights_sha = check_same_inputs(paths, meta, network_sha)
     return {
         "fid": fid_from_stats(mu_a, s_a, mu_b, s_b, method=sqrtm),
         "sqrtm": sqrtm,
-        "num_images_a": n_a,
+        "num_images_a": len(images),
         "num_images_b": n_b,
         "weights": str(weights) if weights is not None else f"pytorch-fid ({hub_cache_file()})",
-        "weights_sha256": weights_sha,
-        "image_shape": next((m["image_shape"] for m in meta if m["image_shape"]), None),
+        "weights_sha256": check_same_inputs(paths, meta, network_sha),
+        "image_shape": shape,
         "a": str(paths[0]),
         "b": str(paths[1]),
-        # what was scored, by content (``dpsinkhorn release`` binds a score to its inputs)
         "a_sha256": fileio.sha256_of(paths[0]) if paths[0].is_file() else None,
-        "b_sha256": fileio.sha256_of(paths[1]) if paths[1].is_file() else None,
+        "b_sha256": fileio.sha256_of(paths[1]),
+        "seed": 0,
+        "features": f"{precision}; batch norm folded, channels-last",
     }
 
 
 # ----------------------------------------------------------------------------- CLI
 
 
-def _add_common(p: argparse.ArgumentParser) -> None:
+def _cmd_fid_stats(args: argparse.Namespace) -> int:
+    if _is_statistics_file(Path(args.samples)):
+        raise ValueError(f"{args.samples}: already a statistics file, not a sample file")
+    images, _ = fileio.load_samples(args.samples)
+    images = subsample(
+        fileio.channels_last(images, args.samples), args.num, args.seed, args.samples
+    )
+    mu, sigma = statistics(images, args.weights, args.device, args.batch_size)
+    sha = network_sha256(args.weights)  # verified when the network was loaded
+    source = fileio.sha256_of(args.samples)
+    save_statistics(args.out, mu, sigma, len(images), images.shape[1:], sha, source)
+    print(f"FID statistics of {len(images)} images from {args.samples} -> {args.out}")
+    return 0
+
+
+def register_cli(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``fid-stats``."""
+    p = subparsers.add_parser("fid-stats", help="Inception statistics of a sample file")
+    p.add_argument("--samples", required=True, help="sample file")
+    p.add_argument("--out", required=True, help="output statistics .npz (mu, sigma, num_images)")
+    p.add_argument("--num", type=int, default=None, help="random subset size")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random subset")
     p.add_argument("--weights", default=None, help=f"path to pytorch-fid's {WEIGHTS_FILE_NAME}")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random subsets")
     p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, ...")
     p.add_argument(
         "--batch-size",
@@ -458,75 +369,4 @@ def _add_common(p: argparse.ArgumentParser) -> None:
         help=f"images per Inception batch (default {DEFAULT_BATCH['cuda']} on a GPU, "
         f"{DEFAULT_BATCH['cpu']} on a CPU)",
     )
-
-
-def _cmd_fid(args: argparse.Namespace) -> int:
-    result = fid_between(
-        args.a,
-        args.b,
-        weights=args.weights,
-        num_a=args.num_a,
-        num_b=args.num_b,
-        seed=args.seed,
-        device=args.device,
-        batch_size=args.batch_size,
-        sqrtm=args.sqrtm,
-    )
-    fileio.write_json(args.out, result)
-    print(f"FID {result['fid']:.3f} ({args.a} vs {args.b}) -> {args.out}")
-    return 0
-
-
-def _cmd_fid_stats(args: argparse.Namespace) -> int:
-    images = _read_input(Path(args.samples), args.num, args.seed)
-    if isinstance(images, tuple):
-        raise ValueError(f"{args.samples}: already a statistics file, not a sample file")
-    mu, sigma = statistics(images, args.weights, args.device, args.batch_size, args.fast)
-    sha = network_sha256(args.weights)  # verified when the network was loaded
-    source = fileio.sha256_of(args.samples)
-    save_statistics(args.out, mu, sigma, len(images), images.shape[1:], sha, source)
-    print(f"FID statistics of {len(images)} images from {args.samples} -> {args.out}")
-    return 0
-
-
-def _cmd_fid_weights(args: argparse.Namespace) -> int:
-    size = strip_fc(args.weights, args.strip_fc)
-    print(f"{args.strip_fc}: {size} bytes (Inception without fc; verified pool3 layers)")
-    return 0
-
-
-def register_cli(subparsers: argparse._SubParsersAction) -> None:
-    """Add ``fid`` and ``fid-stats``."""
-    p = subparsers.add_parser("fid", help="FID between two sample or statistics files")
-    p.add_argument("--a", required=True, help="sample file or statistics file")
-    p.add_argument("--b", required=True, help="sample file or statistics file")
-    p.add_argument("--out", required=True, help="output JSON {'fid', ...}")
-    p.add_argument("--num-a", type=int, default=None, help="random subset size of A")
-    p.add_argument("--num-b", type=int, default=None, help="random subset size of B")
-    p.add_argument(
-        "--sqrtm",
-        choices=SQRTM_METHODS,
-        default="pytorch_fid",
-        help="tr sqrt(s1 s2) by pytorch-fid's scipy sqrtm (default, as published FIDs) or by "
-        "symmetric eigendecompositions (eigh: exact for PSD covariances, much faster on CPU)",
-    )
-    _add_common(p)
-    p.set_defaults(handler=_cmd_fid)
-
-    p = subparsers.add_parser("fid-weights", help="the Inception weights without the fc layer")
-    p.add_argument("--weights", required=True, help=f"pytorch-fid's {WEIGHTS_FILE_NAME}")
-    p.add_argument("--strip-fc", required=True, help="where the copy without fc goes")
-    p.set_defaults(handler=_cmd_fid_weights)
-
-    p = subparsers.add_parser("fid-stats", help="Inception statistics of a sample file")
-    p.add_argument("--samples", required=True, help="sample file")
-    p.add_argument("--out", required=True, help="output statistics .npz (mu, sigma, num_images)")
-    p.add_argument("--num", type=int, default=None, help="random subset size")
-    p.add_argument(
-        "--fast",
-        action="store_true",
-        help="features as `evaluate --fast` computes them (batch norm folded, channels-last), "
-        "so both sides of its FIDs come from the same arithmetic",
-    )
-    _add_common(p)
     p.set_defaults(handler=_cmd_fid_stats)

@@ -2,10 +2,10 @@
 
 The weights are pytorch-fid's ``pt_inception-2015-12-05-6726825d.pth``, read from a
 given path or from the torch hub cache (pytorch-fid's own download); a file is read
-only if its SHA-256 is listed in :data:`KNOWN_WEIGHTS_SHA256`. Images are uint8
-[N,H,W] or [N,H,W,C] (C in 1, 3). They are scaled to [0,1], grayscale is repeated to
-3 channels, and pytorch-fid's ``InceptionV3`` resizes them to 299x299 (bilinear) and
-maps them to [-1,1]. Features are the 2048-d pool3 activations (float64).
+only if its SHA-256 is listed in :data:`KNOWN_WEIGHTS_SHA256`. Features are the
+2048-d pool3 activations of uint8 images [N,H,W] or [N,H,W,C] (C in 1, 3), prepared as
+pytorch-fid's ``InceptionV3.forward`` prepares them, computed with batch norm folded into
+the convolutions and in channels-last layout (:func:`activations`).
 """
 
 from __future__ import annotations
@@ -51,13 +51,13 @@ KNOWN_WEIGHTS_SHA256: dict[str, str] = {
     ),
 }
 
-#: The 1008-class layer FID never reads: a weights file may leave it out (:func:`strip_fc`).
+#: The 1008-class layer FID never reads: a weights file may leave it out.
 FC_PREFIX = "fc."
 #: SHA-256 of a weights file's pool3 tensors (:func:`pool3_sha256`, everything but the fc
 #: layer) -> the SHA-256 of the whole known file they come from. A file without the fc layer
 #: is accepted when its pool3 tensors are those of a known file, and is named by that file.
 KNOWN_POOL3_SHA256: dict[str, str] = {
-    # the offline rebuild (../shared/weights): `dpsinkhorn fid-weights --strip-fc` of it
+    # the offline rebuild (../shared/weights) without its fc layer
     "178b172e05124baa80c52185e5211cde2e6e9c059cc3fc02eb8bfd946ba5bc07": (
         "d9b36da80a6304d8ab322478ec0416c4a40882483c18593cf29fbe0cc25e83cd"
     ),
@@ -85,7 +85,7 @@ def sha256_of(path: str | os.PathLike) -> str:
 
 def pool3_sha256(state_dict: dict[str, torch.Tensor]) -> str:
     """SHA-256 over the tensors FID uses (all but ``fc.*``), in name order: each name, dtype,
-    shape and raw bytes. Equal for a full weights file and its :func:`strip_fc` copy."""
+    shape and raw bytes. Equal for a full weights file and its copy without the fc layer."""
     digest = hashlib.sha256()
     for name in sorted(k for k in state_dict if not k.startswith(FC_PREFIX)):
         tensor = state_dict[name].detach().cpu().contiguous()
@@ -125,24 +125,6 @@ def verify_weights(path: str | os.PathLike) -> str:
             "replace it"
         )
     return _SHA256[key]
-
-
-def strip_fc(source: str | os.PathLike, out: str | os.PathLike) -> int:
-    """Write ``source``'s weights without the fc layer to ``out`` (atomically); returns its
-    bytes. ``source`` must verify; so does the result (same pool3 tensors)."""
-    from dpsinkhorn.fileio import atomic_path
-
-    verify_weights(source)
-    state = _read_state_dict(Path(source))
-    pool3 = {k: v for k, v in state.items() if not k.startswith(FC_PREFIX)}
-    if pool3_sha256(pool3) not in KNOWN_POOL3_SHA256:
-        raise ValueError(
-            f"{source}: its pool3 layers are not listed in KNOWN_POOL3_SHA256; a copy without "
-            "fc could not be verified"
-        )
-    with atomic_path(out) as tmp:
-        torch.save(pool3, tmp)
-    return Path(out).stat().st_size
 
 
 def _local_inception(path: Path) -> pfi.InceptionV3:
@@ -275,48 +257,43 @@ def load_inception(
     return _MODELS[key]
 
 
-#: Inception images per batch when none is given: large on a GPU (its memory holds 500
-#: 299x299 images' activations easily; fewer, larger launches), pytorch-fid's 50 on a CPU.
-DEFAULT_BATCH = {"cuda": 500, "cpu": 50}
-#: The fast path's batch: on a GPU 1,000 299x299 images (about 9 GiB of activations in fp32).
-FAST_BATCH = {"cuda": 1000, "cpu": 50}
-#: Arithmetic of the fast path's convolutions: fp32 (as the reference path), tf32 (float32
-#: tensors, cuDNN convolving in TF32, a 10-bit mantissa; on a CPU the same as fp32), or
-#: autocast to bf16 / fp16 (features and statistics stay float32 / float64). fp32 runs with
-#: cuDNN's TF32 off (``models.cudnn_tf32(False)``), so it is IEEE fp32 on every device: on
-#: the H100 at c68545d, with PyTorch's default TF32 convolutions, the two paths' FIDs of the
-#: same 60,000 samples differed by 0.12-0.2% (results-paper-scale/h100-c68545d/README.md);
-#: at 935f156, in IEEE fp32, by 4.5e-7, at 28-32 s per seed instead of 11-15 s
-#: (results-paper-scale/h100-935f156/README.md).
+#: Inception images per batch when none is given: on a GPU 1,000 299x299 images (about
+#: 9 GiB of activations in fp32), pytorch-fid's 50 on a CPU.
+DEFAULT_BATCH = {"cuda": 1000, "cpu": 50}
+#: Arithmetic of the Inception convolutions: fp32 (IEEE: cuDNN's TF32 off, on every device),
+#: tf32 (float32 tensors, cuDNN convolving in TF32; on a CPU the same as fp32), or autocast
+#: to bf16 / fp16. Features and statistics stay float32 / float64.
 FID_PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
-_FAST: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # network -> its fast copy
+_FOLDED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # network -> folded copy
 
 
-def fast_network(model: pfi.InceptionV3) -> torch.nn.Module:
-    """The fast path's copy of a loaded FID network, cached: each ``BasicConv2d``'s batch
-    norm folded into its convolution (eval statistics, float32; features change by about
-    1e-6 relative) and every weight channels-last (NHWC), so cuDNN / oneDNN convolve without
-    layout conversions. The network of :func:`load_inception` is left unchanged."""
+def folded_network(model: pfi.InceptionV3) -> torch.nn.Module:
+    """A copy of a loaded FID network, cached: each ``BasicConv2d``'s batch norm folded into
+    its convolution (eval statistics, float32; features change by about 1e-6 relative) and
+    every weight channels-last (NHWC), so cuDNN / oneDNN convolve without layout
+    conversions. The network of :func:`load_inception` is left unchanged."""
     import copy
 
     from torchvision.models.inception import BasicConv2d
 
-    if model not in _FAST:
-        fast = copy.deepcopy(model).eval()
-        for module in fast.modules():
+    if model not in _FOLDED:
+        folded = copy.deepcopy(model).eval()
+        for module in folded.modules():
             if isinstance(module, BasicConv2d):
                 module.conv = torch.nn.utils.fusion.fuse_conv_bn_eval(module.conv, module.bn)
                 module.bn = torch.nn.Identity()
-        _FAST[model] = fast.to(memory_format=torch.channels_last)
-    return _FAST[model]
+        _FOLDED[model] = folded.to(memory_format=torch.channels_last)
+    return _FOLDED[model]
 
 
-def fast_pool3(net: torch.nn.Module, batch: torch.Tensor, precision: str = "fp32") -> torch.Tensor:
+def pool3_features(
+    net: torch.nn.Module, batch: torch.Tensor, precision: str = "fp32"
+) -> torch.Tensor:
     """Pool3 features float32 [B,2048] of uint8 images ``batch`` [B,H,W,C] (C in 1, 3) on
-    the network's device, by the fast path: scaled to [0,1], resized to 299x299 (bilinear,
-    as pytorch-fid) before grayscale is repeated (the same values, a third of the work),
-    mapped to [-1,1], channels-last, convolved in ``precision`` (:data:`FID_PRECISIONS`).
-    ``net`` is :func:`fast_network` of the FID network."""
+    the network's device: scaled to [0,1], resized to 299x299 (bilinear, as pytorch-fid)
+    before grayscale is repeated (the same values, a third of the work), mapped to [-1,1],
+    channels-last, convolved in ``precision`` (:data:`FID_PRECISIONS`). ``net`` is
+    :func:`folded_network` of the FID network."""
     if precision not in FID_PRECISIONS:
         raise ValueError(f"unknown FID precision {precision!r}; choose from {FID_PRECISIONS}")
     x = batch.permute(0, 3, 1, 2).float() / 255.0  # [B,C,H,W] in [0,1]
@@ -331,20 +308,20 @@ def fast_pool3(net: torch.nn.Module, batch: torch.Tensor, precision: str = "fp32
     return x[:, :, 0, 0].float()
 
 
-def device_activations(
+def activations(
     images: np.ndarray,
     model: pfi.InceptionV3,
     batch_size: int | None = None,
     precision: str = "fp32",
 ) -> torch.Tensor:
-    """Pool3 features float32 [N,2048] on the network's device by the fast path
-    (:func:`fast_pool3`), of uint8 images [N,H,W] or [N,H,W,C]; the images go to the device
-    once, the features stay there (``fid.device_statistics`` reduces them)."""
+    """Pool3 features float32 [N,2048] on the network's device (:func:`pool3_features`) of
+    uint8 images [N,H,W] or [N,H,W,C]; the images go to the device once, the features stay
+    there (``fid.device_statistics`` reduces them). ``batch_size`` None: :data:`DEFAULT_BATCH`."""
     images = channels_last(images, "images")
-    net = fast_network(model)
+    net = folded_network(model)
     device = next(net.parameters()).device
     if batch_size is None:
-        batch_size = FAST_BATCH.get(device.type, FAST_BATCH["cpu"])
+        batch_size = DEFAULT_BATCH.get(device.type, DEFAULT_BATCH["cpu"])
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     out = torch.empty((len(images), 2048), dtype=torch.float32, device=device)
@@ -352,43 +329,8 @@ def device_activations(
         resident = torch.from_numpy(np.ascontiguousarray(images)).to(device)
         for start in range(0, len(images), batch_size):
             batch = resident[start : start + batch_size]
-            out[start : start + len(batch)] = fast_pool3(net, batch, precision)
+            out[start : start + len(batch)] = pool3_features(net, batch, precision)
     return out
-
-
-def activations(
-    images: np.ndarray,
-    weights: str | os.PathLike | None = None,
-    device: str | torch.device = "auto",
-    batch_size: int | None = None,
-    model: pfi.InceptionV3 | None = None,
-) -> np.ndarray:
-    """Pool3 features float64 [N,2048] of uint8 images [N,H,W] or [N,H,W,C]: the reference
-    path (pytorch-fid's ``InceptionV3.forward``, float32, NCHW).
-
-    The uint8 images go to the device once; ``batch_size`` None picks
-    :data:`DEFAULT_BATCH` for the device type. ``model`` (e.g. a randomly initialised
-    network of the same architecture, for timing) replaces ``load_inception(weights, device)``.
-    """
-    images = channels_last(images, "images")
-    model = load_inception(weights, device) if model is None else model
-    device = next(model.parameters()).device
-    if batch_size is None:
-        batch_size = DEFAULT_BATCH.get(device.type, DEFAULT_BATCH["cpu"])
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    out = torch.empty((len(images), 2048), dtype=torch.float64, device=device)
-    with torch.inference_mode(), cudnn_tf32(False):
-        resident = torch.from_numpy(np.ascontiguousarray(images)).to(device)
-        for start in range(0, len(images), batch_size):
-            batch = resident[start : start + batch_size]
-            # [B,C,H,W] in [0,1], contiguous like torchvision ToTensor output (same conv path)
-            x = batch.permute(0, 3, 1, 2).contiguous().float() / 255.0
-            if x.shape[1] == 1:
-                x = x.repeat(1, 3, 1, 1)
-            pool3 = model(x)[0]  # [B,2048,1,1]
-            out[start : start + len(batch)] = pool3[:, :, 0, 0].double()
-    return out.cpu().numpy()
 
 
 def random_inception(

@@ -1,31 +1,17 @@
 """One generator's whole evaluation in one process: ``dpsinkhorn evaluate``.
 
-For every seed: draw the synthetic dataset (a trained generator's balanced samples, or a
-real-data row's seeded subset of the training set), its FID against cached reference
-statistics, and the classifiers trained on it and tested on the real test set. Writes
-exactly the files the per-step commands write (``sample``/``sample-real``, ``fid``,
-``classify``), with the same names and fields:
-
-- ``<samples-dir>/samples_seed<s>.npz``,
-- ``<scores-dir>/fid_seed<s>.json``, ``<scores-dir>/acc_<model>_seed<s>.json``.
-
-Resumable: a job stopped after some phases (FID, a classifier) resumes after them
-(:class:`Progress`), where the code that computed them is this code. Each phase's wall
-seconds are printed as it ends; a completed job writes ``<scores-dir>/evaluate_phases.json``:
-per phase, the commit (``$DPSINKHORN_COMMIT``, which ``gpu-window`` sets) and the code
-(:func:`dpsinkhorn.evaluate.phases.phase_code_sha256`) that computed it.
-
-What one process saves: the generator, the Inception network, the reference statistics
-and the test set are loaded once; the samples never go to disk and back; each classifier
-trains all seeds together on the device (``batched``: vmapped MLP/CNN, Log-Reg by torch's
-L-BFGS, :mod:`dpsinkhorn.evaluate.classifiers`). A seed's samples and FID equal the
-per-step path's exactly (same generator stream, same features); its accuracies agree
-within the seed-to-seed spread (the CNN's dropout masks and the Log-Reg solver differ).
+:class:`EvaluationSpec` says what to evaluate; :func:`evaluate` checks the inputs, draws
+every seed's samples (a generator's, or a real-data row's seeded subset of the training
+set) and scores them: FID against cached reference statistics, then each classifier, all
+seeds together. It writes ``<samples-dir>/samples_seed<s>.npz``,
+``<scores-dir>/fid_seed<s>.json`` and ``<scores-dir>/acc_<model>_seed<s>.json``, and
+resumes a stopped job after its finished phases (:class:`Progress`).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import os
@@ -60,195 +46,254 @@ from dpsinkhorn.evaluate.phases import COMMIT_ENV, phase_code_sha256, resumable
 from dpsinkhorn.evaluate.sample import load_generator, sample_generator, sample_real
 
 
-def sample_files(samples_dir: str | Path, seeds: list[int]) -> list[Path]:
-    """``<samples_dir>/samples_seed<s>.npz`` for each seed."""
-    return [Path(samples_dir) / sample_name(s) for s in seeds]
+@dataclasses.dataclass(frozen=True)
+class EvaluationSpec:
+    """Everything one evaluation depends on, checked when built (one-line ``ValueError``).
 
-
-def score_files(scores_dir: str | Path, seeds: list[int], classifiers: list[str]) -> list[Path]:
-    """FID then classifier result files of every seed, in the order they are written."""
-    scores = Path(scores_dir)
-    return [scores / score_name("fid", s) for s in seeds] + [
-        scores / score_name(f"acc_{m}", s) for m in classifiers for s in seeds
-    ]
-
-
-def evaluate(
-    *,
-    seeds: list[int],
-    num: int,
-    test: str | Path,
-    reference: str | Path,
-    samples_dir: str | Path,
-    scores_dir: str | Path,
-    generator: str | Path | None = None,
-    real_data: str | Path | None = None,
-    classifiers: tuple[str, ...] | list[str] = MODELS,
-    dataset: str | None = None,
-    weights: str | Path | None = None,
-    device: str = "auto",
-    sqrtm: str = "pytorch_fid",
-    fid_batch_size: int | None = None,
-    max_epochs: int = 1000,
-    patience: int = 30,
-    batch_size: int = 128,
-    max_iter: int = 5000,
-    fid: bool = True,
-    fast: bool = False,
-    fid_precision: str = "fp32",
-) -> dict[str, float]:
-    """Evaluate one generator (``generator``) or real-data row (``real_data``: its
-    ``train.npz``) for ``seeds``; writes the files listed in the module docstring and
-    returns wall seconds per phase (``sample``, ``fid``, ``classify_<model>``, ``total``).
-    ``fid`` False leaves FID out (only the classifiers' files are written).
-
-    ``num`` samples per seed; ``test`` the real test split (sample file); ``reference``
-    its FID statistics (``dpsinkhorn fid-stats``). Every argument is checked before any
-    work: unknown classifiers, a missing file, an unconditional generator with
-    classifiers, a bad ``sqrtm``, a count below 1 (epochs, patience, batch sizes,
-    iterations), a ``reference`` that is no statistics file, a ``dataset`` whose class count
-    cannot be found; before the samples are saved, reference statistics of another image
-    shape than the samples' and (with classifiers) a test split whose images differ in
-    shape from the samples or whose labels exceed the class count.
-
-    ``fast``: the fast paths (FID: :func:`fid.statistics` ``fast``, in ``fid_precision``;
-    MLP / CNN: :mod:`dpsinkhorn.evaluate.fastfit`); today's reference path otherwise. FID
-    agrees to about 1e-6 relative in fp32, accuracies are identical on a CPU.
+    Exactly one source: ``generator`` (generator.pt) or ``real_data`` (a train.npz whose
+    seeded subsets are a real-data row). ``num`` samples per seed; ``test`` the real test
+    split (sample file); ``reference`` its FID statistics (``dpsinkhorn fid-stats``).
+    ``fid`` False leaves FID out. ``sqrtm``: how FID takes tr sqrt(S1 S2);
+    ``fid_precision``: the Inception arithmetic (:data:`inception.FID_PRECISIONS`).
+    ``max_epochs``, ``patience``, ``batch_size``: the MLP's and CNN's Adam training;
+    ``max_iter``: Log-Reg's L-BFGS iterations.
     """
-    start = time.perf_counter()
-    if (generator is None) == (real_data is None):
-        raise ValueError("give exactly one of --generator and --real-data")
-    if not seeds or len(set(seeds)) != len(seeds):
-        raise ValueError(f"--seed needs distinct seeds, got {seeds}")
-    if num < 2:
-        raise ValueError(f"--num must be at least 2 (FID needs 2 images), got {num}")
-    unknown = [m for m in classifiers if m not in MODELS]
-    if unknown:
-        raise ValueError(f"unknown classifier {unknown[0]!r}; choose from {', '.join(MODELS)}")
-    if sqrtm not in SQRTM_METHODS:
-        raise ValueError(f"unknown FID sqrtm method {sqrtm!r}; choose from {SQRTM_METHODS}")
-    if fid_precision not in FID_PRECISIONS or (fid_precision != "fp32" and not fast):
-        raise ValueError(
-            f"FID precision {fid_precision!r}: one of {FID_PRECISIONS}, not fp32 only with --fast"
+
+    seeds: tuple[int, ...]
+    num: int
+    test: Path
+    reference: Path
+    samples_dir: Path
+    scores_dir: Path
+    generator: Path | None = None
+    real_data: Path | None = None
+    classifiers: tuple[str, ...] = MODELS
+    dataset: str | None = None
+    weights: Path | None = None
+    device: str = "auto"
+    fid: bool = True
+    sqrtm: str = "pytorch_fid"
+    fid_precision: str = "fp32"
+    fid_batch_size: int | None = None
+    max_epochs: int = 1000
+    patience: int = 30
+    batch_size: int = 128
+    max_iter: int = 5000
+
+    def __post_init__(self) -> None:
+        paths = ("test", "reference", "samples_dir", "scores_dir", "generator", "real_data")
+        for name in paths + ("weights",):
+            value = getattr(self, name)
+            if value is not None:
+                object.__setattr__(self, name, Path(value))
+        object.__setattr__(self, "seeds", tuple(int(s) for s in self.seeds))
+        object.__setattr__(self, "classifiers", tuple(self.classifiers))
+        if (self.generator is None) == (self.real_data is None):
+            raise ValueError("give exactly one of --generator and --real-data")
+        if not self.seeds or len(set(self.seeds)) != len(self.seeds):
+            raise ValueError(f"--seed needs distinct seeds, got {list(self.seeds)}")
+        if self.num < 2:
+            raise ValueError(f"--num must be at least 2 (FID needs 2 images), got {self.num}")
+        unknown = [m for m in self.classifiers if m not in MODELS]
+        if unknown:
+            raise ValueError(f"unknown classifier {unknown[0]!r}; choose from {', '.join(MODELS)}")
+        if self.sqrtm not in SQRTM_METHODS:
+            raise ValueError(
+                f"unknown FID sqrtm method {self.sqrtm!r}; choose from {SQRTM_METHODS}"
+            )
+        if self.fid_precision not in FID_PRECISIONS:
+            raise ValueError(
+                f"unknown FID precision {self.fid_precision!r}; choose from {FID_PRECISIONS}"
+            )
+        counts = {
+            "--max-epochs": self.max_epochs,
+            "--patience": self.patience,
+            "--batch-size": self.batch_size,
+            "--max-iter": self.max_iter,
+            "--fid-batch-size": self.fid_batch_size,
+        }
+        for name, value in counts.items():
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be at least 1, got {value}")
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> EvaluationSpec:
+        """The spec of ``dpsinkhorn evaluate``'s arguments (what the workflow passes on from
+        the config's ``evaluation:`` and ``fid_weights``)."""
+        return cls(
+            seeds=args.seed,
+            num=args.num,
+            test=args.test,
+            reference=args.reference,
+            samples_dir=args.samples_dir,
+            scores_dir=args.scores_dir,
+            generator=args.generator,
+            real_data=args.real_data,
+            classifiers=args.classifiers,
+            dataset=args.dataset,
+            weights=args.weights,
+            device=args.device,
+            fid=not args.no_fid,
+            sqrtm=args.sqrtm,
+            fid_precision=args.fid_precision,
+            fid_batch_size=args.fid_batch_size,
+            max_epochs=args.max_epochs,
+            patience=args.patience,
+            batch_size=args.batch_size,
+            max_iter=args.max_iter,
         )
-    counts = {
-        "--max-epochs": max_epochs,
-        "--patience": patience,
-        "--batch-size": batch_size,
-        "--max-iter": max_iter,
-        "--fid-batch-size": fid_batch_size,
-    }
-    for name, value in counts.items():
-        if value is not None and value < 1:
-            raise ValueError(f"{name} must be at least 1, got {value}")
-    for path in [test, reference, generator, real_data]:
-        if path is not None and not Path(path).is_file():
-            raise FileNotFoundError(f"{path}: file not found")
-    if fid:
-        reference_statistics(reference)  # a sample file or a broken one: refused before the work
-    # the class count (--dataset, an own dataset's dataset.json) before the work, not after FID
-    num_classes = resolve_num_classes(None, dataset, str(test)) if classifiers else None
-    timings: dict[str, float] = {}
+
+    @property
+    def source(self) -> Path:
+        """The generator or the real training split."""
+        return self.generator if self.generator is not None else self.real_data
+
+    def sample_files(self) -> list[Path]:
+        """``<samples_dir>/samples_seed<s>.npz`` for each seed."""
+        return [self.samples_dir / sample_name(s) for s in self.seeds]
+
+
+@dataclasses.dataclass
+class Draws:
+    """Every seed's samples (images uint8 [N,H,W(,C)], labels [N]) as saved in ``files``,
+    and the test split (None without classifiers)."""
+
+    files: list[Path]
+    samples: list[tuple[np.ndarray, np.ndarray]]
+    test_images: np.ndarray | None
+    test_labels: np.ndarray | None
+
+
+def evaluate(spec: EvaluationSpec) -> dict[str, float]:
+    """Check the inputs, draw the samples, score them; returns wall seconds per phase
+    (``sample``, ``fid``, ``classify_<model>``, ``total``)."""
+    start = time.perf_counter()
+    num_classes = check_inputs(spec)
     settings = {
-        "seeds": seeds,
-        "num": num,
-        "sqrtm": sqrtm,
-        "max_epochs": max_epochs,
-        "patience": patience,
-        "batch_size": batch_size,
-        "max_iter": max_iter,
-        "weights": None if weights is None else network_sha256(weights),
+        "seeds": list(spec.seeds),
+        "num": spec.num,
+        "sqrtm": spec.sqrtm,
+        "fid_precision": spec.fid_precision,
+        "max_epochs": spec.max_epochs,
+        "patience": spec.patience,
+        "batch_size": spec.batch_size,
+        "max_iter": spec.max_iter,
+        "weights": None if spec.weights is None else network_sha256(spec.weights),
         "num_classes": num_classes,
     }
-    if fast:  # its results may differ in the last digits: not resumed from the reference's
-        settings["fast"] = fid_precision
-    progress = Progress(Path(scores_dir), [generator or real_data, test, reference], settings)
-
+    progress = Progress(spec.scores_dir, [spec.source, spec.test, spec.reference], settings)
     begin = time.perf_counter()
-    if generator is not None:
-        model = load_generator(Path(generator), resolve_device(device))
-        if not model.conditional and classifiers:
+    draws = draw(spec, num_classes)
+    progress.bind([fileio.sha256_of(path) for path in draws.files])
+    timings = {"sample": _done("sample", begin)}
+    timings |= score(spec, draws, num_classes, progress)
+    progress.finish(spec.scores_dir)
+    timings["total"] = time.perf_counter() - start
+    return timings
+
+
+def check_inputs(spec: EvaluationSpec) -> int | None:
+    """Refuse, before any work, a missing file, a ``reference`` that is no statistics file
+    and a ``dataset`` whose class count cannot be found; returns the class count (None
+    without classifiers, or without ``dataset``: the labels' largest + 1)."""
+    for path in [spec.test, spec.reference, spec.generator, spec.real_data]:
+        if path is not None and not path.is_file():
+            raise FileNotFoundError(f"{path}: file not found")
+    if spec.fid:
+        reference_statistics(spec.reference)
+    if not spec.classifiers:
+        return None
+    return resolve_num_classes(None, spec.dataset, str(spec.test))
+
+
+def draw(spec: EvaluationSpec, num_classes: int | None) -> Draws:
+    """Every seed's samples, saved; before saving, refuses an unconditional generator with
+    classifiers, reference statistics of another image shape than the samples', and (with
+    classifiers) a test split of another image shape or with labels beyond the class count."""
+    if spec.generator is not None:
+        model = load_generator(spec.generator, resolve_device(spec.device))
+        if not model.conditional and spec.classifiers:
             raise ValueError(
-                f"{generator} is unconditional: its samples have no labels, so no classifier "
-                f"({', '.join(classifiers)}) can be trained on them"
+                f"{spec.generator} is unconditional: its samples have no labels, so no "
+                f"classifier ({', '.join(spec.classifiers)}) can be trained on them"
             )
-        draws = [sample_generator(model, num, seed) for seed in seeds]
+        samples = [sample_generator(model, spec.num, seed) for seed in spec.seeds]
         del model
     else:
-        draws = [sample_real(Path(real_data), num, seed) for seed in seeds]
-    shape = [int(v) for v in fileio.channels_last(draws[0][0], "samples").shape[1:]]
-    if fid:  # as the FID phase would, before the samples are saved
-        sides = [{"image_shape": shape, "weights_sha256": None}, statistics_metadata(reference)]
-        check_same_inputs([Path("the samples"), Path(reference)], sides, None)
-    if classifiers:
-        test_images, test_labels = fileio.load_samples(test)
-        _check_test_split(shape, draws, test_images, test_labels, num_classes, test)
-    files = sample_files(samples_dir, seeds)
-    for path, (images, labels) in zip(files, draws, strict=True):
+        samples = [sample_real(spec.real_data, spec.num, seed) for seed in spec.seeds]
+    shape = [int(v) for v in fileio.channels_last(samples[0][0], "samples").shape[1:]]
+    if spec.fid:
+        sides = [{"image_shape": shape, "weights_sha256": None}]
+        sides.append(statistics_metadata(spec.reference))
+        check_same_inputs([Path("the samples"), spec.reference], sides, None)
+    test_images = test_labels = None
+    if spec.classifiers:
+        test_images, test_labels = fileio.load_samples(spec.test)
+        _check_test_split(shape, samples, test_images, test_labels, num_classes, spec.test)
+    files = spec.sample_files()
+    for path, (images, labels) in zip(files, samples, strict=True):
         fileio.save_samples(path, images, labels)
-    progress.bind([fileio.sha256_of(path) for path in files])
-    timings["sample"] = _done("sample", begin)
+    return Draws(files, samples, test_images, test_labels)
 
-    if fid:
+
+def score(
+    spec: EvaluationSpec, draws: Draws, num_classes: int | None, progress: Progress
+) -> dict[str, float]:
+    """FID of every seed, then each classifier (all seeds together); writes their files and
+    returns each phase's wall seconds. A phase ``progress`` holds is not computed again."""
+    timings = {}
+    if spec.fid:
         begin = time.perf_counter()
         records = progress.get("fid") or [
             fid_against_reference(
                 images,
-                reference,
+                spec.reference,
                 str(path),
-                weights,
-                device,
-                fid_batch_size,
-                sqrtm,
-                fast,
-                fid_precision,
+                spec.weights,
+                spec.device,
+                spec.fid_batch_size,
+                spec.sqrtm,
+                spec.fid_precision,
             )
-            for path, (images, _) in zip(files, draws, strict=True)
+            for path, (images, _) in zip(draws.files, draws.samples, strict=True)
         ]
         progress.put("fid", records)
-        for seed, record in zip(seeds, records, strict=True):
-            fileio.write_json(Path(scores_dir) / score_name("fid", seed), record)
+        for seed, record in zip(spec.seeds, records, strict=True):
+            fileio.write_json(spec.scores_dir / score_name("fid", seed), record)
             print(f"FID {record['fid']:.3f} (seed {seed})", flush=True)
         timings["fid"] = _done("fid", begin)
-
-    if classifiers:
-        for model_name in classifiers:
-            begin = time.perf_counter()
-            results = progress.get(model_name) or train_and_evaluate_seeds(
-                model_name,
-                draws,
-                test_images,
-                test_labels,
-                seeds,
-                num_classes=num_classes,
-                device=device,
-                max_epochs=max_epochs,
-                patience=patience,
-                batch_size=batch_size,
-                max_iter=max_iter,
-                batched=True,
-                fast=fast,
-            )
-            progress.put(model_name, results)
-            outs = [Path(scores_dir) / score_name(f"acc_{model_name}", s) for s in seeds]
-            write_results(results, files, test, dataset, outs)
-            timings[f"classify_{model_name}"] = _done(f"classify_{model_name}", begin)
-    progress.finish(Path(scores_dir))
-    timings["total"] = time.perf_counter() - start
+    for model_name in spec.classifiers:
+        begin = time.perf_counter()
+        results = progress.get(model_name) or train_and_evaluate_seeds(
+            model_name,
+            draws.samples,
+            draws.test_images,
+            draws.test_labels,
+            list(spec.seeds),
+            num_classes=num_classes,
+            device=spec.device,
+            max_epochs=spec.max_epochs,
+            patience=spec.patience,
+            batch_size=spec.batch_size,
+            max_iter=spec.max_iter,
+        )
+        progress.put(model_name, results)
+        outs = [spec.scores_dir / score_name(f"acc_{model_name}", s) for s in spec.seeds]
+        write_results(results, draws.files, spec.test, spec.dataset, outs)
+        timings[f"classify_{model_name}"] = _done(f"classify_{model_name}", begin)
     return timings
 
 
 def _check_test_split(
     shape: list[int],
-    draws: list,
+    samples: list,
     test_images: np.ndarray,
     test_labels: np.ndarray,
     num_classes: int | None,
-    test: str | Path,
+    test: Path,
 ) -> None:
-    """Refuse, before the samples are saved and scored, what the classifiers would refuse
-    only after FID: test images [H,W,C] of another shape than the samples' (``shape``; uint8
-    [N,H,W(,C)], labels [N]), a label outside ``num_classes``."""
+    """Refuse test images [H,W,C] of another shape than the samples' (``shape``), an empty
+    test set, or a label (test or samples) outside ``num_classes``."""
     test_shape = [int(v) for v in fileio.channels_last(test_images, str(test)).shape[1:]]
     if shape != test_shape:
         raise ValueError(
@@ -256,7 +301,7 @@ def _check_test_split(
         )
     if len(test_labels) == 0:
         raise ValueError(f"{test}: the test set must not be empty")
-    largest = max(int(labels.max()) for labels in [test_labels, *(y for _, y in draws)])
+    largest = max(int(labels.max()) for labels in [test_labels, *(y for _, y in samples)])
     if num_classes is not None and largest >= num_classes:
         raise ValueError(
             f"labels go up to {largest}, outside the {num_classes} classes ({test}, samples)"
@@ -273,17 +318,16 @@ def _done(phase: str, begin: float) -> float:
 class Progress:
     """Finished phases of an interrupted evaluation, so a rerun resumes after them.
 
-    A stopped job (a window's deadline, a cluster's time limit) loses its declared outputs:
+    A stopped job (a deadline, a cluster's time limit) loses its declared outputs:
     Snakemake deletes them. Each phase's records (FID, one classifier, all seeds) are also
     kept in ``<scores>/evaluate_progress.json`` (not an output, so kept), keyed by the
     SHA-256 of the inputs and the settings (the class count among them): a rerun with the
     same key reuses them, any other key starts afresh. Each phase also records the code
     that computed it (:func:`dpsinkhorn.evaluate.phases.phase_code_sha256`) and the commit
-    (``$DPSINKHORN_COMMIT``, or null): a phase whose code differs from this code (another
-    commit, an older archive) is computed again, and so is one computed on other samples
-    (:meth:`bind`). Removed when the job completes, when
-    :data:`EVALUATION_PHASES` takes each phase's commit and code. Only scores are kept
-    there, never images (samples are drawn again: seeded, the same).
+    (``$DPSINKHORN_COMMIT``, or null): a phase whose code differs from this code is
+    computed again, and so is one computed on other samples (:meth:`bind`). Removed when
+    the job completes, when :data:`EVALUATION_PHASES` takes each phase's commit and code.
+    Only scores are kept there, never images (samples are drawn again: seeded, the same).
     """
 
     NAME = EVALUATION_PROGRESS
@@ -306,8 +350,8 @@ class Progress:
 
     def bind(self, samples_sha256: list[str]) -> None:
         """Keep only the phases computed on these samples (SHA-256 of each seed's sample
-        file): samples drawn by other code (a generator architecture another commit changed,
-        outside :data:`phases.PHASE_MODULES`) are scored again; new phases record them."""
+        file): samples drawn by other code (a generator architecture changed outside
+        :data:`phases.PHASE_MODULES`) are scored again; new phases record them."""
         self.samples = list(samples_sha256)
         for phase in [p for p, e in self.done.items() if e.get("samples_sha256") != self.samples]:
             print(f"rerunning {phase}: saved for other samples", flush=True)
@@ -336,29 +380,7 @@ class Progress:
 
 
 def _cmd_evaluate(args: argparse.Namespace) -> int:
-    timings = evaluate(
-        seeds=args.seed,
-        num=args.num,
-        test=args.test,
-        reference=args.reference,
-        samples_dir=args.samples_dir,
-        scores_dir=args.scores_dir,
-        generator=args.generator,
-        real_data=args.real_data,
-        classifiers=args.classifiers,
-        dataset=args.dataset,
-        weights=args.weights,
-        device=args.device,
-        sqrtm=args.sqrtm,
-        fid_batch_size=args.fid_batch_size,
-        max_epochs=args.max_epochs,
-        patience=args.patience,
-        batch_size=args.batch_size,
-        max_iter=args.max_iter,
-        fid=not args.no_fid,
-        fast=args.fast,
-        fid_precision=args.fid_precision,
-    )
+    timings = evaluate(EvaluationSpec.from_args(args))
     line = ", ".join(f"{k} {v:.1f} s" for k, v in timings.items())
     print(f"evaluation of {len(args.seed)} seeds: {line}")
     if args.timings:
@@ -389,6 +411,13 @@ def register_cli(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--weights", default=None, help="pytorch-fid's Inception weights file")
     p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, ...")
     p.add_argument("--sqrtm", choices=SQRTM_METHODS, default="pytorch_fid")
+    p.add_argument(
+        "--fid-precision",
+        choices=FID_PRECISIONS,
+        default="fp32",
+        help="the Inception convolutions' arithmetic (fp32: IEEE; tf32: cuDNN TF32 on CUDA; "
+        "bf16/fp16: autocast)",
+    )
     p.add_argument("--fid-batch-size", type=int, default=None, help="Inception batch")
     p.add_argument("--max-epochs", type=int, default=1000, help="mlp/cnn epoch cap")
     p.add_argument("--patience", type=int, default=30, help="mlp/cnn early-stopping epochs")
@@ -396,18 +425,4 @@ def register_cli(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--max-iter", type=int, default=5000, help="logreg L-BFGS iterations")
     p.add_argument("--no-fid", action="store_true", help="classifiers only (no FID files)")
     p.add_argument("--timings", default=None, help="also write the phase times (JSON)")
-    p.add_argument(
-        "--fast",
-        action="store_true",
-        help="fast paths: Inception with batch norm folded, channels-last, statistics on the "
-        "device; MLP/CNN with early stopping on the device and CUDA graphs on CUDA (default: "
-        "today's reference path)",
-    )
-    p.add_argument(
-        "--fid-precision",
-        choices=FID_PRECISIONS,
-        default="fp32",
-        help="with --fast: the Inception convolutions' arithmetic (fp32: IEEE; tf32: cuDNN "
-        "TF32 on CUDA; bf16/fp16: autocast)",
-    )
     p.set_defaults(handler=_cmd_evaluate)

@@ -1,6 +1,5 @@
 """Which code computed an evaluation phase (torch-free): ``dpsinkhorn evaluate`` resumes a
-saved phase only when this code is the code that computed it, and ``gpu-window`` plans
-with the same rule.
+saved phase only when this code is the code that computed it.
 
 A phase is ``fid`` or a classifier's name; its code is the source of the modules of
 :mod:`dpsinkhorn.evaluate` that compute its records (:data:`PHASE_MODULES`).
@@ -17,7 +16,7 @@ from dpsinkhorn import fileio
 #: every classifier): a phase saved by other code is computed again, not resumed.
 PHASE_MODULES = {
     "fid": ("sample", "inception", "fid"),
-    "classifier": ("sample", "classifiers", "classify", "fastfit"),
+    "classifier": ("sample", "classifiers", "classify"),
 }
 #: The commit a job runs at, when its caller knows it (a copied tree may have no .git).
 COMMIT_ENV = "DPSINKHORN_COMMIT"

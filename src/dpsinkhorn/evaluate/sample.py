@@ -1,16 +1,11 @@
-"""Synthetic datasets: balanced labelled samples from a trained generator.
-
-``dpsinkhorn sample`` writes them as a sample file (npz), and on request as a PNG grid
-(``--png-grid``) and a folder per class (``--png-dir``; ``evaluate.pngs``). Samples of an
-unconditional generator are labelled -1.
-
-Also draws the "Real data" rows' samples, a seeded subset of the real training
-set, so that every Table 1 row is evaluated by the same FID and classifier code.
+"""Synthetic datasets: balanced labelled samples from a trained generator (an
+unconditional generator's labelled -1), read without running its pickle; and the "Real
+data" rows' samples, a seeded subset of the real training set, so that every Table 1 row
+is evaluated by the same FID and classifier code.
 """
 
 from __future__ import annotations
 
-import argparse
 import io
 from pathlib import Path
 
@@ -19,9 +14,8 @@ import torch
 
 from dpsinkhorn.data import datasets as data
 from dpsinkhorn.data.catalog import DATASETS
-from dpsinkhorn.devices import resolve_device
-from dpsinkhorn.evaluate.pngs import UNCONDITIONAL_FOLDER, save_png_dir, save_png_grid
-from dpsinkhorn.fileio import check_class_names, load_samples, save_samples
+from dpsinkhorn.evaluate.pngs import UNCONDITIONAL_FOLDER
+from dpsinkhorn.fileio import check_class_names, load_samples
 from dpsinkhorn.models import GeneratorConfig, build_generator
 
 
@@ -121,54 +115,3 @@ def sample_real(train_path: Path, num: int, seed: int) -> tuple[np.ndarray, np.n
         raise ValueError(f"{train_path} holds {len(labels)} records, fewer than --num {num}")
     keep = np.sort(np.random.default_rng(seed).permutation(len(labels))[:num])
     return images[keep], labels[keep]
-
-
-def register_cli(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("sample", help="draw a synthetic dataset from a generator")
-    p.add_argument("--generator", required=True, help="generator.pt")
-    p.add_argument("--num", type=int, required=True)
-    p.add_argument("--seed", type=int, required=True)
-    p.add_argument("--out", required=True, help="samples_seed<k>.npz")
-    p.add_argument("--device", default="auto")
-    p.add_argument(
-        "--png-grid",
-        help="also write a PNG grid: a row per class (unconditional: rows of --png-per-class)",
-    )
-    p.add_argument("--png-per-class", type=int, default=10, help="grid columns (default 10)")
-    p.add_argument(
-        "--png-dir",
-        help="also write DIR/<class name>/<i>.png (unconditional: DIR/unconditional/<i>.png)",
-    )
-    p.set_defaults(handler=_cli_sample)
-
-    r = subparsers.add_parser("sample-real", help="a seeded subset of the real training set")
-    r.add_argument("--data", required=True, help="<data_dir>/<dataset>/train.npz")
-    r.add_argument("--num", type=int, required=True)
-    r.add_argument("--seed", type=int, required=True)
-    r.add_argument("--out", required=True)
-    r.set_defaults(handler=_cli_real)
-
-
-def _cli_sample(args: argparse.Namespace) -> int:
-    if args.num < 1:
-        raise ValueError(f"--num must be positive, got {args.num}")
-    if args.png_per_class < 1:
-        raise ValueError(f"--png-per-class must be positive, got {args.png_per_class}")
-    model = load_generator(Path(args.generator), resolve_device(args.device))
-    images, labels = sample_generator(model, args.num, args.seed)
-    save_samples(args.out, images, labels)
-    print(f"wrote {len(labels)} samples to {args.out}")
-    if args.png_grid:
-        save_png_grid(args.png_grid, images, labels, len(model.class_names), args.png_per_class)
-        print(f"wrote a PNG grid to {args.png_grid}")
-    if args.png_dir:
-        files = save_png_dir(args.png_dir, images, labels, model.class_names)
-        print(f"wrote {len(files)} PNG files under {args.png_dir}")
-    return 0
-
-
-def _cli_real(args: argparse.Namespace) -> int:
-    images, labels = sample_real(Path(args.data), args.num, args.seed)
-    save_samples(args.out, images, labels)
-    print(f"wrote {len(labels)} real samples to {args.out}")
-    return 0

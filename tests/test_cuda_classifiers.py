@@ -1,6 +1,6 @@
-"""The fast classifier loop on CUDA (skipped without one): the step replayed from a CUDA
-graph follows the eager fast loop within the seed-to-seed spread, and a capture that fails
-falls back to eager steps and says so (``fast_loop.cuda_graph_error``)."""
+"""The classifier loop on CUDA (skipped without one): the step replayed from a CUDA graph
+follows the eager loop within the seed-to-seed spread, and a capture that fails falls back
+to eager steps and says so (``training_loop.cuda_graph_error``)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import contextlib
 import pytest
 import torch
 
-from dpsinkhorn.evaluate import fastfit
+from dpsinkhorn.evaluate import classifiers
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -28,12 +28,12 @@ def _data(k: int = 2, n: int = 600):
 
 
 @pytest.mark.parametrize("model", ["mlp", "cnn"])
-def test_graphed_fast_loop_learns_like_the_eager_one(model):
+def test_graphed_loop_learns_like_the_eager_one(model):
     xs, ys, x_test, y_test = _data()
     common = (model, xs, ys, x_test, y_test, 10, [0, 1], 6, 2, 64)
-    graphed = fastfit.train_torch_batched_fast(*common, cuda_graphs=True)
-    eager = fastfit.train_torch_batched_fast(*common, cuda_graphs=False)
-    assert all(r["fast_loop"]["cuda_graphs"] for r in graphed)
+    graphed = classifiers.train_batched(*common, cuda_graphs=True)
+    eager = classifiers.train_batched(*common, cuda_graphs=False)
+    assert all(r["training_loop"]["cuda_graphs"] for r in graphed)
     for g, e in zip(graphed, eager, strict=True):
         assert g["accuracy"] > 0.5 and abs(g["accuracy"] - e["accuracy"]) < 0.1
 
@@ -46,10 +46,10 @@ def test_a_refused_capture_falls_back_to_eager_steps(monkeypatch):
 
     monkeypatch.setattr(torch.cuda, "graph", refuse)
     xs, ys, x_test, y_test = _data()
-    records = fastfit.train_torch_batched_fast(
+    records = classifiers.train_batched(
         "mlp", xs, ys, x_test, y_test, 10, [0, 1], 6, 2, 64, cuda_graphs=True
     )
     for r in records:
-        assert r["fast_loop"]["cuda_graphs"] is False
-        assert "not permitted" in r["fast_loop"]["cuda_graph_error"]
+        assert r["training_loop"]["cuda_graphs"] is False
+        assert "not permitted" in r["training_loop"]["cuda_graph_error"]
         assert r["accuracy"] > 0.5
