@@ -163,11 +163,10 @@ SLOW_TESTS: dict[str, int] = {
     # issue 35's fast paths (load average 4-5, another benchmark running)
     "test_bench_eval.py::test_bench_eval_writes_every_phase": 102,
     "test_fid_fast.py::test_fast_fid_equals_the_reference_fid": 42,
-    # the one-job evaluation and the window's carry (load average 4-8)
+    # the one-job evaluation (load average 4-8)
     "test_evaluate_job.py::test_generator_job_equals_the_per_step_path": 60,
     "test_evaluate_job.py::test_real_data_job_classifiers_equal_the_per_step_path": 40,
     "test_evaluate_job.py::test_a_stopped_job_resumes_after_its_finished_phases": 30,
-    "test_gpu_window.py::test_items_are_independent_and_an_import_is_never_retrained": 199,
     # three Snakemake runs and two trainings on the digits (idle 2-core machine)
     "test_trainings.py::test_a_workflow_rerun_that_is_refused_keeps_the_finished_generator": 35,
     "test_trainings.py::"
@@ -185,10 +184,7 @@ TIMEOUTS_FIRST_OF_MODULE = {
     "test_slurm.py": 3000,  # its fixture stops the workflow itself after 2,400 s
     "test_kill_anywhere.py": 1800,  # the uninterrupted reference run, then the first life
 }
-TIMEOUTS_OF_TEST = {
-    # one uninterrupted call (up to its 900 s budget), then the same split at a sixth of it
-    "test_gpu_window.py::test_window_split_over_interrupted_calls_equals_one_call": 2400,
-}
+TIMEOUTS_OF_TEST: dict[str, int] = {}
 
 
 def _name(item: pytest.Item) -> str:
@@ -199,17 +195,13 @@ def _name(item: pytest.Item) -> str:
 #: Test files that run longest (a whole workflow, or many Inception passes), longest first:
 #: collected first, so that pytest-xdist (``--dist loadfile``, make test) starts them at
 #: once while the other files fill the other worker, and the short files come last, where
-#: they balance the two workers' ends. The split gpu-window test's calls train for minutes
-#: each and took several times as long beside `make test-slurm` (.ci/run), which ends about
-#: 13 minutes in: its file comes after the other long files of its worker, 20 minutes in.
-#: (Run last instead, it ran alone: in the CI of da36f34 the other worker waited 320 s.)
+#: they balance the two workers' ends.
 FIRST_FILES = (
     "test_workflow.py",
     "test_kill_anywhere.py",
     "test_owndata_workflow.py",
     "test_fid.py",
     "test_evaluate_job.py",
-    "test_gpu_window.py",
 )
 
 

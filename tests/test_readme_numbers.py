@@ -2,7 +2,7 @@
 
 Each number is parsed out of the docs next to a stable phrase (nothing is copied into this
 file), then checked against the project's own code: the config's generators and jobs
-(``config``, ``plan.job_count``, the same count as ``snakemake -n``), and σ and ε
+(``config``, and Snakemake's own dry run for the job counts), and σ and ε
 (``privacy.accounting``). A quoted number must equal the computed one rounded to the digits
 the README prints. The dotted names the docs give must exist.
 """
@@ -12,6 +12,8 @@ from __future__ import annotations
 import importlib
 import json
 import re
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -22,7 +24,7 @@ from dpsinkhorn.config.experiments import experiment, experiment_names, trained_
 from dpsinkhorn.config.studies import study_cells, study_experiments
 from dpsinkhorn.config.targets import score_name
 from dpsinkhorn.config.validate import read_yaml
-from dpsinkhorn.plan import TRAIN_SIZES, job_count, slurm_job_count
+from dpsinkhorn.plan import TRAIN_SIZES
 from dpsinkhorn.privacy.accounting import compute_epsilon, paper_convention_epsilon
 from dpsinkhorn.privacy.budget import budget_of
 from dpsinkhorn.report.common import accuracy_percent, read_number
@@ -108,15 +110,26 @@ def test_generator_count(paper):
     assert int(count) == len(trained_experiments(paper))
 
 
-def test_smoke_job_count():
+def dry_run_jobs(workdir: Path, config_file: Path, *options: str) -> dict[str, int]:
+    """Jobs per rule of a build from nothing, as Snakemake's dry run counts them (its
+    'Job stats' table; ``total`` included)."""
+    snakemake = Path(sys.executable).with_name("snakemake")
+    cmd = [str(snakemake), "-s", str(ROOT / "Snakefile"), "-d", str(workdir), "-n"]
+    cmd += ["--configfile", str(config_file), *options]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    table = out.stdout.split("Job stats:")[1].split("\n\n")[0]
+    return {m[1]: int(m[2]) for m in re.finditer(r"^([\w-]+)\s+(\d+)$", table, re.M)}
+
+
+def test_smoke_job_count(tmp_path):
     (jobs,) = quoted(r"`config/smoke.yaml` \| CI[^|]*\|[^|]*?(\d+) jobs")
-    smoke = load_config(ROOT / "config" / "smoke.yaml")
-    assert int(jobs) == sum(job_count(smoke).values())
+    assert int(jobs) == dry_run_jobs(tmp_path, ROOT / "config" / "smoke.yaml")["total"]
 
 
-def test_slurm_job_counts_of_the_paper_config(paper):
-    """docs/CLUSTER.md's SLURM job counts of config/config.yaml (profiles/slurm;
-    tests/test_cluster.py checks the count against the dry run)."""
+def test_slurm_job_counts_of_the_paper_config(paper, tmp_path):
+    """docs/CLUSTER.md's SLURM job counts of config/config.yaml (profiles/slurm: every job
+    but the Snakefile's local rules), from Snakemake's dry run."""
     cluster_doc = (ROOT / "docs" / "CLUSTER.md").read_text()
     total, swept = quoted(
         r"SLURM jobs of a full build \|[^|]*\| ([\d,]+) \(([\d,]+) with", cluster_doc
@@ -126,15 +139,23 @@ def test_slurm_job_counts_of_the_paper_config(paper):
         r"evaluation jobs = ([\d,]+)",
         cluster_doc,
     )
-    jobs = job_count(paper)
+    config = ROOT / "config" / "config.yaml"
+    block = (ROOT / "Snakefile").read_text().split("localrules:")[1].split("\n\n")[0]
+    local = set(re.findall(r"(\w+),", block)) | {"total"}
+
+    def remote(jobs: dict[str, int]) -> int:
+        return sum(n for rule, n in jobs.items() if rule not in local)
+
+    jobs = dry_run_jobs(tmp_path / "one", config)
     assert (int(trainings), int(references), int(studies)) == (
         jobs["train"],
         jobs["fid_reference"],
         jobs["grad_study"],
     )
     assert int(groups) == len(experiment_names(paper))
-    assert number(total) == number(again) == slurm_job_count(paper)
-    assert number(swept) == slurm_job_count({**paper, "sweep_runs": 8})
+    assert number(total) == number(again) == remote(jobs)
+    swept_jobs = dry_run_jobs(tmp_path / "swept", config, "--config", "sweep_runs=8")
+    assert number(swept) == remote(swept_jobs)
 
 
 @pytest.mark.parametrize(

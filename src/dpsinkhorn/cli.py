@@ -33,7 +33,6 @@ COMMANDS = {
     "fid-stats": "evaluate.fid",
     "classify": "evaluate.classify",
     "evaluate": "evaluate.job",
-    "gpu-window-carry": "window_setup",
     "report": "report.cli",
     "privacy-summary": "report.privacy_summary",
     "bench": "bench.cli",
@@ -41,7 +40,6 @@ COMMANDS = {
     "grad-study": "evaluate.gradstudy",
     "targets": "config.targets",
     "plan": "plan",
-    "gpu-window": "window",
 }
 COMMAND_MODULES = list(dict.fromkeys(COMMANDS.values()))
 # Commands that stop between training steps (train.signals.StopSignal: checkpoint, exit 75).
