@@ -128,8 +128,6 @@ SLOW_TESTS: dict[str, int] = {
     "test_faults.py::test_sigint_stops_a_snakemake_run_and_keeps_the_checkpoint": 26,
     "test_release.py::test_rng_state_reaches_set_state_as_a_cpu_byte_tensor": 25,
     "test_fid.py::test_same_network_as_pytorch_fid_download_path": 23,
-    "test_gpu_runbook.py::"
-    "test_runbook_keeps_results_data_and_snakemake_state_between_fresh_copies": 22,
     "test_release.py::test_no_two_runs_or_sweep_members_share_noise": 22,
     "test_report.py::test_perrow_row_names_its_mechanism_and_both_sound_epsilons": 22,
     "test_release.py::test_buffer_overflow_is_handled_and_charged_to_delta": 20,

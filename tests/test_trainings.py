@@ -23,7 +23,7 @@ import pytest
 import yaml
 from helpers import digits_arrays, write_digits_npz
 
-from dpsinkhorn import cli, fileio
+from dpsinkhorn import cli
 from dpsinkhorn import config as config_lib
 from dpsinkhorn.config.targets import TRAINING_FILES, results_dir
 from dpsinkhorn.privacy import trainings
@@ -305,7 +305,7 @@ experiments:
 """
 
 
-def _window(tmp_path: Path, data_dir: str = "data", exclude: list[str] | None = None) -> dict:
+def _window(tmp_path: Path, data_dir: str, exclude: list[str] | None = None) -> dict:
     """A window file (and its config) that trains mnist_dpsinkhorn."""
     (tmp_path / "c.yaml").write_text(WINDOW_CONFIG.format(data_dir=data_dir))
     text = "configfile: c.yaml\nexperiments: [mnist_dpsinkhorn]\n"
@@ -316,16 +316,11 @@ def _window(tmp_path: Path, data_dir: str = "data", exclude: list[str] | None = 
 
 
 def _next_call(loaded: dict, workdir: Path, fresh: Path) -> Path:
-    """What the window tool does between two calls: pack ``workdir`` with its own code,
-    unpack the archive into a ``fresh`` folder, merge a record copy back (window.main). A
-    record outside the working folder is gone meanwhile, as on a fresh machine."""
+    """What the window tool does between two calls: pack ``workdir`` with its own code and
+    patterns, unpack the archive into a ``fresh`` folder (window.main)."""
     archive = workdir.parent / f"{workdir.name}.tar.gz"
-    window.pack_workdir(loaded, workdir, archive, part_mib=15, cap_mib=16)
-    if fileio.relative_inside(window.record_folder(loaded, workdir), workdir) is None:
-        shutil.rmtree(window.record_folder(loaded, workdir))
-    fresh.mkdir()
+    window.pack(workdir, archive, loaded["exclude"], loaded["keep"], part_mib=15, cap_mib=16)
     window.unpack(archive, fresh)
-    window.restore_record(loaded, fresh)
     return fresh
 
 
@@ -334,7 +329,7 @@ def _out(loaded: dict, workdir: Path) -> Path:
     return config_lib.experiment_dir(config, workdir / results_dir(config), "mnist_dpsinkhorn")
 
 
-@pytest.mark.parametrize("where", ["inside", "outside", "lost"])
+@pytest.mark.parametrize("where", ["inside", "default", "lost"])
 def test_a_training_split_over_window_calls_is_one_training_and_never_retrained(
     tmp_path, where, monkeypatch
 ):
@@ -343,17 +338,15 @@ def test_a_training_split_over_window_calls_is_one_training_and_never_retrained(
     exclude patterns and unpack): the record holds one finished training of the experiment,
     one noise stream (one id) counted at its steps, and a retrain in a third call is
     refused. ``inside``: the record under the working folder's data/, with a window file
-    that excludes all of data/ (the record is kept all the same); ``outside``: an absolute
-    data_dir, the record travels as a copy (the machine's own is lost between calls);
-    ``lost``: the record is gone before the second call (its started event lost): the
-    resumed and finished events alone still count it.
+    that excludes all of data/ and the record itself (the record is kept all the same);
+    ``default``: the tool's own patterns; ``lost``: the record is gone before the second
+    call (its started event lost): the resumed and finished events alone still count it.
     Each call trains in its own working folder, as Snakemake's ``-d`` runs the jobs."""
-    data_dir = str(tmp_path / "private") if where == "outside" else "data"
     exclude = ["data/*", "data/trainings/*", "window/*", "*/samples_seed*.npz"]
-    loaded = _window(tmp_path, data_dir, exclude if where == "inside" else None)
+    loaded = _window(tmp_path, "data", exclude if where == "inside" else None)
     spec = config_lib.make_experiment("mnist_dpsinkhorn", dataset="mnist", **TINY)
     first = tmp_path / "call1"
-    records = lambda workdir: window.record_folder(loaded, workdir)  # noqa: E731
+    records = lambda workdir: workdir / "data" / trainings.RECORD_DIR  # noqa: E731
     (first / "data" / "mnist").mkdir(parents=True)
     (first / "data" / "mnist" / "train.npz").write_bytes(b"prepared arrays")
     monkeypatch.chdir(first)
@@ -361,7 +354,7 @@ def test_a_training_split_over_window_calls_is_one_training_and_never_retrained(
         _train(spec, _out(loaded, first), records(first), stop_after=2)
     second = _next_call(loaded, first, tmp_path / "call2")
     assert not (second / "data" / "mnist").exists()  # the prepared data is still left out
-    if where == "inside":
+    if where != "lost":
         assert sorted(p.name for p in (second / "data" / "trainings").iterdir()) == [
             p.name for p in records(first).iterdir()
         ]

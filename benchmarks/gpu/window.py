@@ -1,8 +1,10 @@
 """Fill short GPU allocations with the workflow's work, one call after another.
 
-    python benchmarks/gpu/window.py --minutes 9 --archive-in OUT/state.tgz \\
-        --archive-out OUT/state.tgz --results-set OUT/mnist-rows-h200 \\
-        --config data_mirror=MIRROR fid_weights=WEIGHTS
+    pip install --no-index --no-deps --target /tmp/site .whl/*.whl  # fetch_wheels.sh's
+    PYTHONPATH=/tmp/site:src PATH=/tmp/site/bin:$PATH python benchmarks/gpu/window.py \\
+        --minutes 9 --archive-in .window/state.tgz --archive-out $OUT/state.tgz \\
+        --results-set /tmp/sets/mnist-rows-h200 --config data_mirror=... fid_weights=...
+    tar czf $OUT/set.tgz -C /tmp/sets mnist-rows-h200  # a device returns few files
 
 Each call unpacks what the last call left (``results/``, Snakemake's metadata, the privacy
 training record, this tool's state) and runs the ordinary workflow (the repository's
@@ -14,7 +16,8 @@ At the deadline Snakemake gets SIGTERM (a training checkpoints), then SIGKILL. T
 working folder is packed into ``--archive-out`` (within ``--archive-cap-mib``, in files of
 at most ``--part-mib``) and the finished experiments are written as a results set.
 
-The archive holds private checkpoints and the training record: keep it, never publish it.
+The archive holds private checkpoints and the training record (under the config's
+``data_dir``, which must lie in the working folder): keep it, never publish it.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import argparse
 import datetime as dt
 import fnmatch
 import importlib.util
+import io
 import os
 import re
 import shlex
@@ -42,15 +46,14 @@ from dpsinkhorn import fileio
 from dpsinkhorn.config.cluster import load_rates, rates_file
 from dpsinkhorn.config.targets import evaluation_files, results_dir
 from dpsinkhorn.plan import plan_from_rates
-from dpsinkhorn.privacy.trainings import RECORD_DIR, merge_copy
+from dpsinkhorn.privacy.trainings import RECORD_DIR
 from dpsinkhorn.report.resultset import render
 
 REPO = Path(__file__).resolve().parents[2]
 STATE = "window_state.json"
 CONFIG_COPY = "window/config.yaml"  # the config, by a path equal in every call
-RECORD_COPY = "window/trainings"  # the record, when data_dir lies outside the working folder
 #: What every call rebuilds, so the archive leaves it out (the training record never).
-EXCLUDE = ["data/*", "*/samples_seed*.npz", "*/fid_ref_*.npz", "window.log"]
+EXCLUDE = ["data/*", "*/samples_seed*.npz", "*/fid_ref_*.npz", "bin/*"]
 EXCLUDE += [".snakemake/locks/*", ".snakemake/log/*", ".snakemake/auxiliary/*"]
 REBUILDABLE = ["inductor-cache/*"]  # left out over the cap: compiled kernels, never a result
 WINDOW_KEYS = {"configfile", "overrides", "experiments", "exclude", "signal_grace_s"}
@@ -82,14 +85,19 @@ def load_window(path: Path) -> dict:
     for option in window["overrides"]:
         if option.split("=")[0] not in cfg.OVERRIDABLE or "=" not in option:
             raise ValueError(f"{path}: overrides: {option!r} is not KEY=VALUE of OVERRIDABLE")
-    known = cfg.experiment_names(cfg.load_config([window["config_path"]]))
+    config = cfg.load_config([window["config_path"]])
+    data_dir = Path(config["data_dir"])
+    if data_dir.is_absolute() or ".." in data_dir.parts:  # the record must travel in the archive
+        raise ValueError(
+            f"{path}: {window['configfile']}: data_dir {data_dir} is not inside the "
+            "working folder, so its training record would not travel"
+        )
+    window["keep"] = [f"{data_dir.as_posix()}/{RECORD_DIR}/*"]  # packed whatever is excluded
+    known = cfg.experiment_names(config)
     for exp in window["experiments"]:
         if exp not in known:
             raise ValueError(f"{path}: experiments: {exp!r} is not in {window['configfile']}")
     return window
-
-
-# ------------------------------------------------------------ what fits the time left
 
 
 def training_refusal(config, rates, workdir: Path, exp: str, left_s: float, start_long: bool):
@@ -142,26 +150,16 @@ def finished(config, workdir: Path, exp: str) -> bool:
     return all(Path(f).is_file() for f in files)
 
 
-# --------------------------------------------------------------------- running work
-
-
 def run_until(cmd: list[str], deadline: float, grace_s: float, log: Path, cwd: Path) -> str:
-    """Run ``cmd`` in its own process group until it ends, ``deadline`` (monotonic) or a
-    SIGTERM/SIGINT to this process; then SIGTERM the group and, ``grace_s`` later, SIGKILL
-    it. Returns ``done``, ``failed`` or ``deadline``."""
-    stop, signals = [], (signal.SIGTERM, signal.SIGINT)
-    handlers = {s: signal.signal(s, lambda *_: stop.append(1)) for s in signals}
+    """Run ``cmd`` in its own process group until it ends or ``deadline`` (monotonic); then
+    SIGTERM the group and, ``grace_s`` later, SIGKILL it. Returns done, failed or deadline."""
     with open(log, "a") as out:
         out.write(f"\n$ {shlex.join(cmd)}\n")
         out.flush()
         options = {"stdin": subprocess.DEVNULL, "stderr": subprocess.STDOUT}
         proc = subprocess.Popen(cmd, stdout=out, cwd=cwd, start_new_session=True, **options)
-    try:
-        while proc.poll() is None and time.monotonic() < deadline and not stop:
-            time.sleep(0.2)
-    finally:
-        for sig, handler in handlers.items():
-            signal.signal(sig, handler)
+    while proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
     if proc.poll() is not None:
         return "done" if proc.returncode == 0 else "failed"
     os.killpg(proc.pid, signal.SIGTERM)
@@ -183,7 +181,7 @@ def snakemake(window: dict, workdir: Path, targets: list[str], args) -> list[str
     retrain a generator)."""
     exe = Path(sys.executable).with_name("snakemake")
     cmd = [str(exe) if exe.exists() else "snakemake", "-s", str(REPO / "Snakefile")]
-    cmd += ["-d", str(workdir), "--configfile", CONFIG_COPY, "--cores", args.cores]
+    cmd += ["-d", str(workdir), "--configfile", CONFIG_COPY]
     options = [*window["overrides"], *args.config]
     cmd += ["--config", *options] if options else []
     cmd += ["--scheduler", "greedy"] if importlib.util.find_spec("pulp") is None else []
@@ -223,9 +221,8 @@ def work(window: dict, workdir: Path, deadline: float, args, state: dict) -> str
             held.append(exp)
             continue
         begin, cmd = time.monotonic(), snakemake(window, workdir, targets, args)
-        outcome = run_until(
-            cmd, deadline, window["signal_grace_s"], workdir / "window.log", workdir
-        )
+        log = args.archive_out.parent / "window.log"  # Snakemake's output, beside the archive
+        outcome = run_until(cmd, deadline, window["signal_grace_s"], log, workdir)
         record["seconds"] += time.monotonic() - begin
         record["outcome"] = outcome
         if outcome == "deadline":
@@ -239,9 +236,6 @@ def work(window: dict, workdir: Path, deadline: float, args, state: dict) -> str
         elif training:
             order.append(exp)  # trained now: its evaluation next, if it fits
     return f"failed:{','.join(failed)}" if failed else "waiting" if held else "done"
-
-
-# ------------------------------------------------------------------------ the archive
 
 
 def pack(workdir: Path, archive: Path, exclude, keep, part_mib: float, cap_mib: float):
@@ -285,40 +279,12 @@ def unpack(archive: Path, workdir: Path) -> None:
     parts = [archive] if archive.is_file() else parts
     if not parts:
         raise FileNotFoundError(f"{archive}: no archive (nor {archive.name}.part000, ...)")
-    with tempfile.TemporaryFile() as joined:
-        for part in parts:
-            joined.write(part.read_bytes())
-        joined.seek(0)
-        try:
-            with tarfile.open(fileobj=joined, mode="r:gz") as tar:
-                tar.extractall(workdir, filter="data")
-        except (tarfile.TarError, OSError, EOFError) as err:
-            raise ValueError(f"{archive}: not a readable tar.gz archive ({err})") from None
-
-
-def record_folder(window: dict, workdir: Path) -> Path:
-    """The privacy training record of the workflow run in ``workdir``."""
-    return workdir / cfg.load_config([window["config_path"]])["data_dir"] / RECORD_DIR
-
-
-def pack_workdir(window: dict, workdir: Path, archive: Path, part_mib: float, cap_mib: float):
-    """:func:`pack` the working folder, the training record always in: a record outside
-    the folder (an absolute ``data_dir``) travels as a copy under :data:`RECORD_COPY`."""
-    records = record_folder(window, workdir)
-    inside = fileio.relative_inside(records, workdir)
-    for path in sorted(records.glob("*.jsonl")) if inside is None else []:
-        fileio.write_bytes(workdir / RECORD_COPY / path.name, path.read_bytes())
-    keep = [f"{RECORD_COPY}/*", *([f"{inside}/*"] if inside is not None else [])]
-    return pack(workdir, archive, window["exclude"], keep, part_mib, cap_mib)
-
-
-def restore_record(window: dict, workdir: Path) -> None:
-    """Merge the record copy an archive brought into the record (events it lacks appended)."""
-    for copy in sorted((workdir / RECORD_COPY).glob("*.jsonl")):
-        merge_copy(record_folder(window, workdir), copy)
-
-
-# ----------------------------------------------------------------- the results set
+    try:  # the parts joined in memory: an archive is a call's transfer, some MiB
+        joined = io.BytesIO(b"".join(part.read_bytes() for part in parts))
+        with tarfile.open(fileobj=joined, mode="r:gz") as tar:
+            tar.extractall(workdir, filter="data")
+    except (tarfile.TarError, OSError, EOFError) as err:
+        raise ValueError(f"{archive}: not a readable tar.gz archive ({err})") from None
 
 
 def export_set(window: dict, workdir: Path, set_dir: Path, state: dict) -> list[Path]:
@@ -342,8 +308,7 @@ def export_set(window: dict, workdir: Path, set_dir: Path, state: dict) -> list[
         "name": set_dir.name,
         "what": "outputs of benchmarks/gpu/window.py calls (scores, training ledgers and "
         "logs, no generators); only experiments whose evaluation finished",
-        "device": calls[-1]["device"],
-        "commit": calls[-1]["commit"],
+        **{key: calls[-1][key] for key in ("device", "commit")},
         "date": calls[-1]["finished"][:10],
         "config": window["configfile"],
         "config_changes": [f"snakemake --config {o}" for o in window["overrides"]],
@@ -358,20 +323,14 @@ def export_set(window: dict, workdir: Path, set_dir: Path, state: dict) -> list[
         return [set_dir / "provenance.json"]
 
 
-# ---------------------------------------------------------------------------- a call
-
-
-def device_name() -> str:
+def device_and_commit(args: argparse.Namespace) -> tuple[str, str]:
+    """The device in words (torch's name of the GPU) and the checkout's commit (git)."""
     import torch
 
-    if torch.cuda.is_available():
-        return f"{torch.cuda.get_device_name(0)} (torch {torch.__version__})"
-    return f"cpu ({os.cpu_count()} cores, torch {torch.__version__})"
-
-
-def commit_of() -> str:
-    git = ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"]
-    return subprocess.run(git, capture_output=True, text=True).stdout.strip() or "unknown"
+    cuda, git = torch.cuda, ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"]
+    name = cuda.get_device_name(0) if cuda.is_available() else f"cpu, {os.cpu_count()} cores"
+    commit = args.commit or subprocess.run(git, capture_output=True, text=True).stdout.strip()
+    return args.device_name or f"{name} (torch {torch.__version__})", commit or "unknown"
 
 
 #: (flag, argparse keywords): the device call's constraints are these parameters.
@@ -388,7 +347,6 @@ OPTIONS = [
     ("--rates", {"help": "measured step rates (default: the config's cluster.step_rates)"}),
     ("--start-long", {"action": "store_true", "help": "start trainings that do not fit"}),
     ("--workdir", {"type": Path, "help": "working folder (default: a temporary one)"}),
-    ("--cores", {"default": "all", "help": "Snakemake --cores"}),
     ("--commit", {"help": "the checkout's commit (default: git rev-parse)"}),
     ("--device-name", {"help": "the device in words (default: torch's)"}),
     ("--dry-run", {"action": "store_true", "help": "Snakemake -n: what would start"}),
@@ -414,14 +372,19 @@ def main(argv: list[str] | None = None) -> int:
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="dpsinkhorn-window-"))
     try:
         window = load_window(args.window)
-        workdir.mkdir(parents=True, exist_ok=True)
+        for folder in (workdir, args.archive_out.parent):
+            folder.mkdir(parents=True, exist_ok=True)
         if args.archive_in:
             unpack(args.archive_in, workdir)
-            restore_record(window, workdir)
         state = fileio.read_json(workdir / STATE) if (workdir / STATE).is_file() else {"calls": []}
         fileio.write_bytes(workdir / CONFIG_COPY, window["config_path"].read_bytes())
         os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(workdir / "inductor-cache"))
-        device, commit = args.device_name or device_name(), args.commit or commit_of()
+        device, commit = device_and_commit(args)
+        if shutil.which("dpsinkhorn") is None:  # the rules' command, the package not installed
+            script = f'#!/bin/sh\nexec {shlex.quote(sys.executable)} -m dpsinkhorn "$@"\n'
+            fileio.write_text(workdir / "bin/dpsinkhorn", script)
+            (workdir / "bin/dpsinkhorn").chmod(0o755)
+            os.environ["PATH"] = f"{workdir / 'bin'}{os.pathsep}{os.environ['PATH']}"
         os.environ["DPSINKHORN_COMMIT"] = commit  # evaluate_phases.json: who computed what
         deadline = start + (args.minutes - args.reserve_minutes) * 60
         outcome = work(window, workdir, deadline, args, state)
@@ -433,9 +396,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.results_set:
             print("\n".join(map(str, export_set(window, workdir, args.results_set, state))))
         fileio.write_json(workdir / STATE, state)
-        parts, dropped, size = pack_workdir(
-            window, workdir, args.archive_out, args.part_mib, args.archive_cap_mib
-        )
+        keep, caps = window["keep"], (args.part_mib, args.archive_cap_mib)
+        parts, dropped, size = pack(workdir, args.archive_out, window["exclude"], keep, *caps)
     except (ValueError, FileNotFoundError) as err:
         print(f"window: error: {err}", file=sys.stderr)
         return 2
@@ -445,12 +407,10 @@ def main(argv: list[str] | None = None) -> int:
     over = " OVER THE CAP" if size > args.archive_cap_mib * 2**20 else ""
     kernels = " (compiled kernels left out)" if dropped else ""
     print(f"call {len(state['calls'])}: {outcome}; archive {size} bytes{over}{kernels}")
-    print("\n".join([*map(str, parts), *(f"  {e}: {r['outcome']}" for e, r in records(state))]))
+    for exp, record in state["experiments"].items():
+        print(f"  {exp}: {record.get('outcome', 'not reached')}")
+    print("\n".join(map(str, parts)))
     return 1 if outcome.startswith("failed") else 0
-
-
-def records(state: dict):
-    return [(e, r) for e, r in state.get("experiments", {}).items() if "outcome" in r]
 
 
 if __name__ == "__main__":
