@@ -229,12 +229,42 @@ def test_calls_resume_from_the_archive_and_export_the_finished_cells(tmp_path, c
     assert "real_mnist" in (out / "real-mnist-cpu/table1.md").read_text().lower()
 
     argv3 = [*argv, "--archive-in", str(out / "state.tgz"), "--minutes", "0.5"]
+    argv3 += ["--results-set", str(out / "real-mnist-cpu")]
     assert window.main([*argv3, "--reserve-minutes", "0.5"]) == 0
     said = capsys.readouterr().out
     assert "call 3: deadline" in said
+    provenance = json.loads((out / "real-mnist-cpu/provenance.json").read_text())
+    assert [c["outcome"] for c in provenance["calls"]] == ["waiting", "waiting", "deadline"]
     window.unpack(out / "state.tgz", last := tmp_path / "last")
     state = json.loads((last / window.STATE).read_text())
     assert [c["outcome"] for c in state["calls"]] == ["waiting", "waiting", "deadline"]
     assert state["finished"] == {
         "real_mnist": provenance["experiments"]["real_mnist"]["evaluated_in"]
     }
+
+
+def test_a_failed_experiment_is_recorded_and_comes_last_in_the_next_call(tmp_path, capsys):
+    """Each experiment is its own Snakemake call: one that fails (here a config value the
+    workflow refuses) is recorded and the next one starts; the call exits 1; in the next
+    call the experiments that failed come after the others."""
+    out = tmp_path / "out"
+    argv = ["--minutes", "5", "--dry-run", "--start-long", "--commit", "c", "--config"]
+    argv += ["precision=fp8", "--archive-out", str(out / "state.tgz")]
+    path = _window_file(tmp_path, SMOKE + "experiments: [real_mnist, mnist_dpsinkhorn]\n")
+    assert window.main([*argv, "--window", str(path)]) == 1
+    assert "call 1: failed:real_mnist,mnist_dpsinkhorn" in capsys.readouterr().out
+    exps = "[real_mnist, mnist_dpsinkhorn, mnist_nonprivate]"
+    path = _window_file(tmp_path, f"{SMOKE}experiments: {exps}\n")
+    assert window.main([*argv, "--window", str(path), "--archive-in", str(out / "state.tgz")]) == 1
+    started = [
+        Path(line.split()[-1]).parent.name  # each command's last target: in its experiment's folder
+        for line in (out / "window.log").read_text().splitlines()
+        if line.startswith("$ ")
+    ]
+    assert started == [
+        "real_mnist",
+        "mnist_dpsinkhorn",
+        "mnist_nonprivate",
+        "real_mnist",
+        "mnist_dpsinkhorn",
+    ]
