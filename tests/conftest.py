@@ -128,8 +128,6 @@ SLOW_TESTS: dict[str, int] = {
     "test_faults.py::test_sigint_stops_a_snakemake_run_and_keeps_the_checkpoint": 26,
     "test_release.py::test_rng_state_reaches_set_state_as_a_cpu_byte_tensor": 25,
     "test_fid.py::test_same_network_as_pytorch_fid_download_path": 23,
-    "test_gpu_runbook.py::"
-    "test_runbook_keeps_results_data_and_snakemake_state_between_fresh_copies": 22,
     "test_release.py::test_no_two_runs_or_sweep_members_share_noise": 22,
     "test_report.py::test_perrow_row_names_its_mechanism_and_both_sound_epsilons": 22,
     "test_release.py::test_buffer_overflow_is_handled_and_charged_to_delta": 20,
@@ -164,7 +162,6 @@ SLOW_TESTS: dict[str, int] = {
     "test_fid.py::test_features_and_fid_agree_with_pytorch_fid": 42,
     "test_evaluate_job.py::test_generator_job_writes_each_seeds_draw_and_its_fid": 37,
     "test_evaluate_job.py::test_a_stopped_job_resumes_after_its_finished_phases": 30,
-    "test_gpu_window.py::test_items_are_independent_and_an_import_is_never_retrained": 199,
     # three Snakemake runs and two trainings on the digits (idle 2-core machine)
     "test_trainings.py::test_a_workflow_rerun_that_is_refused_keeps_the_finished_generator": 35,
     "test_trainings.py::"
@@ -182,10 +179,7 @@ TIMEOUTS_FIRST_OF_MODULE = {
     "test_slurm.py": 3000,  # its fixture stops the workflow itself after 2,400 s
     "test_kill_anywhere.py": 1800,  # the uninterrupted reference run, then the first life
 }
-TIMEOUTS_OF_TEST = {
-    # one uninterrupted call (up to its 900 s budget), then the same split at a sixth of it
-    "test_gpu_window.py::test_window_split_over_interrupted_calls_equals_one_call": 2400,
-}
+TIMEOUTS_OF_TEST: dict[str, int] = {}
 
 
 def _name(item: pytest.Item) -> str:
@@ -196,17 +190,13 @@ def _name(item: pytest.Item) -> str:
 #: Test files that run longest (a whole workflow, or many Inception passes), longest first:
 #: collected first, so that pytest-xdist (``--dist loadfile``, make test) starts them at
 #: once while the other files fill the other worker, and the short files come last, where
-#: they balance the two workers' ends. The split gpu-window test's calls train for minutes
-#: each and took several times as long beside `make test-slurm` (.ci/run), which ends about
-#: 13 minutes in: its file comes after the other long files of its worker, 20 minutes in.
-#: (Run last instead, it ran alone while the other worker waited for it.)
+#: they balance the two workers' ends.
 FIRST_FILES = (
     "test_workflow.py",
     "test_kill_anywhere.py",
     "test_owndata_workflow.py",
     "test_fid.py",
     "test_evaluate_job.py",
-    "test_gpu_window.py",
 )
 
 

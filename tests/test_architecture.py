@@ -143,8 +143,8 @@ def test_package_has_no_import_circles():
 
 
 #: What each package may import (docs/ARCHITECTURE.md's table, top to bottom). Modules at the
-#: top level of the package (fileio, devices, models, plan, publish, window, window_plan,
-#: window_setup, cli) count as packages of their own.
+#: top level of the package (fileio, devices, models, plan, api, cli) count as packages of
+#: their own.
 ALLOWED_IMPORTS = {
     "fileio": set(),
     "devices": set(),
@@ -167,26 +167,10 @@ ALLOWED_IMPORTS = {
         "privacy",
         "train",
     },
-    "plan": {"bench", "config", "devices", "fileio", "privacy", "train", "window_setup"},
+    "plan": {"bench", "config", "devices", "privacy", "train"},
     "api": {"config", "data", "devices", "evaluate", "publish", "train"},  # data: dataset names
     # redraws, recomputes, reads the training record (privacy.trainings)
     "publish": {"config", "devices", "evaluate", "fileio", "privacy", "report"},
-    # runs the workflow, renders a set, carries the training record (privacy.trainings)
-    "window": {
-        "config",
-        "fileio",
-        "plan",
-        "privacy",
-        "report",
-        "window_imports",
-        "window_plan",
-        "window_setup",
-    },
-    "window_imports": {"config", "fileio"},  # committed generators, checked against ledgers
-    # what a window call starts: what can finish (evaluate.phases: what a job will resume)
-    "window_plan": {"config", "evaluate", "fileio", "plan"},
-    # the window file, the carry plan (window_imports: which import sources the tree carries)
-    "window_setup": {"config", "evaluate", "fileio", "window_imports"},
     "cli": {"fileio"},  # and, by name, every module of COMMAND_MODULES
     "__main__": {"cli"},
     "": set(),  # the package's own __init__

@@ -13,7 +13,6 @@ import yaml
 from helpers import listed_outputs
 
 from dpsinkhorn import config as cfg
-from dpsinkhorn import plan
 from dpsinkhorn.config import studies, targets
 
 REPO = Path(__file__).resolve().parents[1]
@@ -418,8 +417,6 @@ def test_dry_run_lists_every_job(tmp_path, path):
         "all": 1,
         "total": sum(counts.values()) - counts["total"],
     }
-    # `dpsinkhorn plan` predicts the same number of jobs.
-    assert sum(plan.job_count(config).values()) == counts["total"]
     files = " ".join(map(str, [path]))
     assert f"dpsinkhorn train --config {files} --experiment mnist_dpsinkhorn" in result.stdout
     # evaluation.fid_precision reaches every evaluation job, and fp32 leaves the command as it was
@@ -448,7 +445,6 @@ def test_dry_run_with_sweeps_trains_each_experiment_once(tmp_path):
     assert {rule for rule in counts if rule.startswith("train_sweep_")} == {
         f"train_sweep_{group[0]}" for group in sweeps
     }
-    assert sum(plan.job_count(config).values()) == counts["total"]
     for group in sweeps:
         assert f"--experiments {' '.join(group)} --out-root results/smoke" in result.stdout
 

@@ -183,10 +183,6 @@ def test_plan_with_given_rate(tmp_path):
     result = plan.plan(config, "cpu", steps_per_s=4.0)
     assert [r["experiment"] for r in result["training"]] == ["mnist_dp", "fig5_p0"]
     assert result["training_hours"] == pytest.approx(2 * 20 / 4.0 / 3600)
-    jobs = result["jobs"]
-    # one evaluation job per experiment (the real row, mnist_dp, fig5_p0): all seeds, FID
-    # and every classifier in one process
-    assert jobs["train"] == 2 and jobs["evaluate"] == 3 and "fid" not in jobs
 
 
 def test_plan_measures_steps_per_s(tmp_path):

@@ -10,6 +10,7 @@ experiment must not retrain it with fresh noise; an explicit retrain is counted,
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -22,15 +23,18 @@ import pytest
 import yaml
 from helpers import digits_arrays, write_digits_npz
 
-from dpsinkhorn import cli, fileio, window
+from dpsinkhorn import cli
 from dpsinkhorn import config as config_lib
-from dpsinkhorn.config.targets import TRAINING_FILES
+from dpsinkhorn.config.targets import TRAINING_FILES, results_dir
 from dpsinkhorn.privacy import trainings
 from dpsinkhorn.report.privacy_summary import UNKNOWN_EPSILON, privacy_summary, summary_markdown
 from dpsinkhorn.train.run import train
 from dpsinkhorn.train.signals import Preempted
 
 REPO = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("gpu_window", REPO / "benchmarks/gpu/window.py")
+window = importlib.util.module_from_spec(_spec)  # the GPU-window tool's pack and resume
+_spec.loader.exec_module(window)
 BIN = Path(sys.executable).parent
 DIGITS = [str(d) for d in range(10)]
 #: A tiny DP generator on the digits: seconds on one core.
@@ -301,39 +305,31 @@ experiments:
 """
 
 
-def _window(tmp_path: Path, data_dir: str = "data", exclude: list[str] | None = None) -> dict:
-    """A window file (and its config) whose one item trains mnist_dpsinkhorn."""
+def _window(tmp_path: Path, data_dir: str, exclude: list[str] | None = None) -> dict:
+    """A window file (and its config) that trains mnist_dpsinkhorn."""
     (tmp_path / "c.yaml").write_text(WINDOW_CONFIG.format(data_dir=data_dir))
-    text = "configfile: c.yaml\nwork:\n  - {name: dp, experiments: [mnist_dpsinkhorn]}\n"
+    text = "configfile: c.yaml\nexperiments: [mnist_dpsinkhorn]\n"
     if exclude is not None:
-        text += f"archive_exclude: {exclude}\n"
+        text += f"exclude: {exclude}\n"
     (tmp_path / "w.yaml").write_text(text)
     return window.load_window(tmp_path / "w.yaml")
 
 
-def _next_call(loaded: dict, workdir: Path, fresh: Path, state: dict) -> Path:
-    """What the window does between two calls: pack ``workdir`` with its own code, unpack
-    the archive into a ``fresh`` folder, merge a record copy back (window.gpu_window). A
-    record outside the working folder is gone meanwhile, as on a fresh machine."""
+def _next_call(loaded: dict, workdir: Path, fresh: Path) -> Path:
+    """What the window tool does between two calls: pack ``workdir`` with its own code and
+    patterns, unpack the archive into a ``fresh`` folder (window.main)."""
     archive = workdir.parent / f"{workdir.name}.tar.gz"
-    window.pack_workdir(loaded, workdir, archive, part_mib=15, state=state)
-    config = window.load_config([loaded["config_path"]])
-    if fileio.relative_inside(window.record_folder(config, workdir), workdir) is None:
-        shutil.rmtree(window.record_folder(config, workdir))
-    fresh.mkdir()
-    fileio.unpack(archive, fresh)
-    window.restore_record(config, fresh)
+    window.pack(workdir, archive, loaded["exclude"], loaded["keep"], part_mib=15, cap_mib=16)
+    window.unpack(archive, fresh)
     return fresh
 
 
 def _out(loaded: dict, workdir: Path) -> Path:
-    config = window.load_config([loaded["config_path"]])
-    return config_lib.experiment_dir(
-        config, workdir / window.results_dir(config), "mnist_dpsinkhorn"
-    )
+    config = config_lib.load_config([loaded["config_path"]])
+    return config_lib.experiment_dir(config, workdir / results_dir(config), "mnist_dpsinkhorn")
 
 
-@pytest.mark.parametrize("where", ["inside", "outside", "lost"])
+@pytest.mark.parametrize("where", ["inside", "default", "lost"])
 def test_a_training_split_over_window_calls_is_one_training_and_never_retrained(
     tmp_path, where, monkeypatch
 ):
@@ -342,27 +338,23 @@ def test_a_training_split_over_window_calls_is_one_training_and_never_retrained(
     exclude patterns and unpack): the record holds one finished training of the experiment,
     one noise stream (one id) counted at its steps, and a retrain in a third call is
     refused. ``inside``: the record under the working folder's data/, with a window file
-    that excludes all of data/ (the record is kept all the same); ``outside``: an absolute
-    data_dir, the record travels as a copy (the machine's own is lost between calls);
-    ``lost``: the record is gone before the second call (its started event lost): the
-    resumed and finished events alone still count it.
+    that excludes all of data/ and the record itself (the record is kept all the same);
+    ``default``: the tool's own patterns; ``lost``: the record is gone before the second
+    call (its started event lost): the resumed and finished events alone still count it.
     Each call trains in its own working folder, as Snakemake's ``-d`` runs the jobs."""
-    data_dir = str(tmp_path / "private") if where == "outside" else "data"
     exclude = ["data/*", "data/trainings/*", "window/*", "*/samples_seed*.npz"]
-    loaded = _window(tmp_path, data_dir, exclude if where == "inside" else None)
+    loaded = _window(tmp_path, "data", exclude if where == "inside" else None)
     spec = config_lib.make_experiment("mnist_dpsinkhorn", dataset="mnist", **TINY)
     first = tmp_path / "call1"
-    records = lambda workdir: window.record_folder(  # noqa: E731
-        window.load_config([loaded["config_path"]]), workdir
-    )
+    records = lambda workdir: workdir / "data" / trainings.RECORD_DIR  # noqa: E731
     (first / "data" / "mnist").mkdir(parents=True)
     (first / "data" / "mnist" / "train.npz").write_bytes(b"prepared arrays")
     monkeypatch.chdir(first)
     with pytest.raises(Preempted):
         _train(spec, _out(loaded, first), records(first), stop_after=2)
-    second = _next_call(loaded, first, tmp_path / "call2", {})
+    second = _next_call(loaded, first, tmp_path / "call2")
     assert not (second / "data" / "mnist").exists()  # the prepared data is still left out
-    if where == "inside":
+    if where != "lost":
         assert sorted(p.name for p in (second / "data" / "trainings").iterdir()) == [
             p.name for p in records(first).iterdir()
         ]
@@ -372,7 +364,7 @@ def test_a_training_split_over_window_calls_is_one_training_and_never_retrained(
     ledger = _train(spec, _out(loaded, second), records(second))
     assert not (_out(loaded, second) / "private_workspace").exists()
 
-    third = _next_call(loaded, second, tmp_path / "call3", {})
+    third = _next_call(loaded, second, tmp_path / "call3")
     fingerprint = trainings.data_fingerprint(*digits_28())
     events = trainings.read(trainings.record_file(records(third), fingerprint))
     assert {e["training"] for e in events} == {events[0]["training"]}  # one noise stream

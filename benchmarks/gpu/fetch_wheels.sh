@@ -9,7 +9,7 @@
 #
 #   benchmarks/gpu/fetch_wheels.sh [DEST=.whl] [PYTHON_VERSION=3.12]
 #
-# There: WHEELS=DEST benchmarks/gpu/run.sh ... installs them (pip --no-index --no-deps).
+# There: pip install --no-index --no-deps --target /tmp/site DEST/*.whl (benchmarks/gpu/window.py).
 set -euo pipefail
 DEST=${1:-.whl}
 PYVER=${2:-3.12}

@@ -28,14 +28,12 @@ COMMANDS = {
     "release-manifest": "publish.decision",
     "fid-stats": "evaluate.fid",
     "evaluate": "evaluate.job",
-    "gpu-window-carry": "window_setup",
     "report": "report.cli",
     "privacy-summary": "report.privacy_summary",
     "bench": "bench.cli",
     "grad-study": "evaluate.gradstudy",
     "targets": "config.targets",
     "plan": "plan",
-    "gpu-window": "window",
 }
 COMMAND_MODULES = list(dict.fromkeys(COMMANDS.values()))
 # Commands that stop between training steps (train.signals.StopSignal: checkpoint, exit 75).

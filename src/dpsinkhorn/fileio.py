@@ -9,18 +9,15 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fnmatch
 import hashlib
 import io
 import json
 import os
 import re
-import shutil
-import tarfile
 import tempfile
 import zipfile
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -313,85 +310,9 @@ def load_samples(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
     return images, labels.astype(np.int64)
 
 
-# --------------------------------------------- archives (dpsinkhorn gpu-window's state)
-
-
 def relative_inside(path: str | os.PathLike, folder: str | os.PathLike) -> str | None:
     """``path`` relative to ``folder`` (both resolved, POSIX), or None when outside it."""
     try:
         return Path(path).resolve().relative_to(Path(folder).resolve()).as_posix()
     except ValueError:
         return None
-
-
-def _excluded(rel: str, patterns: Sequence[str]) -> bool:
-    return any(fnmatch.fnmatch(rel, p) for p in patterns)
-
-
-def archive_parts(path: str | Path) -> list[Path]:
-    """The file(s) of an archive: ``path`` itself, else ``path.part000``, ``.part001``, ..."""
-    path = Path(path)
-    if path.is_file():
-        return [path]
-    parts = sorted(path.parent.glob(path.name + ".part[0-9][0-9][0-9]"))
-    if not parts:
-        raise FileNotFoundError(f"{path}: archive not found (nor {path.name}.part000, ...)")
-    return parts
-
-
-def unpack(archive: str | Path, workdir: Path) -> None:
-    """Extract an archive (or its parts, joined) into ``workdir``."""
-    parts = archive_parts(archive)
-    with tempfile.TemporaryDirectory() as tmp:
-        joined = Path(tmp) / "joined.tar.gz"
-        with open(joined, "wb") as out:
-            for part in parts:
-                with open(part, "rb") as fh:
-                    shutil.copyfileobj(fh, out)
-        try:
-            with tarfile.open(joined, "r:gz") as tar:
-                tar.extractall(workdir, filter="data")
-        except (tarfile.TarError, OSError, EOFError, zlib.error) as err:
-            raise ValueError(f"{archive}: not a readable tar.gz archive ({err})") from None
-
-
-def pack(
-    workdir: Path,
-    archive: str | Path,
-    exclude: Sequence[str],
-    part_mib: float,
-    keep: Sequence[str] = (),
-) -> list[Path]:
-    """Tar + gzip ``workdir`` less ``exclude`` (but never a file ``keep`` matches) into
-    ``archive`` atomically; split it into ``archive.partNNN`` files of at most ``part_mib``
-    MiB when it is larger. Returns the files written (old parts of the same name are
-    removed). Patterns are ``fnmatch``'s, on paths relative to ``workdir``."""
-    archive = Path(archive)
-    if not part_mib > 0:
-        raise ValueError(f"{archive}: parts of at most {part_mib} MiB: give more than 0")
-    archive.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(dir=archive.parent, prefix=f".{archive.name}.")
-    os.close(fd)
-    tmp = Path(tmp_name)
-    try:
-        with tarfile.open(tmp, "w:gz") as tar:
-            for path in sorted(workdir.rglob("*")):
-                rel = path.relative_to(workdir).as_posix()
-                left_out = _excluded(rel, exclude) and not _excluded(rel, keep)
-                if path.is_file() and not path.is_symlink() and not left_out:
-                    tar.add(path, arcname=rel, recursive=False)
-        old = sorted(archive.parent.glob(archive.name + ".part[0-9][0-9][0-9]"))
-        limit = max(1, int(part_mib * 2**20))
-        if tmp.stat().st_size <= limit:
-            os.replace(tmp, archive)  # read before any part (archive_parts): then drop them
-            for path in old:
-                path.unlink()
-            return [archive]
-        with open(tmp, "rb") as fh:  # every part in full before any old file goes
-            chunks = list(iter(lambda: fh.read(limit), b""))
-        written = [archive.parent / f"{archive.name}.part{k:03d}" for k in range(len(chunks))]
-        stale = [archive, *(p for p in old if p not in written)]
-        write_all(list(zip(written, chunks, strict=True)), remove_first=stale)
-        return written
-    finally:
-        tmp.unlink(missing_ok=True)
