@@ -156,17 +156,7 @@ ALLOWED_IMPORTS = {
     "train": {"config", "data", "devices", "fileio", "models", "ot", "privacy"},
     "evaluate": {"config", "data", "devices", "fileio", "models", "ot", "privacy"},
     "report": {"config", "data", "fileio", "privacy"},
-    "bench": {
-        "config",
-        "data",
-        "devices",
-        "evaluate",
-        "fileio",
-        "models",
-        "ot",
-        "privacy",
-        "train",
-    },
+    "bench": {"config", "data", "devices", "models", "ot", "privacy", "train"},
     "plan": {"bench", "config", "devices", "privacy", "train"},
     "api": {"config", "data", "devices", "evaluate", "publish", "train"},  # data: dataset names
     # redraws, recomputes, reads the training record (privacy.trainings)
