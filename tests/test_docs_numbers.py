@@ -1,16 +1,15 @@
-"""The numbers docs/PAPER.md and docs/PRIVACY.md still quote in sentences, recomputed with the
-functions that produce them: the config's generators, σ and ε (``privacy.accounting``,
-``privacy.budget``) and the quick set's cells. Every other number of the docs is a generated
-block (``report.docblocks``, tests/test_docs.py). A quoted number must equal the computed one
-rounded to the digits the page prints.
+"""The numbers the docs still quote in sentences, recomputed with the functions that produce
+them or read from the file that holds them: the config's generators, σ and ε
+(``privacy.accounting``, ``privacy.budget``), the quick set's cells, FID's error per Inception
+precision. Every other number of the docs is a generated block (``report.docblocks``,
+tests/test_docs.py). A quoted number must equal the computed one rounded to the digits the
+page prints.
 """
 
 from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -167,3 +166,19 @@ def test_paper_md_quick_run_cells_are_the_committed_set():
             )
         ledger = json.loads((folder / "privacy.json").read_text())
         assert ledger["target_epsilon"] == 10 and ledger["epsilon"] <= 10, exp
+
+
+def test_fid_precision_errors_are_the_measured_ones():
+    """docs/PERFORMANCE.md's FID error of each Inception precision against IEEE fp32 is the
+    one its results set's file holds, rounded as printed."""
+    text = " ".join((ROOT / "docs" / "PERFORMANCE.md").read_text().split())
+    found = re.search(
+        r"`tf32` differs from IEEE fp32's by ([\d.e-]+) relative, in `fp16` by ([\d.e-]+) "
+        r"and in `bf16` by ([\d.e-]+) \(.*?`(results-paper-scale/[\w-]+/[\w-]+\.json)`",
+        text,
+    )
+    assert found, "docs/PERFORMANCE.md: no sentence on FID's precision"
+    fid = json.loads((ROOT / found.group(4)).read_text())["fid"]
+    for printed, precision in zip(found.groups()[:3], ("tf32", "fp16", "bf16"), strict=True):
+        measured = fid[f"fast_{precision}_fid_relative_difference"]
+        assert float(f"{measured:.1e}") == float(printed), (precision, printed, measured)

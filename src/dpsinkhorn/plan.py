@@ -275,7 +275,7 @@ def register_cli(subparsers: argparse._SubParsersAction) -> None:
         "--rates",
         nargs="?",
         const=FROM_CONFIG,
-        help="JSON of measured step rates (e.g. results-paper-scale/h100-83ae335/"
+        help="JSON of measured step rates (e.g. results-paper-scale/mnist-paper-setting-h100/"
         "step_rates.json; no file: the config's cluster.step_rates): GPU-hours and the "
         "SLURM request per job from them instead of timing steps here",
     )
