@@ -36,6 +36,7 @@ COMMANDS = {
     "gpu-window-carry": "window_setup",
     "report": "report.cli",
     "privacy-summary": "report.privacy_summary",
+    "records": "privacy.record_store",
     "bench": "bench.cli",
     "bench-eval": "bench.evalspeed",
     "grad-study": "evaluate.gradstudy",
