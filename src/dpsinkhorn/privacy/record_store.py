@@ -27,14 +27,13 @@ import json
 import os
 import secrets
 import tarfile
+import tempfile
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-
-from dpsinkhorn import fileio
 
 #: Environment variable naming the store (the config key ``record_store`` wins over it).
 STORE_ENV = "DPSINKHORN_RECORD_STORE"
@@ -60,6 +59,21 @@ def store_root(config: Mapping | None = None) -> Path:
         return Path(os.path.expanduser(os.environ[STORE_ENV]))
     base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local/share")
     return Path(base) / "dpsinkhorn" / "records"
+
+
+def _write_atomic(path: Path, payload: bytes) -> None:
+    """Write ``payload`` to ``path`` through a temporary file beside it (0600), fsynced,
+    then renamed: a reader sees the old file or the new one, never part of one."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(payload)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def key_id(key: bytes) -> str:
@@ -200,7 +214,7 @@ class RecordStore:
         if old is not None and old.meta.get("time"):
             meta["time"] = old.meta["time"]  # when it started
         self.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fileio.write_bytes(self.path(str(meta["training"])), _payload(meta, fps))
+        _write_atomic(self.path(str(meta["training"])), _payload(meta, fps))
 
     def update(self, training: str, **meta) -> None:
         """Rewrite a stored training's meta with ``meta`` (its fingerprints kept)."""
@@ -216,16 +230,17 @@ class RecordStore:
 
     # -- moving between machines
     def export(self, out: str | os.PathLike) -> Path:
-        """Write the key and every training into the tar file ``out`` (0600: it holds the
-        key). Returns ``out``."""
+        """Write the key and every training into the tar file ``out`` (atomically, 0600: it
+        holds the key). Returns ``out``."""
         buf = io.BytesIO()
         with tarfile.open(fileobj=buf, mode="w") as tar:
             for path in [self.root / KEY_FILE, *sorted(self.folder.glob("*.npz"))]:
                 if path.is_file():
                     tar.add(path, arcname=path.relative_to(self.root).as_posix())
-        fileio.write_bytes(out, buf.getvalue())
-        os.chmod(out, 0o600)
-        return Path(out)
+        out = Path(out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        _write_atomic(out, buf.getvalue())
+        return out
 
     def merge(self, archive: str | os.PathLike) -> tuple[int, int]:
         """Merge an :meth:`export` into this store: its trainings this store lacks, or
@@ -380,14 +395,8 @@ def _maximal(signatures: np.ndarray) -> list[np.ndarray]:
 
 
 def _store_of(args: argparse.Namespace) -> RecordStore:
-    """``--store``, else the config's ``record_store`` (``--config``), else :func:`store_root`."""
-    if args.store:
-        return RecordStore(args.store)
-    if args.config:
-        from dpsinkhorn.config import load_config
-
-        return RecordStore(store_root(load_config(args.config)))
-    return RecordStore(store_root())
+    """``--store``, else :func:`store_root` (a config's ``record_store``: pass it as --store)."""
+    return RecordStore(args.store or store_root())
 
 
 def _show(args: argparse.Namespace) -> int:
@@ -426,10 +435,9 @@ def register_cli(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--store",
-        help=f"the store's folder (default: the config's record_store, else ${STORE_ENV}, "
-        "else the XDG data folder)",
+        help=f"the store's folder (default: ${STORE_ENV}, else the XDG data folder; a "
+        "config that sets record_store: pass that folder here)",
     )
-    p.add_argument("--config", nargs="+", help="config YAML file(s) whose record_store to use")
     sub = p.add_subparsers(dest="records_command", required=True, metavar="ACTION")
     sub.add_parser("show", help="list the stored trainings").set_defaults(handler=_show)
     e = sub.add_parser("export", help="write the key and every training into a tar file")
