@@ -59,7 +59,6 @@ import argparse
 import json
 import os
 import shutil
-import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -501,8 +500,8 @@ def _release_cli(args: argparse.Namespace) -> int:
     curator: list[str] = []
     for line in individual_lines(privacy_summary(config, run, curator)):
         print(line)
-    for line in curator:  # the curator's terminal only: not among the released files
-        print(f"curator only: {line}", file=sys.stderr)
+    for line in curator:  # the curator's terminal: not among the released files
+        print(f"curator only: {line}")
     return 0
 
 

@@ -19,7 +19,8 @@ Every person's ε too (:func:`individual_summary`): the per-user record store
 so the trainings that held one of this data's records are found whatever data_dir, run
 folder or machine trained them; the worst-off person's ε composes the trainings that held
 their record. Counts computed from the private data (how many records lie in several
-trainings) go to the curator only (``curator`` lines, printed), never into the summary.
+trainings) go to the curator only (``curator`` lines, which ``dpsinkhorn release``
+prints), never into the summary or a job's log.
 
 ``dpsinkhorn privacy-summary --config ... --results results/<run>`` writes
 ``results/<run>/privacy_summary.json`` (:func:`privacy_summary`); reproduction.md shows it
@@ -289,16 +290,15 @@ def individual_summary(
     if not keys:
         return None
     found = record_store.individual(store, np.unique(np.concatenate(keys)), summary["delta"])
-    here = os.path.normpath(results.resolve())
 
     def named(t: record_store.Training) -> str:
         out = Path(str(t.meta.get("out") or "?"))
         return f"{t.meta.get('experiment', '?')} (run {out.parent.name})"
 
+    # This run's trainings: those of its run folder's name (a copied or moved run is the
+    # same run; its summary does not change with the folder it lies in).
     outside = [
-        t
-        for t in found["trainings"]
-        if not os.path.normpath(str(t.meta.get("out") or "")).startswith(here + os.sep)
+        t for t in found["trainings"] if Path(str(t.meta.get("out"))).parent.name != results.name
     ]
     out = {
         "epsilon_worst_off": found["epsilon_worst_off"],
@@ -388,14 +388,13 @@ def summary_markdown(summary: Mapping) -> list[str]:
 def _cli(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     out = args.out or privacy_summary_file(args.results)
-    curator: list[str] = []
-    summary = privacy_summary(config, args.results, curator)
+    # Counts from the private data are not printed: this runs as a workflow job, whose log
+    # is kept beside the run; `dpsinkhorn release` shows them to the curator.
+    summary = privacy_summary(config, args.results)
     fileio.write_json(out, summary)
     for warning in (w for d in summary["datasets"] for w in d["warnings"]):
         if warning.startswith(UNKNOWN_EPSILON):  # said where it is run, too
             print(f"WARNING: {warning}", file=sys.stderr)
-    for line in curator:  # the curator's terminal only (a job log is no release)
-        print(f"curator only: {line}", file=sys.stderr)
     print(out)
     return 0
 
