@@ -366,29 +366,53 @@ def individual(store: RecordStore, data: np.ndarray, delta: float | None = None)
         return out
     from dpsinkhorn.privacy.accounting import composed_epsilon  # at use: dp-accounting is slow
 
-    worst, worst_set = -1.0, []
-    for signature in _maximal(np.unique(matrix, axis=0)):
-        chosen = [t for t, inside in zip(held, signature, strict=True) if inside]
-        mechanisms = [
-            (float(t.meta["q"]), float(t.meta["noise_multiplier"]), int(t.meta["steps"]))
-            for t in chosen
-        ]
-        eps = composed_epsilon(mechanisms, out["delta"])
-        if eps > worst:
-            worst, worst_set = eps, chosen
-    out["epsilon_worst_off"], out["worst_off"] = worst, worst_set
+    signatures = np.unique(matrix, axis=0)  # [S, trainings]: which trainings a record was in
+    worst = signatures[_worst_row(signatures, [_rdp_curve(t.meta) for t in held], out["delta"])]
+    chosen = [t for t, inside in zip(held, worst, strict=True) if inside]
+    out["epsilon_worst_off"] = composed_epsilon(_mechanisms(chosen), out["delta"])
+    out["worst_off"] = chosen
     return out
 
 
-def _maximal(signatures: np.ndarray) -> list[np.ndarray]:
-    """The rows of ``signatures`` (bool [S, K]) that no other row contains: ε only grows
-    with the set of trainings composed, so the worst-off record is in one of these."""
-    order = np.argsort(-signatures.sum(axis=1), kind="stable")
-    kept: list[np.ndarray] = []
-    for row in signatures[order]:
-        if not kept or (row & ~np.asarray(kept)).any(axis=1).all():
-            kept.append(row)
-    return kept
+def _mechanisms(trainings: Iterable[Training]) -> list[tuple[float, float, int]]:
+    return [
+        (float(t.meta["q"]), float(t.meta["noise_multiplier"]), int(t.meta["steps"]))
+        for t in trainings
+    ]
+
+
+def _rdp_curve(meta: Mapping) -> tuple[np.ndarray, np.ndarray]:
+    """(orders, RDP at each order) of one training: ``steps`` Poisson-subsampled Gaussian
+    steps (rate q, noise multiplier z, add/remove-one), dp-accounting's RDP accountant."""
+    import dp_accounting
+    from dp_accounting.rdp import rdp_privacy_accountant as rdp_lib
+
+    acc = rdp_lib.RdpAccountant()
+    event = dp_accounting.PoissonSampledDpEvent(
+        float(meta["q"]), dp_accounting.GaussianDpEvent(float(meta["noise_multiplier"]))
+    )
+    acc.compose(event, int(meta["steps"]))
+    return acc._orders, acc._rdp  # noqa: SLF001  (the curve: added across trainings below)
+
+
+def _worst_row(signatures: np.ndarray, curves: list, delta: float) -> int:
+    """The row of ``signatures`` (bool [S, K]: the trainings a record was in) of largest ε
+    at ``delta``. RDP curves add under composition, so a row's curve is ``row @ curves``
+    ([S, orders]), converted by dp-accounting's ``compute_epsilon``. ε grows with the curve
+    at every order, so after converting the row of largest curve, every row whose curve
+    lies below it at all orders is dropped unconverted; the largest of the rest is next."""
+    from dp_accounting.rdp.rdp_privacy_accountant import compute_epsilon
+
+    orders = curves[0][0]
+    summed = signatures.astype(np.float64) @ np.stack([c for _, c in curves])  # [S, orders]
+    left, best, best_eps = np.arange(len(summed)), 0, -1.0
+    while left.size:
+        row = left[np.argmax(summed[left].sum(axis=1))]
+        eps = compute_epsilon(orders, summed[row], delta)[0]
+        if eps > best_eps:
+            best, best_eps = int(row), eps
+        left = left[~(summed[left] <= summed[row]).all(axis=1)]
+    return best
 
 
 # ---------------------------------------------------------------- command line
