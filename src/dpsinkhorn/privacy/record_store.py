@@ -156,6 +156,14 @@ class RecordStore:
     def __init__(self, root: str | os.PathLike):
         self.root = Path(root)
         self.folder = self.root / TRAININGS
+        self._last: tuple[np.ndarray, np.ndarray] | None = None
+
+    def fingerprints_of(self, images: np.ndarray) -> np.ndarray:
+        """:func:`fingerprints` of ``images`` under this store's key; the last array's are
+        kept, so a sweep's members (one array) hash it once."""
+        if self._last is None or self._last[0] is not images:
+            self._last = (images, fingerprints(self.key(), images))
+        return self._last[1]
 
     # -- the key
     def has_key(self) -> bool:

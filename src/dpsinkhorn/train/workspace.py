@@ -337,7 +337,7 @@ class RunFiles:
 
     def _record_keys(self) -> np.ndarray:
         if self._fingerprints is None:
-            self._fingerprints = record_store.fingerprints(self.store.key(), self._images)
+            self._fingerprints = self.store.fingerprints_of(self._images)
         return self._fingerprints
 
     def _to_store(self, finished: bool) -> None:
