@@ -399,7 +399,8 @@ def _rdp_curve(meta: Mapping) -> tuple[np.ndarray, np.ndarray]:
     event = dp_accounting.PoissonSampledDpEvent(
         float(meta["q"]), dp_accounting.GaussianDpEvent(float(meta["noise_multiplier"]))
     )
-    acc.compose(event, int(meta["steps"]))
+    if int(meta["steps"]) > 0:  # a training stopped before its first step drew no noise
+        acc.compose(event, int(meta["steps"]))
     return acc._orders, acc._rdp  # noqa: SLF001  (the curve: added across trainings below)
 
 
