@@ -5,6 +5,7 @@ command line run in-process."""
 from __future__ import annotations
 
 import importlib.util
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -12,6 +13,18 @@ import pytest
 from helpers import require_shared, shared_path
 
 from dpsinkhorn import cli
+
+
+@pytest.fixture(scope="session", autouse=True)
+def record_store_in_tmp(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Every test's record store (``privacy.record_store``) is one temporary folder per
+    session, never the user's: ``DPSINKHORN_RECORD_STORE`` is set here, before any test or
+    module fixture runs, and the workflows, SLURM jobs and CLIs the tests start inherit it."""
+    from dpsinkhorn.privacy.record_store import STORE_ENV
+
+    path = tmp_path_factory.mktemp("record_store")
+    os.environ[STORE_ENV] = str(path)
+    return path
 
 
 def _shared_path(env_var: str) -> Path:

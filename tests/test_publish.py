@@ -180,11 +180,15 @@ def test_private_and_nonprivate_files_live_apart(run):
         }
 
 
-def test_release_publishes_exactly_what_the_config_lists_each_proven(run, tmp_path):
+def test_release_publishes_exactly_what_the_config_lists_each_proven(run, tmp_path, capsys):
     config, root = run
     out = tmp_path / "published"
     assert cli.main(_release_argv(config, _copy(root, tmp_path / "c"), out)) == 0
+    said = capsys.readouterr().out  # the curator's terminal: per release and per person
+    assert "epsilon per release: dp_a" in said and "the worst-off person's epsilon" in said
+    (counts,) = [line for line in said.splitlines() if line.startswith("curator only: ")]
     files = _published(out)
+    assert not any(counts.split(": ", 2)[2].encode() in data for data in files.values())
     expected = [
         f"{e}/{n}"
         for e in DP
@@ -684,6 +688,11 @@ def test_privacy_summary_of_the_run(run):
     assert summary["epsilon_composed"] == pytest.approx(doubled, rel=1e-12)
     assert summary["epsilon_composed"] > a["epsilon"]
     assert any("2 DP releases" in w for w in summary["warnings"])
+    # every person's records were in both releases' trainings (and in any other training on
+    # MNIST that this session's record store holds)
+    person = summary["individual"]
+    assert {"dp_a (run t)", "dp_b (run t)"} <= set(person["worst_off_in"])
+    assert person["epsilon_worst_off"] >= doubled * (1 - 1e-12)
     text = "\n".join(summary_markdown({"datasets": [summary]}))
     assert "| mnist | 2 |" in text and "**Warning:** 2 DP releases" in text
     assert json.loads(json.dumps(summary)) == summary

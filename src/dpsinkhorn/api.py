@@ -53,6 +53,7 @@ def train(
     dataset: str = "arrays",
     retrain: bool = False,
     record_dir: PathLike | None = None,
+    record_store: PathLike | None = None,
 ) -> dict:
     """Train one experiment with DP-Sinkhorn into ``out_dir``; return its privacy record.
 
@@ -76,6 +77,9 @@ def train(
             otherwise); the training record counts it.
         record_dir: where the data's training record (``privacy.trainings``) is appended:
             default ``<data_dir>/trainings``, else ``<out_dir>/../trainings``.
+        record_store: the per-user record store (``privacy.record_store``), where a DP
+            training keeps a keyed fingerprint of each image: default the config file's
+            ``record_store``, else ``$DPSINKHORN_RECORD_STORE``, else the XDG data folder.
 
     Writes ``out_dir/generator.pt``, ``privacy.json`` and ``train_log.csv``: the release,
     (ε, δ_total)-DP under add/remove-one adjacency with a secret noise key (the ledger's
@@ -100,13 +104,15 @@ def train(
         train.signals.Preempted: SIGTERM/SIGUSR1/SIGINT stopped training after a
             checkpoint; calling again with the same arguments resumes.
     """
+    config: Mapping | None = None
     if isinstance(settings, Mapping):
         settings = dict(settings)
         spec = make_experiment(settings.pop("name", name or "custom"), **settings)
     else:
         if name is None:
             raise ValueError(f"name: give the experiment of config file {settings} to train")
-        spec = experiment(load_config(settings), name)
+        config = load_config(settings)
+        spec = experiment(config, name)
     if train_data is not None and classes is None and spec["conditional"]:
         raise ValueError(
             "classes: declare the class names of train_data (e.g. classes=['cat', 'dog']); "
@@ -121,6 +127,8 @@ def train(
         spec = {**spec, "dataset": dataset}
     elif data_dir is None:
         raise ValueError("data_dir: give data_dir (prepared data) or train_data (arrays)")
+    # None: train.run takes $DPSINKHORN_RECORD_STORE, else the XDG default
+    store = record_store if record_store is not None else (config or {}).get("record_store")
     return train_run(
         spec,
         Path(out_dir),
@@ -131,6 +139,7 @@ def train(
         classes=classes,
         retrain=retrain,
         record_dir=Path(record_dir) if record_dir is not None else None,
+        record_store=None if store is None else Path(store),
     )
 
 

@@ -30,6 +30,7 @@ COMMANDS = {
     "evaluate": "evaluate.job",
     "report": "report.cli",
     "privacy-summary": "report.privacy_summary",
+    "records": "privacy.record_store",
     "bench": "bench.cli",
     "grad-study": "evaluate.gradstudy",
     "targets": "config.targets",

@@ -450,6 +450,13 @@ def _release_cli(args: argparse.Namespace) -> int:
     folders = run_folders(config, run)
     files = release(run, args.out, folders, config, args.accept_no_guarantee, args.device)
     print(f"released {len(files)} files of {run} to {args.out}")
+    from dpsinkhorn.report.privacy_summary import individual_lines, privacy_summary
+
+    curator: list[str] = []
+    for line in individual_lines(privacy_summary(config, run, curator)):
+        print(line)
+    for line in curator:  # the curator's terminal: not among the released files
+        print(f"curator only: {line}")
     return 0
 
 

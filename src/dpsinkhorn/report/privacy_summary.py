@@ -14,6 +14,14 @@ and config, finished, interrupted or retrained. :func:`trainings_summary` compos
 them at the largest δ (of the ledgers and the record), and a warning says when a source
 was trained more often than this run releases.
 
+Every person's ε too (:func:`individual_summary`): the per-user record store
+(``privacy.record_store``) holds a keyed fingerprint of every image each DP training used,
+so the trainings that held one of this data's records are found whatever data_dir, run
+folder or machine trained them; the worst-off person's ε composes the trainings that held
+their record. Counts computed from the private data (how many records lie in several
+trainings) go to the curator only (``curator`` lines, which ``dpsinkhorn release``
+prints), never into the summary or a job's log.
+
 ``dpsinkhorn privacy-summary --config ... --results results/<run>`` writes
 ``results/<run>/privacy_summary.json`` (:func:`privacy_summary`); reproduction.md shows it
 as a section (:func:`summary_markdown`). It reads the ledgers and the training records'
@@ -30,6 +38,8 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
+import numpy as np
+
 from dpsinkhorn import fileio
 from dpsinkhorn.config import (
     dataset_of,
@@ -41,6 +51,7 @@ from dpsinkhorn.config import (
     trained_experiments,
 )
 from dpsinkhorn.config.targets import privacy_summary_file
+from dpsinkhorn.privacy import record_store
 from dpsinkhorn.privacy import trainings as record
 
 # privacy.accounting (dp-accounting, scipy: seconds to import) is imported where it is used:
@@ -253,9 +264,78 @@ def data_source(config: Mapping, dataset: str) -> str:
     return dataset if definition is None else os.path.normpath(str(definition["path"]))
 
 
-def privacy_summary(config: Mapping, results: str | Path) -> dict:
+def individual_summary(
+    config: Mapping, names: list[str], summary: dict, results: Path, curator: list[str]
+) -> dict | None:
+    """The worst-off person's ε over every DP training of the record store that held one
+    of the records of the prepared training splits of ``names`` (one private source);
+    None when none is prepared. Imports into the store the trainings of the source's event
+    record (``privacy.trainings``, older runs) that it lacks. Adds a warning naming the
+    trainings outside this run that held its records; appends to ``curator`` the counts
+    (computed from the private data, never published)."""
+    store = record_store.RecordStore(record_store.store_root(config))
+    keys = []
+    for name in names:
+        path = prepared_train_file(config, name)
+        if not path.is_file():
+            continue
+        images, labels = fileio.load_samples(path)
+        fps = record_store.fingerprints(store.key(), images)
+        old = record.record_file(
+            Path(config["data_dir"]) / record.RECORD_DIR, record.data_fingerprint(images, labels)
+        )
+        if old.is_file():
+            record_store.import_record(store, record.trainings(record.read(old)), lambda f=fps: f)
+        keys.append(fps)
+    if not keys:
+        return None
+    found = record_store.individual(store, np.unique(np.concatenate(keys)), summary["delta"])
+
+    def named(t: record_store.Training) -> str:
+        out = Path(str(t.meta.get("out") or "?"))
+        return f"{t.meta.get('experiment', '?')} (run {out.parent.name})"
+
+    # This run's trainings: those of its run folder's name (a copied or moved run is the
+    # same run; its summary does not change with the folder it lies in).
+    outside = [
+        t for t in found["trainings"] if Path(str(t.meta.get("out"))).parent.name != results.name
+    ]
+    out = {
+        "epsilon_worst_off": found["epsilon_worst_off"],
+        "delta": found["delta"],
+        "mechanism": record_store.MECHANISM,
+        "trainings": len(found["trainings"]),
+        "worst_off_in": [named(t) for t in found["worst_off"]],
+        "other_runs": [named(t) for t in outside],
+        "note": "epsilon of the person whose records were in the most costly set of DP "
+        "trainings (any data_dir, run folder or machine whose record store was merged "
+        "here); release_epsilons are per release, each alone",
+    }
+    if found["unaccounted"]:
+        out["unaccounted"] = found["unaccounted"]
+    dataset = summary["dataset"]
+    if outside:
+        eps = found["epsilon_worst_off"]
+        cost = "unknown" if eps is None else f"{eps:.4g} (composed at delta {found['delta']:g})"
+        summary["warnings"].append(
+            f"{len(outside)} DP training(s) outside this run held records of {dataset}: "
+            f"{', '.join(out['other_runs'])}; the worst-off person's epsilon is {cost}, "
+            "not the epsilon of this run's releases"
+        )
+    curator.append(
+        f"{dataset}: {found['shared']} record(s) lie in more than one DP training; "
+        + "; ".join(f"{named(t)} held {found['overlap'][t.id]}" for t in found["trainings"])
+        + " (counts from the private data: not in privacy_summary.json, do not publish)"
+    )
+    return out
+
+
+def privacy_summary(config: Mapping, results: str | Path, curator: list[str] | None = None) -> dict:
     """``{"datasets": [dataset_summary, ...]}``, one per private data source the config
-    uses (datasets sharing a source are summarised together, named ``a+b``)."""
+    uses (datasets sharing a source are summarised together, named ``a+b``); each with
+    ``individual`` (:func:`individual_summary`). ``curator`` gets what only the curator
+    may read."""
+    curator = [] if curator is None else curator
     results = Path(results)
     sources: dict[str, list[str]] = {}
     for d in datasets(config):
@@ -264,6 +344,9 @@ def privacy_summary(config: Mapping, results: str | Path) -> dict:
     for names in sources.values():
         summary = dataset_summary(config, results, names)
         summary["all_trainings"] = trainings_summary(config, names, summary)
+        person = individual_summary(config, names, summary, results, curator)
+        if person is not None:
+            summary["individual"] = person
         out.append(summary)
     return {"datasets": out}
 
@@ -276,9 +359,9 @@ def summary_markdown(summary: Mapping) -> list[str]:
         "Publishing several DP releases trained on the same data composes their ε "
         "(RDP, every step of every release); `privacy_summary.json` has the details.",
         "",
-        "| dataset | DP releases | ε of each | ε of all (composed) | δ | configurations tried "
-        "| DP trainings recorded | ε of every training |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| dataset | DP releases | ε per release | ε of all (composed) | δ | configurations "
+        "tried | DP trainings recorded | ε of every training | ε of the worst-off person |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for d in summary["datasets"]:
         each = ", ".join(f"{e}: {v:.4g}" for e, v in d["release_epsilons"].items()) or "–"
@@ -290,9 +373,12 @@ def summary_markdown(summary: Mapping) -> list[str]:
             eps_all = f"{eps_all:.4g}"
         else:
             eps_all = "**unknown** (see the warning)" if every.get("unaccounted") else "–"
+        person = (d.get("individual") or {}).get("epsilon_worst_off")
+        person = "–" if person is None else f"{person:.4g}"
         lines.append(
             f"| {d['dataset']} | {d['releases']} | {each} | {eps} | {delta} | "
-            f"{d['configurations_tried']} | {every.get('trainings', '–')} | {eps_all} |"
+            f"{d['configurations_tried']} | {every.get('trainings', '–')} | {eps_all} | "
+            f"{person} |"
         )
     warnings = [w for d in summary["datasets"] for w in d["warnings"]]
     lines += [""] + [f"**Warning:** {w}." for w in warnings] + ([""] if warnings else [])
@@ -302,6 +388,8 @@ def summary_markdown(summary: Mapping) -> list[str]:
 def _cli(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     out = args.out or privacy_summary_file(args.results)
+    # Counts from the private data are not printed: this runs as a workflow job, whose log
+    # is kept beside the run; `dpsinkhorn release` shows them to the curator.
     summary = privacy_summary(config, args.results)
     fileio.write_json(out, summary)
     for warning in (w for d in summary["datasets"] for w in d["warnings"]):
@@ -309,6 +397,24 @@ def _cli(args: argparse.Namespace) -> int:
             print(f"WARNING: {warning}", file=sys.stderr)
     print(out)
     return 0
+
+
+def individual_lines(summary: Mapping) -> list[str]:
+    """How ``dpsinkhorn release`` states each dataset's ε: per release, and the
+    worst-off person's over every DP training that held their records."""
+    lines = []
+    for d in summary["datasets"]:
+        each = ", ".join(f"{e} {v:.4g}" for e, v in d["release_epsilons"].items()) or "none"
+        person = d.get("individual") or {}
+        eps = person.get("epsilon_worst_off")
+        said = "unknown" if eps is None else f"{eps:.4g} at delta {person.get('delta'):g}"
+        lines.append(
+            f"{d['dataset']}: epsilon per release: {each}; the worst-off person's epsilon "
+            f"(every DP training that held their records, {person.get('trainings', 0)} "
+            f"training(s)): {said}"
+        )
+        lines += [f"WARNING: {w}" for w in d["warnings"] if "outside this run" in w]
+    return lines
 
 
 def register_cli(subparsers: argparse._SubParsersAction) -> None:

@@ -22,6 +22,7 @@ from dpsinkhorn import config as config_lib
 from dpsinkhorn.config.workflow import STOPPED_NAME
 from dpsinkhorn.fileio import NoSpaceError, write_text
 from dpsinkhorn.models import PRECISIONS
+from dpsinkhorn.privacy.record_store import store_root
 from dpsinkhorn.train import memory
 from dpsinkhorn.train.run import train_runs
 from dpsinkhorn.train.signals import INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE, Preempted
@@ -117,6 +118,7 @@ def run_training_cli(
             compile_solver=config_lib.cli_or_config(args.compile_solver, cfg, "compile_solver"),
             precision=config_lib.cli_or_config(args.precision, cfg, "precision"),
             retrain=args.retrain,
+            record_store=store_root(cfg),
         )
     except Preempted as stop:
         print(f"dpsinkhorn {command}: {stop}")

@@ -20,6 +20,7 @@ from tqdm import tqdm
 from dpsinkhorn.data import datasets as data
 from dpsinkhorn.devices import resolve_device
 from dpsinkhorn.fileio import check_samples
+from dpsinkhorn.privacy.record_store import RecordStore, store_root
 from dpsinkhorn.privacy.trainings import RECORD_DIR
 from dpsinkhorn.train.merf import MerfTrainer
 from dpsinkhorn.train.signals import StopSignal
@@ -41,6 +42,7 @@ def train(
     classes: Sequence[str] | None = None,
     retrain: bool = False,
     record_dir: Path | None = None,
+    record_store: Path | None = None,
 ) -> dict:
     """Train one experiment into ``out_dir``; returns the privacy record.
 
@@ -62,7 +64,9 @@ def train(
     Every training is appended to its data source's training record
     (``privacy.trainings``) in ``record_dir`` (default :func:`default_record_dir`); a
     training from step 0 into a folder whose secret-key DP training finished is refused
-    (``privacy.trainings.RetrainRefused``) unless ``retrain``.
+    (``privacy.trainings.RetrainRefused``) unless ``retrain``. Every DP training is also
+    put into the per-user record store ``record_store`` (default
+    ``privacy.record_store.store_root()``) with a fingerprint of each image it trains on.
     """
     images, labels = load_train_data(spec, data_dir, train_data)
     device = resolve_device(device)
@@ -73,7 +77,14 @@ def train(
         trainer = Trainer(
             spec, images, labels, device, cuda_graphs, compile_solver, precision, classes=classes
         )
-    run = RunFiles(trainer, out_dir, default_record_dir(out_dir, data_dir, record_dir), retrain)
+    run = RunFiles(
+        trainer,
+        out_dir,
+        default_record_dir(out_dir, data_dir, record_dir),
+        retrain,
+        RecordStore(record_store or store_root()),
+        images,
+    )
     bar = tqdm(
         total=trainer.total_steps,
         initial=run.start_step,

@@ -26,6 +26,7 @@ from dpsinkhorn import config as config_lib
 from dpsinkhorn.config.identity import SWEEP_SHARED_KEYS, sweep_key
 from dpsinkhorn.devices import resolve_device
 from dpsinkhorn.privacy.factory import PrivateRun, make_private_stack
+from dpsinkhorn.privacy.record_store import RecordStore, store_root
 from dpsinkhorn.train.cli import add_training_arguments, run_training_cli
 from dpsinkhorn.train.run import default_record_dir, load_train_data
 from dpsinkhorn.train.signals import StopSignal
@@ -107,12 +108,14 @@ def train_sweep(
     precision: str = "fp32",
     retrain: bool = False,
     record_dir: Path | None = None,
+    record_store: Path | None = None,
 ) -> list[dict]:
     """Train ``specs`` together, run k into ``out_dirs[k]``; returns their privacy records.
 
     Same files, resumption and ``stop_after`` / signal behaviour as ``train.run.train``;
     each run's outputs are written as soon as that run finishes. ``cuda_graphs``,
-    ``compile_solver`` and ``precision`` as in ``train.run.train``.
+    ``compile_solver``, ``precision``, ``record_dir`` and ``record_store`` as in
+    ``train.run.train``.
     """
     if len(specs) != len(out_dirs):
         raise ValueError(f"{len(specs)} experiments but {len(out_dirs)} output folders")
@@ -124,10 +127,11 @@ def train_sweep(
         specs, images, labels, resolve_device(device), cuda_graphs, compile_solver, precision
     )
     runs: list[RunFiles] = []
+    store = RecordStore(record_store or store_root())
     with released_on_error(runs):  # one folder refused: give back those already taken
         for t, out in zip(sweep.trainers, out_dirs, strict=True):
             records_at = default_record_dir(out, data_dir, record_dir)
-            runs.append(RunFiles(t, out, records_at, retrain))
+            runs.append(RunFiles(t, out, records_at, retrain, store, images))
     # Workspaces go when the whole sweep is done: until then, a finished member's final
     # checkpoint tells a rerun (after preemption) that it needs no more steps.
     records = {i: run.finish(remove_workspace=False) for i, run in enumerate(runs) if run.done}

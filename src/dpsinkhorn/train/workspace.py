@@ -21,6 +21,7 @@ import shutil
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from dpsinkhorn.config.identity import experiment_spec_of
@@ -32,7 +33,8 @@ from dpsinkhorn.fileio import (
     write_bytes,
     write_text,
 )
-from dpsinkhorn.privacy import trainings
+from dpsinkhorn.privacy import record_store, trainings
+from dpsinkhorn.privacy.record_store import RecordStore
 from dpsinkhorn.train.release import OUTPUT_FILES, commit_release, publish, write_log
 from dpsinkhorn.train.runlock import OutputLock
 from dpsinkhorn.train.trainer import Trainer, spec_hash
@@ -173,8 +175,13 @@ class RunFiles:
         out_dir: Path,
         record_dir: Path | None = None,
         retrain: bool = False,
+        store: RecordStore | None = None,
+        images: np.ndarray | None = None,
     ):
         self.trainer, self.settings = trainer, trainer.settings
+        # The per-user record store (privacy.record_store) and the images trained on, whose
+        # fingerprints it keeps (computed once, when a store entry needs them).
+        self.store, self._images, self._fingerprints = store, images, None
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         # One writer per output folder (runlock): refused here, before anything is read.
@@ -246,6 +253,7 @@ class RunFiles:
             self._record("started")  # killed between its first checkpoint and the record
         else:  # every call that draws noise for it says so, in case others are lost
             self._record("resumed")
+        self._to_store(finished=False)
 
     def _check_retrain(self, retrain: bool) -> bool:
         if self.record_dir is None or self.trainer.sanitizer is None:
@@ -323,6 +331,27 @@ class RunFiles:
             {"event": event, "training": self.training_id, **self._identity(), **fields},
         )
 
+    def _record_keys(self) -> np.ndarray:
+        if self._fingerprints is None:
+            self._fingerprints = self.store.fingerprints_of(self._images)
+        return self._fingerprints
+
+    def _to_store(self, finished: bool) -> None:
+        """Put this DP training into the record store (its fingerprints and public
+        settings; unfinished: at its planned steps), and the earlier trainings of the same
+        data that the event record holds and the store lacks."""
+        if self.store is None or self._images is None or self.trainer.sanitizer is None:
+            return
+        t = self.trainer
+        steps = t.accountant.steps if finished else t.releases_planned
+        meta = {**self._identity(), "training": self.training_id, "steps": steps}
+        meta = record_store.stored_meta({**meta, "finished": finished})
+        old = self.store.get(self.training_id)
+        self.store.put(meta, self._record_keys() if old is None else old.fingerprints)
+        if not finished:
+            earlier = trainings.source_trainings(self.record_dir, t.fingerprint)
+            record_store.import_record(self.store, earlier, self._record_keys)
+
     @property
     def done(self) -> bool:
         if self.recovered is not None:
@@ -399,6 +428,7 @@ class RunFiles:
                     self.out_dir, trainings.finished_copy_dir(self.record_dir, self._out())
                 )
             self._record("finished", record)
+            self._to_store(finished=True)
         if remove_workspace:
             self.remove_workspace()
         return record

@@ -1,0 +1,481 @@
+"""The record store: which training records (images) every DP training of this user held.
+
+One store per user (:func:`store_root`: the config key ``record_store``, else
+``$DPSINKHORN_RECORD_STORE``, else ``$XDG_DATA_HOME/dpsinkhorn/records`` or
+``~/.local/share/dpsinkhorn/records``), whatever data_dir, run folder or machine trained.
+It holds a secret key (``key``, 32 random bytes, 0600, made on first use) and one file per
+training, ``trainings/<training id>.npz`` (written atomically, only by that training):
+``fingerprints``, the sorted distinct 16-byte HMAC-SHA256 of each image it trained on
+(:func:`fingerprints`), and ``meta``, the training's public settings (experiment, output
+folder, q, noise multiplier, δ, steps, finished). Without the key a fingerprint says
+nothing about an image, so the store is no membership oracle to someone who reads it.
+
+A person's ε (:func:`individual`) is the composition of every DP training that held one
+of their records (RDP, add/remove-one adjacency, Poisson-subsampled Gaussian steps), at
+the largest δ: disjoint data composes in parallel, overlapping data in sequence.
+``dpsinkhorn records show|export|merge`` (:func:`register_cli`) moves stores between
+machines; docs/PRIVACY.md ("The record store") says what is and is not protected.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import hmac
+import io
+import json
+import os
+import secrets
+import tarfile
+import tempfile
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+#: Environment variable naming the store (the config key ``record_store`` wins over it).
+STORE_ENV = "DPSINKHORN_RECORD_STORE"
+#: The store's key file and trainings folder.
+KEY_FILE, TRAININGS = "key", "trainings"
+#: Bytes of HMAC-SHA256 kept per record: 128 bits.
+FINGERPRINT_BYTES = 16
+FINGERPRINT_DTYPE = f"V{FINGERPRINT_BYTES}"
+#: What :func:`individual` composes, said in the summary.
+MECHANISM = (
+    "every DP training that held one of the person's records (an identical image is the "
+    "same record), each a sequence of Poisson-subsampled Gaussian steps under add/remove-one "
+    "adjacency, composed (RDP curves added, dp-accounting) at the largest delta"
+)
+
+
+def store_root(config: Mapping | None = None) -> Path:
+    """The record store's folder: ``config["record_store"]``, else ``$DPSINKHORN_RECORD_STORE``,
+    else ``$XDG_DATA_HOME/dpsinkhorn/records`` (``~/.local/share/dpsinkhorn/records``)."""
+    if config and config.get("record_store"):
+        return Path(os.path.expanduser(str(config["record_store"])))
+    if os.environ.get(STORE_ENV):
+        return Path(os.path.expanduser(os.environ[STORE_ENV]))
+    base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local/share")
+    return Path(base) / "dpsinkhorn" / "records"
+
+
+def _write_atomic(path: Path, payload: bytes) -> None:
+    """Write ``payload`` to ``path`` through a temporary file beside it (0600), fsynced,
+    then renamed: a reader sees the old file or the new one, never part of one."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(payload)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def key_id(key: bytes) -> str:
+    """A name of the key that reveals nothing of it (sha256 of a label and the key, 16 hex)."""
+    return hashlib.sha256(b"dpsinkhorn record store key|" + key).hexdigest()[:16]
+
+
+def fingerprints(key: bytes, images: np.ndarray) -> np.ndarray:
+    """The sorted distinct fingerprints of ``images`` (uint8 [N,S,S] or [N,S,S,C]): per image
+    HMAC-SHA256 under ``key`` of its dtype, shape and bytes (a trailing channel of one is
+    dropped: [S,S,1] is [S,S]), first :data:`FINGERPRINT_BYTES` bytes. Labels are not part of
+    a record: the same image under two labels is one record (counted together, never less).
+    Returns [M] of dtype V16, M <= N."""
+    images = np.asarray(images)
+    if images.ndim == 4 and images.shape[-1] == 1:
+        images = images[..., 0]
+    images = np.ascontiguousarray(images)
+    head = hmac.new(key, f"{images.dtype.str}{images.shape[1:]}|".encode(), hashlib.sha256)
+    out = bytearray()
+    for row in images.reshape(len(images), -1):
+        h = head.copy()
+        h.update(row)
+        out += h.digest()[:FINGERPRINT_BYTES]
+    return np.unique(np.frombuffer(bytes(out), dtype=FINGERPRINT_DTYPE))
+
+
+def holds(sorted_keys: np.ndarray, query: np.ndarray) -> np.ndarray:
+    """Which of ``query`` are in ``sorted_keys`` (sorted V16): bool [len(query)]."""
+    if not len(sorted_keys):
+        return np.zeros(len(query), dtype=bool)
+    at = np.searchsorted(sorted_keys, query)
+    at[at == len(sorted_keys)] = 0
+    return sorted_keys[at] == query
+
+
+@dataclass
+class Training:
+    """One stored training: its public ``meta`` and its records' ``fingerprints``."""
+
+    meta: dict
+    fingerprints: np.ndarray
+
+    @property
+    def id(self) -> str:
+        return str(self.meta["training"])
+
+    def name(self) -> str:
+        """How a message names it: experiment and output folder (never its data)."""
+        return f"{self.meta.get('experiment', '?')} ({self.meta.get('out', '?')})"
+
+
+def _payload(meta: Mapping, fps: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.savez(buf, fingerprints=fps, meta=np.array(json.dumps(dict(meta), sort_keys=True)))
+    return buf.getvalue()
+
+
+def _load(path: Path) -> Training:
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            meta, fps = json.loads(str(z["meta"])), z["fingerprints"]
+    except (OSError, ValueError, KeyError) as err:
+        raise ValueError(f"{path}: not a training of a record store ({err})") from None
+    if fps.dtype != np.dtype(FINGERPRINT_DTYPE) or not isinstance(meta.get("training"), str):
+        raise ValueError(f"{path}: not a training of a record store (fingerprints or id)")
+    return Training(meta, fps)
+
+
+def _further(new: Mapping, old: Mapping) -> bool:
+    """Whether ``new`` says more of one training than ``old``: finished, or more steps."""
+    return (bool(new.get("finished")), new.get("steps") or 0) > (
+        bool(old.get("finished")),
+        old.get("steps") or 0,
+    )
+
+
+class RecordStore:
+    """The record store in ``root`` (:func:`store_root`)."""
+
+    def __init__(self, root: str | os.PathLike):
+        self.root = Path(root)
+        self.folder = self.root / TRAININGS
+        self._last: tuple[np.ndarray, np.ndarray] | None = None
+
+    def fingerprints_of(self, images: np.ndarray) -> np.ndarray:
+        """:func:`fingerprints` of ``images`` under this store's key; the last array's are
+        kept, so a sweep's members (one array) hash it once."""
+        if self._last is None or self._last[0] is not images:
+            self._last = (images, fingerprints(self.key(), images))
+        return self._last[1]
+
+    # -- the key
+    def has_key(self) -> bool:
+        return (self.root / KEY_FILE).is_file()
+
+    def key(self) -> bytes:
+        """The store's secret key, made (32 random bytes, 0600) on first use. Two writers
+        that make it at once agree: the first link wins, the other reads it."""
+        path = self.root / KEY_FILE
+        if not path.is_file():
+            self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+            self._put_key(secrets.token_bytes(32), replace=False)
+        key = path.read_bytes()
+        if len(key) != 32:
+            raise ValueError(f"{path}: not a record store key (32 bytes)")
+        return key
+
+    def _put_key(self, key: bytes, replace: bool) -> None:
+        path = self.root / KEY_FILE
+        tmp = self.root / f".key.{os.getpid()}.{secrets.token_hex(4)}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.write(fd, key)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        try:
+            if replace:
+                os.replace(tmp, path)
+            else:
+                try:
+                    os.link(tmp, path)
+                except FileExistsError:
+                    pass
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    # -- trainings
+    def path(self, training: str) -> Path:
+        return self.folder / f"{training}.npz"
+
+    def has(self, training: str) -> bool:
+        return self.path(training).is_file()
+
+    def get(self, training: str) -> Training | None:
+        path = self.path(training)
+        return _load(path) if path.is_file() else None
+
+    def put(self, meta: Mapping, fps: np.ndarray) -> None:
+        """Write one training (atomically, its own file), unless the store already holds
+        as much of it (:func:`_further`)."""
+        old = self.get(str(meta["training"]))
+        if old is not None and not _further(meta, old.meta):
+            return
+        meta = {**meta, "key_id": key_id(self.key()), "records": int(len(fps))}
+        if old is not None and old.meta.get("time"):
+            meta["time"] = old.meta["time"]  # when it started
+        self.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        _write_atomic(self.path(str(meta["training"])), _payload(meta, fps))
+
+    def update(self, training: str, **meta) -> None:
+        """Rewrite a stored training's meta with ``meta`` (its fingerprints kept)."""
+        old = self.get(training)
+        if old is not None:
+            self.put({**old.meta, **meta}, old.fingerprints)
+
+    def trainings(self) -> list[Training]:
+        """Every stored training, oldest first (time, then id)."""
+        paths = sorted(self.folder.glob("*.npz")) if self.folder.is_dir() else []
+        found = [_load(p) for p in paths]
+        return sorted(found, key=lambda t: (str(t.meta.get("time", "")), t.id))
+
+    # -- moving between machines
+    def export(self, out: str | os.PathLike) -> Path:
+        """Write the key and every training into the tar file ``out`` (atomically, 0600: it
+        holds the key). Returns ``out``."""
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            for path in [self.root / KEY_FILE, *sorted(self.folder.glob("*.npz"))]:
+                if path.is_file():
+                    tar.add(path, arcname=path.relative_to(self.root).as_posix())
+        out = Path(out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        _write_atomic(out, buf.getvalue())
+        return out
+
+    def merge(self, archive: str | os.PathLike) -> tuple[int, int]:
+        """Merge an :meth:`export` into this store: its trainings this store lacks, or
+        holds less of (:func:`_further`); merging twice changes nothing. A store without
+        trainings takes the export's key; one with trainings under another key refuses
+        (ValueError, one line). Returns (trainings added or advanced, trainings read)."""
+        with tarfile.open(archive, mode="r") as tar:
+            members = {m.name: m for m in tar.getmembers() if m.isfile()}
+            if KEY_FILE not in members:
+                raise ValueError(f"{archive}: not a record store export (no key)")
+            theirs = tar.extractfile(members[KEY_FILE]).read()
+            entries = []
+            for name, member in sorted(members.items()):
+                if name.startswith(f"{TRAININGS}/") and name.endswith(".npz"):
+                    raw = io.BytesIO(tar.extractfile(member).read())
+                    entries.append(_load_bytes(raw, f"{archive}:{name}"))
+        if len(theirs) != 32:
+            raise ValueError(f"{archive}: not a record store export (its key is not 32 bytes)")
+        if not self.has_key() or not self.trainings():
+            self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+            self._put_key(theirs, replace=True)
+        elif self.key() != theirs:
+            raise ValueError(
+                f"{archive}: its key differs from that of the record store {self.root}, which "
+                "holds trainings; fingerprints compare only under one key: merge into an empty "
+                f"store (e.g. {STORE_ENV}=<new folder>), or give every machine one store's "
+                "export before it trains"
+            )
+        changed = 0
+        for t in entries:
+            old = self.get(t.id)
+            if old is None or _further(t.meta, old.meta):
+                self.put(t.meta, t.fingerprints)
+                changed += 1
+        return changed, len(entries)
+
+
+def _load_bytes(raw: io.BytesIO, where: str) -> Training:
+    try:
+        with np.load(raw, allow_pickle=False) as z:
+            t = Training(json.loads(str(z["meta"])), z["fingerprints"])
+    except (OSError, ValueError, KeyError) as err:
+        raise ValueError(f"{where}: not a training of a record store ({err})") from None
+    if t.fingerprints.dtype != np.dtype(FINGERPRINT_DTYPE):
+        raise ValueError(f"{where}: not a training of a record store (fingerprints)")
+    return t
+
+
+def stored_meta(record: Mapping) -> dict:
+    """What the store keeps of a training of the event record (``privacy.trainings``'s
+    merged entry): its public settings and step counts."""
+    keys = ("training", "experiment", "out", "private", "reproducible", "q")
+    keys += ("noise_multiplier", "delta", "accountant", "steps", "steps_planned", "finished")
+    meta = {k: record.get(k) for k in keys}
+    meta["time"] = record.get("time") or time.strftime("%Y-%m-%dT%H:%M:%S")
+    meta["attributed"] = record.get("attributed", True)
+    return meta
+
+
+def import_record(store: RecordStore, records: Iterable[Mapping], fps) -> int:
+    """Put into ``store`` every DP training of ``records`` (merged entries of a training
+    record file, ``privacy.trainings.trainings``) it lacks or holds less of, with the
+    fingerprints ``fps()`` (called once, only when needed) of the split that record names.
+    Returns how many were written."""
+    from dpsinkhorn.privacy.trainings import may_be_private
+
+    written, keys = 0, None
+    for t in records:
+        if not may_be_private(t):
+            continue
+        meta = stored_meta(t)
+        old = store.get(str(meta["training"]))
+        if old is not None and not _further(meta, old.meta):
+            continue
+        keys = fps() if keys is None else keys
+        store.put(meta, keys if old is None else old.fingerprints)
+        written += 1
+    return written
+
+
+def _accounted(meta: Mapping) -> bool:
+    return all(
+        isinstance(meta.get(k), int | float) and not isinstance(meta.get(k), bool)
+        for k in ("q", "noise_multiplier", "delta", "steps")
+    )
+
+
+def individual(store: RecordStore, data: np.ndarray, delta: float | None = None) -> dict:
+    """Per-person ε for the records ``data`` (sorted fingerprints of the run's data): over
+    every DP training of the store that held one of them, the ε of the worst-off record
+    (its trainings composed, :data:`MECHANISM`) at the largest δ (theirs and ``delta``).
+
+    Returns ``epsilon_worst_off`` (None when none held one, or one lacks its mechanism:
+    ``unaccounted``), ``delta``, ``trainings`` (those that held one, :class:`Training`),
+    ``worst_off`` (the trainings the worst-off record was in), ``shared`` (records of
+    ``data`` in more than one training: a count from the private data, for the curator
+    only) and ``overlap`` (per training, how many of ``data`` it held: the same)."""
+    held, members = [], []
+    for t in store.trainings():
+        if t.meta.get("private") is False:
+            continue
+        m = holds(t.fingerprints, data)
+        if m.any():
+            held.append(t)
+            members.append(m)
+    out = {
+        "epsilon_worst_off": None,
+        "delta": delta,
+        "trainings": held,
+        "worst_off": [],
+        "shared": 0,
+        "overlap": {},
+        "unaccounted": [t.id for t in held if not _accounted(t.meta)],
+    }
+    if not held:
+        return out
+    matrix = np.stack(members, axis=1)  # [records, trainings]
+    out["shared"] = int((matrix.sum(axis=1) > 1).sum())
+    out["overlap"] = {t.id: int(m.sum()) for t, m in zip(held, members, strict=True)}
+    deltas = [float(t.meta["delta"]) for t in held if _accounted(t.meta)]
+    out["delta"] = max([*deltas, *([delta] if delta is not None else [])], default=None)
+    if out["unaccounted"] or out["delta"] is None:
+        return out
+    from dpsinkhorn.privacy.accounting import composed_epsilon  # at use: dp-accounting is slow
+
+    signatures = np.unique(matrix, axis=0)  # [S, trainings]: which trainings a record was in
+    worst = signatures[_worst_row(signatures, [_rdp_curve(t.meta) for t in held], out["delta"])]
+    chosen = [t for t, inside in zip(held, worst, strict=True) if inside]
+    out["epsilon_worst_off"] = composed_epsilon(_mechanisms(chosen), out["delta"])
+    out["worst_off"] = chosen
+    return out
+
+
+def _mechanisms(trainings: Iterable[Training]) -> list[tuple[float, float, int]]:
+    return [
+        (float(t.meta["q"]), float(t.meta["noise_multiplier"]), int(t.meta["steps"]))
+        for t in trainings
+    ]
+
+
+def _rdp_curve(meta: Mapping) -> tuple[np.ndarray, np.ndarray]:
+    """(orders, RDP at each order) of one training: ``steps`` Poisson-subsampled Gaussian
+    steps (rate q, noise multiplier z, add/remove-one), dp-accounting's RDP accountant."""
+    import dp_accounting
+    from dp_accounting.rdp import rdp_privacy_accountant as rdp_lib
+
+    acc = rdp_lib.RdpAccountant()
+    event = dp_accounting.PoissonSampledDpEvent(
+        float(meta["q"]), dp_accounting.GaussianDpEvent(float(meta["noise_multiplier"]))
+    )
+    if int(meta["steps"]) > 0:  # a training stopped before its first step drew no noise
+        acc.compose(event, int(meta["steps"]))
+    return acc._orders, acc._rdp  # noqa: SLF001  (the curve: added across trainings below)
+
+
+def _worst_row(signatures: np.ndarray, curves: list, delta: float) -> int:
+    """The row of ``signatures`` (bool [S, K]: the trainings a record was in) of largest ε
+    at ``delta``. RDP curves add under composition, so a row's curve is ``row @ curves``
+    ([S, orders]), converted by dp-accounting's ``compute_epsilon``. ε grows with the curve
+    at every order, so after converting the row of largest curve, every row whose curve
+    lies below it at all orders is dropped unconverted; the largest of the rest is next."""
+    from dp_accounting.rdp.rdp_privacy_accountant import compute_epsilon
+
+    orders = curves[0][0]
+    summed = signatures.astype(np.float64) @ np.stack([c for _, c in curves])  # [S, orders]
+    left, best, best_eps = np.arange(len(summed)), 0, -1.0
+    while left.size:
+        row = left[np.argmax(summed[left].sum(axis=1))]
+        eps = compute_epsilon(orders, summed[row], delta)[0]
+        if eps > best_eps:
+            best, best_eps = int(row), eps
+        left = left[~(summed[left] <= summed[row]).all(axis=1)]
+    return best
+
+
+# ---------------------------------------------------------------- command line
+
+
+def _store_of(args: argparse.Namespace) -> RecordStore:
+    """``--store``, else :func:`store_root` (a config's ``record_store``: pass it as --store)."""
+    return RecordStore(args.store or store_root())
+
+
+def _show(args: argparse.Namespace) -> int:
+    store = _store_of(args)
+    found = store.trainings()
+    print(f"record store {store.root}: {len(found)} training(s)")
+    for t in found:
+        m = t.meta
+        state = "finished" if m.get("finished") else "unfinished"
+        print(
+            f"  {t.id}  {m.get('time', '?')}  {t.name()}  {m.get('records')} records  "
+            f"q {m.get('q')}  z {m.get('noise_multiplier')}  {m.get('steps')} steps  "
+            f"delta {m.get('delta')}  {state}"
+        )
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    store = _store_of(args)
+    if not store.has_key():
+        raise ValueError(f"{store.root}: no record store there (no key): nothing to export")
+    print(f"{store.export(args.out)}: the key and {len(store.trainings())} training(s)")
+    return 0
+
+
+def _merge(args: argparse.Namespace) -> int:
+    store = _store_of(args)
+    changed, read = store.merge(args.archive)
+    print(f"{store.root}: merged {args.archive}: {changed} of {read} training(s) new or advanced")
+    return 0
+
+
+def register_cli(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "records", help="the per-user record store: show it, export it, merge an export"
+    )
+    p.add_argument(
+        "--store",
+        help=f"the store's folder (default: ${STORE_ENV}, else the XDG data folder; a "
+        "config that sets record_store: pass that folder here)",
+    )
+    sub = p.add_subparsers(dest="records_command", required=True, metavar="ACTION")
+    sub.add_parser("show", help="list the stored trainings").set_defaults(handler=_show)
+    e = sub.add_parser("export", help="write the key and every training into a tar file")
+    e.add_argument("out", help="the tar file to write (it holds the key: keep it private)")
+    e.set_defaults(handler=_export)
+    m = sub.add_parser("merge", help="merge another store's export into this one")
+    m.add_argument("archive", help="a tar file written by `dpsinkhorn records export`")
+    m.set_defaults(handler=_merge)
