@@ -354,3 +354,13 @@ def test_mechanism_note_names_the_released_code_or_the_papers_text_by_clipping()
     assert "the paper's text (Appendix B.1" in note(clipping="per_sample", perturbation="image")
     parameter = note(clipping="batch", perturbation="parameter")
     assert "released code" not in parameter and "paper's text" not in parameter
+
+
+def test_readme_row_tag_names_the_mechanism_by_clipping():
+    """README.md's Table 1 rows carry the same source, short: from the ledger's clipping."""
+    from dpsinkhorn.report.common import mechanism_tag
+
+    assert mechanism_tag({"clipping": "batch"}) == "released code's mechanism"
+    assert mechanism_tag({"clipping": "per_sample", "perturbation": "image"}) == "paper's text"
+    assert mechanism_tag({"clipping": "batch", "perturbation": "parameter"}) == ""
+    assert mechanism_tag({"method": "dpmerf"}) == ""

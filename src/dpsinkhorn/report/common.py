@@ -76,6 +76,18 @@ MECHANISM_SOURCE = {
     "batch": "the released code's mechanism (nv-tlabs/DP-Sinkhorn_code, sinkhorn_poisson.py)",
     "per_sample": "the paper's text (Appendix B.1), not the released code",
 }
+#: The same, as the short tag of a table row (README.md's Table 1 blocks).
+MECHANISM_TAG = {"batch": "released code's mechanism", "per_sample": "paper's text"}
+
+
+def mechanism_tag(privacy: dict) -> str:
+    """``released code's mechanism`` / ``paper's text`` for a DP row that clips the
+    generated-image gradient (from its ``clipping``), else the empty string."""
+    if privacy.get("perturbation", "image") != "image":
+        return ""
+    return MECHANISM_TAG.get(privacy.get("clipping"), "")
+
+
 #: privacy.json "guarantee" starts with this when the noise seed was public (no DP at all).
 NO_GUARANTEE_PREFIX = "none"
 #: The two ε columns, as the study tables and reproduction.md explain them.

@@ -55,6 +55,7 @@ from dpsinkhorn.report.common import (
     epsilon_value,
     mean_std,
     mechanism_note,
+    mechanism_tag,
     paper_number,
     read_number,
     sound_epsilons,
@@ -416,8 +417,9 @@ def readme_table(set_dir: str | Path) -> str:
     """README.md's Table 1 of a committed set: a compact markdown table of the set's rows
     (sound ε RDP / PLD with the guarantee marks, paper-convention ε, FID and the three
     accuracies in %, each cell with its seed count or ``missing``), the paper's reported row
-    of each dataset, and the marks' footnotes. ``tests/test_docs.py`` requires the
-    README to hold exactly this text."""
+    of each dataset, and the marks' footnotes. A DP row that clips the image gradient names
+    its mechanism's source: the released code's (block clipping) or the paper's text (per
+    row). ``tests/test_docs.py`` requires the README to hold exactly this text."""
     set_dir = Path(set_dir)
     provenance = load_provenance(set_dir)
     rows = set_rows(set_config(set_dir, provenance), set_dir)
@@ -436,8 +438,9 @@ def readme_table(set_dir: str | Path) -> str:
             )
         else:
             sound = epsilon_text(r.epsilon, False)
+        tag = mechanism_tag(r.privacy) if r.privacy else ""
         cells = [
-            f"{title} {r.method} (`{r.exp_name}`)",
+            f"{title} {r.method} (`{r.exp_name}`{', ' + tag if tag else ''})",
             sound,
             epsilon_text(r.epsilon_paper, False),
         ]
