@@ -157,7 +157,7 @@ ALLOWED_IMPORTS = {
     "evaluate": {"config", "data", "devices", "fileio", "models", "ot", "privacy"},
     "report": {"config", "data", "fileio", "privacy"},
     "bench": {"config", "data", "devices", "models", "ot", "privacy", "train"},
-    "plan": {"bench", "config", "devices", "privacy", "train"},
+    "plan": {"bench", "config", "data", "devices", "privacy", "train"},
     "api": {"config", "data", "devices", "evaluate", "publish", "train"},  # data: dataset names
     # redraws, recomputes, reads the training record (privacy.trainings)
     "publish": {"config", "devices", "evaluate", "fileio", "privacy", "report"},

@@ -164,6 +164,31 @@ def test_generated_blocks_are_rendered_from_their_sources(page):
         )
 
 
+@pytest.mark.parametrize("page", ALL_PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_quoted_numbers_are_rendered_from_their_sources(page):
+    """Every number a sentence quotes (σ, steps, ε, cells, scores, measured errors) is an
+    inline block ``<!-- n: ... -->`` equal to what ``report.docblocks.value`` computes."""
+    for args, printed in docblocks.INLINE.findall(page.read_text()):
+        expected = docblocks.value(args, ROOT)
+        assert printed == expected, (
+            f"{page.relative_to(ROOT)}: <!-- n: {args} --> prints {printed}, computed "
+            f"{expected} (python -m dpsinkhorn.report.docblocks {page.relative_to(ROOT)})"
+        )
+
+
+def test_every_kind_of_quoted_number_is_used_and_a_wrong_one_is_caught():
+    """Each quantity kind quotes at least one number somewhere in the docs, and rendering a
+    page puts back a number edited by hand."""
+    text = "\n".join(p.read_text() for p in ALL_PAGES)
+    used = {args.split()[0] for args, _ in docblocks.INLINE.findall(text)}
+    assert used == {q.split()[0] for q in docblocks.QUANTITIES}
+    sentence = "<!-- n: sigma config/config.yaml mnist_dpsinkhorn_eps10 3 -->0.999<!-- /n -->"
+    rendered = docblocks.render_page(sentence, ROOT)
+    assert "0.999" not in rendered and rendered.endswith("<!-- /n -->")
+    with pytest.raises(ValueError, match="unknown quoted number 'sigmas'"):
+        docblocks.value("sigmas config/config.yaml mnist_dpsinkhorn_eps10 3", ROOT)
+
+
 def test_readme_quotes_the_times_of_its_two_commands():
     (kind, sets, _), *_ = [b for b in docblocks.blocks(README) if b[0].startswith("timings")]
     assert kind == "timings totals" and "results-paper-scale/quick-cpu" in sets.split()

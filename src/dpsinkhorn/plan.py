@@ -26,11 +26,10 @@ from dpsinkhorn.config.experiments import (
 from dpsinkhorn.config.studies import study_experiments
 from dpsinkhorn.config.targets import group_experiments
 from dpsinkhorn.config.validate import load_config
+from dpsinkhorn.data.catalog import TRAIN_SIZES
 
 #: ``--rates`` without a file: the config's ``cluster.step_rates`` (what the workflow reads).
 FROM_CONFIG = "<cluster.step_rates>"
-#: Records in each dataset's training split (fixes q = B / N before any data exists).
-TRAIN_SIZES = {"mnist": 60000, "fmnist": 60000, "celeba": 162770}
 
 # ----------------------------------------------------------------- from timed steps
 

@@ -14,6 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+#: Records in each built-in dataset's training split (q = B / N is known before any data).
+TRAIN_SIZES = {"mnist": 60000, "fmnist": 60000, "celeba": 162770}
+
 
 @dataclass(frozen=True)
 class DatasetInfo:

@@ -52,6 +52,94 @@ def epsilon_table(config_path: Path, records: int, names: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+#: one number inside a sentence: ``<!-- n: QUANTITY ARGS... -->text<!-- /n -->``
+INLINE = re.compile(r"<!-- n: ([^>]*?) -->(.*?)<!-- /n -->")
+QUANTITIES = (
+    "generators CONFIG",
+    "sigma CONFIG EXP DIGITS",
+    "steps CONFIG EXP",
+    "setting CONFIG EXP KEY",
+    "epsilon CONFIG EXP DIGITS [rdp|pld|paper]",
+    "cells CONFIG STUDY",
+    "new-generators CONFIG STUDY",
+    "privacy Q DELTA B STEPS EPSILON ACCOUNTANT DIGITS",
+    "score SET EXP fid|logreg|mlp|cnn",
+    "json FILE KEY.PATH FORMAT",
+)
+
+
+def _short_exponent(text: str) -> str:
+    """``4.3e-04`` -> ``4.3e-4``, as the docs print exponents."""
+    return re.sub(r"e([+-])0(\d)", r"e\1\2", text)
+
+
+def value(args: str, root: Path) -> str:
+    """One quoted number (:data:`QUANTITIES`), computed by the function that produces it:
+    the config's σ, steps and ε (``privacy.budget``, ``privacy.accounting``; q = B / N of
+    the dataset's training split), a study's cells, a results set's score, a JSON field."""
+    from dpsinkhorn.config import experiment, load_config, trained_experiments
+    from dpsinkhorn.config.studies import study_cells, study_experiments
+    from dpsinkhorn.config.validate import read_yaml
+    from dpsinkhorn.data.catalog import TRAIN_SIZES
+    from dpsinkhorn.privacy.accounting import compute_epsilon, paper_convention_epsilon
+    from dpsinkhorn.privacy.budget import budget_of, privacy_report
+
+    what, *rest = args.split()
+    if what == "privacy":
+        q, delta, batch, steps, eps, accountant, digits = rest
+        report = privacy_report(
+            q=float(q),
+            delta=float(delta),
+            batch_size=int(batch),
+            steps=int(steps),
+            epsilon=float(eps),
+            accountant=accountant,
+        )
+        return f"{report['sigma']:.{digits}f}"
+    if what == "score":
+        from dpsinkhorn.config.targets import score_name
+        from dpsinkhorn.report.common import accuracy_percent, read_number
+
+        folder = root / rest[0] / rest[1]
+        if rest[2] == "fid":
+            return f"{read_number(folder / score_name('fid', 0), 'fid'):.1f}"
+        return f"{accuracy_percent(folder / score_name(f'acc_{rest[2]}', 0)):.1f}"
+    if what == "json":
+        import json
+
+        data = json.loads((root / rest[0]).read_text())
+        for key in rest[1].split("."):
+            data = data[key]
+        return _short_exponent(format(data, rest[2]))
+    config = load_config([root / rest[0]])
+    if what == "generators":
+        return str(len(trained_experiments(config)))
+    if what == "cells":
+        return str(len(study_cells(config, rest[1])))
+    if what == "new-generators":
+        declared = read_yaml(root / rest[0])["experiments"]
+        return str(len(set(study_experiments(config, rest[1])) - set(declared)))
+    spec = experiment(config, rest[1])
+    num_records = TRAIN_SIZES[spec["dataset"]]
+    sigma, steps = budget_of(spec, num_records)
+    if what == "sigma":
+        return f"{sigma:.{rest[2]}f}"
+    if what == "steps":
+        return f"{steps:,}"
+    if what == "setting":
+        setting = spec[rest[2]]
+        return f"{setting:,}" if isinstance(setting, int) else _short_exponent(f"{setting:g}")
+    if what == "epsilon":
+        accountant = rest[3] if len(rest) > 3 else "rdp"
+        q = spec["batch_size"] / num_records
+        if accountant == "paper":
+            eps = paper_convention_epsilon(q, sigma, steps, spec["batch_size"], spec["delta"])
+        else:
+            eps = compute_epsilon(sigma, q, steps, spec["delta"], accountant)
+        return f"{eps:.{rest[2]}f}"
+    raise ValueError(f"unknown quoted number {what!r}; known: {'; '.join(QUANTITIES)}")
+
+
 def render(kind: str, args: str, root: Path) -> str:
     """The body of one block; a one-line error names an unknown kind."""
     paths = [root / a for a in args.split()]
@@ -77,7 +165,10 @@ def blocks(text: str) -> list[tuple[str, str, str]]:
 
 
 def render_page(text: str, root: Path) -> str:
-    """``text`` with every block's body rendered again."""
+    """``text`` with every block's body and every quoted number rendered again."""
+    text = INLINE.sub(
+        lambda m: f"<!-- n: {m.group(1)} -->{value(m.group(1), root)}<!-- /n -->", text
+    )
     return BLOCK.sub(
         lambda m: (
             f"<!-- {m.group(1)}: {m.group(2)} -->\n"
