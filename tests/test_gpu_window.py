@@ -357,3 +357,28 @@ def test_a_device_call_reports_device_commit_and_outcome_even_when_nothing_runs(
     )
     assert "fid_precision" not in call["stages"]  # needs the weights
     assert (out / "state.tgz").is_file() and list(out.glob("set.tgz.part*"))
+
+
+def test_a_device_call_joins_the_weights_and_measures_the_fid_precisions(tmp_path):
+    """call.sh's FID precision stage on the CPU at a tiny size: the weights come in parts
+    (a call's transfer limit), joined and checked; the JSON names each row's errors."""
+    weights = require_shared(shared_path("DPSINKHORN_FID_WEIGHTS"), "the Inception weights")
+    data = require_shared(shared_path("DPSINKHORN_DATA_MIRROR"), "the MNIST mirror")
+    inputs, out = tmp_path / "inputs", tmp_path / "out"
+    inputs.mkdir()
+    (inputs / "data").symlink_to(data)
+    payload = weights.read_bytes()
+    for k, start in enumerate(range(0, len(payload), 40 * 2**20)):
+        (inputs / f"inception.part{k}").write_bytes(payload[start : start + 40 * 2**20])
+    env = {**os.environ, "OUT": str(out), "INPUTS": str(inputs), "STAGES": "fid_precision"}
+    env |= {"FID_ARGS": "--num 4 --num-test 4 --device cpu", "COMMIT": "c"}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
+    subprocess.run(["bash", "benchmarks/gpu/call.sh"], cwd=REPO, env=env, check=True)
+    call = json.loads((out / "call.json").read_text())
+    assert call["stages"]["setup"]["weights"] == "joined" and "window" not in call["stages"]
+    assert call["stages"]["fid_precision"]["rc"] == "0"
+    rows = json.loads((out / "fid_precision.json").read_text())["rows"]
+    assert set(rows) == {"real_mnist", "results-paper-scale/dpmerf-cpu/mnist_dpmerf/generator.pt"}
+    for row in rows.values():
+        assert row["tf32"]["absolute_error"] == 0  # the same arithmetic off CUDA
+        assert 0 < row["fp16"]["relative_error"] < 1e-2
