@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 from helpers import REPO, require_shared, shared_path
 
 from dpsinkhorn import config as cfg
@@ -382,3 +383,29 @@ def test_a_device_call_joins_the_weights_and_measures_the_fid_precisions(tmp_pat
     for row in rows.values():
         assert row["tf32"]["absolute_error"] == 0  # the same arithmetic off CUDA
         assert 0 < row["fp16"]["relative_error"] < 1e-2
+
+
+def test_an_imported_generator_is_evaluated_not_retrained(tmp_path, capsys):
+    """A real call on the CPU (the smoke config's evaluation sizes): the committed DP-MERF
+    generator is imported, its data prepared alone first (in the same Snakemake call the
+    rebuilt data would rerun its training), then only evaluated: the generator and ledger in
+    the working folder are still the committed files."""
+    data = require_shared(shared_path("DPSINKHORN_DATA_MIRROR"), "the MNIST mirror")
+    weights = require_shared(shared_path("DPSINKHORN_FID_WEIGHTS"), "the Inception weights")
+    source = REPO / "results-paper-scale/dpmerf-cpu/mnist_dpmerf"
+    smoke = yaml.safe_load((REPO / "config/smoke.yaml").read_text())
+    smoke["experiments"]["mnist_dpmerf"] = {"dataset": "mnist", "method": "dpmerf"}
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(smoke))
+    text = "configfile: c.yaml\nexperiments: [mnist_dpmerf]\n"
+    path = _window_file(tmp_path, f"{text}imports: {{mnist_dpmerf: {source}}}\n")
+    out, work = tmp_path / "out", tmp_path / "w"
+    argv = ["--window", str(path), "--archive-out", str(out / "state.tgz"), "--minutes", "30"]
+    argv += ["--workdir", str(work), "--config", f"data_mirror={data}", f"fid_weights={weights}"]
+    assert window.main(argv) == 0, (out / "window.log").read_text()[-3000:]
+    assert "mnist_dpmerf: done" in capsys.readouterr().out
+    config = cfg.load_config([tmp_path / "c.yaml"])
+    home = cfg.experiment_dir(config, work / "results/smoke", "mnist_dpmerf")
+    for name in ("generator.pt", "privacy.json", "train_log.csv"):
+        assert (home / name).read_bytes() == (source / name).read_bytes()
+    assert "rule train:" not in (out / "window.log").read_text()
+    assert window.finished(config, work, "mnist_dpmerf")
