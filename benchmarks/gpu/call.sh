@@ -17,7 +17,7 @@
 #                      when their sha256 is the shared file's, else the call only trains
 #   state.tgz*, set.tgz.part*  what the last call returned (its archive; the results set)
 # Returns in $OUT: call.json, window.log, state.tgz[.partNNN] (private: keep, never publish),
-# set.tgz.partNN (the results set, tar.gz split at 15 MiB: commit it), fid_precision.json.
+# set.tgz.partaa... (the results set, tar.gz split at 15 MiB: commit it), fid_precision.json.
 set -uo pipefail
 OUT=${OUT:-results/gpu-call}
 MINUTES=${MINUTES:-9}
