@@ -313,14 +313,15 @@ def test_an_experiment_never_takes_a_folder_of_the_run(tmp_path, capsys, name):
 
 
 def test_fid_precision_is_checked(tmp_path):
-    """Only fp32 and tf32 are offered; the removed ``evaluation.fast`` key is refused."""
+    """Only fp32, tf32 and fp16 are offered; the removed ``evaluation.fast`` key is refused."""
     experiments = "experiments:\n  e: {dataset: mnist}\n"
     path = write(tmp_path, "evaluation: {fid_precision: bf16}\n" + experiments)
     message = error_of(path)
-    assert "evaluation.fid_precision: bad value 'bf16': must be one of fp32, tf32" in message
+    assert "evaluation.fid_precision: bad value 'bf16': must be one of fp32, tf32, fp16" in message
     assert "fast" in error_of(write(tmp_path, "evaluation: {fast: true}\n" + experiments))
-    tf32 = write(tmp_path, "evaluation: {fid_precision: tf32}\n" + experiments)
-    assert cfg.load_config(tf32)["evaluation"]["fid_precision"] == "tf32"
+    for precision in ("tf32", "fp16"):
+        path = write(tmp_path, f"evaluation: {{fid_precision: {precision}}}\n" + experiments)
+        assert cfg.load_config(path)["evaluation"]["fid_precision"] == precision
 
 
 def test_real_data_needs_no_sigma_or_steps(tmp_path):

@@ -383,3 +383,13 @@ def test_a_phase_of_other_samples_is_computed_again(files, tmp_path, monkeypatch
     record = _json(tmp_path / "fid_seed0.json")
     assert record["a_sha256"] == fileio.sha256_of(tmp_path / "samples_seed0.npz")
     assert record["fid"] != first["fid"] and trained == ["logreg"]
+
+
+def test_the_spec_takes_every_fid_precision_and_names_an_unknown_one(tmp_path):
+    """``fid_precision``: fp32, tf32, bf16 and fp16 (:data:`inception.FID_PRECISIONS`)."""
+    kw = {"seeds": [0], "num": 4, "test": "t.npz", "reference": "r.npz", "real_data": "d.npz"}
+    kw |= {"samples_dir": tmp_path, "scores_dir": tmp_path}
+    for precision in ("fp32", "tf32", "bf16", "fp16"):
+        assert job.EvaluationSpec(**kw, fid_precision=precision).fid_precision == precision
+    with pytest.raises(ValueError, match="unknown FID precision 'fp8'"):
+        job.EvaluationSpec(**kw, fid_precision="fp8")

@@ -10,13 +10,17 @@ import importlib.util
 import json
 import os
 import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
-from helpers import REPO
+import yaml
+from helpers import REPO, require_shared, shared_path
 
 from dpsinkhorn import config as cfg
+from dpsinkhorn import fileio
 
 spec = importlib.util.spec_from_file_location("gpu_window", REPO / "benchmarks/gpu/window.py")
 window = importlib.util.module_from_spec(spec)
@@ -59,9 +63,33 @@ def test_window_file_errors_name_the_key(tmp_path, capsys, text, said):
 def test_paper_window_file_loads_in_order():
     loaded = window.load_window(REPO / "benchmarks/gpu/window.yaml")
     assert loaded["config_path"] == PAPER.resolve()
-    assert loaded["experiments"][0] == "real_mnist" and len(set(loaded["experiments"])) == len(
-        loaded["experiments"]
-    )
+    exps = loaded["experiments"]
+    assert exps[:3] == ["mnist_dpsinkhorn_eps10", "real_mnist", "fmnist_dpmerf"]
+    assert len(set(exps)) == len(exps) and set(loaded["start_unmeasured"]) <= set(exps)
+    assert set(loaded["imports"]) == {"fmnist_dpmerf"}
+
+
+def test_an_import_is_copied_only_when_its_ledger_hashes_match(tmp_path):
+    """The committed DP-MERF generator, log and ledger are copied byte for byte; a copy
+    whose generator differs from its ledger's content_sha256 is refused."""
+    source = REPO / "results-paper-scale/dpmerf-cpu/fmnist_dpmerf"
+    text = f"configfile: {PAPER}\nexperiments: [fmnist_dpmerf]\nimports:\n"
+    loaded = window.load_window(_window_file(tmp_path, f"{text}  fmnist_dpmerf: {source}\n"))
+    config = cfg.load_config([PAPER])
+    window.import_runs(loaded, config, tmp_path / "w")
+    dest = cfg.experiment_dir(config, tmp_path / "w/results/paper", "fmnist_dpmerf")
+    for name in ("generator.pt", "train_log.csv", "privacy.json"):
+        assert (dest / name).read_bytes() == (source / name).read_bytes()
+    assert window.trained(config, tmp_path / "w", "fmnist_dpmerf")
+    shutil.copytree(source, tampered := tmp_path / "tampered")
+    (tampered / "generator.pt").write_bytes((source / "generator.pt").read_bytes() + b"x")
+    loaded = window.load_window(_window_file(tmp_path, f"{text}  fmnist_dpmerf: {tampered}\n"))
+    with pytest.raises(ValueError, match="generator.pt: sha256 is not its ledger's content"):
+        window.import_runs(loaded, config, tmp_path / "w2")
+    assert not (tmp_path / "w2").exists()
+    bad = f"{text}  fmnist_dpmerf: {tmp_path}\n"
+    with pytest.raises(ValueError, match="imports: fmnist_dpmerf: .* holds no privacy.json"):
+        window.load_window(_window_file(tmp_path, bad))
 
 
 @pytest.mark.parametrize("flag", ["--minutes", "--archive-cap-mib", "--part-mib"])
@@ -88,6 +116,9 @@ def test_a_training_starts_only_when_it_fits_at_its_measured_rate(tmp_path):
     # B = 500: no measured rate for its step shape, never guessed; --start-long starts it
     assert "no measured step rate" in refuse("mnist_nonprivate", 1e9)
     assert refuse("mnist_nonprivate", 0, long=True) is None
+    # named by the window file's start_unmeasured: it starts, however little time is left
+    exp = "mnist_nonprivate"
+    assert window.training_refusal(config, rates, tmp_path, exp, 1, False, True) is None
     # started in an earlier call (its private workspace is here): it resumes, whatever is left
     workspace = cfg.experiment_dir(config, tmp_path / "results/paper", "mnist_dpsinkhorn")
     (workspace / "private_workspace").mkdir(parents=True)
@@ -268,3 +299,113 @@ def test_a_failed_experiment_is_recorded_and_comes_last_in_the_next_call(tmp_pat
         "real_mnist",
         "mnist_dpsinkhorn",
     ]
+
+
+def test_a_dp_experiment_trained_in_a_call_is_released_into_the_results_set(tmp_path, capsys):
+    """A real call: the smoke config's mnist_dpsinkhorn with a secret noise key, trained and
+    evaluated on the CPU, exported with its release: the generator the ledger proves, the
+    ledger, log, scores and the manifest (whose samples, left behind, it names by hash)."""
+    data = require_shared(shared_path("DPSINKHORN_DATA_MIRROR"), "the MNIST mirror")
+    weights = require_shared(shared_path("DPSINKHORN_FID_WEIGHTS"), "the Inception weights")
+    smoke = (REPO / "config/smoke.yaml").read_text()
+    (tmp_path / "c.yaml").write_text(smoke.replace("reproducible: true", "reproducible: false"))
+    path = _window_file(tmp_path, "configfile: c.yaml\nexperiments: [mnist_dpsinkhorn]\n")
+    out, work = tmp_path / "out", tmp_path / "w"
+    argv = ["--window", str(path), "--archive-out", str(out / "state.tgz"), "--start-long"]
+    argv += ["--minutes", "30", "--workdir", str(work), "--results-set", str(out / "set")]
+    argv += ["--config", f"data_mirror={data}", f"fid_weights={weights}"]
+    assert window.main(argv) == 0, (out / "window.log").read_text()[-3000:]
+    assert "mnist_dpsinkhorn: done" in capsys.readouterr().out
+    provenance = json.loads((out / "set/provenance.json").read_text())
+    assert provenance["experiments"]["mnist_dpsinkhorn"]["release"] == "released"
+    release = out / "set/mnist_dpsinkhorn/release"
+    manifest = json.loads((release / "release_manifest.json").read_text())
+    kinds = {f["kind"] for f in manifest["files"]}
+    assert kinds == {"ledger", "generator", "train_log", "samples", "scores"}
+    config = cfg.load_config([tmp_path / "c.yaml"])
+    trained = cfg.experiment_dir(config, work / "results/smoke", "mnist_dpsinkhorn")
+    for entry in manifest["files"]:
+        file = release / entry["path"]
+        if entry["kind"] == "samples":
+            assert not file.exists()
+        else:
+            assert file.read_bytes() == (trained / Path(entry["path"]).name).read_bytes()
+            assert fileio.sha256_of(file) == entry["sha256"]
+    (ledger,) = [e["path"] for e in manifest["files"] if e["kind"] == "ledger"]
+    assert "a secret noise key" in json.loads((release / ledger).read_text())["guarantee"]
+
+
+def test_a_device_call_reports_device_commit_and_outcome_even_when_nothing_runs(tmp_path):
+    """benchmarks/gpu/call.sh with no weights, data or GPU: the window trains only, here
+    nothing (past its deadline at once), and call.json still says device, commit, what the
+    window did; the archive and the results set come back."""
+    out = tmp_path / "out"
+    env = {
+        **os.environ,
+        "OUT": str(out),
+        "MINUTES": "0.5",
+        "COMMIT": "abc1234",
+        "SETS": str(tmp_path),
+    }
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
+    subprocess.run(["bash", "benchmarks/gpu/call.sh"], cwd=REPO, env=env, check=True)
+    call = json.loads((out / "call.json").read_text())
+    assert call["commit"] == "abc1234" and call["device"]
+    assert call["stages"]["setup"]["weights"].endswith("--train-only")
+    assert (
+        call["stages"]["window"]["rc"] == "0"
+        and "call 1: deadline" in call["stages"]["window"]["summary"]
+    )
+    assert "fid_precision" not in call["stages"]  # needs the weights
+    assert (out / "state.tgz").is_file() and list(out.glob("set.tgz.part*"))
+
+
+def test_a_device_call_joins_the_weights_and_measures_the_fid_precisions(tmp_path):
+    """call.sh's FID precision stage on the CPU at a tiny size: the weights come in parts
+    (a call's transfer limit), joined and checked; the JSON names each row's errors."""
+    weights = require_shared(shared_path("DPSINKHORN_FID_WEIGHTS"), "the Inception weights")
+    data = require_shared(shared_path("DPSINKHORN_DATA_MIRROR"), "the MNIST mirror")
+    inputs, out = tmp_path / "inputs", tmp_path / "out"
+    inputs.mkdir()
+    (inputs / "data").symlink_to(data)
+    payload = weights.read_bytes()
+    for k, start in enumerate(range(0, len(payload), 40 * 2**20)):
+        (inputs / f"inception.part{k}").write_bytes(payload[start : start + 40 * 2**20])
+    env = {**os.environ, "OUT": str(out), "INPUTS": str(inputs), "STAGES": "fid_precision"}
+    env |= {"FID_ARGS": "--num 4 --num-test 4 --device cpu", "COMMIT": "c"}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
+    subprocess.run(["bash", "benchmarks/gpu/call.sh"], cwd=REPO, env=env, check=True)
+    call = json.loads((out / "call.json").read_text())
+    assert call["stages"]["setup"]["weights"] == "joined" and "window" not in call["stages"]
+    assert call["stages"]["fid_precision"]["rc"] == "0"
+    rows = json.loads((out / "fid_precision.json").read_text())["rows"]
+    assert set(rows) == {"real_mnist", "results-paper-scale/dpmerf-cpu/mnist_dpmerf/generator.pt"}
+    for row in rows.values():
+        assert row["tf32"]["absolute_error"] == 0  # the same arithmetic off CUDA
+        assert 0 < row["fp16"]["relative_error"] < 1e-2
+
+
+def test_an_imported_generator_is_evaluated_not_retrained(tmp_path, capsys):
+    """A real call on the CPU (the smoke config's evaluation sizes): the committed DP-MERF
+    generator is imported, its data prepared alone first (in the same Snakemake call the
+    rebuilt data would rerun its training), then only evaluated: the generator and ledger in
+    the working folder are still the committed files."""
+    data = require_shared(shared_path("DPSINKHORN_DATA_MIRROR"), "the MNIST mirror")
+    weights = require_shared(shared_path("DPSINKHORN_FID_WEIGHTS"), "the Inception weights")
+    source = REPO / "results-paper-scale/dpmerf-cpu/mnist_dpmerf"
+    smoke = yaml.safe_load((REPO / "config/smoke.yaml").read_text())
+    smoke["experiments"]["mnist_dpmerf"] = {"dataset": "mnist", "method": "dpmerf"}
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(smoke))
+    text = "configfile: c.yaml\nexperiments: [mnist_dpmerf]\n"
+    path = _window_file(tmp_path, f"{text}imports: {{mnist_dpmerf: {source}}}\n")
+    out, work = tmp_path / "out", tmp_path / "w"
+    argv = ["--window", str(path), "--archive-out", str(out / "state.tgz"), "--minutes", "30"]
+    argv += ["--workdir", str(work), "--config", f"data_mirror={data}", f"fid_weights={weights}"]
+    assert window.main(argv) == 0, (out / "window.log").read_text()[-3000:]
+    assert "mnist_dpmerf: done" in capsys.readouterr().out
+    config = cfg.load_config([tmp_path / "c.yaml"])
+    home = cfg.experiment_dir(config, work / "results/smoke", "mnist_dpmerf")
+    for name in ("generator.pt", "privacy.json", "train_log.csv"):
+        assert (home / name).read_bytes() == (source / name).read_bytes()
+    assert "rule train:" not in (out / "window.log").read_text()
+    assert window.finished(config, work, "mnist_dpmerf")

@@ -515,3 +515,17 @@ def test_sample_refuses_a_generator_whose_pickle_would_run_code(tmp_path, prepar
     # a real generator still samples
     _, labels = sample_generator(load_generator(real, torch.device("cpu")), 20, 0)
     assert labels.shape == (20,)
+
+
+def test_the_generators_optimiser_steps_every_parameter_in_one_fused_kernel(prepared_mnist):
+    """Adam and SGD are built ``fused`` on the CPU and CUDA (one kernel for all parameter
+    tensors, also in sweeps, whose runs are such trainers); the step count stays on the
+    host unless the step is a CUDA graph (``capturable``)."""
+    from dpsinkhorn.train.trainer import Trainer
+
+    images, labels = data.load_split(prepared_mnist, "mnist", "train")
+    for optimizer in ("adam", "sgd"):
+        spec = config_lib.make_experiment("p", sigma=1.5, steps=10, optimizer=optimizer)
+        trainer = Trainer(spec, images, labels, torch.device("cpu"))
+        assert trainer.optimizer.defaults["fused"] is True
+        assert trainer.optimizer.defaults.get("capturable", False) is False

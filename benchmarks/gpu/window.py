@@ -7,14 +7,20 @@
     tar czf $OUT/set.tgz -C /tmp/sets mnist-rows-h200  # a device returns few files
 
 Each call unpacks what the last call left (``results/``, Snakemake's metadata, the privacy
-training record, this tool's state) and runs the ordinary workflow (the repository's
-Snakefile and default profile) on the window file's ordered experiments: each one's
-training, then its evaluation. Only work that fits the time left starts: a training at the
-measured steps/s of its step shape (the config's ``cluster.step_rates`` or ``--rates``), an
-evaluation when sampling and its next unsaved phase fit at the seconds earlier calls logged.
+training record, this tool's state), copies the window file's ``imports`` (a committed run
+folder's generator, ledger and log, checked against the ledger's hashes) and runs the
+ordinary workflow (the repository's Snakefile and default profile) on the window file's
+ordered experiments: each one's training, then its evaluation. Only work that fits the time
+left starts: a training at the measured steps/s of its step shape (the config's
+``cluster.step_rates`` or ``--rates``; one with no measured rate only when the window file's
+``start_unmeasured`` names it), an evaluation when sampling and its next unsaved phase fit
+at the seconds earlier calls logged.
 At the deadline Snakemake gets SIGTERM (a training checkpoints), then SIGKILL. Then the
 working folder is packed into ``--archive-out`` (within ``--archive-cap-mib``, in files of
-at most ``--part-mib``) and the finished experiments are written as a results set.
+at most ``--part-mib``) and the finished experiments are written as a results set, each DP
+experiment trained here with its release (``publish.decision.release``: the proven
+generator, ledger, log, scores and manifest; the samples, which the manifest names by hash,
+stay behind).
 
 The archive holds private checkpoints and the training record (under the config's
 ``data_dir``, which must lie in the working folder): keep it, never publish it.
@@ -23,10 +29,12 @@ The archive holds private checkpoints and the training record (under the config'
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import fnmatch
 import importlib.util
 import io
+import json
 import os
 import re
 import shlex
@@ -47,6 +55,7 @@ from dpsinkhorn.config.cluster import load_rates, rates_file
 from dpsinkhorn.config.targets import evaluation_files, results_dir
 from dpsinkhorn.plan import plan_from_rates
 from dpsinkhorn.privacy.trainings import RECORD_DIR
+from dpsinkhorn.publish import decision
 from dpsinkhorn.report.resultset import render
 
 REPO = Path(__file__).resolve().parents[2]
@@ -57,6 +66,8 @@ EXCLUDE = ["data/*", "*/samples_seed*.npz", "*/fid_ref_*.npz", "bin/*"]
 EXCLUDE += [".snakemake/locks/*", ".snakemake/log/*", ".snakemake/auxiliary/*"]
 REBUILDABLE = ["inductor-cache/*"]  # left out over the cap: compiled kernels, never a result
 WINDOW_KEYS = {"configfile", "overrides", "experiments", "exclude", "signal_grace_s"}
+WINDOW_KEYS |= {"imports", "start_unmeasured"}
+IMPORTED = {"generator.pt": "content_sha256", "train_log.csv": "train_log_sha256"}
 SET_FILES = ("privacy.json", "train_log.csv", "fid_seed*.json", "acc_*_seed*.json")
 #: A phase's wall seconds as the evaluation job logs it (``[12:00:00] fid: 135.6 s``).
 PHASE_LINE = re.compile(r"^\[\d\d:\d\d:\d\d\] (sample|fid|classify_\w+): ([\d.]+) s$", re.M)
@@ -81,6 +92,8 @@ def load_window(path: Path) -> dict:
         "experiments": [str(e) for e in data["experiments"]],
         "exclude": list(data.get("exclude") or EXCLUDE),
         "signal_grace_s": float(data.get("signal_grace_s", 60)),
+        "imports": {str(e): REPO / str(f) for e, f in (data.get("imports") or {}).items()},
+        "start_unmeasured": [str(e) for e in data.get("start_unmeasured") or []],
     }
     for option in window["overrides"]:
         if option.split("=")[0] not in cfg.OVERRIDABLE or "=" not in option:
@@ -94,23 +107,43 @@ def load_window(path: Path) -> dict:
         )
     window["keep"] = [f"{data_dir.as_posix()}/{RECORD_DIR}/*"]  # packed whatever is excluded
     known = cfg.experiment_names(config)
-    for exp in window["experiments"]:
-        if exp not in known:
-            raise ValueError(f"{path}: experiments: {exp!r} is not in {window['configfile']}")
+    for key in ("experiments", "imports", "start_unmeasured"):
+        for exp in window[key]:
+            if exp not in known:
+                raise ValueError(f"{path}: {key}: {exp!r} is not in {window['configfile']}")
+    for exp, folder in window["imports"].items():
+        if not (folder / "privacy.json").is_file():
+            raise ValueError(f"{path}: imports: {exp}: {folder} holds no privacy.json")
     return window
 
 
-def training_refusal(config, rates, workdir: Path, exp: str, left_s: float, start_long: bool):
+def import_runs(window: dict, config, workdir: Path) -> None:
+    """Copy each import's generator.pt, train_log.csv and privacy.json into its experiment
+    folder (the ledger last), once; a file whose sha256 is not its ledger's is refused."""
+    for exp, source in window["imports"].items():
+        dest = cfg.experiment_dir(config, workdir / results_dir(config), exp)
+        if (dest / "privacy.json").is_file():
+            continue
+        files = {name: (source / name).read_bytes() for name in [*IMPORTED, "privacy.json"]}
+        for name, key in IMPORTED.items():
+            if fileio.sha256_of_bytes(files[name]) != json.loads(files["privacy.json"]).get(key):
+                raise ValueError(f"{source / name}: sha256 is not its ledger's {key}; not imported")
+        fileio.write_all([(dest / name, data) for name, data in files.items()])
+
+
+def training_refusal(
+    config, rates, workdir: Path, exp: str, left_s: float, start_long: bool, unmeasured=False
+):
     """Why ``exp``'s training does not start now (None: start it). It starts when its steps
     at the measured rate of its step shape fit ``left_s``, or it resumes (its private
-    workspace is here), or ``start_long``."""
+    workspace is here), or ``start_long``; with no measured rate only when ``unmeasured``."""
     folder = cfg.experiment_dir(config, workdir / results_dir(config), exp)
     if start_long or (folder / "private_workspace").is_dir():
         return None
     (job,) = plan_from_rates(config, rates, [exp])["jobs"]
-    if job["hours"] is None:
+    if job["hours"] is None and not unmeasured:
         return f"{exp}: no measured step rate for its step shape (--start-long starts it)"
-    if job["hours"] * 3600 > left_s:
+    if job["hours"] is not None and job["hours"] * 3600 > left_s:
         return f"{exp}: {job['hours'] * 60:.1f} min of training, {left_s / 60:.1f} min left"
     return None
 
@@ -210,19 +243,32 @@ def work(window: dict, workdir: Path, deadline: float, args, state: dict) -> str
         training = not trained(config, workdir, exp)
         if training:
             left_s = deadline - time.monotonic() + args.later_minutes * 60
-            why = training_refusal(config, rates, workdir, exp, left_s, args.start_long)
+            unmeasured = exp in window["start_unmeasured"]
+            why = training_refusal(config, rates, workdir, exp, left_s, args.start_long, unmeasured)
             targets = [f"{cfg.experiment_dir(config, root, exp)}/privacy.json"]
         else:
             left_s = deadline - time.monotonic()
             why = evaluation_refusal(config, workdir, exp, left_s, measured)
+            why = why or (args.train_only and f"{exp}: evaluation (--train-only)")
             targets = evaluation_files(config, root, [exp])
         if why:
             record["outcome"] = f"not started: {why}"
             held.append(exp)
             continue
-        begin, cmd = time.monotonic(), snakemake(window, workdir, targets, args)
-        log = args.archive_out.parent / "window.log"  # Snakemake's output, beside the archive
-        outcome = run_until(cmd, deadline, window["signal_grace_s"], log, workdir)
+        begin, log = time.monotonic(), args.archive_out.parent / "window.log"  # beside it
+        folder = cfg.prepared_folder_of(config, cfg.dataset_of(config, exp))
+        data = [f"{config['data_dir']}/{folder}/{split}.npz" for split in ("train", "test")]
+        calls = [targets]  # the data alone first: rebuilt in one call, it reruns a training
+        calls[:0] = [] if args.dry_run or all((workdir / f).is_file() for f in data) else [data]
+        for files in calls:
+            if files is targets and exp in window["imports"]:  # no Snakemake metadata: by
+                home = cfg.experiment_dir(config, workdir / root, exp)  # mtime newer than data
+                for name in (*IMPORTED, "privacy.json"):
+                    os.utime(home / name)
+            cmd = snakemake(window, workdir, files, args)
+            outcome = run_until(cmd, deadline, window["signal_grace_s"], log, workdir)
+            if outcome != "done":
+                break
         record["seconds"] += time.monotonic() - begin
         record["outcome"] = outcome
         if outcome == "deadline":
@@ -304,6 +350,8 @@ def export_set(window: dict, workdir: Path, set_dir: Path, state: dict) -> list[
             experiments[exp]["generator_sha256"] = fileio.sha256_of(home / "generator.pt")
         if (scores / "evaluate_phases.json").is_file():
             experiments[exp]["phases"] = fileio.read_json(scores / "evaluate_phases.json")
+        if cfg.is_private(config, exp) and exp not in window["imports"]:
+            experiments[exp]["release"] = publish(config, workdir, exp, set_dir / exp / "release")
     provenance = {
         "name": set_dir.name,
         "what": "outputs of benchmarks/gpu/window.py calls (scores, training ledgers and "
@@ -321,6 +369,32 @@ def export_set(window: dict, workdir: Path, set_dir: Path, state: dict) -> list[
     except ValueError as err:  # no Table 1 row yet: the set still holds its files
         print(f"results set {set_dir}: not rendered: {err}", file=sys.stderr)
         return [set_dir / "provenance.json"]
+
+
+def publish(config, workdir: Path, exp: str, out: Path) -> str:
+    """Release ``exp`` trained in ``workdir`` (``publish.decision.release`` of its folder,
+    samples redrawn on the GPU if there is one) and copy all but the samples to ``out``;
+    returns what happened, a refusal in its words (a public-seed ledger is refused)."""
+    if (out / decision.MANIFEST).is_file():
+        return "released"
+    with contextlib.chdir(workdir), tempfile.TemporaryDirectory(dir=workdir) as tmp:
+        run = results_dir(config)
+        rel = cfg.experiment_dir(config, run, exp).relative_to(run).as_posix()
+        folders = [f for f in decision.run_folders(config, run) if f.rel == rel]
+        try:
+            files = decision.release(run, Path(tmp) / "out", folders, device=device())
+        except (ValueError, FileNotFoundError) as err:
+            return f"not released: {err}"
+        for path in files:
+            if not fnmatch.fnmatch(path.name, "samples_seed*.npz"):
+                fileio.write_bytes(out / path.relative_to(Path(tmp) / "out"), path.read_bytes())
+    return "released"
+
+
+def device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def device_and_commit(args: argparse.Namespace) -> tuple[str, str]:
@@ -349,6 +423,7 @@ OPTIONS = [
     ("--workdir", {"type": Path, "help": "working folder (default: a temporary one)"}),
     ("--commit", {"help": "the checkout's commit (default: git rev-parse)"}),
     ("--device-name", {"help": "the device in words (default: torch's)"}),
+    ("--train-only", {"action": "store_true", "help": "start no evaluation (no FID weights)"}),
     ("--dry-run", {"action": "store_true", "help": "Snakemake -n: what would start"}),
     ("--config", {"nargs": "*", "default": [], "help": "more snakemake --config KEY=VALUE"}),
 ]
@@ -376,6 +451,7 @@ def main(argv: list[str] | None = None) -> int:
             folder.mkdir(parents=True, exist_ok=True)
         if args.archive_in:
             unpack(args.archive_in, workdir)
+        import_runs(window, cfg.load_config([window["config_path"]]), workdir)
         state = fileio.read_json(workdir / STATE) if (workdir / STATE).is_file() else {"calls": []}
         fileio.write_bytes(workdir / CONFIG_COPY, window["config_path"].read_bytes())
         os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(workdir / "inductor-cache"))

@@ -261,10 +261,13 @@ def load_inception(
 #: 9 GiB of activations in fp32), pytorch-fid's 50 on a CPU.
 DEFAULT_BATCH = {"cuda": 1000, "cpu": 50}
 #: Arithmetic of the Inception convolutions: fp32 (IEEE: cuDNN's TF32 off, on every device),
-#: tf32 (float32 tensors, cuDNN convolving in TF32; on a CPU the same as fp32), or autocast
-#: to bf16 / fp16. Features and statistics stay float32 / float64.
+#: tf32 (float32 tensors, cuDNN convolving in TF32; on a CPU the same as fp32), or bf16 /
+#: fp16 (the folded network's weights cast to that type once, the images cast per batch).
+#: Features and statistics stay float32 / float64.
 FID_PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
+HALF_TYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 _FOLDED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # network -> folded copy
+_CAST: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # folded -> {dtype: copy}
 
 
 def folded_network(model: pfi.InceptionV3) -> torch.nn.Module:
@@ -286,6 +289,21 @@ def folded_network(model: pfi.InceptionV3) -> torch.nn.Module:
     return _FOLDED[model]
 
 
+def cast_network(net: torch.nn.Module, precision: str) -> torch.nn.Module:
+    """``net`` (:func:`folded_network`) with its weights in ``precision``'s type: for bf16 /
+    fp16 a copy cast once and cached (autocast would cast every weight again per batch);
+    else ``net`` itself."""
+    import copy
+
+    dtype = HALF_TYPES.get(precision)
+    if dtype is None:
+        return net
+    copies = _CAST.setdefault(net, {})
+    if dtype not in copies:
+        copies[dtype] = copy.deepcopy(net).to(dtype)
+    return copies[dtype]
+
+
 def pool3_features(
     net: torch.nn.Module, batch: torch.Tensor, precision: str = "fp32"
 ) -> torch.Tensor:
@@ -293,18 +311,17 @@ def pool3_features(
     the network's device: scaled to [0,1], resized to 299x299 (bilinear, as pytorch-fid)
     before grayscale is repeated (the same values, a third of the work), mapped to [-1,1],
     channels-last, convolved in ``precision`` (:data:`FID_PRECISIONS`). ``net`` is
-    :func:`folded_network` of the FID network."""
+    :func:`folded_network` of the FID network, for bf16 / fp16 :func:`cast_network` of it."""
     if precision not in FID_PRECISIONS:
         raise ValueError(f"unknown FID precision {precision!r}; choose from {FID_PRECISIONS}")
     x = batch.permute(0, 3, 1, 2).float() / 255.0  # [B,C,H,W] in [0,1]
     x = torch.nn.functional.interpolate(x, size=(299, 299), mode="bilinear", align_corners=False)
     x = 2 * x - 1
     x = x.expand(-1, 3, -1, -1) if x.shape[1] == 1 else x
+    x = x.to(HALF_TYPES.get(precision, torch.float32))
     x = x.contiguous(memory_format=torch.channels_last)
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
-    with torch.autocast(x.device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
-        for block in net.blocks:
-            x = block(x)
+    for block in net.blocks:
+        x = block(x)
     return x[:, :, 0, 0].float()
 
 
@@ -318,7 +335,7 @@ def activations(
     uint8 images [N,H,W] or [N,H,W,C]; the images go to the device once, the features stay
     there (``fid.device_statistics`` reduces them). ``batch_size`` None: :data:`DEFAULT_BATCH`."""
     images = channels_last(images, "images")
-    net = folded_network(model)
+    net = cast_network(folded_network(model), precision)
     device = next(net.parameters()).device
     if batch_size is None:
         batch_size = DEFAULT_BATCH.get(device.type, DEFAULT_BATCH["cpu"])

@@ -416,7 +416,7 @@ def register_cli(subparsers: argparse._SubParsersAction) -> None:
         choices=FID_PRECISIONS,
         default="fp32",
         help="the Inception convolutions' arithmetic (fp32: IEEE; tf32: cuDNN TF32 on CUDA; "
-        "bf16/fp16: autocast)",
+        "bf16/fp16: the network cast to that type once)",
     )
     p.add_argument("--fid-batch-size", type=int, default=None, help="Inception batch")
     p.add_argument("--max-epochs", type=int, default=1000, help="mlp/cnn epoch cap")

@@ -1,0 +1,94 @@
+"""FID error of each faster Inception arithmetic against IEEE fp32, for several generators and
+the real-data row, as the workflow computes FID (samples of one seed against the real test
+set's fp32 statistics); writes one JSON, saved after every row, so a deadline keeps what
+was measured.
+
+    python benchmarks/fid_precision.py --weights pt_inception-2015-12-05-6726825d.pth \\
+        --data-mirror DIR --generators a/generator.pt b/generator.pt --out fid_precision.json
+
+Each row: FID in fp32 and, per precision, the FID, its absolute and relative error and the
+feature seconds. ``real_<dataset>``: ``--num`` records of the training split drawn as the
+real-data row's samples are (``evaluate.sample.sample_real``). Defaults: the paper's
+protocol (60,000 samples, seed 0, the whole test set).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from dpsinkhorn import fileio
+from dpsinkhorn.data.datasets import prepare
+from dpsinkhorn.devices import resolve_device
+from dpsinkhorn.evaluate import inception
+from dpsinkhorn.evaluate.fid import device_statistics, fid_from_stats
+from dpsinkhorn.evaluate.sample import load_generator, sample_generator, sample_real
+
+
+def features_statistics(images, net, device, precision: str, batch: int | None):
+    """(seconds, (mu, sigma)) of the pool3 features of uint8 ``images`` in ``precision``."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    begin = time.perf_counter()
+    stats = device_statistics(inception.activations(images, net, batch, precision))
+    return time.perf_counter() - begin, stats
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--weights", required=True, help="pytorch-fid's Inception weights file")
+    p.add_argument("--data-mirror", required=True, help="folder of <Dataset>/raw/*.gz")
+    p.add_argument("--dataset", default="mnist", help="the generators' dataset")
+    p.add_argument("--generators", nargs="*", default=[], help="generator.pt files")
+    p.add_argument("--precisions", nargs="+", default=["tf32", "fp16"])
+    p.add_argument("--num", type=int, default=60_000, help="samples per row")
+    p.add_argument("--num-test", type=int, default=None, help="test images (default: all)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--sqrtm", default="eigh", choices=["pytorch_fid", "eigh"])
+    p.add_argument("--fid-batch", type=int, default=None, help="Inception batch")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--out", required=True, help="the JSON written")
+    args = p.parse_args(argv)
+    unknown = set(args.precisions) - set(inception.FID_PRECISIONS)
+    if unknown or min(args.num, args.num_test or 2) < 2:
+        p.error(f"--precisions from {inception.FID_PRECISIONS}; --num, --num-test at least 2")
+
+    device = resolve_device(args.device)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    result = {"settings": vars(args), "device": f"{name} (torch {torch.__version__})", "rows": {}}
+    with tempfile.TemporaryDirectory() as root:
+        splits = prepare(args.dataset, Path(root), Path(args.data_mirror))
+        test = fileio.load_samples(splits["test"])[0][: args.num_test]
+        rows = {f"real_{args.dataset}": sample_real(splits["train"], args.num, args.seed)[0]}
+    net = inception.load_inception(args.weights, device)
+    seconds, (mu_r, sigma_r) = features_statistics(test, net, device, "fp32", args.fid_batch)
+    result["reference"] = {"images": len(test), "fp32_features_s": seconds}
+    for path in args.generators:
+        generator = load_generator(Path(path), device)
+        rows[path] = sample_generator(generator, args.num, args.seed)[0]
+    for row, images in rows.items():
+        seconds, stats = features_statistics(images, net, device, "fp32", args.fid_batch)
+        reference = fid_from_stats(*stats, mu_r, sigma_r, args.sqrtm)
+        out = result["rows"][row] = {"fp32": {"fid": reference, "features_s": seconds}}
+        for precision in args.precisions:
+            seconds, stats = features_statistics(images, net, device, precision, args.fid_batch)
+            value = fid_from_stats(*stats, mu_r, sigma_r, args.sqrtm)
+            out[precision] = {
+                "fid": value,
+                "absolute_error": abs(value - reference),
+                "relative_error": abs(value / reference - 1),
+                "features_s": seconds,
+            }
+        fileio.write_json(args.out, result)
+    fileio.write_json(args.out, result)
+    print(args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
