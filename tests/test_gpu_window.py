@@ -274,6 +274,35 @@ def test_calls_resume_from_the_archive_and_export_the_finished_cells(tmp_path, c
     }
 
 
+def test_the_record_store_travels_in_the_archive_unless_another_is_named(
+    tmp_path, monkeypatch, capsys
+):
+    """With no DPSINKHORN_RECORD_STORE the window's trainings record into ``record-store/``
+    of the working folder, and the archive keeps it even when the window file excludes its
+    files; a store named by the environment stays where it is."""
+    from dpsinkhorn.privacy.record_store import STORE_ENV
+
+    monkeypatch.delenv(STORE_ENV)
+    path = _window_file(tmp_path, SMOKE + "experiments: [real_mnist]\nexclude: ['*.npz']\n")
+    work, out = tmp_path / "w", tmp_path / "out"
+    for name in ("record-store/key", "record-store/trainings/t.npz", "results/x.npz"):
+        (work / name).parent.mkdir(parents=True, exist_ok=True)
+        (work / name).write_bytes(b"private")
+    argv = ["--window", str(path), "--archive-out", str(out / "state.tgz"), "--minutes", "0.5"]
+    assert window.main([*argv, "--reserve-minutes", "0.5", "--workdir", str(work)]) == 0
+    assert "call 1: deadline" in capsys.readouterr().out
+    assert os.environ[STORE_ENV] == str(work / window.STORE_FOLDER)
+    window.unpack(out / "state.tgz", last := tmp_path / "last")
+    assert (last / "record-store/trainings/t.npz").read_bytes() == b"private"
+    assert (last / "record-store/key").is_file() and not (last / "results/x.npz").exists()
+
+    monkeypatch.setenv(STORE_ENV, str(tmp_path / "elsewhere"))
+    (work / "record-store/trainings/t.npz").unlink()
+    assert window.main([*argv, "--reserve-minutes", "0.5", "--workdir", str(work)]) == 0
+    window.unpack(out / "state.tgz", again := tmp_path / "again")
+    assert not (again / "record-store/trainings").exists()
+
+
 def test_a_failed_experiment_is_recorded_and_comes_last_in_the_next_call(tmp_path, capsys):
     """Each experiment is its own Snakemake call: one that fails (here a config value the
     workflow refuses) is recorded and the next one starts; the call exits 1; in the next

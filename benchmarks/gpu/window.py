@@ -22,8 +22,11 @@ experiment trained here with its release (``publish.decision.release``: the prov
 generator, ledger, log, scores and manifest; the samples, which the manifest names by hash,
 stay behind).
 
-The archive holds private checkpoints and the training record (under the config's
-``data_dir``, which must lie in the working folder): keep it, never publish it.
+The archive holds private checkpoints, the training record (under the config's
+``data_dir``, which must lie in the working folder) and, unless ``DPSINKHORN_RECORD_STORE``
+names another, the record store of the window's trainings (``record-store/``; merge it
+into yours with ``dpsinkhorn records export --store`` and ``records merge``): keep it,
+never publish it.
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ from dpsinkhorn import fileio
 from dpsinkhorn.config.cluster import load_rates, rates_file
 from dpsinkhorn.config.targets import evaluation_files, results_dir
 from dpsinkhorn.plan import plan_from_rates
+from dpsinkhorn.privacy.record_store import STORE_ENV
 from dpsinkhorn.privacy.trainings import RECORD_DIR
 from dpsinkhorn.publish import decision
 from dpsinkhorn.report.resultset import render
@@ -61,6 +65,8 @@ from dpsinkhorn.report.resultset import render
 REPO = Path(__file__).resolve().parents[2]
 STATE = "window_state.json"
 CONFIG_COPY = "window/config.yaml"  # the config, by a path equal in every call
+#: The record store's folder in the working folder when the environment names none.
+STORE_FOLDER = "record-store"
 #: What every call rebuilds, so the archive leaves it out (the training record never).
 EXCLUDE = ["data/*", "*/samples_seed*.npz", "*/fid_ref_*.npz", "bin/*"]
 EXCLUDE += [".snakemake/locks/*", ".snakemake/log/*", ".snakemake/auxiliary/*"]
@@ -462,6 +468,9 @@ def main(argv: list[str] | None = None) -> int:
             (workdir / "bin/dpsinkhorn").chmod(0o755)
             os.environ["PATH"] = f"{workdir / 'bin'}{os.pathsep}{os.environ['PATH']}"
         os.environ["DPSINKHORN_COMMIT"] = commit  # evaluate_phases.json: who computed what
+        store = Path(os.environ.setdefault(STORE_ENV, str(workdir / STORE_FOLDER))).resolve()
+        if store.is_relative_to(workdir.resolve()):  # the store travels with the archive
+            window["keep"].append(f"{store.relative_to(workdir.resolve()).as_posix()}/*")
         deadline = start + (args.minutes - args.reserve_minutes) * 60
         outcome = work(window, workdir, deadline, args, state)
         ended = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
