@@ -124,11 +124,15 @@ def command(workdir: Path) -> list[str]:
     ]
 
 
-def env() -> dict:
+def env(workdir: Path) -> dict:
+    """The commands' environment; each working folder has a record store of its own beside
+    it (the same digits trained in another folder of this session would count as the same
+    person's records and change its privacy summary)."""
     return {
         **os.environ,
         "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
         "OMP_NUM_THREADS": "1",
+        "DPSINKHORN_RECORD_STORE": str(workdir.parent / f"{workdir.name}.record-store"),
     }
 
 
@@ -167,7 +171,7 @@ class Attempt:
         self.proc = subprocess.Popen(
             cmd or command(workdir),
             cwd=workdir,
-            env=env(),
+            env=env(workdir),
             stdout=self._log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -358,7 +362,11 @@ def killed_life(
                 if killed:  # Snakemake's lock is left: what a user does (docs/CLUSTER.md)
                     figure["unlocks"] += 1
                     subprocess.run(
-                        [*cmd, "--unlock"], cwd=workdir, env=env(), capture_output=True, check=True
+                        [*cmd, "--unlock"],
+                        cwd=workdir,
+                        env=env(workdir),
+                        capture_output=True,
+                        check=True,
                     )
                 continue
         code = attempt.close()
@@ -527,7 +535,7 @@ def check_consistent(workdir: Path, wf: Workflow, figure: dict) -> list[str]:
             "--accept-no-guarantee",
         ],
         cwd=workdir,
-        env=env(),
+        env=env(workdir),
         capture_output=True,
         text=True,
     )

@@ -166,7 +166,9 @@ def test_a_killed_release_leaves_no_folder_or_the_whole_one(reference, record_pr
     command = [str(BIN / "dpsinkhorn"), "release", "--config", CONFIG, "--accept-no-guarantee"]
     start = time.monotonic()
     with open(ref / "release.log", "w") as log:
-        done = subprocess.run([*command, "--out", "timed"], cwd=ref, env=killing.env(), stdout=log)
+        done = subprocess.run(
+            [*command, "--out", "timed"], cwd=ref, env=killing.env(ref), stdout=log
+        )
     assert done.returncode == 0
     release_s = time.monotonic() - start
     outcomes, stale = [], []
@@ -176,7 +178,7 @@ def test_a_killed_release_leaves_no_folder_or_the_whole_one(reference, record_pr
         proc = subprocess.Popen(
             [*command, "--out", out.name],
             cwd=ref,
-            env=killing.env(),
+            env=killing.env(ref),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             start_new_session=True,
@@ -194,7 +196,7 @@ def test_a_killed_release_leaves_no_folder_or_the_whole_one(reference, record_pr
             again = subprocess.run(
                 [*command, "--out", out.name],
                 cwd=ref,
-                env=killing.env(),
+                env=killing.env(ref),
                 capture_output=True,
                 text=True,
             )
