@@ -60,9 +60,6 @@ class TrainRequest:
         return self.chain_jobs - 1 + OTHER_RETRIES
 
 
-# ------------------------------------------------------------------------- step rates
-
-
 def rates_file(config: Mapping, bases: Sequence[PathLike] = ()) -> Path:
     """The step-rate file of ``cluster.step_rates``: a relative path is looked up in the
     working directory, then in each of ``bases`` (the workflow's folder); the first that
@@ -155,9 +152,6 @@ def matching_rate(rates: Sequence[dict], spec: Mapping, runs: int) -> tuple[floa
         rate = single[0]["steps_per_s"] / runs
         return rate, f"single-run rate / {runs}: {single[0]['source']}"
     return None, ""
-
-
-# ----------------------------------------------------------------- training requests
 
 
 def train_request(config: Mapping, members: Sequence[str], rates: Sequence[dict]) -> TrainRequest:
@@ -267,9 +261,6 @@ class Requests:
         """Resubmissions the job may have: its chain less one plus :data:`OTHER_RETRIES`
         (:data:`UNKNOWN_CHAIN_RETRIES` when the chain's length is unknown)."""
         return self(members).retries
-
-
-# ------------------------------------------------------------------------- evaluation
 
 
 def eval_runtime_minutes(config: Mapping, name: str) -> int:

@@ -58,9 +58,6 @@ def cli_or_config(cli_value: Any, cfg: Mapping[str, Any], key: str) -> Any:
     return cfg[key] if cli_value is None else cli_value
 
 
-# --------------------------------------------------------------------------- loading
-
-
 @functools.cache
 def load_schema() -> dict:
     """The JSON schema of a run configuration."""
@@ -110,9 +107,6 @@ def load_config(paths: Sequence[PathLike] | PathLike) -> dict:
     for path in files:
         merged = deep_merge(merged, read_yaml(path))
     return validate(merged, files)
-
-
-# ------------------------------------------------------------------------ validation
 
 
 def validate(config: Mapping, source: str | Sequence[PathLike] = "config") -> dict:
@@ -370,9 +364,6 @@ def check_overrides(config: Mapping, files: Sequence[PathLike]) -> None:
             f"{', '.join(changed)} must be changed in a config file "
             f"({', '.join(map(str, files))}): the steps read the files, not --config"
         )
-
-
-# ------------------------------------------------------------------- experiments in code
 
 
 def make_experiment(name: str = "custom", **settings: Any) -> dict:

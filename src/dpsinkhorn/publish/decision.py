@@ -125,9 +125,6 @@ def experiment_folder(record_dir: str | Path) -> list[Folder]:
     return [Folder(rel="", records=tuple(sorted(Path(record_dir).glob("*.jsonl"))))]
 
 
-# ------------------------------------------------------------------------ the decision
-
-
 def decide(
     run: str | Path,
     folders: Sequence[Folder],
@@ -306,9 +303,6 @@ def _decide_summary(run: Path, config: Mapping, ledgers: list[str]) -> Published
         path,
         fileio.sha256_of_bytes(data),
     )
-
-
-# ---------------------------------------------------------------- report and release
 
 
 def manifest(files: Sequence[Published], name: str | None) -> dict:

@@ -120,9 +120,6 @@ class Row:
     unconditional: bool = False  # our rows: no labels, so no classifier cells
 
 
-# ---------------------------------------------------------------------- reading
-
-
 def mean_std(values: Sequence[float]) -> tuple[float, float]:
     """Mean and sample std (ddof=1) over seeds; std 0 for a single seed."""
     arr = np.asarray(values, dtype=float)
@@ -230,9 +227,6 @@ def load_config_like(config: ConfigLike) -> tuple[dict, list[str]]:
         return learn_own_datasets(dict(config)), []
     files = [config] if isinstance(config, str | os.PathLike) else list(config)
     return report_config(files), [str(f) for f in files]
-
-
-# ------------------------------------------------------------------------- writing
 
 
 def format_g(value: float | None, missing: str = "–") -> str:
@@ -410,9 +404,6 @@ def write_tables(out_dir: Path, table: str, md: str, csv_text: str, tex: str) ->
         fileio.write_text(out_dir / TABLES_DIR / f"{table}.{suffix}", text)
         written.append(out_dir / TABLES_DIR / f"{table}.{suffix}")
     return written
-
-
-# --------------------------------------------------------------------------- notes
 
 
 def sound_epsilons(privacy: dict) -> dict[str, float]:

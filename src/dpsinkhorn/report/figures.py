@@ -43,8 +43,6 @@ from dpsinkhorn.report.grids import grid_classes, sample_grid
 from dpsinkhorn.report.paper import PAPER_CLAIM, PAPER_DP
 from dpsinkhorn.report.studies import CellResult, measure_study, require_study
 
-# ------------------------------------------------------------------ study figures
-
 
 def _figure(nrows: int, ncols: int, width: float = 4.2, height: float = 3.2):
     from matplotlib.figure import Figure  # Agg via Figure.savefig; no pyplot state

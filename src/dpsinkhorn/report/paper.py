@@ -12,9 +12,6 @@ from collections.abc import Mapping, Sequence
 from dpsinkhorn.data.catalog import DATASETS
 from dpsinkhorn.report.common import METRICS
 
-# ------------------------------------------------------------------------- Table 1
-
-
 #: Table 1 rows that run the paper's (σ, steps): both are compared with the paper's DP row.
 PAPER_SETTING_ROWS = ("paper", "perrow")
 
@@ -96,9 +93,6 @@ def table1_paper_values(dataset: str, kind: str, spec: dict) -> tuple:
 PAPER_CLAIM = dict(zip(METRICS, PAPER_DP["mnist"], strict=True))
 
 
-# ---------------------------------------------------------------- CelebA: Tables 3, 6
-
-
 #: The metrics of the paper's CelebA tables (it has no Log-Reg for CelebA).
 CELEBA_METRICS = ("fid", "acc_mlp", "acc_cnn")
 #: Tables 3 and 6: row key (config ``rows:``) -> (FID, MLP, CNN) in the paper.
@@ -136,9 +130,6 @@ CELEBA_REPORTED_NOTES = {
     ),
     "table6": (),
 }
-
-
-# --------------------------------------------------------------- Tables 2, 4, 5
 
 
 #: The final paper's Table 2 (MNIST, ε = 10): (perturbation, loss, debiasing) -> (FID, MLP, CNN).
