@@ -1,13 +1,6 @@
-"""What a cluster job asks for: wall time from measured step rates, retries, evaluation.
-
-A training job requests ``min(ceil(steps / steps_per_s / 60 * safety_factor +
-startup_minutes), max_job_minutes)`` minutes, with ``steps_per_s`` measured for the job's
-step shape and the rest from the config's ``cluster:`` section; without a rate (or with
-steps solved from ``target_epsilon`` at start) it asks for ``max_job_minutes`` and says why
-(:attr:`TrainRequest.note`). A longer training runs as a chain of jobs that checkpoint on
-SLURM's SIGTERM and resume (docs/CLUSTER.md). :func:`eval_runtime_minutes` is an
-evaluation job's request. Torch-free: the Snakefile imports it while it parses.
-"""
+"""What a cluster job asks for: wall time from measured step rates (else
+``max_job_minutes``), retries of a checkpointing job chain, evaluation time
+(docs/CLUSTER.md). Torch-free: the Snakefile imports it while it parses."""
 
 from __future__ import annotations
 
@@ -99,9 +92,7 @@ def load_rates(path: PathLike) -> list[dict]:
     return rates
 
 
-#: [H, W, C] of the built-in datasets' images. A training step's cost depends on the image
-#: shape and the batch size, never on the dataset's name: MNIST's rates hold for
-#: Fashion-MNIST, and for an own dataset of 28 x 28 grayscale images.
+#: [H, W, C] of the built-in datasets' images (a step's cost depends on shape, not name).
 BUILTIN_IMAGE_SHAPES = {"mnist": (28, 28, 1), "fmnist": (28, 28, 1), "celeba": (32, 32, 3)}
 
 

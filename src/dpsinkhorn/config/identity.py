@@ -1,9 +1,5 @@
-"""What identifies an experiment: the settings that define its generator, and the ones
-that decide whether two experiments can train together in one sweep.
-
-Torch-free and import-free within the package: config, studies, targets and sweep all
-build on it, so it sits below every one of them.
-"""
+"""What identifies an experiment: the settings that define its generator, and those that
+decide whether two experiments can train in one sweep. Imports nothing of the package."""
 
 from __future__ import annotations
 

@@ -1,22 +1,7 @@
-"""Studies: the paper's ablations and grids (Tables 2, 4, 5; Figures 4a, 4b, 4c, 5) as experiments.
-
-A config's ``studies:`` section describes each study by changes to existing experiments::
-
-    studies:
-      fig4a:
-        bases: [mnist_dpsinkhorn]             # start from these experiments
-        settings: {}                          # applied to every cell
-        vary: {lr: [1.0e-3, 1.0e-4], optimizer: [adam, sgd]}   # one cell per combination
-      table2:
-        bases: [mnist_dpsinkhorn]
-        cells:                                # or named cells, in table order
-          l2: {cost: l2, p: 0.0}
-          semi: {experiment: mnist_dpsinkhorn}   # a cell may simply be an experiment
-
-:func:`expand` adds every cell to ``experiments`` as ``<study>_<cell>`` before validation,
-so it trains and evaluates through the same rules as Table 1; a cell whose settings equal
-an existing experiment reuses it.
-"""
+"""Studies: the paper's ablations and grids (Tables 2, 4, 5; Figures 4a, 4b, 4c, 5) as
+experiments. A ``studies:`` entry names ``bases``, common ``settings`` and either ``vary``
+(one cell per combination) or named ``cells``; :func:`expand` adds each cell to
+``experiments`` as ``<study>_<cell>`` (reusing an experiment of equal settings)."""
 
 from __future__ import annotations
 
