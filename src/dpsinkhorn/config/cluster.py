@@ -121,13 +121,8 @@ def step_shape_key(entry: Mapping) -> tuple | None:
 
 
 def matching_rate(rates: Sequence[dict], spec: Mapping, runs: int) -> tuple[float | None, str]:
-    """(steps/s of a job of ``runs`` runs of this shape, where it came from) or (None, "").
-
-    A shape is the step's image shape, batch size and generator (:func:`step_shape_key`),
-    whatever the dataset's name. A single run takes a ``runs: 1`` rate. A sweep of k runs takes
-    the rate of the smallest measured sweep of K >= k runs (a sweep step of fewer runs
-    does no more work), else the single-run rate / k (k runs one after another).
-    """
+    """(steps/s of a job of ``runs`` runs of this shape, its source) or (None, ""). A sweep
+    of k runs takes the smallest measured sweep of K >= k runs, else the single rate / k."""
     key = step_shape_key(spec)
     same = [r for r in rates if key is not None and step_shape_key(r) == key]
     single = [r for r in same if int(r["runs"]) == 1]
@@ -202,12 +197,8 @@ def cluster_errors(config: Mapping) -> list[tuple[list, str]]:
 
 
 class Requests:
-    """Training requests of one config, the rate file read once (for the rules and plan).
-
-    ``warn`` (called when a request is first made) says whether to print, once per
-    reason, a line on stderr for jobs that ask for the cap without an estimate: the
-    workflow passes "the Snakemake that submits cluster jobs".
-    """
+    """Training requests of one config, the rate file read once. ``warn()``: whether to say
+    on stderr (once per reason) that jobs ask for the cap without an estimate."""
 
     def __init__(
         self,

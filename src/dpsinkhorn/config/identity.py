@@ -20,15 +20,9 @@ def deep_merge(base: Mapping, override: Mapping) -> dict:
 
 
 #: Experiment keys that do not change what training computes (bookkeeping only).
-NON_SEMANTIC_KEYS = (
-    "checkpoint_every",
-    "log_every",
-    "table1_row",
-    "rows",
-    "name",
-    "keep_private_workspace",
-    "log_private_loss",
-    "prepared_folder",
+NON_SEMANTIC_KEYS = tuple(
+    "checkpoint_every log_every table1_row rows name keep_private_workspace log_private_loss "
+    "prepared_folder".split()
 )
 
 #: Settings left out of :func:`experiment_spec_of` at these values, so an experiment that
@@ -60,18 +54,9 @@ def experiment_spec_of(spec: Mapping) -> str:
 
 #: Settings every run of one sweep must share: they fix the data, the generator's shapes,
 #: the real batch's shape and the Sinkhorn problem (ε, schedule, cost family).
-SWEEP_SHARED_KEYS = (
-    "dataset",
-    "generator",
-    "latent_dim",
-    "embed_dim",
-    "channels",
-    "batch_size",
-    "alpha_c",
-    "conditional",
-    "entropy_reg",
-    "sinkhorn_scaling",
-    "cost",
+SWEEP_SHARED_KEYS = tuple(
+    "dataset generator latent_dim embed_dim channels batch_size alpha_c conditional "
+    "entropy_reg sinkhorn_scaling cost".split()
 )
 
 

@@ -44,21 +44,9 @@ CELEBA_TABLES = ("table3", "table6")
 #: Sample-grid figures -> samples per class (paper Figures 2 and 7).
 SAMPLE_FIGURES = {"fig2": 10, "fig7": 20}
 #: Every output name, in the paper's order.
-NAMES = (
-    "table1",
-    "table2",
-    "table3",
-    "table4",
-    "table5",
-    "table6",
-    "fig2",
-    "fig4a",
-    "fig4b",
-    "fig4c",
-    "fig5",
-    "fig7",
-    "eps10",
-    "reproduction",
+NAMES = tuple(
+    "table1 table2 table3 table4 table5 table6 fig2 fig4a fig4b fig4c fig5 fig7 eps10 "
+    "reproduction".split()
 )
 
 TITLES = {
