@@ -1,12 +1,8 @@
 """Figures: ``dpsinkhorn report {fig2,fig4a,fig4b,fig4c,fig5,fig7,eps10} --config FILES --out-dir``.
 
-``figures/<name>.{png,pdf,csv}`` (the csv holds the plotted numbers): fig4a (learning
-rate × optimiser), fig4b (sound ε × m), fig4c (gradient bias and variance against p, from
-each cell's ``gradstudy.json``), fig5 (p, one column per dataset), eps10 (the sound ε = 10
-study against the paper's claimed row; also its section of reproduction.md), and the
-sample grids fig2 (10 per class) and fig7 (20 per class) of each dataset's Table 1 DP
-experiment. Error bars are the std over seeds where there is more than one seed. Also the
-sample-grid helpers of Tables 1, 3 and 6. matplotlib is imported inside the functions.
+Each writes ``figures/<name>.{png,pdf,csv}`` (the csv: the plotted numbers; error bars: std
+over seeds). Also the sample-grid helpers of Tables 1, 3 and 6. matplotlib is imported
+inside the functions.
 """
 
 from __future__ import annotations
@@ -65,6 +61,10 @@ def _save_figure(fig, out_dir: Path, name: str) -> list[Path]:
 
 
 Value = Callable[[CellResult], tuple[float, float] | None]
+
+
+def _claim_line(ax, value: float, label: str) -> None:
+    ax.axvline(value, color="k", ls="--", lw=1, label=f"paper's claimed row: {label}")
 
 
 def _metric(metric: str, error: bool = False) -> Value:
@@ -126,18 +126,7 @@ def _figure_record(r: CellResult, **extra: object) -> dict:
 
 
 FIGURE_CSV_COLUMNS = (
-    "cell",
-    "experiment",
-    "base",
-    "series",
-    "dataset",
-    "lr",
-    "optimizer",
-    "p",
-    "m",
-    "sigma",
-    "steps",
-    "epsilon",
+    *"cell experiment base series dataset lr optimizer p m sigma steps epsilon".split(),
     "epsilon_paper_convention",
     *(c for m in METRICS for c in (m, f"{m}_std")),
 )
@@ -369,13 +358,7 @@ def _eps10(config: Mapping, out_dir: Path) -> list[Path]:
                 ms=4,
                 label=model,
             )
-    ax.axvline(
-        PAPER_CLAIM["acc_cnn"],
-        color="k",
-        ls="--",
-        lw=1,
-        label=f"paper's claimed row: CNN {PAPER_CLAIM['acc_cnn']:g}%",
-    )
+    _claim_line(ax, PAPER_CLAIM["acc_cnn"], f"CNN {PAPER_CLAIM['acc_cnn']:g}%")
     ax.set_xlabel("accuracy on the real test set (%) ↑")
     ax = axes[0, 1]
     fid = [(y, _metric("fid")(r)) for y, r in zip(ys, results, strict=True)]
@@ -389,13 +372,7 @@ def _eps10(config: Mapping, out_dir: Path) -> list[Path]:
             label="FID",
             xerr=[v[1] for _, v in fid] if seeds > 1 else None,
         )
-    ax.axvline(
-        PAPER_CLAIM["fid"],
-        color="k",
-        ls="--",
-        lw=1,
-        label=f"paper's claimed row: FID {PAPER_CLAIM['fid']:g}",
-    )
+    _claim_line(ax, PAPER_CLAIM["fid"], f"FID {PAPER_CLAIM['fid']:g}")
     ax.set_xlabel("FID ↓")
     for ax in axes[0]:
         ax.set_yticks(ys, [_eps10_label(r) for r in results], fontsize=7)

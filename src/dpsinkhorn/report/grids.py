@@ -62,11 +62,8 @@ def save_grid_figure(
     title: str,
     per_class: int = 10,
 ) -> None:
-    """PNG of sample sets stacked top to bottom, one row per class of each (atomic).
-
-    ``panels`` holds (images, labels, row-label prefix) per sample set, e.g. the DCGAN's
-    then the BigGAN's samples for the paper's Figure 6.
-    """
+    """PNG of sample sets stacked top to bottom, one row per class of each (atomic);
+    ``panels``: (images, labels, row-label prefix) per sample set."""
     from matplotlib.figure import Figure  # Agg via Figure.savefig; no pyplot state
 
     grids, names = [], []

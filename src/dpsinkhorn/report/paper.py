@@ -1,9 +1,5 @@
-"""Every number copied from the paper, in one place, and the helpers that look them up.
-
-Table 1 (real data, non-private and DP-Sinkhorn rows, reported baselines), Tables 3 and 6
-(CelebA), Tables 2, 4, 5 (ablation and hyper-parameter searches), and the ε the paper
-reports them at (under its own accounting convention). Accuracy in %, as printed.
-"""
+"""Every number copied from the paper (Tables 1-6, the ε it reports them at) and the
+helpers that look them up. Accuracy in %, as printed."""
 
 from __future__ import annotations
 

@@ -1,12 +1,6 @@
 """Study tables 2, 4, 5: ``dpsinkhorn report {table2,table4,table5} --config FILES --out-dir``.
-
-One row per cell of the study (:func:`dpsinkhorn.config.studies.study_cells`, in its
-order), mean ± std over the seeds as in Table 1 (:func:`dpsinkhorn.report.common.measured_row`),
-written to ``tables/<name>.{md,csv,tex}``. The paper's value is found by the cell's
-*settings*, never its label (:func:`dpsinkhorn.report.paper.paper_values`); a cell that
-matches no row of the paper shows no paper value. :func:`measure_study` measures the cells
-of any study (the figures use it too).
-"""
+One row per study cell, as Table 1's rows; the paper's value is found by the cell's
+settings, never its label. :func:`measure_study` also serves the figures."""
 
 from __future__ import annotations
 
@@ -169,23 +163,8 @@ def _settings_record(r: CellResult) -> dict:
 
 
 SETTINGS_COLUMNS = (
-    "cell",
-    "experiment",
-    "dataset",
-    "method",
-    "perturbation",
-    "cost",
-    "loss",
-    "debiasing",
-    "sigma",
-    "clip",
-    "p",
-    "m",
-    "lr",
-    "optimizer",
-    "steps",
-    "epsilon",
-    "epsilon_paper_convention",
+    *"cell experiment dataset method perturbation cost loss debiasing sigma clip".split(),
+    *"p m lr optimizer steps epsilon epsilon_paper_convention".split(),
 )
 
 

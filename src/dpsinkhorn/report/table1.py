@@ -1,15 +1,8 @@
 """Table 1: ``dpsinkhorn report table1 --config FILES --out-dir``.
 
-Table 1 of the paper, rebuilt from the per-seed result files of a run:
-
-* our rows (source ``this run``): Real data, Non-private Sinkhorn, DP-Sinkhorn (paper
-  setting) and DP-Sinkhorn (sound ε=10), and DP-MERF computed here (``method: dpmerf``,
-  its cells beside the paper's quoted DP-MERF numbers), for each dataset of the config;
-* the baselines as reported in the paper's final Table 1 (source ``reported in paper``).
-
-Units and cells as in :mod:`dpsinkhorn.report.common`. Writes
-``tables/table1.{md,csv,tex}`` and ``figures/samples_<dataset>.png`` (one row of samples
-per class) under ``--out-dir``.
+Our rows (``this run``: mean ± std over seeds, DP-MERF computed here) and the paper's
+baselines (``reported in paper``), per dataset. Writes ``tables/table1.{md,csv,tex}`` and
+``figures/samples_<dataset>.png``.
 """
 
 from __future__ import annotations
