@@ -281,14 +281,19 @@ def epsilon_text(value: float | None, reported: bool, latex: bool = False) -> st
     return f"{value:g}" if reported else f"{value:.2f}"
 
 
-def write_csv(path: Path, columns: Sequence[str], rows: Iterable[Mapping]) -> Path:
-    """Write records as CSV with these columns (atomic); return ``path``."""
+def csv_text(columns: Sequence[str], rows: Iterable[Mapping]) -> str:
+    """Records as CSV with these columns (cells: :func:`csv_value`; other keys left out)."""
     buffer = _io.StringIO()
     writer = csv.DictWriter(buffer, columns, lineterminator="\n", extrasaction="ignore")
     writer.writeheader()
     for row in rows:
         writer.writerow({k: csv_value(row.get(k)) for k in columns})
-    fileio.write_text(path, buffer.getvalue())
+    return buffer.getvalue()
+
+
+def write_csv(path: Path, columns: Sequence[str], rows: Iterable[Mapping]) -> Path:
+    """Write records as CSV with these columns (atomic); return ``path``."""
+    fileio.write_text(path, csv_text(columns, rows))
     return path
 
 

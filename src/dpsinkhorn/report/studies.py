@@ -4,8 +4,6 @@ settings, never its label. :func:`measure_study` also serves the figures."""
 
 from __future__ import annotations
 
-import csv
-import io as _io
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -26,7 +24,7 @@ from dpsinkhorn.report.common import (
     cell_text,
     check_exist,
     config_files_text,
-    csv_value,
+    csv_text,
     epsilon_text,
     format_g,
     guarantee_note,
@@ -176,18 +174,15 @@ def table_csv_columns(table: str) -> tuple[str, ...]:
 
 
 def _table_csv(table: str, results: Sequence[CellResult]) -> str:
-    buffer = _io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
-    columns = table_csv_columns(table)
-    writer.writerow(columns)
+    records = []
     for r in results:
         record = _settings_record(r)
         for metric in TABLE_METRICS[table]:
             record[metric] = r.row.mean.get(metric)
             record[f"{metric}_std"] = r.row.std.get(metric)
             record[f"paper_{metric}"] = r.row.paper.get(metric)
-        writer.writerow([csv_value(record.get(c)) for c in columns])
-    return buffer.getvalue()
+        records.append(record)
+    return csv_text(table_csv_columns(table), records)
 
 
 def _table_markdown(
