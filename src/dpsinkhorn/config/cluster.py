@@ -102,9 +102,7 @@ RATE_GENERATOR = ("dcgan", (256, 128, 64))
 
 def step_shape_key(entry: Mapping) -> tuple | None:
     """(image [H, W, C], batch size, generator, widths) of a rate entry or an experiment
-    spec: a rate's ``image_shape``, an own dataset's ``dataset_definition`` (image_size,
-    channels), else the built-in dataset's shape; the generator and its widths (a rate
-    entry without them: :data:`RATE_GENERATOR`); None when the image shape is unknown."""
+    spec (no generator: :data:`RATE_GENERATOR`); None when the image shape is unknown."""
     if "image_shape" in entry:
         shape = tuple(int(v) for v in entry["image_shape"])
     elif entry.get("dataset_definition"):

@@ -40,10 +40,8 @@ IMPLICIT_DEFAULTS = {
 
 
 def experiment_spec_of(spec: Mapping) -> str:
-    """Canonical JSON of a resolved experiment without its bookkeeping keys.
-
-    Keys of :data:`IMPLICIT_DEFAULTS` at their default value are left out too.
-    """
+    """Canonical JSON of a resolved experiment without its bookkeeping keys and without
+    :data:`IMPLICIT_DEFAULTS` keys at their default."""
     kept = {
         k: v
         for k, v in spec.items()

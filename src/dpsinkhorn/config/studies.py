@@ -71,11 +71,8 @@ def _spec_key(definition: Mapping, defaults: Mapping) -> str:
 
 
 def plan_cells(config: Mapping) -> tuple[dict[str, list[Cell]], dict[str, dict]]:
-    """Resolve every study into cells; return (cells per study, new experiment definitions).
-
-    Deterministic and idempotent: run on a config that already holds the generated
-    experiments, it finds them again under the same names and creates nothing new.
-    """
+    """(cells per study, new experiment definitions); idempotent: a config that holds the
+    generated experiments gets nothing new."""
     experiments = dict(config.get("experiments") or {})
     defaults = config.get("training_defaults") or {}
     known = {_spec_key(d, defaults): name for name, d in experiments.items()}

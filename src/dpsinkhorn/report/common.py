@@ -185,9 +185,8 @@ def measured_row(
 
 
 def learn_own_datasets(config: Mapping) -> dict:
-    """Add the config's own datasets (``datasets:``: their ``title`` and class names, both
-    public) to :data:`DATASET_TITLES` and :data:`CLASS_NAMES`, which every table and figure
-    reads; returns ``config``. Called wherever the report loads a config."""
+    """Add the config's own datasets' (public) titles and class names to
+    :data:`DATASET_TITLES` and :data:`CLASS_NAMES`; return ``config``."""
     for name, definition in (config.get("datasets") or {}).items():
         info = own_dataset_info(name, definition)
         DATASET_TITLES[name], CLASS_NAMES[name] = info.title, list(info.class_names)

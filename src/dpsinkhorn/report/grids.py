@@ -15,10 +15,8 @@ from dpsinkhorn.report.common import CLASS_NAMES
 def sample_grid(
     images: np.ndarray, labels: np.ndarray, num_classes: int, per_class: int
 ) -> np.ndarray:
-    """Mosaic with one row per class (its first ``per_class`` samples), 2 px gaps.
-
-    A class with fewer samples leaves its remaining cells blank (white).
-    """
+    """Mosaic with one row per class (its first ``per_class`` samples, blank where it has
+    fewer), 2 px gaps."""
     if images.ndim == 4 and images.shape[-1] == 1:
         images = images[..., 0]
     h, w = images.shape[1:3]

@@ -50,11 +50,8 @@ def read_ledger(path: Path) -> dict:
 
 def check_ledger_record(ledger: dict, path: Path) -> dict:
     """A DP ledger's content, checked: ``private: true``, the keys the composition reads,
-    and an ε that is that of one (q, z, steps, δ) mechanism (ValueError naming ``path``).
-
-    A ledger whose run changed σ on resume has several segments that privacy.json does not
-    list; its ε then differs from the recomputed one and the summary refuses it.
-    """
+    and an ε that is that of one (q, z, steps, δ) mechanism (ValueError naming ``path``;
+    a run that changed σ on resume is refused)."""
     if ledger.get("private") is not True:
         raise ValueError(f"{path}: not a DP ledger (private is {ledger.get('private')!r})")
     missing = [k for k in LEDGER_KEYS if k not in ledger]
