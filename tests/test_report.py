@@ -11,7 +11,7 @@ import pytest
 
 from dpsinkhorn import fileio
 from dpsinkhorn.report import cli as report_cli
-from dpsinkhorn.report.common import CSV_COLUMNS, ROW_LABELS
+from dpsinkhorn.report.common import ROW_LABELS
 from dpsinkhorn.report.grids import sample_grid
 from dpsinkhorn.report.table1 import table1
 
@@ -65,6 +65,11 @@ def run(tmp_path: Path) -> tuple[Path, Path]:
         images = rng.integers(0, 256, size=(40, 28, 28), dtype=np.uint8)
         fileio.save_samples(out / exp / "samples_seed0.npz", images, np.arange(40) % 10)
     return config, out
+
+
+CSV_COLUMNS = ("method", "dataset", "epsilon", "epsilon_paper_convention", "fid", "fid_std")
+CSV_COLUMNS += ("acc_logreg", "acc_logreg_std", "acc_mlp", "acc_mlp_std", "acc_cnn", "acc_cnn_std")
+CSV_COLUMNS += ("source",)
 
 
 def read_csv(path: Path) -> dict[tuple[str, str], dict[str, str]]:

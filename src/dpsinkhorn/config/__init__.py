@@ -1,17 +1,6 @@
-"""Configuration: load, validate and query experiment configs (torch-free).
-
-This is the only package Snakemake imports while it parses the workflow, so nothing
-here may import torch, torchvision or matplotlib (``tests/test_architecture.py``).
-Code outside the package imports the public names from ``dpsinkhorn.config`` itself;
-they are defined in:
-
-- :mod:`~dpsinkhorn.config.validate`: loading YAML, schema defaults, validation, errors;
-- :mod:`~dpsinkhorn.config.experiments`: one experiment's settings, the table rows;
-- :mod:`~dpsinkhorn.config.targets`: the outputs and the files each reads and writes;
-- :mod:`~dpsinkhorn.config.workflow`: what only the Snakemake rules need;
-- :mod:`~dpsinkhorn.config.identity`: what identifies an experiment (spec, sweep key);
-- :mod:`~dpsinkhorn.config.studies`: the paper's ablations and grids as experiments.
-"""
+"""Configuration: load, validate and query experiment configs. Torch-free: the only
+package Snakemake imports while it parses the workflow (tests/test_architecture.py).
+Import public names from ``dpsinkhorn.config`` itself."""
 
 from dpsinkhorn.config import studies
 from dpsinkhorn.config.experiments import (

@@ -1,13 +1,6 @@
-"""What a cluster job asks for: wall time from measured step rates, retries, evaluation.
-
-A training job requests ``min(ceil(steps / steps_per_s / 60 * safety_factor +
-startup_minutes), max_job_minutes)`` minutes, with ``steps_per_s`` measured for the job's
-step shape and the rest from the config's ``cluster:`` section; without a rate (or with
-steps solved from ``target_epsilon`` at start) it asks for ``max_job_minutes`` and says why
-(:attr:`TrainRequest.note`). A longer training runs as a chain of jobs that checkpoint on
-SLURM's SIGTERM and resume (docs/CLUSTER.md). :func:`eval_runtime_minutes` is an
-evaluation job's request. Torch-free: the Snakefile imports it while it parses.
-"""
+"""What a cluster job asks for: wall time from measured step rates (else
+``max_job_minutes``), retries of a checkpointing job chain, evaluation time
+(docs/CLUSTER.md). Torch-free: the Snakefile imports it while it parses."""
 
 from __future__ import annotations
 
@@ -60,9 +53,6 @@ class TrainRequest:
         return self.chain_jobs - 1 + OTHER_RETRIES
 
 
-# ------------------------------------------------------------------------- step rates
-
-
 def rates_file(config: Mapping, bases: Sequence[PathLike] = ()) -> Path:
     """The step-rate file of ``cluster.step_rates``: a relative path is looked up in the
     working directory, then in each of ``bases`` (the workflow's folder); the first that
@@ -102,9 +92,7 @@ def load_rates(path: PathLike) -> list[dict]:
     return rates
 
 
-#: [H, W, C] of the built-in datasets' images. A training step's cost depends on the image
-#: shape and the batch size, never on the dataset's name: MNIST's rates hold for
-#: Fashion-MNIST, and for an own dataset of 28 x 28 grayscale images.
+#: [H, W, C] of the built-in datasets' images (a step's cost depends on shape, not name).
 BUILTIN_IMAGE_SHAPES = {"mnist": (28, 28, 1), "fmnist": (28, 28, 1), "celeba": (32, 32, 3)}
 
 
@@ -114,9 +102,7 @@ RATE_GENERATOR = ("dcgan", (256, 128, 64))
 
 def step_shape_key(entry: Mapping) -> tuple | None:
     """(image [H, W, C], batch size, generator, widths) of a rate entry or an experiment
-    spec: a rate's ``image_shape``, an own dataset's ``dataset_definition`` (image_size,
-    channels), else the built-in dataset's shape; the generator and its widths (a rate
-    entry without them: :data:`RATE_GENERATOR`); None when the image shape is unknown."""
+    spec (no generator: :data:`RATE_GENERATOR`); None when the image shape is unknown."""
     if "image_shape" in entry:
         shape = tuple(int(v) for v in entry["image_shape"])
     elif entry.get("dataset_definition"):
@@ -133,13 +119,8 @@ def step_shape_key(entry: Mapping) -> tuple | None:
 
 
 def matching_rate(rates: Sequence[dict], spec: Mapping, runs: int) -> tuple[float | None, str]:
-    """(steps/s of a job of ``runs`` runs of this shape, where it came from) or (None, "").
-
-    A shape is the step's image shape, batch size and generator (:func:`step_shape_key`),
-    whatever the dataset's name. A single run takes a ``runs: 1`` rate. A sweep of k runs takes
-    the rate of the smallest measured sweep of K >= k runs (a sweep step of fewer runs
-    does no more work), else the single-run rate / k (k runs one after another).
-    """
+    """(steps/s of a job of ``runs`` runs of this shape, its source) or (None, ""). A sweep
+    of k runs takes the smallest measured sweep of K >= k runs, else the single rate / k."""
     key = step_shape_key(spec)
     same = [r for r in rates if key is not None and step_shape_key(r) == key]
     single = [r for r in same if int(r["runs"]) == 1]
@@ -155,9 +136,6 @@ def matching_rate(rates: Sequence[dict], spec: Mapping, runs: int) -> tuple[floa
         rate = single[0]["steps_per_s"] / runs
         return rate, f"single-run rate / {runs}: {single[0]['source']}"
     return None, ""
-
-
-# ----------------------------------------------------------------- training requests
 
 
 def train_request(config: Mapping, members: Sequence[str], rates: Sequence[dict]) -> TrainRequest:
@@ -217,12 +195,8 @@ def cluster_errors(config: Mapping) -> list[tuple[list, str]]:
 
 
 class Requests:
-    """Training requests of one config, the rate file read once (for the rules and plan).
-
-    ``warn`` (called when a request is first made) says whether to print, once per
-    reason, a line on stderr for jobs that ask for the cap without an estimate: the
-    workflow passes "the Snakemake that submits cluster jobs".
-    """
+    """Training requests of one config, the rate file read once. ``warn()``: whether to say
+    on stderr (once per reason) that jobs ask for the cap without an estimate."""
 
     def __init__(
         self,
@@ -267,9 +241,6 @@ class Requests:
         """Resubmissions the job may have: its chain less one plus :data:`OTHER_RETRIES`
         (:data:`UNKNOWN_CHAIN_RETRIES` when the chain's length is unknown)."""
         return self(members).retries
-
-
-# ------------------------------------------------------------------------- evaluation
 
 
 def eval_runtime_minutes(config: Mapping, name: str) -> int:

@@ -1,9 +1,5 @@
-"""Experiments of a validated config: their settings, and where the paper's tables use them.
-
-An experiment is ``training_defaults`` with its own keys on top. The questions asked of
-it here (which ones train, which datasets they use, which table row each one fills)
-are what the workflow, the CLI steps and the reports share. Torch-free.
-"""
+"""Experiments of a validated config (``training_defaults`` with each one's keys on top):
+which train, their datasets and folders, the table rows they fill. Torch-free."""
 
 from __future__ import annotations
 
@@ -41,44 +37,32 @@ TABLE_ROWS = {
 }
 #: Table 6 compares generators: its DP rows need this ``generator``.
 TABLE6_GENERATOR = {"dcgan": "dcgan", "biggan": "biggan"}
-#: Generator widths (``channels``) each architecture takes, per image size (as
-#: ``models.DCGAN_LAYERS`` / ``models.GENERATORS`` build them).
+#: ``channels`` each generator takes, per image size.
 GENERATOR_WIDTHS = {"dcgan": {28: 3, 32: 3, 64: 4}, "biggan": {32: 4}, "merf": {28: 3, 32: 3}}
 
 
 def generator_widths(generator: str, image_size: int | None = None) -> tuple[int, ...]:
-    """How many ``channels`` the generator may take at ``image_size`` (None: not known
-    from the config, e.g. arrays given to the Python API: any of its sizes; the
-    generator itself then refuses a wrong count for the data's size)."""
+    """``channels`` the generator may take at ``image_size`` (None: any of its sizes)."""
     by_size = GENERATOR_WIDTHS[generator]
     if image_size in by_size:
         return (by_size[image_size],)
     return tuple(sorted(set(by_size.values())))
 
 
-#: The datasets dpsinkhorn knows by name (their facts: ``data.catalog.DATASETS``); any
-#: other dataset is declared under the config's ``datasets:``.
+#: Datasets known by name; others are declared under the config's ``datasets:``.
 BUILTIN_DATASETS = ("mnist", "fmnist", "celeba")
 
-#: The folder under results/<run>/ of everything computed from the private data that no
-#: privacy ledger covers: non-private experiments (``sinkhorn``, ``real_data``), gradient
-#: studies, FID statistics of a test split, and scores against a private test split.
+#: Folder under results/<run>/ of what is computed from private data outside any ledger.
 NONPRIVATE = "nonprivate"
-#: The other folders under results/<run>/: the reports' tables and figures, and the
-#: workflow's job logs and benchmarks (workflow/rules/common.smk).
 TABLES_DIR = "tables"
 FIGURES_DIR = "figures"
 LOGS_DIR = "logs"
 BENCHMARKS_DIR = "benchmarks"
-#: Every fixed folder directly under results/<run>/. An experiment's folder is
-#: results/<run>/<name> (a DP release), so no experiment may take one of these names
-#: (``config.validate``): its release would live inside the run's own folder.
+#: Fixed folders under results/<run>/: no experiment may take one of these names.
 RUN_FOLDERS = (NONPRIVATE, TABLES_DIR, FIGURES_DIR, LOGS_DIR, BENCHMARKS_DIR)
-#: Datasets whose test split is public (published benchmarks): FID and classifier scores of a
-#: DP generator's samples against it are post-processing of the release plus public data.
-#: Any other dataset's test split is private: those scores live under ``nonprivate/``.
+#: Datasets whose test split is public; scores against any other go under ``nonprivate/``.
 PUBLIC_TEST_SPLITS = ("mnist", "fmnist", "celeba")
-#: Where the smoke run's synthetic CelebA source goes, under data_dir (``celeba_fixture``).
+#: The synthetic CelebA source's folder under data_dir (``celeba_fixture``).
 FIXTURE_SOURCE = "celeba_source"
 
 
@@ -100,9 +84,6 @@ def experiment(config: Mapping, name: str) -> dict:
     if definition is not None:  # an own dataset: its entry travels with the experiment
         spec["dataset_definition"] = definition
     elif spec.get("dataset") in BUILTIN_DATASETS:
-        # A built-in dataset prepared from a source of its own (CelebA from a mirror or the
-        # fixture): the folder travels with the experiment (bookkeeping: the data's own
-        # fingerprint, not its folder, is what identifies a training).
         folder = prepared_folder_of(config, spec["dataset"])
         if folder != spec["dataset"]:
             spec["prepared_folder"] = folder
@@ -111,12 +92,7 @@ def experiment(config: Mapping, name: str) -> dict:
 
 
 def dataset_definition(config: Mapping, dataset: str | None) -> dict | None:
-    """The config's ``datasets.<dataset>`` entry (an own dataset), or None (built-in / unknown).
-
-    An experiment of an own dataset carries it as ``dataset_definition``, so every stage
-    that reads the experiment can build the dataset's facts
-    (``data.catalog.dataset_info(name, definition)``) without the whole config.
-    """
+    """The config's ``datasets.<dataset>`` entry (an own dataset), or None."""
     entry = (config.get("datasets") or {}).get(dataset) if dataset else None
     return None if entry is None else dict(entry)
 
@@ -126,32 +102,22 @@ def definition_sha256(definition: Mapping) -> str:
     return hashlib.sha256(json.dumps(definition, sort_keys=True).encode()).hexdigest()[:16]
 
 
-#: Built-in datasets whose every source is checked byte for byte (archive MD5s) against
-#: torchvision's list: preparing them from a download or any mirror gives the same files.
+#: Built-in datasets whose archives are MD5-checked: every source gives the same files.
 VERIFIED_SOURCES = ("mnist", "fmnist")
 #: :func:`builtin_source` of a verified dataset.
 VERIFIED = "official archives (MD5-checked)"
-#: :func:`builtin_source` of a built-in dataset read from no mirror: downloaded into
-#: ``<data_dir>/torchvision`` (or placed there by hand), one such source per data_dir.
+#: :func:`builtin_source` of a built-in dataset read from no mirror.
 DOWNLOAD = "download"
 
 
 def normal_mirror(mirror: str | os.PathLike | None) -> str | None:
-    """``data_mirror`` as one spelling: the real path (``~`` expanded, relative to the
-    working directory, symbolic links resolved), or None. Relative, absolute and symlinked
-    spellings of one folder are then one workflow parameter: changing the spelling reruns
-    nothing."""
+    """``data_mirror`` as its real path (so a new spelling reruns nothing), or None."""
     return None if mirror is None else os.path.realpath(os.path.expanduser(os.fspath(mirror)))
 
 
 def builtin_source(dataset: str, mirror: str | os.PathLike | None, data_dir) -> str:
-    """What decides a built-in dataset's prepared bytes, read from ``mirror`` (None: the
-    download) into ``data_dir``: :data:`VERIFIED` for MNIST and Fashion-MNIST (every
-    source gives the same bytes, so the mirror is no part of it); :data:`DOWNLOAD`; else
-    ``mirror <real path>``, or ``mirror <data_dir>/<path>`` for one inside ``data_dir``
-    (the synthetic fixture's ``celeba_source``), which stays one source when the working
-    folder moves. ``dpsinkhorn data`` and the config (:func:`data_identity`) both name a
-    source with it, so they find the same folder (:func:`prepared_folder`)."""
+    """What decides a built-in dataset's prepared bytes: :data:`VERIFIED`, :data:`DOWNLOAD`,
+    ``mirror <data_dir>/<path>`` (inside data_dir) or ``mirror <real path>``."""
     if dataset in VERIFIED_SOURCES:
         return VERIFIED
     if mirror is None:
@@ -164,16 +130,8 @@ def builtin_source(dataset: str, mirror: str | os.PathLike | None, data_dir) -> 
 
 
 def data_identity(config: Mapping, dataset: str) -> str:
-    """What decides a dataset's prepared bytes: the data rule's one rerun-triggering param,
-    and what names its folder (:func:`prepared_folder_of`).
-
-    MNIST and Fashion-MNIST: the official archives, MD5-checked against torchvision's list
-    whether downloaded or copied from any mirror, so every source gives the same bytes and
-    the mirror's location is no part of it (moving it, or another config naming another
-    copy, reruns nothing). CelebA: its images are not checked, so the source
-    (:func:`builtin_source`: the mirror's real path, the fixture's folder or ``download``).
-    An own dataset: its entry's hash.
-    """
+    """What decides a dataset's prepared bytes (the data rule's rerun-triggering param):
+    an own dataset's entry hash, else :func:`builtin_source`."""
     definition = dataset_definition(config, dataset)
     if definition is not None:
         return f"own dataset entry {definition_sha256(definition)}"
@@ -181,17 +139,9 @@ def data_identity(config: Mapping, dataset: str) -> str:
 
 
 def prepared_folder(dataset: str, definition: Mapping | None, source: str | None = None) -> str:
-    """The folder under ``data_dir`` that holds a dataset's prepared ``{train,test}.npz``.
-
-    An own dataset: ``<name>-<definition_sha256>``, keyed by its whole ``datasets:`` entry
-    (source path, size, channels, resizing, split), so two configs, or two entries of the
-    same name, never write, or delete, each other's files. A built-in dataset: its name
-    when every source gives the same bytes (:data:`VERIFIED_SOURCES`) or when read from
-    :data:`DOWNLOAD` (one per data_dir) or ``source`` is not known (None); else
-    ``<name>-<first 16 hex digits of sha256(source)>``, ``source`` being its
-    :func:`builtin_source`: CelebA from two mirrors (its images are not checked), or from
-    the synthetic fixture, never shares a folder.
-    """
+    """Folder under ``data_dir`` of a dataset's prepared ``{train,test}.npz``:
+    ``<name>-<definition_sha256>`` (own), ``<name>`` (verified, download or unknown source),
+    else ``<name>-<sha256(source)[:16]>``, so two sources never share a folder."""
     if definition is not None:
         return f"{dataset}-{definition_sha256(definition)}"
     if source is None or source == DOWNLOAD or dataset in VERIFIED_SOURCES:
@@ -207,11 +157,8 @@ def prepared_folder_of(config: Mapping, dataset: str) -> str:
 
 
 def experiment_spec(config: Mapping, name: str) -> str:
-    """The settings that define an experiment's generator, as canonical JSON.
-
-    A Snakemake param of the train rule: when it changes, the generator is retrained.
-    Bookkeeping keys (``identity.NON_SEMANTIC_KEYS``) are left out, so changing them does not.
-    """
+    """Canonical JSON of the settings that define an experiment's generator (the train
+    rule's param; bookkeeping keys left out)."""
     return experiment_spec_of(experiment(config, name))
 
 
@@ -233,8 +180,7 @@ def needs_training(config: Mapping, name: str) -> bool:
 
 
 def is_private(config: Mapping, name: str) -> bool:
-    """Whether the experiment is a DP release (:data:`PRIVATE_METHODS`: a ledger covers its
-    folder)."""
+    """Whether the experiment is a DP release (:data:`PRIVATE_METHODS`)."""
     return experiment(config, name)["method"] in PRIVATE_METHODS
 
 
@@ -254,8 +200,7 @@ def experiment_dir(config: Mapping, results: str | Path, name: str) -> Path:
 
 
 def evaluation_home(config: Mapping, name: str) -> str:
-    """Where the FID / classifier scores go: the experiment's folder when its test split is
-    public (:data:`PUBLIC_TEST_SPLITS`), else ``"nonprivate/"`` (scores against private data)."""
+    """Home of the scores: the experiment's, or ``"nonprivate/"`` for a private test split."""
     if dataset_of(config, name) not in PUBLIC_TEST_SPLITS:
         return f"{NONPRIVATE}/"
     return experiment_home(config, name)
@@ -281,25 +226,21 @@ def datasets(config: Mapping) -> list[str]:
 
 def table1_experiments(config: Mapping) -> dict[tuple[str, str], str]:
     """``{(dataset, row): experiment}`` for experiments that fill a Table 1 row, table order."""
-    found = {}
-    for name in experiment_names(config):
-        exp = experiment(config, name)
-        if exp["table1_row"] is not None:
-            found[(exp["dataset"], exp["table1_row"])] = name
-    order = {row: i for i, row in enumerate(TABLE1_ROWS)}
-    dataset_order = {d: i for i, d in enumerate(datasets(config))}
-    return dict(sorted(found.items(), key=lambda kv: (dataset_order[kv[0][0]], order[kv[0][1]])))
+    return _rows_of(config, lambda exp: exp["table1_row"], TABLE1_ROWS)
 
 
 def table_experiments(config: Mapping, table: str) -> dict[tuple[str, str], str]:
     """``{(dataset, row): experiment}`` of one CelebA table (``rows:``), in table order."""
+    return _rows_of(config, lambda exp: exp["rows"].get(table), TABLE_ROWS[table])
+
+
+def _rows_of(config: Mapping, row_of, rows: Mapping) -> dict[tuple[str, str], str]:
     found = {}
     for name in experiment_names(config):
         exp = experiment(config, name)
-        row = exp["rows"].get(table)
-        if row is not None:
-            found[(exp["dataset"], row)] = name
-    order = {row: i for i, row in enumerate(TABLE_ROWS[table])}
+        if row_of(exp) is not None:
+            found[(exp["dataset"], row_of(exp))] = name
+    order = {row: i for i, row in enumerate(rows)}
     dataset_order = {d: i for i, d in enumerate(datasets(config))}
     return dict(sorted(found.items(), key=lambda kv: (dataset_order[kv[0][0]], order[kv[0][1]])))
 
@@ -316,8 +257,7 @@ def figure_datasets(config: Mapping) -> list[str]:
 
 
 def paper_figure_datasets(config: Mapping) -> list[str]:
-    """Those of the paper's datasets: the sample grids of Figures 2 and 7 put them side by
-    side (same image size); an own dataset's samples are in Table 1's samples_<d>.png."""
+    """Those of the built-in datasets (Figures 2 and 7 put their grids side by side)."""
     return [d for d in figure_datasets(config) if d in BUILTIN_DATASETS]
 
 
@@ -328,9 +268,7 @@ def classifiers_of(config: Mapping, dataset: str) -> list[str]:
 
 
 def experiment_classifiers(config: Mapping, name: str) -> list[str]:
-    """The classifiers trained on one experiment's samples: its dataset's
-    (:func:`classifiers_of`), none for an unconditional generator (``conditional: false``:
-    its samples have no labels; only FID evaluates it)."""
+    """Classifiers trained on an experiment's samples: none for an unconditional one."""
     exp = experiment(config, name)
     if exp.get("conditional", True) is False:
         return []

@@ -1,9 +1,5 @@
-"""What identifies an experiment: the settings that define its generator, and the ones
-that decide whether two experiments can train together in one sweep.
-
-Torch-free and import-free within the package: config, studies, targets and sweep all
-build on it, so it sits below every one of them.
-"""
+"""What identifies an experiment: the settings that define its generator, and those that
+decide whether two experiments can train in one sweep. Imports nothing of the package."""
 
 from __future__ import annotations
 
@@ -24,15 +20,9 @@ def deep_merge(base: Mapping, override: Mapping) -> dict:
 
 
 #: Experiment keys that do not change what training computes (bookkeeping only).
-NON_SEMANTIC_KEYS = (
-    "checkpoint_every",
-    "log_every",
-    "table1_row",
-    "rows",
-    "name",
-    "keep_private_workspace",
-    "log_private_loss",
-    "prepared_folder",
+NON_SEMANTIC_KEYS = tuple(
+    "checkpoint_every log_every table1_row rows name keep_private_workspace log_private_loss "
+    "prepared_folder".split()
 )
 
 #: Settings left out of :func:`experiment_spec_of` at these values, so an experiment that
@@ -50,10 +40,8 @@ IMPLICIT_DEFAULTS = {
 
 
 def experiment_spec_of(spec: Mapping) -> str:
-    """Canonical JSON of a resolved experiment without its bookkeeping keys.
-
-    Keys of :data:`IMPLICIT_DEFAULTS` at their default value are left out too.
-    """
+    """Canonical JSON of a resolved experiment without its bookkeeping keys and without
+    :data:`IMPLICIT_DEFAULTS` keys at their default."""
     kept = {
         k: v
         for k, v in spec.items()
@@ -64,18 +52,9 @@ def experiment_spec_of(spec: Mapping) -> str:
 
 #: Settings every run of one sweep must share: they fix the data, the generator's shapes,
 #: the real batch's shape and the Sinkhorn problem (ε, schedule, cost family).
-SWEEP_SHARED_KEYS = (
-    "dataset",
-    "generator",
-    "latent_dim",
-    "embed_dim",
-    "channels",
-    "batch_size",
-    "alpha_c",
-    "conditional",
-    "entropy_reg",
-    "sinkhorn_scaling",
-    "cost",
+SWEEP_SHARED_KEYS = tuple(
+    "dataset generator latent_dim embed_dim channels batch_size alpha_c conditional "
+    "entropy_reg sinkhorn_scaling cost".split()
 )
 
 

@@ -1,8 +1,5 @@
-"""Checks of a run configuration across keys, which its JSON schema cannot express:
-precision, cluster settings, own datasets' names and classes, experiment names, datasets,
-methods and table rows (:func:`semantic_errors`, run by
-:func:`dpsinkhorn.config.validate.validate` after the schema). Each error is (key path,
-message)."""
+"""Checks across keys that the JSON schema cannot express (:func:`semantic_errors`, run by
+``validate`` after the schema); each error is (key path, message)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""The settings of one experiment as a frozen, typed record (torch-free).
-
-Training reads an experiment's settings once, from the validated experiment dict
-(``config.experiment`` or ``config.make_experiment``: schema defaults already filled),
-into an :class:`ExperimentSpec`. The dict itself stays what identifies the experiment:
-the checkpoint's ``spec_hash`` and Snakemake's ``experiment_spec`` are computed from it.
-"""
+"""One experiment's settings as a frozen, typed :class:`ExperimentSpec` (torch-free), read
+once from the validated experiment dict, which stays what identifies the experiment."""
 
 from __future__ import annotations
 

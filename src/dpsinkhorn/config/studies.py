@@ -1,22 +1,7 @@
-"""Studies: the paper's ablations and grids (Tables 2, 4, 5; Figures 4a, 4b, 4c, 5) as experiments.
-
-A config's ``studies:`` section describes each study by changes to existing experiments::
-
-    studies:
-      fig4a:
-        bases: [mnist_dpsinkhorn]             # start from these experiments
-        settings: {}                          # applied to every cell
-        vary: {lr: [1.0e-3, 1.0e-4], optimizer: [adam, sgd]}   # one cell per combination
-      table2:
-        bases: [mnist_dpsinkhorn]
-        cells:                                # or named cells, in table order
-          l2: {cost: l2, p: 0.0}
-          semi: {experiment: mnist_dpsinkhorn}   # a cell may simply be an experiment
-
-:func:`expand` adds every cell to ``experiments`` as ``<study>_<cell>`` before validation,
-so it trains and evaluates through the same rules as Table 1; a cell whose settings equal
-an existing experiment reuses it.
-"""
+"""Studies: the paper's ablations and grids (Tables 2, 4, 5; Figures 4a, 4b, 4c, 5) as
+experiments. A ``studies:`` entry names ``bases``, common ``settings`` and either ``vary``
+(one cell per combination) or named ``cells``; :func:`expand` adds each cell to
+``experiments`` as ``<study>_<cell>`` (reusing an experiment of equal settings)."""
 
 from __future__ import annotations
 
@@ -86,11 +71,8 @@ def _spec_key(definition: Mapping, defaults: Mapping) -> str:
 
 
 def plan_cells(config: Mapping) -> tuple[dict[str, list[Cell]], dict[str, dict]]:
-    """Resolve every study into cells; return (cells per study, new experiment definitions).
-
-    Deterministic and idempotent: run on a config that already holds the generated
-    experiments, it finds them again under the same names and creates nothing new.
-    """
+    """(cells per study, new experiment definitions); idempotent: a config that holds the
+    generated experiments gets nothing new."""
     experiments = dict(config.get("experiments") or {})
     defaults = config.get("training_defaults") or {}
     known = {_spec_key(d, defaults): name for name, d in experiments.items()}

@@ -1,13 +1,5 @@
-"""The outputs of the workflow: every table, figure and report, and the files behind each.
-
-The one list of outputs: the CLI's ``targets``, the rules, the report builders and
-captions take names and titles from here, and the Snakemake rules their inputs and outputs
-(:func:`inputs`, :func:`outputs`, :func:`table1_files`, :func:`table_files`). Kinds: the
-paper's main tables (``table1``, ``table3``, ``table6``), study tables and figures
-(:data:`TABLE_STUDIES`, :data:`FIGURE_STUDIES`), sample figures (:data:`SAMPLE_FIGURES`)
-and ``reproduction``. :func:`training_jobs` says which experiments train alone and which
-together in one sweep.
-"""
+"""The workflow's outputs (tables, figures, reproduction.md), the files behind each, and
+which experiments train alone or together in one sweep (:func:`training_jobs`)."""
 
 from __future__ import annotations
 
@@ -52,21 +44,9 @@ CELEBA_TABLES = ("table3", "table6")
 #: Sample-grid figures -> samples per class (paper Figures 2 and 7).
 SAMPLE_FIGURES = {"fig2": 10, "fig7": 20}
 #: Every output name, in the paper's order.
-NAMES = (
-    "table1",
-    "table2",
-    "table3",
-    "table4",
-    "table5",
-    "table6",
-    "fig2",
-    "fig4a",
-    "fig4b",
-    "fig4c",
-    "fig5",
-    "fig7",
-    "eps10",
-    "reproduction",
+NAMES = tuple(
+    "table1 table2 table3 table4 table5 table6 fig2 fig4a fig4b fig4c fig5 fig7 eps10 "
+    "reproduction".split()
 )
 
 TITLES = {
@@ -95,15 +75,10 @@ assert set(CELEBA_TABLES) == set(TABLE_ROWS) == set(TABLE_FIGURES), "CelebA tabl
 PathLike = str | os.PathLike
 #: The files a training run writes into its folder (``train.release.OUTPUT_FILES``).
 TRAINING_FILES = ("generator.pt", "privacy.json", "train_log.csv")
-#: What a completed evaluation job writes beside its scores: the commit and code that
-#: computed each phase (``evaluate.job``; a window's results set quotes it).
+#: What a completed evaluation job writes beside its scores: the code of each phase.
 EVALUATION_PHASES = "evaluate_phases.json"
-#: Where an evaluation job keeps its finished phases' scores until it completes (scores
-#: only; ``evaluate.job.Progress``).
+#: An unfinished evaluation job's finished phases' scores.
 EVALUATION_PROGRESS = "evaluate_progress.json"
-
-
-# ------------------------------------------------------------------ per-experiment files
 
 
 def results_dir(config: Mapping) -> str:
@@ -117,8 +92,7 @@ def sample_name(seed: int) -> str:
 
 
 def score_name(metric: str, seed: int) -> str:
-    """The file name of one seed's score: ``<metric>_seed<seed>.json``; ``metric`` is
-    ``fid`` or ``acc_<classifier>``."""
+    """``<metric>_seed<seed>.json``; ``metric`` is ``fid`` or ``acc_<classifier>``."""
     return f"{metric}_seed{seed}.json"
 
 
@@ -128,8 +102,7 @@ def experiment_metrics(config: Mapping, exp: str) -> list[str]:
 
 
 def evaluation_files(config: Mapping, results: PathLike, experiments: Iterable[str]) -> list[str]:
-    """FID and classifier result files of every seed of these experiments (no classifier
-    files for an unconditional one: ``experiment_classifiers``)."""
+    """FID and classifier result files of every seed of these experiments."""
     return [
         str(evaluation_dir(config, results, exp) / score_name(metric, seed))
         for exp in dict.fromkeys(experiments)
@@ -166,8 +139,7 @@ def fid_reference_file(results: PathLike, dataset: str) -> str:
 
 
 def gradstudy_file(results: PathLike, exp: str) -> str:
-    """Figure 4c's gradient study of a trained generator (un-noised statistics of the
-    training data: never in a release, also for a DP experiment)."""
+    """Figure 4c's gradient study of a trained generator (private: never in a release)."""
     return str(Path(results) / NONPRIVATE / exp / "gradstudy.json")
 
 
@@ -182,9 +154,8 @@ def privacy_summary_file(results: PathLike) -> str:
 
 
 def released_metrics(config: Mapping, exp: str) -> list[str]:
-    """The score metrics a DP experiment's release holds: all of them when its scores lie in
-    its own folder (a public test split: ``evaluation_dir``), none otherwise. The one rule
-    of both the release's inputs and ``publish.run_folders``."""
+    """Score metrics a DP experiment's release holds: all when its scores lie in its own
+    folder (public test split), else none."""
     same = evaluation_dir(config, ".", exp) == experiment_dir(config, ".", exp)
     return experiment_metrics(config, exp) if same else []
 
@@ -203,9 +174,6 @@ def release_inputs(config: Mapping, results: PathLike) -> list[str]:
         ),
         privacy_summary_file(results),
     ]
-
-
-# ----------------------------------------------------------------------- main tables
 
 
 def table1_files(config: Mapping, results: PathLike) -> dict[str, list[str]]:
@@ -255,9 +223,6 @@ def table_outputs(config: Mapping, table: str, results: PathLike) -> dict[str, s
 def report_targets(config: Mapping, results: PathLike) -> list[str]:
     """Outputs of every CelebA table the config fills (for ``rule all``)."""
     return [f for t in report_tables(config) for f in table_outputs(config, t, results).values()]
-
-
-# -------------------------------------------------------------------------- any output
 
 
 def available(config: Mapping) -> list[str]:
@@ -350,15 +315,9 @@ def study_regex(config: Mapping, kind: str) -> str:
     return wildcard_regex(n for n in available(config) if n in names[kind])
 
 
-# ----------------------------------------------------------------------- training jobs
-
-
 def group_experiments(specs: Sequence[Mapping], max_runs: int) -> list[list[str]]:
-    """Split trained experiments into sweeps of at most ``max_runs`` compatible runs.
-
-    Deterministic: experiments keep their order; each group fills up in that order.
-    ``max_runs`` = 1 gives one group per experiment (no sweeps).
-    """
+    """Split trained experiments, in order, into sweeps of at most ``max_runs`` compatible
+    runs (1: no sweeps)."""
     if max_runs < 1:
         raise ValueError(f"sweep_runs must be at least 1, got {max_runs}")
     by_key: dict[tuple, list[list[str]]] = {}
@@ -374,16 +333,10 @@ def group_experiments(specs: Sequence[Mapping], max_runs: int) -> list[list[str]
 
 
 def training_jobs(config: Mapping) -> tuple[list[str], list[list[str]]]:
-    """(experiments trained by their own ``train`` job, groups trained by ``train_sweep``).
-
-    ``sweep_runs`` (config) = K > 1 puts up to K compatible experiments into one job.
-    """
+    """(experiments trained by their own ``train`` job, groups trained by ``train_sweep``)."""
     specs = [experiment(config, e) for e in trained_experiments(config)]
     groups = group_experiments(specs, int(config["sweep_runs"]))
     return [g[0] for g in groups if len(g) == 1], [g for g in groups if len(g) > 1]
-
-
-# ----------------------------------------------------------------------------- CLI
 
 
 def _targets_cli(args: argparse.Namespace) -> int:

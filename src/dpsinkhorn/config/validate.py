@@ -1,14 +1,6 @@
-"""Run configuration: load YAML, fill defaults, validate, and say where a setting came from.
-
-One schema (``schema.json``, shipped with the package) describes a run. The CLI
-(``load_config``) and the Snakemake workflow (``validate`` on Snakemake's ``config``)
-both go through :func:`validate`, so both report a bad key the same way, e.g.::
-
-    config/quick.yaml: experiments.mnist_dpsinkhorn.sigam: unknown key (allowed: ...)
-
-Questions about the validated config (experiment lists, datasets, table rows) are
-answered by :mod:`dpsinkhorn.config.experiments`.
-"""
+"""Run configuration: load YAML, fill defaults from ``schema.json``, validate (the CLI and
+the workflow alike), and say which file set a key, e.g.
+``config/quick.yaml: experiments.mnist_dpsinkhorn.sigam: unknown key (allowed: ...)``."""
 
 from __future__ import annotations
 
@@ -58,9 +50,6 @@ def cli_or_config(cli_value: Any, cfg: Mapping[str, Any], key: str) -> Any:
     return cfg[key] if cli_value is None else cli_value
 
 
-# --------------------------------------------------------------------------- loading
-
-
 @functools.cache
 def load_schema() -> dict:
     """The JSON schema of a run configuration."""
@@ -99,10 +88,8 @@ def _as_paths(paths: Sequence[PathLike] | PathLike) -> list[Path]:
 
 
 def load_config(paths: Sequence[PathLike] | PathLike) -> dict:
-    """Read YAML file(s) (later ones override earlier ones), fill defaults, validate.
-
-    Raises ``ValueError`` naming the file, the key path and the bad value.
-    """
+    """Read YAML file(s) (later ones win), fill defaults, validate; a ``ValueError`` names
+    the file, the key path and the bad value."""
     files = _as_paths(paths)
     if not files:
         raise ValueError("no config file given")
@@ -112,16 +99,9 @@ def load_config(paths: Sequence[PathLike] | PathLike) -> dict:
     return validate(merged, files)
 
 
-# ------------------------------------------------------------------------ validation
-
-
 def validate(config: Mapping, source: str | Sequence[PathLike] = "config") -> dict:
-    """Fill schema defaults into a copy of ``config``, validate it, and return the copy.
-
-    ``source`` names where the config came from: a label, or the list of config files
-    (then each error names the file that set the offending key; keys set in no file
-    came from the command line and are reported as ``--config``).
-    """
+    """A validated copy of ``config`` with schema defaults filled in. ``source``: a label,
+    or the config files (each error then names the file that set the key, or ``--config``)."""
     filled = copy.deepcopy(dict(config))
     # Keys that are no text (YAML's `1:`, `yes:`) and values that are no finite number
     # (YAML's .nan and .inf pass the schema's bounds) are refused wherever they are.
@@ -224,11 +204,8 @@ def _resolve(schema: dict, root: dict) -> dict:
 
 
 def _fill_defaults(instance: dict, schema: dict, root: dict | None = None) -> None:
-    """Set missing keys that have a schema ``default``, recursing into named properties.
-
-    Experiments (under ``patternProperties``) get no defaults: they are merged over
-    ``training_defaults`` by :func:`experiment`, and a filled default would win.
-    """
+    """Set missing keys that have a schema ``default``, recursing into named properties
+    (not experiments: a default there would win over ``training_defaults``)."""
     root = root or schema
     schema = _resolve(schema, root)
     for key, sub in schema.get("properties", {}).items():
@@ -321,11 +298,8 @@ def _same(a: Any, b: Any) -> bool:
 
 
 def _file_of(path: list, source: str | Sequence[PathLike], config: Mapping) -> str:
-    """The last config file that set the key at ``path`` to its value.
-
-    A key in no file came from the command line (``--config``); a missing key, or one
-    that holds its schema default, is reported in the last file that holds its parent.
-    """
+    """The last config file that set the key at ``path`` (``--config`` if none did); a
+    missing or defaulted key: the last file that holds its parent."""
     if isinstance(source, str):
         return source
     files = _as_paths(source)
@@ -354,10 +328,8 @@ def _file_of(path: list, source: str | Sequence[PathLike], config: Mapping) -> s
 
 
 def check_overrides(config: Mapping, files: Sequence[PathLike]) -> None:
-    """Refuse ``--config`` overrides of keys that the CLI steps read from the files.
-
-    ``config`` is Snakemake's validated config; ``files`` are its ``--configfile`` files.
-    """
+    """Refuse ``--config`` overrides (of Snakemake's ``config`` over its ``files``) of keys
+    that the CLI steps read from the files."""
     from_files = load_config(files)
     changed = sorted(
         key
@@ -372,15 +344,8 @@ def check_overrides(config: Mapping, files: Sequence[PathLike]) -> None:
         )
 
 
-# ------------------------------------------------------------------- experiments in code
-
-
 def make_experiment(name: str = "custom", **settings: Any) -> dict:
-    """A validated experiment from keyword settings, for the Python API.
-
-    Keys are those of ``training_defaults`` (schema defaults fill the rest, i.e. the
-    paper's MNIST setting); e.g. ``make_experiment(sigma=None, target_epsilon=5.0,
-    steps=20000, delta=1e-6)``.
-    """
+    """A validated experiment from ``training_defaults`` keys (the rest: schema defaults,
+    the paper's MNIST setting), e.g. ``make_experiment(target_epsilon=5.0, sigma=None)``."""
     settings.setdefault("dataset", "mnist")
     return experiment(validate({"experiments": {name: settings}}, "make_experiment"), name)

@@ -1,9 +1,5 @@
 """What only the Snakemake workflow needs: rule parameters, wildcard patterns, its process.
-
-The ``.smk`` files hold no logic; the little they compute comes from here (and from
-:mod:`dpsinkhorn.config.experiments` / :mod:`dpsinkhorn.config.targets`). Torch-free:
-Snakemake imports it while it parses the workflow.
-"""
+Torch-free: Snakemake imports it while it parses the workflow."""
 
 from __future__ import annotations
 
@@ -44,10 +40,8 @@ def data_inputs(config: Mapping, dataset: str) -> list[str]:
 
 
 def data_source_args(config: Mapping, dataset: str, config_files: str) -> str:
-    """Where ``dpsinkhorn data`` reads a dataset: ``--mirror <folder>`` (built-in, when there
-    is one: the real path, ``validate.normal_mirror``), or for an own dataset ``--config
-    <files> --definition-sha256 <hash>`` (the command checks the files still hold the entry
-    of that hash). What decides the prepared bytes is :func:`data_identity`."""
+    """Where ``dpsinkhorn data`` reads a dataset: ``--mirror <folder>`` (built-in), or
+    ``--config <files> --definition-sha256 <hash>`` (own dataset)."""
     definition = dataset_definition(config, dataset)
     if definition is not None:
         return f"--config {config_files} --definition-sha256 {definition_sha256(definition)}"
@@ -56,11 +50,8 @@ def data_source_args(config: Mapping, dataset: str, config_files: str) -> str:
 
 
 def config_file_args(files: Iterable[PathLike]) -> str:
-    """Config files as CLI arguments: relative to the working directory when inside it.
-
-    A stable spelling keeps Snakemake from rerunning steps when ``config/quick.yaml`` is
-    given as ``./config/quick.yaml`` or as an absolute path.
-    """
+    """Config files as CLI arguments, relative to the working directory when inside it
+    (one spelling, so Snakemake does not rerun steps for ``./x.yaml`` vs ``x.yaml``)."""
     args = []
     for file in files:
         path = os.path.abspath(file)
@@ -84,20 +75,10 @@ def gradient_settings(config: Mapping) -> dict:
     }
 
 
-# --------------------------------------------------------------------------- the workflow process
-
-
 def prepare_workflow_process() -> None:
-    """Called once by the workflow (common.smk) in the Snakemake process.
-
-    * Puts the folder of the Python running Snakemake first on ``PATH``: the steps call
-      ``dpsinkhorn``, and ``.venv/bin/snakemake`` then works without an activated venv
-      (jobs inherit the variable).
-    * Ctrl-C stops the workflow: Snakemake's own SIGINT handling lets a failed job be
-      retried, so training (which checkpoints and exits 130 on the same SIGINT from the
-      terminal) would be restarted. While jobs run, a SIGINT becomes Snakemake's graceful
-      SIGTERM stop (no new job, no retry); before the scheduler runs, a KeyboardInterrupt.
-    """
+    """Called once by common.smk: puts this Python's bin folder first on ``PATH`` (steps
+    call ``dpsinkhorn``), and makes Ctrl-C Snakemake's graceful SIGTERM stop while jobs run,
+    so an interrupted training is not retried."""
     own_bin = str(Path(sys.executable).parent)
     os.environ["PATH"] = os.pathsep.join([own_bin, os.environ.get("PATH", "")])
 
@@ -114,8 +95,7 @@ def prepare_workflow_process() -> None:
 
 
 def private_trainings(config: Mapping, results: PathLike) -> list[tuple[str, str, dict]]:
-    """(experiment, absolute output folder, settings) of each DP release the config trains,
-    as ``privacy.trainings.refuse_changed_settings`` compares them with the record."""
+    """(experiment, absolute output folder, settings) of each DP release the config trains."""
     trained = set(trained_experiments(config))
     return [
         (
@@ -128,8 +108,7 @@ def private_trainings(config: Mapping, results: PathLike) -> list[tuple[str, str
     ]
 
 
-#: The note a training leaves in its output folder after a stop that a retry cannot fix
-#: (SIGINT, bad input, a refused retrain): ``{"exit_code", "message"}`` (``train.cli``).
+#: Note a training leaves after a stop a retry cannot fix: ``{"exit_code", "message"}``.
 STOPPED_NAME = ".dpsinkhorn.stopped"
 
 
@@ -138,14 +117,9 @@ class KeptOutputsError(ValueError):
 
 
 def check_kept_outputs(config: Mapping, results: PathLike) -> None:
-    """Refuse (:class:`KeptOutputsError`, one line) a workflow run while a training folder
-    holds both a generator and the note of a rerun that stopped (:data:`STOPPED_NAME`).
-
-    The train rule's outputs are update(): when a rerun fails (a refused retrain on
-    rewritten data, Ctrl-C, bad input), Snakemake puts the earlier files back with new
-    times and records the failed job's inputs, so its next plan says "nothing to be done"
-    about files that are not this workflow's. This says what state they are in instead.
-    """
+    """Raise :class:`KeptOutputsError` while a training folder holds both a generator and
+    :data:`STOPPED_NAME`: Snakemake put an earlier run's files back after a failed rerun
+    and would otherwise call them up to date."""
     for name in trained_experiments(config):
         folder = Path(experiment_dir(config, results, name))
         note, generator = folder / STOPPED_NAME, folder / "generator.pt"
@@ -167,12 +141,9 @@ def check_kept_outputs(config: Mapping, results: PathLike) -> None:
 def killed_writers_folders(
     config: Mapping, results: PathLike, kept_copy: Callable[[str], PathLike]
 ) -> list[Path]:
-    """Where a run's own jobs write: its results folder and, under data_dir, its datasets'
-    prepared folders, the CelebA fixture's source (when it has one) and the kept copy of
-    each DP release it trains (``kept_copy(absolute output folder)``:
-    ``privacy.trainings.finished_copy_dir`` beside the record). Not the rest of data_dir,
-    which other runs share and where their writers may be running; a killed copy of a
-    built-in dataset's archive (``<data_dir>/torchvision``) leaves its temporary file."""
+    """Folders only this run's jobs write: results, its datasets' prepared folders, the
+    CelebA fixture source and each DP release's kept copy (``kept_copy(output folder)``).
+    Not the rest of data_dir, which other runs share."""
     data = Path(config["data_dir"])
     folders = [Path(results), *(data / prepared_folder_of(config, d) for d in datasets(config))]
     if "celeba" in datasets(config) and fixture_source(config) is not None:
@@ -181,9 +152,7 @@ def killed_writers_folders(
 
 
 def remove_killed_writers_temps(*roots: PathLike) -> None:
-    """After every job of a workflow run succeeded: delete the temporary files that writers
-    killed mid-write (SIGKILL, a lost node) left under ``roots`` (the run's own folders:
-    :func:`killed_writers_folders`), and say how many."""
+    """Delete the temporary files that killed writers left under ``roots``; say how many."""
     from dpsinkhorn.fileio import remove_stale_temps_under
 
     stale = [p for root in roots for p in remove_stale_temps_under(root)]

@@ -1,10 +1,5 @@
 """Publishing: the one door every published byte goes through (``dpsinkhorn release``,
-``dpsinkhorn release-manifest``, ``api.release``).
-
-``decision`` lists what a run may publish from the config alone and proves each file from
-the ledger on disk, reading it once; ``proofs`` holds the proof of each kind of file.
-docs/PRIVACY.md ("What a publication path accepts") is the table of what is proven how.
-"""
+``release-manifest``, ``api.release``); docs/PRIVACY.md says what is proven how."""
 
 from dpsinkhorn.publish.decision import (
     LEDGER,

@@ -1,11 +1,8 @@
 """The release's decision and writing: ``dpsinkhorn release``, ``release-manifest``.
 
-:func:`decide` takes the list of a run's files from the config alone (:func:`run_folders`;
-one experiment folder trained alone: :func:`experiment_folder`) and proves each from its
-ledger on disk (``publish.proofs``), reading every file once; anything else is not
-published. :func:`release` writes the bytes it checked into a temporary folder and renames
-it into place. What each file is proven by: docs/PRIVACY.md ("What a publication path
-accepts").
+:func:`decide` lists a run's files from the config alone and proves each from its ledger
+(``publish.proofs``), reading every file once; nothing else is published. :func:`release`
+writes the checked bytes to a temporary folder and renames it into place (docs/PRIVACY.md).
 """
 
 from __future__ import annotations
@@ -60,13 +57,9 @@ MANIFEST_VERSION = 2
 @dataclass(frozen=True)
 class Folder:
     """One DP experiment's folder as the config defines it: what may be published from it.
-
-    ``rel``: the folder relative to the run ("" for an experiment folder trained alone);
-    ``experiment``: the name its ledger must carry (None: any); ``seeds`` and
-    ``num_samples``: its sample files; ``scores``: its score files' metric names
-    (``fid``, ``acc_<model>``), scored against the public ``test`` split (npz) and its FID
-    statistics ``reference``; ``records``: the training record files its training must be
-    in; ``spec``: the config's settings of the experiment (None: not checked)."""
+    ``rel`` is relative to the run ("": trained alone); None ``experiment``/``spec``: not
+    checked; ``scores``: metric names, scored against ``test`` (npz) and FID ``reference``;
+    ``records``: the training record files that must hold its training."""
 
     rel: str
     experiment: str | None = None
@@ -123,9 +116,6 @@ def experiment_folder(record_dir: str | Path) -> list[Folder]:
     three training files, no samples, no scores; its training is looked for in every record
     file of ``record_dir`` (where that training appended its events)."""
     return [Folder(rel="", records=tuple(sorted(Path(record_dir).glob("*.jsonl"))))]
-
-
-# ------------------------------------------------------------------------ the decision
 
 
 def decide(
@@ -306,9 +296,6 @@ def _decide_summary(run: Path, config: Mapping, ledgers: list[str]) -> Published
         path,
         fileio.sha256_of_bytes(data),
     )
-
-
-# ---------------------------------------------------------------- report and release
 
 
 def manifest(files: Sequence[Published], name: str | None) -> dict:

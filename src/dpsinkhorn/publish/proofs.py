@@ -1,15 +1,7 @@
 """The proofs of ``dpsinkhorn release``, one per kind of published file, each on bytes
-already read (``publish.decision`` reads every file once and publishes those bytes).
-
-* :func:`check_ledger`: a ledger proven from its own bytes.
-* :func:`check_recorded`: that ledger written by a finished DP training of the training
-  record (``privacy.trainings``) into its folder, with the config's settings.
-* :func:`load_verified_generator`: the generator rebuilt from bytes whose hash the ledger
-  holds, to redraw its samples.
-* :func:`check_draw`: a run's sample file holds the redraw (exactly, or within
-  :data:`SAMPLE_TOLERANCE`).
-* :func:`check_score`: a score file holds only its writer's keys, each with a small value
-  of its type, and names its inputs (the run's samples, the public test data) by sha256.
+already read: :func:`check_ledger`, :func:`check_recorded` (a finished training of the
+record wrote it), :func:`load_verified_generator`, :func:`check_draw` (samples are the
+redraw) and :func:`check_score` (a score names its inputs by sha256).
 """
 
 from __future__ import annotations
@@ -41,27 +33,9 @@ SCORE_KEYS = {"fid": fid.RECORD_KEYS, "acc": classify.RECORD_KEYS}
 #: score file may hold (a path, a method's name, the fast loop's one-line error of at most
 #: 300 characters), so that no writer's slip or hand edit carries records or arrays out.
 SCORE_NUMBERS = frozenset(
-    {
-        "fid",
-        "accuracy",
-        "holdout_accuracy",
-        "seconds",
-        "seed",
-        "epochs",
-        "best_epoch",
-        "num_images_a",
-        "num_images_b",
-        "num_holdout",
-        "num_train",
-        "num_test",
-        "num_classes",
-        "max_epochs",
-        "patience",
-        "batch_size",
-        "iterations",
-        "max_iter",
-        "batched_seeds",
-    }
+    "fid accuracy holdout_accuracy seconds seed epochs best_epoch num_images_a num_images_b "
+    "num_holdout num_train num_test num_classes max_epochs patience batch_size iterations "
+    "max_iter batched_seeds".split()
 )
 SCORE_MAX_STRING = 400
 #: Which recorded hash names the scored samples and which the public data, per score kind.
@@ -140,14 +114,10 @@ def check_recorded(
     records: list[Path],
     spec: dict | None = None,
 ) -> str:
-    """Why the ledger ``ledger`` (its bytes ``data``, at ``path``) is the one a DP training
-    wrote, or a refusal: ``trained`` (``privacy.trainings.finished_into`` of its folder in
-    the record files ``records``) holds a finished DP training whose generator hash is the
-    ledger's ``content_sha256``, and the ledger's bytes are the ones that training wrote:
-    their sha256 is its ``ledger_sha256`` (a record older than that key: they equal the
-    copy of its release the training kept, ``privacy.trainings.finished_copy_dir``);
-    ``spec`` (the config's settings of the experiment; None: not checked) equals the
-    settings it trained with."""
+    """Why ``ledger`` (bytes ``data`` at ``path``) is the one a DP training wrote, or a
+    refusal: ``trained`` (the finished trainings into its folder in ``records``) holds one
+    whose generator hash is the ledger's ``content_sha256`` and whose ``ledger_sha256`` (or
+    kept copy) matches ``data``, trained with ``spec`` (None: not checked)."""
     sha = ledger.get("content_sha256")
     same = [t for t in trained if t.get("content_sha256") == sha]
     if not same:

@@ -1,9 +1,5 @@
-"""Captions: :func:`caption`, a plain-text paragraph saying what was run for an output.
-
-Used by ``snakemake --report`` (the rules' ``caption`` param) for every output of
-:data:`dpsinkhorn.config.targets.NAMES`; it reads privacy.json where it exists and never
-fails on missing result files.
-"""
+"""Captions: :func:`caption`, a plain-text paragraph on what was run for an output (for
+``snakemake --report``); never fails on missing result files."""
 
 from __future__ import annotations
 
@@ -15,6 +11,7 @@ from dpsinkhorn import fileio
 from dpsinkhorn.config import PRIVATE_METHODS, experiment, experiment_dir, prepared_folder_of
 from dpsinkhorn.config.studies import STUDIES, study_cells
 from dpsinkhorn.config.targets import CELEBA_TABLES, NAMES, SAMPLE_FIGURES, TITLES, cell_experiments
+from dpsinkhorn.config.workflow import gradient_settings
 from dpsinkhorn.report.common import (
     NO_GUARANTEE_PREFIX,
     ConfigLike,
@@ -94,12 +91,8 @@ def _rst_safe(text: str) -> str:
 def caption(
     config: ConfigLike, out_dir: PathLike, name: str, config_files: Sequence[PathLike] = ()
 ) -> str:
-    """One plain-text paragraph saying what was run for output ``name``.
-
-    ``config``: config file(s), or an already validated config mapping (Snakemake's; then
-    ``config_files`` may name its files). Reads privacy.json where it exists; never needs
-    any result file.
-    """
+    """One plain-text paragraph saying what was run for output ``name``. ``config``: config
+    file(s), or a validated config (then ``config_files`` may name its files)."""
     if name not in NAMES:
         raise ValueError(f"no caption for {name!r} (one of {', '.join(NAMES)})")
     config, files = load_config_like(config)
@@ -127,12 +120,11 @@ def caption(
         + "."
     )
     if name == "fig4c":
-        definition = config["studies"]["fig4c"]
-        p_values = definition.get("p_values", [0.0, 0.2, 0.4, 0.6, 0.8, 1.0])
+        study = gradient_settings(config)
         parts.append(
             f"Gradient estimator G_p of each trained generator drawn over "
-            f"{definition.get('batches', 300)} batches for p in "
-            f"{', '.join(f'{p:g}' for p in p_values)}, without clipping or noise "
+            f"{study['batches']} batches for p in "
+            f"{', '.join(f'{p:g}' for p in study['p_values'])}, without clipping or noise "
             "(a non-private analysis of the training data, not a DP release)."
         )
     elif name in SAMPLE_FIGURES:

@@ -1,15 +1,10 @@
 """Tables 3 and 6 (CelebA): ``dpsinkhorn report {table3,table6} --config FILES --out-dir``.
-
-Same conventions as Table 1 (:mod:`dpsinkhorn.report.common`) with the columns FID, MLP,
-CNN; the rows come from the experiments' ``rows:`` key, and each table writes
-``tables/table{3,6}.{md,csv,tex}`` and ``figures/fig{3,6}.png``. A CelebA prepared from
-the synthetic fixture (``FIXTURE`` in its prepared folder) is named in their captions.
-"""
+Table 1's conventions with columns FID, MLP, CNN; rows from the experiments' ``rows:``;
+writes ``tables/table{3,6}.{md,csv,tex}`` and ``figures/fig{3,6}.png``."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 from dpsinkhorn import fileio
@@ -47,36 +42,9 @@ from dpsinkhorn.report.paper import (
     CELEBA_REPORTED_NOTES,
 )
 
-
-@dataclass(frozen=True)
-class CelebaTable:
-    """What the paper's Table 3 or 6 shows: our rows, its numbers, reported baselines."""
-
-    title: str
-    labels: dict[str, str]  # row key (config ``rows:``) -> method label
-    paper: dict[str, tuple[float | None, ...]]  # row key -> (FID, MLP, CNN) in the paper
-    paper_epsilon: dict[str, float]  # row key -> ε the paper reports (DP rows)
-    reported: dict[str, tuple[float, tuple[float | None, ...]]]  # method -> (ε, values)
-    notes: tuple[str, ...]
-    figure_caption: str
-
-
-def _celeba_table(table: str, labels: dict[str, str], figure_caption: str) -> CelebaTable:
-    """Table 3 or 6: our row labels and figure caption, the paper's numbers (paper.py)."""
-    return CelebaTable(
-        title=TITLES[table],
-        labels=labels,
-        paper=CELEBA_PAPER[table],
-        paper_epsilon=CELEBA_PAPER_EPSILON[table],
-        reported=CELEBA_REPORTED[table],
-        notes=CELEBA_REPORTED_NOTES[table],
-        figure_caption=figure_caption,
-    )
-
-
+#: Tables 3 and 6: our row labels (row key, config ``rows:`` -> method) and figure caption.
 CELEBA_TABLES = {
-    "table3": _celeba_table(
-        "table3",
+    "table3": (
         {
             "real": "Real data",
             "nonprivate": "Sinkhorn (non-private)",
@@ -85,8 +53,7 @@ CELEBA_TABLES = {
         },
         "DP-Sinkhorn samples (paper Fig. 3); rows: female, male",
     ),
-    "table6": _celeba_table(
-        "table6",
+    "table6": (
         {"real": "Real data", "dcgan": "DCGAN+DP-Sinkhorn", "biggan": "BigGAN+DP-Sinkhorn"},
         "DCGAN rows, then BigGAN rows (paper Fig. 6)",
     ),
@@ -95,17 +62,17 @@ CELEBA_TABLES = {
 
 def celeba_rows(config: dict, table: str, results_dir: Path) -> list[Row]:
     """Our rows of Table 3 or 6 (config ``rows:``), then the paper's reported baselines."""
-    spec = CELEBA_TABLES[table]
+    labels, paper = CELEBA_TABLES[table][0], CELEBA_PAPER[table]
     files = table_files(config, table, results_dir)
     check_exist(Path(f) for f in files["results"] + files["privacy"])
     rows = [
-        measured_row(config, results_dir, name, spec.labels[kind], spec.paper[kind], CELEBA_METRICS)
+        measured_row(config, results_dir, name, labels[kind], paper[kind], CELEBA_METRICS)
         for (_, kind), name in table_experiments(config, table).items()
     ]
     for dataset in dict.fromkeys(r.dataset for r in rows):
         if dataset != "celeba":
             continue
-        for method, (eps, values) in spec.reported.items():
+        for method, (eps, values) in CELEBA_REPORTED[table].items():
             mean = dict(zip(CELEBA_METRICS, values, strict=True))
             rows.append(Row(method, dataset, REPORTED, eps, mean=mean, std={}))
     return rows
@@ -125,7 +92,7 @@ def _fixture_note(config: dict) -> str:
 
 def celeba_table(table: str, config_files: Sequence[str | Path], out_dir: str | Path) -> list[Path]:
     """Write Table 3 or 6 (md, csv, tex) and its figure (fig3 / fig6); return the paths."""
-    spec = CELEBA_TABLES[table]
+    row_labels, caption = CELEBA_TABLES[table]
     config, out_dir = report_config(config_files), Path(out_dir)
     rows = celeba_rows(config, table, out_dir)
     seed = config["seeds"][0]
@@ -140,14 +107,14 @@ def celeba_table(table: str, config_files: Sequence[str | Path], out_dir: str | 
         images, sample_labels = fileio.load_samples(samples)
         panels.append((images, sample_labels, labels[name] if len(names) > 1 else ""))
     if panels:
-        title = f"{spec.figure_caption}: {', '.join(names)} (seed {seed})"
+        title = f"{caption}: {', '.join(names)} (seed {seed})"
         save_grid_figure(panels, CLASS_NAMES["celeba"], png, title)
 
     fixture = _fixture_note(config)
     seeds = len(config["seeds"])
     specs = [experiment(config, r.exp_name) for r in rows if r.exp_name]
     deltas = sorted({f"{e['delta']:g}" for e in specs if e["method"] in PRIVATE_METHODS})
-    lines = [f"# {spec.title}", ""] + ([fixture, ""] if fixture else [])
+    lines = [f"# {TITLES[table]}", ""] + ([fixture, ""] if fixture else [])
     public = guarantee_note(rows)
     lines += [public, ""] if public else []
     lines += [
@@ -161,9 +128,10 @@ def celeba_table(table: str, config_files: Sequence[str | Path], out_dir: str | 
         + ". Accuracy in %. Rows *reported in paper* are copied from the paper (– = N/A).",
         "",
     ]
-    paper_eps = {spec.labels[k]: v for k, v in spec.paper_epsilon.items()}
+    paper_eps = {row_labels[k]: v for k, v in CELEBA_PAPER_EPSILON[table].items()}
     lines += markdown_table(rows, CELEBA_METRICS, paper_eps) + [""]
-    lines += [f"Note: {n}" for n in spec.notes] + ([""] if spec.notes else [])
+    notes = CELEBA_REPORTED_NOTES[table]
+    lines += [f"Note: {n}" for n in notes] + ([""] if notes else [])
     lines += [
         "## Experiments",
         "",
@@ -183,7 +151,7 @@ def celeba_table(table: str, config_files: Sequence[str | Path], out_dir: str | 
         cells = [row.method, f"`{row.exp_name}`", exp["method"], *train]
         lines.append("| " + " | ".join(cells) + " |")
     if panels:
-        lines += ["", "## Samples", "", f"{spec.figure_caption}:", ""]
+        lines += ["", "## Samples", "", f"{caption}:", ""]
         lines += [f"![{figure_name}](../figures/{png.name})"]
     md = "\n".join(lines).rstrip() + "\n"
     note = "SYNTHETIC CelebA FIXTURE, not CelebA." if fixture else ""

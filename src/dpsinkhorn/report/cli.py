@@ -1,10 +1,4 @@
-"""``dpsinkhorn report <name>``: one sub-command per table, figure set or results set.
-
-Each report module builds its outputs; this module, above them all, wires them into
-the command: Tables 1/3/6 (:mod:`~dpsinkhorn.report.table1`, :mod:`~dpsinkhorn.report.celeba`),
-the study tables and figures and reproduction.md (:data:`REPORTS`), and committed results
-sets (:mod:`~dpsinkhorn.report.resultset`).
-"""
+"""``dpsinkhorn report <name>``: one sub-command per table, figure set or results set."""
 
 from __future__ import annotations
 
@@ -12,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from dpsinkhorn.config.studies import FIGURE_STUDIES, TABLE_STUDIES
-from dpsinkhorn.config.targets import MAIN_TABLES, NAMES, SAMPLE_FIGURES
+from dpsinkhorn.config.targets import CELEBA_TABLES, MAIN_TABLES, NAMES, SAMPLE_FIGURES
 from dpsinkhorn.report import resultset
 from dpsinkhorn.report.celeba import celeba_table
 from dpsinkhorn.report.common import ConfigLike, PathLike
@@ -36,19 +30,12 @@ def render(name: str, config: ConfigLike, out_dir: PathLike) -> list[Path]:
     raise ValueError(f"unknown report {name!r} (one of {', '.join(REPORTS)})")
 
 
-def _table1_cli(args: argparse.Namespace) -> int:
-    for path in table1(args.config, args.out_dir):
-        print(path)
-    return 0
-
-
-def _celeba_cli(args: argparse.Namespace) -> int:
-    for path in celeba_table(args.report, args.config, args.out_dir):
-        print(path)
-    return 0
-
-
 REPORT_HELP = {
+    "table1": "Table 1 (MNIST, Fashion-MNIST): tables/table1.{md,csv,tex} + figures",
+    "table3": "Table 3 (CelebA: DP-Sinkhorn, non-private, real data) + figures/fig3.png; "
+    "tables/table3.{md,csv,tex}",
+    "table6": "Table 6 (CelebA: BigGAN vs DCGAN generator) + figures/fig6.png; "
+    "tables/table6.{md,csv,tex}",
     "table2": "Table 2 (ablation: perturbation, loss, debiasing): tables/table2.{md,csv,tex}",
     "table4": "Table 4 (MNIST hyper-parameter search): tables/table4.{md,csv,tex}",
     "table5": "Table 5 (Fashion-MNIST hyper-parameter search): tables/table5.{md,csv,tex}",
@@ -64,38 +51,15 @@ REPORT_HELP = {
 
 
 def _cli(args: argparse.Namespace) -> int:
-    for path in render(args.report, args.config, args.out_dir):
+    if args.report == "table1":
+        paths = table1(args.config, args.out_dir)
+    elif args.report in CELEBA_TABLES:
+        paths = celeba_table(args.report, args.config, args.out_dir)
+    else:
+        paths = render(args.report, args.config, args.out_dir)
+    for path in paths:
         print(path)
     return 0
-
-
-def register_tables(reports: argparse._SubParsersAction) -> None:
-    """Add the main tables ``table1``, ``table3`` and ``table6`` to ``dpsinkhorn report``."""
-    t1 = reports.add_parser(
-        "table1", help="Table 1 (MNIST, Fashion-MNIST): tables/table1.{md,csv,tex} + figures"
-    )
-    t1.add_argument("--config", nargs="+", required=True, help="the run's config file(s)")
-    t1.add_argument("--out-dir", required=True, help="the run's results folder (results/<run>)")
-    t1.set_defaults(handler=_table1_cli)
-    for table, what in [
-        ("table3", "Table 3 (CelebA: DP-Sinkhorn, non-private, real data) + figures/fig3.png"),
-        ("table6", "Table 6 (CelebA: BigGAN vs DCGAN generator) + figures/fig6.png"),
-    ]:
-        sub = reports.add_parser(table, help=f"{what}; tables/{table}.{{md,csv,tex}}")
-        sub.add_argument("--config", nargs="+", required=True, help="the run's config file(s)")
-        sub.add_argument("--out-dir", required=True, help="the run's results folder")
-        sub.set_defaults(handler=_celeba_cli)
-
-
-def register_reports(reports: argparse._SubParsersAction) -> None:
-    """Add :data:`REPORTS` to the ``dpsinkhorn report`` sub-parser."""
-    for name in REPORTS:
-        sub = reports.add_parser(name, help=REPORT_HELP[name].replace("%", "%%"))
-        sub.add_argument("--config", nargs="+", required=True, help="the run's config file(s)")
-        sub.add_argument(
-            "--out-dir", required=True, help="the run's results folder (results/<run>)"
-        )
-        sub.set_defaults(handler=_cli)
 
 
 def register_cli(subparsers: argparse._SubParsersAction) -> None:
@@ -103,6 +67,11 @@ def register_cli(subparsers: argparse._SubParsersAction) -> None:
     reproduction.md and committed results sets."""
     parser = subparsers.add_parser("report", help="build result tables and figures of a run")
     reports = parser.add_subparsers(dest="report", required=True, metavar="TABLE")
-    register_tables(reports)
-    register_reports(reports)
+    for name in (*MAIN_TABLES, *REPORTS):
+        sub = reports.add_parser(name, help=REPORT_HELP[name].replace("%", "%%"))
+        sub.add_argument("--config", nargs="+", required=True, help="the run's config file(s)")
+        sub.add_argument(
+            "--out-dir", required=True, help="the run's results folder (results/<run>)"
+        )
+        sub.set_defaults(handler=_cli)
     resultset.register(reports)

@@ -1,10 +1,6 @@
-"""Shared by every report: result rows, reading result files, formatting numbers and
-cells, the Markdown/LaTeX/CSV writers and the notes several tables print.
-
-Units are the paper's: accuracy in % (the json files hold fractions), ε = inf for the
-non-private rows. Each cell is mean ± std over the seeds; std is the sample standard
-deviation (ddof=1), and 0 for a single seed.
-"""
+"""Shared by every report: result rows, reading result files, formatting cells, the
+Markdown/LaTeX/CSV writers and shared notes. Accuracy in %, ε = inf for non-private rows;
+a cell is mean ± sample std (ddof=1; 0 for one seed) over the seeds."""
 
 from __future__ import annotations
 
@@ -32,21 +28,6 @@ from dpsinkhorn.config.targets import score_name
 from dpsinkhorn.data.catalog import DATASETS, own_dataset_info
 
 METRICS = ("fid", "acc_logreg", "acc_mlp", "acc_cnn")
-CSV_COLUMNS = (
-    "method",
-    "dataset",
-    "epsilon",
-    "epsilon_paper_convention",
-    "fid",
-    "fid_std",
-    "acc_logreg",
-    "acc_logreg_std",
-    "acc_mlp",
-    "acc_mlp_std",
-    "acc_cnn",
-    "acc_cnn_std",
-    "source",
-)
 #: A classifier cell of an unconditional generator (its samples have no labels).
 UNCONDITIONAL_CELL = "n/a (unconditional)"
 #: Row sources: measured by this run, or copied from the paper.
@@ -120,9 +101,6 @@ class Row:
     unconditional: bool = False  # our rows: no labels, so no classifier cells
 
 
-# ---------------------------------------------------------------------- reading
-
-
 def mean_std(values: Sequence[float]) -> tuple[float, float]:
     """Mean and sample std (ddof=1) over seeds; std 0 for a single seed."""
     arr = np.asarray(values, dtype=float)
@@ -172,11 +150,8 @@ def measured_row(
     paper: Sequence[float | None],
     metrics: Sequence[str] = METRICS,
 ) -> Row:
-    """One row of this run: mean ± std over seeds of an experiment's result files.
-
-    ε is read from privacy.json for DP experiments, ∞ otherwise (non-private, real data);
-    ``paper`` holds the paper's values for ``metrics`` (None where it has none).
-    """
+    """One row of this run: mean ± std over seeds of an experiment's result files; ε from
+    privacy.json (∞ if not DP); ``paper``: the paper's values for ``metrics`` or None."""
     spec = experiment(config, name)
     dataset, seeds = spec["dataset"], config["seeds"]
     exp_dir, eval_dir = (
@@ -210,9 +185,8 @@ def measured_row(
 
 
 def learn_own_datasets(config: Mapping) -> dict:
-    """Add the config's own datasets (``datasets:``: their ``title`` and class names, both
-    public) to :data:`DATASET_TITLES` and :data:`CLASS_NAMES`, which every table and figure
-    reads; returns ``config``. Called wherever the report loads a config."""
+    """Add the config's own datasets' (public) titles and class names to
+    :data:`DATASET_TITLES` and :data:`CLASS_NAMES`; return ``config``."""
     for name, definition in (config.get("datasets") or {}).items():
         info = own_dataset_info(name, definition)
         DATASET_TITLES[name], CLASS_NAMES[name] = info.title, list(info.class_names)
@@ -230,9 +204,6 @@ def load_config_like(config: ConfigLike) -> tuple[dict, list[str]]:
         return learn_own_datasets(dict(config)), []
     files = [config] if isinstance(config, str | os.PathLike) else list(config)
     return report_config(files), [str(f) for f in files]
-
-
-# ------------------------------------------------------------------------- writing
 
 
 def format_g(value: float | None, missing: str = "–") -> str:
@@ -309,14 +280,19 @@ def epsilon_text(value: float | None, reported: bool, latex: bool = False) -> st
     return f"{value:g}" if reported else f"{value:.2f}"
 
 
-def write_csv(path: Path, columns: Sequence[str], rows: Iterable[Mapping]) -> Path:
-    """Write records as CSV with these columns (atomic); return ``path``."""
+def csv_text(columns: Sequence[str], rows: Iterable[Mapping]) -> str:
+    """Records as CSV with these columns (cells: :func:`csv_value`; other keys left out)."""
     buffer = _io.StringIO()
     writer = csv.DictWriter(buffer, columns, lineterminator="\n", extrasaction="ignore")
     writer.writeheader()
     for row in rows:
         writer.writerow({k: csv_value(row.get(k)) for k in columns})
-    fileio.write_text(path, buffer.getvalue())
+    return buffer.getvalue()
+
+
+def write_csv(path: Path, columns: Sequence[str], rows: Iterable[Mapping]) -> Path:
+    """Write records as CSV with these columns (atomic); return ``path``."""
+    fileio.write_text(path, csv_text(columns, rows))
     return path
 
 
@@ -340,11 +316,8 @@ def markdown_table(
     paper_eps: dict[str, float],
     marks: dict[str, str] | None = None,
 ) -> list[str]:
-    """Markdown lines of one table: ε columns, metrics, source.
-
-    ``paper_eps`` maps a method of this run to the ε the paper reports for it (shown as
-    ``(paper X)`` beside our paper-convention ε); ``marks`` adds footnote marks to methods.
-    """
+    """Markdown lines of one table: ε columns, metrics, source. ``paper_eps``: method ->
+    the paper's ε, shown as ``(paper X)``; ``marks``: method -> footnote mark."""
     header = ["Method", "ε (sound)", "ε (paper conv.)"] + [METRIC_TITLES[m] for m in metrics]
     lines = ["| " + " | ".join(header + ["Source"]) + " |", "|" + "---|" * (len(header) + 1)]
     for row in rows:
@@ -412,16 +385,10 @@ def write_tables(out_dir: Path, table: str, md: str, csv_text: str, tex: str) ->
     return written
 
 
-# --------------------------------------------------------------------------- notes
-
-
 def sound_epsilons(privacy: dict) -> dict[str, float]:
-    """Sound ε of a ledger under both accountants: {"rdp": ε, "pld": ε} ({} if not DP).
-
-    Recomputed from the ledger's noise_multiplier, q, steps and delta (Poisson-subsampled
-    Gaussian mechanism, add/remove-one adjacency); the ledger's own accountant's value is
-    taken as recorded. PLD at a small noise multiplier over 10^5 steps takes ~30 s on CPU.
-    """
+    """Sound ε of a ledger under both accountants, {"rdp": ε, "pld": ε} ({} if not DP):
+    the other accountant's recomputed from (noise_multiplier, q, steps, delta) of the
+    Poisson-subsampled Gaussian mechanism, add/remove-one adjacency."""
     from dpsinkhorn.privacy.accounting import compute_epsilon
 
     keys = ("noise_multiplier", "q", "steps", "delta")

@@ -1,12 +1,8 @@
 """Figures: ``dpsinkhorn report {fig2,fig4a,fig4b,fig4c,fig5,fig7,eps10} --config FILES --out-dir``.
 
-``figures/<name>.{png,pdf,csv}`` (the csv holds the plotted numbers): fig4a (learning
-rate × optimiser), fig4b (sound ε × m), fig4c (gradient bias and variance against p, from
-each cell's ``gradstudy.json``), fig5 (p, one column per dataset), eps10 (the sound ε = 10
-study against the paper's claimed row; also its section of reproduction.md), and the
-sample grids fig2 (10 per class) and fig7 (20 per class) of each dataset's Table 1 DP
-experiment. Error bars are the std over seeds where there is more than one seed. Also the
-sample-grid helpers of Tables 1, 3 and 6. matplotlib is imported inside the functions.
+Each writes ``figures/<name>.{png,pdf,csv}`` (the csv: the plotted numbers; error bars: std
+over seeds). Also the sample-grid helpers of Tables 1, 3 and 6. matplotlib is imported
+inside the functions.
 """
 
 from __future__ import annotations
@@ -43,8 +39,6 @@ from dpsinkhorn.report.grids import grid_classes, sample_grid
 from dpsinkhorn.report.paper import PAPER_CLAIM, PAPER_DP
 from dpsinkhorn.report.studies import CellResult, measure_study, require_study
 
-# ------------------------------------------------------------------ study figures
-
 
 def _figure(nrows: int, ncols: int, width: float = 4.2, height: float = 3.2):
     from matplotlib.figure import Figure  # Agg via Figure.savefig; no pyplot state
@@ -53,7 +47,12 @@ def _figure(nrows: int, ncols: int, width: float = 4.2, height: float = 3.2):
     return fig, fig.subplots(nrows, ncols, squeeze=False)
 
 
-def _save_figure(fig, out_dir: Path, name: str) -> list[Path]:
+def _save_figure(
+    fig, out_dir: Path, name: str, columns: Sequence[str], records: list, title: str = ""
+) -> list[Path]:
+    """Write ``figures/<name>.{png,pdf}`` and the plotted numbers as ``<name>.csv``."""
+    if title:
+        fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     written = []
     for suffix in ("png", "pdf"):
@@ -63,10 +62,14 @@ def _save_figure(fig, out_dir: Path, name: str) -> list[Path]:
         with fileio.atomic_path(path) as tmp:
             fig.savefig(tmp, format=suffix, bbox_inches="tight", metadata=metadata)
         written.append(path)
-    return written
+    return written + [write_csv(out_dir / FIGURES_DIR / f"{name}.csv", columns, records)]
 
 
 Value = Callable[[CellResult], tuple[float, float] | None]
+
+
+def _claim_line(ax, value: float, label: str) -> None:
+    ax.axvline(value, color="k", ls="--", lw=1, label=f"paper's claimed row: {label}")
 
 
 def _metric(metric: str, error: bool = False) -> Value:
@@ -128,18 +131,7 @@ def _figure_record(r: CellResult, **extra: object) -> dict:
 
 
 FIGURE_CSV_COLUMNS = (
-    "cell",
-    "experiment",
-    "base",
-    "series",
-    "dataset",
-    "lr",
-    "optimizer",
-    "p",
-    "m",
-    "sigma",
-    "steps",
-    "epsilon",
+    *"cell experiment base series dataset lr optimizer p m sigma steps epsilon".split(),
     "epsilon_paper_convention",
     *(c for m in METRICS for c in (m, f"{m}_std")),
 )
@@ -184,10 +176,8 @@ def _fig4a(config: Mapping, out_dir: Path) -> list[Path]:
         ax.set_xscale("log")
         ax.set_xlabel("learning rate")
         ax.set_ylabel(ylabel)
-    fig.suptitle(TITLES["fig4a"], fontsize=10)
-    written = _save_figure(fig, out_dir, "fig4a")
     records = [_figure_record(r, series=series(r)) for r in results]
-    return written + [write_csv(out_dir / FIGURES_DIR / "fig4a.csv", FIGURE_CSV_COLUMNS, records)]
+    return _save_figure(fig, out_dir, "fig4a", FIGURE_CSV_COLUMNS, records, TITLES["fig4a"])
 
 
 def _fig4b(config: Mapping, out_dir: Path) -> list[Path]:
@@ -203,11 +193,9 @@ def _fig4b(config: Mapping, out_dir: Path) -> list[Path]:
         _plot_lines(ax, results, lambda r: r.row.epsilon, series, _metric(metric, error), seeds)
         ax.set_xlabel("ε (sound)")
         ax.set_ylabel(ylabel)
-    fig.suptitle(TITLES["fig4b"], fontsize=10)
-    written = _save_figure(fig, out_dir, "fig4b")
     records = [_figure_record(r, series=series(r), **_errors(r, models)) for r in results]
     columns = (*FIGURE_CSV_COLUMNS, *(f"error_{m}" for m in models))
-    return written + [write_csv(out_dir / FIGURES_DIR / "fig4b.csv", columns, records)]
+    return _save_figure(fig, out_dir, "fig4b", columns, records, TITLES["fig4b"])
 
 
 def _fig5(config: Mapping, out_dir: Path) -> list[Path]:
@@ -232,11 +220,9 @@ def _fig5(config: Mapping, out_dir: Path) -> list[Path]:
         series = _series(in_dataset, lambda r: r.spec["dataset"])
         models = classifiers_of(config, dataset)
         records += [_figure_record(r, series=series(r), **_errors(r, models)) for r in in_dataset]
-    fig.suptitle(TITLES["fig5"], fontsize=10)
-    written = _save_figure(fig, out_dir, "fig5")
     models = _classifiers(config, results)
     columns = (*FIGURE_CSV_COLUMNS, *(f"error_{m}" for m in models))
-    return written + [write_csv(out_dir / FIGURES_DIR / "fig5.csv", columns, records)]
+    return _save_figure(fig, out_dir, "fig5", columns, records, TITLES["fig5"])
 
 
 #: The per-p lists of ``evaluate.gradstudy``'s file that Figure 4c's CSV holds.
@@ -277,9 +263,7 @@ def _fig4c(config: Mapping, out_dir: Path) -> list[Path]:
         ax.grid(alpha=0.3)
         if lines:
             ax.legend(fontsize=7)
-    fig.suptitle(TITLES["fig4c"], fontsize=10)
-    written = _save_figure(fig, out_dir, "fig4c")
-    return written + [write_csv(out_dir / FIGURES_DIR / "fig4c.csv", FIG4C_COLUMNS, records)]
+    return _save_figure(fig, out_dir, "fig4c", FIG4C_COLUMNS, records, TITLES["fig4c"])
 
 
 def _samples_figure(config: Mapping, out_dir: Path, name: str) -> list[Path]:
@@ -329,10 +313,8 @@ def _samples_figure(config: Mapping, out_dir: Path, name: str) -> list[Path]:
             spine.set_visible(False)
         title = DATASET_TITLES.get(dataset, dataset)
         ax.set_title(f"{title}: {figure_experiment(config, dataset)} (seed {seed})", fontsize=9)
-    written = _save_figure(fig, out_dir, name)
     columns = ("dataset", "experiment", "seed", "samples", "class", "class_name", "shown")
-    columns += ("available",)
-    return written + [write_csv(out_dir / FIGURES_DIR / f"{name}.csv", columns, records)]
+    return _save_figure(fig, out_dir, name, (*columns, "available"), records)
 
 
 #: The paper's claimed MNIST DP-Sinkhorn row (final Table 1), reported as ε = 10 under its
@@ -371,13 +353,7 @@ def _eps10(config: Mapping, out_dir: Path) -> list[Path]:
                 ms=4,
                 label=model,
             )
-    ax.axvline(
-        PAPER_CLAIM["acc_cnn"],
-        color="k",
-        ls="--",
-        lw=1,
-        label=f"paper's claimed row: CNN {PAPER_CLAIM['acc_cnn']:g}%",
-    )
+    _claim_line(ax, PAPER_CLAIM["acc_cnn"], f"CNN {PAPER_CLAIM['acc_cnn']:g}%")
     ax.set_xlabel("accuracy on the real test set (%) ↑")
     ax = axes[0, 1]
     fid = [(y, _metric("fid")(r)) for y, r in zip(ys, results, strict=True)]
@@ -391,21 +367,13 @@ def _eps10(config: Mapping, out_dir: Path) -> list[Path]:
             label="FID",
             xerr=[v[1] for _, v in fid] if seeds > 1 else None,
         )
-    ax.axvline(
-        PAPER_CLAIM["fid"],
-        color="k",
-        ls="--",
-        lw=1,
-        label=f"paper's claimed row: FID {PAPER_CLAIM['fid']:g}",
-    )
+    _claim_line(ax, PAPER_CLAIM["fid"], f"FID {PAPER_CLAIM['fid']:g}")
     ax.set_xlabel("FID ↓")
     for ax in axes[0]:
         ax.set_yticks(ys, [_eps10_label(r) for r in results], fontsize=7)
         ax.invert_yaxis()
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, loc="lower left", bbox_to_anchor=(0.0, 1.01), ncol=2)
-    fig.suptitle(TITLES["eps10"], fontsize=10)
-    written = _save_figure(fig, out_dir, "eps10")
     records = [
         _figure_record(
             r,
@@ -416,7 +384,7 @@ def _eps10(config: Mapping, out_dir: Path) -> list[Path]:
         )
         for r in results
     ]
-    return written + [write_csv(out_dir / FIGURES_DIR / "eps10.csv", EPS10_COLUMNS, records)]
+    return _save_figure(fig, out_dir, "eps10", EPS10_COLUMNS, records, TITLES["eps10"])
 
 
 def eps10_section(config: Mapping, out_dir: Path) -> list[str]:

@@ -15,10 +15,8 @@ from dpsinkhorn.report.common import CLASS_NAMES
 def sample_grid(
     images: np.ndarray, labels: np.ndarray, num_classes: int, per_class: int
 ) -> np.ndarray:
-    """Mosaic with one row per class (its first ``per_class`` samples), 2 px gaps.
-
-    A class with fewer samples leaves its remaining cells blank (white).
-    """
+    """Mosaic with one row per class (its first ``per_class`` samples, blank where it has
+    fewer), 2 px gaps."""
     if images.ndim == 4 and images.shape[-1] == 1:
         images = images[..., 0]
     h, w = images.shape[1:3]
@@ -62,11 +60,8 @@ def save_grid_figure(
     title: str,
     per_class: int = 10,
 ) -> None:
-    """PNG of sample sets stacked top to bottom, one row per class of each (atomic).
-
-    ``panels`` holds (images, labels, row-label prefix) per sample set, e.g. the DCGAN's
-    then the BigGAN's samples for the paper's Figure 6.
-    """
+    """PNG of sample sets stacked top to bottom, one row per class of each (atomic);
+    ``panels``: (images, labels, row-label prefix) per sample set."""
     from matplotlib.figure import Figure  # Agg via Figure.savefig; no pyplot state
 
     grids, names = [], []

@@ -1,9 +1,5 @@
-"""Every number copied from the paper, in one place, and the helpers that look them up.
-
-Table 1 (real data, non-private and DP-Sinkhorn rows, reported baselines), Tables 3 and 6
-(CelebA), Tables 2, 4, 5 (ablation and hyper-parameter searches), and the ε the paper
-reports them at (under its own accounting convention). Accuracy in %, as printed.
-"""
+"""Every number copied from the paper (Tables 1-6, the ε it reports them at) and the
+helpers that look them up. Accuracy in %, as printed."""
 
 from __future__ import annotations
 
@@ -11,9 +7,6 @@ from collections.abc import Mapping, Sequence
 
 from dpsinkhorn.data.catalog import DATASETS
 from dpsinkhorn.report.common import METRICS
-
-# ------------------------------------------------------------------------- Table 1
-
 
 #: Table 1 rows that run the paper's (σ, steps): both are compared with the paper's DP row.
 PAPER_SETTING_ROWS = ("paper", "perrow")
@@ -96,9 +89,6 @@ def table1_paper_values(dataset: str, kind: str, spec: dict) -> tuple:
 PAPER_CLAIM = dict(zip(METRICS, PAPER_DP["mnist"], strict=True))
 
 
-# ---------------------------------------------------------------- CelebA: Tables 3, 6
-
-
 #: The metrics of the paper's CelebA tables (it has no Log-Reg for CelebA).
 CELEBA_METRICS = ("fid", "acc_mlp", "acc_cnn")
 #: Tables 3 and 6: row key (config ``rows:``) -> (FID, MLP, CNN) in the paper.
@@ -136,9 +126,6 @@ CELEBA_REPORTED_NOTES = {
     ),
     "table6": (),
 }
-
-
-# --------------------------------------------------------------- Tables 2, 4, 5
 
 
 #: The final paper's Table 2 (MNIST, ε = 10): (perturbation, loss, debiasing) -> (FID, MLP, CNN).

@@ -1,33 +1,9 @@
-"""Accounting across releases: what publishing every DP release of a run costs, per dataset.
-
-Each DP experiment's ledger (``privacy.json``) covers its own release. Releases trained on
-the same private dataset compose: publishing all of them is one mechanism, the sequence
-of every run's Poisson-subsampled Gaussian steps (add/remove-one adjacency), whose ε at δ
-is :func:`dpsinkhorn.privacy.accounting.composed_epsilon` (RDP curves added across runs,
-then converted once). Tuning is not free either: every configuration trained on the data
-(non-private ones and sweep members included) looked at it, so the summary counts them.
-
-Every training of the data counts too, not only the releases of this run: the training
-record of each private data source (``privacy.trainings``, beside the prepared data, keyed
-by the data's content) lists every training that drew noise from it, in any run folder
-and config, finished, interrupted or retrained. :func:`trainings_summary` composes all of
-them at the largest δ (of the ledgers and the record), and a warning says when a source
-was trained more often than this run releases.
-
-Every person's ε too (:func:`individual_summary`): the per-user record store
-(``privacy.record_store``) holds a keyed fingerprint of every image each DP training used,
-so the trainings that held one of this data's records are found whatever data_dir, run
-folder or machine trained them; the worst-off person's ε composes the trainings that held
-their record. Counts computed from the private data (how many records lie in several
-trainings) go to the curator only (``curator`` lines, which ``dpsinkhorn release``
-prints), never into the summary or a job's log.
-
-``dpsinkhorn privacy-summary --config ... --results results/<run>`` writes
-``results/<run>/privacy_summary.json`` (:func:`privacy_summary`); reproduction.md shows it
-as a section (:func:`summary_markdown`). It reads the ledgers and the training records'
-public settings and step counts only, so it is itself covered by them and belongs to the
-release.
-"""
+"""Accounting across releases, per private data source: the composed ε of a run's DP
+releases (:func:`dataset_summary`), of every training the data's record lists
+(:func:`trainings_summary`), and the worst-off person's ε from the per-user record store
+(:func:`individual_summary`). Reads only ledgers and records' public settings, so the
+summary belongs to the release; counts from private data go to ``curator`` lines only.
+docs/PRIVACY.md says what each ε means."""
 
 from __future__ import annotations
 
@@ -74,11 +50,8 @@ def read_ledger(path: Path) -> dict:
 
 def check_ledger_record(ledger: dict, path: Path) -> dict:
     """A DP ledger's content, checked: ``private: true``, the keys the composition reads,
-    and an ε that is that of one (q, z, steps, δ) mechanism (ValueError naming ``path``).
-
-    A ledger whose run changed σ on resume has several segments that privacy.json does not
-    list; its ε then differs from the recomputed one and the summary refuses it.
-    """
+    and an ε that is that of one (q, z, steps, δ) mechanism (ValueError naming ``path``;
+    a run that changed σ on resume is refused)."""
     if ledger.get("private") is not True:
         raise ValueError(f"{path}: not a DP ledger (private is {ledger.get('private')!r})")
     missing = [k for k in LEDGER_KEYS if k not in ledger]

@@ -1,27 +1,10 @@
 """Committed results sets: ``dpsinkhorn report results-set --dir results-paper-scale/<name>``.
 
-A results set is a folder, committed in the repository and named by what it holds
-(``mnist-perrow-h100``), holding what a run of this project's code wrote for some Table 1
-experiments, without the generators (the run's commit, device and date: its provenance)::
-
-    <set>/provenance.json           device, commit, config, command per experiment, generator sha256
-    <set>/<experiment>/privacy.json the training ledger (as train wrote it)
-    <set>/<experiment>/acc_<model>_seed<k>.json, fid_seed<k>.json   the evaluation results
-    <set>/cpu-fid/<experiment>.json optional FID of fewer images, never Table 1's
-
-:func:`render` turns it into ``<set>/table1.{md,csv}``: one row per Table 1 experiment of
-the set's config that has a folder in the set, each cell the mean ± std over the seeds whose
-file exists, with the seed count, and ``missing`` where no seed has one. Nothing is filled
-in. Each ledger must match the config's experiment (σ, steps, clipping, Δ, B, δ), so a row's
-label is the one the config gives it. Adding files from a later run and rerunning the
-command is all it takes to update the table.
-
-A sound ε is only a guarantee if the run's noise was secret. Each DP row's ledger is read
-for its ``guarantee`` (:func:`guarantee_status`): one that starts with ``none`` (a public
-noise seed) marks both sound-ε cells with :data:`NO_GUARANTEE_MARK` and a note quoting the
-ledger's reason; a ledger without the field (written before it existed) is marked
-:data:`UNKNOWN_GUARANTEE_MARK`, "unknown guarantee". The CSV's ``guarantee`` column holds
-the ledger's text (``unknown`` without one; empty for rows that are not DP).
+A set holds ``provenance.json``, each experiment's ``privacy.json`` and score files, and
+optionally ``cpu-fid/``. :func:`render` writes ``<set>/table1.{md,csv}``: a row per
+experiment of the set's config with a folder in the set, each cell mean ± std over the
+seeds present (``missing`` where none); each ledger must match its experiment. A ledger's
+``guarantee`` marks the sound-ε cells (:func:`guarantee_status`).
 """
 
 from __future__ import annotations
@@ -84,13 +67,8 @@ UNKNOWN_GUARANTEE = "unknown"
 
 
 def guarantee_status(privacy: dict) -> tuple[str, str] | None:
-    """(status, text) of a DP row's ledger; None for rows without a ledger (not DP).
-
-    status ``none``: ``guarantee`` starts with "none" (the noise seed was public: anyone
-    can subtract the noise, so ε bounds nothing); ``unknown``: no ``guarantee`` field (or
-    not a string), so whether the seed was secret is not recorded; ``sound``: any other
-    text, the (ε, δ)-DP statement train wrote. ``text`` is the ledger's own words.
-    """
+    """(status, the ledger's text) of a DP row's ``guarantee``; None if not DP. Status
+    ``none`` (public noise seed: ε bounds nothing), ``unknown`` (no field) or ``sound``."""
     if not privacy:
         return None
     text = privacy.get("guarantee")

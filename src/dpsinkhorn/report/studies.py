@@ -1,17 +1,9 @@
 """Study tables 2, 4, 5: ``dpsinkhorn report {table2,table4,table5} --config FILES --out-dir``.
-
-One row per cell of the study (:func:`dpsinkhorn.config.studies.study_cells`, in its
-order), mean ± std over the seeds as in Table 1 (:func:`dpsinkhorn.report.common.measured_row`),
-written to ``tables/<name>.{md,csv,tex}``. The paper's value is found by the cell's
-*settings*, never its label (:func:`dpsinkhorn.report.paper.paper_values`); a cell that
-matches no row of the paper shows no paper value. :func:`measure_study` measures the cells
-of any study (the figures use it too).
-"""
+One row per study cell, as Table 1's rows; the paper's value is found by the cell's
+settings, never its label. :func:`measure_study` also serves the figures."""
 
 from __future__ import annotations
 
-import csv
-import io as _io
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -32,7 +24,7 @@ from dpsinkhorn.report.common import (
     cell_text,
     check_exist,
     config_files_text,
-    csv_value,
+    csv_text,
     epsilon_text,
     format_g,
     guarantee_note,
@@ -169,23 +161,8 @@ def _settings_record(r: CellResult) -> dict:
 
 
 SETTINGS_COLUMNS = (
-    "cell",
-    "experiment",
-    "dataset",
-    "method",
-    "perturbation",
-    "cost",
-    "loss",
-    "debiasing",
-    "sigma",
-    "clip",
-    "p",
-    "m",
-    "lr",
-    "optimizer",
-    "steps",
-    "epsilon",
-    "epsilon_paper_convention",
+    *"cell experiment dataset method perturbation cost loss debiasing sigma clip".split(),
+    *"p m lr optimizer steps epsilon epsilon_paper_convention".split(),
 )
 
 
@@ -197,18 +174,15 @@ def table_csv_columns(table: str) -> tuple[str, ...]:
 
 
 def _table_csv(table: str, results: Sequence[CellResult]) -> str:
-    buffer = _io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
-    columns = table_csv_columns(table)
-    writer.writerow(columns)
+    records = []
     for r in results:
         record = _settings_record(r)
         for metric in TABLE_METRICS[table]:
             record[metric] = r.row.mean.get(metric)
             record[f"{metric}_std"] = r.row.std.get(metric)
             record[f"paper_{metric}"] = r.row.paper.get(metric)
-        writer.writerow([csv_value(record.get(c)) for c in columns])
-    return buffer.getvalue()
+        records.append(record)
+    return csv_text(table_csv_columns(table), records)
 
 
 def _table_markdown(

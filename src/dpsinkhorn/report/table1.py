@@ -1,15 +1,8 @@
 """Table 1: ``dpsinkhorn report table1 --config FILES --out-dir``.
 
-Table 1 of the paper, rebuilt from the per-seed result files of a run:
-
-* our rows (source ``this run``): Real data, Non-private Sinkhorn, DP-Sinkhorn (paper
-  setting) and DP-Sinkhorn (sound ε=10), and DP-MERF computed here (``method: dpmerf``,
-  its cells beside the paper's quoted DP-MERF numbers), for each dataset of the config;
-* the baselines as reported in the paper's final Table 1 (source ``reported in paper``).
-
-Units and cells as in :mod:`dpsinkhorn.report.common`. Writes
-``tables/table1.{md,csv,tex}`` and ``figures/samples_<dataset>.png`` (one row of samples
-per class) under ``--out-dir``.
+Our rows (``this run``: mean ± std over seeds, DP-MERF computed here) and the paper's
+baselines (``reported in paper``), per dataset. Writes ``tables/table1.{md,csv,tex}`` and
+``figures/samples_<dataset>.png``.
 """
 
 from __future__ import annotations
@@ -103,9 +96,8 @@ def table1_rows(config: dict, results_dir: Path) -> list[Row]:
 
 
 def own_dataset_note(config: Mapping, dataset: str) -> list[str]:
-    """For a dataset declared under ``datasets:``: where it comes from, how its images were
-    prepared (as its ledgers state it), and that scores against its held-out split, which
-    is private, are not covered by the privacy guarantee. Nothing for the paper's datasets."""
+    """An own dataset's source and preparation, and that scores against its (private) test
+    split are not covered by the guarantee; nothing for a built-in dataset."""
     definition = (config.get("datasets") or {}).get(dataset)
     if definition is None:
         return []
@@ -137,10 +129,8 @@ def samples_caption(config: Mapping, name: str) -> str:
 
 
 def to_markdown(rows: Sequence[Row], config: dict, figures: dict[str, tuple[str, str]]) -> str:
-    """Markdown: one table per dataset, the paper's value next to each reproduced cell.
-
-    ``figures`` maps a dataset to (figure path relative to tables/, experiment name).
-    """
+    """Markdown: one table per dataset, the paper's value next to each reproduced cell;
+    ``figures``: dataset -> (figure path relative to tables/, experiment name)."""
     seeds = len(config["seeds"])
     specs = [experiment(config, r.exp_name) for r in rows if r.exp_name]
     deltas = {

@@ -1,11 +1,7 @@
-"""Typical times that README.md and docs/ quote, rendered from committed results sets.
-
-A page holds ``<!-- timings: results-paper-scale/<set> [...] -->`` (``timings totals:``
-for the whole commands' rows only), then the table :func:`timings_table` renders from those
-sets, then ``<!-- end timings -->``;
-``tests/test_docs.py`` renders every block again and compares. Rows come from each set's
-``provenance.json`` (``wall_seconds``: what ran -> seconds; each experiment's training and
-evaluation seconds) and its optional ``step_rates.json`` (steps/s).
+"""Typical times that README.md and docs/ quote, rendered from committed results sets'
+``provenance.json`` (``wall_seconds``) and ``step_rates.json`` into the blocks between
+``<!-- timings: results-paper-scale/<set> [...] -->`` and ``<!-- end timings -->``
+(``timings totals:``: the whole commands' rows only); tests/test_docs.py compares them.
 """
 
 from __future__ import annotations
