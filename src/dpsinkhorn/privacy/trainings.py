@@ -202,6 +202,11 @@ def _number(value) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
+def mechanisms(trainings: Iterable[Mapping]) -> list[tuple[float, float, int]]:
+    """(q, noise multiplier, steps) of each accounted training, as ``composed_epsilon`` takes."""
+    return [(float(t["q"]), float(t["noise_multiplier"]), int(t["steps"])) for t in trainings]
+
+
 def may_be_private(training: Mapping) -> bool:
     """Whether a recorded training counts as a DP training: ``private`` true, or unknown
     (None or absent: an unattributed training whose events do not say)."""
@@ -267,10 +272,7 @@ def composed(records: list[Mapping]) -> dict:
         # and dp-accounting (scipy) would cost it seconds
         from dpsinkhorn.privacy.accounting import composed_epsilon
 
-        mechanisms = [
-            (float(t["q"]), float(t["noise_multiplier"]), int(t["steps"])) for t in private
-        ]
-        eps = composed_epsilon(mechanisms, delta)
+        eps = composed_epsilon(mechanisms(private), delta)
     return {
         "trainings": len(private),
         "finished": sum(bool(t["finished"]) for t in private),
