@@ -357,11 +357,6 @@ def is_prepared_own(root: Path, name: str) -> bool:
     return (Path(root) / name / RECORD).is_file()
 
 
-def record_path(root: Path, name: str) -> Path:
-    """``<root>/<name>/dataset.json``."""
-    return Path(root) / name / RECORD
-
-
 def prepared_dataset_info(folder: Path) -> DatasetInfo:
     """The facts of an own dataset prepared in ``folder`` (from its public dataset.json)."""
     path = Path(folder) / RECORD

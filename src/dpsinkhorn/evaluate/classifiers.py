@@ -72,12 +72,10 @@ def train_logreg(
     """scikit-learn's L2 logistic regression (lbfgs, multinomial, C = ``c``), one per training
     set, all fitted together by ``torch.optim.LBFGS`` (strong Wolfe line search).
 
-    Per set k the objective is mean_i CE(W_k x_i + b_k, y_i) + ||W_k||^2 / (2 C n_k):
-    scikit-learn's ``C sum_i CE + ||W||^2 / 2`` divided by C n_k, the same unique minimiser.
-    The K objectives share no parameter, so their sum's minimiser is the K separate ones.
-    ``xs`` float32 [N_k,...], ``ys`` int64 [N_k], the test pair likewise, all on one device.
-    Stops when the largest gradient entry is below ``tolerance`` or after ``max_iter``
-    iterations. Deterministic: W = 0, b = 0 at the start, as scikit-learn starts.
+    Per set k: mean_i CE(W_k x_i + b_k, y_i) + ||W_k||^2 / (2 C n_k), scikit-learn's
+    objective divided by C n_k (same minimiser); the K objectives share no parameter.
+    ``xs`` float32 [N_k,...], ``ys`` int64 [N_k], all on one device. Stops when the largest
+    gradient entry is below ``tolerance`` or after ``max_iter``; starts at W = 0, b = 0.
     """
     device = xs[0].device
     flat = [x.reshape(len(x), -1) for x in xs]

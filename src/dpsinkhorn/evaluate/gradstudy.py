@@ -52,20 +52,11 @@ def draw_seed(seed: int, p: float, batch: int) -> int:
 class GradientEstimator:
     """Draws G_p = ∇θ S_p for one generator, one real data set and one experiment spec.
 
-    ``images`` uint8 [N,H,W] or [N,H,W,C] (pixels 0..255) and ``labels`` int64 [N] are the
-    training records, as ``train.train`` takes them. One draw reproduces one training step
-    (``train.Trainer.step``): n = ``spec["batch_size"]``, n' = floor(n p) latents and labels
-    from the model's ``sample_inputs``, then a Poisson real batch (rate q = n / N, fixed
-    capacity, 0/1 weights) from the same ``torch.Generator``; S_p with the spec's
-    entropy_reg, m, sinkhorn_scaling, alpha_c and cost (default mixed) on
-    [image in [-1, 1], α_c · onehot] features, and the diameter training uses; ∇_X S_p by
-    the training solver (uncompiled), pulled back through the generator.
-
-    The generator runs in training mode, as in training (the DCGAN has no batch norm or
-    dropout; the BigGAN's spectral norm does one power iteration per forward in training
-    mode). Its buffers are restored before every draw, so every draw is taken at the same
-    state of the generator and draws do not depend on their order; ``restore()`` puts the
-    buffers and the mode back as they were given.
+    ``images`` uint8 [N,H,W] or [N,H,W,C] and ``labels`` int64 [N]: the training records.
+    One draw is one training step's gradient with n' = floor(n p) debiasing rows (the
+    spec's loss settings, the training solver uncompiled), pulled back through the
+    generator in training mode. Its buffers are restored before every draw, so draws do
+    not depend on their order; ``restore()`` puts buffers and mode back.
     """
 
     def __init__(
@@ -204,12 +195,9 @@ def gradient_study(
 ) -> dict:
     """Bias and variance of G_p for each p in ``p_values`` (must contain 0 and 1).
 
-    ``model``: a trained generator (``sample.load_generator``); ``spec``: its experiment
-    (``config.experiment``); ``images`` uint8 [N,H,W(,C)], ``labels`` int64 [N]: the real
-    training records. For each p, ``batches`` independent draws (``GradientEstimator``;
-    the paper draws fresh real and generated batches per draw too) are reduced on the fly
-    by Welford's algorithm in float64: memory is one mean vector [num_parameters] per p,
-    never the draws themselves.
+    ``model``: a trained generator; ``spec``: its experiment; ``images``, ``labels``: the
+    real training records. For each p, ``batches`` independent draws
+    (``GradientEstimator``) are reduced by Welford's algorithm in float64.
 
     Returns a JSON-ready dict; the lists follow ``p``:
 
