@@ -30,13 +30,10 @@ SPLITS = ("train", "test")
 def split_path(
     root: Path, dataset: str, split: str, definition: dict | None = None, folder: str | None = None
 ) -> Path:
-    """Where ``prepare`` (or ``owndata.prepare_own``) writes one split:
-    ``<root>/<folder>/<split>.npz``, the folder ``folder`` when given (an experiment's
-    ``prepared_folder``: a built-in dataset from a source of its own), else
-    ``config.prepared_folder(dataset, definition)`` (``<name>-<entry hash>`` of an own
-    dataset, whose ``datasets:`` entry is ``definition``; without it, the one own dataset
-    of that name prepared under ``root``; a built-in dataset's name, or the one folder it
-    was prepared into from another source when that folder does not exist)."""
+    """``<root>/<folder>/<split>.npz``: ``folder`` when given (an experiment's
+    ``prepared_folder``), else ``config.prepared_folder(dataset, definition)`` (an own
+    dataset's ``<name>-<entry hash>``; without ``definition``, the one prepared under
+    ``root``)."""
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; valid splits: {', '.join(SPLITS)}")
     if folder is not None:
@@ -80,11 +77,9 @@ def _one_source(root: Path, dataset: str) -> str | None:
 def prepare(dataset: str, root: Path, mirror: Path | None = None) -> dict[str, Path]:
     """Write ``<root>/<dataset>/{train,test}.npz``; return {split: path}.
 
-    With ``mirror`` (a folder holding ``<FolderName>/raw/*.gz``) nothing is downloaded:
-    the archives are copied into ``<root>/torchvision/<FolderName>/raw/`` and MD5-checked.
-    Without it torchvision downloads them. Reruns are safe and give identical files.
-    Raises ``FileNotFoundError`` (missing archive, or a needed download failed: offline)
-    or ``ValueError`` (corrupt archive), naming the file and how to provide it.
+    With ``mirror`` (a folder holding ``<FolderName>/raw/*.gz``) the archives are copied,
+    not downloaded; either way MD5-checked. Reruns give identical files. Raises
+    ``FileNotFoundError`` or ``ValueError`` naming the file and how to provide it.
     """
     info = dataset_info(dataset)
     root = Path(root)
