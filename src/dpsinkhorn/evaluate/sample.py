@@ -31,10 +31,7 @@ def read_generator_bytes(payload: bytes, where: str) -> dict:
     """The dict stored in generator.pt's bytes ``payload``, read with
     ``torch.load(weights_only=True)``; ``where`` names the file in errors.
 
-    generator.pt may come from elsewhere (downloaded, shared): its pickle must not run
-    code. ``weights_only`` unpickles tensors and plain containers only, which is all
-    ``train.release.generator_payload`` writes; anything else (a class, a ``__reduce__``
-    that would call a function) is refused with one line naming the file.
+    A pickle holding anything but tensors and plain containers is refused with one line.
     """
     try:
         state = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
