@@ -1,8 +1,7 @@
 """Atomic file writes and the sample-file contract shared by every stage.
 
-Nothing in the pipeline is ever half-written: each writer goes to a temporary
-file in the destination folder and is moved into place with ``os.replace``,
-which is atomic on POSIX file systems.
+Each writer goes to a temporary file beside its destination, moved into place with
+``os.replace`` (atomic on POSIX), so nothing is ever half-written.
 """
 
 from __future__ import annotations
@@ -59,9 +58,8 @@ _TEMP_NAME = re.compile(r"^\..+\.[A-Za-z0-9_]{8}\.tmp(\.[^.]+)?$")
 def remove_stale_temps_under(root: str | os.PathLike) -> list[Path]:
     """Delete every temporary file of this module's writers under ``root``; returns them.
 
-    What a writer killed mid-write (SIGKILL) leaves. Call it only when no writer can be
-    running under ``root``: the workflow does, in its own folders
-    (``config.workflow.killed_writers_folders``), when Snakemake has finished every job.
+    Call it only when no writer can be running under ``root`` (the workflow does, once
+    every job has finished).
     """
     root = Path(root)
     stale = [p for p in root.rglob(".*.tmp*") if p.is_file() and _TEMP_NAME.match(p.name)]
@@ -83,8 +81,7 @@ def _raise_no_space(err: OSError, path: Path) -> None:
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path next to ``path``; move it onto ``path`` on success.
 
-    The temporary file keeps the destination's suffix, so libraries that pick a
-    format from the extension (matplotlib, numpy) behave as for the real name.
+    It keeps the destination's suffix, for libraries that pick a format from it.
     """
     path = Path(path)
     tmp_path = _temp_beside(path)
@@ -154,9 +151,7 @@ def write_all(
 def torch_bytes(obj: Any) -> bytes:
     """``torch.save(obj)`` as bytes that depend on ``obj`` only.
 
-    Saving to a path stores the file's (random temporary) name inside the archive;
-    saving to an unnamed buffer stores a fixed one, so equal objects give equal bytes
-    and a content hash can identify a result.
+    (Saving to a path would store the file's random temporary name inside.)
     """
     import torch
 

@@ -1,13 +1,9 @@
 """Bias and variance of the generator-gradient estimator G_p against p (paper Figure 4c).
 
-G_p = ∇θ S_p(X(θ), Y) is the gradient, w.r.t. the generator parameters θ, of the
-semi-debiased Sinkhorn loss of one training step, drawn exactly as a training step draws
-it and computed as training computes it (∇_X S_p from the fixed-schedule solver,
-``loss.semi_debiased_sinkhorn_with_grad``, back-propagated through the generator), but
-WITHOUT clipping or noise: this analyses the estimator itself. For each p, ``batches``
-independent draws give the sample mean and the trace of the sample covariance; bias is
-measured against the mean of G_1 (unbiased).
-The real data enter un-noised, so the output is NOT differentially private.
+G_p = ∇θ S_p(X(θ), Y): a training step's semi-debiased Sinkhorn gradient w.r.t. the
+generator parameters, drawn and computed as training does but WITHOUT clipping or noise.
+Bias is measured against the mean of G_1 (unbiased). The real data enter un-noised: the
+output is NOT differentially private.
 """
 
 from __future__ import annotations
@@ -40,11 +36,8 @@ NOTE = "non-private analysis of the training data; not a DP release"
 
 
 def draw_seed(seed: int, p: float, batch: int) -> int:
-    """Seed of draw ``batch`` for debiasing fraction ``p``: a hash of (seed, p, batch).
-
-    Keyed on the value of p (to 1e-6), not its position in the list, so a given (seed, p,
-    batch) always gives the same latents and real batch whatever else is studied.
-    """
+    """Seed of draw ``batch`` for debiasing fraction ``p``: a hash of (seed, p to 1e-6,
+    batch), so a draw does not depend on what else is studied."""
     key = np.random.SeedSequence([int(seed), round(float(p) * 1_000_000), int(batch)])
     return int(key.generate_state(1, np.uint64)[0] >> 1)  # 63 bits: any torch seed
 
