@@ -128,12 +128,10 @@ def train_logreg(
 
 
 class BatchedRun:
-    """K seeds of one model trained together: per seed the initialisation
-    (``torch.manual_seed(seed)``), hold-out split and batch-order generator; the K models'
-    parameters stacked [K, ...] (``torch.func.stack_module_state``); the vmapped step (one
-    forward/backward and one Adam step for all seeds), batch orders and accuracy. The
-    training sets ``xs`` [N,C,H,W] / ``ys`` [N] must have the same N. The CNN's dropout
-    masks come from one stream for all seeds (``vmap(randomness="different")``)."""
+    """K seeds of one model trained together: per seed its initialisation
+    (``torch.manual_seed(seed)``), hold-out split and batch order; parameters stacked
+    [K, ...] and one vmapped forward/backward and Adam step for all seeds. The sets ``xs``
+    [N,C,H,W] / ``ys`` [N] share N; dropout masks: ``vmap(randomness="different")``."""
 
     def __init__(
         self,
@@ -225,9 +223,8 @@ class BatchedRun:
         """Fraction correct per seed [K] (float64, on the device); ``x`` [K,N,...] or,
         ``shared``, [N,...] for all seeds.
 
-        On the CPU a shared set (the real test set) is scored seed by seed, each model in
-        channels-last layout, which is faster there than the vmapped convolution; the
-        logits differ by rounding only, as any two convolution algorithms' do."""
+        On the CPU a shared set is scored seed by seed in channels-last layout (faster
+        there; logits differ by rounding only)."""
         from torch.func import vmap
 
         if shared and self.device.type == "cpu":
@@ -267,12 +264,10 @@ class BatchedRun:
 
 
 class EarlyStopping:
-    """Per-seed early-stopping state on the device: best hold-out accuracy [K] (float64),
-    best epoch [K], epochs run [K], stopped [K] and the best parameters (one tensor [K, ...]
-    per name). A seed stops after ``patience`` epochs without a better hold-out accuracy;
-    a stopped seed is frozen, so epochs run after it change none of its results. Whether
-    every seed has stopped is read ``lag`` epochs later (:meth:`finished`), so a check
-    queues work instead of waiting for it."""
+    """Per-seed early stopping on the device: best hold-out accuracy, best epoch, epochs
+    run, stopped (each [K]) and best parameters ([K, ...] per name). A seed stops, frozen,
+    after ``patience`` epochs without a better accuracy; :meth:`finished` reads the flags
+    ``lag`` epochs late so the check does not wait on the device."""
 
     def __init__(self, params: dict[str, torch.Tensor], patience: int, lag: int) -> None:
         k = next(iter(params.values())).shape[0]

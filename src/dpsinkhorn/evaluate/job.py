@@ -50,12 +50,10 @@ from dpsinkhorn.evaluate.sample import load_generator, sample_generator, sample_
 class EvaluationSpec:
     """Everything one evaluation depends on, checked when built (one-line ``ValueError``).
 
-    Exactly one source: ``generator`` (generator.pt) or ``real_data`` (a train.npz whose
-    seeded subsets are a real-data row). ``num`` samples per seed; ``test`` the real test
-    split (sample file); ``reference`` its FID statistics (``dpsinkhorn fid-stats``).
-    ``fid`` False leaves FID out. ``sqrtm``: how FID takes tr sqrt(S1 S2);
-    ``fid_precision``: the Inception arithmetic (:data:`inception.FID_PRECISIONS`).
-    ``max_epochs``, ``patience``, ``batch_size``: the MLP's and CNN's Adam training;
+    One source: ``generator`` (generator.pt) or ``real_data`` (a train.npz, seeded subsets).
+    ``num`` samples per seed; ``test``: the real test split; ``reference``: its FID
+    statistics; ``fid`` False leaves FID out; ``sqrtm``, ``fid_precision``: FID's
+    arithmetic; ``max_epochs``, ``patience``, ``batch_size``: MLP/CNN training;
     ``max_iter``: Log-Reg's L-BFGS iterations.
     """
 
