@@ -58,51 +58,37 @@ def train(
     """Train one experiment with DP-Sinkhorn into ``out_dir``; return its privacy record.
 
     Args:
-        settings: experiment keys (``config/schema.json``'s ``training_defaults``, e.g.
-            ``steps``, ``sigma`` or ``target_epsilon`` with ``sigma: None``, ``batch_size``,
-            ``delta``, ``conditional``; the schema fills the rest with the paper's MNIST
-            setting), or a config file with ``name`` the experiment in it.
+        settings: experiment keys (``config/schema.json``'s ``training_defaults``; the
+            rest are the paper's MNIST setting), or a config file holding experiment ``name``.
         out_dir: the run's folder (created; one writer at a time).
-        train_data: (images, labels): images uint8 [N,S,S] (grayscale) or [N,S,S,3] (RGB),
-            S = 28, 32 or 64 px, values 0..255; labels integer [N] in 0..len(classes)-1
-            (never read when ``conditional`` is False). Without it, the prepared
-            ``<data_dir>/<dataset>/train.npz`` of the experiment's dataset is read.
-        classes: the class names (public; their count is the generator's, never counted
-            from the labels); required with ``train_data`` unless ``conditional`` is False.
+        train_data: (images uint8 [N,S,S] or [N,S,S,3], S in 28, 32, 64; labels int [N] in
+            0..len(classes)-1). Default: ``<data_dir>/<dataset>/train.npz``.
+        classes: the public class names (their count is the generator's); required with
+            ``train_data`` unless ``conditional`` is False.
         device: ``auto`` (a free local GPU, else CPU), ``cpu``, ``cuda``, ``cuda:1``, ...
         progress: show a progress bar (steps/s and ε spent only).
-        dataset: the name generator.pt and privacy.json give ``train_data`` (never a
-            built-in's, e.g. "mnist", which names only its prepared data).
-        retrain: train again into a folder whose secret-key DP training finished (refused
-            otherwise); the training record counts it.
-        record_dir: where the data's training record (``privacy.trainings``) is appended:
-            default ``<data_dir>/trainings``, else ``<out_dir>/../trainings``.
-        record_store: the per-user record store (``privacy.record_store``), where a DP
-            training keeps a keyed fingerprint of each image: default the config file's
-            ``record_store``, else ``$DPSINKHORN_RECORD_STORE``, else the XDG data folder.
+        dataset: the name the outputs give ``train_data`` (not a built-in dataset's).
+        retrain: train again into a folder whose secret-key DP training finished.
+        record_dir: the data's training record (``privacy.trainings``); default
+            ``<data_dir>/trainings``, else ``<out_dir>/../trainings``.
+        record_store: the per-user record store (``privacy.record_store``); default the
+            config's ``record_store``, else ``$DPSINKHORN_RECORD_STORE``, else XDG data.
 
-    Writes ``out_dir/generator.pt``, ``privacy.json`` and ``train_log.csv``: the release,
-    (ε, δ_total)-DP under add/remove-one adjacency with a secret noise key (the ledger's
-    ``guarantee``). Checkpoints and anything else computed from the data stay in
-    ``out_dir/private_workspace/``, deleted when training completes. Every training,
-    finished or not, is appended to its data's training record, which
-    ``privacy_summary.json`` composes.
+    Writes ``generator.pt``, ``privacy.json`` and ``train_log.csv`` into ``out_dir``:
+    (ε, δ_total)-DP under add/remove-one adjacency with a secret noise key. Anything else
+    computed from the data stays in ``out_dir/private_workspace/`` until training ends.
 
     Returns:
-        privacy.json as a dict: ``epsilon`` (sound ε), ``delta``, ``delta_total``,
-        ``sigma``, ``noise_multiplier``, ``steps``, ``guarantee``, ...
+        privacy.json as a dict (``epsilon``, ``delta``, ``delta_total``, ``sigma``,
+        ``noise_multiplier``, ``steps``, ``guarantee``, ...).
 
     Raises:
-        ValueError: a bad key or value (names it), ``classes`` missing, a label outside
-            them, a built-in dataset's name for ``dataset``, a finished DP run without
-            ``retrain``, images of another shape or dtype, too few records for
-            ``batch_size``, a folder another process holds (``train.runlock.LockedError``),
-            a ``batch_size`` that cannot fit in the device's memory
-            (``train.memory.TooLargeError``).
+        ValueError: a bad key or value, missing ``classes``, a finished DP run without
+            ``retrain``, a held folder (``LockedError``), a batch too large for the device
+            (``TooLargeError``).
         FileNotFoundError: no ``train_data`` and no prepared data under ``data_dir``.
-        fileio.NoSpaceError: the disk filled up (nothing half-written is left).
-        train.signals.Preempted: SIGTERM/SIGUSR1/SIGINT stopped training after a
-            checkpoint; calling again with the same arguments resumes.
+        train.signals.Preempted: a signal stopped training after a checkpoint; calling
+            again resumes.
     """
     config: Mapping | None = None
     if isinstance(settings, Mapping):
@@ -149,21 +135,14 @@ def sample(
     """Draw ``num`` samples of a trained generator.
 
     Args:
-        generator: path of generator.pt (loaded with ``torch.load(weights_only=True)``: a
-            file from elsewhere runs no code).
+        generator: path of generator.pt (``torch.load(weights_only=True)``).
         num: how many samples (≥ 1).
-        seed: seed of the latent codes and labels (the same seed gives the same samples).
+        seed: seed of the latent codes and labels.
         device: as in :func:`train`.
 
     Returns:
-        (images, labels): images uint8 [num,S,S] (grayscale) or [num,S,S,C], values 0..255;
-        labels int64 [num], balanced over the classes (-1 for an unconditional generator).
-        Samples are post-processing of the released generator: covered by its ledger.
-
-    Raises:
-        ValueError: ``num`` < 1, or a generator.pt whose pickle would run anything but
-            tensors and plain values (names the file).
-        FileNotFoundError: no such file.
+        (images uint8 [num,S,S] or [num,S,S,C]; labels int64 [num], balanced over the
+        classes, -1 when unconditional).
     """
     if num < 1:
         raise ValueError(f"num must be positive, got {num}")
@@ -172,9 +151,8 @@ def sample(
 
 
 def class_names(generator: PathLike) -> tuple[str, ...]:
-    """The class names recorded in generator.pt, in label order: the declared ``classes``,
-    the dataset's for MNIST-like datasets, ``("unconditional",)`` for an unconditional
-    generator. Raises ``FileNotFoundError`` / ``ValueError`` as :func:`sample`."""
+    """The class names recorded in generator.pt, in label order (``("unconditional",)``
+    for an unconditional generator)."""
     return generator_classes(read_generator_file(Path(generator)))[1]
 
 
@@ -190,15 +168,10 @@ def save_pngs(
     """Write samples as PNG files; return the paths written (atomic writes).
 
     Args:
-        images, labels: as :func:`sample` returns them ([N,S,S] or [N,S,S,C] uint8; [N]).
-        class_names: names by label (:func:`class_names`); folder names under ``out_dir``.
-        out_dir: if given, one PNG per sample, ``out_dir/<class name>/<i>.png``
-            (``unconditional/`` for label -1).
-        grid: if given, one PNG with a row of ``per_class`` samples per class (2 px gaps).
-        per_class: samples per row of the grid.
-
-    Raises:
-        ValueError: a label outside ``class_names``, or ``per_class`` < 1.
+        images, labels: as :func:`sample` returns them.
+        class_names: names by label (:func:`class_names`).
+        out_dir: if given, one PNG per sample, ``out_dir/<class name>/<i>.png``.
+        grid: if given, one PNG with a row of ``per_class`` samples per class.
     """
     written: list[Path] = []
     if out_dir is not None:
@@ -217,25 +190,15 @@ def release(
 ) -> list[Path]:
     """Publish one trained experiment through the same door as ``dpsinkhorn release``.
 
-    Proves each file from the ledger ``run_dir/privacy.json`` (``dpsinkhorn.publish``):
-    generator.pt and train_log.csv hash to its ``content_sha256`` and
-    ``train_log_sha256``, and the ledger is the one its training wrote, by the training
-    record in ``record_dir`` (where :func:`train` appended it; default
-    ``<run_dir>/../trainings``, as :func:`train` without ``data_dir`` or ``record_dir``);
-    then writes exactly those bytes, the ledger and ``release_manifest.json`` (the report
-    of that decision) into ``out`` (new or empty).
-    Samples and PNGs you drew are post-processing of the generator: publish them yourself.
-    Returns the paths written under ``out``.
+    Checks generator.pt and train_log.csv against the hashes in ``run_dir/privacy.json``
+    and that ledger against the training record in ``record_dir`` (default
+    ``<run_dir>/../trainings``), then writes those bytes, the ledger and
+    ``release_manifest.json`` into ``out`` (new or empty); returns the paths written.
 
     Raises:
-        ValueError: (one line naming the file) a private workspace left in ``run_dir``, a
-            file whose bytes are not those training recorded in privacy.json
-            (``content_sha256``, ``train_log_sha256``), a non-private run, ``out`` not
-            empty, or a ledger whose ``guarantee`` is ``none…`` (public noise seed) unless
-            ``accept_no_guarantee``, or a ledger no finished training in the record wrote.
-            Nothing is written then.
-        FileNotFoundError: ``run_dir`` lacks its ledger or a file it covers, or
-            ``record_dir`` holds no training record.
+        ValueError: (one line naming the file) a check failed, ``out`` not empty, or a
+            ``none…`` guarantee without ``accept_no_guarantee``; nothing is written then.
+        FileNotFoundError: a missing ledger, covered file or training record.
     """
     flag = "accept_no_guarantee=True"
     records = default_record_dir(Path(run_dir), None, record_dir)

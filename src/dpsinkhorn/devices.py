@@ -102,11 +102,8 @@ def release_gpu() -> None:
 
 
 def local_gpu_count() -> int:
-    """NVIDIA GPUs this machine shows to its processes, without importing torch.
-
-    For profiles/default (the cap on GPU steps running at once): ``CUDA_VISIBLE_DEVICES``
-    when set, else the GPUs that ``nvidia-smi -L`` lists, else 0.
-    """
+    """NVIDIA GPUs visible to this machine's processes, without importing torch:
+    ``CUDA_VISIBLE_DEVICES`` when set, else ``nvidia-smi -L``'s, else 0."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None:
         ids = [v.strip() for v in visible.split(",") if v.strip()]

@@ -1,8 +1,7 @@
 """Atomic file writes and the sample-file contract shared by every stage.
 
-Nothing in the pipeline is ever half-written: each writer goes to a temporary
-file in the destination folder and is moved into place with ``os.replace``,
-which is atomic on POSIX file systems.
+Each writer goes to a temporary file beside its destination, moved into place with
+``os.replace`` (atomic on POSIX), so nothing is ever half-written.
 """
 
 from __future__ import annotations
@@ -31,10 +30,8 @@ _NO_SPACE = {errno.ENOSPC, errno.EDQUOT}
 
 
 class NoSpaceError(OSError):
-    """Writing a file failed because its file system is full (ENOSPC / EDQUOT).
-
-    Its message names the file; the half-written temporary file is already removed.
-    """
+    """Writing a file failed because its file system is full (ENOSPC / EDQUOT); the message
+    names the file and the temporary file is already removed."""
 
 
 def _temp_pattern(path: Path) -> str:
@@ -43,12 +40,8 @@ def _temp_pattern(path: Path) -> str:
 
 
 def remove_stale_temps(path: str | os.PathLike) -> list[Path]:
-    """Delete temporary files left next to ``path`` by a killed writer; returns them.
-
-    ``atomic_path`` removes its temporary file on any error, but not after SIGKILL or a
-    power cut. Call this only while no other process can be writing ``path`` (e.g.
-    under ``runlock.OutputLock`` of its folder).
-    """
+    """Delete temporary files a killed writer left next to ``path``; returns them. Call it
+    only while no other process can write ``path`` (e.g. under ``runlock.OutputLock``)."""
     path = Path(path)
     if not path.parent.is_dir():
         return []
@@ -65,9 +58,8 @@ _TEMP_NAME = re.compile(r"^\..+\.[A-Za-z0-9_]{8}\.tmp(\.[^.]+)?$")
 def remove_stale_temps_under(root: str | os.PathLike) -> list[Path]:
     """Delete every temporary file of this module's writers under ``root``; returns them.
 
-    What a writer killed mid-write (SIGKILL) leaves. Call it only when no writer can be
-    running under ``root``: the workflow does, in its own folders
-    (``config.workflow.killed_writers_folders``), when Snakemake has finished every job.
+    Call it only when no writer can be running under ``root`` (the workflow does, once
+    every job has finished).
     """
     root = Path(root)
     stale = [p for p in root.rglob(".*.tmp*") if p.is_file() and _TEMP_NAME.match(p.name)]
@@ -89,16 +81,10 @@ def _raise_no_space(err: OSError, path: Path) -> None:
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path next to ``path``; move it onto ``path`` on success.
 
-    The temporary file keeps the destination's suffix, so libraries that pick a
-    format from the extension (matplotlib, numpy) behave as for the real name.
+    It keeps the destination's suffix, for libraries that pick a format from it.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(
-        prefix=f".{path.stem}.", suffix=f".tmp{path.suffix}", dir=path.parent
-    )
-    os.close(fd)
-    tmp_path = Path(tmp)
+    tmp_path = _temp_beside(path)
     try:
         yield tmp_path
         os.chmod(tmp_path, 0o666 & ~_UMASK)  # mkstemp makes 0600; give files the usual mode
@@ -108,6 +94,16 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     finally:
         if tmp_path.exists():
             tmp_path.unlink()
+
+
+def _temp_beside(path: Path) -> Path:
+    """A new empty temporary file next to ``path`` (matching :func:`_temp_pattern`)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(
+        prefix=f".{path.stem}.", suffix=f".tmp{path.suffix}", dir=path.parent
+    )
+    os.close(fd)
+    return Path(tmp)
 
 
 def _write_synced(tmp: Path, payload: bytes) -> None:
@@ -128,24 +124,18 @@ def write_all(
 ) -> None:
     """Write several files as one commit: all in full, then moved into place in order.
 
-    Every file is first written to a temporary file next to it; any error there (a
-    full disk: ``NoSpaceError`` naming the file) removes them all and changes nothing.
-    Then the files in ``remove_first`` are deleted and the temporaries are moved onto
-    their names in the given order (a move needs no space). So a file listed later
-    never appears without the ones listed before it.
+    An error while writing (``NoSpaceError`` naming the file) changes nothing. Then
+    ``remove_first`` is deleted and the files are moved into place in order, so a file
+    listed later never appears without the ones before it.
     """
     staged: list[tuple[Path, Path]] = []
     try:
         for path, payload in files:
             path = Path(path)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(
-                prefix=f".{path.stem}.", suffix=f".tmp{path.suffix}", dir=path.parent
-            )
-            os.close(fd)
-            staged.append((Path(tmp), path))
+            tmp = _temp_beside(path)
+            staged.append((tmp, path))
             try:
-                _write_synced(Path(tmp), payload)
+                _write_synced(tmp, payload)
             except OSError as err:
                 _raise_no_space(err, path)
             os.chmod(tmp, 0o666 & ~_UMASK)
@@ -161,9 +151,7 @@ def write_all(
 def torch_bytes(obj: Any) -> bytes:
     """``torch.save(obj)`` as bytes that depend on ``obj`` only.
 
-    Saving to a path stores the file's (random temporary) name inside the archive;
-    saving to an unnamed buffer stores a fixed one, so equal objects give equal bytes
-    and a content hash can identify a result.
+    (Saving to a path would store the file's random temporary name inside.)
     """
     import torch
 
@@ -172,22 +160,22 @@ def torch_bytes(obj: Any) -> bytes:
     return buf.getvalue()
 
 
-def md5_of(path: str | os.PathLike) -> str:
-    """Hex MD5 of a file (read in 1 MiB chunks), as the datasets' published checksums."""
-    digest = hashlib.md5()
+def _file_digest(path: str | os.PathLike, algorithm: str) -> str:
+    digest = hashlib.new(algorithm)
     with open(path, "rb") as fh:
         while chunk := fh.read(1 << 20):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def md5_of(path: str | os.PathLike) -> str:
+    """Hex MD5 of a file, as the datasets' published checksums."""
+    return _file_digest(path, "md5")
 
 
 def sha256_of(path: str | os.PathLike) -> str:
-    """Hex SHA-256 of a file (read in 1 MiB chunks): the one file hash of the package."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
+    """Hex SHA-256 of a file: the one file hash of the package."""
+    return _file_digest(path, "sha256")
 
 
 def sha256_of_bytes(data: bytes) -> str:

@@ -1,16 +1,8 @@
 """Generators of the paper (appendix D.3): conditional DCGAN, BigGAN-style, and DP-MERF's.
 
-:func:`build_generator` picks the class from ``GeneratorConfig.architecture`` and
-``image_size``: :class:`ConditionalDCGAN` at 28x28 (MNIST, Fashion-MNIST), 32x32 (CelebA)
-or 64x64 (own images), :class:`ConditionalBigGAN` at 32x32 and :class:`MerfGenerator`
-(``method: dpmerf``). generator.pt stores ``GeneratorConfig.to_dict()``, so a saved
-generator names its own architecture.
-
-The DCGAN maps z ~ Uniform(0, 1)^latent_dim and a learned label embedding (embed_dim),
-as a 1x1 feature map, through transposed convolutions (:data:`DCGAN_LAYERS`: kernel,
-stride, padding per image size; the paper's widths (256, 128, 64)) with ReLU between
-and tanh at the output: images in [-1, 1]. An unconditional generator (``conditional:
-false``) is the same network with ``num_classes = 1``.
+:func:`build_generator` picks the class (:data:`GENERATORS`) from
+``GeneratorConfig.architecture`` and ``image_size``; generator.pt stores
+``GeneratorConfig.to_dict()``. An unconditional generator has ``num_classes = 1``.
 """
 
 from __future__ import annotations
@@ -163,17 +155,9 @@ class ResBlock(nn.Module):
 class ConditionalBigGAN(nn.Module):
     """BigGAN-style generator for 32x32 images (paper appendix D.3, CelebA).
 
-    [z (latent_dim) | embedding(label) (embed_dim)] -> SN-Linear -> c0 x 4 x 4, then four
-    residual blocks (:class:`ResBlock`, three SN 3x3 convolutions each: the paper's twelve
-    layers) with widths ``channels`` (paper: 256 each):
-
-        block 1: 4x4   -> 8x8   (upsample)
-        block 2: 8x8   -> 16x16 (upsample)
-        block 3: 16x16 -> 32x32 (upsample)
-        block 4: 32x32 -> 32x32
-
-    then ReLU -> SN conv3x3 -> C channels -> tanh. No batch norm (it would mix the samples
-    of a batch); the label enters through the embedding concatenated to z, as in the DCGAN.
+    [z | embedding(label)] -> SN-Linear -> c0 x 4 x 4 -> four :class:`ResBlock` of widths
+    ``channels`` (4 -> 8 -> 16 -> 32 -> 32 px) -> ReLU -> SN conv3x3 -> tanh. No batch norm
+    (it would mix the samples of a batch).
     """
 
     def __init__(self, config: GeneratorConfig):
@@ -207,11 +191,8 @@ class MerfGenerator(nn.Module):
     28x28 or 32x32 (``architecture: merf``). Maps (z [N, latent_dim] in [0,1], labels [N])
     to images [N, C, S, S] in [-1, 1]:
 
-    u = Φ⁻¹(z) ~ N(0, I) (DP-MERF draws its code from a standard normal; the shared sampler
-    draws z uniform), [u, onehot(label)] -> Linear(c1) -> BN -> ReLU -> Linear(c2·h·h) -> BN
-    -> ReLU -> [c2, h, h] (h = S/4) -> bilinear x2 -> Conv5x5(c2 -> c3) -> ReLU -> bilinear x2
-    -> Conv5x5(c3 -> C) -> sigmoid -> 2·(·) − 1. ``channels`` = (c1, c2, c3), DP-MERF's
-    ``gen_spec`` and ``n_channels`` (200, 16, 8); ``embed_dim`` is unused (one-hot labels).
+    [Φ⁻¹(z), onehot(label)] -> two Linear+BN+ReLU -> [c2, S/4, S/4] -> two (bilinear x2,
+    Conv5x5) -> sigmoid -> 2·(·) − 1; ``channels`` = (c1, c2, c3), DP-MERF's (200, 16, 8).
     """
 
     def __init__(self, config: GeneratorConfig = GeneratorConfig()):
@@ -276,17 +257,9 @@ PRECISIONS = ("fp32", "tf32", "bf16")
 class GeneratorPrecision:
     """Arithmetic of the generator's forward and backward passes during training.
 
-    * ``fp32``: IEEE float32 throughout. On CUDA this switches cuDNN's TF32 off, which
-      PyTorch otherwise allows for convolutions by default.
-    * ``tf32``: CUDA convolutions may use TF32 tensor cores (10-bit mantissa inputs,
-      float32 accumulation); on other devices the same as ``fp32``.
-    * ``bf16``: the forward pass runs under ``torch.autocast(bfloat16)`` (weights,
-      optimiser state and parameter gradients stay float32; autograd runs each backward
-      operation in its forward's dtype).
-
-    Only the generator is affected: the Sinkhorn solve, the clipping and the noise are
-    always float32, and casting the sanitised gradient back to the images' dtype is
-    post-processing, so the privacy guarantee is unchanged.
+    ``fp32``: IEEE float32 (cuDNN TF32 off); ``tf32``: CUDA convolutions may use TF32;
+    ``bf16``: the forward pass under ``torch.autocast(bfloat16)``, weights float32. The
+    Sinkhorn solve, clipping and noise are always float32: the guarantee is unchanged.
     """
 
     def __init__(self, precision: str, device: torch.device):
@@ -301,11 +274,8 @@ class GeneratorPrecision:
         return nullcontext()
 
     def forward(self):
-        """Around the generator's forward pass: bfloat16 autocast for ``bf16``.
-
-        The cast-weight cache is off, as CUDA graph capture requires (each weight is
-        used once per forward pass, so the cache would save nothing).
-        """
+        """Around the generator's forward pass: bfloat16 autocast for ``bf16`` (no
+        cast-weight cache, as CUDA graph capture requires)."""
         if self.precision == "bf16":
             return torch.autocast(self.device.type, dtype=torch.bfloat16, cache_enabled=False)
         return nullcontext()
@@ -313,12 +283,8 @@ class GeneratorPrecision:
 
 @contextmanager
 def cudnn_tf32(allowed: bool) -> Iterator[None]:
-    """cuDNN convolutions may use TF32 inside the block iff ``allowed``; restored after.
-
-    The switch is process-wide, so it also holds for autograd's backward threads. PyTorch's
-    default allows TF32 (10-bit mantissa) in cuDNN convolutions on Ampere and later GPUs;
-    the FID network runs inside ``cudnn_tf32(False)`` (``evaluate.inception``).
-    """
+    """cuDNN convolutions may use TF32 inside the block iff ``allowed`` (process-wide,
+    so autograd's backward threads too); restored after."""
     conv = getattr(torch.backends.cudnn, "conv", None)
     if conv is not None and hasattr(conv, "fp32_precision"):  # torch >= 2.9
         flags, name, value = conv, "fp32_precision", "tf32" if allowed else "ieee"

@@ -1,10 +1,8 @@
 """What a run's training costs: ``dpsinkhorn plan``.
 
-``dpsinkhorn plan`` estimates training compute as steps per experiment × steps/s, the
-steps/s *measured* here and now by timing a few training steps of each distinct step shape
-on the chosen device (or given with ``--steps-per-s``), or taken from a file of rates
-measured on a GPU (``--rates``, with each training job's SLURM request). The workflow's
-jobs are Snakemake's to count: ``snakemake -n``.
+Training compute = steps per experiment × steps/s, the rate measured here by timing a few
+steps of each distinct step shape (or ``--steps-per-s``, or a GPU's rates file ``--rates``,
+with each job's SLURM request). The workflow's jobs: ``snakemake -n``.
 """
 
 from __future__ import annotations
@@ -146,12 +144,10 @@ def plan_from_rates(
 ) -> dict:
     """Training hours of ``experiments`` (trained ones) from measured rates, job by job.
 
-    Experiments are grouped into sweeps of at most ``sweep_runs`` as the workflow groups
-    them; a job's hours = its longest run's steps / the job's measured steps/s (a sweep
-    with no measured sweep rate: the single-run rate / its runs). A job with no measured
-    rate for its shape gets hours None and is counted apart, never guessed. Each job also
-    carries its SLURM request (minutes, chain of jobs) as the workflow computes it
-    (:func:`dpsinkhorn.config.cluster.train_request`, the config's ``cluster:`` keys).
+    Grouped into sweeps of at most ``sweep_runs`` as the workflow groups them; a job's
+    hours = its longest run's steps / its measured steps/s (no sweep rate: the single-run
+    rate / its runs; no rate: None, never guessed). Each job carries its SLURM request
+    (:func:`dpsinkhorn.config.cluster.train_request`).
     """
     trained = [e for e in experiments if needs_training(config, e)]
     specs = [experiment(config, e) for e in trained]

@@ -1,10 +1,8 @@
 """The facts about each dataset (classes, image shape, class names, title), torch-free.
 
-Every stage takes a dataset's class count, shape and names from :data:`DATASETS`, and the
-report takes its title from there too: adding a dataset starts here (docs/ARCHITECTURE.md).
-A user's own dataset (config ``datasets:``) gets the same facts from its config entry
-(:func:`own_dataset_info`); its class list is declared or read from folder names, never
-counted from the private labels.
+Every stage and the report read them from :data:`DATASETS`; an own dataset (config
+``datasets:``) gets them from its entry (:func:`own_dataset_info`), its classes declared or
+read from folder names, never counted from the private labels.
 """
 
 from __future__ import annotations

@@ -1,13 +1,10 @@
 """CelebA at 32x32, gender-conditioned (paper section 5.3, Tables 3 and 6).
 
-``dpsinkhorn data --dataset celeba`` reads torchvision's on-disk layout
-(``<source>/celeba/img_align_celeba/*.jpg``, ``list_attr_celeba.txt``,
-``list_eval_partition.txt``), centre-crops each image to 178x178 and resizes it once to
-32x32 (PIL bilinear, antialiased), and writes ``{train,test}.npz`` (``images`` uint8
-[N,32,32,3], ``labels`` int64 [N] = ``Male``: 1 male, 0 female; train = partition 0, test =
-partition 2) into :func:`prepared_dir`. The text files are MD5-checked against torchvision's
-list unless the source is the synthetic fixture, which ``dpsinkhorn celeba-fixture`` writes
-in the same formats (marked, and named in every CelebA caption).
+Reads torchvision's on-disk layout (``<source>/celeba/img_align_celeba/*.jpg`` and the
+MD5-checked attribute and partition lists), centre-crops to 178x178, resizes to 32x32 (PIL
+bilinear) and writes ``{train,test}.npz`` (``images`` uint8 [N,32,32,3], ``labels`` int64
+[N] = ``Male``; partitions 0 and 2) into :func:`prepared_dir`. ``dpsinkhorn
+celeba-fixture`` writes a marked synthetic source in the same formats.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """Datasets (MNIST, Fashion-MNIST, CelebA): preparation, loading and pixel conversions.
 
-``dpsinkhorn data`` turns the official idx archives (through torchvision, downloaded or
-copied from a mirror holding ``<FolderName>/raw/*.gz``, MD5-checked) into
-``<root>/<dataset>/{train,test}.npz`` (``images`` uint8 [N,28,28], ``labels`` int64 [N]);
-CelebA: :mod:`dpsinkhorn.data.celeba`. :func:`to_unit_range` / :func:`from_unit_range` are
-the package's only pixel conversions: uint8 [0, 255] <-> float32 [-1, 1].
+``dpsinkhorn data`` turns the official idx archives (MD5-checked) into
+``<root>/<dataset>/{train,test}.npz`` (``images`` uint8 [N,28,28], ``labels`` int64 [N]).
+:func:`to_unit_range` / :func:`from_unit_range`: the only pixel conversions.
 """
 
 from __future__ import annotations
@@ -30,13 +28,10 @@ SPLITS = ("train", "test")
 def split_path(
     root: Path, dataset: str, split: str, definition: dict | None = None, folder: str | None = None
 ) -> Path:
-    """Where ``prepare`` (or ``owndata.prepare_own``) writes one split:
-    ``<root>/<folder>/<split>.npz``, the folder ``folder`` when given (an experiment's
-    ``prepared_folder``: a built-in dataset from a source of its own), else
-    ``config.prepared_folder(dataset, definition)`` (``<name>-<entry hash>`` of an own
-    dataset, whose ``datasets:`` entry is ``definition``; without it, the one own dataset
-    of that name prepared under ``root``; a built-in dataset's name, or the one folder it
-    was prepared into from another source when that folder does not exist)."""
+    """``<root>/<folder>/<split>.npz``: ``folder`` when given (an experiment's
+    ``prepared_folder``), else ``config.prepared_folder(dataset, definition)`` (an own
+    dataset's ``<name>-<entry hash>``; without ``definition``, the one prepared under
+    ``root``)."""
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; valid splits: {', '.join(SPLITS)}")
     if folder is not None:
@@ -80,11 +75,9 @@ def _one_source(root: Path, dataset: str) -> str | None:
 def prepare(dataset: str, root: Path, mirror: Path | None = None) -> dict[str, Path]:
     """Write ``<root>/<dataset>/{train,test}.npz``; return {split: path}.
 
-    With ``mirror`` (a folder holding ``<FolderName>/raw/*.gz``) nothing is downloaded:
-    the archives are copied into ``<root>/torchvision/<FolderName>/raw/`` and MD5-checked.
-    Without it torchvision downloads them. Reruns are safe and give identical files.
-    Raises ``FileNotFoundError`` (missing archive, or a needed download failed: offline)
-    or ``ValueError`` (corrupt archive), naming the file and how to provide it.
+    With ``mirror`` (a folder holding ``<FolderName>/raw/*.gz``) the archives are copied,
+    not downloaded; either way MD5-checked. Reruns give identical files. Raises
+    ``FileNotFoundError`` or ``ValueError`` naming the file and how to provide it.
     """
     info = dataset_info(dataset)
     root = Path(root)
@@ -118,10 +111,8 @@ def _how_to_provide(info: DatasetInfo, archive: str, dest: Path) -> str:
 
 
 def _copy_from_mirror(info: DatasetInfo, mirror: Path, raw: Path) -> None:
-    """Copy the archives from ``mirror/<folder>/raw`` to ``raw``, verifying each MD5.
-
-    Archives already in ``raw`` with the right MD5 are kept as they are.
-    """
+    """Copy the archives from ``mirror/<folder>/raw`` to ``raw`` (those there with the
+    right MD5 are kept), verifying each MD5."""
     src_dir = mirror / info.folder / "raw"
     for archive, md5 in info.archives():
         dest = raw / archive
@@ -169,9 +160,8 @@ def _read_with_torchvision(
 ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """Load both splits through torchvision (download=True: extracts, downloads if needed).
 
-    If reading fails, the extracted files are removed (so no partial extraction is
-    ever reused) and the reason is raised as ``ValueError`` naming the bad archive;
-    if all archives decompress fine, the extracted files were stale and it retries once.
+    On a read error the extracted files are removed and a ``ValueError`` names the bad
+    archive; if every archive decompresses, it retries once.
     """
     cls = info.torchvision_dataset()
     # torchvision reads an extracted file whenever one exists, and never checks it: a
@@ -243,10 +233,7 @@ def load_split(
 
 
 def to_unit_range(images_uint8: np.ndarray | torch.Tensor) -> torch.Tensor:
-    """uint8 pixels in [0, 255] -> float32 tensor in [-1, 1] (``v / 127.5 - 1``).
-
-    Shapes: [N,H,W] -> [N,1,H,W]; [N,H,W,C] (channels last) -> [N,C,H,W].
-    """
+    """uint8 [N,H,W] or [N,H,W,C] in [0, 255] -> float32 [N,C,H,W] in [-1, 1]."""
     x = torch.as_tensor(images_uint8)
     if x.dtype != torch.uint8:
         raise ValueError(f"to_unit_range expects uint8 images, got {x.dtype}")
@@ -260,10 +247,8 @@ def to_unit_range(images_uint8: np.ndarray | torch.Tensor) -> torch.Tensor:
 
 
 def from_unit_range(x: torch.Tensor) -> np.ndarray:
-    """float tensor [N,C,H,W] in [-1, 1] -> uint8 array (clamped, rounded).
-
-    Shapes: C = 1 -> [N,H,W]; C = 3 -> [N,H,W,3]. Exact inverse of ``to_unit_range``.
-    """
+    """float [N,C,H,W] in [-1, 1] -> uint8 [N,H,W] (C = 1) or [N,H,W,3], clamped and
+    rounded: the exact inverse of ``to_unit_range``."""
     if x.ndim != 4 or x.shape[1] not in (1, 3):
         raise ValueError(
             f"from_unit_range expects [N,C,H,W] with C in (1, 3), got {tuple(x.shape)}"

@@ -1,12 +1,11 @@
 """Own datasets (config ``datasets:``): an image folder or an .npz -> ``{train,test}.npz``.
 
-Layouts: an image folder in torchvision's ``ImageFolder`` convention (``path/<class>/*``,
-or ``path/train/<class>/...`` with an optional ``path/test/``), or an .npz with ``images``
-(uint8 [N,H,W] or [N,H,W,C]) and ``labels`` (int [N]), optionally ``test_images`` /
-``test_labels``. The class list is public (the entry's ``classes`` or the folder names),
-never counted from the labels. :func:`prepare_own` writes ``{train,test}.npz`` and the
-public ``dataset.json`` into ``<root>/<name>-<entry hash>`` (``config.prepared_folder``).
-Every bad input is a :class:`DatasetError` naming the file. Torch-free; docs/OWN_DATA.md.
+Layouts: an ``ImageFolder`` (``path/<class>/*``, or ``path/train/<class>/...`` with an
+optional ``path/test/``), or an .npz with ``images``, ``labels`` and optionally
+``test_images`` / ``test_labels``. Classes are public (declared or folder names).
+:func:`prepare_own` writes ``{train,test}.npz`` and ``dataset.json`` into
+``<root>/<name>-<entry hash>``. Bad input: :class:`DatasetError` naming the file.
+Torch-free; docs/OWN_DATA.md.
 """
 
 from __future__ import annotations
@@ -263,11 +262,8 @@ def _read_npz(
 
 
 def split_off(arrays: Arrays, fraction: float, seed: int, where: Path) -> tuple[Arrays, Arrays]:
-    """Hold out ``round(N * fraction)`` records (at least 1) as the test split.
-
-    The held-out records are the first of ``numpy.random.default_rng(seed).permutation(N)``;
-    both splits keep the source order. Same input, fraction and seed: same split.
-    """
+    """Hold out ``round(N * fraction)`` records (at least 1), the first of
+    ``default_rng(seed).permutation(N)``, as the test split; both keep the source order."""
     images, labels = arrays
     n = len(labels)
     n_test = max(1, round(n * fraction))
@@ -291,9 +287,8 @@ def prepare_own(
     """Write ``<root>/<name>-<entry hash>/{train,test}.npz`` and ``dataset.json``; return
     {split: path}.
 
-    ``definition``: the validated ``datasets.<name>`` entry. ``batch_size`` (the largest
-    batch of the experiments on this dataset, ``batch_owner`` naming one) is checked
-    against the training records before anything is written.
+    ``definition``: the validated ``datasets.<name>`` entry. ``batch_size`` (largest batch
+    on it, of experiment ``batch_owner``) is checked against the records first.
     """
     info = own_dataset_info(name, definition)
     out = Path(root) / prepared_folder(name, definition)
@@ -355,11 +350,6 @@ def prepare_own(
 def is_prepared_own(root: Path, name: str) -> bool:
     """Whether ``<root>/<name>/dataset.json`` exists (an own dataset prepared there)."""
     return (Path(root) / name / RECORD).is_file()
-
-
-def record_path(root: Path, name: str) -> Path:
-    """``<root>/<name>/dataset.json``."""
-    return Path(root) / name / RECORD
 
 
 def prepared_dataset_info(folder: Path) -> DatasetInfo:

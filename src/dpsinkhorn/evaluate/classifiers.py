@@ -72,12 +72,10 @@ def train_logreg(
     """scikit-learn's L2 logistic regression (lbfgs, multinomial, C = ``c``), one per training
     set, all fitted together by ``torch.optim.LBFGS`` (strong Wolfe line search).
 
-    Per set k the objective is mean_i CE(W_k x_i + b_k, y_i) + ||W_k||^2 / (2 C n_k):
-    scikit-learn's ``C sum_i CE + ||W||^2 / 2`` divided by C n_k, the same unique minimiser.
-    The K objectives share no parameter, so their sum's minimiser is the K separate ones.
-    ``xs`` float32 [N_k,...], ``ys`` int64 [N_k], the test pair likewise, all on one device.
-    Stops when the largest gradient entry is below ``tolerance`` or after ``max_iter``
-    iterations. Deterministic: W = 0, b = 0 at the start, as scikit-learn starts.
+    Per set k: mean_i CE(W_k x_i + b_k, y_i) + ||W_k||^2 / (2 C n_k), scikit-learn's
+    objective divided by C n_k (same minimiser); the K objectives share no parameter.
+    ``xs`` float32 [N_k,...], ``ys`` int64 [N_k], all on one device. Stops when the largest
+    gradient entry is below ``tolerance`` or after ``max_iter``; starts at W = 0, b = 0.
     """
     device = xs[0].device
     flat = [x.reshape(len(x), -1) for x in xs]
@@ -130,12 +128,10 @@ def train_logreg(
 
 
 class BatchedRun:
-    """K seeds of one model trained together: per seed the initialisation
-    (``torch.manual_seed(seed)``), hold-out split and batch-order generator; the K models'
-    parameters stacked [K, ...] (``torch.func.stack_module_state``); the vmapped step (one
-    forward/backward and one Adam step for all seeds), batch orders and accuracy. The
-    training sets ``xs`` [N,C,H,W] / ``ys`` [N] must have the same N. The CNN's dropout
-    masks come from one stream for all seeds (``vmap(randomness="different")``)."""
+    """K seeds of one model trained together: per seed its initialisation
+    (``torch.manual_seed(seed)``), hold-out split and batch order; parameters stacked
+    [K, ...] and one vmapped forward/backward and Adam step for all seeds. The sets ``xs``
+    [N,C,H,W] / ``ys`` [N] share N; dropout masks: ``vmap(randomness="different")``."""
 
     def __init__(
         self,
@@ -227,9 +223,8 @@ class BatchedRun:
         """Fraction correct per seed [K] (float64, on the device); ``x`` [K,N,...] or,
         ``shared``, [N,...] for all seeds.
 
-        On the CPU a shared set (the real test set) is scored seed by seed, each model in
-        channels-last layout, which is faster there than the vmapped convolution; the
-        logits differ by rounding only, as any two convolution algorithms' do."""
+        On the CPU a shared set is scored seed by seed in channels-last layout (faster
+        there; logits differ by rounding only)."""
         from torch.func import vmap
 
         if shared and self.device.type == "cpu":
@@ -269,12 +264,10 @@ class BatchedRun:
 
 
 class EarlyStopping:
-    """Per-seed early-stopping state on the device: best hold-out accuracy [K] (float64),
-    best epoch [K], epochs run [K], stopped [K] and the best parameters (one tensor [K, ...]
-    per name). A seed stops after ``patience`` epochs without a better hold-out accuracy;
-    a stopped seed is frozen, so epochs run after it change none of its results. Whether
-    every seed has stopped is read ``lag`` epochs later (:meth:`finished`), so a check
-    queues work instead of waiting for it."""
+    """Per-seed early stopping on the device: best hold-out accuracy, best epoch, epochs
+    run, stopped (each [K]) and best parameters ([K, ...] per name). A seed stops, frozen,
+    after ``patience`` epochs without a better accuracy; :meth:`finished` reads the flags
+    ``lag`` epochs late so the check does not wait on the device."""
 
     def __init__(self, params: dict[str, torch.Tensor], patience: int, lag: int) -> None:
         k = next(iter(params.values())).shape[0]

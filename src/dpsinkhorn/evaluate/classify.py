@@ -127,9 +127,8 @@ def train_and_evaluate_seeds(
     (:func:`classifiers.train_batched`, Log-Reg :func:`classifiers.train_logreg`); one
     result each, with the test accuracy.
 
-    ``train_sets``: (images uint8 [N,H,W(,C)], labels int [N]) per seed, all of one N.
-    Every set is validated before any training; the test set goes to the device once.
-    ``seconds`` is the run's wall time split evenly over the seeds.
+    ``train_sets``: (images uint8 [N,H,W(,C)], labels int [N]) per seed, all of one N,
+    validated first. ``seconds``: the wall time split evenly over the seeds.
     """
     if model not in MODELS:
         raise ValueError(f"unknown classifier {model!r}; choose from {', '.join(MODELS)}")

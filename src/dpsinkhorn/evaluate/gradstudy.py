@@ -1,13 +1,9 @@
 """Bias and variance of the generator-gradient estimator G_p against p (paper Figure 4c).
 
-G_p = ∇θ S_p(X(θ), Y) is the gradient, w.r.t. the generator parameters θ, of the
-semi-debiased Sinkhorn loss of one training step, drawn exactly as a training step draws
-it and computed as training computes it (∇_X S_p from the fixed-schedule solver,
-``loss.semi_debiased_sinkhorn_with_grad``, back-propagated through the generator), but
-WITHOUT clipping or noise: this analyses the estimator itself. For each p, ``batches``
-independent draws give the sample mean and the trace of the sample covariance; bias is
-measured against the mean of G_1 (unbiased).
-The real data enter un-noised, so the output is NOT differentially private.
+G_p = ∇θ S_p(X(θ), Y): a training step's semi-debiased Sinkhorn gradient w.r.t. the
+generator parameters, drawn and computed as training does but WITHOUT clipping or noise.
+Bias is measured against the mean of G_1 (unbiased). The real data enter un-noised: the
+output is NOT differentially private.
 """
 
 from __future__ import annotations
@@ -40,11 +36,8 @@ NOTE = "non-private analysis of the training data; not a DP release"
 
 
 def draw_seed(seed: int, p: float, batch: int) -> int:
-    """Seed of draw ``batch`` for debiasing fraction ``p``: a hash of (seed, p, batch).
-
-    Keyed on the value of p (to 1e-6), not its position in the list, so a given (seed, p,
-    batch) always gives the same latents and real batch whatever else is studied.
-    """
+    """Seed of draw ``batch`` for debiasing fraction ``p``: a hash of (seed, p to 1e-6,
+    batch), so a draw does not depend on what else is studied."""
     key = np.random.SeedSequence([int(seed), round(float(p) * 1_000_000), int(batch)])
     return int(key.generate_state(1, np.uint64)[0] >> 1)  # 63 bits: any torch seed
 
@@ -52,20 +45,11 @@ def draw_seed(seed: int, p: float, batch: int) -> int:
 class GradientEstimator:
     """Draws G_p = ∇θ S_p for one generator, one real data set and one experiment spec.
 
-    ``images`` uint8 [N,H,W] or [N,H,W,C] (pixels 0..255) and ``labels`` int64 [N] are the
-    training records, as ``train.train`` takes them. One draw reproduces one training step
-    (``train.Trainer.step``): n = ``spec["batch_size"]``, n' = floor(n p) latents and labels
-    from the model's ``sample_inputs``, then a Poisson real batch (rate q = n / N, fixed
-    capacity, 0/1 weights) from the same ``torch.Generator``; S_p with the spec's
-    entropy_reg, m, sinkhorn_scaling, alpha_c and cost (default mixed) on
-    [image in [-1, 1], α_c · onehot] features, and the diameter training uses; ∇_X S_p by
-    the training solver (uncompiled), pulled back through the generator.
-
-    The generator runs in training mode, as in training (the DCGAN has no batch norm or
-    dropout; the BigGAN's spectral norm does one power iteration per forward in training
-    mode). Its buffers are restored before every draw, so every draw is taken at the same
-    state of the generator and draws do not depend on their order; ``restore()`` puts the
-    buffers and the mode back as they were given.
+    ``images`` uint8 [N,H,W] or [N,H,W,C] and ``labels`` int64 [N]: the training records.
+    One draw is one training step's gradient with n' = floor(n p) debiasing rows (the
+    spec's loss settings, the training solver uncompiled), pulled back through the
+    generator in training mode. Its buffers are restored before every draw, so draws do
+    not depend on their order; ``restore()`` puts buffers and mode back.
     """
 
     def __init__(
@@ -204,12 +188,9 @@ def gradient_study(
 ) -> dict:
     """Bias and variance of G_p for each p in ``p_values`` (must contain 0 and 1).
 
-    ``model``: a trained generator (``sample.load_generator``); ``spec``: its experiment
-    (``config.experiment``); ``images`` uint8 [N,H,W(,C)], ``labels`` int64 [N]: the real
-    training records. For each p, ``batches`` independent draws (``GradientEstimator``;
-    the paper draws fresh real and generated batches per draw too) are reduced on the fly
-    by Welford's algorithm in float64: memory is one mean vector [num_parameters] per p,
-    never the draws themselves.
+    ``model``: a trained generator; ``spec``: its experiment; ``images``, ``labels``: the
+    real training records. For each p, ``batches`` independent draws
+    (``GradientEstimator``) are reduced by Welford's algorithm in float64.
 
     Returns a JSON-ready dict; the lists follow ``p``:
 

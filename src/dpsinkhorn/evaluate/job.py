@@ -50,12 +50,10 @@ from dpsinkhorn.evaluate.sample import load_generator, sample_generator, sample_
 class EvaluationSpec:
     """Everything one evaluation depends on, checked when built (one-line ``ValueError``).
 
-    Exactly one source: ``generator`` (generator.pt) or ``real_data`` (a train.npz whose
-    seeded subsets are a real-data row). ``num`` samples per seed; ``test`` the real test
-    split (sample file); ``reference`` its FID statistics (``dpsinkhorn fid-stats``).
-    ``fid`` False leaves FID out. ``sqrtm``: how FID takes tr sqrt(S1 S2);
-    ``fid_precision``: the Inception arithmetic (:data:`inception.FID_PRECISIONS`).
-    ``max_epochs``, ``patience``, ``batch_size``: the MLP's and CNN's Adam training;
+    One source: ``generator`` (generator.pt) or ``real_data`` (a train.npz, seeded subsets).
+    ``num`` samples per seed; ``test``: the real test split; ``reference``: its FID
+    statistics; ``fid`` False leaves FID out; ``sqrtm``, ``fid_precision``: FID's
+    arithmetic; ``max_epochs``, ``patience``, ``batch_size``: MLP/CNN training;
     ``max_iter``: Log-Reg's L-BFGS iterations.
     """
 
@@ -318,16 +316,12 @@ def _done(phase: str, begin: float) -> float:
 class Progress:
     """Finished phases of an interrupted evaluation, so a rerun resumes after them.
 
-    A stopped job (a deadline, a cluster's time limit) loses its declared outputs:
-    Snakemake deletes them. Each phase's records (FID, one classifier, all seeds) are also
-    kept in ``<scores>/evaluate_progress.json`` (not an output, so kept), keyed by the
-    SHA-256 of the inputs and the settings (the class count among them): a rerun with the
-    same key reuses them, any other key starts afresh. Each phase also records the code
-    that computed it (:func:`dpsinkhorn.evaluate.phases.phase_code_sha256`) and the commit
-    (``$DPSINKHORN_COMMIT``, or null): a phase whose code differs from this code is
-    computed again, and so is one computed on other samples (:meth:`bind`). Removed when
-    the job completes, when :data:`EVALUATION_PHASES` takes each phase's commit and code.
-    Only scores are kept there, never images (samples are drawn again: seeded, the same).
+    Each phase's scores (FID, one classifier, all seeds) are kept in
+    ``<scores>/evaluate_progress.json`` (Snakemake deletes a stopped job's outputs), keyed
+    by the SHA-256 of inputs and settings, with the phase's code hash
+    (:func:`dpsinkhorn.evaluate.phases.phase_code_sha256`) and ``$DPSINKHORN_COMMIT``: a
+    rerun reuses a phase only with the same key, code and samples (:meth:`bind`). Removed
+    when the job completes. Scores only, never images.
     """
 
     NAME = EVALUATION_PROGRESS

@@ -1,9 +1,7 @@
 """Samples as PNG files: one grid image, or one file per sample in a folder per class.
 
-Images are the sample contract's uint8 [N,H,W] or [N,H,W,C] (C in 1, 3); labels int64 [N],
--1 for every sample of an unconditional generator (``evaluate.sample``). Both writers are
-atomic: the grid is one file written in place of the old one, the folder's files are
-committed together (``fileio.write_all``). Torch-free.
+Images uint8 [N,H,W] or [N,H,W,C]; labels int64 [N] (-1: unconditional). Both writers
+are atomic (the folder's files commit together). Torch-free.
 """
 
 from __future__ import annotations

@@ -31,10 +31,7 @@ def read_generator_bytes(payload: bytes, where: str) -> dict:
     """The dict stored in generator.pt's bytes ``payload``, read with
     ``torch.load(weights_only=True)``; ``where`` names the file in errors.
 
-    generator.pt may come from elsewhere (downloaded, shared): its pickle must not run
-    code. ``weights_only`` unpickles tensors and plain containers only, which is all
-    ``train.release.generator_payload`` writes; anything else (a class, a ``__reduce__``
-    that would call a function) is refused with one line naming the file.
+    A pickle holding anything but tensors and plain containers is refused with one line.
     """
     try:
         state = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
@@ -89,11 +86,8 @@ def balanced_labels(num: int, num_classes: int, rng: np.random.Generator) -> np.
 def sample_generator(
     model: torch.nn.Module, num: int, seed: int, batch_size: int = 5000
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Draw ``num`` samples with balanced labels: images uint8 [N,H,W(,C)], labels int64 [N].
-
-    An unconditional generator (``model.conditional`` False, set by :func:`load_generator`)
-    is fed its one class 0 and its samples are labelled -1 (no class: the classifiers
-    are not trained on them)."""
+    """Draw ``num`` samples with balanced labels: images uint8 [N,H,W(,C)], labels int64 [N]
+    (-1 for an unconditional generator, fed its one class 0)."""
     device = next(model.parameters()).device
     labels = balanced_labels(num, model.config.num_classes, np.random.default_rng(seed))
     gen = torch.Generator(device=device).manual_seed(seed)

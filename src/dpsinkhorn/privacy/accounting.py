@@ -1,17 +1,11 @@
 """Privacy accounting: the ledger of DP-Sinkhorn training and its ε.
 
-Every training step is one Poisson-subsampled Gaussian mechanism with rate q and
-noise multiplier z (the mechanism, its adjacency, sensitivity and noise multiplier
-are stated in ``privacy.mechanism``); T steps compose adaptively.
-
-Accounting (``PrivacyAccountant``, ``compute_epsilon``): dp-accounting's RDP accountant
-(default) or PLD accountant on ``PoissonSampledDpEvent(q, GaussianDpEvent(z))`` composed
-once per step. ``paper_convention_epsilon`` reproduces the numbers the paper reports
-(classic TF-Privacy ``compute_rdp(q, σ, T·n)``) for comparison only: it is not a
-valid guarantee for this mechanism.
-
-Solving σ or steps for a target ε: ``privacy.budget``; the ``dpsinkhorn privacy``
-command: ``privacy.cli``.
+Every training step is one Poisson-subsampled Gaussian mechanism with rate q and noise
+multiplier z under add/remove-one adjacency (sensitivity and z: ``privacy.mechanism``);
+T steps compose adaptively. dp-accounting's RDP (default) or PLD accountant composes
+``PoissonSampledDpEvent(q, GaussianDpEvent(z))`` once per step.
+``paper_convention_epsilon`` reproduces the paper's numbers (TF-Privacy
+``compute_rdp(q, σ, T·n)``) for comparison only: not a valid guarantee.
 """
 
 from __future__ import annotations
@@ -59,10 +53,7 @@ def check_noise_multiplier(z: float, accountant: str) -> None:
 def compute_epsilon(z: float, q: float, steps: int, delta: float, accountant: str = "rdp") -> float:
     """ε after ``steps`` Poisson-subsampled Gaussian steps (rate q, noise multiplier z).
 
-    A pure function of its arguments, so its values are kept per process: a process that
-    asks for the same ε again (a test session rendering results sets whose ledgers share
-    σ, q, steps and δ) computes it once. Separate report jobs each still compute their own
-    (PLD: about 2 s a ledger at the smoke sizes, ~30 s at 10^5 steps)."""
+    Cached per process (a pure function)."""
     check_noise_multiplier(z, accountant)
     check_rate(q)
     check_delta(delta)
@@ -161,10 +152,8 @@ def composed_epsilon(mechanisms: list[tuple[float, float, int]], delta: float) -
 
     Each entry (q, z, steps) is one run: ``steps`` Poisson-subsampled Gaussian mechanisms
     (rate q, noise multiplier z, add/remove-one adjacency), as :class:`PrivacyAccountant`
-    records them. All runs compose (sequential composition on one dataset: their noise
-    keys are independent): dp-accounting's RDP accountant adds their RDP curves order by
-    order, then converts once to ε at δ. Two identical runs give the ε of one run with
-    twice the steps (RDP of T + T steps of one mechanism is that of 2T steps).
+    records them. All runs compose sequentially (independent noise keys): their RDP curves
+    add order by order, converted once to ε at δ.
     """
     check_delta(delta)
     acc = rdp_lib.RdpAccountant()

@@ -212,14 +212,12 @@ def audit_power(
     """The audit's power against a mechanism whose noise std is really ``true_std`` while it
     declares ``declared_std`` and claims ε = ``claim`` for one step:
 
-    * of the noise check: a two-sided χ² test at ``check_level`` on ``df`` values of the
-      real noise, exact (the sum of squares / declared² is (true/declared)² · χ²_df);
-    * of the bound: releases ∓d/2 + N(0, true_std²) (d = ``distance``), the threshold that
-      maximises the bound at the expected error counts; the false positives and negatives
-      on the R/2 tested releases per dataset are binomial: P(certified ε > claim) from
-      ``sims`` seeded draws of them (the threshold the audit selects on the other half
-      approaches this one);
-    * of either: the two use independent draws.
+    * of the noise check: a two-sided χ² test at ``check_level`` on ``df`` noise values
+      (exact: sum of squares / declared² is (true/declared)² · χ²_df);
+    * of the bound: releases ∓d/2 + N(0, true_std²) (d = ``distance``) at the threshold
+      maximising the bound; P(certified ε > claim) from ``sims`` seeded binomial draws of
+      the errors on R/2 tested releases per dataset;
+    * of either (independent draws).
     """
     check = 0.0
     if declared_std > 0:

@@ -1,10 +1,7 @@
 """Privacy budget: σ or steps for a target ε, and the numbers ``dpsinkhorn privacy`` prints.
 
-``resolve_budget`` turns any two of σ, steps and a target ε into (σ, steps), counting ε
-under the sound accountant of ``privacy.accounting`` or under the paper's convention
-(:func:`~dpsinkhorn.privacy.accounting.paper_convention_epsilon`); ``budget_of`` does it
-for a validated experiment. ``max_steps`` and ``solve_noise_multiplier`` are the two
-searches behind it.
+``resolve_budget`` turns any two of σ, steps and a target ε into (σ, steps) (sound or
+paper-convention ε); ``budget_of`` does it for a validated experiment.
 """
 
 from __future__ import annotations
@@ -110,13 +107,11 @@ def resolve_budget(
 ) -> tuple[float, int]:
     """Return (σ, steps) from any two of σ, steps, target ε.
 
-    σ and steps given: used as they are (if a target ε is also given, it must hold).
-    σ and target ε: the most steps within it. steps and target ε: the smallest σ
-    reaching it. ``convention`` says how the target ε is counted: ``sound`` (the
-    accountant of this mechanism, noise multiplier from σ and ``clipping``) or
-    ``paper`` (:func:`paper_convention_epsilon`, σ as the noise multiplier, steps·n
-    compositions; not a valid guarantee, for reproducing the paper's settings).
-    Training always records the sound ε, whichever convention solved the budget.
+    σ and target ε: the most steps within it; steps and target ε: the smallest σ reaching
+    it (all three: the target must hold). ``convention``: ``sound`` (this mechanism's
+    accountant, noise multiplier from σ and ``clipping``) or ``paper``
+    (:func:`paper_convention_epsilon`, not a valid guarantee). Training always records
+    the sound ε.
     """
     if convention not in CONVENTIONS:
         raise ValueError(f"convention must be one of {CONVENTIONS}, got {convention!r}")

@@ -79,10 +79,8 @@ def make_private(
     """Generator, sampler, sanitiser and accountant of the experiment ``spec`` on
     ``num_records`` records (public N), on ``device``.
 
-    ``image_sanitizer`` / ``parameter_sanitizer`` are the classes of the two mechanisms;
-    only the audit passes others (deliberately broken subclasses it must catch).
-    A ValueError names the experiment and the bad setting (or the first of
-    :data:`SPEC_KEYS` that ``spec`` lacks: build it with ``config.make_experiment``).
+    ``image_sanitizer`` / ``parameter_sanitizer``: the mechanisms' classes (only the audit
+    passes broken ones). A ValueError names the experiment and the bad or missing setting.
     """
     name = spec.get("name", "?")
     missing = [key for key in SPEC_KEYS if key not in spec]

@@ -58,12 +58,8 @@ def clip_block(block: torch.Tensor, clip: float, per_row: bool) -> torch.Tensor:
     """Scale ``block`` [k, ...] so its L2 norm (or each row's) is at most ``clip``.
 
     Non-finite entries are set to 0 first (:func:`finite_or_zero`), so the result is
-    finite with norm ≤ ``clip`` for every input: the sensitivity bound of the module
-    docstring holds even when the solver or the generator returns NaN or inf. A norm
-    that overflows to inf scales the block (or row) to 0. (The norm is taken of
-    ``block`` itself and replaced by the zero-filled block's only where it is not
-    finite: a reduction over ``block``'s own memory layout keeps a run's bits those of
-    the norm without the check.)
+    finite with norm ≤ ``clip`` for every input (the sensitivity bound holds even on NaN
+    or inf). The norm of ``block`` itself is used where finite (bitwise the unchecked one).
     """
     if block.shape[0] == 0:
         return block
@@ -76,6 +72,11 @@ def clip_block(block: torch.Tensor, clip: float, per_row: bool) -> torch.Tensor:
         norms = block.norm()
         norms = torch.where(norms.isfinite(), norms, finite.norm())
     return finite * (clip / (norms + 1e-12)).clamp(max=1.0)
+
+
+def _standard_normal(like: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """N(0, I) noise of ``like``'s shape, device and dtype, drawn from ``generator``."""
+    return torch.randn(like.shape, generator=generator, device=like.device, dtype=like.dtype)
 
 
 class ImageGradientSanitizer:
@@ -126,10 +127,9 @@ class ImageGradientSanitizer:
     def __call__(self, grad: torch.Tensor) -> torch.Tensor:
         """Return the sanitised gradient (same shape as ``grad`` [n + n', ...])."""
         private, debias = self.clipped(grad)
-        noise = torch.randn(
-            private.shape, generator=self.generator, device=grad.device, dtype=grad.dtype
+        return torch.cat(
+            [private + self.noise_std * _standard_normal(private, self.generator), debias]
         )
-        return torch.cat([private + self.noise_std * noise, debias])
 
 
 PERTURBATIONS = ("image", "parameter")
@@ -181,10 +181,7 @@ class ParameterGradientSanitizer:
         """Return clip_Δ(grad) + N(0, (2Δσ)²) elementwise (finite whatever ``grad`` holds);
         ``grad`` is a flat vector [P]."""
         clipped = self.clipped(grad)
-        noise = torch.randn(
-            clipped.shape, generator=self.generator, device=grad.device, dtype=grad.dtype
-        )
-        return clipped + self.noise_std * noise
+        return clipped + self.noise_std * _standard_normal(clipped, self.generator)
 
     def apply(self, parameters) -> None:
         """Sanitise the ``.grad`` of ``parameters`` in place, as one concatenated vector.

@@ -23,10 +23,8 @@ _MT_STATE_OFFSET = 24  # byte offset of the state words in torch's CPU generator
 
 
 def secret_noise_key() -> bytes:
-    """A fresh 256-bit key from the operating system (``secrets``); never stored.
-
-    What a resume needs is the generator's state, which lives in the private
-    workspace checkpoint only."""
+    """A fresh 256-bit key from the operating system (``secrets``); never stored (a resume
+    needs only the generator's state, in the private checkpoint)."""
     return secrets.token_bytes(SECRET_KEY_BITS // 8)
 
 
@@ -46,8 +44,7 @@ def keyed_generator(key: bytes, device: torch.device | str = "cpu") -> torch.Gen
     full entropy (256 bits for :func:`secret_noise_key`). CUDA (Philox4x32): torch's
     state is a 64-bit key and a counter offset (a non-negative int64, multiple of 4),
     so 64 + 61 = 125 bits of the key reach it; other devices: the 64-bit seed only.
-    The same key always gives the same stream (reproducible mode); distinct keys give
-    independent-looking streams.
+    The same key always gives the same stream (reproducible mode).
     """
     if len(key) < 16:
         raise ValueError(f"noise key must have at least 128 bits, got {8 * len(key)}")

@@ -1,20 +1,13 @@
 """The record store: which training records (images) every DP training of this user held.
 
-One store per user (:func:`store_root`: the config key ``record_store``, else
-``$DPSINKHORN_RECORD_STORE``, else ``$XDG_DATA_HOME/dpsinkhorn/records`` or
-``~/.local/share/dpsinkhorn/records``), whatever data_dir, run folder or machine trained.
-It holds a secret key (``key``, 32 random bytes, 0600, made on first use) and one file per
-training, ``trainings/<training id>.npz`` (written atomically, only by that training):
-``fingerprints``, the sorted distinct 16-byte HMAC-SHA256 of each image it trained on
-(:func:`fingerprints`), and ``meta``, the training's public settings (experiment, output
-folder, q, noise multiplier, δ, steps, finished). Without the key a fingerprint says
-nothing about an image, so the store is no membership oracle to someone who reads it.
-
-A person's ε (:func:`individual`) is the composition of every DP training that held one
-of their records (RDP, add/remove-one adjacency, Poisson-subsampled Gaussian steps), at
-the largest δ: disjoint data composes in parallel, overlapping data in sequence.
-``dpsinkhorn records show|export|merge`` (:func:`register_cli`) moves stores between
-machines; docs/PRIVACY.md ("The record store") says what is and is not protected.
+One store per user (:func:`store_root`), whatever data_dir, run folder or machine trained:
+a secret ``key`` (32 random bytes, 0600) and one ``trainings/<training id>.npz`` per
+training: ``fingerprints`` (sorted distinct 16-byte HMAC-SHA256 of each image it trained
+on) and ``meta`` (its public settings). Without the key a fingerprint says nothing about
+an image. A person's ε (:func:`individual`) composes every DP training that held one of
+their records (RDP, add/remove-one adjacency, Poisson-subsampled Gaussian steps) at the
+largest δ. ``dpsinkhorn records show|export|merge`` moves stores between machines;
+docs/PRIVACY.md ("The record store").
 """
 
 from __future__ import annotations
@@ -34,6 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from dpsinkhorn.privacy.trainings import accounted, may_be_private, mechanisms
 
 #: Environment variable naming the store (the config key ``record_store`` wins over it).
 STORE_ENV = "DPSINKHORN_RECORD_STORE"
@@ -82,10 +77,9 @@ def key_id(key: bytes) -> str:
 
 
 def fingerprints(key: bytes, images: np.ndarray) -> np.ndarray:
-    """The sorted distinct fingerprints of ``images`` (uint8 [N,S,S] or [N,S,S,C]): per image
-    HMAC-SHA256 under ``key`` of its dtype, shape and bytes (a trailing channel of one is
-    dropped: [S,S,1] is [S,S]), first :data:`FINGERPRINT_BYTES` bytes. Labels are not part of
-    a record: the same image under two labels is one record (counted together, never less).
+    """The sorted distinct fingerprints of ``images`` (uint8 [N,S,S] or [N,S,S,C]; [S,S,1]
+    counts as [S,S]): per image the first :data:`FINGERPRINT_BYTES` bytes of HMAC-SHA256
+    under ``key`` of its dtype, shape and bytes; labels are not part of a record.
     Returns [M] of dtype V16, M <= N."""
     images = np.asarray(images)
     if images.ndim == 4 and images.shape[-1] == 1:
@@ -131,14 +125,16 @@ def _payload(meta: Mapping, fps: np.ndarray) -> bytes:
     return buf.getvalue()
 
 
-def _load(path: Path) -> Training:
+def _load(source: Path | io.BytesIO, where: object = None) -> Training:
+    """One stored training from a file or bytes; ``where`` names it in errors."""
+    where = source if where is None else where
     try:
-        with np.load(path, allow_pickle=False) as z:
+        with np.load(source, allow_pickle=False) as z:
             meta, fps = json.loads(str(z["meta"])), z["fingerprints"]
     except (OSError, ValueError, KeyError) as err:
-        raise ValueError(f"{path}: not a training of a record store ({err})") from None
+        raise ValueError(f"{where}: not a training of a record store ({err})") from None
     if fps.dtype != np.dtype(FINGERPRINT_DTYPE) or not isinstance(meta.get("training"), str):
-        raise ValueError(f"{path}: not a training of a record store (fingerprints or id)")
+        raise ValueError(f"{where}: not a training of a record store (fingerprints or id)")
     return Training(meta, fps)
 
 
@@ -264,7 +260,7 @@ class RecordStore:
             for name, member in sorted(members.items()):
                 if name.startswith(f"{TRAININGS}/") and name.endswith(".npz"):
                     raw = io.BytesIO(tar.extractfile(member).read())
-                    entries.append(_load_bytes(raw, f"{archive}:{name}"))
+                    entries.append(_load(raw, f"{archive}:{name}"))
         if len(theirs) != 32:
             raise ValueError(f"{archive}: not a record store export (its key is not 32 bytes)")
         if not self.has_key() or not self.trainings():
@@ -286,17 +282,6 @@ class RecordStore:
         return changed, len(entries)
 
 
-def _load_bytes(raw: io.BytesIO, where: str) -> Training:
-    try:
-        with np.load(raw, allow_pickle=False) as z:
-            t = Training(json.loads(str(z["meta"])), z["fingerprints"])
-    except (OSError, ValueError, KeyError) as err:
-        raise ValueError(f"{where}: not a training of a record store ({err})") from None
-    if t.fingerprints.dtype != np.dtype(FINGERPRINT_DTYPE):
-        raise ValueError(f"{where}: not a training of a record store (fingerprints)")
-    return t
-
-
 def stored_meta(record: Mapping) -> dict:
     """What the store keeps of a training of the event record (``privacy.trainings``'s
     merged entry): its public settings and step counts."""
@@ -313,8 +298,6 @@ def import_record(store: RecordStore, records: Iterable[Mapping], fps) -> int:
     record file, ``privacy.trainings.trainings``) it lacks or holds less of, with the
     fingerprints ``fps()`` (called once, only when needed) of the split that record names.
     Returns how many were written."""
-    from dpsinkhorn.privacy.trainings import may_be_private
-
     written, keys = 0, None
     for t in records:
         if not may_be_private(t):
@@ -329,23 +312,14 @@ def import_record(store: RecordStore, records: Iterable[Mapping], fps) -> int:
     return written
 
 
-def _accounted(meta: Mapping) -> bool:
-    return all(
-        isinstance(meta.get(k), int | float) and not isinstance(meta.get(k), bool)
-        for k in ("q", "noise_multiplier", "delta", "steps")
-    )
-
-
 def individual(store: RecordStore, data: np.ndarray, delta: float | None = None) -> dict:
-    """Per-person ε for the records ``data`` (sorted fingerprints of the run's data): over
-    every DP training of the store that held one of them, the ε of the worst-off record
-    (its trainings composed, :data:`MECHANISM`) at the largest δ (theirs and ``delta``).
+    """Per-person ε for the records ``data`` (sorted fingerprints): the ε of the worst-off
+    record, its trainings composed (:data:`MECHANISM`) at the largest δ (theirs and ``delta``).
 
-    Returns ``epsilon_worst_off`` (None when none held one, or one lacks its mechanism:
-    ``unaccounted``), ``delta``, ``trainings`` (those that held one, :class:`Training`),
-    ``worst_off`` (the trainings the worst-off record was in), ``shared`` (records of
-    ``data`` in more than one training: a count from the private data, for the curator
-    only) and ``overlap`` (per training, how many of ``data`` it held: the same)."""
+    Returns ``epsilon_worst_off`` (None when no training held one, or one is
+    ``unaccounted``), ``delta``, ``trainings`` (those that held one), ``worst_off`` (the
+    worst-off record's), and, for the curator only (counts from the private data),
+    ``shared`` (records in more than one training) and ``overlap`` (per training)."""
     held, members = [], []
     for t in store.trainings():
         if t.meta.get("private") is False:
@@ -361,14 +335,14 @@ def individual(store: RecordStore, data: np.ndarray, delta: float | None = None)
         "worst_off": [],
         "shared": 0,
         "overlap": {},
-        "unaccounted": [t.id for t in held if not _accounted(t.meta)],
+        "unaccounted": [t.id for t in held if not accounted(t.meta)],
     }
     if not held:
         return out
     matrix = np.stack(members, axis=1)  # [records, trainings]
     out["shared"] = int((matrix.sum(axis=1) > 1).sum())
     out["overlap"] = {t.id: int(m.sum()) for t, m in zip(held, members, strict=True)}
-    deltas = [float(t.meta["delta"]) for t in held if _accounted(t.meta)]
+    deltas = [float(t.meta["delta"]) for t in held if accounted(t.meta)]
     out["delta"] = max([*deltas, *([delta] if delta is not None else [])], default=None)
     if out["unaccounted"] or out["delta"] is None:
         return out
@@ -377,16 +351,9 @@ def individual(store: RecordStore, data: np.ndarray, delta: float | None = None)
     signatures = np.unique(matrix, axis=0)  # [S, trainings]: which trainings a record was in
     worst = signatures[_worst_row(signatures, [_rdp_curve(t.meta) for t in held], out["delta"])]
     chosen = [t for t, inside in zip(held, worst, strict=True) if inside]
-    out["epsilon_worst_off"] = composed_epsilon(_mechanisms(chosen), out["delta"])
+    out["epsilon_worst_off"] = composed_epsilon(mechanisms(t.meta for t in chosen), out["delta"])
     out["worst_off"] = chosen
     return out
-
-
-def _mechanisms(trainings: Iterable[Training]) -> list[tuple[float, float, int]]:
-    return [
-        (float(t.meta["q"]), float(t.meta["noise_multiplier"]), int(t.meta["steps"]))
-        for t in trainings
-    ]
 
 
 def _rdp_curve(meta: Mapping) -> tuple[np.ndarray, np.ndarray]:
@@ -406,10 +373,8 @@ def _rdp_curve(meta: Mapping) -> tuple[np.ndarray, np.ndarray]:
 
 def _worst_row(signatures: np.ndarray, curves: list, delta: float) -> int:
     """The row of ``signatures`` (bool [S, K]: the trainings a record was in) of largest ε
-    at ``delta``. RDP curves add under composition, so a row's curve is ``row @ curves``
-    ([S, orders]), converted by dp-accounting's ``compute_epsilon``. ε grows with the curve
-    at every order, so after converting the row of largest curve, every row whose curve
-    lies below it at all orders is dropped unconverted; the largest of the rest is next."""
+    at ``delta``. RDP curves add under composition (a row's is ``row @ curves``); a row
+    whose curve lies below a converted one at every order is skipped (ε grows with it)."""
     from dp_accounting.rdp.rdp_privacy_accountant import compute_epsilon
 
     orders = curves[0][0]

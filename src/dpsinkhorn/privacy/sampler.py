@@ -30,16 +30,12 @@ def overflow_capacity(num_records: int, rate: float, tail: float) -> int:
 class PoissonSampler:
     """Poisson sampling (each record independently with probability q) in fixed shape.
 
-    One vectorised draw u ~ U(0,1)^N in float64 selects the records with u < q
-    (float64, so P(u < q) = q to 1e-16; float32 uniforms would raise the rate to
-    q·(1 + 7e-5) at q = 1/1200). The ``capacity`` smallest u are returned with weight
-    1 where u < q, else 0, so the real batch is exactly the Poisson sample as long as
-    it has at most ``capacity`` records. Capacity is the smallest c with
-    P(Binomial(N + 1, q) > c) ≤ ``OVERFLOW_TAIL`` (N + 1: the larger of two neighbouring
-    datasets under add/remove adjacency). An overflow is handled, not fatal: the batch
-    is then a uniformly random subset of ``capacity`` of the sampled records. Rows of
-    weight 0 hold records that were not sampled: the step zeroes their features before
-    the solve (``train.step``), so nothing of an unsampled record is computed on.
+    One draw u ~ U(0,1)^N in float64 (P(u < q) = q to 1e-16) selects the records with
+    u < q; the ``capacity`` smallest u are returned with weight 1 where u < q, else 0.
+    Capacity is the smallest c with P(Binomial(N + 1, q) > c) ≤ ``OVERFLOW_TAIL`` (N + 1:
+    the larger neighbour under add/remove adjacency). On overflow the batch is a uniform
+    subset of ``capacity`` sampled records. The step zeroes the features of weight-0 rows
+    (``train.step``), so nothing of an unsampled record is computed on.
 
     Privacy cost of overflows (charged in ``train.release.privacy_record``). Couple the
     trained mechanism M' with the ideal Poisson-subsampled Gaussian M through the same

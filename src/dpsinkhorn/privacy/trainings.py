@@ -1,51 +1,18 @@
 """The training record: every training that drew noise from a private data source.
 
-One append-only file per private data source, ``<data_dir>/trainings/<fingerprint>.jsonl``
-(:data:`RECORD_DIR`; the Python API on arrays: ``api.train``'s ``record_dir``), keyed by
-the source's content (:func:`data_fingerprint` of the training split's arrays, first 16
-hex digits), not by a dataset name: every config, run folder and name that trains on the
-same records writes to the same file. It lives beside the prepared data, on the private
-side (the fingerprint identifies the private data): never inside a run folder, never
-published. Each line is one JSON event, written by ``train.workspace.RunFiles``:
+One append-only JSON-lines file per source, ``<data_dir>/trainings/<fingerprint>.jsonl``
+(:data:`RECORD_DIR`), keyed by the content of the training arrays (:func:`data_fingerprint`,
+first 16 hex digits), so every config, folder and name training on the same records shares
+it. Private side only, never published. ``train.workspace.RunFiles`` writes the events
+``started``, ``resumed``, ``finished`` (with the sha256 of generator.pt, privacy.json and
+train_log.csv) and ``republished``; each carries the training's id and :data:`IDENTITY`.
 
-Every event carries the training's id and its identity (:data:`IDENTITY`: experiment,
-output folder, also relative to the record's folder, settings, the mechanism's public
-parameters q, noise multiplier, δ, accountant, ``steps_planned``, ``retrain``), so one
-event alone says which training it belongs to:
-
-* ``started``: a training from step 0 (or from a checkpoint of an older version), with
-  ``start_step``; ``retrain: true`` when it retrains a finished DP experiment on request
-  (:func:`check_retrain`).
-* ``resumed``: the same id, continued from its checkpoint (in another process, call or
-  machine), with ``start_step``.
-* ``finished``: the same id, its step count, ε, and the sha256 of the three files it
-  released: ``content_sha256`` (generator.pt), ``ledger_sha256`` (privacy.json) and
-  ``train_log_sha256`` (train_log.csv), which ``dpsinkhorn release`` proves a ledger by
-  (:func:`finished_into`; records older than these two keys: the release copy the
-  training kept, :func:`finished_copy_dir`).
-
-A training that resumes from its checkpoint keeps its id (the checkpoint carries it, and
-whether it retrains): one noise stream, one training. A training that never finished
-counts at ``steps_planned`` (an upper bound on the steps whose noise it drew).
-:func:`trainings` merges the events per id, whichever of them survive (a ``finished``
-whose ``started`` was lost is still one finished training of its experiment);
-:func:`composed` composes every DP training of a source
-(``privacy.accounting.composed_epsilon``, add/remove-one adjacency, RDP) at the largest δ
-any of them claims: the cost of every generator those trainings could have released.
-A training's output folder is matched as recorded, relative to the record's folder and
-relative to the working folder it trained in (:func:`output_folders`), so a working
-folder moved, with its record or without it (a GPU window's next call, a copy), still
-finds its finished trainings.
-
-No training is dropped. A training none of whose surviving events names its experiment
-(written before every event carried the identity: a ``finished`` event of those versions
-held only the step count, ε and the generator's hash; or a lone ``republished``) is
-*unattributed* (:func:`trainings`, ``attributed: false``). It counts as a DP training
-unless its events show it was not one, :func:`composed` gives no composed ε while one
-lacks what the composition needs (``unaccounted``), and :func:`check_retrain` refuses a
-DP training from step 0 that it could be a retrain of (:func:`unattributed_finished`).
-Everything recorded is a public setting or a step count, except the file's name.
-Torch-free.
+A resumed training keeps its id (one noise stream); an unfinished one counts at
+``steps_planned``. :func:`composed` composes every DP training of a source (RDP,
+add/remove-one adjacency, ``privacy.accounting.composed_epsilon``) at the largest δ any
+claims. No training is dropped: one whose events name no experiment is *unattributed*,
+counts as DP unless its events show otherwise, blocks a composed ε while its mechanism is
+unknown, and makes :func:`check_retrain` refuse. Torch-free. docs/PRIVACY.md.
 """
 
 from __future__ import annotations
@@ -64,9 +31,8 @@ import numpy as np
 RECORD_DIR = "trainings"
 #: Environment variable naming experiments (comma-separated, or ``all``) that may retrain.
 RETRAIN_ENV = "DPSINKHORN_RETRAIN"
-#: What every event carries besides ``event``, ``training`` and ``time``: the training's
-#: identity (``train.workspace.RunFiles`` writes them; ``out_rel``: ``out`` relative to the
-#: record's folder; ``out_cwd``: relative to the training's working folder, when inside it).
+#: What every event carries besides ``event``, ``training`` and ``time`` (``out_rel``/
+#: ``out_cwd``: ``out`` relative to the record's folder / the working folder).
 IDENTITY = (
     "experiment",
     "out",
@@ -85,8 +51,7 @@ IDENTITY = (
 #: The events a record holds.
 EVENTS = ("started", "resumed", "finished", "republished")
 #: Under the record's folder: a copy of each output folder's last finished DP release
-#: (:func:`finished_copy_dir`), from which a training whose outputs a scheduler removed
-#: is published again instead of trained again (``train.workspace``).
+#: (:func:`finished_copy_dir`), republished when a scheduler removed the outputs.
 FINISHED_DIR = "finished"
 
 
@@ -95,11 +60,8 @@ class RetrainRefused(ValueError):
 
 
 def data_fingerprint(images: np.ndarray, labels: np.ndarray) -> str:
-    """SHA-256 (hex) of the training data: shapes, dtypes and bytes of images and labels.
-
-    Part of the checkpoint's ``spec_hash`` (a resume on other data is refused) and the key
-    of the training record. Kept on the private side only (it identifies the private
-    dataset): never in a published file."""
+    """SHA-256 (hex) of the shapes, dtypes and bytes of images and labels: part of the
+    checkpoint's ``spec_hash`` and the record's key. Private side only, never published."""
     digest = hashlib.sha256()
     for array in (np.ascontiguousarray(images), np.ascontiguousarray(labels)):
         digest.update(f"{array.dtype.str}{array.shape}".encode())
@@ -114,9 +76,8 @@ def record_file(record_dir: str | os.PathLike, fingerprint: str) -> Path:
 
 
 def shown(path: str | os.PathLike) -> str:
-    """How a message (a log line, an error) names the record file ``path``: by its folder
-    only. The file's name is 64 bits of the training data's sha256, with which someone who
-    knows every record but one could test which the last one is."""
+    """How a message names the record file ``path``: by its folder only (its name is 64
+    bits of the data's sha256, which would let one test which record is in it)."""
     return f"the training record in {Path(path).parent}"
 
 
@@ -144,8 +105,7 @@ def _append_lines(path: Path, lines: list[str]) -> None:
 
 def merge_copy(record_dir: str | os.PathLike, copy: str | os.PathLike) -> Path:
     """Append to ``record_dir/<copy's name>`` the events of ``copy`` (a copy of that record
-    file carried elsewhere, e.g. in a GPU window's archive) it does not hold yet, in the
-    copy's order; returns the record file. A damaged copy is refused (:func:`read`)."""
+    file carried elsewhere) it does not hold yet, in order; returns the record file."""
     copy = Path(copy)
     path = Path(record_dir) / copy.name
     have = {_key(e) for e in read(path)} if path.is_file() else set()
@@ -192,22 +152,15 @@ MECHANISM = ("q", "noise_multiplier", "delta", "steps")
 
 
 def trainings(events: Iterable[Mapping]) -> list[dict]:
-    """One dict per training id (in order of its first event): the identity its events
-    carry (the latest value of each key), ``start_step`` (the earliest), ``finished``
-    (bool), ``steps`` (the largest finished count, else ``steps_planned``, else None),
-    ``retrain`` (any event says so), ``time`` (its latest event), ``attributed``.
+    """One dict per training id, in order of first event: its identity (latest value of
+    each key), ``start_step`` (earliest), ``finished``, ``steps`` (largest finished count,
+    else ``steps_planned``), ``retrain`` (any event), ``time`` (latest), ``attributed``
+    (an event names its experiment).
 
-    Every training is kept. ``attributed`` is false when none of its events names its
-    experiment: a ``finished`` event of a version before every event carried the identity
-    (it held ``steps``, ``epsilon`` and ``content_sha256`` only) whose ``started`` line is
-    lost, or a lone ``republished`` event. Such a training's ``private`` is what its events
-    show: recorded if they say; true after a ``republished`` (only a finished DP training
-    is published again), or when a noise multiplier or a number ε is recorded; false when
-    its ``finished`` event records ``epsilon: null`` (every writer of a ``finished`` event
-    writes its ledger's ε, null only in a non-private ledger); else None, unknown, which
-    every reader counts as a DP training (:func:`may_be_private`): dropping or guessing it
-    could only understate what the data has paid. A ``republished`` event also says the
-    training finished."""
+    An unattributed training's ``private`` is what its events show: true after a
+    ``republished`` or with a recorded noise multiplier or numeric ε; false when its
+    ``finished`` records ``epsilon: null``; else None, which readers count as DP
+    (:func:`may_be_private`)."""
     merged: dict[str, dict] = {}
     for event in events:
         tid = event["training"]
@@ -249,6 +202,11 @@ def _number(value) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
+def mechanisms(trainings: Iterable[Mapping]) -> list[tuple[float, float, int]]:
+    """(q, noise multiplier, steps) of each accounted training, as ``composed_epsilon`` takes."""
+    return [(float(t["q"]), float(t["noise_multiplier"]), int(t["steps"])) for t in trainings]
+
+
 def may_be_private(training: Mapping) -> bool:
     """Whether a recorded training counts as a DP training: ``private`` true, or unknown
     (None or absent: an unattributed training whose events do not say)."""
@@ -261,11 +219,8 @@ def accounted(training: Mapping) -> bool:
 
 
 def output_folders(training: Mapping, record_dir: str | os.PathLike) -> set[str]:
-    """Where a recorded training wrote, as any folder it may have moved to: its absolute
-    ``out``; ``out_rel`` resolved against ``record_dir`` as it lies now (the run and its
-    record moved together); ``out_cwd`` resolved against the current working folder (the
-    run's working folder moved without its record, as a GPU window's next call whose data
-    folder is elsewhere). Matching any of them refuses more, never less."""
+    """Every folder a recorded training's output may lie in now: ``out``, ``out_rel``
+    against ``record_dir``, ``out_cwd`` against the working folder."""
     found = {str(training["out"])} if training.get("out") else set()
     if training.get("out_rel"):
         found.add(os.path.normpath(Path(record_dir).resolve() / training["out_rel"]))
@@ -275,10 +230,8 @@ def output_folders(training: Mapping, record_dir: str | os.PathLike) -> set[str]
 
 
 def finished_into(record_files: Iterable[str | os.PathLike], out: str | os.PathLike) -> list[dict]:
-    """Every finished DP training that the record files ``record_files`` hold and that
-    wrote into the folder ``out`` (any of its :func:`output_folders`), oldest first, each
-    with its record's folder as ``record_dir``: what a ledger in ``out`` must have been
-    written by. A missing record file holds none."""
+    """The finished DP trainings in ``record_files`` that wrote into ``out``
+    (:func:`output_folders`), oldest first, each with its ``record_dir``."""
     out = os.path.normpath(Path(out).resolve())
     found = []
     for path in map(Path, record_files):
@@ -305,16 +258,11 @@ def source_trainings(record_dir: str | os.PathLike, fingerprint: str) -> list[di
 
 
 def composed(records: list[Mapping]) -> dict:
-    """ε of every DP training in ``records`` (:func:`may_be_private`) composed at the
-    largest δ any of them claims (unfinished ones at their planned steps); None values
-    when there is none.
+    """ε of every DP training in ``records`` (:func:`may_be_private`; unfinished ones at
+    their planned steps), RDP-composed at the largest δ any claims.
 
-    ``unattributed``: how many of them no event attributes to an experiment;
-    ``unaccounted``: the ids of those whose mechanism or step count the record lacks
-    (:func:`accounted`; events of a version before every event carried it). With any of
-    those, ``epsilon_composed`` is None: ε unknown, never a composition that leaves a
-    training out (their recorded ε, each at a δ the record does not hold, cannot be
-    composed with the others), and the summary says so."""
+    ``unaccounted``: ids of those lacking :data:`MECHANISM`; with any, ``epsilon_composed``
+    is None (never a composition that leaves a training out)."""
     private = [t for t in records if may_be_private(t)]
     unaccounted = [str(t.get("training")) for t in private if not accounted(t)]
     delta = max((float(t["delta"]) for t in private if accounted(t)), default=None)
@@ -324,10 +272,7 @@ def composed(records: list[Mapping]) -> dict:
         # and dp-accounting (scipy) would cost it seconds
         from dpsinkhorn.privacy.accounting import composed_epsilon
 
-        mechanisms = [
-            (float(t["q"]), float(t["noise_multiplier"]), int(t["steps"])) for t in private
-        ]
-        eps = composed_epsilon(mechanisms, delta)
+        eps = composed_epsilon(mechanisms(private), delta)
     return {
         "trainings": len(private),
         "finished": sum(bool(t["finished"]) for t in private),
@@ -356,14 +301,9 @@ def _record_files(record_dir: Path) -> list[Path]:
 
 
 def unattributed_finished(record_dir: str | os.PathLike, out: str) -> list[tuple[dict, Path]]:
-    """The finished trainings under ``record_dir`` that no event attributes to an
-    experiment and that may have been secret-key DP trainings into ``out`` (absolute),
-    with their record files: their events do not show them non-private or public-seed,
-    and name no output folder, or one that matches ``out`` (:func:`output_folders`).
-
-    Any record file counts, not only that of the data now trained: an attributed
-    training into ``out`` on other data is refused too (:func:`check_retrain`), and
-    nothing tells on what folder an unattributed one trained."""
+    """The unattributed finished trainings in any record file under ``record_dir`` that
+    may have been secret-key DP trainings into ``out`` (absolute; no folder recorded, or
+    a match), with their record files."""
     found = []
     for path in _record_files(Path(record_dir)):
         for t in trainings(read(path)):
@@ -440,13 +380,10 @@ def _refusal(record_dir, out: str, experiment: str, done: Mapping, what: list[st
 def refuse_changed_settings(
     record_dir: str | os.PathLike, planned: Iterable[tuple[str, str, Mapping]]
 ) -> None:
-    """Refuse (:class:`RetrainRefused`) a workflow before it runs anything when one of
-    ``planned`` (experiment, absolute output folder, its settings now) finished a
-    secret-key DP training whose settings differ from these, unless ``DPSINKHORN_RETRAIN``
-    names it. Snakemake would rerun its job (its params changed) and remove the finished
-    outputs before the job's own :func:`check_retrain` refused it. (Other reruns, e.g. of
-    rewritten data, are refused by the job: the train rule's outputs are update(), put
-    back when the job fails.)"""
+    """Refuse (:class:`RetrainRefused`) a workflow before it runs when one of ``planned``
+    (experiment, absolute output folder, settings now) finished a secret-key DP training
+    with other settings, unless ``DPSINKHORN_RETRAIN`` names it (Snakemake would remove
+    the finished outputs before the job's :func:`check_retrain` refused)."""
     finished = _finished(Path(record_dir))
     for experiment, out, spec in planned:
         found = _last_into(finished, Path(record_dir), out)
@@ -475,12 +412,8 @@ def check_retrain(
 ) -> bool:
     """Refuse (:class:`RetrainRefused`) a training from step 0 into ``out`` when the record
     holds a finished secret-key DP training into it, unless ``retrain``. Returns whether
-    this training retrains a finished one (recorded as ``retrain: true``).
-
-    A finished training that no event attributes (:func:`unattributed_finished`) may be
-    this experiment's: the training is refused, and with ``retrain`` it is recorded as a
-    retrain. Conservative on purpose: a record that lost who trained cannot show that
-    this training is not a second draw of noise for the same release."""
+    this training retrains a finished one. An unattributed finished training
+    (:func:`unattributed_finished`) counts as one into ``out``."""
     found = _finished_into(Path(record_dir), out)
     if found is None:
         unknown = unattributed_finished(record_dir, out)

@@ -1,13 +1,9 @@
-"""The training commands' command line: ``dpsinkhorn train`` and what it shares with
-``train-sweep``.
+"""``dpsinkhorn train`` and what it shares with ``train-sweep``: options and one path.
 
-:func:`add_training_arguments` holds the options of both commands and
-:func:`run_training_cli` their one path from parsed arguments to trained runs (the
-loop: ``train.run``; ``train-sweep``'s parser and loop: ``train.sweep``). Exit codes:
-0 when done; 75 (``PREEMPTED_EXIT_CODE``) after SIGTERM / SIGUSR1 or ``--stop-after``,
-with a checkpoint: resubmit and the run resumes; 130 (``INTERRUPTED_EXIT_CODE``) after
-SIGINT, with a checkpoint; 2 on bad input. After 130 or 2, a note in the output folder
-(:data:`STOPPED_NAME`) makes a workflow retry end at once with the same code.
+Exit codes: 0 done; 75 (``PREEMPTED_EXIT_CODE``) after SIGTERM / SIGUSR1 or
+``--stop-after``, with a checkpoint (resubmit to resume); 130 (``INTERRUPTED_EXIT_CODE``)
+after SIGINT, with a checkpoint; 2 on bad input. After 130 or 2 a note in the output
+folder (:data:`STOPPED_NAME`) makes a workflow retry (``--attempt`` > 1) end at once.
 """
 
 from __future__ import annotations
@@ -26,10 +22,6 @@ from dpsinkhorn.privacy.record_store import store_root
 from dpsinkhorn.train import memory
 from dpsinkhorn.train.run import train_runs
 from dpsinkhorn.train.signals import INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE, Preempted
-
-# A stop that retrying cannot fix (SIGINT, bad input) leaves this note (STOPPED_NAME) in
-# the output folder; a workflow retry (``--attempt`` > 1) finds it and ends at once, and a
-# later workflow run names the files it kept (config.workflow.check_kept_outputs).
 
 
 def register_cli(subparsers: argparse._SubParsersAction) -> None:
@@ -92,11 +84,7 @@ def run_training_cli(
     outs: Sequence[Path],
 ) -> int:
     """Call ``train_fn(specs, outs, data_dir, ...)`` with the CLI options over the loaded
-    config ``cfg``; print each privacy record. The one path of both training commands.
-
-    Returns 0, or PREEMPTED_EXIT_CODE (75) after a signal or ``--stop-after`` checkpoint,
-    INTERRUPTED_EXIT_CODE (130) after SIGINT (checkpoint written too).
-    """
+    config ``cfg``, print each privacy record; returns the exit code (module docstring)."""
     markers = [Path(d) / STOPPED_NAME for d in outs]
     if args.attempt > 1:  # a workflow retry: repeat a final stop instead of running again
         for marker in markers:

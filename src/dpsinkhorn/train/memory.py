@@ -1,11 +1,9 @@
 """How much memory a training step needs, and a refusal when the device cannot hold it.
 
-A step's peak (float32): the real data's features on the device, N × D (D = pixels +
-classes); the Sinkhorn solve's cross [n, capacity] and self [n, n] matrices, about
-:data:`SINKHORN_MATRICES` copies of each (cost, logits, plans, autograd); and the
-generator's activations for its n + n' rows (measured by two small forward passes). The
-estimate runs 15-25% above the measured peak on CPU; a setting is refused only when it
-exceeds the memory available.
+A step's peak (float32): the real features N × D (D = pixels + classes), the Sinkhorn
+solve's [n, capacity] and [n, n] matrices (:data:`SINKHORN_MATRICES` copies each), and the
+generator's activations for n + n' rows (measured). A setting is refused only when the
+estimate exceeds the memory available.
 """
 
 from __future__ import annotations
@@ -30,9 +28,8 @@ class TooLargeError(ValueError):
 def activation_bytes_per_row(model: torch.nn.Module, rows: int = 4) -> float:
     """Bytes that autograd saves for the backward pass, per generated row.
 
-    Measured with forward passes of ``rows`` and ``2 * rows`` rows through a copy of
-    ``model`` (its batch-norm statistics and the run's random stream stay untouched);
-    the difference leaves out what does not grow with the rows (the weights).
+    The difference of forward passes of ``rows`` and ``2 * rows`` rows through a copy of
+    ``model`` (its statistics and the run's random stream untouched).
     """
     probe = copy.deepcopy(model)
     device = next(probe.parameters()).device

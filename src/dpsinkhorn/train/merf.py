@@ -1,12 +1,9 @@
 """DP-MERF training: one private release, then a generator fitted to it (``method: dpmerf``).
 
-:class:`MerfTrainer` has ``train.trainer.Trainer``'s interface to the loop, the workspace
-and the release, so evaluation, ``dpsinkhorn release`` and the privacy summary read its run
-unchanged. Step 1 releases the noisy mean embedding μ̃ [D, K] (``privacy.merf``); every
-step then takes one Adam step on ‖μ̃ − μ(g(z, y))‖²_F over B generated codes and labels,
-as DP-MERF's ``train_single_release`` does: post-processing at no further privacy cost.
-The learning rate decays by ``lr_decay`` per epoch of ⌊N/B⌋ steps. μ̃ stays in the
-checkpoint (private workspace), so a resumed run never draws it again.
+:class:`MerfTrainer` has ``Trainer``'s interface. Step 1 releases the noisy mean embedding
+μ̃ [D, K] (``privacy.merf``); every step then takes one Adam step on ‖μ̃ − μ(g(z, y))‖²_F
+over B generated rows (post-processing), the learning rate decaying by ``lr_decay`` per
+epoch of ⌊N/B⌋ steps. μ̃ stays in the private checkpoint, never drawn again on resume.
 """
 
 from __future__ import annotations

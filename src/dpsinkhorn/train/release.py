@@ -1,13 +1,10 @@
 """What a training run publishes, and its privacy ledger.
 
-A run's output folder receives exactly :data:`OUTPUT_FILES`, written by :func:`publish`
-when the run completes: ``generator.pt`` (:func:`generator_payload`: the weights, the
-mechanism's output, and the public settings that rebuild the generator), ``privacy.json``
-(:func:`privacy_record`, :func:`merf_record`: mechanism, parameters, ε and δ from the
-accountant, the guarantee) and ``train_log.csv`` (:data:`LOG_COLUMNS`: step, ε, rates).
-None holds anything computed on the private data except through the sanitised gradient.
-:func:`commit_release` writes the ledger before the generator, so a generator never exists
-without its ledger. What the guarantee covers: docs/PRIVACY.md.
+A run's output folder receives exactly :data:`OUTPUT_FILES` (:func:`publish`):
+``generator.pt`` (:func:`generator_payload`), ``privacy.json`` (:func:`privacy_record`,
+:func:`merf_record`) and ``train_log.csv`` (:data:`LOG_COLUMNS`). None holds anything
+computed on the private data except through the sanitised gradient; the ledger is written
+before the generator (:func:`commit_release`). docs/PRIVACY.md.
 """
 
 from __future__ import annotations
@@ -239,8 +236,7 @@ def publish(trainer: Trainer, out_dir: Path, log_rows: list[dict]) -> dict:
 def commit_release(generator: Path, payload: bytes, ledger: Path, ledger_bytes: bytes) -> None:
     """Write a generator and its privacy ledger so that the generator never exists alone.
 
-    Both are written in full to temporary files first (a full disk fails there, with
-    ``fileio.NoSpaceError`` naming the file, and changes nothing); then an older generator
-    is removed, the ledger moved into place, and the generator last (``fileio.write_all``).
+    Both are written in full first (``fileio.write_all``: a full disk changes nothing),
+    then an older generator removed, the ledger moved into place, the generator last.
     """
     write_all([(ledger, ledger_bytes), (generator, payload)], remove_first=[generator])

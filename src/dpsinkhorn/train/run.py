@@ -46,27 +46,15 @@ def train(
 ) -> dict:
     """Train one experiment into ``out_dir``; returns the privacy record.
 
-    The private data is ``<data_dir>/<dataset>/train.npz``, or ``train_data`` =
-    (images uint8 [N,S,S] or [N,S,S,C], S in 28, 32, 64, C in 1, 3; labels int64 [N])
-    for your own data.
+    Data: ``<data_dir>/<dataset>/train.npz``, or ``train_data`` (images uint8 [N,S,S] or
+    [N,S,S,C]; labels int64 [N]) with its declared ``classes`` (None: the catalogue's).
     Writes generator.pt, privacy.json and train_log.csv; checkpoints go to
-    ``out_dir/private_workspace/``, deleted on completion unless ``keep_private_workspace``
-    (then the final checkpoint lets a finished run rerun in seconds). ``stop_after`` ends
-    this process after that many new steps (with a checkpoint), as a preemption would; it raises
-    ``Preempted``. ``cuda_graphs`` replays the step from a CUDA graph (CUDA devices only,
-    see ``GraphedStep``); ``compile_solver`` runs the Sinkhorn iterations through
-    ``torch.compile`` (``ot._compiled_iterations``); ``precision`` is the generator's
-    arithmetic (``models.GeneratorPrecision``: fp32, tf32, bf16). ``classes``: the
-    declared class names of ``train_data`` (the generator gets their count and
-    generator.pt their names; a label outside them is refused); None: the classes of the
-    catalogue's ``dataset``. Never counted from the labels.
-
-    Every training is appended to its data source's training record
-    (``privacy.trainings``) in ``record_dir`` (default :func:`default_record_dir`); a
-    training from step 0 into a folder whose secret-key DP training finished is refused
-    (``privacy.trainings.RetrainRefused``) unless ``retrain``. Every DP training is also
-    put into the per-user record store ``record_store`` (default
-    ``privacy.record_store.store_root()``) with a fingerprint of each image it trains on.
+    ``out_dir/private_workspace/``. ``stop_after``: stop (checkpoint, ``Preempted``)
+    after that many new steps. ``cuda_graphs``: ``GraphedStep``; ``compile_solver``:
+    ``torch.compile`` the Sinkhorn iterations; ``precision``: ``GeneratorPrecision``.
+    The training is appended to the training record in ``record_dir`` (default
+    :func:`default_record_dir`; a finished secret-key DP run is retrained only with
+    ``retrain``) and, when DP, to the record store ``record_store``.
     """
     images, labels = load_train_data(spec, data_dir, train_data)
     device = resolve_device(device)

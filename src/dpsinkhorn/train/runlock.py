@@ -1,11 +1,8 @@
 """One writer per output folder: an exclusive lock held while a run owns the folder.
 
-``dpsinkhorn train`` and ``train-sweep`` take ``OutputLock(out_dir)`` before they read a
-checkpoint and keep it until their outputs are written; a second process is refused with
-``LockedError`` naming the folder and the holder (host, pid, command, start time). The lock
-is ``flock`` on ``<out_dir>/.dpsinkhorn.lock``: the kernel drops it however the holder
-exits, so a stale lock never blocks anyone. The lock file itself stays (deleting it while
-others may open it would let two holders lock two files).
+A second process is refused with ``LockedError`` naming the folder and the holder. The lock
+is ``flock`` on ``<out_dir>/.dpsinkhorn.lock``, dropped by the kernel however the holder
+exits; the file itself stays (deleting it would let two holders lock two files).
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
 """Stopping a training run between steps: signals, ``stop_after`` and the exit codes.
 
-SIGTERM / SIGUSR1 (a scheduler's stop; exit 75, resubmit) and SIGINT (the user's
-Ctrl-C; exit 130, stop) become a flag checked between steps, so the step in flight
-completes and is checkpointed before the process ends with :class:`Preempted`.
-``dpsinkhorn train`` blocks SIGTERM / SIGUSR1 from its first line (``cli.HOLDS_STOP_SIGNALS``):
-one that came while it started is pending, and is taken when :class:`StopSignal` unblocks.
+SIGTERM / SIGUSR1 (a scheduler's stop; exit 75) and SIGINT (Ctrl-C; exit 130) set a flag
+checked between steps: the step in flight completes and is checkpointed, then
+:class:`Preempted`. ``dpsinkhorn train`` blocks SIGTERM / SIGUSR1 from its first line
+(``cli.HOLDS_STOP_SIGNALS``) until :class:`StopSignal` unblocks them.
 """
 
 from __future__ import annotations

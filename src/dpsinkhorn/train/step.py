@@ -3,29 +3,20 @@
 One step of each run k in ``runs`` (a single ``dpsinkhorn train`` run is K = 1; a
 sweep steps its K active runs together):
 
-    1. draws, from run k's own generator, in this order: z and labels for n + n'_k
-       generated rows, then the Poisson uniforms of its real batch
-       (``privacy.sampler.PoissonSampler``: rate q = n / N, a fixed-shape buffer of
-       ``capacity`` rows with 0/1 weights);
-    2. X_k = g_k(z, label) (K = 1: the module itself; K > 1: ``torch.func.vmap`` over
-       the runs' stacked parameters, rows zero-padded to the largest n + n'_k);
+    1. draws from run k's own generator z and labels for n + n'_k rows, then the Poisson
+       uniforms of its real batch (``privacy.sampler.PoissonSampler``, rate q = n / N);
+    2. X_k = g_k(z, label) (K > 1: ``torch.func.vmap`` over stacked parameters);
     3. S_k = 2 W_λ(X_k[0:n], Y_k) − W_λ(X_k[0:n], X_k[n'_k:n'_k+n]) on
-       [image, α_c · onehot] and its gradient ∇_{X_k} S_k in closed form, all runs in
-       one batched solve of the fixed-schedule solver
+       [image, α_c · onehot] and ∇_{X_k} S_k in closed form, all runs in one solve
        (``ot.loss.semi_debiased_sinkhorn_with_grad_runs``);
-    4. **the privacy mechanism**: with ``perturbation: image`` ∇_{X_k} S_k is clipped
-       and noised by run k's ``privacy.mechanism.ImageGradientSanitizer`` before it
-       flows into g_k (:func:`sanitize`); with ``perturbation: parameter`` run k's
-       whole parameter gradient is clipped and noised after the backward pass
-       (``ParameterGradientSanitizer``, in ``Trainer.apply_update``). Non-private runs
-       pass their gradient unchanged. The mechanisms are built by
-       ``privacy.factory.make_private``;
-    5. the backward pass through the generators and each run's optimiser step.
+    4. the privacy mechanism (``privacy.factory.make_private``): ``perturbation: image``
+       clips and noises ∇_{X_k} S_k (``ImageGradientSanitizer``, :func:`sanitize`);
+       ``perturbation: parameter`` the whole parameter gradient after the backward pass
+       (``ParameterGradientSanitizer``, ``Trainer.apply_update``);
+    5. the backward pass and each run's optimiser step.
 
-The device work has fixed shapes, never synchronises with the host and takes every
-random draw from the runs' generators, so :class:`GraphedStep` can replay it from a
-CUDA graph. Host bookkeeping (step counters, privacy ledgers) is done by
-:meth:`TrainingStep.__call__` after the device work.
+The device work has fixed shapes and no host synchronisation (:class:`GraphedStep` can
+replay it); host bookkeeping follows in :meth:`TrainingStep.__call__`.
 """
 
 from __future__ import annotations
@@ -69,15 +60,10 @@ class Trainer(Protocol):
 class GraphedStep:
     """Runs a step's device work from a CUDA graph: eager warm-up, one capture, then replays.
 
-    A step of the paper's MNIST model is a few hundred small operations (``dpsinkhorn
-    bench`` reports ``ops_per_step``); on a GPU their launches, not their arithmetic,
-    bound the step rate. Replaying a graph launches them all at once. ``device_step``
-    must do only device work with fixed shapes, no host synchronisation and every random
-    draw from the ``trainers``' generators (true of :meth:`TrainingStep.device_step`;
-    ``tests/test_bench.py`` checks the absence of synchronisation); the generators are
-    registered with the graph, so each replay draws fresh z, labels, Poisson samples and
-    noise. The first ``WARMUP_STEPS`` calls run eagerly on a side stream, as capture
-    requires; they are ordinary training steps. CUDA only.
+    ``device_step`` must do only fixed-shape device work with no host synchronisation and
+    every random draw from the ``trainers``' generators, which are registered with the
+    graph (each replay draws fresh z, labels, Poisson samples and noise). The first
+    ``WARMUP_STEPS`` calls are ordinary eager steps on a side stream. CUDA only.
     """
 
     WARMUP_STEPS = 3

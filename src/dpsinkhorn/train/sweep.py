@@ -1,14 +1,10 @@
 """Sweeps: K independent training runs in one process on one device (``dpsinkhorn train-sweep``).
 
-Each experiment trains into its own folder with exactly the files, checkpoints and ledger
-of ``dpsinkhorn train`` (either command resumes a sweep member). Each run keeps its own
-``Trainer``: parameters, optimiser, and what ``privacy.factory.make_private_stack`` builds
-(its own keyed generator, sampler, sanitiser and accountant), drawing in the single run's
-order. The generators run as one ``torch.func.vmap`` call over stacked parameters (rows
-padded to the largest n + n'_k; padded rows are never sanitised or released), the Sinkhorn
-losses as one batched solve, and each run's gradient goes through its own sanitiser.
-Runs may differ in anything that keeps step shapes compatible (``config.identity.sweep_key``);
-``precision`` may be fp32 or tf32, not bf16 (vmap does not apply autocast on every device).
+Each run writes exactly the files, checkpoints and ledger of ``dpsinkhorn train`` and keeps
+its own ``Trainer`` and mechanism (``privacy.factory.make_private_stack``: own key, sampler,
+sanitiser, accountant). The generators run as one ``torch.func.vmap`` call (padded rows are
+never sanitised or released), the losses as one batched solve. Runs may differ in anything
+``config.identity.sweep_key`` allows; ``precision`` fp32 or tf32, not bf16.
 """
 
 from __future__ import annotations
@@ -112,10 +108,8 @@ def train_sweep(
 ) -> list[dict]:
     """Train ``specs`` together, run k into ``out_dirs[k]``; returns their privacy records.
 
-    Same files, resumption and ``stop_after`` / signal behaviour as ``train.run.train``;
-    each run's outputs are written as soon as that run finishes. ``cuda_graphs``,
-    ``compile_solver``, ``precision``, ``record_dir`` and ``record_store`` as in
-    ``train.run.train``.
+    Options and behaviour as ``train.run.train``; each run's outputs are written when
+    that run finishes.
     """
     if len(specs) != len(out_dirs):
         raise ValueError(f"{len(specs)} experiments but {len(out_dirs)} output folders")

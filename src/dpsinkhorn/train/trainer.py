@@ -95,8 +95,6 @@ class Trainer:
         private_run: PrivateRun | None = None,
         classes: Sequence[str] | None = None,
     ):
-        # ``experiment``: the validated dict, what spec_hash hashes; ``settings``: the same,
-        # read once into a typed record (what the step reads).
         self.experiment, self.device = spec, device
         self.settings = settings = ExperimentSpec.from_dict(spec)
         # Replay the step from a CUDA graph (GraphedStep); CUDA only, ignored elsewhere.
@@ -117,11 +115,8 @@ class Trainer:
         )
         self.total_steps = self.private_run.total_steps
         self.releases_planned = self.total_steps  # ledger steps: one mechanism per step
-        # The classes come from their declaration (``classes``, else the dataset's catalogue
-        # entry or its definition under the config's ``datasets:``), never from the private
-        # labels (a label held by one record would change the embedding's shape).
-        # Unconditional (``conditional: false``): one class, and the real labels are
-        # replaced by zeros here, before anything reads them.
+        # Classes are declared, never counted from the private labels. Unconditional: one
+        # class, the real labels zeroed before anything reads them.
         self.conditional = settings.conditional
         # The training record is keyed by the private source as it is (its labels too), so
         # an unconditional training counts with every other training of that data.

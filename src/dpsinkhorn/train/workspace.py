@@ -112,13 +112,8 @@ class WorkspaceRemovalError(ValueError):
 
 
 def remove_private_workspace(workspace: Path) -> None:
-    """Delete ``workspace``, or raise :class:`WorkspaceRemovalError` naming it.
-
-    Never silent: the folder holds the generator's training state and the secret state of
-    the random generator that drew the privacy noise, neither covered by the (ε, δ)
-    guarantee, and it sits inside the release folder. A file server that refuses
-    (NFS ``.nfs*`` files, permissions) must fail the run, not leave it there unnoticed.
-    """
+    """Delete ``workspace``, or raise :class:`WorkspaceRemovalError` naming it: it holds
+    the secret noise state, uncovered by the guarantee, inside the release folder."""
     error: OSError | None = None
     try:
         shutil.rmtree(workspace)
@@ -160,13 +155,10 @@ def _intact_release(copy: Path, content_sha256: str | None) -> bool:
 class RunFiles:
     """One run's files: the release in ``out_dir``, checkpoints in its private workspace.
 
-    ``out_dir`` gets generator.pt, privacy.json and train_log.csv (``train.release``: no
-    private-data value outside the mechanism). ``out_dir/private_workspace/``
-    (:data:`WORKSPACE`) holds checkpoint.pt (model, optimiser, secret RNG state, ledger,
-    logs, ``spec_hash`` with the data fingerprint) and, with ``log_private_loss``,
-    private_loss.csv; it is deleted by :meth:`finish` unless ``keep_private_workspace``.
-    Shared by ``train.run.train`` (one run) and ``train.sweep`` (K runs in one process), so
-    a run writes the same files, and resumes from the same checkpoint, either way.
+    ``out_dir`` gets generator.pt, privacy.json and train_log.csv (``train.release``);
+    ``out_dir/private_workspace/`` (:data:`WORKSPACE`) holds checkpoint.pt and, with
+    ``log_private_loss``, private_loss.csv until :meth:`finish`. Used alike by
+    ``train.run.train`` and ``train.sweep``.
     """
 
     def __init__(
@@ -404,11 +396,8 @@ class RunFiles:
     def finish(self, remove_workspace: bool = True) -> dict:
         """Write generator.pt, privacy.json, train_log.csv; returns the privacy record.
 
-        Then deletes the private workspace (:meth:`remove_workspace`), unless
-        ``remove_workspace`` is false (a sweep removes its members' workspaces when all
-        have finished, so a preempted sweep knows which members are done). A workspace
-        that stays gets the final checkpoint: a rerun finds every step done and only
-        rewrites the outputs.
+        Then deletes the private workspace unless ``remove_workspace`` is false (a sweep
+        removes them when all members finished); one that stays gets the final checkpoint.
         """
         try:
             return self._finish(remove_workspace)
