@@ -188,11 +188,10 @@ def test_bad_arguments_are_one_line_and_write_nothing(
     assert not (tmp_path / "out").exists()
 
 
-def test_a_stopped_job_resumes_after_its_finished_phases(files, tmp_path, monkeypatch):
-    """Stopped during the MLP (as a deadline stops it; Snakemake then deletes the declared
-    outputs), the rerun reuses Log-Reg's records instead of training it again; other
-    settings start afresh; the progress file goes once the job completes."""
-    kw = {
+def _real_data_classifiers(files, tmp_path) -> dict:
+    """``EvaluationSpec`` arguments of a quick real-data job: Log-Reg and MLP, two seeds,
+    no FID, files in ``tmp_path``."""
+    return {
         "seeds": [0, 1],
         "num": 200,
         "test": files["test"],
@@ -207,6 +206,13 @@ def test_a_stopped_job_resumes_after_its_finished_phases(files, tmp_path, monkey
         "patience": 1,
         "fid": False,
     }
+
+
+def test_a_stopped_job_resumes_after_its_finished_phases(files, tmp_path, monkeypatch):
+    """Stopped during the MLP (as a deadline stops it; Snakemake then deletes the declared
+    outputs), the rerun reuses Log-Reg's records instead of training it again; other
+    settings start afresh; the progress file goes once the job completes."""
+    kw = _real_data_classifiers(files, tmp_path)
     trained, real = _stop_at_mlp(monkeypatch)
     with pytest.raises(KeyboardInterrupt):
         job.evaluate(job.EvaluationSpec(**kw))
@@ -236,21 +242,7 @@ def test_phases_resume_only_from_the_same_code_and_name_their_commit(files, tmp_
     from dpsinkhorn.config.targets import EVALUATION_PHASES
     from dpsinkhorn.evaluate import phases
 
-    kw = {
-        "seeds": [0, 1],
-        "num": 200,
-        "test": files["test"],
-        "reference": files["reference"],
-        "samples_dir": tmp_path,
-        "scores_dir": tmp_path,
-        "real_data": files["train"],
-        "classifiers": ["logreg", "mlp"],
-        "dataset": "mnist",
-        "device": "cpu",
-        "max_epochs": 1,
-        "patience": 1,
-        "fid": False,
-    }
+    kw = _real_data_classifiers(files, tmp_path)
     real, trained, deadline = job.train_and_evaluate_seeds, [], [True]
 
     def train(model, *args, **kwargs):
