@@ -18,7 +18,11 @@ import torch
 from scipy.stats import beta, chi2, norm
 
 from dpsinkhorn.privacy.accounting import PrivacyAccountant
-from dpsinkhorn.privacy.mechanism import ImageGradientSanitizer, ParameterGradientSanitizer
+from dpsinkhorn.privacy.mechanism import (
+    ImageGradientSanitizer,
+    ParameterGradientSanitizer,
+    standard_normal,
+)
 
 #: Joint confidence of every certified bound.
 CONFIDENCE = 0.95
@@ -35,34 +39,22 @@ TRUE_NOISE_FRACTION = {
 }
 
 
-class _Noise:
-    """Mixins of the broken variants (audit only): what ``noise_std`` declares, and the
-    std ``__call__`` really adds (``_drawn_std``)."""
-
-    n: int  # the batch size (set on a parameter sanitiser by the audit)
-
-    def _drawn_std(self) -> float:
-        return self.noise_std
-
-
-class _NoiseOff(_Noise):
+class _NoiseOff:
     """BROKEN on purpose: clips, adds no noise (declares it)."""
 
-    @property
-    def noise_std(self) -> float:
-        return 0.0
+    noise_std = 0.0
 
 
-class _OverRootN(_Noise):
+class _OverRootN:
     """BROKEN on purpose: noise std 2Δσ/√n, as if the sensitivity of per-sample clipping
-    were 2Δ instead of 2Δ√n (declares it)."""
+    were 2Δ instead of 2Δ√n (declares it). Needs ``n``, the batch size."""
 
     @property
     def noise_std(self) -> float:
         return 2.0 * self.clip * self.noise_scale / math.sqrt(self.n)
 
 
-class _OverRoot2(_Noise):
+class _OverRoot2:
     """BROKEN on purpose: noise std 2Δσ/√2, as if add/remove-one moved the clipped block by
     Δ√2 (declares it): the true noise multiplier is σ/√2 while the accountant is told σ."""
 
@@ -71,27 +63,11 @@ class _OverRoot2(_Noise):
         return 2.0 * self.clip * self.noise_scale / math.sqrt(2.0)
 
 
-class _Root2InCall(_Noise):
+class _Root2InCall:
     """BROKEN on purpose: ``noise_std`` stays 2Δσ, but ``__call__`` adds 2Δσ/√2."""
 
-    def _drawn_std(self) -> float:
-        return self.noise_std / math.sqrt(2.0)
-
-
-def _broken_call(self, grad: torch.Tensor) -> torch.Tensor:
-    """The sound ``__call__`` with the variant's drawn noise std (same noise stream)."""
-    private, rest = (self.clipped(grad), None)
-    if isinstance(private, tuple):
-        private, rest = private
-    noise = torch.randn(
-        private.shape, generator=self.generator, device=grad.device, dtype=grad.dtype
-    )
-    out = private + self._drawn_std() * noise
-    return out if rest is None else torch.cat([out, rest])
-
-
-def _variant(base: type, mixin: type, name: str) -> type:
-    return type(name, (mixin, base), {"__call__": _broken_call, "__doc__": mixin.__doc__})
+    def _noised(self, block: torch.Tensor) -> torch.Tensor:
+        return block + self.noise_std / math.sqrt(2.0) * standard_normal(block, self.generator)
 
 
 _MIXINS = {
@@ -100,40 +76,38 @@ _MIXINS = {
     "noise_over_sqrt_2": _OverRoot2,
     "sqrt_2_in_call": _Root2InCall,
 }
-#: Image sanitiser classes by audit name; "sound" is the one training uses.
-IMAGE_MECHANISMS: dict[str, type[ImageGradientSanitizer]] = {
-    "sound": ImageGradientSanitizer,
-    **{
-        k: _variant(ImageGradientSanitizer, m, f"Image{m.__name__[1:]}") for k, m in _MIXINS.items()
-    },
-}
-#: Parameter sanitiser classes by audit name (their ``apply`` is the sound one: it calls
-#: ``__call__``). ``noise_over_sqrt_n`` needs ``n`` set (``train.audit`` subclasses it).
-PARAMETER_MECHANISMS: dict[str, type[ParameterGradientSanitizer]] = {
-    "sound": ParameterGradientSanitizer,
-    **{
-        k: _variant(ParameterGradientSanitizer, m, f"Parameter{m.__name__[1:]}")
+
+
+def _variants(base: type, prefix: str) -> dict[str, type]:
+    """``base`` ("sound") and its broken variants (each mixin first in the MRO), by name."""
+    broken = {
+        k: type(f"{prefix}{m.__name__[1:]}", (m, base), {"__doc__": m.__doc__})
         for k, m in _MIXINS.items()
-    },
-}
-NoiselessSanitizer = IMAGE_MECHANISMS["noise_off"]
-NoiseOverRootNSanitizer = IMAGE_MECHANISMS["noise_over_sqrt_n"]
-NoiseOverRoot2Sanitizer = IMAGE_MECHANISMS["noise_over_sqrt_2"]
+    }
+    return {"sound": base, **broken}
 
 
-def clopper_pearson_upper(successes: int, trials: int, alpha: float) -> float:
-    """One-sided (1 − alpha) Clopper–Pearson upper bound on a binomial proportion."""
-    if trials < 1:
-        raise ValueError(f"Clopper–Pearson needs at least one trial, got {trials}")
-    if successes >= trials:
-        return 1.0
-    return float(beta.ppf(1.0 - alpha, successes + 1, trials - successes))
+#: Image sanitiser classes by audit name; "sound" is the one training uses.
+IMAGE_MECHANISMS: dict[str, type[ImageGradientSanitizer]] = _variants(
+    ImageGradientSanitizer, "Image"
+)
+#: Parameter sanitiser classes by audit name. ``noise_over_sqrt_n`` needs ``n`` set
+#: (``train.audit`` subclasses it).
+PARAMETER_MECHANISMS: dict[str, type[ParameterGradientSanitizer]] = _variants(
+    ParameterGradientSanitizer, "Parameter"
+)
+
+
+def clopper_pearson_upper(successes: np.ndarray, trials: int, alpha: float) -> np.ndarray:
+    """One-sided (1 − alpha) Clopper–Pearson upper bounds on binomial proportions."""
+    successes = np.asarray(successes)
+    upper = beta.ppf(1.0 - alpha, successes + 1, np.maximum(trials - successes, 1))
+    return np.where(successes >= trials, 1.0, upper)
 
 
 def _bounds(fp: np.ndarray, fn: np.ndarray, n_out: int, n_in: int, alpha: float, delta: float):
     """Certified ε [T] of threshold tests with ``fp`` / ``fn`` errors [T] (vectorised)."""
-    fpr = np.where(fp >= n_out, 1.0, beta.ppf(1 - alpha, fp + 1, np.maximum(n_out - fp, 1)))
-    fnr = np.where(fn >= n_in, 1.0, beta.ppf(1 - alpha, fn + 1, np.maximum(n_in - fn, 1)))
+    fpr, fnr = clopper_pearson_upper(fp, n_out, alpha), clopper_pearson_upper(fn, n_in, alpha)
     with np.errstate(divide="ignore", invalid="ignore"):
         eps = np.maximum(np.log((1 - delta - fnr) / fpr), np.log((1 - delta - fpr) / fnr))
     return np.nan_to_num(np.maximum(eps, 0.0), nan=0.0)

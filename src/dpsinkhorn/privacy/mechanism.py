@@ -1,19 +1,16 @@
-"""The image-gradient Gaussian mechanism (and the parameter-gradient baseline): the sanitisers.
+"""The sanitisers: the image-gradient Gaussian mechanism and the parameter-gradient baseline.
 
-One step, under add/remove-one adjacency with Poisson sampling at q = B / N
-(``privacy.sampler``); the generated batch always has n + n' rows (n = B, n' = floor(n p)):
+One step under add/remove-one adjacency, Poisson sampling at q = B / N (``privacy.sampler``),
+n + n' generated rows (n = B, n' = floor(n p)); noise N(0, (2Δσ)²) per element in every mode:
 
-* Image gradient, ``clipping: batch`` (paper Algorithm 1): G[0:n] of G = ∇_X S [n + n', D]
-  is clipped as ONE vector to L2 norm Δ: sensitivity 2Δ, noise N(0, (2Δσ)²) per element,
-  noise multiplier σ.
-* ``clipping: per_sample``: each row clipped to Δ: sensitivity 2Δ√n, same noise std 2Δσ,
-  noise multiplier σ/√n.
-* ``perturbation: parameter`` (paper Table 2): the whole ∇_θ S clipped as one vector to Δ:
-  sensitivity 2Δ, noise std 2Δσ, noise multiplier σ.
+* image, ``clipping: batch`` (paper Algorithm 1): G[0:n] of G = ∇_X S [n + n', D] clipped as
+  ONE vector to L2 norm Δ: sensitivity 2Δ, noise multiplier σ;
+* image, ``clipping: per_sample``: each row clipped to Δ: sensitivity 2Δ√n, multiplier σ/√n;
+* ``perturbation: parameter`` (paper Table 2): ∇_θ S clipped as one vector to Δ:
+  sensitivity 2Δ, noise multiplier σ.
 
-Non-finite entries are set to 0 before any norm (:func:`finite_or_zero`), so every clipped
-block has norm ≤ Δ whatever its input. Rows [n:n+n'] do not depend on Y: clipped to Δ, no
-noise. σ (``sigma``) is the noise std in units of 2Δ in every mode. The derivation:
+Rows [n:n+n'] do not depend on Y: clipped to Δ, no noise. Non-finite entries count as 0
+(:func:`clip_block`), so every clipped block has norm ≤ Δ whatever its input. Derivation:
 docs/PRIVACY.md ("The mechanism"); the accountant: ``privacy.accounting``.
 """
 
@@ -48,22 +45,17 @@ def sigma_from_noise_multiplier(z: float, batch_size: int, clipping: str = "batc
     return z if clipping == "batch" else z * math.sqrt(batch_size)
 
 
-def finite_or_zero(block: torch.Tensor) -> torch.Tensor:
-    """``block`` with every NaN, +inf and -inf entry replaced by 0 (elementwise: no host
-    synchronisation, safe inside a CUDA graph). Finite entries are unchanged."""
-    return torch.nan_to_num(block, nan=0.0, posinf=0.0, neginf=0.0)
-
-
 def clip_block(block: torch.Tensor, clip: float, per_row: bool) -> torch.Tensor:
     """Scale ``block`` [k, ...] so its L2 norm (or each row's) is at most ``clip``.
 
-    Non-finite entries are set to 0 first (:func:`finite_or_zero`), so the result is
-    finite with norm ≤ ``clip`` for every input (the sensitivity bound holds even on NaN
-    or inf). The norm of ``block`` itself is used where finite (bitwise the unchecked one).
+    Non-finite entries are set to 0 first (elementwise: no host sync, safe in a CUDA graph),
+    so the result is finite with norm ≤ ``clip`` for every input (the sensitivity bound
+    holds even on NaN or inf). The norm of ``block`` itself is used where finite (bitwise
+    the unchecked one).
     """
     if block.shape[0] == 0:
         return block
-    finite = finite_or_zero(block)
+    finite = torch.nan_to_num(block, nan=0.0, posinf=0.0, neginf=0.0)
     if per_row:
         norms = block.flatten(1).norm(dim=1)
         norms = torch.where(norms.isfinite(), norms, finite.flatten(1).norm(dim=1))
@@ -74,17 +66,38 @@ def clip_block(block: torch.Tensor, clip: float, per_row: bool) -> torch.Tensor:
     return finite * (clip / (norms + 1e-12)).clamp(max=1.0)
 
 
-def _standard_normal(like: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+def standard_normal(like: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
     """N(0, I) noise of ``like``'s shape, device and dtype, drawn from ``generator``."""
     return torch.randn(like.shape, generator=generator, device=like.device, dtype=like.dtype)
 
 
-class ImageGradientSanitizer:
+class _GaussianSanitizer:
+    """Clip to L2 norm Δ (``clip``), then add N(0, (2Δσ)²) per element (σ = ``noise_scale``)
+    drawn from ``generator`` (the run's keyed generator, checkpointed by the trainer)."""
+
+    clipping = "batch"
+
+    def __init__(self, clip: float, noise_scale: float, generator: torch.Generator | None = None):
+        check_positive("clip", clip)
+        check_positive("sigma", noise_scale)
+        self.clip, self.noise_scale = float(clip), float(noise_scale)
+        self.generator = generator
+
+    @property
+    def noise_std(self) -> float:
+        """Standard deviation of the noise added to each element of the clipped block: 2Δσ."""
+        return 2.0 * self.clip * self.noise_scale
+
+    def _noised(self, block: torch.Tensor) -> torch.Tensor:
+        return block + self.noise_std * standard_normal(block, self.generator)
+
+
+class ImageGradientSanitizer(_GaussianSanitizer):
     """Clips and noises G = ∇_X S, the gradient w.r.t. the generated batch [n + n', ...].
 
     Gaussian mechanism on G[0:n] under add/remove-one adjacency: sensitivity 2Δ (batch) or
     2Δ√n (per_sample), noise std 2Δσ per element (σ = ``noise_scale``), noise multiplier σ
-    or σ/√n. ``generator`` draws the noise (its state is checkpointed by the trainer).
+    or σ/√n.
     """
 
     def __init__(
@@ -96,16 +109,9 @@ class ImageGradientSanitizer:
         clipping: str = "batch",
         generator: torch.Generator | None = None,
     ):
-        check_positive("clip", clip)
+        super().__init__(clip, noise_scale, generator)
         self.noise_multiplier = noise_multiplier(noise_scale, n, clipping)
-        self.n, self.n_prime = n, n_prime
-        self.clip, self.noise_scale, self.clipping = float(clip), float(noise_scale), clipping
-        self.generator = generator
-
-    @property
-    def noise_std(self) -> float:
-        """Standard deviation of the noise added to each element of G[0:n]: 2Δσ."""
-        return 2.0 * self.clip * self.noise_scale
+        self.n, self.n_prime, self.clipping = n, n_prime, clipping
 
     @property
     def sensitivity(self) -> float:
@@ -127,15 +133,13 @@ class ImageGradientSanitizer:
     def __call__(self, grad: torch.Tensor) -> torch.Tensor:
         """Return the sanitised gradient (same shape as ``grad`` [n + n', ...])."""
         private, debias = self.clipped(grad)
-        return torch.cat(
-            [private + self.noise_std * _standard_normal(private, self.generator), debias]
-        )
+        return torch.cat([self._noised(private), debias])
 
 
 PERTURBATIONS = ("image", "parameter")
 
 
-class ParameterGradientSanitizer:
+class ParameterGradientSanitizer(_GaussianSanitizer):
     """Clips and noises the generator's whole parameter gradient g = ∇_θ S (paper Table 2).
 
     Gaussian mechanism on g (all parameters' gradients as one vector) under add/remove-one
@@ -143,19 +147,6 @@ class ParameterGradientSanitizer:
     noise multiplier σ (accounted as ``clipping: batch``, the only mode here). Call
     :meth:`apply` after ``loss.backward()`` and before the optimiser step.
     """
-
-    clipping = "batch"
-
-    def __init__(self, clip: float, noise_scale: float, generator: torch.Generator | None = None):
-        check_positive("clip", clip)
-        check_positive("sigma", noise_scale)
-        self.clip, self.noise_scale = float(clip), float(noise_scale)
-        self.generator = generator
-
-    @property
-    def noise_std(self) -> float:
-        """Standard deviation of the noise added to each element of g: 2Δσ."""
-        return 2.0 * self.clip * self.noise_scale
 
     @property
     def sensitivity(self) -> float:
@@ -168,11 +159,8 @@ class ParameterGradientSanitizer:
         return self.noise_scale
 
     def clipped(self, grad: torch.Tensor) -> torch.Tensor:
-        """The noise-free part of the release: clip_Δ(grad) [P] (``grad`` flat [P]).
-
-        clip_Δ is :func:`clip_block`: non-finite entries count as 0, so the clipped vector
-        has norm ≤ Δ (sensitivity 2Δ) whatever ``grad`` holds.
-        """
+        """The noise-free part of the release: clip_Δ(grad) [P] (``grad`` flat [P]);
+        :func:`clip_block`, so norm ≤ Δ (sensitivity 2Δ) whatever ``grad`` holds."""
         if grad.ndim != 1:
             raise ValueError(f"expected a flat gradient vector, got shape {tuple(grad.shape)}")
         return clip_block(grad, self.clip, per_row=False)
@@ -180,15 +168,12 @@ class ParameterGradientSanitizer:
     def __call__(self, grad: torch.Tensor) -> torch.Tensor:
         """Return clip_Δ(grad) + N(0, (2Δσ)²) elementwise (finite whatever ``grad`` holds);
         ``grad`` is a flat vector [P]."""
-        clipped = self.clipped(grad)
-        return clipped + self.noise_std * _standard_normal(clipped, self.generator)
+        return self._noised(self.clipped(grad))
 
     def apply(self, parameters) -> None:
         """Sanitise the ``.grad`` of ``parameters`` in place, as one concatenated vector.
-
-        A parameter without a gradient counts as a zero gradient and is noised too,
-        so that every released coordinate is covered by the mechanism.
-        """
+        A parameter without a gradient counts as zero and is noised too, so every released
+        coordinate is covered by the mechanism."""
         params = [p for p in parameters if p.requires_grad]
         for p in params:
             if p.grad is None:
