@@ -26,7 +26,6 @@ from dpsinkhorn.privacy.accounting import (
 from dpsinkhorn.privacy.budget import (
     _bisect_noise,
     budget_of,
-    max_steps,
     privacy_report,
     resolve_budget,
     solve_noise_multiplier,
@@ -387,9 +386,11 @@ def test_sound_epsilon_of_the_paper_setting():
     assert 0.9 < eps < 1.1  # the mechanism as specified spends ≈ 1.0, not 10
 
 
-def test_max_steps_and_solved_sigma_are_tight():
+def test_most_steps_and_solved_sigma_are_tight():
     q, delta = 50 / 60000, 1e-5
-    steps = max_steps(2.0, 1.5, q, delta)
+    _, steps = resolve_budget(  # clipping batch: noise multiplier = sigma
+        sigma=1.5, steps=None, target_epsilon=2.0, q=q, batch_size=50, delta=delta
+    )
     assert compute_epsilon(1.5, q, steps, delta) <= 2.0 < compute_epsilon(1.5, q, steps + 1, delta)
     z = solve_noise_multiplier(10.0, q, 160_000, delta)
     assert compute_epsilon(z, q, 160_000, delta) <= 10.0
@@ -398,7 +399,7 @@ def test_max_steps_and_solved_sigma_are_tight():
 
 def test_unreachable_target_is_an_error():
     with pytest.raises(ValueError, match="unreachable"):
-        max_steps(1e-4, 0.5, 0.5, 1e-5)
+        resolve_budget(sigma=0.5, steps=None, target_epsilon=1e-4, q=0.5, batch_size=50, delta=1e-5)
     with pytest.raises(ValueError, match="unreachable"):
         resolve_budget(
             sigma=0.5, steps=10**6, target_epsilon=1.0, q=0.01, batch_size=50, delta=1e-5

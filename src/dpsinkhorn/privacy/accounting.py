@@ -23,16 +23,26 @@ from dpsinkhorn.privacy.checks import check_count, check_delta, check_positive, 
 ACCOUNTANTS = ("rdp", "pld")
 
 
-def _step_event(z: float, q: float) -> dp_accounting.DpEvent:
-    return dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(z))
+def new_accountant(
+    mechanisms: list[tuple[float, float, int]], kind: str = "rdp"
+) -> dp_accounting.PrivacyAccountant:
+    """dp-accounting's ``kind`` accountant with, for each (q, z, steps), ``steps``
+    Poisson-subsampled Gaussian mechanisms (rate q, noise multiplier z) composed."""
+    if kind not in ACCOUNTANTS:
+        raise ValueError(f"accountant must be one of {ACCOUNTANTS}, got {kind!r}")
+    acc = rdp_lib.RdpAccountant() if kind == "rdp" else dp_accounting.pld.PLDAccountant()
+    for q, z, steps in mechanisms:
+        if steps:  # a run stopped before its first step drew no noise
+            event = dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(z))
+            acc.compose(event, int(steps))
+    return acc
 
 
-def _new_accountant(name: str) -> dp_accounting.PrivacyAccountant:
-    if name == "rdp":
-        return rdp_lib.RdpAccountant()
-    if name == "pld":
-        return dp_accounting.pld.PLDAccountant()
-    raise ValueError(f"accountant must be one of {ACCOUNTANTS}, got {name!r}")
+def _epsilon(mechanisms: list[tuple[float, float, int]], delta: float, kind: str = "rdp") -> float:
+    """ε at ``delta`` of :func:`new_accountant`'s composition (0 when no step was taken)."""
+    if not any(steps for _, _, steps in mechanisms):
+        return 0.0
+    return float(new_accountant(mechanisms, kind).get_epsilon(delta))
 
 
 #: Smallest noise multiplier the PLD accountant is asked about: its discretised privacy
@@ -40,29 +50,20 @@ def _new_accountant(name: str) -> dp_accounting.PrivacyAccountant:
 PLD_MIN_NOISE_MULTIPLIER = 0.2
 
 
-def check_noise_multiplier(z: float, accountant: str) -> None:
+@functools.lru_cache(maxsize=4096)
+def compute_epsilon(z: float, q: float, steps: int, delta: float, accountant: str = "rdp") -> float:
+    """ε after ``steps`` Poisson-subsampled Gaussian steps (rate q, noise multiplier z,
+    add/remove-one adjacency). Cached per process (a pure function)."""
     check_positive("noise multiplier", z)
     if accountant == "pld" and z < PLD_MIN_NOISE_MULTIPLIER:
         raise ValueError(
             f"noise multiplier {z:.4g} is below {PLD_MIN_NOISE_MULTIPLIER}, the smallest the "
             "PLD accountant handles in bounded memory; use accountant rdp"
         )
-
-
-@functools.lru_cache(maxsize=4096)
-def compute_epsilon(z: float, q: float, steps: int, delta: float, accountant: str = "rdp") -> float:
-    """ε after ``steps`` Poisson-subsampled Gaussian steps (rate q, noise multiplier z).
-
-    Cached per process (a pure function)."""
-    check_noise_multiplier(z, accountant)
     check_rate(q)
     check_delta(delta)
     check_count("steps", steps)
-    if steps == 0:
-        return 0.0
-    acc = _new_accountant(accountant)
-    acc.compose(_step_event(z, q), int(steps))
-    return float(acc.get_epsilon(delta))
+    return _epsilon([(q, z, steps)], delta, accountant)
 
 
 # Orders of the classic TF-Privacy examples (paper convention).
@@ -118,12 +119,7 @@ class PrivacyAccountant:
 
     def epsilon(self, delta: float | None = None) -> float:
         """ε of everything recorded so far at ``delta`` (default: the accountant's δ)."""
-        if self.steps == 0:
-            return 0.0
-        acc = _new_accountant(self.kind)
-        for q, z, t in self.segments:
-            acc.compose(_step_event(z, q), int(t))
-        return float(acc.get_epsilon(self.delta if delta is None else delta))
+        return _epsilon(self.segments, self.delta if delta is None else delta, self.kind)
 
     def state_dict(self) -> dict:
         return {
@@ -156,11 +152,8 @@ def composed_epsilon(mechanisms: list[tuple[float, float, int]], delta: float) -
     add order by order, converted once to ε at δ.
     """
     check_delta(delta)
-    acc = rdp_lib.RdpAccountant()
     for q, z, steps in mechanisms:
         check_rate(q)
         check_positive("noise multiplier", z)
         check_count("steps", steps)
-        if steps:
-            acc.compose(_step_event(z, q), int(steps))
-    return float(acc.get_epsilon(delta)) if any(t for _, _, t in mechanisms) else 0.0
+    return _epsilon(mechanisms, delta)

@@ -21,18 +21,6 @@ from dpsinkhorn.privacy.mechanism import noise_multiplier, sigma_from_noise_mult
 MIN_NOISE_MULTIPLIER = 1e-2
 
 
-def max_steps(
-    target_epsilon: float, z: float, q: float, delta: float, accountant: str = "rdp"
-) -> int:
-    """Largest T with ε(T) ≤ target_epsilon. Raises ValueError if even T = 1 exceeds it."""
-    check_positive("target epsilon", target_epsilon)
-    return _largest_steps(
-        lambda t: compute_epsilon(z, q, t, delta, accountant),
-        target_epsilon,
-        f"noise multiplier {z}, q = {q}, δ = {delta}",
-    )
-
-
 def _largest_steps(eps_of: Callable[[int], float], target: float, setting: str) -> int:
     """Largest T with eps_of(T) ≤ target (eps_of increasing in T); ``setting`` names the
     mechanism in the error raised when even T = 1 exceeds the target."""
@@ -128,36 +116,29 @@ def resolve_budget(
             return paper_convention_epsilon(q, s, t, batch_size, delta)
         return compute_epsilon(noise_multiplier(s, batch_size, clipping), q, t, delta, accountant)
 
-    if sigma is not None:
-        if steps is None:
-            if target_epsilon is None:
-                raise ValueError("give steps or target_epsilon together with sigma")
-            check_positive("target epsilon", target_epsilon)
-            if convention == "paper":
-                steps = _largest_steps(
-                    lambda t: eps_of(sigma, t),
-                    target_epsilon,
-                    f"paper convention, sigma {sigma}",
-                )
-            else:
-                z = noise_multiplier(sigma, batch_size, clipping)
-                steps = max_steps(target_epsilon, z, q, delta, accountant)
-        elif target_epsilon is not None:
-            eps = eps_of(sigma, steps)
-            if eps > target_epsilon * (1 + 1e-9):
-                raise ValueError(
-                    f"target epsilon {target_epsilon} ({convention} convention) is "
-                    f"unreachable: sigma={sigma} for {steps} steps gives ε={eps:.4g}"
-                )
-        return float(sigma), int(steps)
-    if steps is None or target_epsilon is None:
-        raise ValueError("sigma is null: give both steps and target_epsilon to solve for it")
-    if convention == "paper":
-        check_positive("target epsilon", target_epsilon)
-        check_positive("steps", steps)
-        return _bisect_noise(lambda s: eps_of(s, steps), target_epsilon), int(steps)
-    z = solve_noise_multiplier(target_epsilon, q, steps, delta, accountant)
-    return sigma_from_noise_multiplier(z, batch_size, clipping), int(steps)
+    if sigma is None:
+        if steps is None or target_epsilon is None:
+            raise ValueError("sigma is null: give both steps and target_epsilon to solve for it")
+        if convention == "paper":
+            return _bisect_noise(lambda s: eps_of(s, steps), target_epsilon), int(steps)
+        z = solve_noise_multiplier(target_epsilon, q, steps, delta, accountant)
+        return sigma_from_noise_multiplier(z, batch_size, clipping), int(steps)
+    if steps is None:
+        if target_epsilon is None:
+            raise ValueError("give steps or target_epsilon together with sigma")
+        setting = (
+            f"paper convention, sigma {sigma}"
+            if convention == "paper"
+            else f"noise multiplier {noise_multiplier(sigma, batch_size, clipping)}, "
+            f"q = {q}, δ = {delta}"
+        )
+        steps = _largest_steps(lambda t: eps_of(sigma, t), target_epsilon, setting)
+    elif target_epsilon is not None and (eps := eps_of(sigma, steps)) > target_epsilon * (1 + 1e-9):
+        raise ValueError(
+            f"target epsilon {target_epsilon} ({convention} convention) is "
+            f"unreachable: sigma={sigma} for {steps} steps gives ε={eps:.4g}"
+        )
+    return float(sigma), int(steps)
 
 
 def budget_of(spec: Mapping, num_records: int) -> tuple[float, int]:
@@ -193,8 +174,6 @@ def privacy_report(
     """The numbers printed by ``dpsinkhorn privacy`` (see its --help)."""
     check_rate(q)
     check_delta(delta)
-    if sigma is not None:
-        check_positive("sigma", sigma)
     if convention == "paper" and sigma is None and (steps is None or epsilon is None):
         raise ValueError("without --sigma give both --steps and --epsilon")
     sigma, steps = resolve_budget(

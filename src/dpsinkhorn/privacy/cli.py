@@ -32,16 +32,6 @@ def register_cli(subparsers: argparse._SubParsersAction) -> None:
 def _cli(args: argparse.Namespace) -> int:
     if args.steps is None and args.epsilon is None:
         raise ValueError("give --steps, --epsilon, or both")
-    report = privacy_report(
-        q=args.q,
-        delta=args.delta,
-        batch_size=args.batch_size,
-        sigma=args.sigma,
-        steps=args.steps,
-        epsilon=args.epsilon,
-        convention=args.convention,
-        accountant=args.accountant,
-        clipping=args.clipping,
-    )
-    print(json.dumps(report))
+    names = "q delta batch_size sigma steps epsilon convention accountant clipping".split()
+    print(json.dumps(privacy_report(**{name: getattr(args, name) for name in names})))
     return 0

@@ -31,22 +31,9 @@ from dpsinkhorn.privacy.noise import keyed_generator, public_noise_key, secret_n
 from dpsinkhorn.privacy.sampler import PoissonSampler
 
 #: The experiment keys the factory reads (a validated experiment dict has them all).
-SPEC_KEYS = (
-    "name",
-    "method",
-    "batch_size",
-    "p",
-    "steps",
-    "sigma",
-    "clip",
-    "clipping",
-    "perturbation",
-    "target_epsilon",
-    "epsilon_convention",
-    "delta",
-    "accountant",
-    "seed",
-    "reproducible",
+SPEC_KEYS = tuple(
+    "name method batch_size p steps sigma clip clipping perturbation target_epsilon "
+    "epsilon_convention delta accountant seed reproducible".split()
 )
 
 Sanitizer = ImageGradientSanitizer | ParameterGradientSanitizer
@@ -114,11 +101,11 @@ def make_private(
             f"as one vector; clipping must be batch, not {clipping}"
         )
     sigma, total_steps = budget_of(spec, num_records)
-    sanitizer: Sanitizer
-    if perturbation == "image":
-        sanitizer = image_sanitizer(n, n_prime, spec["clip"], sigma, clipping, generator)
-    else:
-        sanitizer = parameter_sanitizer(spec["clip"], sigma, generator)
+    sanitizer: Sanitizer = (
+        image_sanitizer(n, n_prime, spec["clip"], sigma, clipping, generator)
+        if perturbation == "image"
+        else parameter_sanitizer(spec["clip"], sigma, generator)
+    )
     accountant = PrivacyAccountant(q, sanitizer.noise_multiplier, spec["delta"], spec["accountant"])
     return PrivateRun(generator, sampler, sanitizer, accountant, n, n_prime, q, total_steps)
 
