@@ -4,15 +4,12 @@ One append-only JSON-lines file per source, ``<data_dir>/trainings/<fingerprint>
 (:data:`RECORD_DIR`), keyed by the content of the training arrays (:func:`data_fingerprint`,
 first 16 hex digits), so every config, folder and name training on the same records shares
 it. Private side only, never published. ``train.workspace.RunFiles`` writes the events
-``started``, ``resumed``, ``finished`` (with the sha256 of generator.pt, privacy.json and
-train_log.csv) and ``republished``; each carries the training's id and :data:`IDENTITY`.
-
-A resumed training keeps its id (one noise stream); an unfinished one counts at
-``steps_planned``. :func:`composed` composes every DP training of a source (RDP,
+(:data:`EVENTS`); each carries the training's id and identity (experiment, output folder,
+settings, mechanism). A resumed training keeps its id (one noise stream); an unfinished one
+counts at ``steps_planned``. :func:`composed` composes every DP training of a source (RDP,
 add/remove-one adjacency, ``privacy.accounting.composed_epsilon``) at the largest δ any
-claims. No training is dropped: one whose events name no experiment is *unattributed*,
-counts as DP unless its events show otherwise, blocks a composed ε while its mechanism is
-unknown, and makes :func:`check_retrain` refuse. Torch-free. docs/PRIVACY.md.
+claims. Unattributed trainings and retrain refusals: docs/PRIVACY.md ("The training
+record"). Torch-free.
 """
 
 from __future__ import annotations
@@ -22,7 +19,7 @@ import json
 import os
 import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -31,28 +28,8 @@ import numpy as np
 RECORD_DIR = "trainings"
 #: Environment variable naming experiments (comma-separated, or ``all``) that may retrain.
 RETRAIN_ENV = "DPSINKHORN_RETRAIN"
-#: What every event carries besides ``event``, ``training`` and ``time`` (``out_rel``/
-#: ``out_cwd``: ``out`` relative to the record's folder / the working folder).
-IDENTITY = (
-    "experiment",
-    "out",
-    "out_rel",
-    "out_cwd",
-    "spec",
-    "private",
-    "reproducible",
-    "q",
-    "noise_multiplier",
-    "delta",
-    "accountant",
-    "steps_planned",
-    "retrain",
-)
 #: The events a record holds.
 EVENTS = ("started", "resumed", "finished", "republished")
-#: Under the record's folder: a copy of each output folder's last finished DP release
-#: (:func:`finished_copy_dir`), republished when a scheduler removed the outputs.
-FINISHED_DIR = "finished"
 
 
 class RetrainRefused(ValueError):
@@ -86,37 +63,18 @@ def new_training_id() -> str:
 
 
 def append(record_dir: str | os.PathLike, fingerprint: str, event: Mapping) -> Path:
-    """Append one event (a JSON line, written and fsynced in one ``write``) to the record."""
+    """Append one event (a JSON line, written with O_APPEND and fsynced in one ``write``)
+    to the record."""
     path = record_file(record_dir, fingerprint)
-    _append_lines(path, [json.dumps({"time": time.strftime("%Y-%m-%dT%H:%M:%S"), **event})])
-    return path
-
-
-def _append_lines(path: Path, lines: list[str]) -> None:
-    """Append ``lines`` to ``path`` in one ``write`` (O_APPEND), fsynced."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    line = json.dumps({"time": time.strftime("%Y-%m-%dT%H:%M:%S"), **event}) + "\n"
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     try:
-        os.write(fd, "".join(f"{line}\n" for line in lines).encode())
+        os.write(fd, line.encode())
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def merge_copy(record_dir: str | os.PathLike, copy: str | os.PathLike) -> Path:
-    """Append to ``record_dir/<copy's name>`` the events of ``copy`` (a copy of that record
-    file carried elsewhere) it does not hold yet, in order; returns the record file."""
-    copy = Path(copy)
-    path = Path(record_dir) / copy.name
-    have = {_key(e) for e in read(path)} if path.is_file() else set()
-    new = [json.dumps(e) for e in read(copy) if _key(e) not in have]
-    if new:
-        _append_lines(path, new)
     return path
-
-
-def _key(event: Mapping) -> str:
-    return json.dumps(event, sort_keys=True)
 
 
 def read(path: str | os.PathLike) -> list[dict]:
@@ -140,8 +98,7 @@ def read(path: str | os.PathLike) -> list[dict]:
             ):
                 raise ValueError(
                     f"{shown(path)}: line {number} of a record file is not a training event "
-                    "(needs a training id "
-                    f"and an event of {', '.join(EVENTS)})"
+                    f"(needs a training id and an event of {', '.join(EVENTS)})"
                 )
             events.append(event)
     return events
@@ -163,14 +120,11 @@ def trainings(events: Iterable[Mapping]) -> list[dict]:
     (:func:`may_be_private`)."""
     merged: dict[str, dict] = {}
     for event in events:
-        tid = event["training"]
-        entry = merged.setdefault(tid, {"finished": False, "retrain": False})
+        entry = merged.setdefault(event["training"], {"finished": False, "retrain": False})
         for key, value in event.items():
-            if key in ("event", "steps", "retrain") or value is None and key in entry:
-                continue
-            if key == "start_step" and "start_step" in entry:
-                continue
-            entry[key] = value
+            kept = key in entry and (value is None or key == "start_step")
+            if key not in ("event", "steps", "retrain") and not kept:
+                entry[key] = value
         entry["retrain"] = entry["retrain"] or bool(event.get("retrain"))
         if event["event"] == "finished":
             entry["finished"] = True
@@ -229,20 +183,6 @@ def output_folders(training: Mapping, record_dir: str | os.PathLike) -> set[str]
     return found
 
 
-def finished_into(record_files: Iterable[str | os.PathLike], out: str | os.PathLike) -> list[dict]:
-    """The finished DP trainings in ``record_files`` that wrote into ``out``
-    (:func:`output_folders`), oldest first, each with its ``record_dir``."""
-    out = os.path.normpath(Path(out).resolve())
-    found = []
-    for path in map(Path, record_files):
-        if not path.is_file():
-            continue
-        for t in trainings(read(path)):
-            if t["finished"] and t.get("private") and out in output_folders(t, path.parent):
-                found.append({**t, "record_dir": str(path.parent)})
-    return sorted(found, key=lambda t: t["time"])
-
-
 def output_folder(training: Mapping, record_dir: str | os.PathLike) -> str:
     """The folder a recorded training wrote, as it lies now (``out_rel`` resolved against
     ``record_dir``, else ``out``)."""
@@ -251,10 +191,33 @@ def output_folder(training: Mapping, record_dir: str | os.PathLike) -> str:
     return str(training["out"])
 
 
+def finished_into(record_files: Iterable[str | os.PathLike], out: str | os.PathLike) -> list[dict]:
+    """The finished DP trainings in ``record_files`` that wrote into ``out``
+    (:func:`output_folders`), oldest first, each with its ``record_dir``."""
+    out = os.path.normpath(Path(out).resolve())
+    found = [
+        {**t, "record_dir": str(path.parent)}
+        for path in map(Path, record_files)
+        if path.is_file()
+        for t in trainings(read(path))
+        if t["finished"] and t.get("private") and out in output_folders(t, path.parent)
+    ]
+    return sorted(found, key=lambda t: t["time"])
+
+
+def _events(record_dir: str | os.PathLike, fingerprint: str) -> list[dict]:
+    path = record_file(record_dir, fingerprint)
+    return read(path) if path.is_file() else []
+
+
 def source_trainings(record_dir: str | os.PathLike, fingerprint: str) -> list[dict]:
     """The trainings recorded for one data source (none if it has no record yet)."""
-    path = record_file(record_dir, fingerprint)
-    return trainings(read(path)) if path.is_file() else []
+    return trainings(_events(record_dir, fingerprint))
+
+
+def started_ids(record_dir: str | os.PathLike, fingerprint: str) -> set[str]:
+    """The ids of the trainings whose ``started`` event the source's record holds."""
+    return {e["training"] for e in _events(record_dir, fingerprint) if e["event"] == "started"}
 
 
 def composed(records: list[Mapping]) -> dict:
@@ -285,19 +248,26 @@ def composed(records: list[Mapping]) -> dict:
     }
 
 
-def _finished(record_dir: Path) -> list[tuple[dict, str]]:
-    """Every finished secret-key DP training recorded under ``record_dir`` and attributed
-    to its experiment, with its record file's key."""
-    found = []
-    for path in _record_files(record_dir):
+def _recorded(record_dir: str | os.PathLike) -> Iterator[tuple[dict, Path]]:
+    """Every training of every record file under ``record_dir``, with its file."""
+    for path in sorted(Path(record_dir).glob("*.jsonl")):
         for t in trainings(read(path)):
-            if t["finished"] and t["attributed"] and t.get("private") and not t.get("reproducible"):
-                found.append((t, path.stem))
-    return found
+            yield t, path
 
 
-def _record_files(record_dir: Path) -> list[Path]:
-    return sorted(record_dir.glob("*.jsonl")) if record_dir.is_dir() else []
+def _latest(found: list[dict]) -> dict | None:
+    """The last of ``found`` by time (of equal times, the last listed), or None."""
+    return sorted(found, key=lambda t: t["time"])[-1] if found else None
+
+
+def _secret_dp_into(record_dir: str | os.PathLike) -> list[dict]:
+    """Every finished secret-key DP training under ``record_dir`` attributed to its
+    experiment."""
+    return [
+        t
+        for t, _ in _recorded(record_dir)
+        if t["finished"] and t["attributed"] and t.get("private") and not t.get("reproducible")
+    ]
 
 
 def unattributed_finished(record_dir: str | os.PathLike, out: str) -> list[tuple[dict, Path]]:
@@ -305,40 +275,20 @@ def unattributed_finished(record_dir: str | os.PathLike, out: str) -> list[tuple
     may have been secret-key DP trainings into ``out`` (absolute; no folder recorded, or
     a match), with their record files."""
     found = []
-    for path in _record_files(Path(record_dir)):
-        for t in trainings(read(path)):
-            if t["attributed"] or not t["finished"] or not may_be_private(t):
-                continue
-            if t.get("reproducible"):
-                continue
-            folders = output_folders(t, path.parent)
-            if not folders or out in folders:
-                found.append((t, path))
+    for t, path in _recorded(record_dir):
+        if t["attributed"] or not t["finished"] or not may_be_private(t) or t.get("reproducible"):
+            continue
+        folders = output_folders(t, path.parent)
+        if not folders or out in folders:
+            found.append((t, path))
     return found
 
 
-def _last_into(
-    finished: list[tuple[dict, str]], record_dir: Path, out: str
-) -> tuple[dict, str] | None:
-    """The last of ``finished`` that wrote into ``out`` (:func:`output_folders`), or None."""
-    last = None
-    for found in finished:
-        if out in output_folders(found[0], record_dir) and (
-            last is None or found[0]["time"] >= last[0]["time"]
-        ):
-            last = found
-    return last
-
-
-def _finished_into(record_dir: Path, out: str) -> tuple[dict, str] | None:
-    """The last finished secret-key DP training into ``out``, and its record's key, or None."""
-    return _last_into(_finished(record_dir), record_dir, out)
-
-
 def finished_copy_dir(record_dir: str | os.PathLike, out: str) -> Path:
-    """Where the last finished DP release into ``out`` (absolute) is kept: private side,
+    """Where the last finished DP release into ``out`` (absolute) is kept, to publish it
+    again when a scheduler removed the outputs: private side,
     ``<record_dir>/finished/<first 16 hex digits of sha256(out)>/``."""
-    return Path(record_dir) / FINISHED_DIR / hashlib.sha256(out.encode()).hexdigest()[:16]
+    return Path(record_dir) / "finished" / hashlib.sha256(out.encode()).hexdigest()[:16]
 
 
 def last_finished(
@@ -346,20 +296,14 @@ def last_finished(
 ) -> dict | None:
     """The last finished DP training (reproducible or not) into ``out`` on this data source,
     if its settings equal ``spec``; else None. What a lost release is recovered from."""
-    last = None
-    for t in source_trainings(record_dir, fingerprint):
-        if t["finished"] and t["attributed"] and t.get("private") and t.get("out") == out:
-            last = t if last is None or t["time"] >= last["time"] else last
-    if last is None or _changed_settings(last["spec"], spec):
-        return None
-    return last
-
-
-def started_ids(record_dir: str | os.PathLike, fingerprint: str) -> set[str]:
-    """The ids of the trainings whose ``started`` event the source's record holds."""
-    path = record_file(record_dir, fingerprint)
-    events = read(path) if path.is_file() else []
-    return {e["training"] for e in events if e.get("event") == "started"}
+    last = _latest(
+        [
+            t
+            for t in source_trainings(record_dir, fingerprint)
+            if t["finished"] and t["attributed"] and t.get("private") and t.get("out") == out
+        ]
+    )
+    return None if last is None or _changed_settings(last["spec"], spec) else last
 
 
 def _changed_settings(before: Mapping, now: Mapping) -> list[str]:
@@ -384,12 +328,11 @@ def refuse_changed_settings(
     (experiment, absolute output folder, settings now) finished a secret-key DP training
     with other settings, unless ``DPSINKHORN_RETRAIN`` names it (Snakemake would remove
     the finished outputs before the job's :func:`check_retrain` refused)."""
-    finished = _finished(Path(record_dir))
+    finished = _secret_dp_into(record_dir)
     for experiment, out, spec in planned:
-        found = _last_into(finished, Path(record_dir), out)
-        if found is None or retrain_allowed(experiment):
+        done = _latest([t for t in finished if out in output_folders(t, record_dir)])
+        if done is None or retrain_allowed(experiment):
             continue
-        done, _ = found
         changed = _changed_settings(done["spec"], spec)
         if changed:
             what = [f"settings {', '.join(changed)}"]
@@ -414,34 +357,33 @@ def check_retrain(
     holds a finished secret-key DP training into it, unless ``retrain``. Returns whether
     this training retrains a finished one. An unattributed finished training
     (:func:`unattributed_finished`) counts as one into ``out``."""
-    found = _finished_into(Path(record_dir), out)
-    if found is None:
+    done = _latest([t for t in _secret_dp_into(record_dir) if out in output_folders(t, record_dir)])
+    if done is None:
         unknown = unattributed_finished(record_dir, out)
         if not unknown or retrain:
             return bool(unknown)
-        done, path = unknown[0]
+        first, path = unknown[0]
         raise RetrainRefused(
             f"{out}: experiment {experiment}: {shown(path)} holds "
             f"{len(unknown)} finished training(s) that may have been DP and whose events "
-            f"do not say which experiment or folder trained them (training {done['training']}"
-            f", finished {done.get('time', 'at an unknown time')}; a version before every "
+            f"do not say which experiment or folder trained them (training {first['training']}"
+            f", finished {first.get('time', 'at an unknown time')}; a version before every "
             "event carried its training's identity); this training could retrain one of "
             f"them, drawing new noise from the same private data: pass --retrain (CLI), "
             f"{RETRAIN_ENV}={experiment} (workflow) or retrain=True (api.train) to train "
             "it as a retrain, counted in the record"
         )
-    done, key = found
     if retrain:
         return True
     changed = _changed_settings(done["spec"], spec)
-    what = []
-    if changed:
-        what.append(f"settings {', '.join(changed)}")
-    # Whether the training data changed is not said (key != fingerprint[:16]): a bit
-    # computed from the private data, and this message goes to a job's log.
-    if not what:
-        what.append(
+    # Whether the training data changed is not said (its record's key against the
+    # fingerprint): a bit computed from the private data, and this message goes to a log.
+    what = (
+        [f"settings {', '.join(changed)}"]
+        if changed
+        else [
             "not its settings: its release was removed, its inputs rewritten (e.g. the "
             "prepared data prepared again) or its training data changed"
-        )
+        ]
+    )
     raise RetrainRefused(_refusal(record_dir, out, experiment, done, what))
