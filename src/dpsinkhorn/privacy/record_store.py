@@ -13,6 +13,8 @@ docs/PRIVACY.md ("The record store").
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import hashlib
 import hmac
 import io
@@ -22,7 +24,7 @@ import secrets
 import tarfile
 import tempfile
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,24 +58,23 @@ def store_root(config: Mapping | None = None) -> Path:
     return Path(base) / "dpsinkhorn" / "records"
 
 
-def _write_atomic(path: Path, payload: bytes) -> None:
+def _write_atomic(path: Path, payload: bytes, replace: bool = True) -> None:
     """Write ``payload`` to ``path`` through a temporary file beside it (0600), fsynced,
-    then renamed: a reader sees the old file or the new one, never part of one."""
+    then renamed onto it (``replace``) or linked to it (else: a ``path`` that exists wins):
+    a reader sees the old file or the new one, never part of one."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(payload)
             fh.flush()
             os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
+        if replace:
+            os.replace(tmp, path)
+        else:
+            with contextlib.suppress(FileExistsError):
+                os.link(tmp, path)
+    finally:
         Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def key_id(key: bytes) -> str:
-    """A name of the key that reveals nothing of it (sha256 of a label and the key, 16 hex)."""
-    return hashlib.sha256(b"dpsinkhorn record store key|" + key).hexdigest()[:16]
 
 
 def fingerprints(key: bytes, images: np.ndarray) -> np.ndarray:
@@ -113,10 +114,6 @@ class Training:
     @property
     def id(self) -> str:
         return str(self.meta["training"])
-
-    def name(self) -> str:
-        """How a message names it: experiment and output folder (never its data)."""
-        return f"{self.meta.get('experiment', '?')} ({self.meta.get('out', '?')})"
 
 
 def _payload(meta: Mapping, fps: np.ndarray) -> bytes:
@@ -171,60 +168,39 @@ class RecordStore:
         path = self.root / KEY_FILE
         if not path.is_file():
             self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
-            self._put_key(secrets.token_bytes(32), replace=False)
+            _write_atomic(path, secrets.token_bytes(32), replace=False)
         key = path.read_bytes()
         if len(key) != 32:
             raise ValueError(f"{path}: not a record store key (32 bytes)")
         return key
 
-    def _put_key(self, key: bytes, replace: bool) -> None:
-        path = self.root / KEY_FILE
-        tmp = self.root / f".key.{os.getpid()}.{secrets.token_hex(4)}"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        try:
-            os.write(fd, key)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        try:
-            if replace:
-                os.replace(tmp, path)
-            else:
-                try:
-                    os.link(tmp, path)
-                except FileExistsError:
-                    pass
-        finally:
-            tmp.unlink(missing_ok=True)
-
     # -- trainings
     def path(self, training: str) -> Path:
         return self.folder / f"{training}.npz"
-
-    def has(self, training: str) -> bool:
-        return self.path(training).is_file()
 
     def get(self, training: str) -> Training | None:
         path = self.path(training)
         return _load(path) if path.is_file() else None
 
-    def put(self, meta: Mapping, fps: np.ndarray) -> None:
-        """Write one training (atomically, its own file), unless the store already holds
-        as much of it (:func:`_further`)."""
+    def put(self, meta: Mapping, fps: np.ndarray | Callable[[], np.ndarray]) -> bool:
+        """Write one training (atomically, its own file) with its fingerprints ``fps`` (or
+        ``fps()``, called only for a training the store lacks), unless the store already
+        holds as much of it (:func:`_further`). Returns whether it wrote."""
         old = self.get(str(meta["training"]))
         if old is not None and not _further(meta, old.meta):
-            return
-        meta = {**meta, "key_id": key_id(self.key()), "records": int(len(fps))}
+            return False
+        if old is not None:
+            fps = old.fingerprints
+        elif callable(fps):
+            fps = fps()
+        # key_id: a name of the key that reveals nothing of it
+        key_id = hashlib.sha256(b"dpsinkhorn record store key|" + self.key()).hexdigest()[:16]
+        meta = {**meta, "key_id": key_id, "records": int(len(fps))}
         if old is not None and old.meta.get("time"):
             meta["time"] = old.meta["time"]  # when it started
         self.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
         _write_atomic(self.path(str(meta["training"])), _payload(meta, fps))
-
-    def update(self, training: str, **meta) -> None:
-        """Rewrite a stored training's meta with ``meta`` (its fingerprints kept)."""
-        old = self.get(training)
-        if old is not None:
-            self.put({**old.meta, **meta}, old.fingerprints)
+        return True
 
     def trainings(self) -> list[Training]:
         """Every stored training, oldest first (time, then id)."""
@@ -265,7 +241,7 @@ class RecordStore:
             raise ValueError(f"{archive}: not a record store export (its key is not 32 bytes)")
         if not self.has_key() or not self.trainings():
             self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
-            self._put_key(theirs, replace=True)
+            _write_atomic(self.root / KEY_FILE, theirs)
         elif self.key() != theirs:
             raise ValueError(
                 f"{archive}: its key differs from that of the record store {self.root}, which "
@@ -273,13 +249,7 @@ class RecordStore:
                 f"store (e.g. {STORE_ENV}=<new folder>), or give every machine one store's "
                 "export before it trains"
             )
-        changed = 0
-        for t in entries:
-            old = self.get(t.id)
-            if old is None or _further(t.meta, old.meta):
-                self.put(t.meta, t.fingerprints)
-                changed += 1
-        return changed, len(entries)
+        return sum(self.put(t.meta, t.fingerprints) for t in entries), len(entries)
 
 
 def stored_meta(record: Mapping) -> dict:
@@ -293,23 +263,15 @@ def stored_meta(record: Mapping) -> dict:
     return meta
 
 
-def import_record(store: RecordStore, records: Iterable[Mapping], fps) -> int:
+def import_record(
+    store: RecordStore, records: Iterable[Mapping], fps: Callable[[], np.ndarray]
+) -> int:
     """Put into ``store`` every DP training of ``records`` (merged entries of a training
     record file, ``privacy.trainings.trainings``) it lacks or holds less of, with the
     fingerprints ``fps()`` (called once, only when needed) of the split that record names.
     Returns how many were written."""
-    written, keys = 0, None
-    for t in records:
-        if not may_be_private(t):
-            continue
-        meta = stored_meta(t)
-        old = store.get(str(meta["training"]))
-        if old is not None and not _further(meta, old.meta):
-            continue
-        keys = fps() if keys is None else keys
-        store.put(meta, keys if old is None else old.fingerprints)
-        written += 1
-    return written
+    fps = functools.cache(fps)
+    return sum(store.put(stored_meta(t), fps) for t in records if may_be_private(t))
 
 
 def individual(store: RecordStore, data: np.ndarray, delta: float | None = None) -> dict:
@@ -359,15 +321,9 @@ def individual(store: RecordStore, data: np.ndarray, delta: float | None = None)
 def _rdp_curve(meta: Mapping) -> tuple[np.ndarray, np.ndarray]:
     """(orders, RDP at each order) of one training: ``steps`` Poisson-subsampled Gaussian
     steps (rate q, noise multiplier z, add/remove-one), dp-accounting's RDP accountant."""
-    import dp_accounting
-    from dp_accounting.rdp import rdp_privacy_accountant as rdp_lib
+    from dpsinkhorn.privacy.accounting import new_accountant
 
-    acc = rdp_lib.RdpAccountant()
-    event = dp_accounting.PoissonSampledDpEvent(
-        float(meta["q"]), dp_accounting.GaussianDpEvent(float(meta["noise_multiplier"]))
-    )
-    if int(meta["steps"]) > 0:  # a training stopped before its first step drew no noise
-        acc.compose(event, int(meta["steps"]))
+    acc = new_accountant(mechanisms([meta]))
     return acc._orders, acc._rdp  # noqa: SLF001  (the curve: added across trainings below)
 
 
@@ -393,8 +349,7 @@ def _worst_row(signatures: np.ndarray, curves: list, delta: float) -> int:
 
 
 def _store_of(args: argparse.Namespace) -> RecordStore:
-    """``--store``, else :func:`store_root` (a config's ``record_store``: pass it as --store)."""
-    return RecordStore(args.store or store_root())
+    return RecordStore(args.store or store_root())  # a config's record_store: --store
 
 
 def _show(args: argparse.Namespace) -> int:
@@ -405,7 +360,8 @@ def _show(args: argparse.Namespace) -> int:
         m = t.meta
         state = "finished" if m.get("finished") else "unfinished"
         print(
-            f"  {t.id}  {m.get('time', '?')}  {t.name()}  {m.get('records')} records  "
+            f"  {t.id}  {m.get('time', '?')}  {m.get('experiment', '?')} ({m.get('out', '?')})"
+            f"  {m.get('records')} records  "
             f"q {m.get('q')}  z {m.get('noise_multiplier')}  {m.get('steps')} steps  "
             f"delta {m.get('delta')}  {state}"
         )
