@@ -1,15 +1,13 @@
 """DP-MERF (Harder, Adamczewski and Park, AISTATS 2021): one Gaussian release of a
 class-conditional random-feature mean embedding (``method: dpmerf``).
 
-Embedding e(x, y) = φ(x) ⊗ onehot(y) ∈ R^{D × K}, φ(x) = [cos(Wx), sin(Wx)] / √(D/2), x the
-image in [0, 1]^d, W ∈ R^{D/2 × d} with N(0, 1/b) entries from the public key (b =
-``rff_bandwidth``, D = ``rff_features``). ‖e(x, y)‖_F = 1 for every record, so under
-add/remove-one adjacency the sum S = Σ e(x_i, y_i) has sensitivity Δ = 1 with no clipping.
-Gaussian mechanism: S + N(0, (zΔ)² I), one float64 draw from the run's keyed generator,
-noise multiplier z = ``sigma`` (or solved from ``target_epsilon``); the release is S̃ / N
-(N public). The ledger is one mechanism without subsampling (q = 1, steps = 1). The
-generator fitted to the release (post-processing) is ``train.merf``. Details and the
-comparison with DP-MERF's replace-one analysis: docs/PRIVACY.md ("DP-MERF").
+Embedding e(x, y) = φ(x) ⊗ onehot(y) ∈ R^{D × K} (:func:`features_of`, public frequencies
+from :func:`random_frequencies`): ‖e(x, y)‖_F = 1 for every record, so under add/remove-one
+adjacency the sum S = Σ e(x_i, y_i) has sensitivity Δ = 1 with no clipping. Gaussian
+mechanism: S + N(0, (zΔ)² I), one float64 draw from the run's keyed generator, noise
+multiplier z = ``sigma`` (or solved from ``target_epsilon``); the release is S̃ / N (N
+public). The ledger is one mechanism without subsampling (q = 1, steps = 1). The generator
+fitted to the release (post-processing) is ``train.merf``. docs/PRIVACY.md ("DP-MERF").
 """
 
 from __future__ import annotations
@@ -45,7 +43,8 @@ def merf_noise_multiplier(spec: dict) -> float:
 def random_frequencies(
     features: int, dim: int, bandwidth: float, seed: int, name: str, device: torch.device
 ) -> torch.Tensor:
-    """W [D/2, d] float32, entries N(0, 1/b), from the public key (seed, name)."""
+    """W [D/2, d] float32 (D = ``features``), entries N(0, 1/b) (b = ``bandwidth``), from
+    the public key (seed, name): settings, not data."""
     check_count("rff_features", features, minimum=2)
     if features % 2:
         raise ValueError(f"rff_features must be even (cos and sin pairs), got {features}")
