@@ -4,9 +4,8 @@ The attack drives the production step and lives in ``train.audit`` (``privacy`` 
 import ``train``). Here: :func:`epsilon_lower_bound` (a 95% Clopper–Pearson lower bound on
 the ε of any (ε, δ)-DP mechanism that produced the scores), :func:`one_step_claim` (the
 accountant's ε for one un-subsampled Gaussian mechanism with noise multiplier z = noise std
-/ L2 sensitivity, at δ) and broken sanitisers the audit must catch: noise off, noise ÷ √n
-(per-sample sensitivity taken as 2Δ), noise ÷ √2 (sensitivity taken as Δ√2: replace-one vs
-add/remove-one), and ÷ √2 inside ``__call__`` only. The method: docs/AUDIT.md.
+/ L2 sensitivity, at δ) and the broken sanitisers the audit must catch
+(:data:`IMAGE_MECHANISMS`, each mixin says how it is broken). The method: docs/AUDIT.md.
 """
 
 from __future__ import annotations

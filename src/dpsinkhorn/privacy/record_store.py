@@ -116,12 +116,6 @@ class Training:
         return str(self.meta["training"])
 
 
-def _payload(meta: Mapping, fps: np.ndarray) -> bytes:
-    buf = io.BytesIO()
-    np.savez(buf, fingerprints=fps, meta=np.array(json.dumps(dict(meta), sort_keys=True)))
-    return buf.getvalue()
-
-
 def _load(source: Path | io.BytesIO, where: object = None) -> Training:
     """One stored training from a file or bytes; ``where`` names it in errors."""
     where = source if where is None else where
@@ -198,8 +192,10 @@ class RecordStore:
         meta = {**meta, "key_id": key_id, "records": int(len(fps))}
         if old is not None and old.meta.get("time"):
             meta["time"] = old.meta["time"]  # when it started
+        buf = io.BytesIO()
+        np.savez(buf, fingerprints=fps, meta=np.array(json.dumps(meta, sort_keys=True)))
         self.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-        _write_atomic(self.path(str(meta["training"])), _payload(meta, fps))
+        _write_atomic(self.path(str(meta["training"])), buf.getvalue())
         return True
 
     def trainings(self) -> list[Training]:
@@ -308,33 +304,28 @@ def individual(store: RecordStore, data: np.ndarray, delta: float | None = None)
     out["delta"] = max([*deltas, *([delta] if delta is not None else [])], default=None)
     if out["unaccounted"] or out["delta"] is None:
         return out
-    from dpsinkhorn.privacy.accounting import composed_epsilon  # at use: dp-accounting is slow
+    from dpsinkhorn.privacy.accounting import composed_epsilon, new_accountant  # at use: slow
 
+    # each training's RDP curve: its steps Poisson-subsampled Gaussian steps (rate q, noise
+    # multiplier z, add/remove-one adjacency), dp-accounting's RDP accountant
+    curves = [new_accountant(mechanisms([t.meta])) for t in held]
     signatures = np.unique(matrix, axis=0)  # [S, trainings]: which trainings a record was in
-    worst = signatures[_worst_row(signatures, [_rdp_curve(t.meta) for t in held], out["delta"])]
+    worst = signatures[_worst_row(signatures, curves, out["delta"])]
     chosen = [t for t, inside in zip(held, worst, strict=True) if inside]
     out["epsilon_worst_off"] = composed_epsilon(mechanisms(t.meta for t in chosen), out["delta"])
     out["worst_off"] = chosen
     return out
 
 
-def _rdp_curve(meta: Mapping) -> tuple[np.ndarray, np.ndarray]:
-    """(orders, RDP at each order) of one training: ``steps`` Poisson-subsampled Gaussian
-    steps (rate q, noise multiplier z, add/remove-one), dp-accounting's RDP accountant."""
-    from dpsinkhorn.privacy.accounting import new_accountant
-
-    acc = new_accountant(mechanisms([meta]))
-    return acc._orders, acc._rdp  # noqa: SLF001  (the curve: added across trainings below)
-
-
 def _worst_row(signatures: np.ndarray, curves: list, delta: float) -> int:
     """The row of ``signatures`` (bool [S, K]: the trainings a record was in) of largest ε
-    at ``delta``. RDP curves add under composition (a row's is ``row @ curves``); a row
-    whose curve lies below a converted one at every order is skipped (ε grows with it)."""
+    at ``delta``; ``curves``: the K trainings' RDP accountants. RDP curves add under
+    composition (a row's is ``row @ curves``); a row whose curve lies below a converted one
+    at every order is skipped (ε grows with it)."""
     from dp_accounting.rdp.rdp_privacy_accountant import compute_epsilon
 
-    orders = curves[0][0]
-    summed = signatures.astype(np.float64) @ np.stack([c for _, c in curves])  # [S, orders]
+    orders = curves[0]._orders  # noqa: SLF001  (the curves are added across trainings)
+    summed = signatures.astype(np.float64) @ np.stack([c._rdp for c in curves])  # noqa: SLF001
     left, best, best_eps = np.arange(len(summed)), 0, -1.0
     while left.size:
         row = left[np.argmax(summed[left].sum(axis=1))]

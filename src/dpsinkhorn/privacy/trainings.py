@@ -134,7 +134,6 @@ def trainings(events: Iterable[Mapping]) -> list[dict]:
                 entry.setdefault("recorded_epsilons", []).append(event["epsilon"])
         elif event["event"] == "republished":
             entry["finished"] = entry["republished"] = True
-    out = []
     for entry in merged.values():
         steps = entry.pop("finished_steps", None)
         entry["steps"] = entry.get("steps_planned") if steps is None else steps
@@ -148,8 +147,7 @@ def trainings(events: Iterable[Mapping]) -> list[dict]:
                 entry["private"] = False
             else:
                 entry["private"] = None
-        out.append(entry)
-    return out
+    return list(merged.values())
 
 
 def _number(value) -> bool:
