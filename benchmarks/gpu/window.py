@@ -196,9 +196,10 @@ def run_until(cmd: list[str], deadline: float, grace_s: float, log: Path, cwd: P
 
 def snakemake(window: dict, workdir: Path, targets: list[str], args) -> list[str]:
     """Snakemake on ``targets`` in ``workdir`` with the repository's Snakefile and default
-    profile; mtime is no rerun trigger (data rebuilt in a fresh call must not retrain)."""
-    cmd = ["snakemake", "-s", str(REPO / "Snakefile"), "-d", str(workdir), "--scheduler"]
-    cmd += ["greedy", "--configfile", CONFIG_COPY]  # greedy: no ILP solver needed
+    profile, greedy (no ILP solver needed), going on past a failed job; mtime is no rerun
+    trigger (data rebuilt in a fresh call must not retrain)."""
+    cmd = ["snakemake", "-s", str(REPO / "Snakefile"), "-d", str(workdir), "--keep-going"]
+    cmd += ["--scheduler", "greedy", "--configfile", CONFIG_COPY]
     options = [*window["overrides"], *args.config]
     cmd += ["--config", *options] if options else []
     cmd += ["-n"] if args.dry_run else []
@@ -222,9 +223,8 @@ def work(window: dict, workdir: Path, deadline: float, args, state: dict) -> str
     folders = {cfg.prepared_folder_of(config, cfg.dataset_of(config, e)) for e in order}
     data = [f"{config['data_dir']}/{f}/{split}.npz" for f in sorted(folders) for split in SPLITS]
     missing = not args.dry_run and not all((workdir / f).is_file() for f in data)
-    if missing and time.monotonic() < deadline:  # alone: rebuilt with a training, it retrains it
-        if (outcome := run(data)) != "done":
-            return "failed:data" if outcome == "failed" else outcome
+    if missing and time.monotonic() < deadline and run(data) == "deadline":  # alone: rebuilt
+        return "deadline"  # in a training's call, the data would rerun the training
     import_runs(window, workdir)
     failed, held = [], []
     for exp in order:
