@@ -319,7 +319,7 @@ def _next_call(loaded: dict, workdir: Path, fresh: Path) -> Path:
     """What the window tool does between two calls: pack ``workdir`` with its own code and
     patterns, unpack the archive into a ``fresh`` folder (window.main)."""
     archive = workdir.parent / f"{workdir.name}.tar.gz"
-    window.pack(workdir, archive, loaded["exclude"], loaded["keep"], part_mib=15, cap_mib=16)
+    window.pack(workdir, archive, loaded["exclude"], loaded["keep"], cap_mib=16)
     window.unpack(archive, fresh)
     return fresh
 
