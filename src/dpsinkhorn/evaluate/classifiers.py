@@ -352,7 +352,8 @@ class GraphedStep:
             self.optimizer.zero_grad(set_to_none=True)
             graph = torch.cuda.CUDAGraph()
             try:
-                with torch.cuda.graph(graph):
+                # thread_local: FID may run in another thread beside the capture
+                with torch.cuda.graph(graph, capture_error_mode="thread_local"):
                     self.run.step(self.optimizer, self.idx)
             except RuntimeError as err:  # capture refused: a capture runs nothing, so the
                 # parameters and Adam's state are as before; this and later steps run eagerly

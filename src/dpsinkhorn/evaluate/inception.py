@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import os
 import weakref
+from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -21,7 +22,7 @@ import torch
 
 from dpsinkhorn import fileio
 from dpsinkhorn.devices import resolve_device
-from dpsinkhorn.fileio import channels_last
+from dpsinkhorn.evaluate.sample import channels_last
 from dpsinkhorn.models import cudnn_tf32
 
 if TYPE_CHECKING:
@@ -270,6 +271,20 @@ _FOLDED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # network -> f
 _CAST: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # folded -> {dtype: copy}
 
 
+def leaves_tf32_switch(precision: str) -> bool:
+    """Whether features in ``precision`` run with cuDNN's process-wide TF32 switch as it is
+    now (:func:`activations` sets it for fp32 and tf32 only), so work beside them keeps
+    its arithmetic. False where the switch cannot be read."""
+    if precision in HALF_TYPES:
+        return True
+    conv = getattr(torch.backends.cudnn, "conv", None)
+    if conv is not None and hasattr(conv, "fp32_precision"):  # torch >= 2.9
+        now = {"tf32": True, "ieee": False}.get(conv.fp32_precision)
+    else:
+        now = bool(torch.backends.cudnn.allow_tf32)
+    return now == (precision == "tf32")
+
+
 def folded_network(model: pfi.InceptionV3) -> torch.nn.Module:
     """A copy of a loaded FID network, cached: each ``BasicConv2d``'s batch norm folded into
     its convolution (eval statistics, float32; features change by about 1e-6 relative) and
@@ -326,14 +341,16 @@ def pool3_features(
 
 
 def activations(
-    images: np.ndarray,
+    images: np.ndarray | torch.Tensor,
     model: pfi.InceptionV3,
     batch_size: int | None = None,
     precision: str = "fp32",
 ) -> torch.Tensor:
     """Pool3 features float32 [N,2048] on the network's device (:func:`pool3_features`) of
-    uint8 images [N,H,W] or [N,H,W,C]; the images go to the device once, the features stay
-    there (``fid.device_statistics`` reduces them). ``batch_size`` None: :data:`DEFAULT_BATCH`."""
+    uint8 images [N,H,W] or [N,H,W,C], a numpy array or a tensor (one already on the device
+    stays there); the features stay on the device (``fid.device_statistics`` reduces them).
+    ``batch_size`` None: :data:`DEFAULT_BATCH`. cuDNN's TF32 switch is set only for fp32
+    and tf32 (it does not touch half-precision convolutions)."""
     images = channels_last(images, "images")
     net = cast_network(folded_network(model), precision)
     device = next(net.parameters()).device
@@ -342,8 +359,11 @@ def activations(
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     out = torch.empty((len(images), 2048), dtype=torch.float32, device=device)
-    with torch.inference_mode(), cudnn_tf32(precision == "tf32"):
-        resident = torch.from_numpy(np.ascontiguousarray(images)).to(device)
+    tf32 = nullcontext() if precision in HALF_TYPES else cudnn_tf32(precision == "tf32")
+    with torch.inference_mode(), tf32:
+        host = not torch.is_tensor(images)
+        resident = torch.from_numpy(np.ascontiguousarray(images)) if host else images
+        resident = resident.to(device)
         for start in range(0, len(images), batch_size):
             batch = resident[start : start + batch_size]
             out[start : start + len(batch)] = pool3_features(net, batch, precision)

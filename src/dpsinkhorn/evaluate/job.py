@@ -15,10 +15,14 @@ import dataclasses
 import hashlib
 import json
 import os
+import threading
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from dpsinkhorn import fileio
 from dpsinkhorn.config.targets import (
@@ -41,9 +45,9 @@ from dpsinkhorn.evaluate.fid import (
     reference_statistics,
     statistics_metadata,
 )
-from dpsinkhorn.evaluate.inception import FID_PRECISIONS, network_sha256
+from dpsinkhorn.evaluate.inception import FID_PRECISIONS, leaves_tf32_switch, network_sha256
 from dpsinkhorn.evaluate.phases import COMMIT_ENV, phase_code_sha256, resumable
-from dpsinkhorn.evaluate.sample import load_generator, sample_generator, sample_real
+from dpsinkhorn.evaluate.sample import channels_last, generate, load_generator, sample_real
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,8 +157,8 @@ class EvaluationSpec:
 
 @dataclasses.dataclass
 class Draws:
-    """Every seed's samples (images uint8 [N,H,W(,C)], labels [N]) as saved in ``files``,
-    and the test split (None without classifiers)."""
+    """Every seed's samples (images uint8 [N,H,W(,C)], a generator's on its device; labels
+    [N]) as saved in ``files``, and the test split (None without classifiers)."""
 
     files: list[Path]
     samples: list[tuple[np.ndarray, np.ndarray]]
@@ -215,11 +219,11 @@ def draw(spec: EvaluationSpec, num_classes: int | None) -> Draws:
                 f"{spec.generator} is unconditional: its samples have no labels, so no "
                 f"classifier ({', '.join(spec.classifiers)}) can be trained on them"
             )
-        samples = [sample_generator(model, spec.num, seed) for seed in spec.seeds]
+        samples = [generate(model, spec.num, seed) for seed in spec.seeds]  # on its device
         del model
     else:
         samples = [sample_real(spec.real_data, spec.num, seed) for seed in spec.seeds]
-    shape = [int(v) for v in fileio.channels_last(samples[0][0], "samples").shape[1:]]
+    shape = [int(v) for v in channels_last(samples[0][0], "samples").shape[1:]]
     if spec.fid:
         sides = [{"image_shape": shape, "weights_sha256": None}]
         sides.append(statistics_metadata(spec.reference))
@@ -230,36 +234,83 @@ def draw(spec: EvaluationSpec, num_classes: int | None) -> Draws:
         _check_test_split(shape, samples, test_images, test_labels, num_classes, spec.test)
     files = spec.sample_files()
     for path, (images, labels) in zip(files, samples, strict=True):
-        fileio.save_samples(path, images, labels)
+        fileio.save_samples(
+            path, images.cpu().numpy() if torch.is_tensor(images) else images, labels
+        )
     return Draws(files, samples, test_images, test_labels)
 
 
 def score(
     spec: EvaluationSpec, draws: Draws, num_classes: int | None, progress: Progress
 ) -> dict[str, float]:
-    """FID of every seed, then each classifier (all seeds together); writes their files and
-    returns each phase's wall seconds. A phase ``progress`` holds is not computed again."""
-    timings = {}
+    """FID of every seed and each classifier (all seeds together); writes their files and
+    returns each phase's wall seconds. A phase ``progress`` holds is not computed again. On
+    CUDA the FID runs beside the classifiers (:func:`run_phases`) when
+    :func:`inception.leaves_tf32_switch`: neither then changes the other's arithmetic."""
+    phases = [lambda: _score_classifiers(spec, draws, num_classes, progress)]
     if spec.fid:
-        begin = time.perf_counter()
-        records = progress.get("fid") or [
-            fid_against_reference(
-                images,
-                spec.reference,
-                str(path),
-                spec.weights,
-                spec.device,
-                spec.fid_batch_size,
-                spec.sqrtm,
-                spec.fid_precision,
-            )
-            for path, (images, _) in zip(draws.files, draws.samples, strict=True)
-        ]
-        progress.put("fid", records)
-        for seed, record in zip(spec.seeds, records, strict=True):
-            fileio.write_json(spec.scores_dir / score_name("fid", seed), record)
-            print(f"FID {record['fid']:.3f} (seed {seed})", flush=True)
-        timings["fid"] = _done("fid", begin)
+        phases.insert(0, lambda: _score_fid(spec, draws, progress))
+    device = resolve_device(spec.device)
+    beside = device.type == "cuda" and leaves_tf32_switch(spec.fid_precision)
+    timings = {}
+    for phase_timings in run_phases(phases, beside, device):
+        timings |= phase_timings
+    return timings
+
+
+def run_phases(
+    phases: list[Callable[[], dict]], concurrent: bool, device: torch.device
+) -> list[dict]:
+    """Each phase's result, in order. ``concurrent``: every phase in a thread of its own,
+    on CUDA each on a stream of its own that starts after the work queued so far and is
+    synchronised at the phase's end; else one after the other. An exception is raised
+    after every phase has ended."""
+    if not concurrent or len(phases) < 2:
+        return [phase() for phase in phases]
+
+    def on_stream(phase: Callable[[], dict]) -> dict:
+        if device.type != "cuda":
+            return phase()
+        stream = torch.cuda.Stream(device)
+        stream.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(stream):
+            result = phase()
+        stream.synchronize()
+        return result
+
+    with ThreadPoolExecutor(len(phases)) as pool:
+        futures = [pool.submit(on_stream, phase) for phase in phases]
+    return [future.result() for future in futures]
+
+
+def _score_fid(spec: EvaluationSpec, draws: Draws, progress: Progress) -> dict[str, float]:
+    """Every seed's FID record and file; the phase's wall seconds."""
+    begin = time.perf_counter()
+    records = progress.get("fid") or [
+        fid_against_reference(
+            images,
+            spec.reference,
+            str(path),
+            spec.weights,
+            spec.device,
+            spec.fid_batch_size,
+            spec.sqrtm,
+            spec.fid_precision,
+        )
+        for path, (images, _) in zip(draws.files, draws.samples, strict=True)
+    ]
+    progress.put("fid", records)
+    for seed, record in zip(spec.seeds, records, strict=True):
+        fileio.write_json(spec.scores_dir / score_name("fid", seed), record)
+        print(f"FID {record['fid']:.3f} (seed {seed})", flush=True)
+    return {"fid": _done("fid", begin)}
+
+
+def _score_classifiers(
+    spec: EvaluationSpec, draws: Draws, num_classes: int | None, progress: Progress
+) -> dict[str, float]:
+    """Each classifier's records and files, one after the other; their wall seconds."""
+    timings = {}
     for model_name in spec.classifiers:
         begin = time.perf_counter()
         results = progress.get(model_name) or train_and_evaluate_seeds(
@@ -341,6 +392,7 @@ class Progress:
                 flush=True,
             )
         self.samples: list[str] = []
+        self.lock = threading.Lock()  # phases may finish in threads of their own
 
     def bind(self, samples_sha256: list[str]) -> None:
         """Keep only the phases computed on these samples (SHA-256 of each seed's sample
@@ -363,8 +415,9 @@ class Progress:
             "commit": os.environ.get(COMMIT_ENV),
             "samples_sha256": self.samples,
         }
-        self.done[phase] = {**entry, "records": [dict(r) for r in records]}
-        fileio.write_json(self.path, {"key": self.key, "done": self.done})
+        with self.lock:
+            self.done[phase] = {**entry, "records": [dict(r) for r in records]}
+            fileio.write_json(self.path, {"key": self.key, "done": self.done})
 
     def finish(self, scores_dir: Path) -> None:
         """Write :data:`EVALUATION_PHASES` (each phase's commit and code) and drop the progress."""
