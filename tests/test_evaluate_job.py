@@ -355,7 +355,7 @@ def test_a_phase_of_other_samples_is_computed_again(files, tmp_path, monkeypatch
         "sqrtm": "eigh",
         "max_iter": 20,
     }
-    real_train, real_sample, trained = job.train_and_evaluate_seeds, job.sample_generator, []
+    real_train, real_sample, trained = job.train_and_evaluate_seeds, job.generate, []
 
     def stop_at_logreg(model, *args, **kwargs):
         raise KeyboardInterrupt("deadline")
@@ -369,7 +369,7 @@ def test_a_phase_of_other_samples_is_computed_again(files, tmp_path, monkeypatch
         images, labels = real_sample(model, num, seed)
         return 255 - images, labels
 
-    monkeypatch.setattr(job, "sample_generator", other_code)
+    monkeypatch.setattr(job, "generate", other_code)
     monkeypatch.setattr(
         job,
         "train_and_evaluate_seeds",

@@ -1,8 +1,6 @@
-"""Downstream utility (paper appendix D.2): classifiers trained on each seed's synthetic
-samples, all seeds together (:mod:`dpsinkhorn.evaluate.classifiers`), tested on the real
-test set. Images are uint8 [N,H,W] or [N,H,W,C], scaled to [0,1] here; the class count
-comes from the dataset definition, and a label outside it is refused.
-"""
+"""Downstream utility (paper appendix D.2): the classifiers of each seed's samples, all
+seeds together (:mod:`dpsinkhorn.evaluate.classifiers`), tested on the real test set; a
+label outside the dataset's classes is refused."""
 
 from __future__ import annotations
 
@@ -23,35 +21,10 @@ from dpsinkhorn.evaluate.sample import channels_last
 #: :func:`write_results` adds; ``fast_loop``: the loop's options in committed results sets);
 #: ``dpsinkhorn release`` publishes no score file holding another.
 RECORD_KEYS = frozenset(
-    {
-        "accuracy",
-        "model",
-        "seed",
-        "holdout_accuracy",
-        "epochs",
-        "best_epoch",
-        "num_holdout",
-        "max_epochs",
-        "patience",
-        "batch_size",
-        "iterations",
-        "converged",
-        "max_iter",
-        "num_train",
-        "num_test",
-        "num_classes",
-        "device",
-        "seconds",
-        "train",
-        "test",
-        "train_sha256",
-        "test_sha256",
-        "dataset",
-        "batched_seeds",
-        "solver",
-        "fast_loop",
-        "training_loop",
-    }
+    "accuracy model seed holdout_accuracy epochs best_epoch num_holdout max_epochs "
+    "patience batch_size iterations converged max_iter num_train num_test num_classes "
+    "device seconds train test train_sha256 test_sha256 dataset batched_seeds solver "
+    "fast_loop training_loop".split()
 )
 
 
@@ -72,21 +45,15 @@ def _check_labels(labels: np.ndarray, n: int, where: str) -> np.ndarray:
     return labels.astype(np.int64)
 
 
-def resolve_num_classes(
-    num_classes: int | None, dataset: str | None, test_file: str | None = None
-) -> int | None:
-    """The class count: ``data.catalog.DATASETS[dataset].num_classes`` (an own dataset: the
-    ``dataset.json`` beside ``test_file``), or ``num_classes`` (both must agree when both
-    are given), or None (then the largest label + 1)."""
+def resolve_num_classes(dataset: str | None, test_file: str | None = None) -> int | None:
+    """The class count of ``dataset``: ``data.catalog.DATASETS[dataset].num_classes`` (an own
+    dataset: the ``dataset.json`` beside ``test_file``); None without a dataset (then the
+    largest label + 1)."""
     if dataset is None:
-        return num_classes
+        return None
     if dataset not in DATASETS and test_file is not None:
-        defined = prepared_dataset_info(Path(test_file).parent).num_classes
-    else:
-        defined = dataset_info(dataset).num_classes
-    if num_classes is not None and num_classes != defined:
-        raise ValueError(f"num_classes={num_classes} but dataset {dataset!r} has {defined} classes")
-    return defined
+        return prepared_dataset_info(Path(test_file).parent).num_classes
+    return dataset_info(dataset).num_classes
 
 
 def _check_sets(
@@ -161,35 +128,13 @@ def train_and_evaluate_seeds(
             model, xs, ys, x_test, y_test, classes, seeds, max_epochs, patience, batch_size
         )
     seconds = (time.perf_counter() - start) / len(seeds)
-    return [
-        _record(model, seed, result, len(x), len(x_test), classes, dev, seconds)
-        for seed, result, x in zip(seeds, trained, xs, strict=True)
+    sizes = {"num_test": len(x_test), "num_classes": classes, "device": str(dev)}
+    return [  # accuracy first, then the model, seed, training details, sizes, device, seconds
+        {"accuracy": r.pop("accuracy"), "model": model, "seed": seed, **r, "num_train": len(x)}
+        | sizes
+        | {"seconds": seconds}
+        for seed, r, x in zip(seeds, trained, xs, strict=True)
     ]
-
-
-def _record(
-    model: str,
-    seed: int,
-    result: dict,
-    num_train: int,
-    num_test: int,
-    num_classes: int,
-    device: torch.device,
-    seconds: float,
-) -> dict:
-    """One seed's result file: accuracy first, then the model, seed, training details
-    (``result``), sizes, device and wall seconds."""
-    return {
-        "accuracy": result.pop("accuracy"),
-        "model": model,
-        "seed": seed,
-        **result,
-        "num_train": num_train,
-        "num_test": num_test,
-        "num_classes": num_classes,
-        "device": str(device),
-        "seconds": seconds,
-    }
 
 
 def write_results(

@@ -1,10 +1,8 @@
 """Fréchet Inception Distance (FID): statistics, the distance, statistics files, ``fid-stats``.
 
-FID compares the Gaussian statistics (mean ``mu`` [2048], covariance ``sigma`` [2048,2048],
-float64) of the pool3 features of pytorch-fid's Inception network
-(:mod:`dpsinkhorn.evaluate.inception`): generated samples against a real test split's
-statistics file (``mu``, ``sigma``, ``num_images``), computed once by ``dpsinkhorn fid-stats``.
-"""
+The Gaussian statistics (``mu`` [2048], ``sigma`` [2048,2048], float64) of the pool3
+features (:mod:`dpsinkhorn.evaluate.inception`) of samples, against those of the real test
+split, computed once by ``dpsinkhorn fid-stats``."""
 
 from __future__ import annotations
 
@@ -61,33 +59,16 @@ SQRTM_METHODS = ("pytorch_fid", "eigh")
 #: Every key an FID score file holds (:func:`fid_against_reference`); ``dpsinkhorn release``
 #: publishes no score file holding another.
 RECORD_KEYS = frozenset(
-    {
-        "fid",
-        "sqrtm",
-        "num_images_a",
-        "num_images_b",
-        "weights",
-        "weights_sha256",
-        "image_shape",
-        "a",
-        "b",
-        "a_sha256",
-        "b_sha256",
-        "seed",
-        "features",
-    }
+    "fid sqrtm num_images_a num_images_b weights weights_sha256 image_shape a b a_sha256 "
+    "b_sha256 seed features".split()
 )
 #: pytorch-fid's ``eps``: added to both diagonals when sqrtm of the product is not finite
 PYTORCH_FID_EPS = 1e-6
 
 
 def _sqrtm(a: np.ndarray) -> np.ndarray:
-    """``scipy.linalg.sqrtm(a)``, the principal square root, under every scipy version.
-
-    pytorch-fid 0.3.0 calls ``sqrtm(a, disp=False)`` and unpacks (root, error estimate);
-    scipy 1.18 removed ``disp``. Without ``disp`` every version returns the root alone,
-    computed by the same Schur method.
-    """
+    """``scipy.linalg.sqrtm(a)`` (Schur) under every scipy version: pytorch-fid 0.3.0's
+    ``sqrtm(a, disp=False)`` fails on scipy 1.18, which removed ``disp``."""
     root = scipy.linalg.sqrtm(a)
     return root[0] if isinstance(root, tuple) else root
 
@@ -95,13 +76,9 @@ def _sqrtm(a: np.ndarray) -> np.ndarray:
 def frechet_distance_pytorch_fid(
     mu1: np.ndarray, s1: np.ndarray, mu2: np.ndarray, s2: np.ndarray
 ) -> float:
-    """pytorch-fid 0.3.0's ``calculate_frechet_distance``, step by step, on current scipy.
-
-    ||mu1 - mu2||^2 + tr s1 + tr s2 - 2 tr sqrtm(s1 s2): the square root of the
-    non-symmetric product by ``scipy.linalg.sqrtm``; if it is not finite, of
-    (s1 + eps I)(s2 + eps I) with eps = 1e-6; an imaginary part is dropped unless
-    its diagonal exceeds 1e-3 (then ``ValueError``). Inputs mu [D], s [D,D].
-    """
+    """pytorch-fid 0.3.0's ``calculate_frechet_distance`` step by step on current scipy:
+    ||mu1 - mu2||^2 + tr s1 + tr s2 - 2 tr sqrtm(s1 s2) (s1, s2 + 1e-6 I where the root is
+    not finite; an imaginary diagonal above 1e-3 is a ``ValueError``). mu [D], s [D,D]."""
     mu1, mu2 = np.atleast_1d(mu1), np.atleast_1d(mu2)
     s1, s2 = np.atleast_2d(s1), np.atleast_2d(s2)
     diff = mu1 - mu2
@@ -120,16 +97,12 @@ def frechet_distance_pytorch_fid(
 
 
 def trace_sqrt_product(s1: torch.Tensor, s2: torch.Tensor) -> torch.Tensor:
-    """tr sqrt(s1 s2) for symmetric PSD float64 s1, s2 [D,D], exactly, with two symmetric
-    eigensolves on their device.
+    """tr sqrt(s1 s2) of symmetric PSD float64 s1, s2 [D,D], exact, on their device.
 
-    With s1 = V diag(w) V^T and B = V_r diag(sqrt(w_r)) [D,r] over the r eigenvalues of s1
-    above rounding (w_i > D * eps * max w, numpy's ``matrix_rank`` threshold; the others
-    are 0 in exact arithmetic), s1 = B B^T, and the nonzero eigenvalues of s1 s2 are those
-    of the symmetric PSD [r,r] matrix B^T s2 B: tr sqrt(s1 s2) = sum_i sqrt(lambda_i), with
-    lambda_i that rounding makes slightly negative clipped to 0. For N < D samples
-    r <= N - 1, so the second solve is [N-1, N-1].
-    """
+    s1 = B B^T with B = V_r diag(sqrt(w_r)) [D,r] over the r eigenvalues of s1 above
+    rounding (w_i > D eps max w, numpy's ``matrix_rank`` threshold); the nonzero eigenvalues
+    of s1 s2 are those of the PSD [r,r] B^T s2 B (rounding's negatives clipped to 0). For
+    N < D samples r <= N - 1: the second solve is small."""
     w, v = torch.linalg.eigh(s1)
     kept = w > len(w) * torch.finfo(torch.float64).eps * w.max().clamp(min=0)
     b = v[:, kept] * w[kept].sqrt()  # [D,r]: s1 = b b^T
@@ -138,18 +111,11 @@ def trace_sqrt_product(s1: torch.Tensor, s2: torch.Tensor) -> torch.Tensor:
 
 
 def fid_from_stats(mu1, s1, mu2, s2, method: str = "pytorch_fid") -> float:
-    """Fréchet distance between Gaussians N(mu1, s1) and N(mu2, s2): mu [D], s [D,D], numpy
-    arrays or torch tensors.
-
-    ``method`` computes tr sqrt(s1 s2):
-
-    * ``"pytorch_fid"``: pytorch-fid's ``calculate_frechet_distance`` procedure on the host
-      (``scipy.linalg.sqrtm`` of the non-symmetric product), what published FIDs use, as
-      :func:`frechet_distance_pytorch_fid` (pytorch-fid's own function fails on scipy >= 1.18);
-    * ``"eigh"``: exact for symmetric PSD covariances (also rank-deficient ones), in float64
-      torch on the device of the tensors given (the host for numpy arrays):
-      :func:`trace_sqrt_product`. Agreement with pytorch-fid: tests/test_fid.py.
-    """
+    """Fréchet distance between Gaussians N(mu1, s1) and N(mu2, s2) (mu [D], s [D,D], numpy
+    or torch). ``method`` computes tr sqrt(s1 s2): ``"pytorch_fid"``, on the host as
+    published FIDs do (:func:`frechet_distance_pytorch_fid`); ``"eigh"``, exact for PSD
+    covariances, in float64 on the tensors' device (:func:`trace_sqrt_product`). Their
+    agreement: tests/test_fid.py."""
     if method not in SQRTM_METHODS:
         raise ValueError(f"unknown FID sqrtm method {method!r}; choose from {SQRTM_METHODS}")
     if mu1.shape != mu2.shape or s1.shape != s2.shape or tuple(s1.shape) != tuple(mu1.shape) * 2:
@@ -177,21 +143,14 @@ def save_statistics(
     weights_sha256: str | None = None,
     source_sha256: str | None = None,
 ) -> None:
-    """Write a statistics file atomically.
-
-    Arrays: ``mu`` [D], ``sigma`` [D,D] float64, ``num_images``; optionally
-    ``image_shape`` [H,W,C] of the images and ``weights_sha256`` of the network, which
-    :func:`fid_between` checks against the other side of a comparison, and
-    ``source_sha256``, the sha256 of the sample file the images came from (``dpsinkhorn
-    release`` publishes an FID only against statistics of the public test split).
-    """
-    extra = {}
-    if source_sha256 is not None:
-        extra["source_sha256"] = np.asarray(source_sha256)
+    """Write a statistics file atomically: ``mu`` [D], ``sigma`` [D,D] float64,
+    ``num_images`` and, when given, the images' ``image_shape`` [H,W,C], the network's
+    ``weights_sha256`` (:func:`check_same_inputs`) and ``source_sha256``, the sample file's
+    (``dpsinkhorn release`` publishes an FID only against the public test split's)."""
+    given = {"source_sha256": source_sha256, "weights_sha256": weights_sha256}
+    extra = {k: np.asarray(v) for k, v in given.items() if v is not None}
     if image_shape is not None:
         extra["image_shape"] = np.asarray(image_shape, np.int64)
-    if weights_sha256 is not None:
-        extra["weights_sha256"] = np.asarray(weights_sha256)
     with fileio.atomic_path(path) as tmp, open(tmp, "wb") as fh:
         np.savez(
             fh,
@@ -243,14 +202,10 @@ def statistics_metadata(path: str | os.PathLike) -> dict:
     """``{"image_shape": [H,W,C] | None, "weights_sha256": str | None, "source_sha256":
     str | None}`` of a statistics file (None where the file predates these fields)."""
     with np.load(Path(path), allow_pickle=False) as npz:
-        shape = npz["image_shape"] if "image_shape" in npz.files else None
-        sha = npz["weights_sha256"] if "weights_sha256" in npz.files else None
-        source = npz["source_sha256"] if "source_sha256" in npz.files else None
-    return {
-        "image_shape": None if shape is None else [int(v) for v in shape],
-        "weights_sha256": None if sha is None else str(sha),
-        "source_sha256": None if source is None else str(source),
-    }
+        found = {k: npz[k] for k in ("image_shape", "weights_sha256", "source_sha256") if k in npz}
+    meta = {k: str(found[k]) if k in found else None for k in ("weights_sha256", "source_sha256")}
+    shape = found.get("image_shape")
+    return {"image_shape": None if shape is None else [int(v) for v in shape]} | meta
 
 
 def subsample(images: np.ndarray, num: int | None, seed: int, where: str = "images") -> np.ndarray:

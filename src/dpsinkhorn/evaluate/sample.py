@@ -1,8 +1,5 @@
-"""Synthetic datasets: balanced labelled samples from a trained generator (an
-unconditional generator's labelled -1), read without running its pickle; and the "Real
-data" rows' samples, a seeded subset of the real training set, so that every Table 1 row
-is evaluated by the same FID and classifier code.
-"""
+"""Samples to evaluate: a trained generator's (read without running its pickle; balanced
+labels, -1 if unconditional) or a "Real data" row's seeded subset of the training set."""
 
 from __future__ import annotations
 
@@ -28,11 +25,8 @@ def read_generator_file(path: Path) -> dict:
 
 
 def read_generator_bytes(payload: bytes, where: str) -> dict:
-    """The dict stored in generator.pt's bytes ``payload``, read with
-    ``torch.load(weights_only=True)``; ``where`` names the file in errors.
-
-    A pickle holding anything but tensors and plain containers is refused with one line.
-    """
+    """The dict in generator.pt's bytes ``payload`` by ``torch.load(weights_only=True)``:
+    anything but tensors and plain containers is refused in one line naming ``where``."""
     try:
         state = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
     except Exception as err:  # UnpicklingError (refused type), RuntimeError, EOFError, ...
