@@ -26,7 +26,7 @@ from dpsinkhorn.devices import resolve_device
 from dpsinkhorn.evaluate import classifiers, inception
 from dpsinkhorn.evaluate.classify import to_float
 from dpsinkhorn.evaluate.fid import device_statistics, fid_from_stats
-from dpsinkhorn.evaluate.sample import load_generator, sample_generator
+from dpsinkhorn.evaluate.sample import generate, load_generator, sample_generator
 
 
 def timed(device: torch.device, fn, *args):
@@ -67,9 +67,9 @@ def fid_phase(draws: list, test_images: np.ndarray, net, device, args) -> dict:
 def classifier_phase(draws: list, test: tuple, device, args, out: dict, save) -> dict:
     """Each classifier at the protocol, all seeds together: seconds, epochs, accuracies."""
     classes = 1 + max(int(y.max()) for y in [*(y for _, y in draws), test[1]])
-    xs = [torch.from_numpy(to_float(x)).to(device) for x, _ in draws]
+    xs = [to_float(x, device=device) for x, _ in draws]
     ys = [torch.from_numpy(y).to(device) for _, y in draws]
-    x_test = torch.from_numpy(to_float(test[0])).to(device)
+    x_test = to_float(test[0], device=device)
     y_test = torch.from_numpy(test[1]).to(device)
     for model in args.classifiers:
         if model == "logreg":
@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         fileio.write_json(args.out, result)
 
     gen = load_generator(Path(args.generator), device)
-    sec, draws = timed(device, lambda: [sample_generator(gen, args.num, s) for s in args.seeds])
+    sec, draws = timed(device, lambda: [generate(gen, args.num, s) for s in args.seeds])
     result["sample_s"] = sec
     if args.test:
         images, labels = fileio.load_samples(args.test)

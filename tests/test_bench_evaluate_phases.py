@@ -1,5 +1,7 @@
-"""``benchmarks/evaluate_phases.py`` end to end on the CPU at a tiny size (the committed H100
-generator, random Inception weights, 2 seeds of 4 samples): the JSON has every phase."""
+"""The evaluation benchmarks end to end on the CPU at a tiny size: ``evaluate_phases.py`` (the
+committed H100 generator, random Inception weights, 2 seeds of 4 samples: the JSON has every
+phase), ``fid_precision.py`` (real weights, the real-data row and a generator: each
+precision's FID errors and bound) and ``profile_classifier.py`` (the CNN step's top ops)."""
 
 from __future__ import annotations
 
@@ -8,16 +10,15 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
 GENERATOR = REPO.parent / "shared/measurements/h100-83ae335/block_sigma1.5/generator.pt"
 
 
-def _script():
-    spec = importlib.util.spec_from_file_location(
-        "evaluate_phases", REPO / "benchmarks/evaluate_phases.py"
-    )
+def _script(name: str = "evaluate_phases"):
+    spec = importlib.util.spec_from_file_location(name, REPO / f"benchmarks/{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -57,3 +58,44 @@ def test_classifiers_take_a_generator_of_more_than_ten_classes():
     )
     out = _script().classifier_phase(draws, test, torch.device("cpu"), args, {}, lambda: None)
     assert all(len(out[m]["accuracy"]) == 2 for m in ("logreg", "mlp", "cnn"))
+
+
+def test_fid_precision_reports_each_rows_errors_and_the_bound(tmp_path, data_mirror, fid_weights):
+    """The real-data row and a generator's, fp16 against IEEE fp32: per row the FID, its
+    absolute and relative error and whether both are within the bound; the bound is the
+    largest error over the rows. (On a CPU, tf32 is fp32: its error is exactly 0.)"""
+    out = tmp_path / "precision.json"
+    argv = ["--weights", str(fid_weights), "--data-mirror", str(data_mirror), "--device", "cpu"]
+    argv += ["--generators", str(GENERATOR), "--precisions", "tf32", "fp16", "--num", "6"]
+    argv += ["--num-test", "6", "--out", str(out)]
+    assert _script("fid_precision").main(argv) == 0
+    result = json.loads(out.read_text())
+    assert set(result["rows"]) == {"real_mnist", str(GENERATOR)}
+    for row in result["rows"].values():
+        assert row["fp32"]["fid"] > 0
+        assert row["tf32"]["absolute_error"] == 0 and row["tf32"]["within"]
+        fp16 = row["fp16"]
+        assert fp16["absolute_error"] == abs(fp16["fid"] - row["fp32"]["fid"])
+        assert fp16["relative_error"] == pytest.approx(fp16["absolute_error"] / row["fp32"]["fid"])
+        assert fp16["within"] == (fp16["absolute_error"] <= 0.05 and fp16["relative_error"] <= 0.01)
+    worst = result["bound"]["fp16"]
+    assert worst["max_absolute_error"] == max(
+        r["fp16"]["absolute_error"] for r in result["rows"].values()
+    )
+    assert worst["rows_outside"] == [
+        n for n, r in result["rows"].items() if not r["fp16"]["within"]
+    ]
+
+
+def test_profile_classifier_lists_the_cnn_steps_top_ops(tmp_path):
+    """At a tiny size on the CPU: the eager step's milliseconds and the top ops by self CPU
+    time, whose shares add up to at most 1, the convolutions among them."""
+    out = tmp_path / "profile.json"
+    argv = ["--device", "cpu", "--num", "40", "--seeds", "0", "1", "--batch-size", "8"]
+    argv += ["--warmup", "1", "--steps", "2", "--top", "30", "--out", str(out)]
+    assert _script("profile_classifier").main(argv) == 0
+    result = json.loads(out.read_text())
+    assert result["eager_ms_per_step"] > 0 and "graphed_ms_per_step" not in result
+    ops = result["top_ops"]
+    assert 0 < sum(op["share"] for op in ops) <= 1 + 1e-9
+    assert any("convolution" in op["op"] for op in ops)

@@ -53,3 +53,34 @@ def test_a_refused_capture_falls_back_to_eager_steps(monkeypatch):
         assert r["training_loop"]["cuda_graphs"] is False
         assert "not permitted" in r["training_loop"]["cuda_graph_error"]
         assert r["accuracy"] > 0.5
+
+
+@pytest.mark.parametrize("model", ["mlp", "cnn"])
+def test_fid_beside_the_graphed_classifier_gives_the_sequential_results(model, monkeypatch):
+    """``evaluate.job.run_phases`` on CUDA: Inception features (fp16, as the fast FID path)
+    on one stream beside the classifier (its step captured into a CUDA graph meanwhile) on
+    another give what the two give one after the other (deterministic cuDNN for the
+    comparison)."""
+    import numpy as np
+
+    from dpsinkhorn.evaluate import inception, job
+
+    monkeypatch.setattr(torch.backends.cudnn, "deterministic", True)
+    xs, ys, x_test, y_test = _data()
+    images = np.random.default_rng(0).integers(0, 256, (64, 28, 28), np.uint8)
+    net = inception.random_inception(images[:8], "cuda")
+    resident = torch.from_numpy(images).cuda()
+
+    def features() -> dict:
+        return {"features": inception.activations(resident, net, 16, "fp16").cpu()}
+
+    def classifier() -> dict:
+        records = classifiers.train_batched(model, xs, ys, x_test, y_test, 10, [0, 1], 6, 2, 64)
+        return {"records": records}
+
+    device = torch.device("cuda")
+    sequential = job.run_phases([features, classifier], False, device)
+    concurrent = job.run_phases([features, classifier], True, device)
+    assert torch.equal(sequential[0]["features"], concurrent[0]["features"])
+    assert all(r["training_loop"]["cuda_graphs"] for r in concurrent[1]["records"])
+    assert sequential[1] == concurrent[1]

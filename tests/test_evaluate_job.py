@@ -8,6 +8,7 @@ Sizes are small (a few dozen images per seed): the properties checked do not dep
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -23,7 +24,7 @@ from oracles import (
 
 from dpsinkhorn import fileio
 from dpsinkhorn.evaluate import classify, fid, job
-from dpsinkhorn.evaluate.sample import load_generator, sample_generator, sample_real
+from dpsinkhorn.evaluate.sample import generate, load_generator, sample_generator, sample_real
 from dpsinkhorn.models import GeneratorConfig, build_generator
 
 DEVICE = ["--device", "cpu"]
@@ -113,14 +114,17 @@ def test_real_data_job_classifiers_agree_with_the_oracles(files, tmp_path, run_c
         x = classify.to_float(images)
         mlp = train_one_seed(
             "mlp",
-            *map(torch.from_numpy, (x, labels, x_test, test_labels)),
+            x,
+            torch.from_numpy(labels),
+            x_test,
+            torch.from_numpy(test_labels),
             10,
             seed,
             2,
             1,
             128,
         )
-        logreg = sklearn_logreg(x, labels, x_test, test_labels, 5000)
+        logreg = sklearn_logreg(x.numpy(), labels, x_test.numpy(), test_labels, 5000)
         for model, oracle in (("mlp", mlp), ("logreg", logreg)):
             ours = _json(out / f"acc_{model}_seed{seed}.json")
             assert ours["seed"] == seed and ours["num_train"] == num
@@ -351,7 +355,7 @@ def test_a_phase_of_other_samples_is_computed_again(files, tmp_path, monkeypatch
         "sqrtm": "eigh",
         "max_iter": 20,
     }
-    real_train, real_sample, trained = job.train_and_evaluate_seeds, job.sample_generator, []
+    real_train, real_sample, trained = job.train_and_evaluate_seeds, job.generate, []
 
     def stop_at_logreg(model, *args, **kwargs):
         raise KeyboardInterrupt("deadline")
@@ -365,7 +369,7 @@ def test_a_phase_of_other_samples_is_computed_again(files, tmp_path, monkeypatch
         images, labels = real_sample(model, num, seed)
         return 255 - images, labels
 
-    monkeypatch.setattr(job, "sample_generator", other_code)
+    monkeypatch.setattr(job, "generate", other_code)
     monkeypatch.setattr(
         job,
         "train_and_evaluate_seeds",
@@ -385,3 +389,95 @@ def test_the_spec_takes_every_fid_precision_and_names_an_unknown_one(tmp_path):
         assert job.EvaluationSpec(**kw, fid_precision=precision).fid_precision == precision
     with pytest.raises(ValueError, match="unknown FID precision 'fp8'"):
         job.EvaluationSpec(**kw, fid_precision="fp8")
+
+
+def test_generated_images_stay_on_the_device_and_round_as_from_unit_range(files):
+    """``generate`` keeps the images where the generator is; its pixels are those of
+    ``data.from_unit_range`` of the generator's output (the host path), batch by batch; a
+    generator whose output is not finite is refused."""
+    from dpsinkhorn.data.datasets import from_unit_range
+    from dpsinkhorn.evaluate.sample import balanced_labels
+
+    model = load_generator(files["generator"], torch.device("cpu"))
+    images, labels = generate(model, 7, 5, batch_size=3)
+    assert images.dtype == torch.uint8 and images.shape == (7, 28, 28)
+    np.testing.assert_array_equal(labels, balanced_labels(7, 10, np.random.default_rng(5)))
+    gen, chunks = torch.Generator().manual_seed(5), []
+    with torch.no_grad():
+        for start in range(0, 7, 3):
+            y = torch.from_numpy(labels[start : start + 3])
+            chunks.append(
+                from_unit_range(
+                    model(torch.rand(len(y), model.config.latent_dim, generator=gen), y)
+                )
+            )
+    np.testing.assert_array_equal(images.numpy(), np.concatenate(chunks))
+    with torch.no_grad():
+        next(model.parameters()).fill_(float("nan"))
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        generate(model, 4, 0)
+
+
+def test_run_phases_keeps_the_order_and_raises_after_every_phase(tmp_path):
+    """Phases run one after the other or each in a thread of its own (on CUDA each on a
+    stream of its own); either way the results come in order, and a failing phase raises
+    only after the others have ended."""
+    ended = []
+
+    def slow() -> dict:
+        time.sleep(0.2)
+        ended.append("slow")
+        return {"slow": 1.0}
+
+    def fail() -> dict:
+        raise RuntimeError("phase failed")
+
+    cpu = torch.device("cpu")
+    for concurrent in (False, True):
+        assert job.run_phases([slow, lambda: {"b": 2.0}], concurrent, cpu) == [
+            {"slow": 1.0},
+            {"b": 2.0},
+        ]
+    ended.clear()
+    with pytest.raises(RuntimeError, match="phase failed"):
+        job.run_phases([fail, slow], True, cpu)
+    assert ended == ["slow"]
+
+
+def test_fid_beside_the_classifiers_writes_the_sequential_records(files, tmp_path, monkeypatch):
+    """The CPU scores one phase after the other; run concurrently (as on CUDA, here in
+    threads) FID and the classifiers write the same records and record both phases."""
+    kw = {
+        "seeds": [0, 1],
+        "num": NUM,
+        "test": files["test"],
+        "reference": files["reference"],
+        "generator": files["generator"],
+        "classifiers": ["mlp"],
+        "dataset": "mnist",
+        "weights": files["weights"],
+        "device": "cpu",
+        "sqrtm": "eigh",
+        "max_epochs": 2,
+        "patience": 1,
+    }
+    real, schedules = job.run_phases, []
+
+    def forced(phases, concurrent, device):
+        schedules.append(concurrent)
+        return real(phases, len(schedules) > 1, device)
+
+    monkeypatch.setattr(job, "run_phases", forced)
+    for name in ("sequential", "concurrent"):
+        job.evaluate(
+            job.EvaluationSpec(**kw, samples_dir=tmp_path / name, scores_dir=tmp_path / name)
+        )
+    assert schedules == [False, False]  # the CPU's own choice both times
+    phases = [_json(tmp_path / n / "evaluate_phases.json") for n in ("sequential", "concurrent")]
+    assert set(phases[0]) == {"fid", "mlp"} and phases[0] == phases[1]
+    for cell in ("fid_seed0", "fid_seed1", "acc_mlp_seed0", "acc_mlp_seed1"):
+        a, b = (_json(tmp_path / n / f"{cell}.json") for n in ("sequential", "concurrent"))
+        for record in (a, b):
+            for key in ("seconds", "a", "train"):
+                record.pop(key, None)
+        assert a == b, cell

@@ -541,3 +541,38 @@ def test_fp16_casts_the_network_once_and_stays_near_fp32(mnist_test, fid_weights
     fid_error = abs(scores["fp16"] / scores["fp32"] - 1)
     print(f"fp16 vs fp32: feature {feature_error:.2e}, FID {fid_error:.2e} relative")
     assert 0 < feature_error < 1e-2 and fid_error < 1e-3
+
+
+def test_eigh_on_tensors_runs_on_their_device_with_the_host_value(
+    full_rank_stats, rank_deficient_stats
+):
+    """The distance of torch statistics is computed where they are (a GPU in the job): on
+    the CPU exactly the value of the same statistics as numpy arrays; on CUDA (when there
+    is one) within the eigh tolerances above of it."""
+    cases = [
+        (full_rank_stats, EIGH_RTOL_FULL_RANK * abs(fid.fid_from_stats(*full_rank_stats))),
+        (
+            rank_deficient_stats[0],
+            EIGH_RTOL_RANK_DEFICIENT * 2 * np.trace(rank_deficient_stats[0][1]),
+        ),
+    ]
+    for stats, tolerance in cases:
+        host = fid.fid_from_stats(*stats, method="eigh")
+        tensors = [torch.from_numpy(x) for x in stats]
+        assert fid.fid_from_stats(*tensors, method="eigh") == host
+        mixed = (*tensors[:2], *stats[2:])  # device statistics against a reference file's
+        assert fid.fid_from_stats(*mixed, method="eigh") == host
+        if torch.cuda.is_available():
+            cuda = fid.fid_from_stats(*(t.cuda() for t in tensors), method="eigh")
+            assert abs(cuda - host) < tolerance
+
+
+def test_device_images_give_the_host_images_features(mnist_test):
+    """Samples kept on the device (a tensor) give the features of the same images as a
+    numpy array, bit for bit on the CPU; a tensor that is no image batch is refused."""
+    images = mnist_test[0][:3]
+    model = inception.random_inception(images)
+    host = inception.activations(images, model)
+    assert torch.equal(inception.activations(torch.from_numpy(images), model), host)
+    with pytest.raises(ValueError, match="must be uint8"):
+        inception.activations(torch.zeros(2, 28, 28), model)

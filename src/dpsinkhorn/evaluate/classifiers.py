@@ -1,11 +1,7 @@
-"""The three downstream classifiers of paper appendix D.2 and their one training loop.
-
-Inputs are pixels in [0,1] (uint8 / 255), float32 [N,C,H,W]; every seed's model trains at
-once on one device. ``logreg``: scikit-learn's multinomial objective minimised by torch's
-L-BFGS (:func:`train_logreg`); ``mlp`` and ``cnn``: Adam, 10% hold-out, early stopping
-after ``patience`` epochs without a better hold-out accuracy, best weights kept
-(:func:`train_batched`). The models and the protocol are described in docs/PAPER.md.
-"""
+"""The three downstream classifiers of paper appendix D.2 (docs/PAPER.md), every seed's
+model trained at once on one device, inputs float32 [N,C,H,W] in [0,1]: ``logreg``
+(:func:`train_logreg`), ``mlp`` and ``cnn`` (Adam, 10% hold-out, early stopping after
+``patience`` epochs, best weights kept: :func:`train_batched`)."""
 
 from __future__ import annotations
 
@@ -69,14 +65,11 @@ def train_logreg(
     c: float = 1.0,
     tolerance: float = 1e-6,
 ) -> list[dict]:
-    """scikit-learn's L2 logistic regression (lbfgs, multinomial, C = ``c``), one per training
-    set, all fitted together by ``torch.optim.LBFGS`` (strong Wolfe line search).
-
-    Per set k: mean_i CE(W_k x_i + b_k, y_i) + ||W_k||^2 / (2 C n_k), scikit-learn's
-    objective divided by C n_k (same minimiser); the K objectives share no parameter.
-    ``xs`` float32 [N_k,...], ``ys`` int64 [N_k], all on one device. Stops when the largest
-    gradient entry is below ``tolerance`` or after ``max_iter``; starts at W = 0, b = 0.
-    """
+    """scikit-learn's L2 logistic regression (lbfgs, multinomial, C = ``c``) per training set
+    (``xs`` float32 [N_k,...], ``ys`` [N_k]), fitted together by ``torch.optim.LBFGS``
+    (strong Wolfe) from W = 0, b = 0: per set mean_i CE(W_k x_i + b_k, y_i) + ||W_k||^2 /
+    (2 C n_k), scikit-learn's objective / (C n_k), until the largest gradient entry is below
+    ``tolerance`` or ``max_iter``."""
     device = xs[0].device
     flat = [x.reshape(len(x), -1) for x in xs]
     dim = flat[0].shape[1]
@@ -112,19 +105,10 @@ def train_logreg(
             float((x_flat @ weight[j] + bias[j]).argmax(1).eq(y_test).double().mean())
             for j in range(k)
         ]
-    return [
-        {
-            "accuracy": accs[j],
-            "holdout_accuracy": None,  # no model selection for logreg
-            "epochs": None,
-            "iterations": iterations,
-            "converged": iterations < max_iter,
-            "max_iter": max_iter,
-            "solver": "torch.optim.LBFGS (strong Wolfe), seeds fitted together",
-            "batched_seeds": k,
-        }
-        for j in range(k)
-    ]
+    common = {"holdout_accuracy": None, "epochs": None}  # no model selection for logreg
+    common |= {"iterations": iterations, "converged": iterations < max_iter, "max_iter": max_iter}
+    solver = "torch.optim.LBFGS (strong Wolfe), seeds fitted together"
+    return [{"accuracy": acc} | common | {"solver": solver, "batched_seeds": k} for acc in accs]
 
 
 class BatchedRun:
@@ -157,20 +141,18 @@ class BatchedRun:
             raise ValueError("max_epochs, patience and batch_size must be >= 1")
         device = xs[0].device
         n_hold = max(1, int(round(HOLDOUT_FRACTION * n)))
-        models, x_fit, y_fit, x_hold, y_hold, shuffles = [], [], [], [], [], []
-        for seed, x, y in zip(seeds, xs, ys, strict=True):
+        models, orders = [], []
+        for seed in seeds:
             torch.manual_seed(seed)
-            order = np.random.default_rng(seed).permutation(n)
-            hold = torch.from_numpy(order[:n_hold]).to(device)
-            fit = torch.from_numpy(order[n_hold:]).to(device)
-            x_fit.append(x[fit])
-            y_fit.append(y[fit])
-            x_hold.append(x[hold])
-            y_hold.append(y[hold])
-            models.append(make_model(name, tuple(x.shape[1:]), num_classes).to(device))
-            shuffles.append(torch.Generator().manual_seed(seed))
-        x_fit, y_fit = torch.stack(x_fit), torch.stack(y_fit)  # [K, n_fit, C, H, W], [K, n_fit]
-        x_hold, y_hold = torch.stack(x_hold), torch.stack(y_hold)
+            orders.append(np.random.default_rng(seed).permutation(n))
+            models.append(make_model(name, tuple(xs[0].shape[1:]), num_classes).to(device))
+        order = torch.from_numpy(np.stack(orders)).to(device)  # [K, n]: hold-out first
+        rows = torch.arange(k, device=device)[:, None]
+        x, y = torch.stack(xs), torch.stack(ys)  # [K, n, C, H, W], [K, n]
+        x_fit, y_fit = x[rows, order[:, n_hold:]], y[rows, order[:, n_hold:]]
+        x_hold, y_hold = x[rows, order[:, :n_hold]], y[rows, order[:, :n_hold]]
+        del x, y
+        shuffles = [torch.Generator().manual_seed(seed) for seed in seeds]
         params, buffers = stack_module_state(models)  # leaves [K, ...]
         base = copy.deepcopy(models[0]).to("meta")
 
@@ -184,7 +166,7 @@ class BatchedRun:
         self.params, self.buffers, self.base, self.shuffles = params, buffers, base, shuffles
         self.forward = forward
         self.train_fn = vmap(forward, randomness="different")
-        self.rows = torch.arange(k, device=device)[:, None]
+        self.rows = rows
 
     def epoch_batches(self) -> list[torch.Tensor]:
         """One epoch's batches of training indices [K, b] (each seed's own order), on the
@@ -192,7 +174,9 @@ class BatchedRun:
         self.base.train()
         n_fit = self.x_fit.shape[1]
         perms = torch.stack([torch.randperm(n_fit, generator=g) for g in self.shuffles])
-        return list(perms.to(self.device).split(self.batch_size, dim=1))
+        if self.device.type == "cuda":  # a pageable copy would wait for the queued steps
+            perms = perms.pin_memory()
+        return list(perms.to(self.device, non_blocking=True).split(self.batch_size, dim=1))
 
     def step(self, optimizer: torch.optim.Optimizer, idx: torch.Tensor) -> None:
         """One Adam step of all K models on the batches ``idx`` [K, b]: the loss is the sum
@@ -242,25 +226,6 @@ class BatchedRun:
             yb = y[start : start + EVAL_BATCH] if shared else y[:, start : start + EVAL_BATCH]
             correct += (fn(self.params, self.buffers, xb).argmax(-1) == yb).sum(-1)
         return correct.double() / y.shape[-1]
-
-    def records(
-        self, test_acc: list[float], best_acc: list, epochs: list, best_epoch: list
-    ) -> list[dict]:
-        """The K result dicts of :func:`train_batched`."""
-        return [
-            {
-                "accuracy": test_acc[j],
-                "holdout_accuracy": float(best_acc[j]),
-                "epochs": int(epochs[j]),
-                "best_epoch": int(best_epoch[j]),
-                "num_holdout": int(self.n_hold),
-                "max_epochs": self.max_epochs,
-                "patience": self.patience,
-                "batch_size": self.batch_size,
-                "batched_seeds": self.k,
-            }
-            for j in range(self.k)
-        ]
 
 
 class EarlyStopping:
@@ -352,7 +317,8 @@ class GraphedStep:
             self.optimizer.zero_grad(set_to_none=True)
             graph = torch.cuda.CUDAGraph()
             try:
-                with torch.cuda.graph(graph):
+                # thread_local: FID may run in another thread beside the capture
+                with torch.cuda.graph(graph, capture_error_mode="thread_local"):
                     self.run.step(self.optimizer, self.idx)
             except RuntimeError as err:  # capture refused: a capture runs nothing, so the
                 # parameters and Adam's state are as before; this and later steps run eagerly
@@ -378,12 +344,10 @@ def train_batched(
     cuda_graphs: bool | None = None,
     lag: int | None = None,
 ) -> list[dict]:
-    """Train ``name`` (mlp, cnn) for each seed on (``xs[k]``, ``ys[k]``): Adam on 90% of the
-    set, early stopping on the other 10% on the device (:class:`EarlyStopping`), the best
-    hold-out weights tested on (``x_test`` [M,C,H,W], ``y_test`` [M]). ``cuda_graphs``
-    (default: on CUDA) replays every full batch's step from one CUDA graph
-    (:class:`GraphedStep`); ``lag`` (default 1 on CUDA, 0 elsewhere) is how many epochs
-    later the stop is read. Returns one record per seed (``training_loop``: the options)."""
+    """Train ``name`` (mlp, cnn) per seed on (``xs[k]``, ``ys[k]``): Adam on 90%, early
+    stopping on 10% (:class:`EarlyStopping`), best weights tested on ``x_test`` [M,C,H,W].
+    ``cuda_graphs`` (default: on CUDA): :class:`GraphedStep`; ``lag`` (default 1 on CUDA,
+    else 0): epochs until the stop is read. One record per seed (``training_loop``)."""
     run = BatchedRun(name, xs, ys, num_classes, seeds, max_epochs, patience, batch_size)
     cuda = run.device.type == "cuda"
     cuda_graphs = cuda if cuda_graphs is None else cuda_graphs
@@ -411,6 +375,15 @@ def train_batched(
     options = {"cuda_graphs": cuda_graphs, "stop_read_lag_epochs": lag}
     if cuda_graphs and step.error is not None:
         options |= {"cuda_graphs": False, "cuda_graph_error": step.error}
+    settings = {"num_holdout": run.n_hold, "max_epochs": max_epochs, "patience": patience}
     return [
-        r | {"training_loop": options} for r in run.records(test_acc, best_acc, epochs, best_epoch)
+        {"accuracy": test_acc[j], "holdout_accuracy": float(best_acc[j]), "epochs": epochs[j]}
+        | {
+            "best_epoch": best_epoch[j],
+            **settings,
+            "batch_size": batch_size,
+            "batched_seeds": run.k,
+        }
+        | {"training_loop": options}
+        for j in range(run.k)
     ]

@@ -1,8 +1,6 @@
-"""Downstream utility (paper appendix D.2): classifiers trained on each seed's synthetic
-samples, all seeds together (:mod:`dpsinkhorn.evaluate.classifiers`), tested on the real
-test set. Images are uint8 [N,H,W] or [N,H,W,C], scaled to [0,1] here; the class count
-comes from the dataset definition, and a label outside it is refused.
-"""
+"""Downstream utility (paper appendix D.2): the classifiers of each seed's samples, all
+seeds together (:mod:`dpsinkhorn.evaluate.classifiers`), tested on the real test set; a
+label outside the dataset's classes is refused."""
 
 from __future__ import annotations
 
@@ -17,47 +15,27 @@ from dpsinkhorn.data.catalog import DATASETS, dataset_info
 from dpsinkhorn.data.owndata import prepared_dataset_info
 from dpsinkhorn.devices import resolve_device
 from dpsinkhorn.evaluate.classifiers import MODELS, train_batched, train_logreg
+from dpsinkhorn.evaluate.sample import channels_last
 
 #: Every key an accuracy score file holds (``evaluate.classifiers``' results and what
 #: :func:`write_results` adds; ``fast_loop``: the loop's options in committed results sets);
 #: ``dpsinkhorn release`` publishes no score file holding another.
 RECORD_KEYS = frozenset(
-    {
-        "accuracy",
-        "model",
-        "seed",
-        "holdout_accuracy",
-        "epochs",
-        "best_epoch",
-        "num_holdout",
-        "max_epochs",
-        "patience",
-        "batch_size",
-        "iterations",
-        "converged",
-        "max_iter",
-        "num_train",
-        "num_test",
-        "num_classes",
-        "device",
-        "seconds",
-        "train",
-        "test",
-        "train_sha256",
-        "test_sha256",
-        "dataset",
-        "batched_seeds",
-        "solver",
-        "fast_loop",
-        "training_loop",
-    }
+    "accuracy model seed holdout_accuracy epochs best_epoch num_holdout max_epochs "
+    "patience batch_size iterations converged max_iter num_train num_test num_classes "
+    "device seconds train test train_sha256 test_sha256 dataset batched_seeds solver "
+    "fast_loop training_loop".split()
 )
 
 
-def to_float(images: np.ndarray, where: str = "images") -> np.ndarray:
-    """uint8 [N,H,W] or [N,H,W,C] -> float32 [N,C,H,W] in [0,1]."""
-    images = fileio.channels_last(images, where)
-    return np.ascontiguousarray(images.transpose(0, 3, 1, 2), dtype=np.float32) / 255.0
+def to_float(
+    images: np.ndarray | torch.Tensor, where: str = "images", device: torch.device | None = None
+) -> torch.Tensor:
+    """uint8 [N,H,W] or [N,H,W,C] (host or device) -> float32 [N,C,H,W] in [0,1] on
+    ``device`` (default: where the images are)."""
+    x = channels_last(images, where)
+    x = x if torch.is_tensor(x) else torch.from_numpy(np.ascontiguousarray(x))
+    return x.to(device).permute(0, 3, 1, 2).contiguous().float() / 255.0
 
 
 def _check_labels(labels: np.ndarray, n: int, where: str) -> np.ndarray:
@@ -67,25 +45,23 @@ def _check_labels(labels: np.ndarray, n: int, where: str) -> np.ndarray:
     return labels.astype(np.int64)
 
 
-def resolve_num_classes(
-    num_classes: int | None, dataset: str | None, test_file: str | None = None
-) -> int | None:
-    """The class count: ``data.catalog.DATASETS[dataset].num_classes`` (an own dataset: the
-    ``dataset.json`` beside ``test_file``), or ``num_classes`` (both must agree when both
-    are given), or None (then the largest label + 1)."""
+def resolve_num_classes(dataset: str | None, test_file: str | None = None) -> int | None:
+    """The class count of ``dataset``: ``data.catalog.DATASETS[dataset].num_classes`` (an own
+    dataset: the ``dataset.json`` beside ``test_file``); None without a dataset (then the
+    largest label + 1)."""
     if dataset is None:
-        return num_classes
+        return None
     if dataset not in DATASETS and test_file is not None:
-        defined = prepared_dataset_info(Path(test_file).parent).num_classes
-    else:
-        defined = dataset_info(dataset).num_classes
-    if num_classes is not None and num_classes != defined:
-        raise ValueError(f"num_classes={num_classes} but dataset {dataset!r} has {defined} classes")
-    return defined
+        return prepared_dataset_info(Path(test_file).parent).num_classes
+    return dataset_info(dataset).num_classes
 
 
 def _check_sets(
-    x: np.ndarray, x_test: np.ndarray, y: np.ndarray, y_test: np.ndarray, num_classes: int | None
+    x: torch.Tensor,
+    x_test: torch.Tensor,
+    y: np.ndarray,
+    y_test: np.ndarray,
+    num_classes: int | None,
 ) -> tuple[np.ndarray, np.ndarray, int]:
     """Validate one training set against the test set; (labels, test labels, num_classes)."""
     if x.shape[1:] != x_test.shape[1:]:
@@ -135,53 +111,30 @@ def train_and_evaluate_seeds(
     if len(train_sets) != len(seeds) or not seeds:
         raise ValueError(f"need one seed per training set, got {len(seeds)} and {len(train_sets)}")
     start = time.perf_counter()
-    x_test = to_float(test_images, "test set")
-    checked = []
-    for k, (images, labels) in enumerate(train_sets):
-        x = to_float(images, "training set" if len(seeds) == 1 else f"training set {k}")
-        checked.append((x, *_check_sets(x, x_test, labels, test_labels, num_classes)))
     dev = resolve_device(device)
-    x_test_dev = torch.from_numpy(x_test).to(dev)
-    y_test_dev = torch.from_numpy(checked[0][2]).to(dev)
-    classes = max(c[3] for c in checked)  # one model shape for all seeds
-    xs = [torch.from_numpy(x).to(dev) for x, *_ in checked]
-    ys = [torch.from_numpy(y).to(dev) for _, y, *_ in checked]
+    x_test = to_float(test_images, "test set", dev)
+    xs, ys, classes = [], [], num_classes
+    for k, (images, labels) in enumerate(train_sets):
+        x = to_float(images, "training set" if len(seeds) == 1 else f"training set {k}", dev)
+        y, y_test, n = _check_sets(x, x_test, labels, test_labels, num_classes)
+        xs.append(x)
+        ys.append(torch.from_numpy(y).to(dev))
+        classes = max(classes or 0, n)  # one model shape for all seeds
+    y_test = torch.from_numpy(y_test).to(dev)
     if model == "logreg":
-        trained = train_logreg(xs, ys, x_test_dev, y_test_dev, classes, max_iter)
+        trained = train_logreg(xs, ys, x_test, y_test, classes, max_iter)
     else:
         trained = train_batched(
-            model, xs, ys, x_test_dev, y_test_dev, classes, seeds, max_epochs, patience, batch_size
+            model, xs, ys, x_test, y_test, classes, seeds, max_epochs, patience, batch_size
         )
     seconds = (time.perf_counter() - start) / len(seeds)
-    return [
-        _record(model, seed, result, len(x), len(x_test), classes, dev, seconds)
-        for seed, result, (x, *_) in zip(seeds, trained, checked, strict=True)
+    sizes = {"num_test": len(x_test), "num_classes": classes, "device": str(dev)}
+    return [  # accuracy first, then the model, seed, training details, sizes, device, seconds
+        {"accuracy": r.pop("accuracy"), "model": model, "seed": seed, **r, "num_train": len(x)}
+        | sizes
+        | {"seconds": seconds}
+        for seed, r, x in zip(seeds, trained, xs, strict=True)
     ]
-
-
-def _record(
-    model: str,
-    seed: int,
-    result: dict,
-    num_train: int,
-    num_test: int,
-    num_classes: int,
-    device: torch.device,
-    seconds: float,
-) -> dict:
-    """One seed's result file: accuracy first, then the model, seed, training details
-    (``result``), sizes, device and wall seconds."""
-    return {
-        "accuracy": result.pop("accuracy"),
-        "model": model,
-        "seed": seed,
-        **result,
-        "num_train": num_train,
-        "num_test": num_test,
-        "num_classes": num_classes,
-        "device": str(device),
-        "seconds": seconds,
-    }
 
 
 def write_results(

@@ -1,10 +1,8 @@
 """Fréchet Inception Distance (FID): statistics, the distance, statistics files, ``fid-stats``.
 
-FID compares the Gaussian statistics (mean ``mu`` [2048], covariance ``sigma`` [2048,2048],
-float64) of the pool3 features of pytorch-fid's Inception network
-(:mod:`dpsinkhorn.evaluate.inception`): generated samples against a real test split's
-statistics file (``mu``, ``sigma``, ``num_images``), computed once by ``dpsinkhorn fid-stats``.
-"""
+The Gaussian statistics (``mu`` [2048], ``sigma`` [2048,2048], float64) of the pool3
+features (:mod:`dpsinkhorn.evaluate.inception`) of samples, against those of the real test
+split, computed once by ``dpsinkhorn fid-stats``."""
 
 from __future__ import annotations
 
@@ -27,19 +25,18 @@ from dpsinkhorn.evaluate.inception import (
     network_sha256,
     verify_weights,
 )
+from dpsinkhorn.evaluate.sample import channels_last
 
 
-def device_statistics(acts: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+def device_statistics(acts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Mean [D] and unbiased covariance [D,D] (float64, as ``np.cov``: centred cross product
-    / (N - 1)) of features [N,D], N >= 2, computed on their device; only mu and sigma come
-    back to the host."""
+    / (N - 1)) of features [N,D], N >= 2, on their device."""
     if acts.ndim != 2 or len(acts) < 2:
         raise ValueError(f"FID statistics need at least 2 images, got {len(acts)}")
     x = acts.double()
     mu = x.mean(dim=0)
     x = x - mu
-    sigma = (x.T @ x) / (len(x) - 1)
-    return mu.cpu().numpy(), sigma.cpu().numpy()
+    return mu, (x.T @ x) / (len(x) - 1)
 
 
 def statistics(
@@ -54,40 +51,24 @@ def statistics(
     if precision not in FID_PRECISIONS:
         raise ValueError(f"unknown FID precision {precision!r}; choose from {FID_PRECISIONS}")
     model = load_inception(weights, device)
-    return device_statistics(activations(images, model, batch_size, precision))
+    mu, sigma = device_statistics(activations(images, model, batch_size, precision))
+    return mu.cpu().numpy(), sigma.cpu().numpy()
 
 
 SQRTM_METHODS = ("pytorch_fid", "eigh")
 #: Every key an FID score file holds (:func:`fid_against_reference`); ``dpsinkhorn release``
 #: publishes no score file holding another.
 RECORD_KEYS = frozenset(
-    {
-        "fid",
-        "sqrtm",
-        "num_images_a",
-        "num_images_b",
-        "weights",
-        "weights_sha256",
-        "image_shape",
-        "a",
-        "b",
-        "a_sha256",
-        "b_sha256",
-        "seed",
-        "features",
-    }
+    "fid sqrtm num_images_a num_images_b weights weights_sha256 image_shape a b a_sha256 "
+    "b_sha256 seed features".split()
 )
 #: pytorch-fid's ``eps``: added to both diagonals when sqrtm of the product is not finite
 PYTORCH_FID_EPS = 1e-6
 
 
 def _sqrtm(a: np.ndarray) -> np.ndarray:
-    """``scipy.linalg.sqrtm(a)``, the principal square root, under every scipy version.
-
-    pytorch-fid 0.3.0 calls ``sqrtm(a, disp=False)`` and unpacks (root, error estimate);
-    scipy 1.18 removed ``disp``. Without ``disp`` every version returns the root alone,
-    computed by the same Schur method.
-    """
+    """``scipy.linalg.sqrtm(a)`` (Schur) under every scipy version: pytorch-fid 0.3.0's
+    ``sqrtm(a, disp=False)`` fails on scipy 1.18, which removed ``disp``."""
     root = scipy.linalg.sqrtm(a)
     return root[0] if isinstance(root, tuple) else root
 
@@ -95,13 +76,9 @@ def _sqrtm(a: np.ndarray) -> np.ndarray:
 def frechet_distance_pytorch_fid(
     mu1: np.ndarray, s1: np.ndarray, mu2: np.ndarray, s2: np.ndarray
 ) -> float:
-    """pytorch-fid 0.3.0's ``calculate_frechet_distance``, step by step, on current scipy.
-
-    ||mu1 - mu2||^2 + tr s1 + tr s2 - 2 tr sqrtm(s1 s2): the square root of the
-    non-symmetric product by ``scipy.linalg.sqrtm``; if it is not finite, of
-    (s1 + eps I)(s2 + eps I) with eps = 1e-6; an imaginary part is dropped unless
-    its diagonal exceeds 1e-3 (then ``ValueError``). Inputs mu [D], s [D,D].
-    """
+    """pytorch-fid 0.3.0's ``calculate_frechet_distance`` step by step on current scipy:
+    ||mu1 - mu2||^2 + tr s1 + tr s2 - 2 tr sqrtm(s1 s2) (s1, s2 + 1e-6 I where the root is
+    not finite; an imaginary diagonal above 1e-3 is a ``ValueError``). mu [D], s [D,D]."""
     mu1, mu2 = np.atleast_1d(mu1), np.atleast_1d(mu2)
     s1, s2 = np.atleast_2d(s1), np.atleast_2d(s2)
     diff = mu1 - mu2
@@ -119,57 +96,42 @@ def frechet_distance_pytorch_fid(
     return float(diff.dot(diff) + np.trace(s1) + np.trace(s2) - 2 * np.trace(covmean))
 
 
-def _trace_sqrt_product_eigh(s1: np.ndarray, s2: np.ndarray) -> float:
-    """tr sqrt(s1 s2) for symmetric PSD s1, s2 [D,D], exactly, with two symmetric eigensolves.
+def trace_sqrt_product(s1: torch.Tensor, s2: torch.Tensor) -> torch.Tensor:
+    """tr sqrt(s1 s2) of symmetric PSD float64 s1, s2 [D,D], exact, on their device.
 
-    With s1 = V diag(w) V^T and B = V_r diag(sqrt(w_r)) [D,r] over the r eigenvalues of s1
-    above rounding (w_i > D * eps * max w, numpy's ``matrix_rank`` threshold; the others
-    are 0 in exact arithmetic and are dropped), s1 = B B^T, and the nonzero eigenvalues
-    lambda_i of s1 s2 = B B^T s2 are those of the symmetric PSD [r,r] matrix B^T s2 B. So
-    tr sqrt(s1 s2) = sum_i sqrt(lambda_i), with lambda_i that rounding makes slightly
-    negative clipped to 0. For a covariance of N < D samples r <= N - 1: the second solve
-    is [N-1, N-1] instead of [D,D] (the smoke and quick sizes).
-    """
-    w, v = np.linalg.eigh(s1)
-    kept = w > len(w) * np.finfo(np.float64).eps * max(float(w.max()), 0.0)
-    b = v[:, kept] * np.sqrt(w[kept])  # [D,r]: s1 = b b^T
+    s1 = B B^T with B = V_r diag(sqrt(w_r)) [D,r] over the r eigenvalues of s1 above
+    rounding (w_i > D eps max w, numpy's ``matrix_rank`` threshold); the nonzero eigenvalues
+    of s1 s2 are those of the PSD [r,r] B^T s2 B (rounding's negatives clipped to 0). For
+    N < D samples r <= N - 1: the second solve is small."""
+    w, v = torch.linalg.eigh(s1)
+    kept = w > len(w) * torch.finfo(torch.float64).eps * w.max().clamp(min=0)
+    b = v[:, kept] * w[kept].sqrt()  # [D,r]: s1 = b b^T
     m = b.T @ s2 @ b
-    lam = np.linalg.eigvalsh((m + m.T) / 2)
-    return float(np.sqrt(np.clip(lam, 0.0, None)).sum())
+    return torch.linalg.eigvalsh((m + m.T) / 2).clamp(min=0).sqrt().sum()
 
 
-def fid_from_stats(
-    mu1: np.ndarray,
-    s1: np.ndarray,
-    mu2: np.ndarray,
-    s2: np.ndarray,
-    method: str = "pytorch_fid",
-) -> float:
-    """Fréchet distance between Gaussians N(mu1, s1) and N(mu2, s2).
-
-    ``method`` computes tr sqrt(s1 s2):
-
-    * ``"pytorch_fid"``: pytorch-fid's ``calculate_frechet_distance`` procedure
-      (``scipy.linalg.sqrtm`` of the non-symmetric product), what published FIDs use, as
-      :func:`frechet_distance_pytorch_fid` (pytorch-fid's own function fails on scipy >= 1.18);
-    * ``"eigh"``: exact for symmetric PSD covariances (as estimated covariances are, also
-      rank-deficient ones) and much faster on CPU, via symmetric eigendecompositions in
-      float64 (:func:`_trace_sqrt_product_eigh`).
-    """
+def fid_from_stats(mu1, s1, mu2, s2, method: str = "pytorch_fid") -> float:
+    """Fréchet distance between Gaussians N(mu1, s1) and N(mu2, s2) (mu [D], s [D,D], numpy
+    or torch). ``method`` computes tr sqrt(s1 s2): ``"pytorch_fid"``, on the host as
+    published FIDs do (:func:`frechet_distance_pytorch_fid`); ``"eigh"``, exact for PSD
+    covariances, in float64 on the tensors' device (:func:`trace_sqrt_product`). Their
+    agreement: tests/test_fid.py."""
     if method not in SQRTM_METHODS:
         raise ValueError(f"unknown FID sqrtm method {method!r}; choose from {SQRTM_METHODS}")
-    if mu1.shape != mu2.shape or s1.shape != s2.shape or s1.shape != mu1.shape * 2:
+    if mu1.shape != mu2.shape or s1.shape != s2.shape or tuple(s1.shape) != tuple(mu1.shape) * 2:
         raise ValueError(
-            f"FID statistics do not match: mu {mu1.shape} vs {mu2.shape}, "
-            f"sigma {s1.shape} vs {s2.shape}"
+            f"FID statistics do not match: mu {tuple(mu1.shape)} vs {tuple(mu2.shape)}, "
+            f"sigma {tuple(s1.shape)} vs {tuple(s2.shape)}"
         )
+    stats = (mu1, s1, mu2, s2)
     if method == "pytorch_fid":
-        return frechet_distance_pytorch_fid(mu1, s1, mu2, s2)
-    mu1, s1, mu2, s2 = (np.asarray(x, dtype=np.float64) for x in (mu1, s1, mu2, s2))
+        arrays = [x.cpu().numpy() if torch.is_tensor(x) else x for x in stats]
+        return frechet_distance_pytorch_fid(*arrays)
+    device = next((x.device for x in stats if torch.is_tensor(x)), torch.device("cpu"))
+    mu1, s1, mu2, s2 = (torch.as_tensor(x, dtype=torch.float64, device=device) for x in stats)
     s1, s2 = (s1 + s1.T) / 2, (s2 + s2.T) / 2
     diff = mu1 - mu2
-    tr_covmean = _trace_sqrt_product_eigh(s1, s2)
-    return float(diff @ diff + np.trace(s1) + np.trace(s2) - 2 * tr_covmean)
+    return float(diff @ diff + s1.trace() + s2.trace() - 2 * trace_sqrt_product(s1, s2))
 
 
 def save_statistics(
@@ -181,21 +143,14 @@ def save_statistics(
     weights_sha256: str | None = None,
     source_sha256: str | None = None,
 ) -> None:
-    """Write a statistics file atomically.
-
-    Arrays: ``mu`` [D], ``sigma`` [D,D] float64, ``num_images``; optionally
-    ``image_shape`` [H,W,C] of the images and ``weights_sha256`` of the network, which
-    :func:`fid_between` checks against the other side of a comparison, and
-    ``source_sha256``, the sha256 of the sample file the images came from (``dpsinkhorn
-    release`` publishes an FID only against statistics of the public test split).
-    """
-    extra = {}
-    if source_sha256 is not None:
-        extra["source_sha256"] = np.asarray(source_sha256)
+    """Write a statistics file atomically: ``mu`` [D], ``sigma`` [D,D] float64,
+    ``num_images`` and, when given, the images' ``image_shape`` [H,W,C], the network's
+    ``weights_sha256`` (:func:`check_same_inputs`) and ``source_sha256``, the sample file's
+    (``dpsinkhorn release`` publishes an FID only against the public test split's)."""
+    given = {"source_sha256": source_sha256, "weights_sha256": weights_sha256}
+    extra = {k: np.asarray(v) for k, v in given.items() if v is not None}
     if image_shape is not None:
         extra["image_shape"] = np.asarray(image_shape, np.int64)
-    if weights_sha256 is not None:
-        extra["weights_sha256"] = np.asarray(weights_sha256)
     with fileio.atomic_path(path) as tmp, open(tmp, "wb") as fh:
         np.savez(
             fh,
@@ -247,14 +202,10 @@ def statistics_metadata(path: str | os.PathLike) -> dict:
     """``{"image_shape": [H,W,C] | None, "weights_sha256": str | None, "source_sha256":
     str | None}`` of a statistics file (None where the file predates these fields)."""
     with np.load(Path(path), allow_pickle=False) as npz:
-        shape = npz["image_shape"] if "image_shape" in npz.files else None
-        sha = npz["weights_sha256"] if "weights_sha256" in npz.files else None
-        source = npz["source_sha256"] if "source_sha256" in npz.files else None
-    return {
-        "image_shape": None if shape is None else [int(v) for v in shape],
-        "weights_sha256": None if sha is None else str(sha),
-        "source_sha256": None if source is None else str(source),
-    }
+        found = {k: npz[k] for k in ("image_shape", "weights_sha256", "source_sha256") if k in npz}
+    meta = {k: str(found[k]) if k in found else None for k in ("weights_sha256", "source_sha256")}
+    shape = found.get("image_shape")
+    return {"image_shape": None if shape is None else [int(v) for v in shape]} | meta
 
 
 def subsample(images: np.ndarray, num: int | None, seed: int, where: str = "images") -> np.ndarray:
@@ -290,7 +241,7 @@ def check_same_inputs(paths: list[Path], meta: list[dict], network_sha: str | No
 
 
 def fid_against_reference(
-    images: np.ndarray,
+    images: np.ndarray | torch.Tensor,
     reference: str | os.PathLike,
     name: str,
     weights: str | os.PathLike | None = None,
@@ -299,15 +250,15 @@ def fid_against_reference(
     sqrtm: str = "pytorch_fid",
     precision: str = "fp32",
 ) -> dict:
-    """The FID record of uint8 images [N,H,W(,C)] (saved as the sample file ``name``)
-    against the statistics file ``reference``: ``fid``, the sizes, the verified weights'
-    SHA-256, the image shape and both inputs by path and SHA-256 (``dpsinkhorn release``
-    binds a score to its inputs). Sides of other image shapes or other weights are refused
-    before any feature is computed. ``sqrtm``: :func:`fid_from_stats`'s ``method``."""
+    """The FID record of uint8 images [N,H,W(,C)] (host or device), saved as the sample
+    file ``name``, against the statistics file ``reference``: ``fid``, the sizes, the
+    verified weights' SHA-256, the image shape and both inputs by path and SHA-256
+    (``dpsinkhorn release`` binds a score to its inputs). Sides of other image shapes or
+    weights are refused before any feature. ``sqrtm``: :func:`fid_from_stats`'s ``method``."""
     if sqrtm not in SQRTM_METHODS:
         raise ValueError(f"unknown FID sqrtm method {sqrtm!r}; choose from {SQRTM_METHODS}")
     paths = [Path(name), Path(reference)]
-    images = fileio.channels_last(images, name)
+    images = channels_last(images, name)
     mu_b, s_b, n_b = reference_statistics(paths[1])
     shape = [int(v) for v in images.shape[1:]]
     meta = [{"image_shape": shape, "weights_sha256": None}, statistics_metadata(paths[1])]
@@ -315,7 +266,8 @@ def fid_against_reference(
     if weights is not None and Path(weights).is_file():
         network_sha = verify_weights(weights)
     check_same_inputs(paths, meta, network_sha)
-    mu_a, s_a = statistics(images, weights, device, batch_size, precision)
+    model = load_inception(weights, device)
+    mu_a, s_a = device_statistics(activations(images, model, batch_size, precision))
     if network_sha is None:  # pytorch-fid's download, verified on loading
         network_sha = network_sha256(weights)
     return {

@@ -1,10 +1,7 @@
 """Bias and variance of the generator-gradient estimator G_p against p (paper Figure 4c).
 
-G_p = ∇θ S_p(X(θ), Y): a training step's semi-debiased Sinkhorn gradient w.r.t. the
-generator parameters, drawn and computed as training does but WITHOUT clipping or noise.
-Bias is measured against the mean of G_1 (unbiased). The real data enter un-noised: the
-output is NOT differentially private.
-"""
+G_p = ∇θ S_p(X(θ), Y): a training step's semi-debiased Sinkhorn gradient, WITHOUT clipping
+or noise (the output is NOT differentially private); bias is against the mean of G_1."""
 
 from __future__ import annotations
 
@@ -43,14 +40,10 @@ def draw_seed(seed: int, p: float, batch: int) -> int:
 
 
 class GradientEstimator:
-    """Draws G_p = ∇θ S_p for one generator, one real data set and one experiment spec.
-
-    ``images`` uint8 [N,H,W] or [N,H,W,C] and ``labels`` int64 [N]: the training records.
-    One draw is one training step's gradient with n' = floor(n p) debiasing rows (the
-    spec's loss settings, the training solver uncompiled), pulled back through the
-    generator in training mode. Its buffers are restored before every draw, so draws do
-    not depend on their order; ``restore()`` puts buffers and mode back.
-    """
+    """Draws G_p = ∇θ S_p for one generator, real records (``images`` uint8 [N,H,W(,C)],
+    ``labels`` [N]) and experiment spec: one training step's gradient with n' = floor(n p)
+    debiasing rows, the generator in training mode, its buffers restored before every draw
+    (draws do not depend on their order); ``restore()`` puts buffers and mode back."""
 
     def __init__(
         self,
@@ -99,10 +92,7 @@ class GradientEstimator:
         and concatenated in ``model.parameters()`` order (units of S per unit of θ)."""
         spec = self.spec
         n_prime = debias_size(self.n, p)
-        with torch.no_grad():
-            for buffer, saved in self._buffers:
-                buffer.copy_(saved)
-        self.model.train()
+        self.restore(training=True)
         z, gen_labels = self.model.sample_inputs(self.n + n_prime, generator, self.device)
         images = self.model(z, gen_labels)
         x = conditional_features(images, gen_labels, self.num_classes, spec["alpha_c"])
@@ -120,13 +110,8 @@ class GradientEstimator:
             cost=self.cost,
         )
         # ∇θ S = (∂X/∂θ)ᵀ ∇_X S, as the training step's images.backward(∇_images S).
-        grads = torch.autograd.grad(x, self.params, grad_x, allow_unused=True)
-        return torch.cat(
-            [
-                (g if g is not None else torch.zeros_like(q)).reshape(-1)
-                for g, q in zip(grads, self.params, strict=True)
-            ]
-        )
+        grads = torch.autograd.grad(x, self.params, grad_x, materialize_grads=True)
+        return torch.cat([g.reshape(-1) for g in grads])
 
     def draws(self, p: float, batches: int, seed: int) -> Iterator[torch.Tensor]:
         """Yield ``batches`` independent draws of G_p (see ``gradient``); draw b uses a
@@ -143,12 +128,13 @@ class GradientEstimator:
                 "rerun with another seed"
             )
 
-    def restore(self) -> None:
-        """Put the generator's buffers and train/eval mode back as they were given."""
+    def restore(self, training: bool | None = None) -> None:
+        """Put the generator's buffers back as they were given, and its train/eval mode
+        (``training`` None: as given)."""
         with torch.no_grad():
             for buffer, saved in self._buffers:
                 buffer.copy_(saved)
-        self.model.train(self._was_training)
+        self.model.train(self._was_training if training is None else training)
 
 
 def _check_study_args(p_values: Sequence[float], batches: int, seed: int) -> list[float]:
@@ -186,12 +172,8 @@ def gradient_study(
     *,
     progress: bool = False,
 ) -> dict:
-    """Bias and variance of G_p for each p in ``p_values`` (must contain 0 and 1).
-
-    ``model``: a trained generator; ``spec``: its experiment; ``images``, ``labels``: the
-    real training records. For each p, ``batches`` independent draws
-    (``GradientEstimator``) are reduced by Welford's algorithm in float64.
-
+    """Bias and variance of G_p for each p in ``p_values`` (must contain 0 and 1): per p,
+    ``batches`` draws (:class:`GradientEstimator`) reduced by Welford's algorithm in float64.
     Returns a JSON-ready dict; the lists follow ``p``:
 
     - ``bias``: ||mean G_p − mean G_1||₂ (units of ∇θ S); 0 at p = 1 by definition

@@ -1,18 +1,15 @@
 """pytorch-fid's Inception network for FID: its weights file, their SHA-256, the pool3 features.
 
-The weights are pytorch-fid's ``pt_inception-2015-12-05-6726825d.pth``, read from a
-given path or from the torch hub cache (pytorch-fid's own download); a file is read
-only if its SHA-256 is listed in :data:`KNOWN_WEIGHTS_SHA256`. Features are the
-2048-d pool3 activations of uint8 images [N,H,W] or [N,H,W,C] (C in 1, 3), prepared as
-pytorch-fid's ``InceptionV3.forward`` prepares them, computed with batch norm folded into
-the convolutions and in channels-last layout (:func:`activations`).
-"""
+The weights file (a path, or pytorch-fid's torch hub download) is read only if its SHA-256
+is known (:data:`KNOWN_WEIGHTS_SHA256`). Features: pytorch-fid's preparation, batch norm
+folded, channels-last (:func:`activations`)."""
 
 from __future__ import annotations
 
 import hashlib
 import os
 import weakref
+from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -21,15 +18,13 @@ import torch
 
 from dpsinkhorn import fileio
 from dpsinkhorn.devices import resolve_device
-from dpsinkhorn.fileio import channels_last
+from dpsinkhorn.evaluate.sample import channels_last
 from dpsinkhorn.models import cudnn_tf32
 
 if TYPE_CHECKING:
     from pytorch_fid import inception as pfi
-# pytorch-fid is imported where a network is built, not here: it imports torchvision, whose
-# import (torch._dynamo with it) costs 2-3 s of every process that only reads FID records
-# (`dpsinkhorn release`, `release-manifest`). Its two constants, checked against
-# pytorch-fid's own by tests/test_fid.py:
+# pytorch-fid (torchvision, 2-3 s to import) is imported where a network is built; its two
+# constants, checked against pytorch-fid's own by tests/test_fid.py:
 POOL3_BLOCK = 3  # pytorch_fid.inception.InceptionV3.BLOCK_INDEX_BY_DIM[2048]
 WEIGHTS_FILE_NAME = "pt_inception-2015-12-05-6726825d.pth"  # the name in its FID_WEIGHTS_URL
 HOW_TO_PASS = (
@@ -73,8 +68,7 @@ def hub_cache_file() -> Path:
 
 
 def sha256_of(path: str | os.PathLike) -> str:
-    """``fileio.sha256_of`` of the weights file, cached per (path, size, modification time):
-    the 95 MB file is checked at every network load."""
+    """``fileio.sha256_of`` of the 95 MB weights file, cached per (path, size, mtime)."""
     path = Path(path).resolve()
     stat = path.stat()
     key = (str(path), stat.st_size, stat.st_mtime_ns)
@@ -102,13 +96,9 @@ def _read_state_dict(path: Path) -> dict[str, torch.Tensor]:
 
 
 def verify_weights(path: str | os.PathLike) -> str:
-    """SHA-256 of the known weights file that ``path`` is, or whose pool3 tensors it holds
-    without the fc layer (:data:`KNOWN_POOL3_SHA256`); ``ValueError`` otherwise.
-
-    Known files: :data:`KNOWN_WEIGHTS_SHA256` (pytorch-fid's published file and the
-    offline rebuild listed in ../shared/weights/SHA256SUMS). A file that loads but was
-    modified (e.g. one tensor rescaled) would silently give another FID.
-    """
+    """SHA-256 of the known weights file (:data:`KNOWN_WEIGHTS_SHA256`) that ``path`` is, or
+    whose pool3 tensors it holds without the fc layer (:data:`KNOWN_POOL3_SHA256`);
+    ``ValueError`` otherwise: a modified file would silently give another FID."""
     digest = sha256_of(path)
     if digest in KNOWN_WEIGHTS_SHA256:
         return digest
@@ -128,13 +118,8 @@ def verify_weights(path: str | os.PathLike) -> str:
 
 
 def _local_inception(path: Path) -> pfi.InceptionV3:
-    """pytorch-fid's ``InceptionV3`` (pool3 block only) with weights read from ``path``.
-
-    ``InceptionV3(use_fid_inception=True)`` always fetches its weights through
-    ``torch.hub``; this builds the same network (``fid_inception_v3`` without the
-    download) and then assembles ``InceptionV3``'s blocks exactly as its
-    constructor does, so ``InceptionV3.forward`` (resize + normalise) is reused.
-    """
+    """pytorch-fid's ``InceptionV3`` (pool3 block only) with weights read from ``path``
+    (its constructor always downloads them): :func:`_fid_inception_v3`, :func:`_assemble`."""
     if not path.is_file():
         raise FileNotFoundError(
             f"FID Inception weights not found: {path}; this must be pytorch-fid's "
@@ -173,6 +158,10 @@ def _fid_inception_v3() -> torch.nn.Module:
     return net
 
 
+#: The Inception blocks of ``InceptionV3``'s third pool3 block, in order.
+MIXED_POOL3_BLOCK = ("5b", "5c", "5d", "6a", "6b", "6c", "6d", "6e")
+
+
 def _assemble(net: torch.nn.Module) -> pfi.InceptionV3:
     """``InceptionV3``'s pool3 blocks assembled from ``net`` as its constructor does, so
     ``InceptionV3.forward`` (resize + normalise) is reused."""
@@ -189,16 +178,7 @@ def _assemble(net: torch.nn.Module) -> pfi.InceptionV3:
         [
             torch.nn.Sequential(net.Conv2d_1a_3x3, net.Conv2d_2a_3x3, net.Conv2d_2b_3x3, pool),
             torch.nn.Sequential(net.Conv2d_3b_1x1, net.Conv2d_4a_3x3, pool),
-            torch.nn.Sequential(
-                net.Mixed_5b,
-                net.Mixed_5c,
-                net.Mixed_5d,
-                net.Mixed_6a,
-                net.Mixed_6b,
-                net.Mixed_6c,
-                net.Mixed_6d,
-                net.Mixed_6e,
-            ),
+            torch.nn.Sequential(*(getattr(net, f"Mixed_{k}") for k in MIXED_POOL3_BLOCK)),
             torch.nn.Sequential(
                 net.Mixed_7a, net.Mixed_7b, net.Mixed_7c, torch.nn.AdaptiveAvgPool2d((1, 1))
             ),
@@ -230,25 +210,17 @@ def _downloaded_inception() -> pfi.InceptionV3:
     return model
 
 
-def weights_file(weights: str | os.PathLike | None) -> Path:
-    """The weights file FID reads: ``weights``, or pytorch-fid's torch hub cache file."""
-    return hub_cache_file() if weights is None else Path(weights)
-
-
 def network_sha256(weights: str | os.PathLike | None) -> str:
-    """The SHA-256 that names the network FID used: the known whole file's, also when
-    ``weights`` is its copy without the fc layer (:func:`verify_weights`)."""
-    return verify_weights(weights_file(weights))
+    """The SHA-256 that names the network FID used (``weights``, else pytorch-fid's torch hub
+    cache file): the known whole file's, also for its copy without the fc layer."""
+    return verify_weights(hub_cache_file() if weights is None else weights)
 
 
 def load_inception(
     weights: str | os.PathLike | None = None, device: str | torch.device = "auto"
 ) -> pfi.InceptionV3:
-    """The FID network in eval mode on ``device``, cached per (weights path, device).
-
-    ``weights``: path to pytorch-fid's weights file, or None for pytorch-fid's own
-    download (torch hub cache).
-    """
+    """The FID network in eval mode on ``device``, cached per (weights path, device);
+    ``weights`` None: pytorch-fid's own download (torch hub cache)."""
     device = resolve_device(device) if isinstance(device, str) else device
     key = (None if weights is None else str(Path(weights).resolve()), str(device))
     if key not in _MODELS:
@@ -270,11 +242,23 @@ _FOLDED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # network -> f
 _CAST: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # folded -> {dtype: copy}
 
 
+def leaves_tf32_switch(precision: str) -> bool:
+    """Whether features in ``precision`` run with cuDNN's process-wide TF32 switch as it is
+    now (:func:`activations` sets it for fp32 and tf32 only), so work beside them keeps
+    its arithmetic. False where the switch cannot be read."""
+    if precision in HALF_TYPES:
+        return True
+    conv = getattr(torch.backends.cudnn, "conv", None)
+    if conv is not None and hasattr(conv, "fp32_precision"):  # torch >= 2.9
+        now = {"tf32": True, "ieee": False}.get(conv.fp32_precision)
+    else:
+        now = bool(torch.backends.cudnn.allow_tf32)
+    return now == (precision == "tf32")
+
+
 def folded_network(model: pfi.InceptionV3) -> torch.nn.Module:
-    """A copy of a loaded FID network, cached: each ``BasicConv2d``'s batch norm folded into
-    its convolution (eval statistics, float32; features change by about 1e-6 relative) and
-    every weight channels-last (NHWC), so cuDNN / oneDNN convolve without layout
-    conversions. The network of :func:`load_inception` is left unchanged."""
+    """A cached copy of a loaded FID network, each batch norm folded into its convolution
+    (features change by about 1e-6 relative), every weight channels-last (NHWC)."""
     import copy
 
     from torchvision.models.inception import BasicConv2d
@@ -326,14 +310,14 @@ def pool3_features(
 
 
 def activations(
-    images: np.ndarray,
+    images: np.ndarray | torch.Tensor,
     model: pfi.InceptionV3,
     batch_size: int | None = None,
     precision: str = "fp32",
 ) -> torch.Tensor:
     """Pool3 features float32 [N,2048] on the network's device (:func:`pool3_features`) of
-    uint8 images [N,H,W] or [N,H,W,C]; the images go to the device once, the features stay
-    there (``fid.device_statistics`` reduces them). ``batch_size`` None: :data:`DEFAULT_BATCH`."""
+    uint8 images [N,H,W(,C)], numpy or a tensor (on the device: no copy). ``batch_size``
+    None: :data:`DEFAULT_BATCH`. cuDNN's TF32 switch is set for fp32 and tf32 only."""
     images = channels_last(images, "images")
     net = cast_network(folded_network(model), precision)
     device = next(net.parameters()).device
@@ -342,8 +326,11 @@ def activations(
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     out = torch.empty((len(images), 2048), dtype=torch.float32, device=device)
-    with torch.inference_mode(), cudnn_tf32(precision == "tf32"):
-        resident = torch.from_numpy(np.ascontiguousarray(images)).to(device)
+    tf32 = nullcontext() if precision in HALF_TYPES else cudnn_tf32(precision == "tf32")
+    with torch.inference_mode(), tf32:
+        host = not torch.is_tensor(images)
+        resident = torch.from_numpy(np.ascontiguousarray(images)) if host else images
+        resident = resident.to(device)
         for start in range(0, len(images), batch_size):
             batch = resident[start : start + batch_size]
             out[start : start + len(batch)] = pool3_features(net, batch, precision)

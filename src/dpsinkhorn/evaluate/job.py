@@ -1,11 +1,8 @@
 """One generator's whole evaluation in one process: ``dpsinkhorn evaluate``.
 
-:class:`EvaluationSpec` says what to evaluate; :func:`evaluate` checks the inputs, draws
-every seed's samples (a generator's, or a real-data row's seeded subset of the training
-set) and scores them: FID against cached reference statistics, then each classifier, all
-seeds together. It writes ``<samples-dir>/samples_seed<s>.npz``,
-``<scores-dir>/fid_seed<s>.json`` and ``<scores-dir>/acc_<model>_seed<s>.json``, and
-resumes a stopped job after its finished phases (:class:`Progress`).
+:func:`evaluate` checks the inputs of an :class:`EvaluationSpec`, draws every seed's samples
+(``samples_seed<s>.npz``) and scores them (``fid_seed<s>.json``, ``acc_<model>_seed<s>.json``),
+resuming a stopped job after its finished phases (:class:`Progress`).
 """
 
 from __future__ import annotations
@@ -15,10 +12,14 @@ import dataclasses
 import hashlib
 import json
 import os
+import threading
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from dpsinkhorn import fileio
 from dpsinkhorn.config.targets import (
@@ -41,21 +42,16 @@ from dpsinkhorn.evaluate.fid import (
     reference_statistics,
     statistics_metadata,
 )
-from dpsinkhorn.evaluate.inception import FID_PRECISIONS, network_sha256
+from dpsinkhorn.evaluate.inception import FID_PRECISIONS, leaves_tf32_switch, network_sha256
 from dpsinkhorn.evaluate.phases import COMMIT_ENV, phase_code_sha256, resumable
-from dpsinkhorn.evaluate.sample import load_generator, sample_generator, sample_real
+from dpsinkhorn.evaluate.sample import channels_last, generate, load_generator, sample_real
 
 
 @dataclasses.dataclass(frozen=True)
 class EvaluationSpec:
-    """Everything one evaluation depends on, checked when built (one-line ``ValueError``).
-
-    One source: ``generator`` (generator.pt) or ``real_data`` (a train.npz, seeded subsets).
-    ``num`` samples per seed; ``test``: the real test split; ``reference``: its FID
-    statistics; ``fid`` False leaves FID out; ``sqrtm``, ``fid_precision``: FID's
-    arithmetic; ``max_epochs``, ``patience``, ``batch_size``: MLP/CNN training;
-    ``max_iter``: Log-Reg's L-BFGS iterations.
-    """
+    """Everything one evaluation depends on, checked when built (one-line ``ValueError``);
+    the fields are ``dpsinkhorn evaluate``'s flags. One source: ``generator`` or
+    ``real_data`` (a train.npz, seeded subsets); ``reference``: the test split's statistics."""
 
     seeds: tuple[int, ...]
     num: int
@@ -92,54 +88,23 @@ class EvaluationSpec:
             raise ValueError(f"--seed needs distinct seeds, got {list(self.seeds)}")
         if self.num < 2:
             raise ValueError(f"--num must be at least 2 (FID needs 2 images), got {self.num}")
-        unknown = [m for m in self.classifiers if m not in MODELS]
-        if unknown:
-            raise ValueError(f"unknown classifier {unknown[0]!r}; choose from {', '.join(MODELS)}")
-        if self.sqrtm not in SQRTM_METHODS:
-            raise ValueError(
-                f"unknown FID sqrtm method {self.sqrtm!r}; choose from {SQRTM_METHODS}"
-            )
-        if self.fid_precision not in FID_PRECISIONS:
-            raise ValueError(
-                f"unknown FID precision {self.fid_precision!r}; choose from {FID_PRECISIONS}"
-            )
-        counts = {
-            "--max-epochs": self.max_epochs,
-            "--patience": self.patience,
-            "--batch-size": self.batch_size,
-            "--max-iter": self.max_iter,
-            "--fid-batch-size": self.fid_batch_size,
+        choices = {
+            "classifier": (self.classifiers, MODELS),
+            "FID sqrtm method": ((self.sqrtm,), SQRTM_METHODS),
+            "FID precision": ((self.fid_precision,), FID_PRECISIONS),
         }
-        for name, value in counts.items():
+        for what, (values, allowed) in choices.items():
+            for value in set(values) - set(allowed):
+                raise ValueError(f"unknown {what} {value!r}; choose from {', '.join(allowed)}")
+        for name in ("max_epochs", "patience", "batch_size", "max_iter", "fid_batch_size"):
+            value = getattr(self, name)
             if value is not None and value < 1:
-                raise ValueError(f"{name} must be at least 1, got {value}")
+                raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> EvaluationSpec:
-        """The spec of ``dpsinkhorn evaluate``'s arguments (what the workflow passes on from
-        the config's ``evaluation:`` and ``fid_weights``)."""
-        return cls(
-            seeds=args.seed,
-            num=args.num,
-            test=args.test,
-            reference=args.reference,
-            samples_dir=args.samples_dir,
-            scores_dir=args.scores_dir,
-            generator=args.generator,
-            real_data=args.real_data,
-            classifiers=args.classifiers,
-            dataset=args.dataset,
-            weights=args.weights,
-            device=args.device,
-            fid=not args.no_fid,
-            sqrtm=args.sqrtm,
-            fid_precision=args.fid_precision,
-            fid_batch_size=args.fid_batch_size,
-            max_epochs=args.max_epochs,
-            patience=args.patience,
-            batch_size=args.batch_size,
-            max_iter=args.max_iter,
-        )
+        """The spec of ``dpsinkhorn evaluate``'s arguments (each flag's dest is a field)."""
+        return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})
 
     @property
     def source(self) -> Path:
@@ -151,10 +116,16 @@ class EvaluationSpec:
         return [self.samples_dir / sample_name(s) for s in self.seeds]
 
 
+#: The spec's fields (besides seeds, weights and class count) a saved phase is keyed by.
+KEYED_SETTINGS = "num sqrtm fid_precision max_epochs patience batch_size max_iter".split()
+#: The spec's fields :func:`classify.train_and_evaluate_seeds` takes.
+TRAINING_SETTINGS = ("device", "max_epochs", "patience", "batch_size", "max_iter")
+
+
 @dataclasses.dataclass
 class Draws:
-    """Every seed's samples (images uint8 [N,H,W(,C)], labels [N]) as saved in ``files``,
-    and the test split (None without classifiers)."""
+    """Every seed's samples (images uint8 [N,H,W(,C)], a generator's on its device; labels
+    [N]) as saved in ``files``, and the test split (None without classifiers)."""
 
     files: list[Path]
     samples: list[tuple[np.ndarray, np.ndarray]]
@@ -167,15 +138,8 @@ def evaluate(spec: EvaluationSpec) -> dict[str, float]:
     (``sample``, ``fid``, ``classify_<model>``, ``total``)."""
     start = time.perf_counter()
     num_classes = check_inputs(spec)
-    settings = {
+    settings = {key: getattr(spec, key) for key in KEYED_SETTINGS} | {
         "seeds": list(spec.seeds),
-        "num": spec.num,
-        "sqrtm": spec.sqrtm,
-        "fid_precision": spec.fid_precision,
-        "max_epochs": spec.max_epochs,
-        "patience": spec.patience,
-        "batch_size": spec.batch_size,
-        "max_iter": spec.max_iter,
         "weights": None if spec.weights is None else network_sha256(spec.weights),
         "num_classes": num_classes,
     }
@@ -201,7 +165,7 @@ def check_inputs(spec: EvaluationSpec) -> int | None:
         reference_statistics(spec.reference)
     if not spec.classifiers:
         return None
-    return resolve_num_classes(None, spec.dataset, str(spec.test))
+    return resolve_num_classes(spec.dataset, str(spec.test))
 
 
 def draw(spec: EvaluationSpec, num_classes: int | None) -> Draws:
@@ -215,11 +179,11 @@ def draw(spec: EvaluationSpec, num_classes: int | None) -> Draws:
                 f"{spec.generator} is unconditional: its samples have no labels, so no "
                 f"classifier ({', '.join(spec.classifiers)}) can be trained on them"
             )
-        samples = [sample_generator(model, spec.num, seed) for seed in spec.seeds]
+        samples = [generate(model, spec.num, seed) for seed in spec.seeds]  # on its device
         del model
     else:
         samples = [sample_real(spec.real_data, spec.num, seed) for seed in spec.seeds]
-    shape = [int(v) for v in fileio.channels_last(samples[0][0], "samples").shape[1:]]
+    shape = [int(v) for v in channels_last(samples[0][0], "samples").shape[1:]]
     if spec.fid:
         sides = [{"image_shape": shape, "weights_sha256": None}]
         sides.append(statistics_metadata(spec.reference))
@@ -230,50 +194,81 @@ def draw(spec: EvaluationSpec, num_classes: int | None) -> Draws:
         _check_test_split(shape, samples, test_images, test_labels, num_classes, spec.test)
     files = spec.sample_files()
     for path, (images, labels) in zip(files, samples, strict=True):
-        fileio.save_samples(path, images, labels)
+        fileio.save_samples(
+            path, images.cpu().numpy() if torch.is_tensor(images) else images, labels
+        )
     return Draws(files, samples, test_images, test_labels)
 
 
 def score(
     spec: EvaluationSpec, draws: Draws, num_classes: int | None, progress: Progress
 ) -> dict[str, float]:
-    """FID of every seed, then each classifier (all seeds together); writes their files and
-    returns each phase's wall seconds. A phase ``progress`` holds is not computed again."""
-    timings = {}
+    """FID of every seed and each classifier (all seeds together); writes their files and
+    returns each phase's wall seconds. A phase ``progress`` holds is not computed again. On
+    CUDA the FID runs beside the classifiers (:func:`run_phases`) when
+    :func:`inception.leaves_tf32_switch`: neither then changes the other's arithmetic."""
+    phases = [lambda: _score_classifiers(spec, draws, num_classes, progress)]
     if spec.fid:
-        begin = time.perf_counter()
-        records = progress.get("fid") or [
-            fid_against_reference(
-                images,
-                spec.reference,
-                str(path),
-                spec.weights,
-                spec.device,
-                spec.fid_batch_size,
-                spec.sqrtm,
-                spec.fid_precision,
-            )
-            for path, (images, _) in zip(draws.files, draws.samples, strict=True)
-        ]
-        progress.put("fid", records)
-        for seed, record in zip(spec.seeds, records, strict=True):
-            fileio.write_json(spec.scores_dir / score_name("fid", seed), record)
-            print(f"FID {record['fid']:.3f} (seed {seed})", flush=True)
-        timings["fid"] = _done("fid", begin)
+        phases.insert(0, lambda: _score_fid(spec, draws, progress))
+    device = resolve_device(spec.device)
+    beside = device.type == "cuda" and leaves_tf32_switch(spec.fid_precision)
+    timings = {}
+    for phase_timings in run_phases(phases, beside, device):
+        timings |= phase_timings
+    return timings
+
+
+def run_phases(
+    phases: list[Callable[[], dict]], concurrent: bool, device: torch.device
+) -> list[dict]:
+    """Each phase's result, in order. ``concurrent``: every phase in a thread of its own,
+    on CUDA each on a stream of its own that starts after the work queued so far and is
+    synchronised at the phase's end; else one after the other. An exception is raised
+    after every phase has ended."""
+    if not concurrent or len(phases) < 2:
+        return [phase() for phase in phases]
+
+    def on_stream(phase: Callable[[], dict]) -> dict:
+        if device.type != "cuda":
+            return phase()
+        stream = torch.cuda.Stream(device)
+        stream.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(stream):
+            result = phase()
+        stream.synchronize()
+        return result
+
+    with ThreadPoolExecutor(len(phases)) as pool:
+        futures = [pool.submit(on_stream, phase) for phase in phases]
+    return [future.result() for future in futures]
+
+
+def _score_fid(spec: EvaluationSpec, draws: Draws, progress: Progress) -> dict[str, float]:
+    """Every seed's FID record and file; the phase's wall seconds."""
+    begin = time.perf_counter()
+    options = (spec.weights, spec.device, spec.fid_batch_size, spec.sqrtm, spec.fid_precision)
+    records = progress.get("fid") or [
+        fid_against_reference(images, spec.reference, str(path), *options)
+        for path, (images, _) in zip(draws.files, draws.samples, strict=True)
+    ]
+    progress.put("fid", records)
+    for seed, record in zip(spec.seeds, records, strict=True):
+        fileio.write_json(spec.scores_dir / score_name("fid", seed), record)
+        print(f"FID {record['fid']:.3f} (seed {seed})", flush=True)
+    return {"fid": _done("fid", begin)}
+
+
+def _score_classifiers(
+    spec: EvaluationSpec, draws: Draws, num_classes: int | None, progress: Progress
+) -> dict[str, float]:
+    """Each classifier's records and files, one after the other; their wall seconds."""
+    timings = {}
     for model_name in spec.classifiers:
         begin = time.perf_counter()
+        training = {k: getattr(spec, k) for k in TRAINING_SETTINGS}
+        data = (draws.samples, draws.test_images, draws.test_labels, list(spec.seeds))
         results = progress.get(model_name) or train_and_evaluate_seeds(
-            model_name,
-            draws.samples,
-            draws.test_images,
-            draws.test_labels,
-            list(spec.seeds),
-            num_classes=num_classes,
-            device=spec.device,
-            max_epochs=spec.max_epochs,
-            patience=spec.patience,
-            batch_size=spec.batch_size,
-            max_iter=spec.max_iter,
+            model_name, *data, num_classes=num_classes, **training
         )
         progress.put(model_name, results)
         outs = [spec.scores_dir / score_name(f"acc_{model_name}", s) for s in spec.seeds]
@@ -314,15 +309,11 @@ def _done(phase: str, begin: float) -> float:
 
 
 class Progress:
-    """Finished phases of an interrupted evaluation, so a rerun resumes after them.
-
-    Each phase's scores (FID, one classifier, all seeds) are kept in
-    ``<scores>/evaluate_progress.json`` (Snakemake deletes a stopped job's outputs), keyed
-    by the SHA-256 of inputs and settings, with the phase's code hash
-    (:func:`dpsinkhorn.evaluate.phases.phase_code_sha256`) and ``$DPSINKHORN_COMMIT``: a
-    rerun reuses a phase only with the same key, code and samples (:meth:`bind`). Removed
-    when the job completes. Scores only, never images.
-    """
+    """Finished phases of an interrupted evaluation (scores only, never images) in
+    ``<scores>/evaluate_progress.json``, keyed by the SHA-256 of inputs and settings, with
+    the phase's code hash (:mod:`~dpsinkhorn.evaluate.phases`) and ``$DPSINKHORN_COMMIT``:
+    a rerun reuses a phase only with the same key, code and samples (:meth:`bind`).
+    Removed when the job completes (docs/CONTRACTS.md)."""
 
     NAME = EVALUATION_PROGRESS
 
@@ -341,6 +332,7 @@ class Progress:
                 flush=True,
             )
         self.samples: list[str] = []
+        self.lock = threading.Lock()  # phases may finish in threads of their own
 
     def bind(self, samples_sha256: list[str]) -> None:
         """Keep only the phases computed on these samples (SHA-256 of each seed's sample
@@ -363,8 +355,9 @@ class Progress:
             "commit": os.environ.get(COMMIT_ENV),
             "samples_sha256": self.samples,
         }
-        self.done[phase] = {**entry, "records": [dict(r) for r in records]}
-        fileio.write_json(self.path, {"key": self.key, "done": self.done})
+        with self.lock:
+            self.done[phase] = {**entry, "records": [dict(r) for r in records]}
+            fileio.write_json(self.path, {"key": self.key, "done": self.done})
 
     def finish(self, scores_dir: Path) -> None:
         """Write :data:`EVALUATION_PHASES` (each phase's commit and code) and drop the progress."""
@@ -376,9 +369,9 @@ class Progress:
 def _cmd_evaluate(args: argparse.Namespace) -> int:
     timings = evaluate(EvaluationSpec.from_args(args))
     line = ", ".join(f"{k} {v:.1f} s" for k, v in timings.items())
-    print(f"evaluation of {len(args.seed)} seeds: {line}")
+    print(f"evaluation of {len(args.seeds)} seeds: {line}")
     if args.timings:
-        fileio.write_json(args.timings, {"seeds": args.seed, "num": args.num, "seconds": timings})
+        fileio.write_json(args.timings, {"seeds": args.seeds, "num": args.num, "seconds": timings})
     return 0
 
 
@@ -394,7 +387,7 @@ def register_cli(subparsers: argparse._SubParsersAction) -> None:
     source.add_argument("--real-data", help="train.npz: a real-data row (seeded subsets)")
     p.add_argument("--test", required=True, help="the real test split (test.npz)")
     p.add_argument("--reference", required=True, help="its FID statistics (fid-stats)")
-    p.add_argument("--seed", type=int, nargs="+", required=True, help="evaluation seeds")
+    p.add_argument("--seed", dest="seeds", type=int, nargs="+", required=True, help="seeds")
     p.add_argument("--num", type=int, required=True, help="samples per seed")
     p.add_argument("--samples-dir", required=True, help="where samples_seed<s>.npz go")
     p.add_argument("--scores-dir", required=True, help="where fid_/acc_*_seed<s>.json go")
@@ -417,6 +410,8 @@ def register_cli(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--patience", type=int, default=30, help="mlp/cnn early-stopping epochs")
     p.add_argument("--batch-size", type=int, default=128, help="mlp/cnn batch size")
     p.add_argument("--max-iter", type=int, default=5000, help="logreg L-BFGS iterations")
-    p.add_argument("--no-fid", action="store_true", help="classifiers only (no FID files)")
+    p.add_argument(
+        "--no-fid", dest="fid", action="store_false", help="classifiers only (no FID files)"
+    )
     p.add_argument("--timings", default=None, help="also write the phase times (JSON)")
     p.set_defaults(handler=_cmd_evaluate)

@@ -1,9 +1,6 @@
-"""Which code computed an evaluation phase (torch-free): ``dpsinkhorn evaluate`` resumes a
-saved phase only when this code is the code that computed it.
-
-A phase is ``fid`` or a classifier's name; its code is the source of the modules of
-:mod:`dpsinkhorn.evaluate` that compute its records (:data:`PHASE_MODULES`).
-"""
+"""Which code computed an evaluation phase (``fid`` or a classifier's name; torch-free):
+``dpsinkhorn evaluate`` resumes a saved phase only when its code (:data:`PHASE_MODULES`)
+is this code."""
 
 from __future__ import annotations
 

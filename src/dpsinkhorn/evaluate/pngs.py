@@ -1,8 +1,5 @@
-"""Samples as PNG files: one grid image, or one file per sample in a folder per class.
-
-Images uint8 [N,H,W] or [N,H,W,C]; labels int64 [N] (-1: unconditional). Both writers
-are atomic (the folder's files commit together). Torch-free.
-"""
+"""Samples (uint8 [N,H,W(,C)], labels [N], -1: unconditional) as PNG files, atomically: one
+grid image, or one file per sample in a folder per class. Torch-free."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""Synthetic datasets: balanced labelled samples from a trained generator (an
-unconditional generator's labelled -1), read without running its pickle; and the "Real
-data" rows' samples, a seeded subset of the real training set, so that every Table 1 row
-is evaluated by the same FID and classifier code.
-"""
+"""Samples to evaluate: a trained generator's (read without running its pickle; balanced
+labels, -1 if unconditional) or a "Real data" row's seeded subset of the training set."""
 
 from __future__ import annotations
 
@@ -12,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from dpsinkhorn.data import datasets as data
+from dpsinkhorn import fileio
 from dpsinkhorn.data.catalog import DATASETS
 from dpsinkhorn.evaluate.pngs import UNCONDITIONAL_FOLDER
 from dpsinkhorn.fileio import check_class_names, load_samples
@@ -28,11 +25,8 @@ def read_generator_file(path: Path) -> dict:
 
 
 def read_generator_bytes(payload: bytes, where: str) -> dict:
-    """The dict stored in generator.pt's bytes ``payload``, read with
-    ``torch.load(weights_only=True)``; ``where`` names the file in errors.
-
-    A pickle holding anything but tensors and plain containers is refused with one line.
-    """
+    """The dict in generator.pt's bytes ``payload`` by ``torch.load(weights_only=True)``:
+    anything but tensors and plain containers is refused in one line naming ``where``."""
     try:
         state = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
     except Exception as err:  # UnpicklingError (refused type), RuntimeError, EOFError, ...
@@ -83,23 +77,47 @@ def balanced_labels(num: int, num_classes: int, rng: np.random.Generator) -> np.
 
 
 @torch.no_grad()
-def sample_generator(
+def generate(
     model: torch.nn.Module, num: int, seed: int, batch_size: int = 5000
-) -> tuple[np.ndarray, np.ndarray]:
-    """Draw ``num`` samples with balanced labels: images uint8 [N,H,W(,C)], labels int64 [N]
-    (-1 for an unconditional generator, fed its one class 0)."""
+) -> tuple[torch.Tensor, np.ndarray]:
+    """``num`` samples with balanced labels: images uint8 [N,H,W(,C)] on the model's device
+    (pixels as ``data.from_unit_range`` rounds them), labels int64 [N] on the host (-1 for an
+    unconditional generator, fed its one class 0)."""
     device = next(model.parameters()).device
     labels = balanced_labels(num, model.config.num_classes, np.random.default_rng(seed))
     gen = torch.Generator(device=device).manual_seed(seed)
-    chunks = []
+    size, channels = model.config.image_size, model.config.out_channels
+    images = torch.empty((num, size, size, channels), dtype=torch.uint8, device=device)
+    finite = torch.ones((), dtype=torch.bool, device=device)
     for start in range(0, num, batch_size):
         y = torch.as_tensor(labels[start : start + batch_size], device=device)
         z = torch.rand(len(y), model.config.latent_dim, generator=gen, device=device)
-        chunks.append(data.from_unit_range(model(z, y)))
-    images = np.concatenate(chunks) if chunks else np.zeros((0, 28, 28), np.uint8)
+        x = model(z, y).float()
+        finite &= torch.isfinite(x).all()
+        pixels = ((x.clamp(-1.0, 1.0) + 1.0) * 127.5).round().to(torch.uint8)
+        images[start : start + len(y)] = pixels.permute(0, 2, 3, 1)
+    if not finite:  # one host synchronisation for all batches
+        raise ValueError("the generator's images contain NaN or infinite values")
     if not getattr(model, "conditional", True):
         labels = np.full(num, -1, np.int64)
-    return images, labels
+    return (images[..., 0] if channels == 1 else images), labels
+
+
+def sample_generator(
+    model: torch.nn.Module, num: int, seed: int, batch_size: int = 5000
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`generate`'s samples with the images on the host, uint8 [N,H,W(,C)]."""
+    images, labels = generate(model, num, seed, batch_size)
+    return images.cpu().numpy(), labels
+
+
+def channels_last(images: np.ndarray | torch.Tensor, where: str) -> np.ndarray | torch.Tensor:
+    """Checked uint8 images [N,H,W] or [N,H,W,C] (``fileio.check_images``), a numpy array or
+    a tensor on any device, as [N,H,W,C] of the same kind (grayscale gets C = 1)."""
+    if not torch.is_tensor(images):
+        return fileio.channels_last(images, where)
+    fileio.check_images(torch.empty((0, *images.shape[1:]), dtype=images.dtype).numpy(), where)
+    return images.unsqueeze(-1) if images.ndim == 3 else images
 
 
 def sample_real(train_path: Path, num: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
