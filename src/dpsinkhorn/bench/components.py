@@ -79,7 +79,7 @@ def solver_iteration_times(
             spec["sinkhorn_scaling"],
         )
     )
-    compiled = ot._compiled_iterations()
+    compiled = ot.compiled(ot.sinkhorn_iterations)
     start = time.perf_counter()
     compiled(cost, a_log, b_log, temperatures)
     sync(dev)

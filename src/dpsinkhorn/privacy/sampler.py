@@ -16,6 +16,12 @@ from scipy.stats import binom
 #: δ is (1 + e^ε)·T·p (see PoissonSampler): at ε = 10 and T = 1.7e6 steps that is 4e-8
 #: at 1e-18, against δ ≥ 1e-6; the buffer grows from 108 to 123 rows at B = 50, N = 60k.
 OVERFLOW_TAIL = 1e-18
+#: Per-step probability that selection "compact" sees more sampled records than its buffer
+#: holds (then it keeps the lowest-indexed ones; at most ``OVERFLOW_TAIL`` anyway).
+COMPACT_TAIL = 1e-100
+#: How ``PoissonSampler.select`` finds the smallest uniforms: a float64 top-k over all N,
+#: or a prefix-sum compaction of the sampled records and a sort of those few.
+SELECTIONS = ("topk", "compact")
 
 
 def overflow_capacity(num_records: int, rate: float, tail: float) -> int:
@@ -31,11 +37,13 @@ class PoissonSampler:
     """Poisson sampling (each record independently with probability q) in fixed shape.
 
     One draw u ~ U(0,1)^N in float64 (P(u < q) = q to 1e-16) selects the records with
-    u < q; the ``capacity`` smallest u are returned with weight 1 where u < q, else 0.
-    Capacity is the smallest c with P(Binomial(N + 1, q) > c) ≤ ``OVERFLOW_TAIL`` (N + 1:
-    the larger neighbour under add/remove adjacency). On overflow the batch is a uniform
-    subset of ``capacity`` sampled records. The step zeroes the features of weight-0 rows
-    (``train.step``), so nothing of an unsampled record is computed on.
+    u < q; the ``capacity`` smallest u are returned, in increasing u, with weight 1 where
+    u < q, else 0. Capacity is the smallest c with P(Binomial(N + 1, q) > c) ≤
+    ``OVERFLOW_TAIL`` (N + 1: the larger neighbour under add/remove adjacency). On overflow
+    the batch is a uniform subset of ``capacity`` sampled records. The step zeroes the
+    features of weight-0 rows (``train.step``), so nothing of an unsampled record is
+    computed on. ``selection`` (:data:`SELECTIONS`) is how the smallest u are found; every
+    selection returns the same sampled rows in the same order (docs/PERFORMANCE.md).
 
     Privacy cost of overflows (charged in ``train.release.privacy_record``). Couple the
     trained mechanism M' with the ideal Poisson-subsampled Gaussian M through the same
@@ -47,10 +55,20 @@ class PoissonSampler:
     """
 
     def __init__(
-        self, num_records: int, rate: float, device: torch.device, tail: float = OVERFLOW_TAIL
+        self,
+        num_records: int,
+        rate: float,
+        device: torch.device,
+        tail: float = OVERFLOW_TAIL,
+        selection: str = "topk",
     ):
-        self.num_records, self.rate = num_records, rate
+        if selection not in SELECTIONS:
+            raise ValueError(f"selection must be one of {SELECTIONS}, got {selection!r}")
+        self.num_records, self.rate, self.selection = num_records, rate, selection
         self.capacity = overflow_capacity(num_records, rate, tail)
+        # The compacted buffer of selection "compact": it holds every sampled record
+        # unless more than its rows are sampled (probability ≤ COMPACT_TAIL per step).
+        self.compact_rows = overflow_capacity(num_records, rate, COMPACT_TAIL)
         self.overflows = torch.zeros((), dtype=torch.long, device=device)
         self.device = device
 
@@ -80,6 +98,28 @@ class PoissonSampler:
         [..., capacity], weights [..., capacity] and overflow [...] (1 where more than
         ``capacity`` records were sampled, else 0). Batched over the leading dimensions,
         as a sweep draws for all its runs; ``sample`` is the single draw."""
-        values, indices = torch.topk(u, self.capacity, dim=-1, largest=False, sorted=True)
-        overflow = ((u < self.rate).sum(-1) > self.capacity).long()
+        sampled = u < self.rate
+        overflow = (sampled.sum(-1) > self.capacity).long()
+        if self.selection == "topk":
+            values, indices = torch.topk(u, self.capacity, dim=-1, largest=False, sorted=True)
+        else:
+            values, indices = self._compact(u, sampled)
         return indices, (values < self.rate).float(), overflow
+
+    def _compact(self, u: torch.Tensor, sampled: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """(values, indices) [..., capacity] of the smallest u among the sampled records, by
+        a prefix sum: each sampled record goes to the slot of its rank among the sampled,
+        and the first ``compact_rows`` slots are sorted by u (free slots: u = 2, index 0).
+        Equals top-k on the sampled rows whenever at most ``compact_rows`` records are
+        sampled. Fixed shapes, no host synchronisation."""
+        num = u.shape[-1]
+        rows = min(max(self.compact_rows, self.capacity), num)
+        rank = sampled.cumsum(-1) - 1
+        record = torch.arange(num, device=u.device).expand_as(u)
+        # One slot per record (no write collides): its rank if kept, else past ``rows``.
+        slot = torch.where(sampled & (rank < rows), rank, rows + record)
+        keys = u.new_full((*u.shape[:-1], rows + num), 2.0).scatter_(-1, slot, u)
+        owners = torch.zeros_like(keys, dtype=torch.long).scatter_(-1, slot, record)
+        values, order = keys[..., :rows].sort(stable=True)
+        order = order[..., : self.capacity]
+        return values[..., : self.capacity], owners[..., :rows].gather(-1, order)
