@@ -47,46 +47,32 @@ def use_variants(trainers: list, stepper: TrainingStep, variants) -> None:
     stepper.fused_cost = "fused_cost" in variants
 
 
-def benchmark(
-    spec: dict,
-    data_dir: Path,
-    device: str,
-    steps: int,
-    warmup: int,
-    impl: str = "ours",
-    sweep_runs: int = 0,
-    cuda_graphs: bool = False,
-    compile_solver: bool = False,
-    solver: bool = False,
-    precision: str = "fp32",
-    profile_steps: int = 0,
-    variants: tuple[str, ...] = (),
-) -> dict:
-    """Time the chosen implementation(s) of the training step on the experiment's data.
+def benchmark(spec: dict, data_dir: Path, args: argparse.Namespace) -> dict:
+    """Time the implementation(s) ``args.impl`` of the training step on the experiment's
+    data, with the options of ``dpsinkhorn bench`` (:func:`register_cli`; ``cuda_graphs``,
+    ``compile_solver`` and ``precision`` resolved against the config).
 
-    ``sweep_runs`` = K > 0 also times ``sweep.SweepTrainer`` on K seeds of the experiment
-    (``sweep_per_run_ratio`` = sweep_steps_per_s / ours_steps_per_s). ``cuda_graphs``,
-    ``compile_solver``, ``precision`` and ``variants`` (:data:`STEP_VARIANTS`) set ours'
-    and the sweep's step; ``solver`` adds :func:`solver_iteration_times`. The reference
-    runs with PyTorch's defaults (``reference.cudnn_tf32``: whether its CUDA convolutions
-    could use TF32). ``ours`` / ``reference`` / ``sweep`` hold each step's :func:`count_ops`
-    (eager); ``profile_steps`` > 0 adds :func:`profile_kernels` of that many steps after
-    the timing (of the replayed graph when ``cuda_graphs``).
+    ``--sweep K`` also times ``sweep.SweepTrainer`` on K seeds of the experiment
+    (``sweep_per_run_ratio`` = sweep_steps_per_s / ours_steps_per_s). The reference runs
+    with PyTorch's defaults (``reference.cudnn_tf32``: whether its CUDA convolutions could
+    use TF32). ``ours`` / ``reference`` / ``sweep`` hold each step's :func:`count_ops`
+    (eager); ``--profile N`` adds :func:`profile_kernels` of N steps after the timing.
     """
+    steps, warmup, profile_steps, precision = args.steps, args.warmup, args.profile, args.precision
     images, labels = load_split(
         Path(data_dir), spec["dataset"], "train", folder=spec.get("prepared_folder")
     )
-    dev = resolve_device(device)
+    dev = resolve_device(args.device)
     result: dict = {"experiment": spec["name"], "timed_steps": steps, "warmup_steps": warmup}
     q = int(spec["batch_size"]) / len(labels)
     result["capacity"] = PoissonSampler(len(labels), q, torch.device("cpu")).capacity
-    if solver:
+    if args.solver:
         image_numel = int(np.prod(images.shape[1:]))
         result["solver_iterations"] = solver_iteration_times(
             spec, result["capacity"], image_numel, dev
         )
-    step_options = (cuda_graphs, compile_solver, precision)
-    if impl in ("ours", "both"):
+    step_options, variants = (args.cuda_graphs, args.compile_solver, precision), args.variant
+    if args.impl in ("ours", "both"):
         trainer = Trainer(spec, images, labels, dev, *step_options)
         use_variants([trainer], trainer.stepper, variants)
         result["ours_steps_per_s"] = time_steps(trainer.step, dev, steps, warmup)
@@ -95,19 +81,19 @@ def benchmark(
         result["ours"] = count_ops(lambda: trainer.stepper.device_step([trainer]))
         result["ours"].update(
             cuda_graphs=trainer.cuda_graphs,
-            compile_solver=compile_solver,
+            compile_solver=args.compile_solver,
             precision=precision,
-            variants=list(variants),
+            variants=variants,
         )
         if precision != "fp32":
             result["precision_error"] = precision_error(spec, images, labels, dev, precision)
-    if impl in ("reference", "both"):
+    if args.impl in ("reference", "both"):
         reference = ReferenceStep(spec, images, labels, dev)
         result["reference_steps_per_s"] = time_steps(reference.step, dev, steps, warmup)
         result["reference"] = count_ops(reference.step)
         if dev.type == "cuda":
             result["reference"]["cudnn_tf32"] = cudnn_tf32_default()
-    if sweep_runs:
+    if sweep_runs := args.sweep:
         specs = [
             {**spec, "name": f"{spec['name']}_{k}", "seed": int(spec["seed"]) + k}
             for k in range(sweep_runs)
@@ -125,7 +111,7 @@ def benchmark(
         result["sweep"] = count_ops(lambda: sweep.stepper.device_step(sweep.trainers), flops=False)
         if "ours_steps_per_s" in result:
             result["sweep_per_run_ratio"] = result["sweep_steps_per_s"] / result["ours_steps_per_s"]
-    if impl == "both":
+    if args.impl == "both":
         result["ratio"] = result["ours_steps_per_s"] / result["reference_steps_per_s"]
     result["steps_per_s"] = result.get("ours_steps_per_s", result.get("reference_steps_per_s"))
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
@@ -196,24 +182,12 @@ def register_cli(subparsers: argparse._SubParsersAction) -> None:
 def _cli(args: argparse.Namespace) -> int:
     cfg = config_lib.load_config(args.config)
     spec = config_lib.trained_experiment(cfg, args.experiment, "nothing to benchmark")
-    device = args.device or cfg["device"]
-    result = benchmark(
-        spec,
-        cfg["data_dir"],
-        device,
-        args.steps,
-        args.warmup,
-        args.impl,
-        args.sweep,
-        config_lib.cli_or_config(args.cuda_graphs, cfg, "cuda_graphs"),
-        config_lib.cli_or_config(args.compile_solver, cfg, "compile_solver"),
-        args.solver,
-        config_lib.cli_or_config(args.precision, cfg, "precision"),
-        args.profile,
-        tuple(args.variant),
-    )
+    args.device = args.device or cfg["device"]
+    for key in ("cuda_graphs", "compile_solver", "precision"):
+        setattr(args, key, config_lib.cli_or_config(getattr(args, key), cfg, key))
+    result = benchmark(spec, cfg["data_dir"], args)
     if args.layers:
-        result["generator_layers"] = generator_layer_profile(spec, device)
+        result["generator_layers"] = generator_layer_profile(spec, args.device)
         layers_ms = sum(row["ms_forward_backward"] for row in result["generator_layers"])
         result["generator_share_of_step"] = layers_ms / 1e3 * result["steps_per_s"]
     print(json.dumps(result))

@@ -113,36 +113,27 @@ def geomloss_semi_debiased_sinkhorn(
     cost: str = "mixed",
 ) -> torch.Tensor:
     """S = 2 W_λ(X[0:n], Y) − W_λ(X[0:n], X[n':n+n']) for x [n+n', D], y [M, D], by
-    geomloss with autograd (reference path; training uses
-    :func:`semi_debiased_sinkhorn_with_grad`). λ = ``entropy_reg``.
-
-    ``y_weights`` [M] marks the real rows actually drawn (any non-negative
-    weights, normalised here); all-zero weights mean an empty real batch, for
-    which the data term is 0 (and contributes zero gradient). p = 0 gives the
-    biased loss 2W(X,Y) − W(X,X); p = 1 the fully debiased one with independent X'.
-    ``cost``: mixed, l2 or l1 (see :func:`mixed_cost`).
+    geomloss with autograd (reference path): :func:`geomloss_semi_debiased_sinkhorn_runs`
+    with K = 1. ``y_weights`` [M] (default: all 1) marks the real rows drawn; all zero is
+    an empty real batch, whose data term is 0. p = 0 gives the biased loss
+    2W(X,Y) − W(X,X); p = 1 the fully debiased one with independent X'.
     """
     n_prime = debias_size(n, p)
     if x.shape[0] != n + n_prime:
         raise ValueError(f"x must have n + n' = {n + n_prime} rows, got {x.shape[0]}")
-    x_cross = x[:n]
-    solve = {"scaling": scaling, "diameter": diameter, "cost": cost}
-    self_term = geomloss_entropic_ot(x_cross, x[n_prime : n + n_prime], entropy_reg, m, **solve)
     if y_weights is None:
-        return 2 * geomloss_entropic_ot(x_cross, y, entropy_reg, m, **solve) - self_term
-    # Empty real batch: solve against uniform dummy weights (keeps the solver finite,
-    # no host synchronisation) and multiply the data term by 0.
-    weights, has_data = _real_batch_weights(y_weights)
-    data_term = geomloss_entropic_ot(x_cross, y, entropy_reg, m, y_weights=weights, **solve)
-    return 2 * has_data * data_term - self_term
+        y_weights = torch.ones(len(y), dtype=y.dtype, device=y.device)
+    solve = {"scaling": scaling, "diameter": diameter, "cost": cost}
+    x_cross, x_self = x[None, :n], x[None, n_prime : n + n_prime]
+    return geomloss_semi_debiased_sinkhorn_runs(
+        x_cross, x_self, y[None], y_weights[None], entropy_reg, m, **solve
+    )[0]
 
 
 def _real_batch_weights(y_weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Normalise 0/1 real-row weights [..., M] -> (weights, has_data [...]).
-
-    An empty real batch gets uniform dummy weights (keeps the solver finite, no host
-    synchronisation) and has_data = 0, which multiplies its data term away.
-    """
+    """Normalise 0/1 real-row weights [..., M] -> (weights, has_data [...]). An empty real
+    batch gets uniform dummy weights (the solver stays finite, no host synchronisation)
+    and has_data = 0, which multiplies its data term away."""
     total = y_weights.sum(-1, keepdim=True)
     uniform = torch.full_like(y_weights, 1.0 / y_weights.shape[-1])
     weights = torch.where(total > 0, y_weights / total.clamp_min(1e-30), uniform)
@@ -165,7 +156,7 @@ def geomloss_semi_debiased_sinkhorn_runs(
     y: torch.Tensor,
     y_weights: torch.Tensor,
     entropy_reg: float,
-    m: torch.Tensor,
+    m: float | torch.Tensor,
     *,
     scaling: float = 0.5,
     diameter: float | None = None,

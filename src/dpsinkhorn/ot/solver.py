@@ -53,25 +53,23 @@ def mixed_cost(
 FUSED_BLOCK = 2**24
 
 
-def _difference_blocks(x: torch.Tensor, y: torch.Tensor):
-    """Blocks of x's rows and their differences x_i − y_j [B, rows, M, D], each block
-    at most ``FUSED_BLOCK`` elements (bounded memory)."""
-    rows = max(1, FUSED_BLOCK // (x.shape[0] * y.shape[1] * x.shape[2]))
+def _difference_blocks(x: torch.Tensor, y: torch.Tensor, m: torch.Tensor, cost: str):
+    """(rows, x_i − y_j [B, rows, M, D], weight of ||·||², weight of ||·||₁ [B,1,1,1]) per
+    block of x's rows, each block at most ``FUSED_BLOCK`` elements."""
+    l1 = {"mixed": m, "l2": torch.zeros_like(m), "l1": torch.ones_like(m)}[cost].view(-1, 1, 1, 1)
+    sq, rows = float(cost != "l1"), max(1, FUSED_BLOCK // (x.shape[0] * y.shape[1] * x.shape[2]))
     for start in range(0, x.shape[1], rows):
-        yield slice(start, start + rows), x[:, start : start + rows, None] - y[:, None]
+        block = slice(start, start + rows)
+        yield block, x[:, block, None] - y[:, None], sq, l1
 
 
 def fused_cost(x: torch.Tensor, y: torch.Tensor, m: torch.Tensor, cost: str) -> torch.Tensor:
     """:func:`mixed_cost` [B,N,M] from the exact differences x_i − y_j, both norms in one
     broadcast expression per block of rows (no matrix product, no cdist); m [B]."""
-    blocks = []
-    for _, diff in _difference_blocks(x, y):
-        if cost == "l1":
-            blocks.append(diff.abs().sum(-1))
-        elif cost == "l2":
-            blocks.append(diff.square().sum(-1))
-        else:
-            blocks.append((diff.square() + m.view(-1, 1, 1, 1) * diff.abs()).sum(-1))
+    blocks = [
+        (sq * diff.square() + l1 * diff.abs()).sum(-1)
+        for _, diff, sq, l1 in _difference_blocks(x, y, m, cost)
+    ]
     return torch.cat(blocks, dim=1)
 
 
@@ -86,13 +84,8 @@ def fused_cost_gradients(
     """(Σ_j plan_x_ij ∇_x C_ij [B,N,D], Σ_i plan_y_ij ∇_y C_ij [B,M,D]) for plans [B,N,M],
     both from one pass over the differences: ∇_x C = −∇_y C = 2(x − y) + m sign(x − y)."""
     grad_x, grad_y = torch.empty_like(x), torch.zeros_like(y)
-    for rows, diff in _difference_blocks(x, y):
-        if cost == "l1":
-            slope = diff.sign()
-        elif cost == "l2":
-            slope = 2 * diff
-        else:
-            slope = 2 * diff + m.view(-1, 1, 1, 1) * diff.sign()
+    for rows, diff, sq, l1 in _difference_blocks(x, y, m, cost):
+        slope = 2 * sq * diff + l1 * diff.sign()
         grad_x[:, rows] = (plan_x[:, rows, :, None] * slope).sum(2)
         grad_y -= (plan_y[:, rows, :, None] * slope).sum(1)
     return grad_x, grad_y

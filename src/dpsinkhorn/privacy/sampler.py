@@ -17,7 +17,7 @@ from scipy.stats import binom
 #: at 1e-18, against δ ≥ 1e-6; the buffer grows from 108 to 123 rows at B = 50, N = 60k.
 OVERFLOW_TAIL = 1e-18
 #: Per-step probability that selection "compact" sees more sampled records than its buffer
-#: holds (then it keeps the lowest-indexed ones; at most ``OVERFLOW_TAIL`` anyway).
+#: holds (then it keeps the lowest-indexed ones; an overflow anyway).
 COMPACT_TAIL = 1e-100
 #: How ``PoissonSampler.select`` finds the smallest uniforms: a float64 top-k over all N,
 #: or a prefix-sum compaction of the sampled records and a sort of those few.
@@ -42,8 +42,9 @@ class PoissonSampler:
     ``OVERFLOW_TAIL`` (N + 1: the larger neighbour under add/remove adjacency). On overflow
     the batch is a uniform subset of ``capacity`` sampled records. The step zeroes the
     features of weight-0 rows (``train.step``), so nothing of an unsampled record is
-    computed on. ``selection`` (:data:`SELECTIONS`) is how the smallest u are found; every
-    selection returns the same sampled rows in the same order (docs/PERFORMANCE.md).
+    computed on. ``selection`` (:data:`SELECTIONS`) is how the smallest u are found: both
+    return the same sampled rows in the same order unless more than ``compact_rows`` ≥
+    ``capacity`` records are sampled, an overflow, so the bound below holds for both.
 
     Privacy cost of overflows (charged in ``train.release.privacy_record``). Couple the
     trained mechanism M' with the ideal Poisson-subsampled Gaussian M through the same

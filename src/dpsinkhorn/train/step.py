@@ -231,10 +231,9 @@ class TrainingStep:
             return runs[0].model(z[0], labels[0]).unsqueeze(0)
         per_run = [dict(t.model.named_parameters()) for t in runs]
         params = {name: torch.stack([p[name] for p in per_run]) for name in self.param_names}
-        return vmap(self._forward)(params, z, labels)
-
-    def _forward(self, params: dict, z: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return functional_call(self.template, params, (z, labels))
+        return vmap(lambda p, z_k, y_k: functional_call(self.template, p, (z_k, y_k)))(
+            params, z, labels
+        )
 
     def _run_set(self, runs: Sequence[Trainer]) -> _RunSet:
         key = tuple(id(t) for t in runs)
