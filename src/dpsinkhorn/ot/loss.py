@@ -65,13 +65,9 @@ def geomloss_entropic_ot(
     diameter: float | None = None,
     cost: str = "mixed",
 ) -> torch.Tensor:
-    """W_λ between the empirical measures of the rows of x [N,D] and y [M,D] (λ =
-    ``entropy_reg``), by geomloss with autograd (reference path).
-
-    Weights default to uniform (1/N, 1/M); given weights must be non-negative and
-    sum to 1 (rows of weight 0 are ignored). ``diameter`` starts geomloss's ε-scaling
-    (None: estimated from the points; see :func:`feature_diameter`). ``cost``: mixed,
-    l2 or l1 (see :func:`mixed_cost`). Returns a scalar tensor.
+    """W_λ (scalar) between the empirical measures of the rows of x [N,D] and y [M,D], by
+    geomloss with autograd (reference path). Weights: non-negative, summing to 1 (default
+    uniform). ``diameter`` starts geomloss's ε-scaling (None: estimated from the points).
     """
     if x.ndim != 2 or y.ndim != 2 or x.shape[1] != y.shape[1]:
         raise ValueError(f"x and y must be [N,D] and [M,D], got {tuple(x.shape)}, {tuple(y.shape)}")

@@ -31,12 +31,9 @@ def check_cost(cost: str) -> None:
 def mixed_cost(
     x: torch.Tensor, y: torch.Tensor, m: float | torch.Tensor, cost: str = "mixed"
 ) -> torch.Tensor:
-    """Cost matrix for x [B,N,D], y [B,M,D] -> [B,N,M] (no ½ anywhere).
-
-    ``cost``: mixed ||x_i − y_j||² + m ||x_i − y_j||₁; l2 ||x_i − y_j||²; l1
-    ||x_i − y_j||₁ (``m`` is ignored by l2 and l1; l2 equals mixed with m = 0).
-    ``m`` is a number or a tensor [B] (one weight per batch entry, for sweeps).
-    """
+    """Cost matrix for x [B,N,D], y [B,M,D] -> [B,N,M] (no ½ anywhere): mixed
+    ||x_i − y_j||² + m ||x_i − y_j||₁, l2 ||x_i − y_j||², l1 ||x_i − y_j||₁; ``m`` (ignored
+    by l2 and l1) is a number or a tensor [B] (one weight per batch entry, for sweeps)."""
     check_cost(cost)
     if cost == "l1":
         return torch.cdist(x, y, p=1)
@@ -120,12 +117,9 @@ def _softmin(lam: float, cost: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
 def sinkhorn_iterations(
     c_xy: torch.Tensor, a_log: torch.Tensor, b_log: torch.Tensor, temperatures: tuple[float, ...]
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Symmetric log-domain Sinkhorn annealed through ``temperatures``
-    (:func:`temperature_schedule`), as geomloss's ``sinkhorn_loop``.
-
-    c_xy [B,N,M], log-weights a_log [B,N], b_log [B,M] -> potentials (f [B,N], g [B,M])
-    at the last temperature, before the final extrapolation. No kernel truncation.
-    """
+    """Symmetric log-domain Sinkhorn annealed through ``temperatures``, as geomloss's
+    ``sinkhorn_loop``: c_xy [B,N,M], log-weights a_log [B,N], b_log [B,M] -> potentials
+    (f [B,N], g [B,M]) at the last temperature, before the final extrapolation."""
     c_yx = c_xy.transpose(1, 2)
     lam = temperatures[0]
     f = _softmin(lam, c_xy, b_log)

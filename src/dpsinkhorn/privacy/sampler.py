@@ -20,7 +20,7 @@ OVERFLOW_TAIL = 1e-18
 #: holds (then it keeps the lowest-indexed ones; an overflow anyway).
 COMPACT_TAIL = 1e-100
 #: How ``PoissonSampler.select`` finds the smallest uniforms: a float64 top-k over all N,
-#: or a prefix-sum compaction of the sampled records and a sort of those few.
+#: or the sampled records found by a prefix count and a sort of those few.
 SELECTIONS = ("topk", "compact")
 
 
@@ -108,19 +108,16 @@ class PoissonSampler:
         return indices, (values < self.rate).float(), overflow
 
     def _compact(self, u: torch.Tensor, sampled: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """(values, indices) [..., capacity] of the smallest u among the sampled records, by
-        a prefix sum: each sampled record goes to the slot of its rank among the sampled,
-        and the first ``compact_rows`` slots are sorted by u (free slots: u = 2, index 0).
-        Equals top-k on the sampled rows whenever at most ``compact_rows`` records are
-        sampled. Fixed shapes, no host synchronisation."""
-        num = u.shape[-1]
-        rows = min(max(self.compact_rows, self.capacity), num)
-        rank = sampled.cumsum(-1) - 1
-        record = torch.arange(num, device=u.device).expand_as(u)
-        # One slot per record (no write collides): its rank if kept, else past ``rows``.
-        slot = torch.where(sampled & (rank < rows), rank, rows + record)
-        keys = u.new_full((*u.shape[:-1], rows + num), 2.0).scatter_(-1, slot, u)
-        owners = torch.zeros_like(keys, dtype=torch.long).scatter_(-1, slot, record)
-        values, order = keys[..., :rows].sort(stable=True)
+        """(values, indices) [..., capacity] of the smallest u among the sampled records:
+        the r-th sampled record (r ≤ ``compact_rows``) is where the prefix count of the
+        sampled reaches r (``searchsorted``), and those few are sorted by u (missing ones:
+        u = 2, index 0). Equals top-k on the sampled rows whenever at most ``compact_rows``
+        records are sampled. Fixed shapes, no host synchronisation."""
+        rows = min(max(self.compact_rows, self.capacity), u.shape[-1])
+        ranks = torch.arange(1, rows + 1, device=u.device).expand(*u.shape[:-1], rows)
+        owners = torch.searchsorted(sampled.cumsum(-1), ranks.contiguous())
+        found = owners < u.shape[-1]
+        owners = torch.where(found, owners, 0)
+        values, order = torch.where(found, u.gather(-1, owners), 2.0).sort(stable=True)
         order = order[..., : self.capacity]
-        return values[..., : self.capacity], owners[..., :rows].gather(-1, order)
+        return values[..., : self.capacity], owners.gather(-1, order)

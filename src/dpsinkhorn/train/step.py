@@ -48,12 +48,10 @@ class Trainer(Protocol):
 
 
 class GraphedStep:
-    """Runs a step's device work from a CUDA graph: eager warm-up, one capture, then replays.
-
-    ``device_step`` must do only fixed-shape device work with no host synchronisation and
-    every random draw from the ``trainers``' generators, which are registered with the
-    graph (each replay draws fresh z, labels, Poisson samples and noise). The first
-    ``WARMUP_STEPS`` calls are ordinary eager steps on a side stream. CUDA only.
+    """Runs a step's device work from a CUDA graph: ``WARMUP_STEPS`` eager steps on a side
+    stream, one capture, then replays. ``device_step``: fixed-shape device work, no host
+    synchronisation, every draw from the ``trainers``' generators (registered with the
+    graph, so each replay draws fresh z, labels, Poisson samples and noise). CUDA only.
     """
 
     WARMUP_STEPS = 3
