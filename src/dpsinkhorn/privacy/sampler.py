@@ -100,22 +100,24 @@ class PoissonSampler:
         ``capacity`` records were sampled, else 0). Batched over the leading dimensions,
         as a sweep draws for all its runs; ``sample`` is the single draw."""
         sampled = u < self.rate
-        overflow = (sampled.sum(-1) > self.capacity).long()
         if self.selection == "topk":
             values, indices = torch.topk(u, self.capacity, dim=-1, largest=False, sorted=True)
+            count = sampled.sum(-1)
         else:
-            values, indices = self._compact(u, sampled)
-        return indices, (values < self.rate).float(), overflow
+            prefix_count = sampled.cumsum(-1)  # [..., N]: records sampled up to each index
+            values, indices = self._compact(u, prefix_count)
+            count = prefix_count[..., -1]
+        return indices, (values < self.rate).float(), (count > self.capacity).long()
 
-    def _compact(self, u: torch.Tensor, sampled: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def _compact(self, u: torch.Tensor, prefix_count: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """(values, indices) [..., capacity] of the smallest u among the sampled records:
-        the r-th sampled record (r ≤ ``compact_rows``) is where the prefix count of the
-        sampled reaches r (``searchsorted``), and those few are sorted by u (missing ones:
-        u = 2, index 0). Equals top-k on the sampled rows whenever at most ``compact_rows``
-        records are sampled. Fixed shapes, no host synchronisation."""
+        the r-th sampled record (r ≤ ``compact_rows``) is where ``prefix_count`` reaches r
+        (``searchsorted``), and those few are sorted by u (missing ones: u = 2, index 0).
+        Equals top-k on the sampled rows whenever at most ``compact_rows`` records are
+        sampled. Fixed shapes, no host synchronisation."""
         rows = min(max(self.compact_rows, self.capacity), u.shape[-1])
         ranks = torch.arange(1, rows + 1, device=u.device).expand(*u.shape[:-1], rows)
-        owners = torch.searchsorted(sampled.cumsum(-1), ranks.contiguous())
+        owners = torch.searchsorted(prefix_count, ranks.contiguous())
         found = owners < u.shape[-1]
         owners = torch.where(found, owners, 0)
         values, order = torch.where(found, u.gather(-1, owners), 2.0).sort(stable=True)
