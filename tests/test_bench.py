@@ -55,6 +55,17 @@ def test_bench_reports_the_precision_and_its_error(tmp_path, prepared_data, caps
     assert {"loss_rel", "grad_rel", "noise_rel", "within_tolerance"} <= set(error)
 
 
+def test_bench_times_the_step_variants_without_a_host_sync(tmp_path, prepared_data, capsys):
+    cfg = make_config(tmp_path, prepared_data)
+    args = ["bench", "--config", str(cfg), "--experiment", "e", "--steps", "1", "--warmup", "1"]
+    variants = ["compact_poisson", "channels_last", "fused_cost"]
+    assert main([*args, "--sweep", "2", *(f"--variant={v}" for v in variants)]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["ours"]["variants"] == variants
+    assert result["ours"]["host_syncs_per_step"] == result["sweep"]["host_syncs_per_step"] == 0
+    assert result["ours_steps_per_s"] > 0 and result["sweep_steps_per_s"] > 0
+
+
 @pytest.mark.parametrize("perturbation", ["image", "parameter"])
 @pytest.mark.parametrize("cost", ["mixed", "l1"])
 def test_training_step_never_synchronises(tmp_path, prepared_data, perturbation, cost):

@@ -211,3 +211,31 @@ def test_resume_on_cuda_equals_an_uninterrupted_run(mnist, tmp_path, determinist
     b = torch.load(tmp_path / "resumed" / "generator.pt", weights_only=False)["state_dict"]
     for k in a:  # cuDNN may pick non-deterministic kernels: equal up to float rounding
         torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("variant", ["compact_poisson", "channels_last", "fused_cost"])
+def test_step_variant_replays_like_the_default_step(mnist, variant, deterministic_cudnn):
+    """Each ``dpsinkhorn bench --variant`` replayed from a CUDA graph (the fused cost with
+    the compiled solver): same draws as the default step, the compact selection equal bit
+    for bit, the others to float32 rounding; its eager step never synchronises."""
+    from dpsinkhorn.bench.cli import use_variants
+
+    steps, compile_solver = GraphedStep.WARMUP_STEPS + 3, variant == "fused_cost"
+    runs = []
+    for variants in ([], [variant]):
+        trainer = Trainer(
+            paper_spec(), *mnist, CUDA, cuda_graphs=True, compile_solver=compile_solver
+        )
+        use_variants([trainer], trainer.stepper, variants)
+        runs.append((trainer, torch.stack([trainer.step() for _ in range(steps)])))
+    (default, want), (changed, got) = runs
+    assert torch.equal(changed.rng.get_state(), default.rng.get_state())
+    if variant == "compact_poisson":
+        assert torch.equal(got, want)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=0)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        changed.stepper.device_step([changed])
+    finally:
+        torch.cuda.set_sync_debug_mode("default")

@@ -40,9 +40,12 @@ def test_temperature_schedule_rejects_bad_values(bad):
         ot.temperature_schedule(*bad)
 
 
+@pytest.mark.parametrize("fused", [False, True])
 @pytest.mark.parametrize("cost", ["mixed", "l2", "l1"])
-def test_value_and_gradients_equal_geomloss(cost):
-    """Batched problems with different m and zero-weight rows, float64: equal to 1e-12."""
+def test_value_and_gradients_equal_geomloss(cost, fused, monkeypatch):
+    """Batched problems with different m and zero-weight rows, float64: equal to 1e-12.
+    ``fused``: the cost and gradients by ``ot.fused_cost`` in blocks of two rows."""
+    monkeypatch.setattr(ot, "FUSED_BLOCK", 2 * 3 * 17 * 9)
     diameter = DIAMETER if cost != "l1" else 100.0
     problems = [(0.7, 0), (0.0, 1), (2.0, 2)]  # (m, seed)
     xs, ys, bs, want = [], [], [], []
@@ -61,7 +64,7 @@ def test_value_and_gradients_equal_geomloss(cost):
     m = torch.tensor([m for m, _ in problems], dtype=F64)
     temperatures = ot.temperature_schedule(diameter, LAMBDA, SCALING)
     value, grad_x, grad_y = ot.entropic_ot_with_grad(
-        torch.stack(xs), torch.stack(ys), a, torch.stack(bs), temperatures, m, cost
+        torch.stack(xs), torch.stack(ys), a, torch.stack(bs), temperatures, m, cost, fused=fused
     )
     for k, (v, gx, gy) in enumerate(want):
         torch.testing.assert_close(value[k], v, rtol=1e-12, atol=0)
@@ -156,7 +159,8 @@ def test_runs_are_independent_problems_with_their_own_m():
     torch.testing.assert_close(grad_self, want_grads[1], rtol=1e-10, atol=1e-13)
 
 
-def test_float32_is_as_accurate_as_geomloss_at_the_paper_scale():
+@pytest.mark.parametrize("fused", [False, True])
+def test_float32_is_as_accurate_as_geomloss_at_the_paper_scale(fused):
     """MNIST-sized features (784 pixels + 10 classes), paper's λ, B and n', float32.
 
     At λ = 0.05 the costs are ~1e3, so C/λ ~ 1e4 and float32 rounding alone moves the
@@ -190,7 +194,7 @@ def test_float32_is_as_accurate_as_geomloss_at_the_paper_scale():
     exact_loss, exact_grad = geomloss(F64)
     geo_loss, geo_grad = geomloss(torch.float32)
     loss, grad = semi_debiased_sinkhorn_with_grad(
-        x, y, weights, n, p, LAMBDA, 1.0, scaling=SCALING, diameter=diameter
+        x, y, weights, n, p, LAMBDA, 1.0, scaling=SCALING, diameter=diameter, fused_cost=fused
     )
 
     def error(g: torch.Tensor) -> float:

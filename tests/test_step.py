@@ -8,10 +8,12 @@ import numpy as np
 import pytest
 import torch
 
+from dpsinkhorn.bench.cli import STEP_VARIANTS, use_variants
 from dpsinkhorn.config import make_experiment
 from dpsinkhorn.data import datasets as data
 from dpsinkhorn.privacy.factory import SPEC_KEYS, make_private, make_private_stack
 from dpsinkhorn.privacy.mechanism import ImageGradientSanitizer, ParameterGradientSanitizer
+from dpsinkhorn.privacy.sampler import PoissonSampler
 from dpsinkhorn.train import step as step_module
 from dpsinkhorn.train.sweep import SweepTrainer
 from dpsinkhorn.train.trainer import Trainer
@@ -171,3 +173,123 @@ def test_debiasing_rows_take_labels_of_their_own_draws(mnist, monkeypatch, membe
         assert torch.equal(labels[run, : n + n_prime], want)
         if n_prime:
             assert not torch.equal(labels[run, n : n + n_prime], labels[run, :n_prime])
+
+
+# ------------------------------------------------------------------ variants of the step
+
+
+@pytest.mark.parametrize(
+    ("num", "rate"), [(60000, 50 / 60000), (60000, 1e-5), (1000, 0.3), (40, 0.9)]
+)
+def test_compact_poisson_selection_is_the_top_k_selection(num, rate):
+    """Selection "compact" gives the same uniforms the same sampled rows in the same order,
+    the same weights and the same overflow flags as the float64 top-k: 100 batched draws
+    per setting, at the sampler's capacity and at a third of it (overflows)."""
+    topk = PoissonSampler(num, rate, CPU)
+    compact = PoissonSampler(num, rate, CPU, selection="compact")
+    g = torch.Generator().manual_seed(num)
+    for capacity in (topk.capacity, max(1, topk.capacity // 3)):
+        topk.capacity = compact.capacity = capacity
+        u = torch.rand(100, num, generator=g, dtype=torch.float64)
+        (i_t, w_t, o_t), (i_c, w_c, o_c) = topk.select(u), compact.select(u)
+        assert i_c.shape == w_c.shape == (100, capacity) and o_c.shape == (100,)
+        assert torch.equal(w_c, w_t) and torch.equal(o_c, o_t)
+        assert torch.equal(i_c[w_c > 0], i_t[w_t > 0])
+    sampled = (u < rate).sum(-1)
+    assert torch.equal(o_c, (sampled > capacity).long())
+    if rate > 1e-3:
+        assert o_c.sum() > 0  # the small capacity overflowed
+
+
+def test_compact_poisson_selection_past_its_buffer_keeps_the_first_sampled_records():
+    """More sampled records than ``compact_rows`` (probability ≤ COMPACT_TAIL a step):
+    the lowest-indexed ``compact_rows`` of them are kept, ordered by u, and the step is
+    counted as an overflow."""
+    sampler = PoissonSampler(100, 0.5, CPU, selection="compact")
+    sampler.capacity, sampler.compact_rows = 10, 20
+    u = torch.rand(100, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    indices, weights, overflow = sampler.select(u)
+    first = torch.nonzero(u < 0.5).squeeze(1)[:20]
+    want = first[u[first].argsort()][:10]
+    assert torch.equal(indices, want) and weights.sum() == 10 and overflow == 1
+
+
+def test_compact_poisson_selection_is_poisson_sampling():
+    """Each record is in the sample with probability q, independently of the others:
+    20,000 draws of 200 records at q = 0.1 (bounds: 5 standard errors)."""
+    num, rate, draws = 200, 0.1, 20000
+    sampler = PoissonSampler(num, rate, CPU, selection="compact")
+    g = torch.Generator().manual_seed(3)
+    included = []
+    for _ in range(draws // 1000):
+        u = torch.rand(1000, num, generator=g, dtype=torch.float64)
+        indices, weights, _ = sampler.select(u)
+        included.append(torch.zeros(1000, num).scatter_add_(1, indices, weights))
+    inc = torch.cat(included).double()
+    assert set(inc.unique().tolist()) <= {0.0, 1.0}
+    assert (inc.mean(0) - rate).abs().max() < 5 * math.sqrt(rate * (1 - rate) / draws)
+    joint = (inc.T @ inc) / draws  # P(i and j sampled)
+    off = joint[~torch.eye(num, dtype=torch.bool)]
+    assert (off.mean() - rate**2).abs() < 5 * math.sqrt(rate**2 / draws / num)
+    assert (off - rate**2).abs().max() < 6 * math.sqrt(rate**2 * (1 - rate**2) / draws)
+    counts = inc.sum(1)
+    assert counts.mean() == pytest.approx(num * rate, rel=0.01)
+    assert counts.var() == pytest.approx(num * rate * (1 - rate), rel=0.05)
+    assert int(sampler.overflows) == 0 and sampler.capacity < num
+
+
+def test_poisson_sampler_refuses_an_unknown_selection():
+    with pytest.raises(ValueError, match="selection must be one of"):
+        PoissonSampler(100, 0.1, CPU, selection="sort")
+
+
+@pytest.mark.parametrize("variant", STEP_VARIANTS)
+@pytest.mark.parametrize("settings", [{}, {"perturbation": "parameter", "cost": "l1"}])
+def test_each_step_variant_trains_like_the_default_step(mnist, variant, settings):
+    """``dpsinkhorn bench --variant``: the compact Poisson selection trains bit for bit like
+    the default step; the channels-last generator and the fused cost to float32 rounding
+    (the losses to 1e-5; the parameters' change over three Adam steps, which amplifies
+    rounding in near-zero gradients entry by entry, to 1e-3 in norm)."""
+    default = Trainer(spec(**settings), *mnist, CPU)
+    changed = Trainer(spec(**settings), *mnist, CPU)
+    start = torch.cat([p.detach().flatten() for p in default.model.parameters()])
+    use_variants([changed], changed.stepper, [variant])
+    for _ in range(3):
+        want, got = default.step(), changed.step()
+        if variant == "compact_poisson":
+            assert torch.equal(got, want)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=0)
+    moved = [
+        torch.cat([p.detach().flatten() for p in t.model.parameters()]) - start
+        for t in (default, changed)
+    ]
+    if variant == "compact_poisson":
+        assert torch.equal(*moved)
+    assert (moved[1] - moved[0]).norm() <= 1e-3 * moved[0].norm()
+
+
+def test_channels_last_generator_keeps_its_activations_channels_last(mnist):
+    """Every convolution's output, forward and backward, stays NHWC in a training step."""
+    trainer = Trainer(spec(), *mnist, CPU)
+    use_variants([trainer], trainer.stepper, ["channels_last"])
+    formats = []
+
+    def record(module, inputs, output):
+        formats.append(output.is_contiguous(memory_format=torch.channels_last))
+
+    for layer in trainer.model.net:
+        layer.register_forward_hook(record)
+    trainer.step()
+    assert formats and all(formats)
+    weights = [p for p in trainer.model.parameters() if p.ndim == 4]
+    assert all(w.grad.is_contiguous(memory_format=torch.channels_last) for w in weights)
+
+
+def test_step_variants_of_a_sweep_train_like_its_default_step(mnist):
+    """A sweep's batched selection and solve take the variants too (K = 2 runs)."""
+    specs = [spec("a"), spec("b", p=0.5, m=2.0)]
+    default, changed = SweepTrainer(specs, *mnist, CPU), SweepTrainer(specs, *mnist, CPU)
+    use_variants(changed.trainers, changed.stepper, ["compact_poisson", "fused_cost"])
+    for _ in range(2):
+        want, got = default.step(default.trainers), changed.step(changed.trainers)
+        torch.testing.assert_close(torch.stack(got), torch.stack(want), rtol=1e-5, atol=0)

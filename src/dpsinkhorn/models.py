@@ -28,9 +28,7 @@ class GeneratorConfig:
     image_size: int = 28  # output height = width
 
     def to_dict(self) -> dict:
-        d = asdict(self)
-        d["channels"] = list(self.channels)
-        return d
+        return {**asdict(self), "channels": list(self.channels)}
 
     @classmethod
     def from_dict(cls, d: dict) -> GeneratorConfig:
@@ -229,10 +227,7 @@ class MerfGenerator(nn.Module):
 
 
 #: (architecture, image size) -> generator class.
-GENERATORS = {
-    ("dcgan", 28): ConditionalDCGAN,
-    ("dcgan", 32): ConditionalDCGAN,
-    ("dcgan", 64): ConditionalDCGAN,
+GENERATORS = {("dcgan", size): ConditionalDCGAN for size in DCGAN_LAYERS} | {
     ("biggan", 32): ConditionalBigGAN,
     ("merf", 28): MerfGenerator,
     ("merf", 32): MerfGenerator,

@@ -1,10 +1,9 @@
 """Throughput of the training step: ``dpsinkhorn bench --config ... --experiment ...``.
 
-``--impl ours`` times ``train.Trainer.step`` (data resident on the device, fixed
-shapes, no host synchronisation). ``--impl reference`` times the straightforward
-step as the paper describes it (:class:`dpsinkhorn.bench.reference.ReferenceStep`).
-Both run the same model, loss, mechanism and sizes, in one process, after
-warm-up, with the device synchronised around the timed loop. Prints one JSON object.
+``--impl ours`` times ``train.Trainer.step``; ``--impl reference`` the step written the
+plain way (:class:`dpsinkhorn.bench.reference.ReferenceStep`). Both run the same model,
+loss, mechanism and sizes in one process, after warm-up, with the device synchronised
+around the timed loop. Prints one JSON object.
 """
 
 from __future__ import annotations
@@ -26,87 +25,93 @@ from dpsinkhorn.data.datasets import load_split
 from dpsinkhorn.devices import resolve_device
 from dpsinkhorn.models import PRECISIONS
 from dpsinkhorn.privacy.sampler import PoissonSampler
+from dpsinkhorn.train.step import TrainingStep
 from dpsinkhorn.train.sweep import SweepTrainer
 from dpsinkhorn.train.trainer import Trainer
 
+#: Variants of our step that ``--variant`` times, each equal to the default step
+#: (tests/test_step.py): the Poisson selection by compaction instead of a float64 top-k
+#: (``privacy.sampler``), the generator in channels-last memory format, and the solver's
+#: cost and gradients in one broadcast pass (``ot.solver.fused_cost``).
+STEP_VARIANTS = ("compact_poisson", "channels_last", "fused_cost")
 
-def benchmark(
-    spec: dict,
-    data_dir: Path,
-    device: str,
-    steps: int,
-    warmup: int,
-    impl: str = "ours",
-    sweep_runs: int = 0,
-    cuda_graphs: bool = False,
-    compile_solver: bool = False,
-    solver: bool = False,
-    precision: str = "fp32",
-    profile_steps: int = 0,
-) -> dict:
-    """Time the chosen implementation(s) of the training step on the experiment's data.
 
-    ``sweep_runs`` = K > 0 also times ``sweep.SweepTrainer`` on K copies of the experiment
-    (seeds seed..seed+K-1): ``sweep_steps_per_s`` counts sweep steps (each advances all K
-    runs) and ``sweep_per_run_ratio`` = sweep_steps_per_s / ours_steps_per_s (a sweep
-    pays at >= 0.7 for K >= 8). ``cuda_graphs`` replays ``ours`` and the sweep
-    from CUDA graphs (``train.step.GraphedStep``; CUDA only); ``compile_solver`` compiles
-    their Sinkhorn iterations; ``solver`` adds :func:`solver_iteration_times`;
-    ``precision`` is ours' and the sweep's generator arithmetic
-    (``models.GeneratorPrecision``). The reference runs with PyTorch's defaults
-    (``reference.cudnn_tf32`` says whether its CUDA convolutions could use TF32).
-    ``ours`` / ``reference`` / ``sweep`` hold each step's ATen operation,
-    host-synchronisation and FLOP counts (:func:`count_ops`, eager). ``profile_steps`` > 0
-    adds ``ours_profile`` (and ``sweep_profile``): :func:`profile_kernels` over that many
-    steps after the timing, i.e. of the replayed graph when ``cuda_graphs``.
+def use_variants(trainers: list, stepper: TrainingStep, variants) -> None:
+    """Switch ``trainers`` (fresh, before their first step) and their ``stepper`` to
+    ``variants`` (names of :data:`STEP_VARIANTS`)."""
+    for trainer in trainers:
+        if "compact_poisson" in variants:
+            trainer.sampler.selection = "compact"
+        if "channels_last" in variants:
+            trainer.model.to(memory_format=torch.channels_last)
+    stepper.fused_cost = "fused_cost" in variants
+
+
+def benchmark(spec: dict, data_dir: Path, args: argparse.Namespace) -> dict:
+    """Time the implementation(s) ``args.impl`` of the training step on the experiment's
+    data, with the options of ``dpsinkhorn bench`` (:func:`register_cli`; ``cuda_graphs``,
+    ``compile_solver`` and ``precision`` resolved against the config).
+
+    ``--sweep K`` also times ``sweep.SweepTrainer`` on K seeds of the experiment
+    (``sweep_per_run_ratio`` = sweep_steps_per_s / ours_steps_per_s). The reference runs
+    with PyTorch's defaults (``reference.cudnn_tf32``: whether its CUDA convolutions could
+    use TF32). ``ours`` / ``reference`` / ``sweep`` hold each step's :func:`count_ops`
+    (eager); ``--profile N`` adds :func:`profile_kernels` of N steps after the timing.
     """
+    steps, warmup, profile_steps, precision = args.steps, args.warmup, args.profile, args.precision
     images, labels = load_split(
         Path(data_dir), spec["dataset"], "train", folder=spec.get("prepared_folder")
     )
-    dev = resolve_device(device)
+    dev = resolve_device(args.device)
     result: dict = {"experiment": spec["name"], "timed_steps": steps, "warmup_steps": warmup}
     q = int(spec["batch_size"]) / len(labels)
     result["capacity"] = PoissonSampler(len(labels), q, torch.device("cpu")).capacity
-    if solver:
+    if args.solver:
         image_numel = int(np.prod(images.shape[1:]))
         result["solver_iterations"] = solver_iteration_times(
             spec, result["capacity"], image_numel, dev
         )
-    if impl in ("ours", "both"):
-        trainer = Trainer(spec, images, labels, dev, cuda_graphs, compile_solver, precision)
+    step_options, variants = (args.cuda_graphs, args.compile_solver, precision), args.variant
+    if args.impl in ("ours", "both"):
+        trainer = Trainer(spec, images, labels, dev, *step_options)
+        use_variants([trainer], trainer.stepper, variants)
         result["ours_steps_per_s"] = time_steps(trainer.step, dev, steps, warmup)
         if profile_steps:
             result["ours_profile"] = profile_kernels(trainer.step, dev, profile_steps)
         result["ours"] = count_ops(lambda: trainer.stepper.device_step([trainer]))
         result["ours"].update(
-            cuda_graphs=trainer.cuda_graphs, compile_solver=compile_solver, precision=precision
+            cuda_graphs=trainer.cuda_graphs,
+            compile_solver=args.compile_solver,
+            precision=precision,
+            variants=variants,
         )
         if precision != "fp32":
             result["precision_error"] = precision_error(spec, images, labels, dev, precision)
-    if impl in ("reference", "both"):
+    if args.impl in ("reference", "both"):
         reference = ReferenceStep(spec, images, labels, dev)
         result["reference_steps_per_s"] = time_steps(reference.step, dev, steps, warmup)
         result["reference"] = count_ops(reference.step)
         if dev.type == "cuda":
             result["reference"]["cudnn_tf32"] = cudnn_tf32_default()
-    if sweep_runs:
+    if sweep_runs := args.sweep:
         specs = [
             {**spec, "name": f"{spec['name']}_{k}", "seed": int(spec["seed"]) + k}
             for k in range(sweep_runs)
         ]
-        sweep = SweepTrainer(specs, images, labels, dev, cuda_graphs, compile_solver, precision)
+        sweep = SweepTrainer(specs, images, labels, dev, *step_options)
+        use_variants(sweep.trainers, sweep.stepper, variants)
         result["sweep_runs"] = sweep_runs
-        result["sweep_steps_per_s"] = time_steps(
-            lambda: sweep.step(sweep.trainers), dev, steps, warmup
-        )
+
+        def sweep_step():
+            return sweep.step(sweep.trainers)
+
+        result["sweep_steps_per_s"] = time_steps(sweep_step, dev, steps, warmup)
         if profile_steps:
-            result["sweep_profile"] = profile_kernels(
-                lambda: sweep.step(sweep.trainers), dev, profile_steps
-            )
+            result["sweep_profile"] = profile_kernels(sweep_step, dev, profile_steps)
         result["sweep"] = count_ops(lambda: sweep.stepper.device_step(sweep.trainers), flops=False)
         if "ours_steps_per_s" in result:
             result["sweep_per_run_ratio"] = result["sweep_steps_per_s"] / result["ours_steps_per_s"]
-    if impl == "both":
+    if args.impl == "both":
         result["ratio"] = result["ours_steps_per_s"] / result["reference_steps_per_s"]
     result["steps_per_s"] = result.get("ours_steps_per_s", result.get("reference_steps_per_s"))
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
@@ -147,6 +152,13 @@ def register_cli(subparsers: argparse._SubParsersAction) -> None:
         help="ours' generator arithmetic (fp32, tf32, bf16; config key precision)",
     )
     p.add_argument(
+        "--variant",
+        action="append",
+        choices=STEP_VARIANTS,
+        default=[],
+        help="time ours (and the sweep) with this variant of the step; repeatable",
+    )
+    p.add_argument(
         "--solver",
         action="store_true",
         help="also time the Sinkhorn iterations alone, eager and compiled (compiles once)",
@@ -170,23 +182,12 @@ def register_cli(subparsers: argparse._SubParsersAction) -> None:
 def _cli(args: argparse.Namespace) -> int:
     cfg = config_lib.load_config(args.config)
     spec = config_lib.trained_experiment(cfg, args.experiment, "nothing to benchmark")
-    device = args.device or cfg["device"]
-    result = benchmark(
-        spec,
-        cfg["data_dir"],
-        device,
-        args.steps,
-        args.warmup,
-        args.impl,
-        args.sweep,
-        config_lib.cli_or_config(args.cuda_graphs, cfg, "cuda_graphs"),
-        config_lib.cli_or_config(args.compile_solver, cfg, "compile_solver"),
-        args.solver,
-        config_lib.cli_or_config(args.precision, cfg, "precision"),
-        args.profile,
-    )
+    args.device = args.device or cfg["device"]
+    for key in ("cuda_graphs", "compile_solver", "precision"):
+        setattr(args, key, config_lib.cli_or_config(getattr(args, key), cfg, key))
+    result = benchmark(spec, cfg["data_dir"], args)
     if args.layers:
-        result["generator_layers"] = generator_layer_profile(spec, device)
+        result["generator_layers"] = generator_layer_profile(spec, args.device)
         layers_ms = sum(row["ms_forward_backward"] for row in result["generator_layers"])
         result["generator_share_of_step"] = layers_ms / 1e3 * result["steps_per_s"]
     print(json.dumps(result))

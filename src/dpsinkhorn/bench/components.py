@@ -19,13 +19,9 @@ from dpsinkhorn.ot.loss import debias_size, feature_diameter
 def generator_layer_profile(
     spec: dict, device: str, repeats: int = 20, warmup: int = 3
 ) -> list[dict]:
-    """Forward + backward time of each generator layer on one step's batch (n + n' rows).
-
-    ``gflop_per_s``: the floating-point operations of forward + backward as counted by
-    ``torch.utils.flop_counter.FlopCounterMode`` (convolutions and matmuls), divided by the
-    measured time. Each layer runs on its own input (detached), so the times add up to
-    the generator's share of a step.
-    """
+    """Forward + backward time of each generator layer on one step's batch (n + n' rows),
+    each on its own detached input (the times add up to the generator's share of a step);
+    ``gflop_per_s``: ``FlopCounterMode``'s count of forward + backward over that time."""
     dev = resolve_device(device)
     rows = int(spec["batch_size"]) + debias_size(int(spec["batch_size"]), spec["p"])
     config = GeneratorConfig(
@@ -79,7 +75,7 @@ def solver_iteration_times(
             spec["sinkhorn_scaling"],
         )
     )
-    compiled = ot._compiled_iterations()
+    compiled = ot.compiled(ot.sinkhorn_iterations)
     start = time.perf_counter()
     compiled(cost, a_log, b_log, temperatures)
     sync(dev)

@@ -16,14 +16,9 @@ SYNCING_OPS = ("aten::_local_scalar_dense", "aten::nonzero")
 
 class OpCounter(TorchDispatchMode):
     """Counts the ATen operations run below autograd (forward and backward), views and
-    profiler marks excluded.
-
-    Each counted operation is at least one kernel launch on a GPU, so ``ops`` is the
-    launch count a CUDA graph would save per step; ``syncs`` counts those in
-    ``SYNCING_OPS``, except inside an optimiser step: there they read the optimiser's
-    step counter, which stays on the host on every device (unless ``capturable``),
-    so they never wait for a GPU.
-    """
+    profiler marks excluded: each is at least one kernel launch on a GPU. ``syncs`` counts
+    those in ``SYNCING_OPS`` outside optimiser steps (there they read the optimiser's
+    step counter, on the host unless ``capturable``: no wait for a GPU)."""
 
     def __init__(self):
         super().__init__()
@@ -54,13 +49,9 @@ class OpCounter(TorchDispatchMode):
 
 
 def count_ops(step, flops: bool = True) -> dict:
-    """ATen operations, host synchronisations and (``flops``) GFLOP of one call of ``step``.
-
-    ``gflop_per_step``: floating-point operations of the convolutions and matrix
-    products, forward and backward, as ``torch.utils.flop_counter`` counts them. Not for
-    the sweep: that counter ignores ``groups`` in a convolution's weight gradient, so it
-    counts vmap's grouped convolutions K times over there.
-    """
+    """ATen operations, host synchronisations and (``flops``) GFLOP of one call of ``step``:
+    ``torch.utils.flop_counter``'s count of the convolutions and matrix products. Not for
+    a sweep: that counter counts vmap's grouped convolutions K times over."""
     with OpCounter() as counter:
         step()
     result = {"ops_per_step": counter.ops, "host_syncs_per_step": counter.syncs}

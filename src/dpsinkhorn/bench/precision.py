@@ -30,20 +30,11 @@ PRECISION_TOLERANCE = {"loss_rel": 5e-3, "grad_rel": 2e-2, "noise_rel": 0.1}
 def precision_error(
     spec: dict, images, labels, device: torch.device, precision: str, warm_steps: int = 3
 ) -> dict:
-    """How far one training step in ``precision`` lands from the same step in fp32.
-
-    A float32 ``Trainer`` first takes ``warm_steps`` steps; from that state, with the
-    same draws (z, labels, Poisson sample), ``train.step.TrainingStep.forward_backward``
-    runs in fp32 and in ``precision``. Reports
-
-    * ``loss_rel``: |S_p − S_32| / |S_32|;
-    * ``grad_rel``: ‖∇θ_p − ∇θ_32‖ / ‖∇θ_32‖ without sanitisation (the update a
-      non-private run takes);
-    * ``noise_rel`` (private runs): ‖∇θ_p − ∇θ_32‖ / ‖∇θ_32' − ∇θ_32‖ on the sanitised
-      gradient, same noise for p and 32, another noise draw for 32': the precision's
-      change to a private update as a fraction of the change that the mechanism's own
-      noise makes from one draw to the next;
-    * ``within_tolerance``: all of them within :data:`PRECISION_TOLERANCE`.
+    """How far one training step in ``precision`` lands from the same step in fp32, from
+    the state after ``warm_steps`` fp32 steps, with the same draws (docs/PERFORMANCE.md,
+    "Precision"): ``loss_rel`` |S_p − S_32| / |S_32|; ``grad_rel`` ‖∇θ_p − ∇θ_32‖ / ‖∇θ_32‖
+    unsanitised; ``noise_rel`` (private runs) ‖∇θ_p − ∇θ_32‖ / ‖∇θ_32' − ∇θ_32‖ sanitised,
+    32' with another noise draw; ``within_tolerance``: all within :data:`PRECISION_TOLERANCE`.
     """
     trainer = Trainer(spec, images, labels, device)
     for _ in range(warm_steps):

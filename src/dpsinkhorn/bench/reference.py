@@ -1,9 +1,6 @@
-"""The training step as the paper describes it, written the obvious way (``--impl reference``).
-
-``ReferenceStep``: Poisson sample by boolean mask, real images converted every step, a
-tensor hook that clips and noises (or, with ``perturbation: parameter``, the parameter
-gradient clipped and noised after the backward pass), geomloss with its defaults
-(diameter estimated from the points) called twice. For benchmarks only.
+"""The training step as the paper describes it, written the obvious way (``--impl reference``):
+Poisson sample by boolean mask, images converted every step, a tensor hook (or the parameter
+gradient) clipped and noised, geomloss with its defaults called twice. For benchmarks only.
 """
 
 from __future__ import annotations

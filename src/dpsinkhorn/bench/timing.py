@@ -26,13 +26,10 @@ def time_steps(step, device: torch.device, steps: int, warmup: int) -> float:
 
 
 def profile_kernels(step, device: torch.device, steps: int, top: int = 25) -> dict:
-    """Device time per step of each kernel of ``step()`` (e.g. a CUDA-graph replay).
-
-    torch.profiler (CUPTI) records the kernels a graph replay launches one by one, so this
-    sees the graphed step's arithmetic rather than eager launch overhead. Returns
+    """Device time per step of each kernel of a warmed-up ``step()`` by torch.profiler,
+    which records a CUDA graph's kernels one by one (on a CPU: ATen ops). Returns
     ``{"steps", "device_us_per_step", "wall_us_per_step", "kernels": [{"name",
     "us_per_step", "calls_per_step", "share"}]}`` for the ``top`` kernels by device time.
-    ``step`` must already be warmed up (and captured). On a CPU the "kernels" are ATen ops.
     """
     from torch.profiler import ProfilerActivity, profile
 

@@ -1,32 +1,14 @@
 """Batched entropic OT with a fixed iteration schedule, returning value and gradients.
 
-The training step's solver. It runs the same algorithm as geomloss's tensorized
-``SamplesLoss("sinkhorn", p=1, debias=False, diameter=..., scaling=...)``, so its value
-and gradients equal geomloss's up to floating-point rounding (tests/test_ot.py checks
-this against geomloss for every cost). Two things differ, both for speed:
-
-* the temperature schedule (geomloss's "ε-scaling": λ annealed down from the diameter)
-  is built once from a data-independent diameter, so a solve is a fixed sequence of
-  tensor operations: no host synchronisation, no data-dependent
-  control flow, the same kernels every step (capturable in a CUDA graph);
-* the gradients w.r.t. both point clouds are returned in closed form (nothing is
-  recorded through the iterations, nothing reaches the caller's autograd graph), so
-  the step sees ∇_X S explicitly and sanitises it
-  before it enters the generator's backward pass.
-
-Notation, per batch entry b (B independent problems):
-    x [N, D] with weights α [N], y [M, D] with weights β [M] (non-negative, summing
-    to 1; weight-0 rows are ignored), cost C [N, M] (:func:`mixed_cost`),
-    W_λ(α, β) = <α, f> + <β, g> for the dual potentials (f, g) at the Sinkhorn
-    temperature λ (the config's ``entropy_reg``; not the privacy budget ε).
-
-Gradients (envelope theorem, as geomloss obtains them by differentiating its final
-extrapolation step with the earlier potentials held fixed):
+The training step's solver: geomloss's tensorized ``SamplesLoss("sinkhorn", p=1,
+debias=False)`` algorithm (equal up to rounding; tests/test_ot.py), with the temperature
+schedule fixed in advance from a data-independent diameter (no host synchronisation, the
+same kernels every step) and the gradients in closed form, outside the caller's autograd
+(docs/PAPER.md, "The loss"). Per problem, x [N,D] with weights α, y [M,D] with β, cost C:
+    W_λ = <α, f> + <β, g> for the dual potentials (f, g) at temperature λ (``entropy_reg``)
     ∇_{x_i} W = α_i Σ_j P_ij ∇_x C(x_i, y_j),   P_ij = softmax_j(log β_j + (g_j − C_ij)/λ)
     ∇_{y_j} W = β_j Σ_i Q_ij ∇_y C(x_i, y_j),   Q_ij = softmax_i(log α_i + (f_i − C_ij)/λ)
     ∇_x C = 2(x − y) + m sign(x − y)            (mixed; l2: m = 0; l1: sign(x − y) only)
-The two sums are vector-Jacobian products of the cost matrix (its autograd backward:
-matrix products and cdist's fused L1 kernel), the only autograd use in this module.
 """
 
 from __future__ import annotations
@@ -49,12 +31,9 @@ def check_cost(cost: str) -> None:
 def mixed_cost(
     x: torch.Tensor, y: torch.Tensor, m: float | torch.Tensor, cost: str = "mixed"
 ) -> torch.Tensor:
-    """Cost matrix for x [B,N,D], y [B,M,D] -> [B,N,M] (no ½ anywhere).
-
-    ``cost``: mixed ||x_i − y_j||² + m ||x_i − y_j||₁; l2 ||x_i − y_j||²; l1
-    ||x_i − y_j||₁ (``m`` is ignored by l2 and l1; l2 equals mixed with m = 0).
-    ``m`` is a number or a tensor [B] (one weight per batch entry, for sweeps).
-    """
+    """Cost matrix for x [B,N,D], y [B,M,D] -> [B,N,M] (no ½ anywhere): mixed
+    ||x_i − y_j||² + m ||x_i − y_j||₁, l2 ||x_i − y_j||², l1 ||x_i − y_j||₁; ``m`` (ignored
+    by l2 and l1) is a number or a tensor [B] (one weight per batch entry, for sweeps)."""
     check_cost(cost)
     if cost == "l1":
         return torch.cdist(x, y, p=1)
@@ -65,6 +44,48 @@ def mixed_cost(
     elif cost == "mixed" and m:
         out = out + m * torch.cdist(x, y, p=1)
     return out
+
+
+#: Most elements of one [B, rows, M, D] block of differences in :func:`fused_cost`.
+FUSED_BLOCK = 2**24
+
+
+def _difference_blocks(x: torch.Tensor, y: torch.Tensor, m: torch.Tensor, cost: str):
+    """(rows, x_i − y_j [B, rows, M, D], weight of ||·||², weight of ||·||₁ [B,1,1,1]) per
+    block of x's rows, each block at most ``FUSED_BLOCK`` elements."""
+    l1 = {"mixed": m, "l2": torch.zeros_like(m), "l1": torch.ones_like(m)}[cost].view(-1, 1, 1, 1)
+    sq, rows = float(cost != "l1"), max(1, FUSED_BLOCK // (x.shape[0] * y.shape[1] * x.shape[2]))
+    for start in range(0, x.shape[1], rows):
+        block = slice(start, start + rows)
+        yield block, x[:, block, None] - y[:, None], sq, l1
+
+
+def fused_cost(x: torch.Tensor, y: torch.Tensor, m: torch.Tensor, cost: str) -> torch.Tensor:
+    """:func:`mixed_cost` [B,N,M] from the exact differences x_i − y_j, both norms in one
+    broadcast expression per block of rows (no matrix product, no cdist); m [B]."""
+    blocks = [
+        (sq * diff.square() + l1 * diff.abs()).sum(-1)
+        for _, diff, sq, l1 in _difference_blocks(x, y, m, cost)
+    ]
+    return torch.cat(blocks, dim=1)
+
+
+def fused_cost_gradients(
+    x: torch.Tensor,
+    y: torch.Tensor,
+    m: torch.Tensor,
+    cost: str,
+    plan_x: torch.Tensor,
+    plan_y: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(Σ_j plan_x_ij ∇_x C_ij [B,N,D], Σ_i plan_y_ij ∇_y C_ij [B,M,D]) for plans [B,N,M],
+    both from one pass over the differences: ∇_x C = −∇_y C = 2(x − y) + m sign(x − y)."""
+    grad_x, grad_y = torch.empty_like(x), torch.zeros_like(y)
+    for rows, diff, sq, l1 in _difference_blocks(x, y, m, cost):
+        slope = 2 * sq * diff + l1 * diff.sign()
+        grad_x[:, rows] = (plan_x[:, rows, :, None] * slope).sum(2)
+        grad_y -= (plan_y[:, rows, :, None] * slope).sum(1)
+    return grad_x, grad_y
 
 
 def temperature_schedule(diameter: float, entropy_reg: float, scaling: float) -> list[float]:
@@ -96,12 +117,9 @@ def _softmin(lam: float, cost: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
 def sinkhorn_iterations(
     c_xy: torch.Tensor, a_log: torch.Tensor, b_log: torch.Tensor, temperatures: tuple[float, ...]
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Symmetric log-domain Sinkhorn annealed through ``temperatures``
-    (:func:`temperature_schedule`), as geomloss's ``sinkhorn_loop``.
-
-    c_xy [B,N,M], log-weights a_log [B,N], b_log [B,M] -> potentials (f [B,N], g [B,M])
-    at the last temperature, before the final extrapolation. No kernel truncation.
-    """
+    """Symmetric log-domain Sinkhorn annealed through ``temperatures``, as geomloss's
+    ``sinkhorn_loop``: c_xy [B,N,M], log-weights a_log [B,N], b_log [B,M] -> potentials
+    (f [B,N], g [B,M]) at the last temperature, before the final extrapolation."""
     c_yx = c_xy.transpose(1, 2)
     lam = temperatures[0]
     f = _softmin(lam, c_xy, b_log)
@@ -114,14 +132,12 @@ def sinkhorn_iterations(
 
 
 @functools.cache
-def _compiled_iterations():
-    """:func:`sinkhorn_iterations` through ``torch.compile`` (built once per process).
-
-    Fuses each iteration's element-wise work and reductions: on a GPU the iterations
-    become a few dozen kernels instead of ~200 (one per operation). Shapes are static
-    (``dynamic=False``): a new batch shape or schedule compiles again.
-    """
-    return torch.compile(sinkhorn_iterations, dynamic=False)
+def compiled(function):
+    """``function`` (:func:`sinkhorn_iterations`, :func:`fused_cost`,
+    :func:`fused_cost_gradients`) through ``torch.compile``, built once per process: each
+    iteration's or block's element-wise work and reductions become a few fused kernels.
+    Shapes are static (``dynamic=False``): a new batch shape or schedule compiles again."""
+    return torch.compile(function, dynamic=False)
 
 
 @torch.no_grad()
@@ -134,24 +150,29 @@ def entropic_ot_with_grad(
     m: torch.Tensor,
     cost: str = "mixed",
     compile: bool = False,
+    fused: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """W_λ for B independent problems, with its gradients; λ = temperatures[-1].
 
     x [B,N,D], y [B,M,D], x_weights [B,N], y_weights [B,M] (each summing to 1),
     m [B] (L1 weight of the mixed cost; ignored by l2 and l1), ``temperatures`` from
     :func:`temperature_schedule`. Returns (value [B], ∇_x W [B,N,D], ∇_y W [B,M,D]).
-    ``compile``: run the iterations through ``torch.compile`` (:func:`_compiled_iterations`).
+    ``compile``: run the iterations (and the fused cost) through :func:`compiled`.
+    ``fused``: the cost and its gradients by :func:`fused_cost` and
+    :func:`fused_cost_gradients` instead of :func:`mixed_cost` and its autograd backward.
     Works on detached inputs; the results carry no autograd history.
     """
-    # The cost is recorded for autograd only to use its backward kernels for the
-    # closed-form gradients at the end (a vector-Jacobian product with the plans).
-    with torch.enable_grad():
-        x_leaf, y_leaf = x.detach().requires_grad_(), y.detach().requires_grad_()
-        cost_graph = mixed_cost(x_leaf, y_leaf, m, cost)  # [B,N,M]
-    c_xy = cost_graph.detach()
+    cost_of, gradients_of, iterate = fused_cost, fused_cost_gradients, sinkhorn_iterations
+    if compile:
+        cost_of, gradients_of, iterate = map(compiled, (cost_of, gradients_of, iterate))
+    if fused:
+        c_xy = cost_of(x, y, m, cost)
+    else:  # recorded for autograd only to use its backward kernels for the gradients
+        with torch.enable_grad():
+            x_leaf, y_leaf = x.detach().requires_grad_(), y.detach().requires_grad_()
+            cost_graph = mixed_cost(x_leaf, y_leaf, m, cost)  # [B,N,M]
+        c_xy = cost_graph.detach()
     a_log, b_log = _log_weights(x_weights), _log_weights(y_weights)
-
-    iterate = _compiled_iterations() if compile else sinkhorn_iterations
     f, g = iterate(c_xy, a_log, b_log, tuple(temperatures))
 
     # Final extrapolation at λ: one more update of both potentials from (f, g).
@@ -165,6 +186,8 @@ def entropic_ot_with_grad(
     # ∇_{x_i} W = Σ_j α_i P_ij ∇_x C_ij and ∇_{y_j} W = Σ_i β_j Q_ij ∇_y C_ij.
     plan_x = x_weights[:, :, None] * torch.softmax(logits_x, dim=2)
     plan_y = y_weights[:, None, :] * torch.softmax(logits_y, dim=1)
+    if fused:
+        return value, *gradients_of(x, y, m, cost, plan_x, plan_y)
     (grad_x,) = torch.autograd.grad(cost_graph, x_leaf, plan_x, retain_graph=True)
     (grad_y,) = torch.autograd.grad(cost_graph, y_leaf, plan_y)
     return value, grad_x, grad_y

@@ -16,6 +16,12 @@ from scipy.stats import binom
 #: δ is (1 + e^ε)·T·p (see PoissonSampler): at ε = 10 and T = 1.7e6 steps that is 4e-8
 #: at 1e-18, against δ ≥ 1e-6; the buffer grows from 108 to 123 rows at B = 50, N = 60k.
 OVERFLOW_TAIL = 1e-18
+#: Per-step probability that selection "compact" sees more sampled records than its buffer
+#: holds (then it keeps the lowest-indexed ones; an overflow anyway).
+COMPACT_TAIL = 1e-100
+#: How ``PoissonSampler.select`` finds the smallest uniforms: a float64 top-k over all N,
+#: or the sampled records found by a prefix count and a sort of those few.
+SELECTIONS = ("topk", "compact")
 
 
 def overflow_capacity(num_records: int, rate: float, tail: float) -> int:
@@ -31,11 +37,14 @@ class PoissonSampler:
     """Poisson sampling (each record independently with probability q) in fixed shape.
 
     One draw u ~ U(0,1)^N in float64 (P(u < q) = q to 1e-16) selects the records with
-    u < q; the ``capacity`` smallest u are returned with weight 1 where u < q, else 0.
-    Capacity is the smallest c with P(Binomial(N + 1, q) > c) ≤ ``OVERFLOW_TAIL`` (N + 1:
-    the larger neighbour under add/remove adjacency). On overflow the batch is a uniform
-    subset of ``capacity`` sampled records. The step zeroes the features of weight-0 rows
-    (``train.step``), so nothing of an unsampled record is computed on.
+    u < q; the ``capacity`` smallest u are returned, in increasing u, with weight 1 where
+    u < q, else 0. Capacity is the smallest c with P(Binomial(N + 1, q) > c) ≤
+    ``OVERFLOW_TAIL`` (N + 1: the larger neighbour under add/remove adjacency). On overflow
+    the batch is a uniform subset of ``capacity`` sampled records. The step zeroes the
+    features of weight-0 rows (``train.step``), so nothing of an unsampled record is
+    computed on. ``selection`` (:data:`SELECTIONS`) is how the smallest u are found: both
+    return the same sampled rows in the same order unless more than ``compact_rows`` ≥
+    ``capacity`` records are sampled, an overflow, so the bound below holds for both.
 
     Privacy cost of overflows (charged in ``train.release.privacy_record``). Couple the
     trained mechanism M' with the ideal Poisson-subsampled Gaussian M through the same
@@ -47,10 +56,20 @@ class PoissonSampler:
     """
 
     def __init__(
-        self, num_records: int, rate: float, device: torch.device, tail: float = OVERFLOW_TAIL
+        self,
+        num_records: int,
+        rate: float,
+        device: torch.device,
+        tail: float = OVERFLOW_TAIL,
+        selection: str = "topk",
     ):
-        self.num_records, self.rate = num_records, rate
+        if selection not in SELECTIONS:
+            raise ValueError(f"selection must be one of {SELECTIONS}, got {selection!r}")
+        self.num_records, self.rate, self.selection = num_records, rate, selection
         self.capacity = overflow_capacity(num_records, rate, tail)
+        # The compacted buffer of selection "compact": it holds every sampled record
+        # unless more than its rows are sampled (probability ≤ COMPACT_TAIL per step).
+        self.compact_rows = overflow_capacity(num_records, rate, COMPACT_TAIL)
         self.overflows = torch.zeros((), dtype=torch.long, device=device)
         self.device = device
 
@@ -80,6 +99,27 @@ class PoissonSampler:
         [..., capacity], weights [..., capacity] and overflow [...] (1 where more than
         ``capacity`` records were sampled, else 0). Batched over the leading dimensions,
         as a sweep draws for all its runs; ``sample`` is the single draw."""
-        values, indices = torch.topk(u, self.capacity, dim=-1, largest=False, sorted=True)
-        overflow = ((u < self.rate).sum(-1) > self.capacity).long()
-        return indices, (values < self.rate).float(), overflow
+        sampled = u < self.rate
+        if self.selection == "topk":
+            values, indices = torch.topk(u, self.capacity, dim=-1, largest=False, sorted=True)
+            count = sampled.sum(-1)
+        else:
+            prefix_count = sampled.cumsum(-1)  # [..., N]: records sampled up to each index
+            values, indices = self._compact(u, prefix_count)
+            count = prefix_count[..., -1]
+        return indices, (values < self.rate).float(), (count > self.capacity).long()
+
+    def _compact(self, u: torch.Tensor, prefix_count: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """(values, indices) [..., capacity] of the smallest u among the sampled records:
+        the r-th sampled record (r ≤ ``compact_rows``) is where ``prefix_count`` reaches r
+        (``searchsorted``), and those few are sorted by u (missing ones: u = 2, index 0).
+        Equals top-k on the sampled rows whenever at most ``compact_rows`` records are
+        sampled. Fixed shapes, no host synchronisation."""
+        rows = min(max(self.compact_rows, self.capacity), u.shape[-1])
+        ranks = torch.arange(1, rows + 1, device=u.device).expand(*u.shape[:-1], rows)
+        owners = torch.searchsorted(prefix_count, ranks.contiguous())
+        found = owners < u.shape[-1]
+        owners = torch.where(found, owners, 0)
+        values, order = torch.where(found, u.gather(-1, owners), 2.0).sort(stable=True)
+        order = order[..., : self.capacity]
+        return values[..., : self.capacity], owners.gather(-1, order)

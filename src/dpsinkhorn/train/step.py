@@ -1,22 +1,12 @@
 """The DP-Sinkhorn training step (paper Algorithm 1), one implementation for 1 or K runs.
 
-One step of each run k in ``runs`` (a single ``dpsinkhorn train`` run is K = 1; a
-sweep steps its K active runs together):
-
-    1. draws from run k's own generator z and labels for n + n'_k rows, then the Poisson
-       uniforms of its real batch (``privacy.sampler.PoissonSampler``, rate q = n / N);
-    2. X_k = g_k(z, label) (K > 1: ``torch.func.vmap`` over stacked parameters);
-    3. S_k = 2 W_λ(X_k[0:n], Y_k) − W_λ(X_k[0:n], X_k[n'_k:n'_k+n]) on
-       [image, α_c · onehot] and ∇_{X_k} S_k in closed form, all runs in one solve
-       (``ot.loss.semi_debiased_sinkhorn_with_grad_runs``);
-    4. the privacy mechanism (``privacy.factory.make_private``): ``perturbation: image``
-       clips and noises ∇_{X_k} S_k (``ImageGradientSanitizer``, :func:`sanitize`);
-       ``perturbation: parameter`` the whole parameter gradient after the backward pass
-       (``ParameterGradientSanitizer``, ``Trainer.apply_update``);
-    5. the backward pass and each run's optimiser step.
-
-The device work has fixed shapes and no host synchronisation (:class:`GraphedStep` can
-replay it); host bookkeeping follows in :meth:`TrainingStep.__call__`.
+Each run k draws z, labels and its Poisson sample from its own generator, generates
+X_k = g_k(z, label) (K > 1: ``torch.func.vmap``), computes S_k and ∇_{X_k} S_k of all runs
+in one solve (``ot.loss.semi_debiased_sinkhorn_with_grad_runs``), applies its privacy
+mechanism (``privacy.factory.make_private``: the image gradient clipped and noised by
+:func:`sanitize`, or the parameter gradient in ``Trainer.apply_update``), and takes its
+optimiser step. The device work has fixed shapes and no host synchronisation
+(:class:`GraphedStep` can replay it); host bookkeeping follows in :meth:`TrainingStep.__call__`.
 """
 
 from __future__ import annotations
@@ -58,12 +48,10 @@ class Trainer(Protocol):
 
 
 class GraphedStep:
-    """Runs a step's device work from a CUDA graph: eager warm-up, one capture, then replays.
-
-    ``device_step`` must do only fixed-shape device work with no host synchronisation and
-    every random draw from the ``trainers``' generators, which are registered with the
-    graph (each replay draws fresh z, labels, Poisson samples and noise). The first
-    ``WARMUP_STEPS`` calls are ordinary eager steps on a side stream. CUDA only.
+    """Runs a step's device work from a CUDA graph: ``WARMUP_STEPS`` eager steps on a side
+    stream, one capture, then replays. ``device_step``: fixed-shape device work, no host
+    synchronisation, every draw from the ``trainers``' generators (registered with the
+    graph, so each replay draws fresh z, labels, Poisson samples and noise). CUDA only.
     """
 
     WARMUP_STEPS = 3
@@ -126,8 +114,11 @@ class TrainingStep:
     """The step of a set of runs that share their data, n, the loss settings and the
     generator's architecture (a single run, or a sweep's members: ``config.identity``'s
     ``sweep_key``). Call it with the runs to advance (all, or a sweep's active subset);
-    constants of each set of runs are built once and kept.
+    constants of each set of runs are built once and kept. ``fused_cost``: the solver's
+    cost and gradients by ``ot.solver.fused_cost`` (``dpsinkhorn bench --fused-cost``).
     """
+
+    fused_cost = False
 
     def __init__(self, trainers: Sequence[Trainer], device: torch.device, cuda_graphs: bool):
         self.trainers, self.device = list(trainers), device
@@ -209,6 +200,7 @@ class TrainingStep:
             diameter=first.diameter,
             cost=first.cost,
             compile=first.compile_solver,
+            fused_cost=self.fused_cost,
         )
         # ∇_{X_k} S_k: rows 0..n-1 get ∇_{X_k[0:n]} S_k and rows n'_k..n'_k+n-1 add
         # ∇_{X_k[n'_k:n'_k+n]} S_k (as ot.loss.debiased_gradient does for one run).
@@ -223,7 +215,10 @@ class TrainingStep:
         sanitized = sanitize(runs, grad_images)
         for t in runs:
             t.optimizer.zero_grad(set_to_none=True)
-        images.backward(sanitized.to(images.dtype))  # float32 -> bf16: post-processing
+        grad_out = sanitized.to(images.dtype)  # float32 -> bf16: post-processing
+        if not images.is_contiguous():  # e.g. a channels-last generator: in its own layout
+            grad_out = torch.empty_like(images).copy_(grad_out)
+        images.backward(grad_out)
         return list(losses)
 
     def _generate(
@@ -234,10 +229,9 @@ class TrainingStep:
             return runs[0].model(z[0], labels[0]).unsqueeze(0)
         per_run = [dict(t.model.named_parameters()) for t in runs]
         params = {name: torch.stack([p[name] for p in per_run]) for name in self.param_names}
-        return vmap(self._forward)(params, z, labels)
-
-    def _forward(self, params: dict, z: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return functional_call(self.template, params, (z, labels))
+        return vmap(lambda p, z_k, y_k: functional_call(self.template, p, (z_k, y_k)))(
+            params, z, labels
+        )
 
     def _run_set(self, runs: Sequence[Trainer]) -> _RunSet:
         key = tuple(id(t) for t in runs)
