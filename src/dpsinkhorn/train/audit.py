@@ -24,7 +24,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -86,7 +86,6 @@ class AuditConfig:
     steps: int = 4
     releases: int = 2_000_000
     seed: int = 0
-    extra: dict = field(default_factory=dict)
 
     @property
     def sound(self) -> bool:
@@ -190,7 +189,7 @@ def build_runs(cfg: AuditConfig, data_root: Path) -> tuple[list[Trainer], Traini
     images, labels = build_data(cfg, data_root)
     keys = ("batch_size", "clip", "clipping", "perturbation", "accountant", "delta", "seed")
     settings = {k: getattr(cfg, k) for k in keys}
-    settings.update(channels=list(cfg.channels), steps=1, reproducible=True, **cfg.extra)
+    settings.update(channels=list(cfg.channels), steps=1, reproducible=True)
     if cfg.cost is not None:
         settings["cost"] = cfg.cost
     specs = [
@@ -416,10 +415,8 @@ def audit(
     start = time.perf_counter()
     torch.manual_seed(cfg.seed)
     trainers, stepper = build_runs(cfg, data_root)
-    q = trainers[0].q
-    max_draws = max_draws or int(50 * cfg.steps / q + 1000)
-    got = collect(cfg, trainers, stepper, max_draws)
-    results = []
+    got = collect(cfg, trainers, stepper, max_draws or int(50 * cfg.steps / trainers[0].q + 1000))
+    results, source = [], commit()
     for k, t in enumerate(trainers):
         t.accountant.step()  # the run's ledger for one step at its rate q (context only)
         res = audit_run(cfg, t, got["pairs"][k], got["checks"][k])
@@ -427,7 +424,7 @@ def audit(
             res["passed"] = False  # the rows released without noise depend on the canary
         results.append(
             {
-                "commit": commit(),
+                "commit": source,
                 "config": cfg.name,
                 "data": cfg.data,
                 "run": k,
@@ -443,12 +440,6 @@ def audit(
     for r in results:
         r["seconds"] = round(time.perf_counter() - start, 1)
     return results
-
-
-def failed(result: dict) -> bool:
-    """A sound mechanism whose certified ε exceeds its claim (or whose noise or sensitivity
-    departs from what it declares, or whose noise-free debiasing rows depend on the canary)."""
-    return result["mechanism"] == "sound" and not result["passed"]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -471,23 +462,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         if (args.only is None or args.only in c.name)
         and (args.mechanism is None or c.mechanism == args.mechanism)
     ]
-    if not configs:
-        print("audit: error: no configuration matches --only / --mechanism", file=sys.stderr)
-        return 2
-    if any(c.data == "mnist" for c in configs):  # refuse before hours of work, not after
-        path = split_path(args.data_root, "mnist", "train")
-        if not path.is_file():
-            print(f"audit: error: {path} not found (give --data-root)", file=sys.stderr)
-            return 2
     overrides = {
         k: v for k, v in (("releases", args.releases), ("steps", args.steps)) if v is not None
     }
+    mnist = split_path(args.data_root, "mnist", "train")
     status = 0
     try:
+        if not configs:
+            raise AuditError("no configuration matches --only / --mechanism")
+        if any(c.data == "mnist" for c in configs) and not mnist.is_file():
+            raise AuditError(f"{mnist} not found (give --data-root)")  # before hours of work
         for cfg in configs:
             for result in audit(replace(cfg, **overrides), args.data_root):
                 print(json.dumps(result), flush=True)
-                status = 1 if failed(result) else status
+                # A sound mechanism whose certified ε exceeds its claim (or whose noise or
+                # sensitivity departs from what it declares, or whose noise-free debiasing
+                # rows depend on the canary).
+                if result["mechanism"] == "sound" and not result["passed"]:
+                    status = 1
     except AuditError as error:
         print(f"audit: error: {error}", file=sys.stderr)
         return 2

@@ -22,7 +22,6 @@ from dpsinkhorn.privacy.merf import (
     random_frequencies,
 )
 from dpsinkhorn.privacy.noise import keyed_generator, public_noise_key, secret_noise_key
-from dpsinkhorn.privacy.trainings import data_fingerprint
 from dpsinkhorn.train.trainer import GeneratorRun
 
 
@@ -59,8 +58,6 @@ class MerfTrainer(GeneratorRun):
         self.total_steps = int(settings.steps)
         self.releases_planned = 1  # ledger steps: the one Gaussian mechanism
         self.perturbation = None
-        self.private = True
-        self.fingerprint = data_fingerprint(train_images, train_labels)
         images = data.to_unit_range(train_images)  # [N, C, S, S] in [-1, 1], CPU
         # Private until released (step 1), then dropped: [N, d] in [0, 1] and labels.
         self._private: tuple[torch.Tensor, torch.Tensor] | None = (

@@ -1,11 +1,8 @@
 """The training loop: runs from their settings and private data to their release.
 
-:func:`train` trains one experiment into its output folder, step by step
-(``train.trainer``; a ``dpmerf`` experiment: ``train.merf.MerfTrainer``), logging and
-checkpointing through ``train.workspace.RunFiles`` and stopping with a checkpoint on a
-signal or ``stop_after`` (``train.signals``); the finished run publishes
-``train.release``'s files. :func:`run_loop` is that loop for one run or K runs advanced
-together by one batched step (``train.sweep``); :class:`TrainOptions` what both take.
+:func:`train` trains one experiment (``train.trainer``, or ``train.merf`` for DP-MERF) by
+:func:`run_loop`, the loop of one run or of K runs stepped together (``train.sweep``):
+files through ``train.workspace.RunFiles``, stops with a checkpoint (``train.signals``).
 """
 
 from __future__ import annotations
@@ -31,26 +28,17 @@ from dpsinkhorn.train.workspace import RunFiles, WorkspaceRemovalError, released
 
 @dataclass(frozen=True)
 class TrainOptions:
-    """How runs train, beside their settings and data (``train`` and ``train_sweep``).
+    """How runs train, beside their settings and data (``train``, ``train_sweep``)."""
 
-    ``device``: auto, cpu, cuda, cuda:N. ``stop_after``: stop (checkpoint, ``Preempted``)
-    after that many new steps. ``cuda_graphs``: ``train.step.GraphedStep``;
-    ``compile_solver``: ``torch.compile`` the Sinkhorn iterations; ``precision``:
-    ``GeneratorPrecision``. ``retrain``: train again into a folder whose secret-key DP
-    training finished (refused otherwise). ``record_dir``: the training record (default
-    :func:`default_record_dir`); ``record_store``: the per-user record store of DP runs
-    (default ``privacy.record_store.store_root()``).
-    """
-
-    device: str = "auto"
-    stop_after: int | None = None
-    progress: bool = True
-    cuda_graphs: bool = False
-    compile_solver: bool = False
-    precision: str = "fp32"
-    retrain: bool = False
-    record_dir: Path | None = None
-    record_store: Path | None = None
+    device: str = "auto"  # auto, cpu, cuda, cuda:N
+    stop_after: int | None = None  # checkpoint and raise Preempted after this many steps
+    progress: bool = True  # a progress bar (ε only)
+    cuda_graphs: bool = False  # train.step.GraphedStep
+    compile_solver: bool = False  # torch.compile the Sinkhorn iterations
+    precision: str = "fp32"  # models.GeneratorPrecision
+    retrain: bool = False  # train again where a secret-key DP training finished
+    record_dir: Path | None = None  # the training record (default: default_record_dir)
+    record_store: Path | None = None  # of DP runs (default: record_store.store_root())
 
 
 def train(
@@ -62,14 +50,10 @@ def train(
     classes: Sequence[str] | None = None,
     **options,
 ) -> dict:
-    """Train one experiment into ``out_dir``; returns the privacy record.
-
-    Data: ``<data_dir>/<dataset>/train.npz``, or ``train_data`` (images uint8 [N,S,S] or
-    [N,S,S,C]; labels int64 [N]) with its declared ``classes`` (None: the catalogue's).
-    ``options``: :class:`TrainOptions`' fields. Writes generator.pt, privacy.json and
-    train_log.csv; checkpoints go to ``out_dir/private_workspace/``. The training is
-    appended to the training record and, when DP, to the record store.
-    """
+    """Train one experiment into ``out_dir`` (``options``: :class:`TrainOptions`' fields);
+    returns the privacy record. Data: ``<data_dir>/<dataset>/train.npz``, or ``train_data``
+    (images uint8 [N,S,S] or [N,S,S,C]; labels int64 [N]) with its declared ``classes``
+    (None: the catalogue's)."""
     opts = TrainOptions(**options)
     images, labels = load_train_data(spec, data_dir, train_data)
     device = resolve_device(opts.device)
@@ -102,11 +86,8 @@ def run_loop(
 ) -> list[dict]:
     """Train ``trainers[k]`` into ``out_dirs[k]`` until each is done; returns their privacy
     records. ``step(active)``: one step of each active trainer, their losses (device).
-
-    Each run publishes when it finishes; with K > 1, workspaces go when all are done:
-    until then a finished member's final checkpoint tells a rerun (after preemption)
-    that it needs no more steps.
-    """
+    With K > 1, workspaces go when all are done: until then a finished member's final
+    checkpoint tells a rerun (after preemption) that it needs no more steps."""
     runs: list[RunFiles] = []
     store = RecordStore(opts.record_store or store_root())
     with released_on_error(runs):  # one folder refused: give back those already taken

@@ -34,21 +34,14 @@ def _describe(holder: dict) -> str:
 
 
 class OutputLock:
-    """Exclusive, non-blocking lock on an output folder (context manager or acquire/release).
-
-    ``taken_over`` is the description of a dead holder whose lock file was left behind,
-    or None.
-    """
+    """Exclusive, non-blocking lock on an output folder. ``taken_over``: the description
+    of a dead holder whose lock file was left behind, or None."""
 
     def __init__(self, folder: str | os.PathLike):
         self.folder = Path(folder)
         self.path = self.folder / LOCK_NAME
         self._fh = None
         self.taken_over: str | None = None
-
-    @property
-    def held(self) -> bool:
-        return self._fh is not None
 
     def acquire(self) -> OutputLock:
         """Take the lock or raise ``LockedError`` naming the folder and the holder."""
@@ -93,12 +86,6 @@ class OutputLock:
         finally:
             fcntl.flock(fh, fcntl.LOCK_UN)
             fh.close()
-
-    def __enter__(self) -> OutputLock:
-        return self.acquire()
-
-    def __exit__(self, *exc) -> None:
-        self.release()
 
     def __del__(self) -> None:
         if self._fh is not None:

@@ -1,10 +1,8 @@
 """Sweeps: K independent training runs in one process on one device (``dpsinkhorn train-sweep``).
 
-Each run writes exactly the files, checkpoints and ledger of ``dpsinkhorn train`` and keeps
-its own ``Trainer`` and mechanism (``privacy.factory.make_private_stack``: own key, sampler,
-sanitiser, accountant). The generators run as one ``torch.func.vmap`` call (padded rows are
-never sanitised or released), the losses as one batched solve. Runs may differ in anything
-``config.identity.sweep_key`` allows; ``precision`` fp32 or tf32, not bf16.
+Each run writes exactly what ``dpsinkhorn train`` writes and keeps its own ``Trainer`` and
+mechanism (own key, sampler, sanitiser, accountant); one step advances all
+(``train.step``). Runs may differ in what ``config.identity.sweep_key`` allows; not bf16.
 """
 
 from __future__ import annotations

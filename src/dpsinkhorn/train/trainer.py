@@ -1,11 +1,8 @@
 """One training run's state: generator, optimiser, privacy mechanism, ledger, checkpoints.
 
-A :class:`Trainer` holds what one run owns: the generator (initial weights from ``seed``),
-its optimiser, the real data's features on the device, and what
-``privacy.factory.make_private`` builds (keyed generator, Poisson sampler, sanitiser,
-accountant). :meth:`Trainer.step` runs the training step (``train.step``) as its K = 1 case
-and records it in the ledger. :class:`GeneratorRun` is what it shares with DP-MERF's
-``train.merf.MerfTrainer``. The loop is ``train.run``; K runs together: ``train.sweep``.
+:class:`GeneratorRun` is what every run holds; a :class:`Trainer` (DP-Sinkhorn) adds the
+real features on the device and what ``privacy.factory.make_private`` builds, and steps by
+``train.step`` as its K = 1 case. DP-MERF's: ``train.merf.MerfTrainer``.
 """
 
 from __future__ import annotations
@@ -46,12 +43,11 @@ def check_batch_size(spec: dict, num_records: int) -> None:
 class GeneratorRun:
     """What every run holds: its settings, declared classes, generator and optimiser.
 
-    ``spec``: a validated experiment dict (``config.experiment``), kept as ``experiment``
-    (what ``spec_hash`` hashes) and read once into ``settings`` (:class:`ExperimentSpec`).
-    ``classes``: the declared class names (their count is the generator's; None: the
-    dataset's catalogue entry, or one class ``unconditional``). Classes are declared, never
-    counted from the private labels; an unconditional run's labels are zeroed before
-    anything reads them (``self.labels``).
+    ``spec``: a validated experiment dict, kept as ``experiment`` (what ``spec_hash``
+    hashes) and read into ``settings``; ``fingerprint``: the data's (None: computed
+    here). ``classes``: the declared class names, never
+    counted from the private labels (None: the catalogue's, or one ``unconditional``);
+    an unconditional run's labels are zeroed before anything reads them (``labels``).
     """
 
     cuda_graphs = False
@@ -63,13 +59,16 @@ class GeneratorRun:
         train_labels,
         device: torch.device,
         classes: Sequence[str] | None = None,
+        fingerprint: str | None = None,
     ):
         self.experiment, self.device = spec, device
+        # The training record is keyed by the private source as it is (its labels too), so
+        # an unconditional training counts with every other training of that data.
+        self.fingerprint = fingerprint or data_fingerprint(train_images, train_labels)
         self.settings = settings = ExperimentSpec.from_dict(spec)
         check_batch_size(spec, len(train_images))
         self.conditional = settings.conditional
         self.reproducible = settings.reproducible
-        self.epsilon_convention = settings.epsilon_convention
         definition = spec.get("dataset_definition")
         if classes is None and not self.conditional and definition is None:
             self.class_names: tuple[str, ...] = ("unconditional",)  # no class is read
@@ -148,15 +147,11 @@ class GeneratorRun:
 
 
 class Trainer(GeneratorRun):
-    """Holds the state of one DP-Sinkhorn training run and performs single steps.
+    """One DP-Sinkhorn training run; performs single steps.
 
-    Arguments as :class:`GeneratorRun`'s, and: ``cuda_graphs`` (replay the step from a
-    CUDA graph, ``train.step.GraphedStep``; CUDA only, ignored elsewhere),
-    ``compile_solver`` (``torch.compile`` the Sinkhorn iterations), ``precision`` (the
-    generator's arithmetic, ``GeneratorPrecision``). ``private_run``: the run's mechanism
-    from ``privacy.factory.make_private`` (built here when not given; a sweep gives its
-    own). ``fingerprint`` and ``real_features`` let a sweep hash the data and put its
-    features on the device once for all its runs.
+    Options as ``train.run.TrainOptions``' (``cuda_graphs``: CUDA only). ``private_run``:
+    the run's mechanism (``make_private``'s when not given). ``fingerprint`` and
+    ``real_features`` let a sweep hash the data and put its features on the device once.
     """
 
     def __init__(
@@ -173,7 +168,7 @@ class Trainer(GeneratorRun):
         private_run: PrivateRun | None = None,
         classes: Sequence[str] | None = None,
     ):
-        super().__init__(spec, train_images, train_labels, device, classes)
+        super().__init__(spec, train_images, train_labels, device, classes, fingerprint)
         settings = self.settings
         self.cuda_graphs = cuda_graphs and device.type == "cuda"
         self.compile_solver = compile_solver
@@ -181,19 +176,15 @@ class Trainer(GeneratorRun):
         num_records = len(train_images)
         # The run's generator (z, labels, Poisson draws, noise), sampler, sanitiser and
         # accountant, all from the one factory (a sweep passes its members' own).
-        self.private_run = run = private_run or make_private(spec, num_records, device)
+        run = private_run or make_private(spec, num_records, device)
         self.rng, self.sampler = run.rng, run.sampler
         self.sanitizer, self.accountant = run.sanitizer, run.accountant
         self.n, self.n_prime, self.q = run.n, run.n_prime, run.q
         self.total_steps = run.total_steps
         self.releases_planned = self.total_steps  # ledger steps: one mechanism per step
-        # The training record is keyed by the private source as it is (its labels too), so
-        # an unconditional training counts with every other training of that data.
-        self.fingerprint = fingerprint or data_fingerprint(train_images, train_labels)
         # Columns α_c · onehot(label) of the cost: none for an unconditional generator.
         self.feature_classes = self.num_classes if self.conditional else 0
         alpha_c = settings.alpha_c if self.conditional else 0.0
-        self.private = settings.private
         images = data.to_unit_range(train_images).to(device)  # real data on the device
         if real_features is None:
             labels = torch.as_tensor(self.labels, device=device)
@@ -203,17 +194,11 @@ class Trainer(GeneratorRun):
         self.diameter = feature_diameter(images[0].numel(), alpha_c, self.cost)
         # CelebA (Table 3/6): generator kind from the config; size from the data.
         self.build_model(tuple(images.shape[1:]))
-        self.memory_bytes = memory.step_bytes(  # refused below if the device cannot hold it
-            self.n,
-            self.n_prime,
-            self.sampler.capacity,
-            num_records,
-            self.real.shape[1],
-            memory.activation_bytes_per_row(self.model),
+        per_row = memory.activation_bytes_per_row(self.model)
+        need = memory.step_bytes(
+            self.n, self.n_prime, self.sampler.capacity, num_records, self.real.shape[1], per_row
         )
-        memory.check_fits(
-            self.memory_bytes, device, f"batch_size {self.n} (q = {self.q:.4g}, {settings.name})"
-        )
+        memory.check_fits(need, device, f"batch_size {self.n} (q = {self.q:.4g}, {settings.name})")
         self.perturbation = settings.perturbation
         # A single run is the K = 1 case of the one training step (train.step).
         self.stepper = TrainingStep([self], device, self.cuda_graphs)

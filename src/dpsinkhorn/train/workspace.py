@@ -62,19 +62,16 @@ def released_on_error(runs: list[RunFiles]):
         raise
 
 
-class CheckpointError(ValueError):
-    """checkpoint.pt cannot be read (truncated, corrupt, not ours); the message names it."""
-
-
 def _load_checkpoint(path: Path, device: torch.device) -> dict:
-    """Read a checkpoint, or raise ``CheckpointError`` naming the file and what to do."""
+    """Read a checkpoint, or raise ValueError naming the file (truncated, corrupt, not
+    ours) and what to do."""
     try:
         state = torch.load(path, map_location=device, weights_only=False)
         if not isinstance(state, dict) or not {"step", "model", "spec_hash"} <= set(state):
             raise ValueError("not a dpsinkhorn training checkpoint")
     except Exception as err:  # torch raises RuntimeError, EOFError, UnpicklingError, ...
         reason = (str(err).strip().splitlines() or [""])[0][:200]
-        raise CheckpointError(
+        raise ValueError(
             f"checkpoint {path} is damaged and cannot be resumed ({type(err).__name__}: "
             f"{reason}); delete it to train this run again from step 0, or put back a "
             "good copy"
@@ -340,29 +337,28 @@ class RunFiles:
         removes them when all members finished); one that stays gets the final checkpoint.
         """
         try:
-            return self._finish(remove_workspace)
+            if self.recovered is not None:
+                return self._republish()
+            stays = self.keep_workspace or not remove_workspace
+            if stays and (
+                self.trainer.step_count != self.start_step or not self.ckpt_path.exists()
+            ):
+                self._save()
+            record = publish(self.trainer, self.out_dir, self.log_rows)
+            if self.record_dir is not None:
+                if self.trainer.sanitizer is not None:  # before the record says finished
+                    # The copy kept per output folder (of the last finished), each file
+                    # atomically, the ledger last; _republish writes it back.
+                    copy = trainings.finished_copy_dir(self.record_dir, self.out)
+                    for name in ("train_log.csv", "generator.pt", "privacy.json"):
+                        write_bytes(copy / name, (self.out_dir / name).read_bytes())
+                self._record("finished", record)
+                self._to_store(finished=True)
+            if remove_workspace:
+                self.remove_workspace()
+            return record
         finally:
             self.release()
-
-    def _finish(self, remove_workspace: bool) -> dict:
-        if self.recovered is not None:
-            return self._republish()
-        stays = self.keep_workspace or not remove_workspace
-        if stays and (self.trainer.step_count != self.start_step or not self.ckpt_path.exists()):
-            self._save()
-        record = publish(self.trainer, self.out_dir, self.log_rows)
-        if self.record_dir is not None:
-            if self.trainer.sanitizer is not None:  # before the record says finished
-                # The copy kept per output folder (of the last finished), each file
-                # atomically, the ledger last; _republish writes it back.
-                copy = trainings.finished_copy_dir(self.record_dir, self.out)
-                for name in ("train_log.csv", "generator.pt", "privacy.json"):
-                    write_bytes(copy / name, (self.out_dir / name).read_bytes())
-            self._record("finished", record)
-            self._to_store(finished=True)
-        if remove_workspace:
-            self.remove_workspace()
-        return record
 
     def _republish(self) -> dict:
         """Write the kept copy of the finished release into the folder (same bytes, same
@@ -370,11 +366,9 @@ class RunFiles:
         copy = trainings.finished_copy_dir(self.record_dir, self.out)
         ledger = (copy / "privacy.json").read_bytes()
         write_bytes(self.out_dir / "train_log.csv", (copy / "train_log.csv").read_bytes())
+        generator = (copy / "generator.pt").read_bytes()
         commit_release(
-            self.out_dir / "generator.pt",
-            (copy / "generator.pt").read_bytes(),
-            self.out_dir / "privacy.json",
-            ledger,
+            self.out_dir / "generator.pt", generator, self.out_dir / "privacy.json", ledger
         )
         done = self.recovered
         print(
