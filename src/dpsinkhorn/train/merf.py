@@ -43,11 +43,8 @@ class MerfTrainer(GeneratorRun):
         settings = self.settings
         num_records = len(train_images)
         check_delta_of_records(settings.delta, num_records, settings.name)
-        key = (
-            public_noise_key(settings.seed, settings.name)
-            if settings.reproducible
-            else secret_noise_key()
-        )
+        seed, name = settings.seed, settings.name
+        key = public_noise_key(seed, name) if settings.reproducible else secret_noise_key()
         self.rng = keyed_generator(key, device)  # the release's noise, then z and labels
         del key
         self.sanitizer = MerfRelease(merf_noise_multiplier(spec), self.rng)
@@ -65,13 +62,9 @@ class MerfTrainer(GeneratorRun):
             torch.as_tensor(self.labels, dtype=torch.int64),
         )
         self.epoch_steps = max(1, num_records // settings.batch_size)
+        dim = images[0].numel()
         self.w = random_frequencies(
-            settings.rff_features,
-            images[0].numel(),
-            settings.rff_bandwidth,
-            settings.seed,
-            settings.name,
-            device,
+            settings.rff_features, dim, settings.rff_bandwidth, seed, name, device
         )
         self.build_model(tuple(images.shape[1:]))  # Adam, fused as Trainer's
         self.noisy: torch.Tensor | None = None  # μ̃ [D, K], once released

@@ -99,13 +99,9 @@ def _intact_release(copy: Path, content_sha256: str | None) -> bool:
 
 
 class RunFiles:
-    """One run's files: the release in ``out_dir``, checkpoints in its private workspace.
-
-    ``out_dir`` gets generator.pt, privacy.json and train_log.csv (``train.release``);
-    ``out_dir/private_workspace/`` (:data:`WORKSPACE`) holds checkpoint.pt and, with
-    ``log_private_loss``, private_loss.csv until :meth:`finish`. Used alike by
-    ``train.run.train`` and ``train.sweep``.
-    """
+    """One run's files: the release in ``out_dir`` (``train.release``), and checkpoint.pt
+    and, with ``log_private_loss``, private_loss.csv in its private workspace
+    (:data:`WORKSPACE`) until :meth:`finish`."""
 
     def __init__(
         self,
@@ -286,11 +282,9 @@ class RunFiles:
         return self.trainer.step_count >= self.trainer.total_steps
 
     def after_step(self, loss: torch.Tensor) -> dict | None:
-        """Log every ``log_every`` steps (and the last), checkpoint every ``checkpoint_every``.
-
-        Returns the new (public) log row, if one was written. The private loss is read
-        (a device sync) only with ``log_private_loss``, into the workspace.
-        """
+        """Log every ``log_every`` steps (and the last), checkpoint every ``checkpoint_every``;
+        returns the new (public) log row, if any. The private loss is read (a device sync)
+        only with ``log_private_loss``, into the workspace."""
         step, row = self.trainer.step_count, None
         if step % self.settings.log_every == 0 or self.done:
             elapsed = time.perf_counter() - self.t0
@@ -332,10 +326,8 @@ class RunFiles:
 
     def finish(self, remove_workspace: bool = True) -> dict:
         """Write generator.pt, privacy.json, train_log.csv; returns the privacy record.
-
         Then deletes the private workspace unless ``remove_workspace`` is false (a sweep
-        removes them when all members finished); one that stays gets the final checkpoint.
-        """
+        removes them when all members finished); one that stays gets the final checkpoint."""
         try:
             if self.recovered is not None:
                 return self._republish()
