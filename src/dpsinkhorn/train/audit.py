@@ -63,12 +63,10 @@ class AuditError(ValueError):
 
 @dataclass(frozen=True)
 class AuditConfig:
-    """One audited configuration: data, the experiment settings that differ from the
-    schema defaults, the sanitiser class, and how many canary steps / releases.
-
-    ``sigmas``: one σ per run (K = len; K ≥ 2 is a sweep). ``num_records``: N, the
-    canary included (q = batch_size / N). ``steps``: included steps S per run;
-    ``releases``: R per dataset and run."""
+    """One audited configuration: data, the settings that differ from the schema defaults,
+    the sanitiser, ``steps`` S (canary steps per run) and ``releases`` R (per dataset and
+    run). ``sigmas``: one σ per run (K ≥ 2 is a sweep); ``num_records``: N, the canary
+    included (q = batch_size / N)."""
 
     name: str
     data: str  # "worst_case" or "mnist"

@@ -79,8 +79,7 @@ def run_training_cli(
     outs: Sequence[Path],
 ) -> int:
     """Call ``train_fn(specs, outs, data_dir, **options)`` (``train.run.TrainOptions``) with
-    the CLI options over the loaded config ``cfg``; print each privacy record; returns the
-    exit code (module docstring)."""
+    the CLI options over the config ``cfg``; print each privacy record; return the exit code."""
     markers = [Path(d) / STOPPED_NAME for d in outs]
     if args.attempt > 1:  # a workflow retry: repeat a final stop instead of running again
         for marker in markers:
