@@ -106,20 +106,12 @@ class GeneratorRun:
         self.model_config = GeneratorConfig.from_settings(settings, self.num_classes, image_shape)
         self.model = build_generator(self.model_config).to(self.device)
         self.optimizer_flags = {"fused": self.device.type in ("cpu", "cuda") or None}
-        params = self.model.parameters()
+        options = {"lr": settings.lr, "weight_decay": settings.weight_decay}
+        optimizer: type[torch.optim.Optimizer] = torch.optim.SGD
         if settings.optimizer == "adam" or settings.method == "dpmerf":
             self.optimizer_flags["capturable"] = self.cuda_graphs
-            self.optimizer = torch.optim.Adam(
-                params,
-                lr=settings.lr,
-                betas=settings.betas,
-                weight_decay=settings.weight_decay,
-                **self.optimizer_flags,
-            )
-        else:
-            self.optimizer = torch.optim.SGD(
-                params, lr=settings.lr, weight_decay=settings.weight_decay, **self.optimizer_flags
-            )
+            optimizer, options["betas"] = torch.optim.Adam, settings.betas
+        self.optimizer = optimizer(self.model.parameters(), **options, **self.optimizer_flags)
 
     def state_dict(self) -> dict:
         return {
