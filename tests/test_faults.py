@@ -116,7 +116,7 @@ def test_damaged_checkpoint_is_one_line_and_not_retried(tmp_path, prepared_data,
     cfg = make_config(tmp_path, prepared_data)
     out = tmp_path / "run"
     with pytest.raises(Preempted):
-        train(spec_of(cfg), out, prepared_data, "cpu", stop_after=4, progress=False)
+        train(spec_of(cfg), out, prepared_data, device="cpu", stop_after=4, progress=False)
     ckpt = out / WORKSPACE / "checkpoint.pt"
     raw = ckpt.read_bytes()
     ckpt.write_bytes(raw[: len(raw) // 2] if damage == "truncate" else b"\0" * 1000 + raw[1000:])
@@ -155,11 +155,11 @@ def test_no_space_names_the_file_and_no_generator_without_ledger(
 
     monkeypatch.setattr(fileio, "_write_synced", full_on_ledger)
     with pytest.raises(fileio.NoSpaceError, match=f"no space left on device while writing {out}"):
-        train(spec_of(cfg), out, prepared_data, "cpu", progress=False)
+        train(spec_of(cfg), out, prepared_data, device="cpu", progress=False)
     assert not (out / "generator.pt").exists() and not (out / "privacy.json").exists()
     assert not list(out.glob(".*.tmp*"))
     monkeypatch.setattr(fileio, "_write_synced", real_write)
-    record = train(spec_of(cfg), out, prepared_data, "cpu", progress=False)
+    record = train(spec_of(cfg), out, prepared_data, device="cpu", progress=False)
     assert (out / "generator.pt").exists() and record["steps"] == 4
 
 
@@ -167,7 +167,9 @@ def test_generator_bytes_are_deterministic_and_hashed(tmp_path, prepared_data):
     cfg = make_config(tmp_path, prepared_data, steps=4)
     records, blobs = [], []
     for run in ("a", "b"):
-        records.append(train(spec_of(cfg), tmp_path / run, prepared_data, "cpu", progress=False))
+        records.append(
+            train(spec_of(cfg), tmp_path / run, prepared_data, device="cpu", progress=False)
+        )
         blobs.append((tmp_path / run / "generator.pt").read_bytes())
     assert blobs[0] == blobs[1]
     ledger = json.loads((tmp_path / "a" / "privacy.json").read_text())
@@ -181,7 +183,7 @@ def test_stale_checkpoint_temp_is_removed(tmp_path, prepared_data):
     (out / WORKSPACE).mkdir(parents=True)
     stale = out / WORKSPACE / ".checkpoint.abc123.tmp.pt"
     stale.write_bytes(b"half a checkpoint")
-    train(spec_of(cfg), out, prepared_data, "cpu", progress=False)
+    train(spec_of(cfg), out, prepared_data, device="cpu", progress=False)
     assert not stale.exists()
 
 

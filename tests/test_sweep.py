@@ -104,7 +104,7 @@ def test_sweep_follows_each_single_run(tmp_path, prepared_data, mnist):
 def test_train_sweep_writes_single_run_files_and_resumes(tmp_path, prepared_data):
     specs = specs_of(write_config(tmp_path, prepared_data))
     full_dirs = [tmp_path / "full" / s["name"] for s in specs]
-    full = train_sweep(specs, full_dirs, prepared_data, "cpu", progress=False)
+    full = train_sweep(specs, full_dirs, prepared_data, device="cpu", progress=False)
     assert [r["steps"] for r in full] == [8, 5, 8, 6]  # runs leave when they finish
     sigma, q = specs[0]["sigma"], 50 / 60000
     assert full[0]["epsilon"] == pytest.approx(compute_epsilon(sigma, q, 8, 1e-5))
@@ -112,13 +112,13 @@ def test_train_sweep_writes_single_run_files_and_resumes(tmp_path, prepared_data
     # Interrupted twice, resumed: bit-identical to the uninterrupted sweep.
     dirs = [tmp_path / "resumed" / s["name"] for s in specs]
     with pytest.raises(Preempted):
-        train_sweep(specs, dirs, prepared_data, "cpu", stop_after=3, progress=False)
+        train_sweep(specs, dirs, prepared_data, device="cpu", stop_after=3, progress=False)
     state = torch.load(dirs[0] / "private_workspace" / "checkpoint.pt", weights_only=False)
     assert state["step"] == 3 and state["accountant"]["segments"][0][2] == 3
     with pytest.raises(Preempted):
-        train_sweep(specs, dirs, prepared_data, "cpu", stop_after=3, progress=False)
+        train_sweep(specs, dirs, prepared_data, device="cpu", stop_after=3, progress=False)
     assert (dirs[1] / "generator.pt").exists()  # b finished (5 steps) before the 2nd stop
-    resumed = train_sweep(specs, dirs, prepared_data, "cpu", progress=False)
+    resumed = train_sweep(specs, dirs, prepared_data, device="cpu", progress=False)
     assert [without_log_hash(r) for r in resumed] == [without_log_hash(r) for r in full]
     for a_dir, b_dir in zip(full_dirs, dirs, strict=True):
         a = torch.load(a_dir / "generator.pt", weights_only=False)["state_dict"]
@@ -141,11 +141,11 @@ def test_train_sweep_writes_single_run_files_and_resumes(tmp_path, prepared_data
             specs,
             [tmp_path / "mixed" / s["name"] for s in specs],
             prepared_data,
-            "cpu",
+            device="cpu",
             stop_after=4,
             progress=False,
         )
-    record = train(specs[0], tmp_path / "mixed" / "a", prepared_data, "cpu", progress=False)
+    record = train(specs[0], tmp_path / "mixed" / "a", prepared_data, device="cpu", progress=False)
     assert record["steps"] == 8 and record["epsilon"] == full[0]["epsilon"]
 
 
@@ -205,7 +205,7 @@ def test_sweep_fails_when_a_workspace_cannot_be_deleted(tmp_path, prepared_data,
     specs = specs_of(write_config(tmp_path, prepared_data), names=("b", "d"))
     dirs = [tmp_path / "run" / s["name"] for s in specs]
     with pytest.raises(WorkspaceRemovalError) as caught:
-        train_sweep(specs, dirs, prepared_data, "cpu", progress=False)
+        train_sweep(specs, dirs, prepared_data, device="cpu", progress=False)
     message = str(caught.value)
     assert "\n" not in message
     for out in dirs:

@@ -119,14 +119,14 @@ def _log_rows(path: Path) -> list[tuple]:
 
 def test_resume_is_bit_identical_and_counts_each_step_once(tmp_path, prepared_data):
     spec = spec_of(make_config(tmp_path, prepared_data, keep_private_workspace=True))
-    full = train(spec, tmp_path / "full", prepared_data, "cpu", progress=False)
+    full = train(spec, tmp_path / "full", prepared_data, device="cpu", progress=False)
     with pytest.raises(Preempted):
-        train(spec, tmp_path / "resumed", prepared_data, "cpu", stop_after=5, progress=False)
+        train(spec, tmp_path / "resumed", prepared_data, device="cpu", stop_after=5, progress=False)
     state = torch.load(tmp_path / "resumed" / WORKSPACE / "checkpoint.pt", weights_only=False)
     assert state["step"] == 5 and sum(s[2] for s in state["accountant"]["segments"]) == 5
     with pytest.raises(Preempted):  # a second interruption, this time mid-interval
-        train(spec, tmp_path / "resumed", prepared_data, "cpu", stop_after=2, progress=False)
-    resumed = train(spec, tmp_path / "resumed", prepared_data, "cpu", progress=False)
+        train(spec, tmp_path / "resumed", prepared_data, device="cpu", stop_after=2, progress=False)
+    resumed = train(spec, tmp_path / "resumed", prepared_data, device="cpu", progress=False)
 
     a = torch.load(tmp_path / "full" / "generator.pt", weights_only=False)["state_dict"]
     b = torch.load(tmp_path / "resumed" / "generator.pt", weights_only=False)["state_dict"]
@@ -143,7 +143,7 @@ def test_resume_is_bit_identical_and_counts_each_step_once(tmp_path, prepared_da
     final = tmp_path / "resumed" / WORKSPACE / "checkpoint.pt"
     assert torch.load(final, weights_only=False)["step"] == 12
     (tmp_path / "resumed" / "generator.pt").unlink()
-    rerun = train(spec, tmp_path / "resumed", prepared_data, "cpu", progress=False)
+    rerun = train(spec, tmp_path / "resumed", prepared_data, device="cpu", progress=False)
     assert without_log_hash(rerun) == without_log_hash(full)
     c = torch.load(tmp_path / "resumed" / "generator.pt", weights_only=False)["state_dict"]
     assert all(torch.equal(a[k], c[k]) for k in a)
@@ -181,9 +181,9 @@ def test_resume_keeps_this_process_optimizer_flags(tmp_path, prepared_data, mnis
 def test_checkpoint_of_other_settings_is_not_resumed(tmp_path, prepared_data):
     spec = spec_of(make_config(tmp_path, prepared_data))
     with pytest.raises(Preempted):
-        train(spec, tmp_path / "run", prepared_data, "cpu", stop_after=3, progress=False)
+        train(spec, tmp_path / "run", prepared_data, device="cpu", stop_after=3, progress=False)
     changed = {**spec, "lr": 1e-3}
-    record = train(changed, tmp_path / "run", prepared_data, "cpu", progress=False)
+    record = train(changed, tmp_path / "run", prepared_data, device="cpu", progress=False)
     assert record["steps"] == 12
 
 
@@ -260,7 +260,7 @@ def test_signal_while_training_starts_is_held_until_the_first_step(tmp_path, pre
 
 def test_train_from_target_epsilon_and_nonprivate(tmp_path, prepared_data):
     spec = spec_of(make_config(tmp_path, prepared_data, sigma=None, target_epsilon=3.0, steps=6))
-    record = train(spec, tmp_path / "dp", prepared_data, "cpu", progress=False)
+    record = train(spec, tmp_path / "dp", prepared_data, device="cpu", progress=False)
     assert record["epsilon"] <= 3.0 and record["epsilon"] == pytest.approx(3.0, rel=1e-3)
     assert record["epsilon_paper_convention"] > 0 and record["sigma"] > 0
     on_disk = json.loads((tmp_path / "dp" / "privacy.json").read_text())
@@ -283,13 +283,13 @@ def test_train_from_target_epsilon_and_nonprivate(tmp_path, prepared_data):
     spec = spec_of(
         make_config(tmp_path, prepared_data, method="sinkhorn", table1_row="nonprivate", steps=3)
     )
-    record = train(spec, tmp_path / "np", prepared_data, "cpu", progress=False)
+    record = train(spec, tmp_path / "np", prepared_data, device="cpu", progress=False)
     assert record["private"] is False and record["epsilon"] is None
 
 
 def test_sampling_is_balanced_deterministic_and_uint8(tmp_path, prepared_data):
     spec = spec_of(make_config(tmp_path, prepared_data, steps=2))
-    train(spec, tmp_path / "g", prepared_data, "cpu", progress=False)
+    train(spec, tmp_path / "g", prepared_data, device="cpu", progress=False)
     model = load_generator(tmp_path / "g" / "generator.pt", torch.device("cpu"))
     images, labels = sample_generator(model, 1003, seed=7, batch_size=400)
     assert images.shape == (1003, 28, 28) and images.dtype == np.uint8
@@ -350,10 +350,10 @@ def test_parameter_perturbation_resume_is_bit_identical(tmp_path, prepared_data)
     trainer.step()
     assert not images[0]._backward_hooks  # no image hook in parameter mode
 
-    full = train(spec, tmp_path / "full", prepared_data, "cpu", progress=False)
+    full = train(spec, tmp_path / "full", prepared_data, device="cpu", progress=False)
     with pytest.raises(Preempted):
-        train(spec, tmp_path / "resumed", prepared_data, "cpu", stop_after=5, progress=False)
-    resumed = train(spec, tmp_path / "resumed", prepared_data, "cpu", progress=False)
+        train(spec, tmp_path / "resumed", prepared_data, device="cpu", stop_after=5, progress=False)
+    resumed = train(spec, tmp_path / "resumed", prepared_data, device="cpu", progress=False)
     a = torch.load(tmp_path / "full" / "generator.pt", weights_only=False)["state_dict"]
     b = torch.load(tmp_path / "resumed" / "generator.pt", weights_only=False)["state_dict"]
     assert all(torch.equal(a[k], b[k]) for k in a)
@@ -373,7 +373,7 @@ def test_parameter_perturbation_resume_is_bit_identical(tmp_path, prepared_data)
         spec_of(make_config(tmp_path, prepared_data)),
         tmp_path / "image",
         prepared_data,
-        "cpu",
+        device="cpu",
         progress=False,
     )
     assert image["perturbation"] == "image" and "generated images" in image["mechanism"]
@@ -387,7 +387,7 @@ def test_l1_cost_trains_with_the_l1_diameter(tmp_path, prepared_data):
     assert trainer.diameter == feature_diameter(784, 15.0, "l1") == 2 * 784 + 2 * 15.0
     losses = [trainer.step().item() for _ in range(2)]
     assert all(math.isfinite(v) for v in losses)
-    record = train(spec, tmp_path / "l1", prepared_data, "cpu", progress=False)
+    record = train(spec, tmp_path / "l1", prepared_data, device="cpu", progress=False)
     rows = _log_rows(tmp_path / "l1" / "train_log.csv")
     assert len(rows) == 4
     assert record["steps"] == 4 and record["perturbation"] == "image"
@@ -396,7 +396,7 @@ def test_l1_cost_trains_with_the_l1_diameter(tmp_path, prepared_data):
         spec_of(make_config(tmp_path, prepared_data, cost="l2", steps=4)),
         tmp_path / "l2",
         prepared_data,
-        "cpu",
+        device="cpu",
         progress=False,
     )
     a = torch.load(tmp_path / "l1" / "generator.pt", weights_only=False)["state_dict"]
@@ -412,7 +412,7 @@ def test_paper_epsilon_convention_solves_steps_and_sigma(tmp_path, prepared_data
             tmp_path, prepared_data, steps=None, target_epsilon=target, epsilon_convention="paper"
         )
     )
-    record = train(spec, tmp_path / "steps", prepared_data, "cpu", progress=False)
+    record = train(spec, tmp_path / "steps", prepared_data, device="cpu", progress=False)
     assert record["steps"] == 5 and record["sigma"] == 1.5
     assert record["epsilon_convention"] == "paper"
     assert record["epsilon"] == pytest.approx(compute_epsilon(1.5, q, 5, delta))  # sound ε
@@ -430,7 +430,7 @@ def test_paper_epsilon_convention_solves_steps_and_sigma(tmp_path, prepared_data
             epsilon_convention="paper",
         )
     )
-    record = train(spec, tmp_path / "sigma", prepared_data, "cpu", progress=False)
+    record = train(spec, tmp_path / "sigma", prepared_data, device="cpu", progress=False)
     assert record["epsilon_paper_convention"] <= 2.0
     assert record["epsilon_paper_convention"] == pytest.approx(2.0, rel=1e-3)
     assert record["epsilon"] == pytest.approx(compute_epsilon(record["sigma"], q, 3, delta))
@@ -479,10 +479,10 @@ def test_workspace_that_cannot_be_deleted_fails_the_run(
 
     # Through the Python API: the error type the CLI turns into exit 2, naming the folder.
     with pytest.raises(WorkspaceRemovalError, match="private workspace .*private_workspace"):
-        train(spec_of(cfg), tmp_path / "api", prepared_data, "cpu", progress=False)
+        train(spec_of(cfg), tmp_path / "api", prepared_data, device="cpu", progress=False)
     # and the lock was given back: with a working rmtree the rerun finishes and cleans up
     monkeypatch.undo()
-    record = train(spec_of(cfg), tmp_path / "api", prepared_data, "cpu", progress=False)
+    record = train(spec_of(cfg), tmp_path / "api", prepared_data, device="cpu", progress=False)
     assert record["steps"] == 2 and not (tmp_path / "api" / WORKSPACE).exists()
 
 
@@ -499,7 +499,7 @@ class _WritesAFileWhenUnpickled:
 def test_sample_refuses_a_generator_whose_pickle_would_run_code(tmp_path, prepared_data, capsys):
     """generator.pt is read with weights_only=True: a downloaded file cannot run code."""
     spec = spec_of(make_config(tmp_path, prepared_data, steps=2))
-    train(spec, tmp_path / "g", prepared_data, "cpu", progress=False)
+    train(spec, tmp_path / "g", prepared_data, device="cpu", progress=False)
     real = tmp_path / "g" / "generator.pt"
     good = torch.load(real, weights_only=True)  # the real payload passes the safe loader
     marker = tmp_path / "code_ran"

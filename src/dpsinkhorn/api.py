@@ -1,16 +1,7 @@
-"""The Python API for one experiment on your own images: train, sample, save PNGs, release.
-
-    from dpsinkhorn import api
-    api.train({"steps": 2000, "sigma": 1.0}, "runs/mine",
-              train_data=(images, labels), classes=["cat", "dog"])
-    images, labels = api.sample("runs/mine/generator.pt", num=100, seed=0)
-    api.save_pngs(images, labels, api.class_names("runs/mine/generator.pt"),
-                  out_dir="runs/mine/pngs", grid="runs/mine/grid.png")
-    api.release("runs/mine", "publish/mine")  # generator.pt, privacy.json, train_log.csv
-
-``images`` are uint8 [N,S,S] or [N,S,S,C] (S in 28, 32, 64; C in 1, 3), ``labels`` int64
-[N] in 0..len(classes)-1. The run's folder receives what ``dpsinkhorn train`` publishes;
-:func:`release` copies exactly those files. docs/OWN_DATA.md, "The Python API".
+"""The Python API for one experiment on your own images: :func:`train`, :func:`sample`,
+:func:`save_pngs`, :func:`release`. The run's folder receives what ``dpsinkhorn train``
+publishes; :func:`release` copies exactly those files. An example: docs/OWN_DATA.md,
+"The Python API".
 """
 
 from __future__ import annotations
@@ -77,23 +68,14 @@ def train(
     Writes ``generator.pt``, ``privacy.json`` and ``train_log.csv`` into ``out_dir``:
     (ε, δ_total)-DP under add/remove-one adjacency with a secret noise key. Anything else
     computed from the data stays in ``out_dir/private_workspace/`` until training ends.
-
-    Returns:
-        privacy.json as a dict (``epsilon``, ``delta``, ``delta_total``, ``sigma``,
-        ``noise_multiplier``, ``steps``, ``guarantee``, ...).
-
-    Raises:
-        ValueError: a bad key or value, missing ``classes``, a finished DP run without
-            ``retrain``, a held folder (``LockedError``), a batch too large for the device
-            (``TooLargeError``).
-        FileNotFoundError: no ``train_data`` and no prepared data under ``data_dir``.
-        train.signals.Preempted: a signal stopped training after a checkpoint; calling
-            again resumes.
+    Returns privacy.json as a dict (``epsilon``, ``delta_total``, ``guarantee``, ...).
+    Raises ValueError (a bad key or value, missing ``classes``, a finished DP run without
+    ``retrain``, a held folder, a batch too large for the device), FileNotFoundError (no
+    data), ``train.signals.Preempted`` (a signal stopped training; calling again resumes).
     """
     config: Mapping | None = None
-    if isinstance(settings, Mapping):
-        settings = dict(settings)
-        spec = make_experiment(settings.pop("name", name or "custom"), **settings)
+    if isinstance(settings, Mapping):  # its own "name" wins
+        spec = make_experiment(**{"name": name or "custom", **settings})
     else:
         if name is None:
             raise ValueError(f"name: give the experiment of config file {settings} to train")
@@ -119,10 +101,10 @@ def train(
         spec,
         Path(out_dir),
         Path(data_dir) if data_dir is not None else None,
-        device=device,
-        progress=progress,
         train_data=train_data,
         classes=classes,
+        device=device,
+        progress=progress,
         retrain=retrain,
         record_dir=Path(record_dir) if record_dir is not None else None,
         record_store=None if store is None else Path(store),
@@ -132,17 +114,11 @@ def train(
 def sample(
     generator: PathLike, num: int, seed: int, device: str = "auto"
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Draw ``num`` samples of a trained generator.
+    """Draw ``num`` ≥ 1 samples of generator.pt (``torch.load(weights_only=True)``), latent
+    codes and labels from ``seed``, on ``device`` (as in :func:`train`).
 
-    Args:
-        generator: path of generator.pt (``torch.load(weights_only=True)``).
-        num: how many samples (≥ 1).
-        seed: seed of the latent codes and labels.
-        device: as in :func:`train`.
-
-    Returns:
-        (images uint8 [num,S,S] or [num,S,S,C]; labels int64 [num], balanced over the
-        classes, -1 when unconditional).
+    Returns (images uint8 [num,S,S] or [num,S,S,C]; labels int64 [num], balanced over
+    the classes, -1 when unconditional).
     """
     if num < 1:
         raise ValueError(f"num must be positive, got {num}")
@@ -165,14 +141,10 @@ def save_pngs(
     grid: PathLike | None = None,
     per_class: int = 10,
 ) -> list[Path]:
-    """Write samples as PNG files; return the paths written (atomic writes).
-
-    Args:
-        images, labels: as :func:`sample` returns them.
-        class_names: names by label (:func:`class_names`).
-        out_dir: if given, one PNG per sample, ``out_dir/<class name>/<i>.png``.
-        grid: if given, one PNG with a row of ``per_class`` samples per class.
-    """
+    """Write samples (``images, labels`` as :func:`sample` returns them, ``class_names`` by
+    label) as PNG files: with ``out_dir``, one per sample, ``out_dir/<class name>/<i>.png``;
+    with ``grid``, one with a row of ``per_class`` samples per class. Returns the paths
+    written (atomic writes)."""
     written: list[Path] = []
     if out_dir is not None:
         written += save_png_dir(out_dir, images, labels, class_names)
@@ -194,13 +166,10 @@ def release(
     and that ledger against the training record in ``record_dir`` (default
     ``<run_dir>/../trainings``), then writes those bytes, the ledger and
     ``release_manifest.json`` into ``out`` (new or empty); returns the paths written.
-
-    Raises:
-        ValueError: (one line naming the file) a check failed, ``out`` not empty, or a
-            ``none…`` guarantee without ``accept_no_guarantee``; nothing is written then.
-        FileNotFoundError: a missing ledger, covered file or training record.
+    Raises ValueError (one line naming the file: a check failed, ``out`` not empty, or a
+    ``none…`` guarantee without ``accept_no_guarantee``; nothing is written then) or
+    FileNotFoundError (a missing ledger, covered file or training record).
     """
-    flag = "accept_no_guarantee=True"
     records = default_record_dir(Path(run_dir), None, record_dir)
     if not list(records.glob("*.jsonl")):
         raise FileNotFoundError(
@@ -208,4 +177,5 @@ def release(
             "(its record_dir, or <data_dir>/trainings)"
         )
     folders = experiment_folder(records)
+    flag = "accept_no_guarantee=True"
     return release_run(run_dir, out, folders, None, accept_no_guarantee, flag=flag)

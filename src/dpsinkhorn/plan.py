@@ -13,6 +13,8 @@ import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+import numpy as np
+
 from dpsinkhorn.config.cluster import load_rates, matching_rate, rates_file, train_request
 from dpsinkhorn.config.experiments import (
     dataset_of,
@@ -25,11 +27,10 @@ from dpsinkhorn.config.studies import study_experiments
 from dpsinkhorn.config.targets import group_experiments
 from dpsinkhorn.config.validate import load_config
 from dpsinkhorn.data.catalog import TRAIN_SIZES
+from dpsinkhorn.devices import resolve_device
 
 #: ``--rates`` without a file: the config's ``cluster.step_rates`` (what the workflow reads).
 FROM_CONFIG = "<cluster.step_rates>"
-
-# ----------------------------------------------------------------- from timed steps
 
 
 def prepared_record(config: Mapping, dataset: str) -> dict | None:
@@ -49,9 +50,7 @@ def prepared_record(config: Mapping, dataset: str) -> dict | None:
 def train_size(spec: Mapping, record: Mapping | None = None) -> int:
     """Records in the experiment's training split: the built-in dataset's, else the prepared
     own dataset's ``num_train`` (``record``: :func:`prepared_record`)."""
-    if record is not None:
-        return int(record["num_train"])
-    return TRAIN_SIZES[spec["dataset"]]
+    return TRAIN_SIZES[spec["dataset"]] if record is None else int(record["num_train"])
 
 
 def resolved_steps(spec: Mapping, record: Mapping | None = None) -> int:
@@ -61,8 +60,7 @@ def resolved_steps(spec: Mapping, record: Mapping | None = None) -> int:
 
     if spec["method"] != "dp_sinkhorn" or spec["steps"] is not None:
         return int(spec["steps"])
-    _, steps = budget_of(spec, train_size(spec, record))
-    return int(steps)
+    return int(budget_of(spec, train_size(spec, record))[1])  # (σ, steps)
 
 
 def step_shape(spec: Mapping) -> tuple:
@@ -77,10 +75,7 @@ def measure_steps_per_s(
 ) -> float:
     """Time ``steps`` training steps (after 2 warm-up steps) on random data of the right shape
     (an own dataset: ``record``'s size, image shape and classes)."""
-    import numpy as np
-
     from dpsinkhorn.bench.timing import time_steps
-    from dpsinkhorn.devices import resolve_device
     from dpsinkhorn.train.trainer import Trainer
 
     shape = {"celeba": (32, 32, 3)}.get(spec["dataset"], (28, 28))
@@ -104,39 +99,25 @@ def plan(
     """A training-compute estimate for every trained experiment."""
     rates: dict[tuple, float] = {}
     rows = []
-
-    def record(name: str) -> dict | None:
-        return prepared_record(config, dataset_of(config, name))
-
     for name in trained_experiments(config):
         spec = experiment(config, name)
+        record = prepared_record(config, dataset_of(config, name))
         shape = step_shape(spec)
-        if steps_per_s is not None:
-            rates[shape] = steps_per_s
-        elif shape not in rates:
-            rates[shape] = measure_steps_per_s(spec, device, bench_steps, record(name))
-        steps = resolved_steps(spec, record(name))
+        if shape not in rates:
+            rates[shape] = steps_per_s or measure_steps_per_s(spec, device, bench_steps, record)
+        steps = resolved_steps(spec, record)
+        hours = steps / rates[shape] / 3600
         rows.append(
-            {
-                "experiment": name,
-                "steps": steps,
-                "steps_per_s": rates[shape],
-                "hours": steps / rates[shape] / 3600,
-            }
+            {"experiment": name, "steps": steps, "steps_per_s": rates[shape], "hours": hours}
         )
+    source = f"measured ({bench_steps} timed steps per step shape, random data of N records)"
     return {
         "training": rows,
         "training_hours": sum(r["hours"] for r in rows),
         "training_steps": sum(r["steps"] for r in rows),
         "device": device,
-        "steps_per_s_source": "given"
-        if steps_per_s is not None
-        else f"measured ({bench_steps} "
-        "timed steps per step shape, random data of the dataset's size)",
+        "steps_per_s_source": "given" if steps_per_s is not None else source,
     }
-
-
-# ------------------------------------------------------------- from measured rates
 
 
 def plan_from_rates(
@@ -149,8 +130,7 @@ def plan_from_rates(
     rate / its runs; no rate: None, never guessed). Each job carries its SLURM request
     (:func:`dpsinkhorn.config.cluster.train_request`).
     """
-    trained = [e for e in experiments if needs_training(config, e)]
-    specs = [experiment(config, e) for e in trained]
+    specs = [experiment(config, e) for e in experiments if needs_training(config, e)]
     jobs = []
     for group in group_experiments(specs, sweep_runs):
         spec = experiment(config, group[0])
@@ -170,10 +150,9 @@ def plan_from_rates(
                 "request_note": request.note,
             }
         )
-    known = [j for j in jobs if j["hours"] is not None]
     return {
         "jobs": jobs,
-        "hours_measured": sum(j["hours"] for j in known),
+        "hours_measured": sum(j["hours"] for j in jobs if j["hours"] is not None),
         "unmeasured": [e for j in jobs if j["hours"] is None for e in j["experiments"]],
         "sweep_runs": sweep_runs,
     }
@@ -195,12 +174,11 @@ def _rates_cli(args: argparse.Namespace, config: Mapping, experiments: Sequence[
             f"{rate:>16} steps/s  {hours:>6} h  SLURM {job['request_minutes']:>5} min "
             f"x {chain} job(s)  {names}"
         )
-    sources = dict.fromkeys(j["rate_source"] for j in result["jobs"] if j["steps_per_s"])
     print(
         f"GPU-hours from measured rates: {result['hours_measured']:.1f} h, one job at a time, "
         f"sweeps of at most {args.sweep_runs} run(s)"
     )
-    for source in sources:
+    for source in dict.fromkeys(j["rate_source"] for j in result["jobs"] if j["steps_per_s"]):
         print(f"  rate: {source}")
     cluster = config["cluster"]
     print(
@@ -219,22 +197,14 @@ def _rates_cli(args: argparse.Namespace, config: Mapping, experiments: Sequence[
     return 0
 
 
-# ----------------------------------------------------------------------------- CLI
-
-
 def _plan_cli(args: argparse.Namespace) -> int:
     config = load_config(args.config)
-    from dpsinkhorn.devices import resolve_device
-
-    if args.study is not None:
-        experiments = study_experiments(config, args.study)
-    else:
-        experiments = trained_experiments(config)
+    study = args.study
+    experiments = trained_experiments(config) if study is None else study_experiments(config, study)
     if args.rates:
         return _rates_cli(args, config, experiments)
-    if args.study is not None:
+    if study is not None:
         raise ValueError("--study needs --rates (measured step rates of the GPU it runs on)")
-
     device = str(resolve_device(args.device or config["device"]))
     result = plan(config, device, args.steps_per_s, args.bench_steps)
     if args.json:
@@ -252,9 +222,7 @@ def _plan_cli(args: argparse.Namespace) -> int:
         f"total training on {device}: {hours:.1f} h{days} one job at a time; "
         f"steps/s {result['steps_per_s_source']}"
     )
-    if not math.isfinite(hours):
-        return 1
-    return 0
+    return 0 if math.isfinite(hours) else 1
 
 
 def register_cli(subparsers: argparse._SubParsersAction) -> None:

@@ -24,7 +24,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -63,12 +63,10 @@ class AuditError(ValueError):
 
 @dataclass(frozen=True)
 class AuditConfig:
-    """One audited configuration: data, the experiment settings that differ from the
-    schema defaults, the sanitiser class, and how many canary steps / releases.
-
-    ``sigmas``: one σ per run (K = len; K ≥ 2 is a sweep). ``num_records``: N, the
-    canary included (q = batch_size / N). ``steps``: included steps S per run;
-    ``releases``: R per dataset and run."""
+    """One audited configuration: data, the settings that differ from the schema defaults,
+    the sanitiser, ``steps`` S (canary steps per run) and ``releases`` R (per dataset and
+    run). ``sigmas``: one σ per run (K ≥ 2 is a sweep); ``num_records``: N, the canary
+    included (q = batch_size / N)."""
 
     name: str
     data: str  # "worst_case" or "mnist"
@@ -86,62 +84,50 @@ class AuditConfig:
     steps: int = 4
     releases: int = 2_000_000
     seed: int = 0
-    extra: dict = field(default_factory=dict)
 
     @property
     def sound(self) -> bool:
         return self.mechanism == "sound"
 
 
-def _worst(name: str, **kw) -> AuditConfig:
-    return AuditConfig(name=name, data="worst_case", **kw)
+#: z = 3 (σ = 3, or σ = 3√n for per-sample clipping): one step at δ = 1e-5 claims
+#: ε = 1.27 (PLD); the √2 slip makes the true z = 3/√2. n = batch_size generated rows.
+_N = 16
+_KINDS = {  # the four sanitisers: image (batch, per-sample clipping), a sweep, parameter
+    "batch": {"sigmas": (3.0,)},
+    "per_sample": {"sigmas": (3.0 * math.sqrt(_N),), "clipping": "per_sample"},
+    "sweep": {"sigmas": (3.0, 4.0)},
+    "parameter": {"sigmas": (3.0,), "perturbation": "parameter"},
+}
 
 
-#: z = 3 (σ = 3, or σ = 3√n for per-sample clipping): one step at δ = 1e-5
-#: claims ε = 1.27 (PLD); the √2 slip makes the true z = 3/√2.
-_N = 16  # generated rows n = batch_size (per-sample clipping: z = σ/√n)
-_QUICK_COMMON = {"num_records": 40 * _N, "batch_size": _N, "steps": 2, "releases": 2_000_000}
-#: Gross slips need few releases.
-_QUICK_FEW = {**_QUICK_COMMON, "releases": 200_000}
+def _worst(kind: str, mechanism: str = "sound", releases: int = 2_000_000) -> AuditConfig:
+    """A worst-case configuration of ``_KINDS[kind]``: N = 40n, 2 canary steps."""
+    settings = {"mechanism": mechanism, "releases": releases, "steps": 2, **_KINDS[kind]}
+    return AuditConfig(f"worst/{kind}", "worst_case", 40 * _N, _N, **settings)
+
+
 QUICK: list[AuditConfig] = [
-    _worst("worst/batch", sigmas=(3.0,), **_QUICK_COMMON),
-    _worst(
-        "worst/per_sample", sigmas=(3.0 * math.sqrt(_N),), clipping="per_sample", **_QUICK_COMMON
-    ),
-    _worst("worst/sweep", sigmas=(3.0, 4.0), **_QUICK_COMMON),
-    _worst("worst/parameter", sigmas=(3.0,), perturbation="parameter", **_QUICK_COMMON),
+    *(_worst(kind) for kind in _KINDS),
     *(
-        _worst(name, sigmas=(3.0,), mechanism=m, perturbation=p, **_QUICK_COMMON)
-        for name, p in (("worst/batch", "image"), ("worst/parameter", "parameter"))
-        for m in ("noise_over_sqrt_2", "sqrt_2_in_call")
+        _worst(kind, mechanism)
+        for kind in ("batch", "parameter")
+        for mechanism in ("noise_over_sqrt_2", "sqrt_2_in_call")
     ),
-    _worst("worst/batch", sigmas=(3.0,), mechanism="noise_off", **_QUICK_FEW),
-    _worst(
-        "worst/parameter",
-        sigmas=(3.0,),
-        mechanism="noise_off",
-        perturbation="parameter",
-        **_QUICK_FEW,
-    ),
-    _worst(
-        "worst/per_sample",
-        sigmas=(3.0 * math.sqrt(_N),),
-        clipping="per_sample",
-        mechanism="noise_over_sqrt_n",
-        **_QUICK_FEW,
-    ),
-    _worst(
-        "worst/parameter",
-        sigmas=(3.0,),
-        mechanism="noise_over_sqrt_n",
-        perturbation="parameter",
-        **_QUICK_FEW,
+    *(  # gross slips need few releases
+        _worst(kind, mechanism, releases=200_000)
+        for kind, mechanism in (
+            ("batch", "noise_off"),
+            ("parameter", "noise_off"),
+            ("per_sample", "noise_over_sqrt_n"),
+            ("parameter", "noise_over_sqrt_n"),
+        )
     ),
 ]
 
 #: The paper's rate q = 1/1200 (B = 16 of N = 19,200: the paper's B = 50 of 60,000 gives
 #: the same q; n = 16 keeps the step cheap), more canary steps and releases.
-_SHARP_COMMON = {"num_records": 1200 * _N, "batch_size": _N, "steps": 16, "releases": 4_000_000}
+_SHARP = {"num_records": 1200 * _N, "steps": 16, "releases": 4_000_000}
 _MNIST = {
     "data": "mnist",
     "cost": None,
@@ -153,7 +139,7 @@ _MNIST = {
     "releases": 1_000_000,
 }
 SHARP: list[AuditConfig] = [
-    *(replace(c, **_SHARP_COMMON) for c in QUICK),
+    *(replace(c, **_SHARP) for c in QUICK),
     AuditConfig("mnist/batch", sigmas=(1.0,), **_MNIST),
     AuditConfig("mnist/per_sample", sigmas=(math.sqrt(50),), clipping="per_sample", **_MNIST),
     AuditConfig("mnist/sweep", sigmas=(1.0, 1.5), **_MNIST),
@@ -199,19 +185,9 @@ def build_runs(cfg: AuditConfig, data_root: Path) -> tuple[list[Trainer], Traini
     """The runs of ``cfg`` as training builds them (factory, then Trainer / SweepTrainer),
     and the step that advances them together."""
     images, labels = build_data(cfg, data_root)
-    settings = {
-        "batch_size": cfg.batch_size,
-        "clip": cfg.clip,
-        "clipping": cfg.clipping,
-        "perturbation": cfg.perturbation,
-        "accountant": cfg.accountant,
-        "delta": cfg.delta,
-        "channels": list(cfg.channels),
-        "steps": 1,
-        "reproducible": True,
-        "seed": cfg.seed,
-        **cfg.extra,
-    }
+    keys = ("batch_size", "clip", "clipping", "perturbation", "accountant", "delta", "seed")
+    settings = {k: getattr(cfg, k) for k in keys}
+    settings.update(channels=list(cfg.channels), steps=1, reproducible=True)
     if cfg.cost is not None:
         settings["cost"] = cfg.cost
     specs = [
@@ -315,7 +291,7 @@ def collect(
     hook = _CanaryHook(trainers[0].sampler, cfg.num_records - 1)
     pairs: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[] for _ in trainers]
     checks: list[list[torch.Tensor]] = [[] for _ in trainers]
-    draws = identical = debias_differ = 0
+    draws = debias_differ = 0
     while min(len(p) for p in pairs) < cfg.steps:
         if draws >= max_draws:
             raise AuditError(f"{cfg.name}: fewer than {cfg.steps} canary steps in {draws} draws")
@@ -341,21 +317,14 @@ def collect(
             if not included[k]:
                 if not torch.equal(a, b):
                     raise AssertionError(f"{cfg.name}: run {k} differs without the canary")
-                identical += 1
                 continue
             if len(pairs[k]) < cfg.steps:
                 pairs[k].append((a, b, _query(t).clone(), queries_in[k]))
                 checks[k].append(_real_noise(t, queries_in[k], CHECK_CALLS * b.numel()))
-    return {
-        "pairs": pairs,
-        "checks": checks,
-        "draws": draws,
-        "identical": identical,
-        "debias_differ": debias_differ,
-    }
+    return {"pairs": pairs, "checks": checks, "draws": draws, "debias_differ": debias_differ}
 
 
-def audit_run(cfg: AuditConfig, t: Trainer, pairs, checks, rng: torch.Generator) -> dict:
+def audit_run(cfg: AuditConfig, t: Trainer, pairs, checks) -> dict:
     """Releases drawn by the real sanitiser (every score's noise is its noise), certified
     bound, claim, and for a broken variant the computed power against it."""
     sanitizer = t.sanitizer
@@ -364,18 +333,15 @@ def audit_run(cfg: AuditConfig, t: Trainer, pairs, checks, rng: torch.Generator)
     distances = (b - a).norm(dim=1)  # [S]
     std = sanitizer.noise_std
     per_step = -(-cfg.releases // len(pairs))
-    scores_out, scores_in = [], []
-    for k, (_, _, query_out, query_in) in enumerate(pairs):
-        d = distances[k]
+    scores: tuple[list, list] = ([], [])  # of releases from D and from D'
+    for d, (_, _, query_out, query_in) in zip(distances, pairs, strict=True):
         # Release c + e projected on u about the midpoint: ∓d/2 + e·u; e·u has the law of
         # one coordinate of the sanitiser's iid noise (variance checked per coordinate).
-        noise_out = _real_noise(t, query_out, per_step)[:per_step]
-        noise_in = _real_noise(t, query_in, per_step)[:per_step]
-        scores_out.append(((-d / 2 + noise_out) * d).numpy())  # LLR up to a factor 1/std²
-        scores_in.append(((d / 2 + noise_in) * d).numpy())
-    order = np.argsort(np.arange(per_step * len(pairs)) % per_step, kind="stable")
-    scores_out = np.concatenate(scores_out)[order][: cfg.releases]  # steps interleaved
-    scores_in = np.concatenate(scores_in)[order][: cfg.releases]
+        for side, sign, query in ((0, -1, query_out), (1, 1, query_in)):
+            noise = _real_noise(t, query, per_step)[:per_step]
+            scores[side].append(((sign * d / 2 + noise) * d).numpy())  # LLR up to 1/std²
+    order = np.argsort(np.arange(per_step * len(pairs)) % per_step, kind="stable")  # interleaved
+    scores_out, scores_in = (np.concatenate(s)[order][: cfg.releases] for s in scores)
     certified = epsilon_lower_bound(scores_out, scores_in, cfg.delta)
     claimed = one_step_claim(sanitizer.noise_multiplier, cfg.delta, cfg.accountant)
     sens = sanitizer.sensitivity
@@ -406,12 +372,8 @@ def audit_run(cfg: AuditConfig, t: Trainer, pairs, checks, rng: torch.Generator)
     else:
         result["caught"] = bool(certified > claimed or not result["noise_check_passed"])
         fraction = TRUE_NOISE_FRACTION[cfg.mechanism]  # of 2Δσ; None: 1/√n
-        true_std = (
-            2
-            * sanitizer.clip
-            * sanitizer.noise_scale
-            * (1 / math.sqrt(cfg.batch_size) if fraction is None else fraction)
-        )
+        scale = 1 / math.sqrt(cfg.batch_size) if fraction is None else fraction
+        true_std = 2 * sanitizer.clip * sanitizer.noise_scale * scale
         result.update(
             audit_power(
                 true_std,
@@ -429,17 +391,17 @@ def audit_run(cfg: AuditConfig, t: Trainer, pairs, checks, rng: torch.Generator)
 
 def commit() -> str:
     """``git rev-parse --short HEAD`` of this source tree, or "unknown"."""
+    git = ["git", "rev-parse", "--short", "HEAD"]
+    here = Path(__file__).resolve().parent
     try:
-        out = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            cwd=Path(__file__).resolve().parent,
-            capture_output=True,
-            text=True,
-            timeout=10,
-        )
+        out = subprocess.run(git, cwd=here, capture_output=True, text=True, timeout=10, check=True)
     except (OSError, subprocess.SubprocessError):
         return "unknown"
-    return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else "unknown"
+    return out.stdout.strip() or "unknown"
+
+
+#: The configuration's fields each result line repeats.
+_REPORTED = ("perturbation", "num_records", "batch_size", "accountant", "delta")
 
 
 def audit(
@@ -451,25 +413,21 @@ def audit(
     start = time.perf_counter()
     torch.manual_seed(cfg.seed)
     trainers, stepper = build_runs(cfg, data_root)
-    q = trainers[0].q
-    max_draws = max_draws or int(50 * cfg.steps / q + 1000)
-    got = collect(cfg, trainers, stepper, max_draws)
-    results = []
+    got = collect(cfg, trainers, stepper, max_draws or int(50 * cfg.steps / trainers[0].q + 1000))
+    results, source = [], commit()
     for k, t in enumerate(trainers):
         t.accountant.step()  # the run's ledger for one step at its rate q (context only)
-        res = audit_run(cfg, t, got["pairs"][k], got["checks"][k], t.rng)
+        res = audit_run(cfg, t, got["pairs"][k], got["checks"][k])
+        if got["debias_differ"] and cfg.sound:
+            res["passed"] = False  # the rows released without noise depend on the canary
         results.append(
             {
-                "commit": commit(),
+                "commit": source,
                 "config": cfg.name,
                 "data": cfg.data,
                 "run": k,
                 "runs": len(trainers),
-                "perturbation": cfg.perturbation,
-                "num_records": cfg.num_records,
-                "batch_size": cfg.batch_size,
-                "accountant": cfg.accountant,
-                "delta": cfg.delta,
+                **{key: getattr(cfg, key) for key in _REPORTED},
                 "draws": got["draws"],
                 "canary_steps": cfg.steps,
                 "steps_debias_rows_differ": got["debias_differ"],
@@ -478,18 +436,8 @@ def audit(
             }
         )
     for r in results:
-        if got["debias_differ"] and r["mechanism"] == "sound":
-            r["passed"] = False  # the rows released without noise depend on the canary
-    elapsed = time.perf_counter() - start
-    for r in results:
-        r["seconds"] = round(elapsed, 1)
+        r["seconds"] = round(time.perf_counter() - start, 1)
     return results
-
-
-def failed(result: dict) -> bool:
-    """A sound mechanism whose certified ε exceeds its claim (or whose noise or sensitivity
-    departs from what it declares, or whose noise-free debiasing rows depend on the canary)."""
-    return result["mechanism"] == "sound" and not result["passed"]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -506,30 +454,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="folder with mnist/train.npz",
     )
     args = parser.parse_args(argv)
-    configs = SHARP if args.sharp else QUICK
     configs = [
         c
-        for c in configs
+        for c in (SHARP if args.sharp else QUICK)
         if (args.only is None or args.only in c.name)
         and (args.mechanism is None or c.mechanism == args.mechanism)
     ]
-    if not configs:
-        print("audit: error: no configuration matches --only / --mechanism", file=sys.stderr)
-        return 2
-    if any(c.data == "mnist" for c in configs):  # refuse before hours of work, not after
-        path = split_path(args.data_root, "mnist", "train")
-        if not path.is_file():
-            print(f"audit: error: {path} not found (give --data-root)", file=sys.stderr)
-            return 2
     overrides = {
         k: v for k, v in (("releases", args.releases), ("steps", args.steps)) if v is not None
     }
+    mnist = split_path(args.data_root, "mnist", "train")
     status = 0
     try:
+        if not configs:
+            raise AuditError("no configuration matches --only / --mechanism")
+        if any(c.data == "mnist" for c in configs) and not mnist.is_file():
+            raise AuditError(f"{mnist} not found (give --data-root)")  # before hours of work
         for cfg in configs:
             for result in audit(replace(cfg, **overrides), args.data_root):
                 print(json.dumps(result), flush=True)
-                status = 1 if failed(result) else status
+                # A sound mechanism whose certified ε exceeds its claim (or whose noise or
+                # sensitivity departs from what it declares, or whose noise-free debiasing
+                # rows depend on the canary).
+                if result["mechanism"] == "sound" and not result["passed"]:
+                    status = 1
     except AuditError as error:
         print(f"audit: error: {error}", file=sys.stderr)
         return 2

@@ -20,7 +20,7 @@ from dpsinkhorn.fileio import NoSpaceError, write_text
 from dpsinkhorn.models import PRECISIONS
 from dpsinkhorn.privacy.record_store import store_root
 from dpsinkhorn.train import memory
-from dpsinkhorn.train.run import train_runs
+from dpsinkhorn.train.run import train
 from dpsinkhorn.train.signals import INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE, Preempted
 
 
@@ -70,21 +70,16 @@ def add_training_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-#: How a command trains: ``(specs, out_dirs, data_dir, **options) -> privacy records``,
-#: ``run.train_runs`` (``dpsinkhorn train``) or ``sweep.train_sweep`` (``train-sweep``).
-TrainFn = Callable[..., list[dict]]
-
-
 def run_training_cli(
     command: str,
     args: argparse.Namespace,
     cfg: dict,
-    train_fn: TrainFn,
+    train_fn: Callable[..., list[dict]],
     specs: Sequence[dict],
     outs: Sequence[Path],
 ) -> int:
-    """Call ``train_fn(specs, outs, data_dir, ...)`` with the CLI options over the loaded
-    config ``cfg``, print each privacy record; returns the exit code (module docstring)."""
+    """Call ``train_fn(specs, outs, data_dir, **options)`` (``train.run.TrainOptions``) with
+    the CLI options over the config ``cfg``; print each privacy record; return the exit code."""
     markers = [Path(d) / STOPPED_NAME for d in outs]
     if args.attempt > 1:  # a workflow retry: repeat a final stop instead of running again
         for marker in markers:
@@ -98,7 +93,7 @@ def run_training_cli(
         records = train_fn(
             specs,
             outs,
-            Path(args.data_dir or cfg["data_dir"]),
+            data_dir=Path(args.data_dir or cfg["data_dir"]),
             device=args.device or cfg["device"],
             stop_after=args.stop_after,
             progress=not args.no_progress,
@@ -135,4 +130,5 @@ def _final_stop(markers: list[Path], exit_code: int, message: str) -> None:
 def _cli(args: argparse.Namespace) -> int:
     cfg = config_lib.load_config(args.config)  # loaded and validated once per command
     spec = config_lib.trained_experiment(cfg, args.experiment, "nothing to train")
-    return run_training_cli("train", args, cfg, train_runs, [spec], [Path(args.out)])
+    train_one = lambda specs, outs, **options: [train(specs[0], outs[0], **options)]  # noqa: E731
+    return run_training_cli("train", args, cfg, train_one, [spec], [Path(args.out)])

@@ -58,13 +58,10 @@ def step_bytes(
     num_records: int,
     feature_dim: int,
     bytes_per_row: float,
-    runs: int = 1,
 ) -> int:
-    """Estimated peak bytes of ``runs`` runs' training steps (see the module docstring)."""
-    data = num_records * feature_dim * FLOAT
-    sinkhorn = runs * SINKHORN_MATRICES * FLOAT * n * (capacity + n)
-    generator = runs * bytes_per_row * (n + n_prime)
-    return int(data + sinkhorn + generator)
+    """Estimated peak bytes of a training step (see the module docstring)."""
+    sinkhorn = SINKHORN_MATRICES * FLOAT * n * (capacity + n)
+    return int(num_records * feature_dim * FLOAT + sinkhorn + bytes_per_row * (n + n_prime))
 
 
 def available_bytes(device: torch.device) -> int | None:

@@ -10,12 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import numpy as np
 import torch
 
-from dpsinkhorn.config.spec import ExperimentSpec
 from dpsinkhorn.data import datasets as data
-from dpsinkhorn.models import GeneratorConfig, build_generator
 from dpsinkhorn.privacy.accounting import PrivacyAccountant
 from dpsinkhorn.privacy.checks import check_delta_of_records
 from dpsinkhorn.privacy.merf import (
@@ -24,21 +21,14 @@ from dpsinkhorn.privacy.merf import (
     merf_noise_multiplier,
     random_frequencies,
 )
-from dpsinkhorn.privacy.noise import (
-    keyed_generator,
-    public_noise_key,
-    rng_state_bytes,
-    rng_state_tensor,
-    secret_noise_key,
-)
-from dpsinkhorn.privacy.trainings import data_fingerprint
-from dpsinkhorn.train.trainer import check_batch_size, check_labels, declared_classes
+from dpsinkhorn.privacy.noise import keyed_generator, public_noise_key, secret_noise_key
+from dpsinkhorn.train.trainer import GeneratorRun
 
 
-class MerfTrainer:
+class MerfTrainer(GeneratorRun):
     """One DP-MERF run: the release (at the first step) and the generator's training.
 
-    Arguments as ``Trainer``'s (``precision`` and the CUDA options do not apply: fp32).
+    Arguments as :class:`GeneratorRun`'s (``precision`` and the CUDA options do not apply).
     """
 
     def __init__(
@@ -49,16 +39,12 @@ class MerfTrainer:
         device: torch.device,
         classes: Sequence[str] | None = None,
     ):
-        self.experiment, self.device = spec, device
-        self.settings = settings = ExperimentSpec.from_dict(spec)
+        super().__init__(spec, train_images, train_labels, device, classes)
+        settings = self.settings
         num_records = len(train_images)
-        check_batch_size(spec, num_records)
         check_delta_of_records(settings.delta, num_records, settings.name)
-        key = (
-            public_noise_key(settings.seed, settings.name)
-            if settings.reproducible
-            else secret_noise_key()
-        )
+        seed, name = settings.seed, settings.name
+        key = public_noise_key(seed, name) if settings.reproducible else secret_noise_key()
         self.rng = keyed_generator(key, device)  # the release's noise, then z and labels
         del key
         self.sanitizer = MerfRelease(merf_noise_multiplier(spec), self.rng)
@@ -69,51 +55,19 @@ class MerfTrainer:
         self.total_steps = int(settings.steps)
         self.releases_planned = 1  # ledger steps: the one Gaussian mechanism
         self.perturbation = None
-        self.epsilon_convention = settings.epsilon_convention
-        self.private, self.reproducible = True, settings.reproducible
-        self.conditional = settings.conditional
-        definition = spec.get("dataset_definition")
-        if classes is None and not self.conditional and definition is None:
-            self.class_names: tuple[str, ...] = ("unconditional",)
-        else:
-            self.class_names = declared_classes(settings.dataset, classes, definition)
-        self.classes_declared = classes is not None or definition is not None
-        if self.conditional:
-            self.num_classes = len(self.class_names)
-            check_labels(train_labels, self.class_names, settings.name)
-        else:
-            self.num_classes = 1
-            train_labels = np.zeros(num_records, dtype=np.int64)
-        self.fingerprint = data_fingerprint(train_images, train_labels)
         images = data.to_unit_range(train_images)  # [N, C, S, S] in [-1, 1], CPU
-        self.image_shape = tuple(images.shape[1:])
         # Private until released (step 1), then dropped: [N, d] in [0, 1] and labels.
         self._private: tuple[torch.Tensor, torch.Tensor] | None = (
             ((images.flatten(1) + 1) / 2),
-            torch.as_tensor(train_labels, dtype=torch.int64),
+            torch.as_tensor(self.labels, dtype=torch.int64),
         )
         self.epoch_steps = max(1, num_records // settings.batch_size)
+        dim = images[0].numel()
         self.w = random_frequencies(
-            settings.rff_features,
-            images[0].numel(),
-            settings.rff_bandwidth,
-            settings.seed,
-            settings.name,
-            device,
+            settings.rff_features, dim, settings.rff_bandwidth, seed, name, device
         )
-        torch.manual_seed(settings.seed)
-        self.model_config = GeneratorConfig.from_settings(
-            settings, self.num_classes, self.image_shape
-        )
-        self.model = build_generator(self.model_config).to(device)
-        self.optimizer = torch.optim.Adam(
-            self.model.parameters(),
-            lr=settings.lr,
-            betas=settings.betas,
-            weight_decay=settings.weight_decay,
-        )
+        self.build_model(tuple(images.shape[1:]))  # Adam, fused as Trainer's
         self.noisy: torch.Tensor | None = None  # μ̃ [D, K], once released
-        self.step_count = 0
 
     def release(self) -> None:
         """The one private release μ̃ (``MerfRelease``), recorded in the ledger."""
@@ -147,21 +101,11 @@ class MerfTrainer:
         return self.accountant.epsilon() if self.accountant.steps else 0.0
 
     def state_dict(self) -> dict:
-        return {
-            "step": self.step_count,
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "rng": rng_state_bytes(self.rng),
-            "accountant": self.accountant.state_dict(),
-            "noisy_embedding": None if self.noisy is None else self.noisy.cpu(),
-        }
+        noisy = None if self.noisy is None else self.noisy.cpu()
+        return {**super().state_dict(), "noisy_embedding": noisy}
 
     def load_state_dict(self, state: dict) -> None:
-        self.step_count = int(state["step"])
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.rng.set_state(rng_state_tensor(state["rng"]))
-        self.accountant.load_state_dict(state["accountant"])
+        super().load_state_dict(state)
         noisy = state["noisy_embedding"]
         released = noisy is not None
         if self.accountant.steps != int(released) or (self.step_count > 0) != released:

@@ -1,10 +1,6 @@
-"""What a training run publishes, and its privacy ledger.
-
-A run's output folder receives exactly :data:`OUTPUT_FILES` (:func:`publish`):
-``generator.pt`` (:func:`generator_payload`), ``privacy.json`` (:func:`privacy_record`,
-:func:`merf_record`) and ``train_log.csv`` (:data:`LOG_COLUMNS`). None holds anything
-computed on the private data except through the sanitised gradient; the ledger is written
-before the generator (:func:`commit_release`). docs/PRIVACY.md.
+"""What a training run publishes (:data:`OUTPUT_FILES`, :func:`publish`): generator.pt,
+its privacy ledger privacy.json and train_log.csv. None holds anything computed on the
+private data except through the sanitised gradient. docs/PRIVACY.md.
 """
 
 from __future__ import annotations
@@ -51,9 +47,8 @@ def generator_payload(trainer: Trainer) -> bytes:
         "experiment": trainer.settings.name,
         "steps": trainer.step_count,
     }
-    # Only where they say something (payloads without them keep their bytes):
-    # the declared class names (public: given by the caller, not read from the data) and
-    # an unconditional generator's flag.
+    # Only where they say something: the declared class names (public: given by the
+    # caller, not read from the data) and an unconditional generator's flag.
     if trainer.classes_declared:
         generator["class_names"] = list(trainer.class_names)
     if not trainer.conditional:
@@ -91,7 +86,8 @@ def privacy_record(trainer: Trainer) -> dict:
             "image_shape": list(trainer.image_shape),
             "test_split": "none given",
         }
-    if trainer.sanitizer is None:
+    s = trainer.sanitizer
+    if s is None:
         return {
             **base,
             "private": False,
@@ -99,8 +95,36 @@ def privacy_record(trainer: Trainer) -> dict:
             "epsilon_paper_convention": None,
             "guarantee": None,
         }
+    epsilon, delta = trainer.epsilon(), trainer.accountant.delta
     if trainer.settings.method == "dpmerf":
-        return {**base, **merf_record(trainer)}
+        mechanism, noise_bits = merf_record(trainer), 64
+    else:
+        mechanism, noise_bits = sinkhorn_record(trainer, epsilon), 32
+    delta_total = mechanism["delta_total"]
+    return {
+        **base,
+        "private": True,
+        "guarantee": NO_GUARANTEE_PUBLIC_SEED
+        if trainer.reproducible
+        else guarantee_sentence(epsilon, delta_total, noise_bits),
+        **mechanism,
+        "sigma": s.noise_scale,
+        "noise_std": s.noise_std,
+        "sensitivity": s.sensitivity,
+        "noise_multiplier": s.noise_multiplier,
+        "delta": delta,
+        "target_epsilon": trainer.settings.target_epsilon,
+        "epsilon_convention": trainer.settings.epsilon_convention,
+        "epsilon_convention_note": "convention under which target_epsilon solved sigma "
+        "or steps; epsilon is always the sound accountant's",
+        "epsilon": epsilon,
+        "accountant": f"{trainer.accountant.kind} ({PrivacyAccountant.describe()})",
+    }
+
+
+def sinkhorn_record(trainer: Trainer, epsilon: float) -> dict:
+    """The DP-Sinkhorn ledger's own keys: the mechanism per step, Poisson sampling at q and
+    its overflow charge, and the paper's (invalid) convention for comparison."""
     s = trainer.sanitizer
     if trainer.perturbation == "parameter":
         mechanism = (
@@ -114,45 +138,25 @@ def privacy_record(trainer: Trainer) -> dict:
             "(rows 0:n clipped and noised; rows n:n+n' clipped only), Poisson sampling, "
             "add/remove-one adjacency"
         )
-    epsilon = trainer.epsilon()
     overflow = trainer.sampler.overflow_probability
     # (ε, δ + (1 + e^ε)·T·p)-DP: the coupling bound in PoissonSampler's docstring.
     delta_overflow = (1 + math.exp(min(epsilon, 700))) * trainer.step_count * overflow
-    delta_total = trainer.accountant.delta + delta_overflow
-    if trainer.reproducible:
-        guarantee = NO_GUARANTEE_PUBLIC_SEED
-    else:
-        guarantee = guarantee_sentence(epsilon, delta_total)
     return {
-        **base,
-        "private": True,
-        "guarantee": guarantee,
         "perturbation": trainer.perturbation,
         "mechanism": mechanism,
         "clipping": s.clipping,
         "clip": s.clip,
-        "sigma": s.noise_scale,
-        "noise_std": s.noise_std,
-        "sensitivity": s.sensitivity,
-        "noise_multiplier": s.noise_multiplier,
-        "delta": trainer.accountant.delta,
         "poisson_overflow_probability_per_step": overflow,
         "delta_poisson_overflow": delta_overflow,
-        "delta_total": delta_total,
+        "delta_total": trainer.accountant.delta + delta_overflow,
         "delta_total_note": "delta of the accountant plus (1 + e^epsilon) x steps x the "
         "per-step probability that the Poisson sample exceeded the buffer (then it is "
         "truncated); epsilon holds at delta_total",
-        "target_epsilon": trainer.settings.target_epsilon,
-        "epsilon_convention": trainer.epsilon_convention,
-        "epsilon_convention_note": "convention under which target_epsilon solved sigma "
-        "or steps; epsilon is always the sound accountant's",
-        "epsilon": epsilon,
         "epsilon_paper_convention": paper_convention_epsilon(
             trainer.q, s.noise_scale, trainer.step_count, trainer.n, trainer.accountant.delta
         ),
         "epsilon_paper_convention_note": "compute_rdp(q, sigma, steps*n) as in the paper; "
         "not a valid guarantee for this mechanism",
-        "accountant": f"{trainer.accountant.kind} ({PrivacyAccountant.describe()})",
     }
 
 
@@ -167,47 +171,29 @@ def guarantee_sentence(epsilon: float, delta_total: float, noise_bits: int = 32)
 
 
 def merf_record(trainer) -> dict:
-    """The ledger of a DP-MERF run (``train.merf.MerfTrainer``): one Gaussian mechanism
+    """The DP-MERF ledger's own keys (``train.merf.MerfTrainer``): one Gaussian mechanism
     (``privacy.merf``), so ``q`` = 1 and ``steps`` = 1 (releases; the generator's steps are
     ``generator_steps``), with no Poisson sampling and hence no overflow charge."""
-    s, settings = trainer.sanitizer, trainer.settings
-    epsilon, delta = trainer.epsilon(), trainer.accountant.delta
-    guarantee = (
-        NO_GUARANTEE_PUBLIC_SEED
-        if trainer.reproducible
-        else guarantee_sentence(epsilon, delta, noise_bits=64)
-    )
     return {
         "steps": trainer.accountant.steps,
         "generator_steps": trainer.step_count,
         "poisson_capacity": None,
-        "private": True,
-        "guarantee": guarantee,
         "perturbation": None,
         "mechanism": "Gaussian mechanism on the sum of class-conditional random Fourier "
         "feature embeddings phi(x) (x) onehot(y) (DP-MERF), released once; each record's "
         "embedding has norm 1, so the sensitivity is 1 under add/remove-one adjacency; "
         "the generator is fitted to the release (post-processing)",
-        "rff_features": settings.rff_features,
-        "rff_bandwidth": settings.rff_bandwidth,
+        "rff_features": trainer.settings.rff_features,
+        "rff_bandwidth": trainer.settings.rff_bandwidth,
         "clipping": None,
         "clip": None,
-        "sigma": s.noise_scale,
-        "noise_std": s.noise_std,
-        "sensitivity": s.sensitivity,
-        "noise_multiplier": s.noise_multiplier,
-        "delta": delta,
         "poisson_overflow_probability_per_step": 0.0,
         "delta_poisson_overflow": 0.0,
-        "delta_total": delta,
+        "delta_total": trainer.accountant.delta,
         "delta_total_note": "no Poisson sampling: delta_total is the accountant's delta",
-        "target_epsilon": settings.target_epsilon,
-        "epsilon_convention": trainer.epsilon_convention,
-        "epsilon": epsilon,
         "epsilon_paper_convention": None,
         "epsilon_paper_convention_note": "none: one release has no per-step convention "
         "(DP-MERF's code states replace-one DP, noise std 2 noise_factor / N on the mean)",
-        "accountant": f"{trainer.accountant.kind} ({PrivacyAccountant.describe()})",
     }
 
 

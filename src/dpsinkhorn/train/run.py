@@ -1,20 +1,18 @@
-"""The training loop: one run from its settings and private data to its release.
+"""The training loop: runs from their settings and private data to their release.
 
-:func:`train` trains one experiment into its output folder, step by step
-(``train.trainer``), logging and checkpointing through ``train.workspace.RunFiles`` and
-stopping with a checkpoint on a signal or ``stop_after`` (``train.signals``); the
-finished run publishes ``train.release``'s files. A ``dpmerf`` experiment runs the same
-loop with ``train.merf.MerfTrainer`` in place of ``Trainer``. :func:`train_runs` trains several,
-one after another (``dpsinkhorn train``, ``train.cli``); K runs advanced together by one
-batched step: ``train.sweep``.
+:func:`train` trains one experiment (``train.trainer``, or ``train.merf`` for DP-MERF) by
+:func:`run_loop`, the loop of one run or of K runs stepped together (``train.sweep``):
+files through ``train.workspace.RunFiles``, stops with a checkpoint (``train.signals``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import torch
 from tqdm import tqdm
 
 from dpsinkhorn.data import datasets as data
@@ -24,77 +22,124 @@ from dpsinkhorn.privacy.record_store import RecordStore, store_root
 from dpsinkhorn.privacy.trainings import RECORD_DIR
 from dpsinkhorn.train.merf import MerfTrainer
 from dpsinkhorn.train.signals import StopSignal
-from dpsinkhorn.train.trainer import Trainer
-from dpsinkhorn.train.workspace import RunFiles, released_on_error
+from dpsinkhorn.train.trainer import GeneratorRun, Trainer
+from dpsinkhorn.train.workspace import RunFiles, WorkspaceRemovalError, released_on_error
+
+
+@dataclass(frozen=True)
+class TrainOptions:
+    """How runs train, beside their settings and data (``train``, ``train_sweep``)."""
+
+    device: str = "auto"  # auto, cpu, cuda, cuda:N
+    stop_after: int | None = None  # checkpoint and raise Preempted after this many steps
+    progress: bool = True  # a progress bar (ε only)
+    cuda_graphs: bool = False  # train.step.GraphedStep
+    compile_solver: bool = False  # torch.compile the Sinkhorn iterations
+    precision: str = "fp32"  # models.GeneratorPrecision
+    retrain: bool = False  # train again where a secret-key DP training finished
+    record_dir: Path | None = None  # the training record (default: default_record_dir)
+    record_store: Path | None = None  # of DP runs (default: record_store.store_root())
 
 
 def train(
     spec: dict,
     out_dir: Path,
     data_dir: Path | None = None,
-    device: str = "auto",
-    stop_after: int | None = None,
-    progress: bool = True,
+    *,
     train_data: tuple[np.ndarray, np.ndarray] | None = None,
-    cuda_graphs: bool = False,
-    compile_solver: bool = False,
-    precision: str = "fp32",
     classes: Sequence[str] | None = None,
-    retrain: bool = False,
-    record_dir: Path | None = None,
-    record_store: Path | None = None,
+    **options,
 ) -> dict:
-    """Train one experiment into ``out_dir``; returns the privacy record.
-
-    Data: ``<data_dir>/<dataset>/train.npz``, or ``train_data`` (images uint8 [N,S,S] or
-    [N,S,S,C]; labels int64 [N]) with its declared ``classes`` (None: the catalogue's).
-    Writes generator.pt, privacy.json and train_log.csv; checkpoints go to
-    ``out_dir/private_workspace/``. ``stop_after``: stop (checkpoint, ``Preempted``)
-    after that many new steps. ``cuda_graphs``: ``GraphedStep``; ``compile_solver``:
-    ``torch.compile`` the Sinkhorn iterations; ``precision``: ``GeneratorPrecision``.
-    The training is appended to the training record in ``record_dir`` (default
-    :func:`default_record_dir`; a finished secret-key DP run is retrained only with
-    ``retrain``) and, when DP, to the record store ``record_store``.
-    """
+    """Train one experiment into ``out_dir`` (``options``: :class:`TrainOptions`' fields);
+    returns the privacy record. Data: ``<data_dir>/<dataset>/train.npz``, or ``train_data``
+    (images uint8 [N,S,S] or [N,S,S,C]; labels int64 [N]) with its declared ``classes``
+    (None: the catalogue's)."""
+    opts = TrainOptions(**options)
     images, labels = load_train_data(spec, data_dir, train_data)
-    device = resolve_device(device)
-    trainer: Trainer | MerfTrainer
+    device = resolve_device(opts.device)
+    trainer: GeneratorRun
     if spec["method"] == "dpmerf":  # one release, then post-processing (train.merf)
         trainer = MerfTrainer(spec, images, labels, device, classes=classes)
     else:
         trainer = Trainer(
-            spec, images, labels, device, cuda_graphs, compile_solver, precision, classes=classes
+            spec,
+            images,
+            labels,
+            device,
+            opts.cuda_graphs,
+            opts.compile_solver,
+            opts.precision,
+            classes=classes,
         )
-    run = RunFiles(
-        trainer,
-        out_dir,
-        default_record_dir(out_dir, data_dir, record_dir),
-        retrain,
-        RecordStore(record_store or store_root()),
-        images,
-    )
+    one_step = lambda runs: [run.step() for run in runs]  # noqa: E731
+    return run_loop([trainer], [out_dir], one_step, images, data_dir, opts, spec["name"])[0]
+
+
+def run_loop(
+    trainers: Sequence[GeneratorRun],
+    out_dirs: Sequence[Path],
+    step: Callable[[list], list[torch.Tensor]],
+    images: np.ndarray,
+    data_dir: Path | None,
+    opts: TrainOptions,
+    desc: str,
+) -> list[dict]:
+    """Train ``trainers[k]`` into ``out_dirs[k]`` until each is done; returns their privacy
+    records. ``step(active)``: one step of each active trainer, their losses (device).
+    With K > 1, workspaces go when all are done: until then a finished member's final
+    checkpoint tells a rerun (after preemption) that it needs no more steps."""
+    runs: list[RunFiles] = []
+    store = RecordStore(opts.record_store or store_root())
+    with released_on_error(runs):  # one folder refused: give back those already taken
+        for t, out in zip(trainers, out_dirs, strict=True):
+            records_at = default_record_dir(out, data_dir, opts.record_dir)
+            runs.append(RunFiles(t, out, records_at, opts.retrain, store, images))
+    at_once = len(runs) == 1
+    records = {i: run.finish(remove_workspace=at_once) for i, run in enumerate(runs) if run.done}
     bar = tqdm(
-        total=trainer.total_steps,
-        initial=run.start_step,
-        desc=spec["name"],
-        disable=not progress,
+        total=sum(t.total_steps for t in trainers),
+        initial=sum(run.start_step for run in runs),
+        desc=desc,
+        disable=not opts.progress,
         mininterval=1.0,
     )
-    with StopSignal() as stop, released_on_error([run]):
-        while not run.done:
-            loss = trainer.step()
-            bar.update(1)
-            row = run.after_step(loss)
-            if row is not None:  # ε only: nothing computed on the private data
-                bar.set_postfix(eps=f"{row['epsilon']:.3g}")
-            new_steps = trainer.step_count - run.start_step
-            if not run.done and stop.should_stop(new_steps, stop_after):
-                run.checkpoint()
+    taken = 0
+    with StopSignal() as stop, released_on_error(runs):
+        while len(records) < len(runs):
+            active = [i for i in range(len(runs)) if i not in records]
+            losses = step([trainers[i] for i in active])
+            taken += 1
+            bar.update(len(active))
+            epsilons = []  # the bar shows ε only: nothing computed on the private data
+            for i, loss in zip(active, losses, strict=True):
+                row = runs[i].after_step(loss)
+                if row is not None:
+                    epsilons.append(row["epsilon"])
+                if runs[i].done:
+                    records[i] = runs[i].finish(remove_workspace=at_once)
+            if epsilons:
+                bar.set_postfix(eps=f"{max(epsilons):.3g}")
+            unfinished = [runs[i] for i in active if i not in records]
+            if unfinished and stop.should_stop(taken, opts.stop_after):
+                for run in unfinished:
+                    run.checkpoint()
                 bar.close()
-                where = f"checkpoint at step {trainer.step_count} in {run.ckpt_path}"
-                raise stop.preempted(stop_after, where)
+                where = "; ".join(
+                    f"checkpoint at step {run.trainer.step_count} in {run.ckpt_path}"
+                    for run in unfinished
+                )
+                raise stop.preempted(opts.stop_after, where)
     bar.close()
-    return run.finish()
+    # Every member's workspace is tried; one that stays fails the sweep, naming each.
+    failures = []
+    for run in runs:
+        try:
+            run.remove_workspace()
+        except WorkspaceRemovalError as err:
+            failures.append(str(err))
+    if failures:
+        raise WorkspaceRemovalError("; ".join(failures))
+    return [records[i] for i in range(len(runs))]
 
 
 def default_record_dir(
@@ -131,15 +176,3 @@ def load_train_data(
             f"got {tuple(shape)}"
         )
     return images, labels
-
-
-def train_runs(
-    specs: Sequence[dict], out_dirs: Sequence[Path], data_dir: Path | None = None, **options
-) -> list[dict]:
-    """:func:`train` each of ``specs`` into ``out_dirs[k]``, one after another; returns
-    their privacy records (``options``: those of :func:`train`)."""
-    if len(specs) != len(out_dirs):
-        raise ValueError(f"{len(specs)} experiments but {len(out_dirs)} output folders")
-    return [
-        train(spec, out, data_dir, **options) for spec, out in zip(specs, out_dirs, strict=True)
-    ]

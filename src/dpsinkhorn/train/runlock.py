@@ -23,9 +23,15 @@ class LockedError(ValueError):
     prints it as one line and exits 2)."""
 
 
-def _describe(holder: dict) -> str:
+def _holder(fh) -> str | None:
+    """The holder that the open lock file ``fh`` records, described; None if none."""
+    fh.seek(0)
+    try:
+        holder = json.loads(fh.read() or "{}")
+    except ValueError:
+        return None
     if not holder:
-        return "an unknown process"
+        return None
     started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(holder.get("started", 0)))
     return (
         f"pid {holder.get('pid')} on {holder.get('host')} "
@@ -34,21 +40,14 @@ def _describe(holder: dict) -> str:
 
 
 class OutputLock:
-    """Exclusive, non-blocking lock on an output folder (context manager or acquire/release).
-
-    ``taken_over`` is the description of a dead holder whose lock file was left behind,
-    or None.
-    """
+    """Exclusive, non-blocking lock on an output folder. ``taken_over``: the description
+    of a dead holder whose lock file was left behind, or None."""
 
     def __init__(self, folder: str | os.PathLike):
         self.folder = Path(folder)
         self.path = self.folder / LOCK_NAME
         self._fh = None
         self.taken_over: str | None = None
-
-    @property
-    def held(self) -> bool:
-        return self._fh is not None
 
     def acquire(self) -> OutputLock:
         """Take the lock or raise ``LockedError`` naming the folder and the holder."""
@@ -59,15 +58,13 @@ class OutputLock:
         try:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
-            holder = _read(fh)
+            holder = _holder(fh) or "an unknown process"
             fh.close()
             raise LockedError(
-                f"output folder {self.folder} is in use by {_describe(holder)}; wait for it "
+                f"output folder {self.folder} is in use by {holder}; wait for it "
                 f"to finish or stop it, or choose another output folder"
             ) from None
-        previous = _read(fh)
-        if previous:  # the lock is ours, so whoever wrote this is gone
-            self.taken_over = _describe(previous)
+        self.taken_over = _holder(fh)  # the lock is ours, so whoever wrote this is gone
         me = {
             "pid": os.getpid(),
             "host": socket.gethostname(),
@@ -94,20 +91,6 @@ class OutputLock:
             fcntl.flock(fh, fcntl.LOCK_UN)
             fh.close()
 
-    def __enter__(self) -> OutputLock:
-        return self.acquire()
-
-    def __exit__(self, *exc) -> None:
-        self.release()
-
     def __del__(self) -> None:
         if self._fh is not None:
             self._fh.close()  # closing the file drops the flock
-
-
-def _read(fh) -> dict:
-    fh.seek(0)
-    try:
-        return json.loads(fh.read() or "{}")
-    except ValueError:
-        return {}

@@ -39,16 +39,14 @@ class StopSignal:
         """A signal arrived, or this process has taken ``stop_after`` new steps."""
         return self.received is not None or (stop_after is not None and new_steps >= stop_after)
 
-    def reason(self, stop_after: int | None, where: str) -> str:
-        """Why training stopped, and ``where`` its checkpoints are (for ``Preempted``)."""
-        why = f"signal {self.received}" if self.received is not None else f"stop_after={stop_after}"
-        if self.received == signal.SIGINT:
-            why = "interrupted (SIGINT)"
-        return f"{why}: {where}; rerun to resume"
-
     def preempted(self, stop_after: int | None, where: str) -> Preempted:
-        """The ``Preempted`` to raise; ``interrupted`` when the signal was SIGINT."""
-        return Preempted(self.reason(stop_after, where), self.received == signal.SIGINT)
+        """The ``Preempted`` to raise: why training stopped and ``where`` its checkpoints
+        are; ``interrupted`` when the signal was SIGINT."""
+        why = f"signal {self.received}" if self.received is not None else f"stop_after={stop_after}"
+        interrupted = self.received == signal.SIGINT
+        if interrupted:
+            why = "interrupted (SIGINT)"
+        return Preempted(f"{why}: {where}; rerun to resume", interrupted)
 
     def __exit__(self, *exc):
         for s, handler in self.previous.items():

@@ -1,17 +1,15 @@
 """One training run's state: generator, optimiser, privacy mechanism, ledger, checkpoints.
 
-A :class:`Trainer` holds what one run owns: the generator (initial weights from ``seed``),
-its optimiser, the real data's features on the device, and what
-``privacy.factory.make_private`` builds (keyed generator, Poisson sampler, sanitiser,
-accountant). :meth:`Trainer.step` runs the training step (``train.step``) as its K = 1 case
-and records it in the ledger. The loop is ``train.run``; K runs together: ``train.sweep``.
+:class:`GeneratorRun` is what every run holds; a :class:`Trainer` (DP-Sinkhorn) adds the
+real features on the device and what ``privacy.factory.make_private`` builds, and steps by
+``train.step`` as its K = 1 case. DP-MERF's: ``train.merf.MerfTrainer``.
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -25,10 +23,7 @@ from dpsinkhorn.models import GeneratorConfig, GeneratorPrecision, build_generat
 from dpsinkhorn.ot.loss import conditional_features, feature_diameter
 from dpsinkhorn.privacy.factory import PrivateRun, make_private
 from dpsinkhorn.privacy.mechanism import ParameterGradientSanitizer
-from dpsinkhorn.privacy.noise import (
-    rng_state_bytes,
-    rng_state_tensor,
-)
+from dpsinkhorn.privacy.noise import rng_state_bytes, rng_state_tensor
 from dpsinkhorn.privacy.trainings import data_fingerprint
 from dpsinkhorn.train import memory
 from dpsinkhorn.train.step import TrainingStep
@@ -45,40 +40,110 @@ def check_batch_size(spec: dict, num_records: int) -> None:
         )
 
 
-def declared_classes(
-    dataset: str, classes: Sequence[str] | None, definition: Mapping | None = None
-) -> tuple[str, ...]:
-    """The class names a run trains on: ``classes`` as declared (checked: one or more
-    distinct names usable as folder names), else the dataset's catalogue entry (an own
-    dataset's: from its ``definition``, the config's ``datasets:`` entry)."""
-    if classes is None:
-        return dataset_info(dataset, definition).class_names
-    return check_class_names(classes, "classes")
+class GeneratorRun:
+    """What every run holds: its settings, declared classes, generator and optimiser.
+
+    ``spec``: a validated experiment dict, kept as ``experiment`` (what ``spec_hash``
+    hashes) and read into ``settings``; ``fingerprint``: the data's (None: computed
+    here). ``classes``: the declared class names, never
+    counted from the private labels (None: the catalogue's, or one ``unconditional``);
+    an unconditional run's labels are zeroed before anything reads them (``labels``).
+    """
+
+    cuda_graphs = False
+
+    def __init__(
+        self,
+        spec: dict,
+        train_images,
+        train_labels,
+        device: torch.device,
+        classes: Sequence[str] | None = None,
+        fingerprint: str | None = None,
+    ):
+        self.experiment, self.device = spec, device
+        # The training record is keyed by the private source as it is (its labels too), so
+        # an unconditional training counts with every other training of that data.
+        self.fingerprint = fingerprint or data_fingerprint(train_images, train_labels)
+        self.settings = settings = ExperimentSpec.from_dict(spec)
+        check_batch_size(spec, len(train_images))
+        self.conditional = settings.conditional
+        self.reproducible = settings.reproducible
+        definition = spec.get("dataset_definition")
+        if classes is None and not self.conditional and definition is None:
+            self.class_names: tuple[str, ...] = ("unconditional",)  # no class is read
+        elif classes is None:
+            self.class_names = dataset_info(settings.dataset, definition).class_names
+        else:
+            self.class_names = check_class_names(classes, "classes")
+        # Then generator.pt names them (declared here, or by an own dataset's definition).
+        self.classes_declared = classes is not None or definition is not None
+        self.num_classes = len(self.class_names) if self.conditional else 1
+        if self.conditional:  # the message names no label value and no count: private
+            labels = np.asarray(train_labels)
+            if ((labels < 0) | (labels >= self.num_classes)).any():
+                raise ValueError(
+                    f"experiment {settings.name}: a training label is outside the "
+                    f"{self.num_classes} declared classes (labels must lie in "
+                    f"0..{self.num_classes - 1}; no label value is shown: the labels are "
+                    "private)"
+                )
+            self.labels = train_labels
+        else:
+            self.labels = np.zeros(len(train_images), dtype=np.int64)
+        self.step_count = 0
+
+    def build_model(self, image_shape: tuple[int, ...]) -> None:
+        """The generator (initial weights from ``seed``) and its optimiser.
+
+        How the optimiser executes, not what it computes: one fused kernel for all
+        parameters where PyTorch has one, and the step count on the device when the step
+        is a CUDA graph (``capturable``).
+        """
+        settings = self.settings
+        self.image_shape = image_shape
+        torch.manual_seed(settings.seed)
+        self.model_config = GeneratorConfig.from_settings(settings, self.num_classes, image_shape)
+        self.model = build_generator(self.model_config).to(self.device)
+        self.optimizer_flags = {"fused": self.device.type in ("cpu", "cuda") or None}
+        options = {"lr": settings.lr, "weight_decay": settings.weight_decay}
+        optimizer: type[torch.optim.Optimizer] = torch.optim.SGD
+        if settings.optimizer == "adam" or settings.method == "dpmerf":
+            self.optimizer_flags["capturable"] = self.cuda_graphs
+            optimizer, options["betas"] = torch.optim.Adam, settings.betas
+        self.optimizer = optimizer(self.model.parameters(), **options, **self.optimizer_flags)
+
+    def state_dict(self) -> dict:
+        return {
+            "step": self.step_count,
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "rng": rng_state_bytes(self.rng),  # bytes: immune to torch.load's map_location
+            "accountant": self.accountant.state_dict() if self.accountant else None,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """The state of :meth:`state_dict`; the ledger is the subclass's to check."""
+        self.step_count = int(state["step"])
+        self.model.load_state_dict(state["model"])
+        # A saved optimiser brings its execution flags along; keep this process's
+        # (a run may resume with or without CUDA graphs).
+        optimizer = {**state["optimizer"]}
+        optimizer["param_groups"] = [
+            {**group, **self.optimizer_flags} for group in optimizer["param_groups"]
+        ]
+        self.optimizer.load_state_dict(optimizer)
+        self.rng.set_state(rng_state_tensor(state["rng"]))  # a CPU ByteTensor, any device
+        if self.accountant is not None:
+            self.accountant.load_state_dict(state["accountant"])
 
 
-def check_labels(labels: np.ndarray, class_names: Sequence[str], name: str) -> None:
-    """Refuse (ValueError) a label outside [0, len(class_names)). The message names no
-    label value and no count of them: the labels are private, and the message reaches the
-    job's log (as ``data.owndata`` refuses an .npz's labels)."""
-    labels = np.asarray(labels)
-    if ((labels < 0) | (labels >= len(class_names))).any():
-        raise ValueError(
-            f"experiment {name}: a training label is outside the {len(class_names)} declared "
-            f"classes (labels must lie in 0..{len(class_names) - 1}; no label value is shown: "
-            "the labels are private)"
-        )
+class Trainer(GeneratorRun):
+    """One DP-Sinkhorn training run; performs single steps.
 
-
-class Trainer:
-    """Holds the state of one training run and performs single steps.
-
-    ``spec``: a validated experiment dict (``config.experiment``), kept as ``experiment``
-    (what ``spec_hash`` hashes) and read once into ``settings`` (:class:`ExperimentSpec`,
-    what the step reads). ``private_run``: the run's mechanism from
-    ``privacy.factory.make_private`` (built here when not given; a sweep gives its own).
-    ``fingerprint`` and ``real_features`` let a sweep hash the data and put its
-    features on the device once for all its runs. ``classes``: the declared class names
-    (their count is the generator's; None: the dataset's catalogue entry).
+    Options as ``train.run.TrainOptions``' (``cuda_graphs``: CUDA only). ``private_run``:
+    the run's mechanism (``make_private``'s when not given). ``fingerprint`` and
+    ``real_features`` let a sweep hash the data and put its features on the device once.
     """
 
     def __init__(
@@ -95,102 +160,38 @@ class Trainer:
         private_run: PrivateRun | None = None,
         classes: Sequence[str] | None = None,
     ):
-        self.experiment, self.device = spec, device
-        self.settings = settings = ExperimentSpec.from_dict(spec)
-        # Replay the step from a CUDA graph (GraphedStep); CUDA only, ignored elsewhere.
+        super().__init__(spec, train_images, train_labels, device, classes, fingerprint)
+        settings = self.settings
         self.cuda_graphs = cuda_graphs and device.type == "cuda"
-        self.compile_solver = compile_solver  # torch.compile the Sinkhorn iterations
-        self.precision = GeneratorPrecision(precision, device)  # the generator's arithmetic
+        self.compile_solver = compile_solver
+        self.precision = GeneratorPrecision(precision, device)
         num_records = len(train_images)
-        check_batch_size(spec, num_records)
         # The run's generator (z, labels, Poisson draws, noise), sampler, sanitiser and
         # accountant, all from the one factory (a sweep passes its members' own).
-        self.private_run = private_run or make_private(spec, num_records, device)
-        self.rng, self.sampler = self.private_run.rng, self.private_run.sampler
-        self.sanitizer, self.accountant = self.private_run.sanitizer, self.private_run.accountant
-        self.n, self.n_prime, self.q = (
-            self.private_run.n,
-            self.private_run.n_prime,
-            self.private_run.q,
-        )
-        self.total_steps = self.private_run.total_steps
+        run = private_run or make_private(spec, num_records, device)
+        self.rng, self.sampler = run.rng, run.sampler
+        self.sanitizer, self.accountant = run.sanitizer, run.accountant
+        self.n, self.n_prime, self.q = run.n, run.n_prime, run.q
+        self.total_steps = run.total_steps
         self.releases_planned = self.total_steps  # ledger steps: one mechanism per step
-        # Classes are declared, never counted from the private labels. Unconditional: one
-        # class, the real labels zeroed before anything reads them.
-        self.conditional = settings.conditional
-        # The training record is keyed by the private source as it is (its labels too), so
-        # an unconditional training counts with every other training of that data.
-        self.fingerprint = fingerprint or data_fingerprint(train_images, train_labels)
-        if classes is None and not self.conditional and "dataset_definition" not in spec:
-            self.class_names = ("unconditional",)  # any dataset name: no class is read
-        else:
-            self.class_names = declared_classes(
-                settings.dataset, classes, spec.get("dataset_definition")
-            )
-        # Then generator.pt names them (declared here, or by an own dataset's definition).
-        self.classes_declared = classes is not None or "dataset_definition" in spec
-        if self.conditional:
-            self.num_classes = len(self.class_names)
-            check_labels(train_labels, self.class_names, settings.name)
-        else:
-            self.num_classes = 1
-            train_labels = np.zeros(num_records, dtype=np.int64)
         # Columns α_c · onehot(label) of the cost: none for an unconditional generator.
         self.feature_classes = self.num_classes if self.conditional else 0
         alpha_c = settings.alpha_c if self.conditional else 0.0
-        self.private = settings.private
-        self.reproducible = settings.reproducible
-
-        # Real data: conditional features resident on the device.
-        images = data.to_unit_range(train_images).to(device)
-        labels = torch.as_tensor(train_labels, device=device)
-        self.image_shape = tuple(images.shape[1:])
+        images = data.to_unit_range(train_images).to(device)  # real data on the device
         if real_features is None:
+            labels = torch.as_tensor(self.labels, device=device)
             real_features = conditional_features(images, labels, self.feature_classes, alpha_c)
         self.real = real_features
         self.cost = settings.cost
         self.diameter = feature_diameter(images[0].numel(), alpha_c, self.cost)
-
-        torch.manual_seed(settings.seed)
         # CelebA (Table 3/6): generator kind from the config; size from the data.
-        self.model_config = GeneratorConfig.from_settings(
-            settings, self.num_classes, self.image_shape
+        self.build_model(tuple(images.shape[1:]))
+        per_row = memory.activation_bytes_per_row(self.model)
+        need = memory.step_bytes(
+            self.n, self.n_prime, self.sampler.capacity, num_records, self.real.shape[1], per_row
         )
-        self.model = build_generator(self.model_config).to(device)
-        # How the optimiser executes, not what it computes: one fused kernel for all
-        # parameters where PyTorch has one (instead of ~10 operations per parameter
-        # tensor), and the step count on the device when the step is a CUDA graph.
-        self.optimizer_flags = {"fused": device.type in ("cpu", "cuda") or None}
-        if settings.optimizer == "adam":
-            self.optimizer_flags["capturable"] = self.cuda_graphs
-            self.optimizer = torch.optim.Adam(
-                self.model.parameters(),
-                lr=settings.lr,
-                betas=settings.betas,
-                weight_decay=settings.weight_decay,
-                **self.optimizer_flags,
-            )
-        else:
-            self.optimizer = torch.optim.SGD(
-                self.model.parameters(),
-                lr=settings.lr,
-                weight_decay=settings.weight_decay,
-                **self.optimizer_flags,
-            )
-        self.memory_bytes = memory.step_bytes(  # refused below if the device cannot hold it
-            self.n,
-            self.n_prime,
-            self.sampler.capacity,
-            num_records,
-            self.real.shape[1],
-            memory.activation_bytes_per_row(self.model),
-        )
-        memory.check_fits(
-            self.memory_bytes, device, f"batch_size {self.n} (q = {self.q:.4g}, {settings.name})"
-        )
+        memory.check_fits(need, device, f"batch_size {self.n} (q = {self.q:.4g}, {settings.name})")
         self.perturbation = settings.perturbation
-        self.epsilon_convention = settings.epsilon_convention
-        self.step_count = 0
         # A single run is the K = 1 case of the one training step (train.step).
         self.stepper = TrainingStep([self], device, self.cuda_graphs)
 
@@ -214,33 +215,13 @@ class Trainer:
     def epsilon(self) -> float:
         return self.accountant.epsilon() if self.accountant is not None else math.inf
 
-    def state_dict(self) -> dict:
-        return {
-            "step": self.step_count,
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "rng": rng_state_bytes(self.rng),  # bytes: immune to torch.load's map_location
-            "accountant": self.accountant.state_dict() if self.accountant else None,
-        }
-
     def load_state_dict(self, state: dict) -> None:
-        self.step_count = int(state["step"])
-        self.model.load_state_dict(state["model"])
-        # A saved optimiser brings its execution flags along; keep this process's
-        # (a run may resume with or without CUDA graphs).
-        optimizer = {**state["optimizer"]}
-        optimizer["param_groups"] = [
-            {**group, **self.optimizer_flags} for group in optimizer["param_groups"]
-        ]
-        self.optimizer.load_state_dict(optimizer)
-        self.rng.set_state(rng_state_tensor(state["rng"]))  # a CPU ByteTensor, any device
-        if self.accountant is not None:
-            self.accountant.load_state_dict(state["accountant"])
-            if self.accountant.steps != self.step_count:
-                raise ValueError(
-                    f"checkpoint ledger counts {self.accountant.steps} steps "
-                    f"but the model has taken {self.step_count}"
-                )
+        super().load_state_dict(state)
+        if self.accountant is not None and self.accountant.steps != self.step_count:
+            raise ValueError(
+                f"checkpoint ledger counts {self.accountant.steps} steps "
+                f"but the model has taken {self.step_count}"
+            )
 
 
 def spec_hash(spec: dict, fingerprint: str = "") -> str:

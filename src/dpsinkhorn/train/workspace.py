@@ -2,14 +2,11 @@
 checkpoints and logs (:class:`RunFiles`).
 
 Checkpoints (model, optimiser, the secret RNG state, privacy ledger, logs) and the
-optional private-loss log live in ``<out>/private_workspace/`` (:data:`WORKSPACE`),
-which must never be shared and is deleted when the run completes unless
-``keep_private_workspace: true``; a workspace that cannot be deleted fails the run
-(:class:`WorkspaceRemovalError`, exit 2, naming the folder), it never silently stays.
-A checkpoint is written atomically every ``checkpoint_every`` steps and when a signal
-stops the run (``train.signals``); a rerun resumes from it, bit-identical on CPU to an
-uninterrupted run at the same number of threads. What the finished run publishes, and
-why: ``train.release``.
+optional private-loss log live in ``<out>/private_workspace/`` (:data:`WORKSPACE`), never
+shared, deleted when the run completes unless ``keep_private_workspace: true`` (a
+workspace that cannot be deleted fails the run, :class:`WorkspaceRemovalError`). A rerun
+resumes from the last checkpoint, bit-identical on CPU at the same number of threads.
+What the finished run publishes: ``train.release``.
 """
 
 from __future__ import annotations
@@ -65,41 +62,16 @@ def released_on_error(runs: list[RunFiles]):
         raise
 
 
-def _save_checkpoint(
-    path: Path,
-    trainer: Trainer,
-    log_rows: list[dict],
-    private_rows: list[dict],
-    digest: str,
-    training: str | None = None,
-    retrain: bool = False,
-) -> None:
-    state = {
-        **trainer.state_dict(),
-        "log": log_rows,
-        "private_log": private_rows,
-        "spec_hash": digest,
-        "training": training,  # the training record's id (privacy.trainings)
-        "retrain": retrain,  # whether it retrains a finished DP experiment (the record's)
-    }
-    # Serialised in memory, then written: a full disk is an OSError naming the file
-    # (io.NoSpaceError), not torch's "basic_ios::clear: iostream error".
-    write_bytes(path, torch_bytes(state))
-
-
-class CheckpointError(ValueError):
-    """checkpoint.pt cannot be read (truncated, corrupt, not ours); the message names it."""
-
-
 def _load_checkpoint(path: Path, device: torch.device) -> dict:
-    """Read a checkpoint, or raise ``CheckpointError`` naming the file and what to do."""
+    """Read a checkpoint, or raise ValueError naming the file (truncated, corrupt, not
+    ours) and what to do."""
     try:
         state = torch.load(path, map_location=device, weights_only=False)
         if not isinstance(state, dict) or not {"step", "model", "spec_hash"} <= set(state):
             raise ValueError("not a dpsinkhorn training checkpoint")
     except Exception as err:  # torch raises RuntimeError, EOFError, UnpicklingError, ...
         reason = (str(err).strip().splitlines() or [""])[0][:200]
-        raise CheckpointError(
+        raise ValueError(
             f"checkpoint {path} is damaged and cannot be resumed ({type(err).__name__}: "
             f"{reason}); delete it to train this run again from step 0, or put back a "
             "good copy"
@@ -109,32 +81,6 @@ def _load_checkpoint(path: Path, device: torch.device) -> dict:
 
 class WorkspaceRemovalError(ValueError):
     """The private workspace could not be deleted; the message names it (CLI: exit 2)."""
-
-
-def remove_private_workspace(workspace: Path) -> None:
-    """Delete ``workspace``, or raise :class:`WorkspaceRemovalError` naming it: it holds
-    the secret noise state, uncovered by the guarantee, inside the release folder."""
-    error: OSError | None = None
-    try:
-        shutil.rmtree(workspace)
-    except FileNotFoundError:
-        pass  # already gone
-    except OSError as err:
-        error = err
-    if error is not None or workspace.exists():
-        why = f" ({type(error).__name__}: {error})" if error is not None else ""
-        raise WorkspaceRemovalError(
-            f"could not delete the private workspace {workspace}{why}; it holds private "
-            "state (checkpoints with the secret noise RNG state) and must be deleted before "
-            "the run folder is published"
-        ) from error
-
-
-def keep_finished_copy(out_dir: Path, copy: Path) -> None:
-    """Copy a finished release (:data:`OUTPUT_FILES`) from ``out_dir`` into ``copy``, each
-    file atomically, the ledger last: the one kept per output folder (the last finished)."""
-    for name in ("train_log.csv", "generator.pt", "privacy.json"):
-        write_bytes(copy / name, (out_dir / name).read_bytes())
 
 
 def _intact_release(copy: Path, content_sha256: str | None) -> bool:
@@ -153,13 +99,9 @@ def _intact_release(copy: Path, content_sha256: str | None) -> bool:
 
 
 class RunFiles:
-    """One run's files: the release in ``out_dir``, checkpoints in its private workspace.
-
-    ``out_dir`` gets generator.pt, privacy.json and train_log.csv (``train.release``);
-    ``out_dir/private_workspace/`` (:data:`WORKSPACE`) holds checkpoint.pt and, with
-    ``log_private_loss``, private_loss.csv until :meth:`finish`. Used alike by
-    ``train.run.train`` and ``train.sweep``.
-    """
+    """One run's files: the release in ``out_dir`` (``train.release``), and checkpoint.pt
+    and, with ``log_private_loss``, private_loss.csv in its private workspace
+    (:data:`WORKSPACE`) until :meth:`finish`."""
 
     def __init__(
         self,
@@ -176,13 +118,16 @@ class RunFiles:
         self.store, self._images, self._fingerprints = store, images, None
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.out = str(self.out_dir.resolve())  # as the training record names it
+        self.spec = json.loads(experiment_spec_of(trainer.experiment))
         # One writer per output folder (runlock): refused here, before anything is read.
         self.lock = OutputLock(self.out_dir).acquire()
         if self.lock.taken_over:
             print(f"{self.out_dir}: taking over the lock of {self.lock.taken_over}, gone")
         self.workspace = self.out_dir / WORKSPACE
         self.ckpt_path = self.workspace / "checkpoint.pt"
-        self.digest = spec_hash(trainer.experiment, trainer.fingerprint)
+        self.fingerprint = trainer.fingerprint
+        self.digest = spec_hash(trainer.experiment, self.fingerprint)
         self.record_dir = None if record_dir is None else Path(record_dir)
         self.recovered: dict | None = None
         self.log_private_loss = self.settings.log_private_loss
@@ -196,17 +141,21 @@ class RunFiles:
                 state = _load_checkpoint(self.ckpt_path, torch.device("cpu"))
             resumes = state is not None and state.get("spec_hash") == self.digest
             self.training_id = state["training"] if resumes else None
-            if not resumes:
+            if resumes:  # it keeps what its checkpoint says
+                self.retrain = bool(state["retrain"])
+            elif self.record_dir is not None and trainer.sanitizer is not None:
+                asked = retrain or trainings.retrain_allowed(self.settings.name)
                 # A finished DP training whose outputs were removed (a scheduler's cancel
                 # as Snakemake stored them): published again from its copy, not retrained.
-                self.recovered = self._recoverable(retrain)
-            # A training from step 0 into a folder whose DP training finished: refused
-            # unless asked for (privacy.trainings), before the workspace is created. A
-            # resumed one keeps what its checkpoint says.
-            if resumes:
-                self.retrain = bool(state["retrain"])
+                self.recovered = self._recoverable(asked)
+                # A training from step 0 into a folder whose DP training finished: refused
+                # unless asked for (privacy.trainings), before the workspace is created.
+                record = (self.record_dir, self.out, self.settings.name, self.spec)
+                self.retrain = self.recovered is None and trainings.check_retrain(
+                    *record, self.fingerprint, asked
+                )
             else:
-                self.retrain = self.recovered is None and self._check_retrain(retrain)
+                self.retrain = False
         self.log_rows: list[dict] = []
         self.private_rows: list[dict] = []
         if self.recovered is not None:
@@ -247,28 +196,15 @@ class RunFiles:
             self._record("resumed")
         self._to_store(finished=False)
 
-    def _check_retrain(self, retrain: bool) -> bool:
-        if self.record_dir is None or self.trainer.sanitizer is None:
-            return False
-        return trainings.check_retrain(
-            self.record_dir,
-            str(self.out_dir.resolve()),
-            self.settings.name,
-            json.loads(experiment_spec_of(self.trainer.experiment)),
-            self.trainer.fingerprint,
-            retrain or trainings.retrain_allowed(self.settings.name),
-        )
-
     def _identity(self) -> dict:
         """What every record event carries (``privacy.trainings.IDENTITY``)."""
         t, s = self.trainer, self.trainer.sanitizer
-        out = self.out_dir.resolve()
         return {
             "experiment": self.settings.name,
-            "out": str(out),
-            "out_rel": os.path.relpath(out, self.record_dir.resolve()),
-            "out_cwd": relative_inside(out, Path.cwd()),
-            "spec": json.loads(experiment_spec_of(t.experiment)),
+            "out": self.out,
+            "out_rel": os.path.relpath(self.out, self.record_dir.resolve()),
+            "out_cwd": relative_inside(self.out, Path.cwd()),
+            "spec": self.spec,
             "private": s is not None,
             "reproducible": t.reproducible,
             "q": t.q,
@@ -281,20 +217,15 @@ class RunFiles:
 
     def _recoverable(self, retrain: bool) -> dict | None:
         """The record of the last finished DP training into this folder, on the same data
-        and settings, whose release copy (:func:`keep_finished_copy`) is intact; None if
-        there is none, or if a retrain was asked for and the folder holds that release."""
-        if self.record_dir is None or self.trainer.sanitizer is None:
-            return None
-        t = self.trainer
-        out = str(self.out_dir.resolve())
-        spec = json.loads(experiment_spec_of(t.experiment))
-        done = trainings.last_finished(self.record_dir, out, t.fingerprint, spec)
+        and settings, whose release copy (kept by :meth:`finish`) is intact; None if there
+        is none, or if a retrain was asked for and the folder holds that release."""
+        done = trainings.last_finished(self.record_dir, self.out, self.fingerprint, self.spec)
         if done is None:
             return None
-        copy = trainings.finished_copy_dir(self.record_dir, out)
+        copy = trainings.finished_copy_dir(self.record_dir, self.out)
         if not _intact_release(copy, done.get("content_sha256")):
             return None
-        if retrain or trainings.retrain_allowed(self.settings.name):
+        if retrain:
             held = self.out_dir / "generator.pt"
             if held.is_file() and sha256_of(held) == done.get("content_sha256"):
                 return None  # the folder holds it: the retrain asked for is a new one
@@ -303,16 +234,16 @@ class RunFiles:
     def _record(self, event: str, record: dict | None = None) -> None:
         """Append this training's ``event`` (started, resumed, finished), with its id and
         identity, to the data source's training record."""
-        t = self.trainer
+        t, record = self.trainer, record or {}
         if event == "finished":
             fields = {
                 # the ledger's steps (a DP-MERF run: its one release)
                 "steps": t.step_count if t.accountant is None else t.accountant.steps,
-                "epsilon": (record or {}).get("epsilon"),
-                "content_sha256": (record or {}).get("content_sha256"),
+                "epsilon": record.get("epsilon"),
+                "content_sha256": record.get("content_sha256"),
                 # the release's other two files, as written: `dpsinkhorn release` publishes
                 # a ledger and a log only if these hashes say its training wrote them
-                "train_log_sha256": (record or {}).get("train_log_sha256"),
+                "train_log_sha256": record.get("train_log_sha256"),
                 "ledger_sha256": sha256_of(self.out_dir / "privacy.json"),
             }
         else:
@@ -351,11 +282,9 @@ class RunFiles:
         return self.trainer.step_count >= self.trainer.total_steps
 
     def after_step(self, loss: torch.Tensor) -> dict | None:
-        """Log every ``log_every`` steps (and the last), checkpoint every ``checkpoint_every``.
-
-        Returns the new (public) log row, if one was written. The private loss is read
-        (a device sync) only with ``log_private_loss``, into the workspace.
-        """
+        """Log every ``log_every`` steps (and the last), checkpoint every ``checkpoint_every``;
+        returns the new (public) log row, if any. The private loss is read (a device sync)
+        only with ``log_private_loss``, into the workspace."""
         step, row = self.trainer.step_count, None
         if step % self.settings.log_every == 0 or self.done:
             elapsed = time.perf_counter() - self.t0
@@ -377,15 +306,17 @@ class RunFiles:
         write_log(self.out_dir / "train_log.csv", self.log_rows)
 
     def _save(self) -> None:
-        _save_checkpoint(
-            self.ckpt_path,
-            self.trainer,
-            self.log_rows,
-            self.private_rows,
-            self.digest,
-            self.training_id,
-            self.retrain,
-        )
+        state = {
+            **self.trainer.state_dict(),
+            "log": self.log_rows,
+            "private_log": self.private_rows,
+            "spec_hash": self.digest,
+            "training": self.training_id,  # the training record's id (privacy.trainings)
+            "retrain": self.retrain,  # whether it retrains a finished DP experiment
+        }
+        # Serialised in memory, then written: a full disk is an OSError naming the file
+        # (fileio.NoSpaceError), not torch's "basic_ios::clear: iostream error".
+        write_bytes(self.ckpt_path, torch_bytes(state))
         if self.log_private_loss:
             write_log(self.workspace / "private_loss.csv", self.private_rows, PRIVATE_LOG_COLUMNS)
 
@@ -395,47 +326,41 @@ class RunFiles:
 
     def finish(self, remove_workspace: bool = True) -> dict:
         """Write generator.pt, privacy.json, train_log.csv; returns the privacy record.
-
         Then deletes the private workspace unless ``remove_workspace`` is false (a sweep
-        removes them when all members finished); one that stays gets the final checkpoint.
-        """
+        removes them when all members finished); one that stays gets the final checkpoint."""
         try:
-            return self._finish(remove_workspace)
+            if self.recovered is not None:
+                return self._republish()
+            stays = self.keep_workspace or not remove_workspace
+            if stays and (
+                self.trainer.step_count != self.start_step or not self.ckpt_path.exists()
+            ):
+                self._save()
+            record = publish(self.trainer, self.out_dir, self.log_rows)
+            if self.record_dir is not None:
+                if self.trainer.sanitizer is not None:  # before the record says finished
+                    # The copy kept per output folder (of the last finished), each file
+                    # atomically, the ledger last; _republish writes it back.
+                    copy = trainings.finished_copy_dir(self.record_dir, self.out)
+                    for name in ("train_log.csv", "generator.pt", "privacy.json"):
+                        write_bytes(copy / name, (self.out_dir / name).read_bytes())
+                self._record("finished", record)
+                self._to_store(finished=True)
+            if remove_workspace:
+                self.remove_workspace()
+            return record
         finally:
             self.release()
-
-    def _finish(self, remove_workspace: bool) -> dict:
-        if self.recovered is not None:
-            return self._republish()
-        stays = self.keep_workspace or not remove_workspace
-        if stays and (self.trainer.step_count != self.start_step or not self.ckpt_path.exists()):
-            self._save()
-        record = publish(self.trainer, self.out_dir, self.log_rows)
-        if self.record_dir is not None:
-            if self.trainer.sanitizer is not None:  # before the record says finished
-                keep_finished_copy(
-                    self.out_dir, trainings.finished_copy_dir(self.record_dir, self._out())
-                )
-            self._record("finished", record)
-            self._to_store(finished=True)
-        if remove_workspace:
-            self.remove_workspace()
-        return record
-
-    def _out(self) -> str:
-        return str(self.out_dir.resolve())
 
     def _republish(self) -> dict:
         """Write the kept copy of the finished release into the folder (same bytes, same
         order as ``release.publish``); no step taken, no noise drawn, no new training."""
-        copy = trainings.finished_copy_dir(self.record_dir, self._out())
+        copy = trainings.finished_copy_dir(self.record_dir, self.out)
         ledger = (copy / "privacy.json").read_bytes()
         write_bytes(self.out_dir / "train_log.csv", (copy / "train_log.csv").read_bytes())
+        generator = (copy / "generator.pt").read_bytes()
         commit_release(
-            self.out_dir / "generator.pt",
-            (copy / "generator.pt").read_bytes(),
-            self.out_dir / "privacy.json",
-            ledger,
+            self.out_dir / "generator.pt", generator, self.out_dir / "privacy.json", ledger
         )
         done = self.recovered
         print(
@@ -445,12 +370,27 @@ class RunFiles:
         trainings.append(
             self.record_dir,
             self.trainer.fingerprint,
-            {"event": "republished", "training": done["training"], "out": self._out()},
+            {"event": "republished", "training": done["training"], "out": self.out},
         )
         return json.loads(ledger)
 
     def remove_workspace(self) -> None:
-        """Delete the private workspace, unless the config keeps it; a folder that cannot be
-        deleted is an error naming it (:func:`remove_private_workspace`)."""
-        if not self.keep_workspace:
-            remove_private_workspace(self.workspace)
+        """Delete the private workspace, unless the config keeps it, or raise
+        :class:`WorkspaceRemovalError` naming it: it holds the secret noise state,
+        uncovered by the guarantee, inside the release folder."""
+        if self.keep_workspace:
+            return
+        error: OSError | None = None
+        try:
+            shutil.rmtree(self.workspace)
+        except FileNotFoundError:
+            pass  # already gone
+        except OSError as err:
+            error = err
+        if error is not None or self.workspace.exists():
+            why = f" ({type(error).__name__}: {error})" if error is not None else ""
+            raise WorkspaceRemovalError(
+                f"could not delete the private workspace {self.workspace}{why}; it holds "
+                "private state (checkpoints with the secret noise RNG state) and must be "
+                "deleted before the run folder is published"
+            ) from error
