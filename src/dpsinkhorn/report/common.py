@@ -48,8 +48,8 @@ ROW_LABELS = {
 #: What each clipping mode does to the block of generated-image gradients (captions).
 CLIPPING_TEXT = {
     "batch": "the whole block of generated-image gradients clipped to Δ as one vector",
-    "per_sample": "each generated row clipped to Δ (per-row, as the paper's Algorithm 1 and "
-    "Appendix B.1 state it)",
+    "per_sample": "each generated row clipped to Δ (per-row, as the paper's Appendix B.1 "
+    "states it)",
 }
 #: Whose mechanism each clipping mode of ``perturbation: image`` is (docs/PAPER.md, "What
 #: the released code runs"): the official code's hooks, or the paper's text.
