@@ -31,6 +31,8 @@ from dpsinkhorn.report.common import (
     latex_escape,
     load_config_like,
     measured_row,
+    metric_cells,
+    metric_columns,
     write_tables,
 )
 from dpsinkhorn.report.paper import (
@@ -39,7 +41,6 @@ from dpsinkhorn.report.paper import (
     debiasing_kind,
     loss_kind,
     paper_values,
-    perturbation_kind,
 )
 
 
@@ -126,7 +127,7 @@ def _table_row_cells(table: str, r: CellResult) -> list[str]:
     if table == "table2":
         debias = debiasing_kind(spec["p"])
         debias += f" (p = {spec['p']:g})" if debias == "Semi" else ""
-        image = "Yes" if perturbation_kind(spec) == "image" else "No"
+        image = "Yes" if spec["perturbation"] == "image" else "No"
         return [image, loss_kind(spec), debias]
     return [
         format_g(r.sigma),
@@ -138,28 +139,24 @@ def _table_row_cells(table: str, r: CellResult) -> list[str]:
 
 
 def _settings_record(r: CellResult) -> dict:
+    """A cell's settings, as the columns :data:`SETTINGS_COLUMNS` of a study table's CSV."""
     spec = r.spec
-    return {
-        "cell": r.label,
-        "experiment": r.experiment,
-        "dataset": spec["dataset"],
-        "method": spec["method"],
-        "perturbation": perturbation_kind(spec),
-        "cost": spec["cost"],
-        "loss": loss_kind(spec),
-        "debiasing": debiasing_kind(spec["p"]),
-        "sigma": None if r.sigma is None else float(r.sigma),
-        "clip": float(spec["clip"]),
-        "p": float(spec["p"]),
-        "m": float(spec["m"]),
-        "lr": float(spec["lr"]),
-        "optimizer": spec["optimizer"],
-        "steps": r.steps,
-        "epsilon": r.row.epsilon,
-        "epsilon_paper_convention": r.row.epsilon_paper,
-    }
+    record = {"cell": r.label, "experiment": r.experiment, "optimizer": spec["optimizer"]}
+    record |= {key: spec[key] for key in ("dataset", "method", "perturbation", "cost")}
+    record |= {"loss": loss_kind(spec), "debiasing": debiasing_kind(spec["p"])}
+    record |= {key: float(spec[key]) for key in ("clip", "p", "m", "lr")}
+    record |= {"sigma": None if r.sigma is None else float(r.sigma), "steps": r.steps}
+    return record | {"epsilon": r.row.epsilon, "epsilon_paper_convention": r.row.epsilon_paper}
 
 
+#: The settings columns of Table 2 and of the search Tables 4, 5: (Markdown, LaTeX) titles.
+SETTINGS_TITLES = {
+    "table2": (
+        ["Image gradient perturbation", "Loss", "Debiasing"],
+        ["Image grad.", "Loss", "Debiasing"],
+    ),
+    "search": (["σ", "Δ", "p", "m", "steps"], ["$\\sigma$", "$\\Delta$", "$p$", "$m$", "steps"]),
+}
 SETTINGS_COLUMNS = (
     *"cell experiment dataset method perturbation cost loss debiasing sigma clip".split(),
     *"p m lr optimizer steps epsilon epsilon_paper_convention".split(),
@@ -169,19 +166,17 @@ SETTINGS_COLUMNS = (
 def table_csv_columns(table: str) -> tuple[str, ...]:
     """CSV header of a study table: settings, each metric and its std, the paper's values."""
     metrics = TABLE_METRICS[table]
-    cells = [c for m in metrics for c in (m, f"{m}_std")]
-    return (*SETTINGS_COLUMNS, *cells, *(f"paper_{m}" for m in metrics))
+    return (*SETTINGS_COLUMNS, *metric_columns(metrics), *(f"paper_{m}" for m in metrics))
 
 
 def _table_csv(table: str, results: Sequence[CellResult]) -> str:
-    records = []
-    for r in results:
-        record = _settings_record(r)
-        for metric in TABLE_METRICS[table]:
-            record[metric] = r.row.mean.get(metric)
-            record[f"{metric}_std"] = r.row.std.get(metric)
-            record[f"paper_{metric}"] = r.row.paper.get(metric)
-        records.append(record)
+    metrics = TABLE_METRICS[table]
+    records = [
+        _settings_record(r)
+        | metric_cells(r.row, metrics)
+        | {f"paper_{m}": r.row.paper.get(m) for m in metrics}
+        for r in results
+    ]
     return csv_text(table_csv_columns(table), records)
 
 
@@ -211,10 +206,7 @@ def _table_markdown(
     lines = [f"# {TITLES[table]}", "", caption + (f" {budget}" if budget else ""), ""]
     public = guarantee_note([r.row for r in results])
     lines += [public, ""] if public else []
-    if table == "table2":
-        settings = ["Image gradient perturbation", "Loss", "Debiasing"]
-    else:
-        settings = ["σ", "Δ", "p", "m", "steps"]
+    settings = SETTINGS_TITLES["table2" if table == "table2" else "search"][0]
     header = ["Cell", *settings, "ε (sound)", "ε (paper conv.)"]
     header += [METRIC_TITLES[m] for m in metrics]
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
@@ -242,10 +234,7 @@ def _table_markdown(
 
 def _table_latex(table: str, results: Sequence[CellResult]) -> str:
     metrics = TABLE_METRICS[table]
-    if table == "table2":
-        settings = ["Image grad.", "Loss", "Debiasing"]
-    else:
-        settings = ["$\\sigma$", "$\\Delta$", "$p$", "$m$", "steps"]
+    settings = SETTINGS_TITLES["table2" if table == "table2" else "search"][1]
     header = [*settings, "$\\varepsilon$", "$\\varepsilon_{\\mathrm{paper}}$"]
     header += [METRIC_TITLES_TEX[m] for m in metrics]
     lines = [
