@@ -365,32 +365,45 @@ def to_latex(
     note: str = "",
 ) -> str:
     """A booktabs tabular (needs \\usepackage{booktabs}); reported rows marked with †."""
-    title = f"Table {table.removeprefix('table')}"
     ncols = 3 + len(metrics)
-    lines = [
-        f"% {title}, written by `dpsinkhorn report {table}`. Needs \\usepackage{{booktabs}}.",
-        "% Rows marked \\dag are reported in the paper; the others come from this run",
-        "% (mean $\\pm$ std over seeds). Accuracy in %." + (f" {note}" if note else ""),
-        "\\begin{tabular}{l" + "r" * (ncols - 1) + "}",
-        "\\toprule",
-        "Method & $\\varepsilon$ & $\\varepsilon_{\\mathrm{paper}}$ & "
-        + " & ".join(METRIC_TITLES_TEX[m] for m in metrics)
-        + " \\\\",
+    comments = [
+        f"Table {table.removeprefix('table')}, written by `dpsinkhorn report {table}`. "
+        "Needs \\usepackage{booktabs}.",
+        "Rows marked \\dag are reported in the paper; the others come from this run",
+        "(mean $\\pm$ std over seeds). Accuracy in %." + (f" {note}" if note else ""),
     ]
+    header = ["Method", "$\\varepsilon$", "$\\varepsilon_{\\mathrm{paper}}$"]
+    body = []
     for dataset in dict.fromkeys(r.dataset for r in rows):
         title = DATASET_TITLES.get(dataset, dataset)
-        lines += ["\\midrule", f"\\multicolumn{{{ncols}}}{{l}}{{\\textit{{{title}}}}} \\\\"]
+        body += ["\\midrule", f"\\multicolumn{{{ncols}}}{{l}}{{\\textit{{{title}}}}} \\\\"]
         for row in (r for r in rows if r.dataset == dataset):
-            method = latex_escape(row.method) + (
-                "\\textsuperscript{\\dag}" if row.source == REPORTED else ""
-            )
-            reported = row.source == REPORTED
-            cells = [method, epsilon_text(row.epsilon, reported, True)]
-            cells.append(epsilon_text(row.epsilon_paper, reported, True))
-            cells += [cell_text(row, m, " $\\pm$ ", latex=True) for m in metrics]
-            lines.append(" & ".join(cells) + " \\\\")
-    lines += ["\\bottomrule", "\\end{tabular}"]
+            mark = "\\textsuperscript{\\dag}" if row.source == REPORTED else ""
+            body.append(latex_row([latex_escape(row.method) + mark, *latex_cells(row, metrics)]))
+    header += [METRIC_TITLES_TEX[m] for m in metrics]
+    return booktabs(comments, "l" + "r" * (ncols - 1), header, body)
+
+
+def latex_cells(row: Row, metrics: Sequence[str]) -> list[str]:
+    """A row's ε (sound, paper convention) and metric cells in LaTeX."""
+    reported = row.source == REPORTED
+    cells = [epsilon_text(e, reported, latex=True) for e in (row.epsilon, row.epsilon_paper)]
+    return cells + [cell_text(row, m, " $\\pm$ ", latex=True) for m in metrics]
+
+
+def booktabs(
+    comments: Sequence[str], align: str, header: Sequence[str], body: Sequence[str]
+) -> str:
+    """A booktabs tabular after ``%`` comment lines; ``body``: its lines below the header
+    (rows: :func:`latex_row`)."""
+    lines = [f"% {c}" for c in comments] + [f"\\begin{{tabular}}{{{align}}}", "\\toprule"]
+    lines += [latex_row(header), *body, "\\bottomrule", "\\end{tabular}"]
     return "\n".join(lines) + "\n"
+
+
+def latex_row(cells: Sequence[str]) -> str:
+    """One row of a LaTeX tabular."""
+    return " & ".join(cells) + " \\\\"
 
 
 def write_tables(out_dir: Path, table: str, md: str, csv_text: str, tex: str) -> list[Path]:

@@ -102,14 +102,9 @@ def reproduced_cells(config: Mapping, out_dir: Path, table: str) -> list[Reprodu
             if table == "table2":
                 settings = f"{r.spec['perturbation']}, {loss_kind(r.spec)}, p = {r.spec['p']:g}"
             else:
+                values = (r.sigma, r.spec["clip"], r.spec["p"], r.spec["m"])
                 settings = ", ".join(
-                    f"{k} {format_g(v)}"
-                    for k, v in [
-                        ("σ", r.sigma),
-                        ("Δ", r.spec["clip"]),
-                        ("p", r.spec["p"]),
-                        ("m", r.spec["m"]),
-                    ]
+                    f"{k} {format_g(v)}" for k, v in zip("σΔpm", values, strict=True)
                 )
             found += _row_cells(f"{r.label} ({settings})", r.row, TABLE_METRICS[table])
     return found

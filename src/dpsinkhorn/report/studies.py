@@ -21,6 +21,7 @@ from dpsinkhorn.report.common import (
     ConfigLike,
     PathLike,
     Row,
+    booktabs,
     cell_text,
     check_exist,
     config_files_text,
@@ -28,7 +29,9 @@ from dpsinkhorn.report.common import (
     epsilon_text,
     format_g,
     guarantee_note,
+    latex_cells,
     latex_escape,
+    latex_row,
     load_config_like,
     measured_row,
     metric_cells,
@@ -237,25 +240,16 @@ def _table_latex(table: str, results: Sequence[CellResult]) -> str:
     settings = SETTINGS_TITLES["table2" if table == "table2" else "search"][1]
     header = [*settings, "$\\varepsilon$", "$\\varepsilon_{\\mathrm{paper}}$"]
     header += [METRIC_TITLES_TEX[m] for m in metrics]
-    lines = [
-        f"% {TITLES[table]}, written by `dpsinkhorn report {table}`. "
-        "Needs \\usepackage{booktabs}.",
-        "% mean $\\pm$ std over seeds of this run. Accuracy in %.",
-        "\\begin{tabular}{" + "l" * len(settings) + "r" * (len(header) - len(settings)) + "}",
-        "\\toprule",
-        " & ".join(header) + " \\\\",
-        "\\midrule",
+    comments = [
+        f"{TITLES[table]}, written by `dpsinkhorn report {table}`. Needs \\usepackage{{booktabs}}.",
+        "mean $\\pm$ std over seeds of this run. Accuracy in %.",
     ]
-    for r in results:
-        cells = [latex_escape(c) for c in _table_row_cells(table, r)]
-        cells += [
-            epsilon_text(r.row.epsilon, False, True),
-            epsilon_text(r.row.epsilon_paper, False, True),
-        ]
-        cells += [cell_text(r.row, m, " $\\pm$ ", latex=True) for m in metrics]
-        lines.append(" & ".join(cells) + " \\\\")
-    lines += ["\\bottomrule", "\\end{tabular}"]
-    return "\n".join(lines) + "\n"
+    body = ["\\midrule"] + [
+        latex_row([*map(latex_escape, _table_row_cells(table, r)), *latex_cells(r.row, metrics)])
+        for r in results
+    ]
+    align = "l" * len(settings) + "r" * (len(header) - len(settings))
+    return booktabs(comments, align, header, body)
 
 
 def study_table_results(config: Mapping, out_dir: Path, table: str) -> list[CellResult]:
