@@ -316,12 +316,6 @@ def csv_text(columns: Sequence[str], rows: Iterable[Mapping], digits: int = 6) -
     return buffer.getvalue()
 
 
-def write_csv(path: Path, columns: Sequence[str], rows: Iterable[Mapping]) -> Path:
-    """Write records as CSV with these columns (atomic); return ``path``."""
-    fileio.write_text(path, csv_text(columns, rows))
-    return path
-
-
 #: Column titles of the metrics in Markdown and LaTeX.
 METRIC_TITLES = {"fid": "FID ↓", "acc_logreg": "Log Reg", "acc_mlp": "MLP", "acc_cnn": "CNN"}
 METRIC_TITLES_TEX = {"fid": "FID", "acc_logreg": "Log Reg", "acc_mlp": "MLP", "acc_cnn": "CNN"}

@@ -30,13 +30,13 @@ from dpsinkhorn.report.common import (
     ConfigLike,
     PathLike,
     check_exist,
+    csv_text,
     epsilon_text,
     format_g,
     load_config_like,
     metric_cells,
     metric_columns,
     require_keys,
-    write_csv,
 )
 from dpsinkhorn.report.grids import draw_grid, grid_classes, sample_grid
 from dpsinkhorn.report.paper import PAPER_CLAIM, PAPER_DP
@@ -65,7 +65,8 @@ def _save_figure(
         with fileio.atomic_path(path) as tmp:
             fig.savefig(tmp, format=suffix, bbox_inches="tight", metadata=metadata)
         written.append(path)
-    return written + [write_csv(out_dir / FIGURES_DIR / f"{name}.csv", columns, records)]
+    fileio.write_text(out_dir / FIGURES_DIR / f"{name}.csv", csv_text(columns, records))
+    return written + [out_dir / FIGURES_DIR / f"{name}.csv"]
 
 
 Value = Callable[[CellResult], tuple[float, float] | None]

@@ -113,14 +113,6 @@ def table1_title(datasets: Iterable[str]) -> str:
     return f"{TITLES['table1'].split(' on ', 1)[0]} on {names}"
 
 
-def samples_caption(config: Mapping, name: str) -> str:
-    """How a sample grid of experiment ``name`` is laid out: a row per class, or one row of
-    an unconditional generator's samples."""
-    if experiment(config, name).get("conditional", True) is False:
-        return "unconditional: one row of samples"
-    return "one row per class"
-
-
 def to_markdown(rows: Sequence[Row], config: dict, figures: dict[str, tuple[str, str]]) -> str:
     """Markdown: one table per dataset, the paper's value next to each reproduced cell;
     ``figures``: dataset -> (figure path relative to tables/, experiment name)."""
@@ -177,7 +169,8 @@ def to_markdown(rows: Sequence[Row], config: dict, figures: dict[str, tuple[str,
         lines += ["", "## Samples", ""]
         for dataset, (rel_path, name) in figures.items():
             title = DATASET_TITLES.get(dataset, dataset)
-            layout = samples_caption(config, name)
+            unconditional = experiment(config, name).get("conditional", True) is False
+            layout = "unconditional: one row of samples" if unconditional else "one row per class"
             lines += [f"{title}, `{name}` ({layout}):", "", f"![{title}]({rel_path})", ""]
     return "\n".join(lines).rstrip() + "\n"
 
