@@ -106,19 +106,14 @@ def measure_study(
 
 def _budget_note(results: Sequence[CellResult]) -> str:
     """How the cells' lengths or noise were set when they were solved from a target ε."""
-    notes = set()
-    for r in results:
-        spec = r.spec
-        if spec["method"] != "dp_sinkhorn" or spec["target_epsilon"] is None:
-            continue
-        if spec["sigma"] is not None and spec["steps"] is not None:
-            continue
-        solved = "steps" if spec["steps"] is None else "σ"
-        convention = spec["epsilon_convention"]
-        notes.add(
-            f"{solved} solved so that ε = {spec['target_epsilon']:g} under the {convention} "
-            "convention"
-        )
+    notes = {
+        f"{'steps' if spec['steps'] is None else 'σ'} solved so that ε = "
+        f"{spec['target_epsilon']:g} under the {spec['epsilon_convention']} convention"
+        for spec in (r.spec for r in results)
+        if spec["method"] == "dp_sinkhorn"
+        and spec["target_epsilon"] is not None
+        and (spec["sigma"] is None or spec["steps"] is None)
+    }
     if not notes:
         return ""
     return "Cells with a target ε: " + "; ".join(sorted(notes)) + "."
@@ -132,13 +127,7 @@ def _table_row_cells(table: str, r: CellResult) -> list[str]:
         debias += f" (p = {spec['p']:g})" if debias == "Semi" else ""
         image = "Yes" if spec["perturbation"] == "image" else "No"
         return [image, loss_kind(spec), debias]
-    return [
-        format_g(r.sigma),
-        format_g(spec["clip"]),
-        format_g(spec["p"]),
-        format_g(spec["m"]),
-        format_g(r.steps),
-    ]
+    return [format_g(v) for v in (r.sigma, spec["clip"], spec["p"], spec["m"], r.steps)]
 
 
 def _settings_record(r: CellResult) -> dict:
