@@ -290,13 +290,13 @@ def test_own_dataset_table_and_reproduction_speak_of_that_dataset(tmp_path, monk
     about two paper-setting rows, calls its unconditional grid one row of samples, and its
     reproduction.md leaves out the committed MNIST results set's section."""
     from dpsinkhorn.config.targets import table1_files
-    from dpsinkhorn.report.common import report_config
+    from dpsinkhorn.report.common import load_config_like
     from dpsinkhorn.report.reproduction import reproduction_markdown
 
     config_file = tmp_path / "own.yaml"
     config_file.write_text(OWN_CONFIG)
     out = tmp_path / "results" / "own"
-    config = report_config([config_file])
+    config, _ = load_config_like([config_file])
     files = table1_files(config, out)
     for path in map(Path, files["results"]):
         key = "fid" if path.name.startswith("fid") else "accuracy"

@@ -75,15 +75,20 @@ class Folder:
 @dataclass
 class Published:
     """One file of a release: its path in the run, kind, checked bytes, covering ledgers
-    and how it was proven."""
+    and how it was proven; ``source``: the run's file it stands for, checked again after
+    writing against ``source_sha256`` (default: that of ``data``)."""
 
     path: str
     kind: str
     data: bytes = field(repr=False)
     ledgers: list[str]
     proof: str
-    source: Path | None = None  # the run's file it stands for (checked again after writing)
+    source: Path | None = None
     source_sha256: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.source is not None and self.source_sha256 is None:
+            self.source_sha256 = fileio.sha256_of_bytes(self.data)
 
 
 def run_folders(config: Mapping, run: str | Path) -> list[Folder]:
@@ -134,14 +139,9 @@ def decide(
         raise FileNotFoundError(f"{run}: no such run folder")
     if not folders:
         raise ValueError(f"{run}: the config has no DP experiment (nothing to publish)")
-    out: list[Published] = []
-    ledgers = []
-    for folder in folders:
-        files, ledger = _decide_folder(run, folder, accept_no_guarantee, device, flag)
-        out += files
-        ledgers.append(ledger)
+    out = [p for f in folders for p in _decide_folder(run, f, accept_no_guarantee, device, flag)]
     if config is not None:
-        out.append(_decide_summary(run, config, ledgers))
+        out.append(_decide_summary(run, config, [_rel(f, LEDGER) for f in folders]))
     return out
 
 
@@ -155,15 +155,15 @@ def _rel(folder: Folder, name: str) -> str:
     return f"{folder.rel}/{name}" if folder.rel else name
 
 
-def _published(folder: Folder, name: str, kind: str, data: bytes, proof: str, source: Path):
-    ledger = _rel(folder, LEDGER)
-    sha = fileio.sha256_of_bytes(data)
-    return Published(_rel(folder, name), kind, data, [ledger], proof, source, sha)
+def _published(
+    folder: Folder, name: str, kind: str, data: bytes, proof: str, source: Path, sha=None
+):
+    return Published(_rel(folder, name), kind, data, [_rel(folder, LEDGER)], proof, source, sha)
 
 
 def _decide_folder(
     run: Path, folder: Folder, accept_none: bool, device: str, flag: str
-) -> tuple[list[Published], str]:
+) -> list[Published]:
     exp = run / folder.rel
     if (exp / WORKSPACE).exists():
         raise ValueError(
@@ -184,16 +184,8 @@ def _decide_folder(
     recorded = check_recorded(
         record, ledger_bytes, ledger_path, trained, list(folder.records), folder.spec
     )
-    files = [
-        _published(
-            folder,
-            LEDGER,
-            "ledger",
-            ledger_bytes,
-            f"the ledger: private, ε recomputed, guarantee stated; {recorded}",
-            ledger_path,
-        )
-    ]
+    proof = f"the ledger: private, ε recomputed, guarantee stated; {recorded}"
+    files = [_published(folder, LEDGER, "ledger", ledger_bytes, proof, ledger_path)]
     verified = {}
     checks = (
         ("generator.pt", "generator", "content_sha256"),
@@ -212,14 +204,12 @@ def _decide_folder(
     samples = {}
     if folder.seeds:
         model = load_verified_generator(verified["generator.pt"], exp / "generator.pt", device)
-        for seed in folder.seeds:
-            published, run_sha = _decide_samples(model, folder, exp, seed)
-            samples[seed] = run_sha
-            files.append(published)
+        samples = {seed: _decide_samples(model, folder, exp, seed) for seed in folder.seeds}
+    files += samples.values()
     for metric in folder.scores:
-        for seed in folder.seeds:
-            files.append(_decide_score(folder, exp, metric, seed, samples[seed]))
-    return files, _rel(folder, LEDGER)
+        for seed in folder.seeds:  # a score names the run's sample file by its sha256
+            files.append(_decide_score(folder, exp, metric, seed, samples[seed].source_sha256))
+    return files
 
 
 #: Names in a DP folder that are written there but never published (``config.targets``).
@@ -239,9 +229,9 @@ def _check_nothing_else(exp: Path, folder: Folder) -> None:
             )
 
 
-def _decide_samples(model, folder: Folder, exp: Path, seed: int) -> tuple[Published, str]:
+def _decide_samples(model, folder: Folder, exp: Path, seed: int) -> Published:
     """The redraw of one seed (published), after checking the run's file holds that draw;
-    also the run's file's sha256 (what its scores name)."""
+    its ``source_sha256`` is the run's file's."""
     from dpsinkhorn.evaluate.sample import sample_generator
 
     name = sample_name(seed)
@@ -253,16 +243,7 @@ def _decide_samples(model, folder: Folder, exp: Path, seed: int) -> tuple[Publis
         proof = f"redrawn from the verified generator (seed {seed}, {len(labels)} samples): equal"
     else:
         proof = check_draw(path, data, images, labels, seed)
-    published = Published(
-        _rel(folder, name),
-        "samples",
-        redraw,
-        [_rel(folder, LEDGER)],
-        proof,
-        path,
-        fileio.sha256_of_bytes(data),
-    )
-    return published, fileio.sha256_of_bytes(data)
+    return _published(folder, name, "samples", redraw, proof, path, fileio.sha256_of_bytes(data))
 
 
 def _decide_score(folder: Folder, exp: Path, metric: str, seed: int, samples_sha: str):
@@ -286,16 +267,9 @@ def _decide_summary(run: Path, config: Mapping, ledgers: list[str]) -> Published
             f"(stale or edited); rewrite it: dpsinkhorn privacy-summary --results {run} "
             "--config ..."
         )
+    proof = "recomputed from the ledgers and the training record: equal"
     rel = path.relative_to(run).as_posix()
-    return Published(
-        rel,
-        "privacy_summary",
-        data,
-        sorted(ledgers),
-        "recomputed from the ledgers and the training record: equal",
-        path,
-        fileio.sha256_of_bytes(data),
-    )
+    return Published(rel, "privacy_summary", data, sorted(ledgers), proof, path)
 
 
 def manifest(files: Sequence[Published], name: str | None) -> dict:
@@ -456,27 +430,20 @@ def register_cli(subparsers: argparse._SubParsersAction) -> None:
     r = subparsers.add_parser(
         "release", help="publish a finished run's DP releases, each file proven from its ledger"
     )
-    r.add_argument(
-        "--config",
-        nargs="+",
-        default=["config/config.yaml"],
-        help="the run's config file(s): what is published",
-    )
     r.add_argument("--run", help="results/<run> (default: the config's results folder)")
     r.add_argument(
         "--out", required=True, help="a new or empty folder outside the run folder, not a link"
     )
     r.add_argument(
-        "--accept-no-guarantee",
+        ACCEPT_FLAG,
         action="store_true",
         help='also release runs whose ledger says "guarantee": "none..." (public noise seed)',
     )
-    r.add_argument("--device", default="cpu", help="where samples are redrawn (default cpu)")
-    r.set_defaults(handler=_release_cli)
     m = subparsers.add_parser(
         "release-manifest", help="write <results>/release_manifest.json (the workflow's last step)"
     )
-    m.add_argument("--config", nargs="+", default=["config/config.yaml"])
     m.add_argument("--results", required=True, help="results/<run>")
-    m.add_argument("--device", default="cpu", help="where samples are redrawn (default cpu)")
-    m.set_defaults(handler=_manifest_cli)
+    for p, handler in [(r, _release_cli), (m, _manifest_cli)]:
+        p.add_argument("--config", nargs="+", default=["config/config.yaml"], help="the run's")
+        p.add_argument("--device", default="cpu", help="where samples are redrawn (default cpu)")
+        p.set_defaults(handler=handler)

@@ -17,9 +17,9 @@ import numpy as np
 from dpsinkhorn.evaluate import classify, fid
 from dpsinkhorn.fileio import sha256_of, sha256_of_bytes
 from dpsinkhorn.privacy import trainings
+from dpsinkhorn.report.common import NO_GUARANTEE
+from dpsinkhorn.report.privacy_summary import check_ledger_record
 
-#: A ledger's ``guarantee`` starts with this when it covers nothing (public noise seed).
-NO_GUARANTEE = "none"
 #: A real guarantee starts with this (``train.release.privacy_record``).
 DP_GUARANTEE = "(epsilon, delta)-DP"
 #: How ``dpsinkhorn release`` names the option that accepts a public-seed ledger.
@@ -57,20 +57,20 @@ def check_ledger(
     data: bytes, path: Path, experiment: str | None, accept_none: bool, flag: str = ACCEPT_FLAG
 ) -> dict:
     """A DP ledger's content, proven from its own bytes: ``private: true``; ε that of its
-    (q, noise multiplier, steps, δ) (``report.privacy_summary.read_ledger``); a guarantee
+    (q, noise multiplier, steps, δ) (``report.privacy_summary.check_ledger_record``); a guarantee
     that states that ε and ``delta_total``, or ``none…`` (public seed: only with ``flag``),
     as ``reproducible`` requires; the config's ``experiment`` (None: any)."""
-    from dpsinkhorn.report.privacy_summary import check_ledger_record
-
-    record = _json_object(data, path, "ledger")
-    check_ledger_record(record, path)
+    record = check_ledger_record(_json_object(data, path, "ledger"), path)
     if experiment is not None and record.get("experiment") != experiment:
         raise ValueError(
             f"{path}: the ledger of {record.get('experiment')!r}, not of {experiment!r} "
             "(a ledger copied from another experiment)"
         )
-    guarantee, epsilon = record.get("guarantee"), float(record["epsilon"])
-    delta_total = record.get("delta_total")
+    guarantee, epsilon, delta_total = (
+        record["guarantee"],
+        record["epsilon"],
+        record.get("delta_total"),
+    )
     if not isinstance(guarantee, str):
         raise ValueError(f"{path}: no guarantee (guarantee is {guarantee!r}); refusing")
     if record.get("reproducible") is not False and not guarantee.startswith(NO_GUARANTEE):
@@ -78,11 +78,9 @@ def check_ledger(
             f"{path}: reproducible is {record.get('reproducible')!r} (a public noise seed) but "
             f"its guarantee claims {guarantee[:40]!r}; refusing"
         )
+    if guarantee.startswith(NO_GUARANTEE) and not accept_none:
+        raise ValueError(f"{path}: guarantee is {guarantee!r}; pass {flag} to publish it anyway")
     if guarantee.startswith(NO_GUARANTEE):
-        if not accept_none:
-            raise ValueError(
-                f"{path}: guarantee is {guarantee!r}; pass {flag} to publish it anyway"
-            )
         return record
     stated = re.fullmatch(
         re.escape(DP_GUARANTEE) + r" with epsilon = (\S+), delta = (\S+) for .*", guarantee
@@ -95,9 +93,8 @@ def check_ledger(
         raise ValueError(f"{path}: guarantee {guarantee[:60]!r} states no number") from err
     if not (
         math.isclose(said[0], epsilon, rel_tol=1e-5)
-        and math.isclose(said[1], float(delta_total), rel_tol=1e-5)
-        and float(delta_total) >= float(record["delta"])
-        and 0 < float(delta_total) < 1
+        and math.isclose(said[1], delta_total, rel_tol=1e-5)
+        and record["delta"] <= delta_total < 1
     ):
         raise ValueError(
             f"{path}: guarantee states epsilon {said[0]:g}, delta {said[1]:g}; the ledger's are "
@@ -124,9 +121,9 @@ def check_recorded(
         # Record files are named by folder only (trainings.shown): their names are computed
         # from the private data.
         found = [trainings.shown(r) for r in records if Path(r).is_file()]
-        missing = sorted({str(Path(r).parent) for r in records if not Path(r).is_file()})
+        missing = ", ".join(sorted({str(Path(r).parent) for r in records if not Path(r).is_file()}))
         where = "; ".join(found) or "the training record (no record file" + (
-            f" of this training data in {', '.join(missing)})" if missing else ")"
+            f" of this training data in {missing})" if missing else ")"
         )
         raise ValueError(
             f"{path}: no finished DP training in {where} wrote this "

@@ -8,29 +8,21 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from dpsinkhorn import fileio
-from dpsinkhorn.config import PRIVATE_METHODS, experiment, experiment_dir, prepared_folder_of
+from dpsinkhorn.config import PRIVATE_METHODS, experiment, experiment_dir
 from dpsinkhorn.config.studies import STUDIES, study_cells
 from dpsinkhorn.config.targets import CELEBA_TABLES, NAMES, SAMPLE_FIGURES, TITLES, cell_experiments
 from dpsinkhorn.config.workflow import gradient_settings
+from dpsinkhorn.report.celeba import fixture_data
 from dpsinkhorn.report.common import (
-    NO_GUARANTEE_PREFIX,
     ConfigLike,
     PathLike,
     config_files_text,
     format_g,
     load_config_like,
+    no_guarantee,
 )
 from dpsinkhorn.report.reproduction import not_paper_scale_reasons, produced_tables
 from dpsinkhorn.report.studies import require_study
-
-
-def _seeds_text(config: Mapping) -> str:
-    seeds = config["seeds"]
-    return (
-        f"seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))} "
-        f"({len(seeds)} seed{'s' if len(seeds) > 1 else ''}: each seed one synthetic set of "
-        f"{config['evaluation']['num_samples']} samples and one training of each classifier)"
-    )
 
 
 def _read_privacy(path: Path) -> dict:
@@ -72,15 +64,6 @@ def _experiment_text(config: Mapping, out_dir: Path, name: str) -> str:
     return f"{name} ({dataset}, {text}, δ {spec['delta']:g})"
 
 
-def _caption_experiments(config: Mapping, name: str) -> list[str]:
-    """The output's experiments (``config.targets``); reproduction.md's are those of the
-    tables it compares with the paper."""
-    if name == "reproduction":
-        tables = produced_tables(config)
-        return list(dict.fromkeys(e for t in tables for e in cell_experiments(config, t)))
-    return cell_experiments(config, name)
-
-
 def _rst_safe(text: str) -> str:
     """One line of plain text that reStructuredText shows as it is."""
     text = re.sub(r"[`*|\\]", "", text)
@@ -100,7 +83,9 @@ def caption(
     out_dir = Path(out_dir)
     if name in STUDIES:
         require_study(config, name, files)
-    exps = [e for e in _caption_experiments(config, name) if e]
+    # The output's experiments; reproduction.md's: those of the tables it compares.
+    tables = produced_tables(config) if name == "reproduction" else [name]
+    exps = [e for e in dict.fromkeys(e for t in tables for e in cell_experiments(config, t)) if e]
     if not exps:
         raise ValueError(f"the config produces no {name!r}: it has no experiment for it")
     run = config.get("run_name", "?")
@@ -136,26 +121,20 @@ def caption(
         )
         parts.append(f"Samples of seed {config['seeds'][0]}, {layout}.")
     else:
-        parts.append(f"Mean and std over {_seeds_text(config)}.")
-    if name in CELEBA_TABLES:
-        try:
-            from dpsinkhorn.data.celeba import is_fixture
-
-            if is_fixture(Path(config["data_dir"]) / prepared_folder_of(config, "celeba")):
-                parts.append("Data: the synthetic CelebA fixture, not CelebA.")
-        except (ImportError, OSError, ValueError):
-            pass
+        seeds, s = config["seeds"], "s" if len(config["seeds"]) > 1 else ""
+        parts.append(
+            f"Mean and std over seed{s} {', '.join(map(str, seeds))} ({len(seeds)} seed{s}: "
+            f"each seed one synthetic set of {config['evaluation']['num_samples']} samples and "
+            "one training of each classifier)."
+        )
+    if name in CELEBA_TABLES and fixture_data(config):
+        parts.append("Data: the synthetic CelebA fixture, not CelebA.")
     if name == "reproduction":
         reasons = not_paper_scale_reasons(config, files)
         if reasons:
             parts.append(f"Not at paper scale: {'; '.join(reasons)}.")
-    public = [
-        e
-        for e in exps
-        if str(
-            _read_privacy(experiment_dir(config, out_dir, e) / "privacy.json").get("guarantee", "")
-        ).startswith(NO_GUARANTEE_PREFIX)
-    ]
+    ledgers = {e: _read_privacy(experiment_dir(config, out_dir, e) / "privacy.json") for e in exps}
+    public = [e for e, privacy in ledgers.items() if no_guarantee(privacy)]
     if public:
         parts.append(
             f"No privacy guarantee for {', '.join(public)}: the noise seed was public "

@@ -4,7 +4,7 @@ writes ``tables/table{3,6}.{md,csv,tex}`` and ``figures/fig{3,6}.png``."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping
 from pathlib import Path
 
 from dpsinkhorn import fileio
@@ -23,12 +23,15 @@ from dpsinkhorn.config.targets import TITLES, sample_name
 from dpsinkhorn.report.common import (
     CLASS_NAMES,
     REPORTED,
+    ConfigLike,
+    PathLike,
     Row,
     check_exist,
     guarantee_note,
+    load_config_like,
     markdown_table,
     measured_row,
-    report_config,
+    settings_cells,
     to_csv,
     to_latex,
     write_tables,
@@ -59,6 +62,12 @@ CELEBA_TABLES = {
     ),
 }
 
+#: The caption's warning when CelebA was prepared from the synthetic fixture.
+FIXTURE_NOTE = (
+    "**Data: the SYNTHETIC CelebA FIXTURE (dpsinkhorn celeba-fixture), not CelebA. "
+    "These numbers test the pipeline and say nothing about the paper.**"
+)
+
 
 def celeba_rows(config: dict, table: str, results_dir: Path) -> list[Row]:
     """Our rows of Table 3 or 6 (config ``rows:``), then the paper's reported baselines."""
@@ -78,22 +87,17 @@ def celeba_rows(config: dict, table: str, results_dir: Path) -> list[Row]:
     return rows
 
 
-def _fixture_note(config: dict) -> str:
-    """The caption's warning when CelebA was prepared from the synthetic fixture."""
+def fixture_data(config: Mapping) -> bool:
+    """Whether CelebA was prepared from the synthetic fixture (``dpsinkhorn celeba-fixture``)."""
     from dpsinkhorn.data.celeba import is_fixture
 
-    if not is_fixture(Path(config["data_dir"]) / prepared_folder_of(config, "celeba")):
-        return ""
-    return (
-        "**Data: the SYNTHETIC CelebA FIXTURE (dpsinkhorn celeba-fixture), not CelebA. "
-        "These numbers test the pipeline and say nothing about the paper.**"
-    )
+    return is_fixture(Path(config["data_dir"]) / prepared_folder_of(config, "celeba"))
 
 
-def celeba_table(table: str, config_files: Sequence[str | Path], out_dir: str | Path) -> list[Path]:
+def celeba_table(table: str, config: ConfigLike, out_dir: PathLike) -> list[Path]:
     """Write Table 3 or 6 (md, csv, tex) and its figure (fig3 / fig6); return the paths."""
     row_labels, caption = CELEBA_TABLES[table]
-    config, out_dir = report_config(config_files), Path(out_dir)
+    (config, _), out_dir = load_config_like(config), Path(out_dir)
     rows = celeba_rows(config, table, out_dir)
     seed = config["seeds"][0]
     figure_name, _ = TABLE_FIGURES[table]
@@ -110,7 +114,7 @@ def celeba_table(table: str, config_files: Sequence[str | Path], out_dir: str | 
         title = f"{caption}: {', '.join(names)} (seed {seed})"
         save_grid_figure(panels, CLASS_NAMES["celeba"], png, title)
 
-    fixture = _fixture_note(config)
+    fixture = FIXTURE_NOTE if fixture_data(config) else ""
     seeds = len(config["seeds"])
     specs = [experiment(config, r.exp_name) for r in rows if r.exp_name]
     deltas = sorted({f"{e['delta']:g}" for e in specs if e["method"] in PRIVATE_METHODS})
@@ -143,11 +147,8 @@ def celeba_table(table: str, config_files: Sequence[str | Path], out_dir: str | 
         if exp["method"] == "real_data":
             train = ["–"] * 7
         else:
-            sigma = "solved" if exp["sigma"] is None else f"{exp['sigma']:g}"
-            train = [exp.get("generator") or "dcgan"]
-            train += [sigma if exp["method"] in PRIVATE_METHODS else "–", str(exp["steps"])]
-            train += [str(exp["batch_size"]), f"{exp['m']:g}", f"{exp['entropy_reg']:g}"]
-            train.append(f"{exp['lr']:g}")
+            keys = ("sigma", "steps", "batch_size", "m", "entropy_reg", "lr")
+            train = [exp.get("generator") or "dcgan", *settings_cells(exp, keys)]
         cells = [row.method, f"`{row.exp_name}`", exp["method"], *train]
         lines.append("| " + " | ".join(cells) + " |")
     if panels:

@@ -20,7 +20,11 @@ REPORTS = tuple(n for n in NAMES if n not in MAIN_TABLES)
 
 
 def render(name: str, config: ConfigLike, out_dir: PathLike) -> list[Path]:
-    """Write output ``name`` (one of :data:`REPORTS`); return the written paths."""
+    """Write output ``name`` (a main table or one of :data:`REPORTS`); return the paths."""
+    if name == "table1":
+        return table1(config, out_dir)
+    if name in CELEBA_TABLES:
+        return celeba_table(name, config, out_dir)
     if name in TABLE_STUDIES:
         return study_table(name, config, out_dir)
     if name == "reproduction":
@@ -51,13 +55,7 @@ REPORT_HELP = {
 
 
 def _cli(args: argparse.Namespace) -> int:
-    if args.report == "table1":
-        paths = table1(args.config, args.out_dir)
-    elif args.report in CELEBA_TABLES:
-        paths = celeba_table(args.report, args.config, args.out_dir)
-    else:
-        paths = render(args.report, args.config, args.out_dir)
-    for path in paths:
+    for path in render(args.report, args.config, args.out_dir):
         print(path)
     return 0
 

@@ -5,7 +5,7 @@ a cell is mean ± sample std (ddof=1; 0 for one seed) over the seeds."""
 from __future__ import annotations
 
 import csv
-import io as _io
+import io
 import math
 import os
 from collections.abc import Iterable, Mapping, Sequence
@@ -48,8 +48,8 @@ ROW_LABELS = {
 #: What each clipping mode does to the block of generated-image gradients (captions).
 CLIPPING_TEXT = {
     "batch": "the whole block of generated-image gradients clipped to Δ as one vector",
-    "per_sample": "each generated row clipped to Δ (per-row, as the paper's Algorithm 1 and "
-    "Appendix B.1 state it)",
+    "per_sample": "each generated row clipped to Δ (per-row, as the paper's Appendix B.1 "
+    "states it)",
 }
 #: Whose mechanism each clipping mode of ``perturbation: image`` is (docs/PAPER.md, "What
 #: the released code runs"): the official code's hooks, or the paper's text.
@@ -70,7 +70,7 @@ def mechanism_tag(privacy: dict) -> str:
 
 
 #: privacy.json "guarantee" starts with this when the noise seed was public (no DP at all).
-NO_GUARANTEE_PREFIX = "none"
+NO_GUARANTEE = "none"
 #: The two ε columns, as the study tables and reproduction.md explain them.
 ACCOUNTING_NOTE = (
     "ε (sound) is the accountant's ε; ε (paper conv.) is the same run under the paper's "
@@ -108,12 +108,17 @@ def mean_std(values: Sequence[float]) -> tuple[float, float]:
     return float(arr.mean()), std
 
 
+def require_keys(data: Mapping, keys: Iterable[str], path: Path) -> Mapping:
+    """``data`` (read from ``path``) if it has every key; else a one-line error naming one."""
+    missing = [k for k in keys if k not in data]
+    if missing:
+        raise ValueError(f"{path}: missing key {missing[0]!r} (found {sorted(data)})")
+    return data
+
+
 def read_number(path: Path, key: str) -> float:
     """The number under ``key`` of a result json; a one-line error names file and key."""
-    data = fileio.read_json(path)
-    if key not in data:
-        raise ValueError(f"{path}: missing key {key!r} (found {sorted(data)})")
-    value = data[key]
+    value = require_keys(fileio.read_json(path), [key], path)[key]
     if not isinstance(value, int | float) or isinstance(value, bool):
         raise ValueError(f"{path}: {key!r} must be a number, got {value!r}")
     return float(value)
@@ -142,6 +147,38 @@ def check_exist(paths: Iterable[Path]) -> None:
         )
 
 
+def read_scores(
+    row: Row, folder: Path, seeds: Sequence[int], models: Sequence[str], present_only: bool = False
+) -> None:
+    """Fill ``row.mean``, ``row.std`` and ``row.counts`` of every metric of :data:`METRICS`
+    from the score files in ``folder`` (FID, then the accuracy of each of ``models``), over
+    ``seeds``; ``present_only``: skip a seed whose file is missing (else it is an error)."""
+    for metric in METRICS:
+        values = []
+        if metric == "fid" or metric.removeprefix("acc_") in models:
+            paths = [folder / score_name(metric, s) for s in seeds]
+            values = [
+                read_number(p, "fid") if metric == "fid" else accuracy_percent(p)
+                for p in paths
+                if p.is_file() or not present_only
+            ]
+        row.counts[metric] = len(values)
+        row.mean[metric], row.std[metric] = mean_std(values) if values else (None, None)
+
+
+def read_epsilons(row: Row, spec: Mapping, ledger: Path) -> None:
+    """``row``'s ε: ∞ for a non-private method, else from its ``ledger`` (privacy.json),
+    kept as ``row.privacy``; a DP-MERF row (one release) has no paper convention ("–")."""
+    if spec["method"] not in PRIVATE_METHODS:
+        row.epsilon = row.epsilon_paper = math.inf
+        return
+    row.privacy = dict(fileio.read_json(ledger))
+    require_keys(row.privacy, ("epsilon", "epsilon_paper_convention"), ledger)
+    row.epsilon = epsilon_value(row.privacy["epsilon"])
+    if spec["method"] != "dpmerf":
+        row.epsilon_paper = epsilon_value(row.privacy["epsilon_paper_convention"])
+
+
 def measured_row(
     config: dict,
     results_dir: Path,
@@ -153,62 +190,46 @@ def measured_row(
     """One row of this run: mean ± std over seeds of an experiment's result files; ε from
     privacy.json (∞ if not DP); ``paper``: the paper's values for ``metrics`` or None."""
     spec = experiment(config, name)
-    dataset, seeds = spec["dataset"], config["seeds"]
-    exp_dir, eval_dir = (
-        experiment_dir(config, results_dir, name),
-        evaluation_dir(config, results_dir, name),
-    )
-    row = Row(label, dataset, THIS_RUN, exp_name=name, seeds=len(seeds))
-    per_metric = {"fid": [read_number(eval_dir / score_name("fid", s), "fid") for s in seeds]}
+    row = Row(label, spec["dataset"], THIS_RUN, exp_name=name, seeds=len(config["seeds"]))
     row.unconditional = spec.get("conditional", True) is False
-    for model in experiment_classifiers(config, name):
-        per_metric[f"acc_{model}"] = [
-            accuracy_percent(eval_dir / score_name(f"acc_{model}", s)) for s in seeds
-        ]
-    for metric in metrics:
-        values = per_metric.get(metric)
-        row.mean[metric], row.std[metric] = mean_std(values) if values else (None, None)
-    if spec["method"] not in PRIVATE_METHODS:
-        row.epsilon = row.epsilon_paper = math.inf
-    else:
-        privacy = fileio.read_json(exp_dir / "privacy.json")
-        for key in ("epsilon", "epsilon_paper_convention"):
-            if key not in privacy:
-                raise ValueError(f"{exp_dir / 'privacy.json'}: missing key {key!r}")
-        row.epsilon = epsilon_value(privacy["epsilon"])
-        row.epsilon_paper = epsilon_value(privacy["epsilon_paper_convention"])
-        if spec["method"] == "dpmerf":  # one release: no paper convention (cell "–")
-            row.epsilon_paper = None
-        row.privacy = privacy
+    models = experiment_classifiers(config, name)
+    read_scores(row, evaluation_dir(config, results_dir, name), config["seeds"], models)
+    read_epsilons(row, spec, experiment_dir(config, results_dir, name) / "privacy.json")
     row.paper = dict(zip(metrics, paper, strict=True))
     return row
 
 
-def learn_own_datasets(config: Mapping) -> dict:
-    """Add the config's own datasets' (public) titles and class names to
-    :data:`DATASET_TITLES` and :data:`CLASS_NAMES`; return ``config``."""
+def load_config_like(config: ConfigLike) -> tuple[dict, list[str]]:
+    """(validated config, its files): from config file(s), or an already loaded mapping.
+    The config's own datasets' (public) titles and class names join :data:`DATASET_TITLES`
+    and :data:`CLASS_NAMES`."""
+    files = []
+    if not isinstance(config, Mapping):
+        files = [config] if isinstance(config, str | os.PathLike) else list(config)
+        config = load_config(files)
+    config = dict(config)
     for name, definition in (config.get("datasets") or {}).items():
         info = own_dataset_info(name, definition)
         DATASET_TITLES[name], CLASS_NAMES[name] = info.title, list(info.class_names)
-    return config
+    return config, [str(f) for f in files]
 
 
-def report_config(files: Sequence[str | os.PathLike]) -> dict:
-    """The validated config of these files, its own datasets known to the report."""
-    return learn_own_datasets(load_config(files))
+def format_g(value: float | None, missing: str = "–", spec: str = "g") -> str:
+    """``value`` in ``%g`` form (or format ``spec``); ``missing`` for None."""
+    return missing if value is None else format(value, spec)
 
 
-def load_config_like(config: ConfigLike) -> tuple[dict, list[str]]:
-    """(validated config, its files): from config file(s), or an already loaded mapping."""
-    if isinstance(config, Mapping):
-        return learn_own_datasets(dict(config)), []
-    files = [config] if isinstance(config, str | os.PathLike) else list(config)
-    return report_config(files), [str(f) for f in files]
+def settings_cells(spec: Mapping, keys: Sequence[str]) -> list[str]:
+    """An experiments table's cells: the settings ``keys`` of a validated experiment (σ:
+    "–" for a non-DP method, "solved" when solved from a target ε)."""
 
+    def cell(key: str) -> str:
+        value = spec[key]
+        if key == "sigma":
+            return "–" if spec["method"] not in PRIVATE_METHODS else format_g(value, "solved")
+        return f"{value:g}" if isinstance(value, float) else str(value)
 
-def format_g(value: float | None, missing: str = "–") -> str:
-    """``value`` in ``%g`` form; ``missing`` for None."""
-    return missing if value is None else f"{value:g}"
+    return [cell(key) for key in keys]
 
 
 def config_files_text(files: Sequence[str], config: Mapping) -> str:
@@ -218,37 +239,32 @@ def config_files_text(files: Sequence[str], config: Mapping) -> str:
     return f"the config of run {config.get('run_name', '?')}"
 
 
-def format_number(value: float | None, digits: int = 4) -> str:
-    """A CSV number: rounded to ``digits``, 'inf' for ∞, empty for None."""
-    if value is None:
-        return ""
-    if math.isinf(value):
-        return "inf"
-    return repr(round(value, digits))
+def metric_columns(metrics: Sequence[str]) -> list[str]:
+    """Each metric and its std: ``fid, fid_std, acc_logreg, ...``."""
+    return [c for m in metrics for c in (m, f"{m}_std")]
+
+
+def metric_cells(row: Row, metrics: Sequence[str] = METRICS) -> dict[str, float | None]:
+    """The cells of :func:`metric_columns`: mean and std over seeds (None: not measured)."""
+    return {c: v for m in metrics for c, v in [(m, row.mean.get(m)), (f"{m}_std", row.std.get(m))]}
 
 
 def csv_columns(metrics: Sequence[str] = METRICS) -> tuple[str, ...]:
     """CSV header: method, dataset, both ε, then each metric and its std, then source."""
-    cells = [c for m in metrics for c in (m, f"{m}_std")]
+    cells = metric_columns(metrics)
     return ("method", "dataset", "epsilon", "epsilon_paper_convention", *cells, "source")
+
+
+def csv_record(row: Row, metrics: Sequence[str] = METRICS) -> dict:
+    """A table row as a record of :func:`csv_columns`."""
+    names = {"method": row.method, "dataset": row.dataset, "source": row.source}
+    eps = {"epsilon": row.epsilon, "epsilon_paper_convention": row.epsilon_paper}
+    return names | eps | metric_cells(row, metrics)
 
 
 def to_csv(rows: Sequence[Row], metrics: Sequence[str] = METRICS) -> str:
     """CSV with the columns of :func:`csv_columns` (empty cell = not available)."""
-    buffer = _io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(csv_columns(metrics))
-    for row in rows:
-        cells = [
-            row.method,
-            row.dataset,
-            format_number(row.epsilon),
-            format_number(row.epsilon_paper),
-        ]
-        for metric in metrics:
-            cells += [format_number(row.mean.get(metric)), format_number(row.std.get(metric))]
-        writer.writerow(cells + [row.source])
-    return buffer.getvalue()
+    return csv_text(csv_columns(metrics), [csv_record(r, metrics) for r in rows], digits=4)
 
 
 def cell_text(row: Row, metric: str, pm: str = " ± ", latex: bool = False) -> str:
@@ -266,9 +282,14 @@ def cell_text(row: Row, metric: str, pm: str = " ± ", latex: bool = False) -> s
     return text
 
 
+def paper_digits(value: float) -> int:
+    """The decimals of a paper value as printed there: one, or two where it has two (74.96)."""
+    return 2 if round(value, 1) != value else 1
+
+
 def paper_number(value: float) -> str:
-    """A paper value as printed there: one decimal, or two where it has two (74.96)."""
-    return f"{value:.2f}" if round(value, 1) != value else f"{value:.1f}"
+    """A paper value as printed there (:func:`paper_digits`)."""
+    return f"{value:.{paper_digits(value)}f}"
 
 
 def epsilon_text(value: float | None, reported: bool, latex: bool = False) -> str:
@@ -280,29 +301,19 @@ def epsilon_text(value: float | None, reported: bool, latex: bool = False) -> st
     return f"{value:g}" if reported else f"{value:.2f}"
 
 
-def csv_text(columns: Sequence[str], rows: Iterable[Mapping]) -> str:
-    """Records as CSV with these columns (cells: :func:`csv_value`; other keys left out)."""
-    buffer = _io.StringIO()
+def csv_text(columns: Sequence[str], rows: Iterable[Mapping], digits: int = 6) -> str:
+    """Records as CSV with these columns (other keys left out); a cell is empty for None,
+    'inf' for ∞, a float rounded to ``digits``."""
+    buffer = io.StringIO()
     writer = csv.DictWriter(buffer, columns, lineterminator="\n", extrasaction="ignore")
     writer.writeheader()
     for row in rows:
-        writer.writerow({k: csv_value(row.get(k)) for k in columns})
+        cells = {k: row.get(k) for k in columns}
+        for key, value in cells.items():
+            if isinstance(value, float):
+                cells[key] = "inf" if math.isinf(value) else repr(round(value, digits))
+        writer.writerow(cells)
     return buffer.getvalue()
-
-
-def write_csv(path: Path, columns: Sequence[str], rows: Iterable[Mapping]) -> Path:
-    """Write records as CSV with these columns (atomic); return ``path``."""
-    fileio.write_text(path, csv_text(columns, rows))
-    return path
-
-
-def csv_value(value: object) -> str:
-    """A CSV cell: empty for None, floats rounded to 6 digits."""
-    if value is None:
-        return ""
-    if isinstance(value, float):
-        return format_number(value, 6)
-    return str(value)
 
 
 #: Column titles of the metrics in Markdown and LaTeX.
@@ -348,41 +359,53 @@ def to_latex(
     note: str = "",
 ) -> str:
     """A booktabs tabular (needs \\usepackage{booktabs}); reported rows marked with †."""
-    title = f"Table {table.removeprefix('table')}"
     ncols = 3 + len(metrics)
-    lines = [
-        f"% {title}, written by `dpsinkhorn report {table}`. Needs \\usepackage{{booktabs}}.",
-        "% Rows marked \\dag are reported in the paper; the others come from this run",
-        "% (mean $\\pm$ std over seeds). Accuracy in %." + (f" {note}" if note else ""),
-        "\\begin{tabular}{l" + "r" * (ncols - 1) + "}",
-        "\\toprule",
-        "Method & $\\varepsilon$ & $\\varepsilon_{\\mathrm{paper}}$ & "
-        + " & ".join(METRIC_TITLES_TEX[m] for m in metrics)
-        + " \\\\",
+    comments = [
+        f"Table {table.removeprefix('table')}, written by `dpsinkhorn report {table}`. "
+        "Needs \\usepackage{booktabs}.",
+        "Rows marked \\dag are reported in the paper; the others come from this run",
+        "(mean $\\pm$ std over seeds). Accuracy in %." + (f" {note}" if note else ""),
     ]
+    header = ["Method", "$\\varepsilon$", "$\\varepsilon_{\\mathrm{paper}}$"]
+    body = []
     for dataset in dict.fromkeys(r.dataset for r in rows):
         title = DATASET_TITLES.get(dataset, dataset)
-        lines += ["\\midrule", f"\\multicolumn{{{ncols}}}{{l}}{{\\textit{{{title}}}}} \\\\"]
+        body += ["\\midrule", f"\\multicolumn{{{ncols}}}{{l}}{{\\textit{{{title}}}}} \\\\"]
         for row in (r for r in rows if r.dataset == dataset):
-            method = latex_escape(row.method) + (
-                "\\textsuperscript{\\dag}" if row.source == REPORTED else ""
-            )
-            reported = row.source == REPORTED
-            cells = [method, epsilon_text(row.epsilon, reported, True)]
-            cells.append(epsilon_text(row.epsilon_paper, reported, True))
-            cells += [cell_text(row, m, " $\\pm$ ", latex=True) for m in metrics]
-            lines.append(" & ".join(cells) + " \\\\")
-    lines += ["\\bottomrule", "\\end{tabular}"]
+            mark = "\\textsuperscript{\\dag}" if row.source == REPORTED else ""
+            body.append(latex_row([latex_escape(row.method) + mark, *latex_cells(row, metrics)]))
+    header += [METRIC_TITLES_TEX[m] for m in metrics]
+    return booktabs(comments, "l" + "r" * (ncols - 1), header, body)
+
+
+def latex_cells(row: Row, metrics: Sequence[str]) -> list[str]:
+    """A row's ε (sound, paper convention) and metric cells in LaTeX."""
+    reported = row.source == REPORTED
+    cells = [epsilon_text(e, reported, latex=True) for e in (row.epsilon, row.epsilon_paper)]
+    return cells + [cell_text(row, m, " $\\pm$ ", latex=True) for m in metrics]
+
+
+def booktabs(
+    comments: Sequence[str], align: str, header: Sequence[str], body: Sequence[str]
+) -> str:
+    """A booktabs tabular after ``%`` comment lines; ``body``: its lines below the header
+    (rows: :func:`latex_row`)."""
+    lines = [f"% {c}" for c in comments] + [f"\\begin{{tabular}}{{{align}}}", "\\toprule"]
+    lines += [latex_row(header), *body, "\\bottomrule", "\\end{tabular}"]
     return "\n".join(lines) + "\n"
+
+
+def latex_row(cells: Sequence[str]) -> str:
+    """One row of a LaTeX tabular."""
+    return " & ".join(cells) + " \\\\"
 
 
 def write_tables(out_dir: Path, table: str, md: str, csv_text: str, tex: str) -> list[Path]:
     """Write ``tables/<table>.{md,csv,tex}`` under ``out_dir``; return the paths."""
-    written = []
-    for suffix, text in [("md", md), ("csv", csv_text), ("tex", tex)]:
-        fileio.write_text(out_dir / TABLES_DIR / f"{table}.{suffix}", text)
-        written.append(out_dir / TABLES_DIR / f"{table}.{suffix}")
-    return written
+    paths = [out_dir / TABLES_DIR / f"{table}.{suffix}" for suffix in ("md", "csv", "tex")]
+    for path, text in zip(paths, (md, csv_text, tex), strict=True):
+        fileio.write_text(path, text)
+    return paths
 
 
 def sound_epsilons(privacy: dict) -> dict[str, float]:
@@ -404,21 +427,16 @@ def sound_epsilons(privacy: dict) -> dict[str, float]:
     return found
 
 
-def public_seed_experiments(rows: Sequence[Row]) -> list[str]:
-    """Our rows whose ledger says the noise seed was public (``guarantee`` starts with none)."""
-    return [
-        r.exp_name or r.method
-        for r in rows
-        if str(r.privacy.get("guarantee", "")).startswith(NO_GUARANTEE_PREFIX)
-    ]
+def no_guarantee(privacy: Mapping) -> bool:
+    """Whether a ledger says its noise seed was public (``guarantee`` starts with none)."""
+    return str(privacy.get("guarantee", "")).startswith(NO_GUARANTEE)
 
 
 def guarantee_note(rows: Sequence[Row]) -> str:
     """Caption warning when any row's noise seed was public; '' otherwise."""
-    public = public_seed_experiments(rows)
-    if not public:
+    names = ", ".join(f"`{r.exp_name or r.method}`" for r in rows if no_guarantee(r.privacy))
+    if not names:
         return ""
-    names = ", ".join(f"`{n}`" for n in public)
     return (
         f"**No privacy guarantee for {names}: the noise seed was public (`reproducible: true`; "
         'privacy.json "guarantee": "none: the noise seed is public"), so anyone can subtract '

@@ -30,12 +30,15 @@ from dpsinkhorn.report.common import (
     ConfigLike,
     PathLike,
     check_exist,
+    csv_text,
     epsilon_text,
     format_g,
     load_config_like,
-    write_csv,
+    metric_cells,
+    metric_columns,
+    require_keys,
 )
-from dpsinkhorn.report.grids import grid_classes, sample_grid
+from dpsinkhorn.report.grids import draw_grid, grid_classes, sample_grid
 from dpsinkhorn.report.paper import PAPER_CLAIM, PAPER_DP
 from dpsinkhorn.report.studies import CellResult, measure_study, require_study
 
@@ -62,7 +65,8 @@ def _save_figure(
         with fileio.atomic_path(path) as tmp:
             fig.savefig(tmp, format=suffix, bbox_inches="tight", metadata=metadata)
         written.append(path)
-    return written + [write_csv(out_dir / FIGURES_DIR / f"{name}.csv", columns, records)]
+    fileio.write_text(out_dir / FIGURES_DIR / f"{name}.csv", csv_text(columns, records))
+    return written + [out_dir / FIGURES_DIR / f"{name}.csv"]
 
 
 Value = Callable[[CellResult], tuple[float, float] | None]
@@ -91,9 +95,10 @@ def _plot_lines(
     x_of: Callable[[CellResult], float],
     series_of: Callable[[CellResult], str],
     value: Value,
-    seeds: int,
 ) -> None:
-    """One errorbar line per series, points sorted by x (non-finite x left out)."""
+    """One errorbar line per series, points sorted by x (non-finite x left out); error
+    bars: std over seeds."""
+    seeds = max((r.row.seeds for r in results), default=1)
     groups: dict[str, list[tuple[float, float, float]]] = {}
     for r in results:
         x, y = x_of(r), value(r)
@@ -111,29 +116,18 @@ def _plot_lines(
 
 
 def _figure_record(r: CellResult, **extra: object) -> dict:
+    """A cell's row of a figure's CSV (:data:`FIGURE_CSV_COLUMNS` and ``extra``)."""
     record = {"cell": r.label, "experiment": r.experiment, "base": r.base}
-    record.update(
-        dataset=r.spec["dataset"],
-        lr=r.spec["lr"],
-        optimizer=r.spec["optimizer"],
-        p=r.spec["p"],
-        m=r.spec["m"],
-        sigma=r.sigma,
-        steps=r.steps,
-        epsilon=r.row.epsilon,
-        epsilon_paper_convention=r.row.epsilon_paper,
-    )
-    for metric in METRICS:
-        record[metric] = r.row.mean.get(metric)
-        record[f"{metric}_std"] = r.row.std.get(metric)
-    record.update(extra)
-    return record
+    record |= {key: r.spec[key] for key in ("dataset", "lr", "optimizer", "p", "m")}
+    record |= {"sigma": r.sigma, "steps": r.steps, "epsilon": r.row.epsilon}
+    record["epsilon_paper_convention"] = r.row.epsilon_paper
+    return record | metric_cells(r.row) | extra
 
 
 FIGURE_CSV_COLUMNS = (
     *"cell experiment base series dataset lr optimizer p m sigma steps epsilon".split(),
     "epsilon_paper_convention",
-    *(c for m in METRICS for c in (m, f"{m}_std")),
+    *metric_columns(METRICS),
 )
 
 
@@ -148,10 +142,6 @@ def _series(results: Sequence[CellResult], label: Callable[[CellResult], str]):
     return lambda r: f"{r.base}: {label(r)}" if several else label(r)
 
 
-def _p(r: CellResult) -> float:
-    return r.spec["p"]
-
-
 def _errors(r: CellResult, models: Sequence[str]) -> dict[str, float]:
     """Error rate (100 − accuracy, %) of each classifier with a result."""
     return {
@@ -163,7 +153,6 @@ def _errors(r: CellResult, models: Sequence[str]) -> dict[str, float]:
 
 def _fig4a(config: Mapping, out_dir: Path) -> list[Path]:
     results = measure_study(config, out_dir, "fig4a")
-    seeds = len(config["seeds"])
     models = _classifiers(config, results)
     model = "cnn" if "cnn" in models else models[-1]
     series = _series(results, lambda r: r.spec["optimizer"])
@@ -172,7 +161,7 @@ def _fig4a(config: Mapping, out_dir: Path) -> list[Path]:
         (axes[0, 0], "fid", "FID ↓"),
         (axes[0, 1], f"acc_{model}", f"{model.upper()} accuracy (%) ↑"),
     ]:
-        _plot_lines(ax, results, lambda r: r.spec["lr"], series, _metric(metric), seeds)
+        _plot_lines(ax, results, lambda r: r.spec["lr"], series, _metric(metric))
         ax.set_xscale("log")
         ax.set_xlabel("learning rate")
         ax.set_ylabel(ylabel)
@@ -182,7 +171,6 @@ def _fig4a(config: Mapping, out_dir: Path) -> list[Path]:
 
 def _fig4b(config: Mapping, out_dir: Path) -> list[Path]:
     results = measure_study(config, out_dir, "fig4b")
-    seeds = len(config["seeds"])
     models = _classifiers(config, results)
     series = _series(results, lambda r: f"m = {r.spec['m']:g}")
     fig, axes = _figure(1, 1 + len(models), width=3.6)
@@ -190,7 +178,7 @@ def _fig4b(config: Mapping, out_dir: Path) -> list[Path]:
         (f"acc_{m}", True, f"{m} error rate (%) ↓") for m in models
     ]
     for ax, (metric, error, ylabel) in zip(axes[0], panels, strict=True):
-        _plot_lines(ax, results, lambda r: r.row.epsilon, series, _metric(metric, error), seeds)
+        _plot_lines(ax, results, lambda r: r.row.epsilon, series, _metric(metric, error))
         ax.set_xlabel("ε (sound)")
         ax.set_ylabel(ylabel)
     records = [_figure_record(r, series=series(r), **_errors(r, models)) for r in results]
@@ -200,25 +188,23 @@ def _fig4b(config: Mapping, out_dir: Path) -> list[Path]:
 
 def _fig5(config: Mapping, out_dir: Path) -> list[Path]:
     results = measure_study(config, out_dir, "fig5")
-    seeds = len(config["seeds"])
     datasets = list(dict.fromkeys(r.spec["dataset"] for r in results))
     fig, axes = _figure(2, len(datasets))
     records = []
     for col, dataset in enumerate(datasets):
         in_dataset = [r for r in results if r.spec["dataset"] == dataset]
-        ax = axes[0, col]
-        _plot_lines(ax, in_dataset, _p, _series(in_dataset, lambda r: "FID"), _metric("fid"), seeds)
-        ax.set_title(DATASET_TITLES.get(dataset, dataset), fontsize=9)
-        ax.set_ylabel("FID ↓")
-        ax = axes[1, col]
-        for model in classifiers_of(config, dataset):
-            series = _series(in_dataset, lambda r, model=model: model)
-            _plot_lines(ax, in_dataset, _p, series, _metric(f"acc_{model}", error=True), seeds)
-        ax.set_ylabel("error rate (%) ↓")
+        models = classifiers_of(config, dataset)
+        panels = [(0, "FID", _metric("fid"))]
+        panels += [(1, m, _metric(f"acc_{m}", error=True)) for m in models]
+        for row, label, value in panels:
+            series = _series(in_dataset, lambda r, label=label: label)
+            _plot_lines(axes[row, col], in_dataset, lambda r: r.spec["p"], series, value)
+        axes[0, col].set_title(DATASET_TITLES.get(dataset, dataset), fontsize=9)
+        axes[0, col].set_ylabel("FID ↓")
+        axes[1, col].set_ylabel("error rate (%) ↓")
         for ax in axes[:, col]:
             ax.set_xlabel("p (debiasing fraction)")
         series = _series(in_dataset, lambda r: r.spec["dataset"])
-        models = classifiers_of(config, dataset)
         records += [_figure_record(r, series=series(r), **_errors(r, models)) for r in in_dataset]
     models = _classifiers(config, results)
     columns = (*FIGURE_CSV_COLUMNS, *(f"error_{m}" for m in models))
@@ -237,31 +223,27 @@ def _fig4c(config: Mapping, out_dir: Path) -> list[Path]:
     paths = {c.experiment: Path(gradstudy_file(out_dir, c.experiment)) for c in cells}
     check_exist(paths.values())
     fig, axes = _figure(1, 2)
-    records, lines = [], []
+    records, studied = [], {}  # experiment -> its gradient study (one per experiment)
     for cell in cells:
-        if any(cell.experiment == e for e, _ in lines):
+        if cell.experiment in studied:
             continue
-        data = fileio.read_json(paths[cell.experiment])
-        missing = [k for k in GRADSTUDY_KEYS if k not in data]
-        if missing:
-            raise ValueError(f"{paths[cell.experiment]}: missing key(s) {missing}")
-        trained_p = data["trained_p"]
-        lines.append((cell.experiment, (float(trained_p), cell.label, data)))
+        path = paths[cell.experiment]
+        data = studied[cell.experiment] = require_keys(fileio.read_json(path), GRADSTUDY_KEYS, path)
         for i, p in enumerate(data["p"]):
-            record = {"cell": cell.label, "experiment": cell.experiment, "trained_p": trained_p}
-            record["p"], record["batches"] = p, data["batches"]
+            record = {"cell": cell.label, "experiment": cell.experiment, "p": p}
+            record |= {key: data[key] for key in ("trained_p", "batches")}
             records.append(record | {key: data[key][i] for key in GRADSTUDY_LISTS})
     for ax, key, ylabel in [
         (axes[0, 0], "bias_relative", "relative bias ‖E G_p − E G_1‖ / ‖E G_1‖"),
         (axes[0, 1], "variance_normalised", "variance tr Cov(G_p) / tr Cov(G_0)"),
     ]:
-        for _, (trained_p, _label, data) in sorted(lines, key=lambda item: item[1][0]):
+        for data in sorted(studied.values(), key=lambda data: float(data["trained_p"])):
             ys = [np.nan if v is None else float(v) for v in data[key]]
-            ax.plot(data["p"], ys, marker="o", ms=4, label=f"trained p = {trained_p:g}")
+            ax.plot(data["p"], ys, marker="o", ms=4, label=f"trained p = {data['trained_p']:g}")
         ax.set_xlabel("p of the estimator G_p")
         ax.set_ylabel(ylabel, fontsize=8)
         ax.grid(alpha=0.3)
-        if lines:
+        if studied:
             ax.legend(fontsize=7)
     return _save_figure(fig, out_dir, "fig4c", FIG4C_COLUMNS, records, TITLES["fig4c"])
 
@@ -287,39 +269,21 @@ def _samples_figure(config: Mapping, out_dir: Path, name: str) -> list[Path]:
         panels.append((dataset, sample_grid(images, labels, len(names), per_class), names))
         for c, class_name in enumerate(names):
             available = int(np.count_nonzero(labels == c))
-            records.append(
-                {
-                    "dataset": dataset,
-                    "experiment": figure_experiment(config, dataset),
-                    "seed": seed,
-                    "samples": str(path),
-                    "class": c,
-                    "class_name": class_name,
-                    "shown": min(available, per_class),
-                    "available": available,
-                }
-            )
+            shown = min(available, per_class)
+            exp = figure_experiment(config, dataset)
+            values = (dataset, exp, seed, str(path), c, class_name, shown, available)
+            records.append(dict(zip(SAMPLES_CSV_COLUMNS, values, strict=True)))
     rows = max(len(n) for _, _, n in panels)
     width, height = 1.5 + 0.4 * per_class, 0.8 + 0.4 * rows
     nrows, ncols = (1, len(panels)) if side_by_side else (len(panels), 1)
     fig, axes = _figure(nrows, ncols, width, height)
     for ax, (dataset, grid, names) in zip(axes.flat, panels, strict=True):
-        h = (grid.shape[0] + 2) // len(names)
-        ax.imshow(grid, cmap="gray" if grid.ndim == 2 else None, vmin=0, vmax=255)
-        ax.set_yticks([c * h + (h - 2) / 2 for c in range(len(names))], names, fontsize=7)
-        ax.set_xticks([])
-        ax.tick_params(length=0)
-        for spine in ax.spines.values():
-            spine.set_visible(False)
-        title = DATASET_TITLES.get(dataset, dataset)
-        ax.set_title(f"{title}: {figure_experiment(config, dataset)} (seed {seed})", fontsize=9)
-    columns = ("dataset", "experiment", "seed", "samples", "class", "class_name", "shown")
-    return _save_figure(fig, out_dir, name, (*columns, "available"), records)
+        title = f"{DATASET_TITLES.get(dataset, dataset)}: {figure_experiment(config, dataset)}"
+        draw_grid(ax, grid, names, f"{title} (seed {seed})", fontsize=7)
+    return _save_figure(fig, out_dir, name, SAMPLES_CSV_COLUMNS, records)
 
 
-#: The paper's claimed MNIST DP-Sinkhorn row (final Table 1), reported as ε = 10 under its
-
-
+SAMPLES_CSV_COLUMNS = (*"dataset experiment seed samples class class_name shown available".split(),)
 EPS10_COLUMNS = (*FIGURE_CSV_COLUMNS, "batch_size", "clipping", "noise_multiplier")
 
 
@@ -338,39 +302,22 @@ def _eps10(config: Mapping, out_dir: Path) -> list[Path]:
     seeds = len(config["seeds"])
     models = _classifiers(config, results)
     fig, axes = _figure(1, 2, width=5.0, height=1.8 + 0.35 * len(results))
-    ys = np.arange(len(results), dtype=float)
-    ax = axes[0, 0]
-    for k, model in enumerate(models):
-        points = [(y, _metric(f"acc_{model}")(r)) for y, r in zip(ys, results, strict=True)]
-        points = [(y + 0.2 * (k - (len(models) - 1) / 2), v) for y, v in points if v]
+    # (panel, label, metric, offset of its points from the cell's line)
+    series = [(0, m, f"acc_{m}", 0.2 * (k - (len(models) - 1) / 2)) for k, m in enumerate(models)]
+    for panel, label, metric, offset in [*series, (1, "FID", "fid", 0.0)]:
+        points = [(y + offset, _metric(metric)(r)) for y, r in enumerate(results)]
+        points = [(y, v) for y, v in points if v]
         if points:
-            means, stds = [v[0] for _, v in points], [v[1] for _, v in points]
-            ax.errorbar(
-                means,
-                [y for y, _ in points],
-                xerr=stds if seeds > 1 else None,
-                fmt="o",
-                ms=4,
-                label=model,
-            )
-    _claim_line(ax, PAPER_CLAIM["acc_cnn"], f"CNN {PAPER_CLAIM['acc_cnn']:g}%")
-    ax.set_xlabel("accuracy on the real test set (%) ↑")
-    ax = axes[0, 1]
-    fid = [(y, _metric("fid")(r)) for y, r in zip(ys, results, strict=True)]
-    fid = [(y, v) for y, v in fid if v]
-    if fid:
-        ax.errorbar(
-            [v[0] for _, v in fid],
-            [y for y, _ in fid],
-            fmt="o",
-            ms=4,
-            label="FID",
-            xerr=[v[1] for _, v in fid] if seeds > 1 else None,
-        )
-    _claim_line(ax, PAPER_CLAIM["fid"], f"FID {PAPER_CLAIM['fid']:g}")
-    ax.set_xlabel("FID ↓")
+            heights, values = zip(*points, strict=True)
+            means, stds = zip(*values, strict=True)
+            xerr = stds if seeds > 1 else None
+            axes[0, panel].errorbar(means, heights, xerr=xerr, fmt="o", ms=4, label=label)
+    _claim_line(axes[0, 0], PAPER_CLAIM["acc_cnn"], f"CNN {PAPER_CLAIM['acc_cnn']:g}%")
+    axes[0, 0].set_xlabel("accuracy on the real test set (%) ↑")
+    _claim_line(axes[0, 1], PAPER_CLAIM["fid"], f"FID {PAPER_CLAIM['fid']:g}")
+    axes[0, 1].set_xlabel("FID ↓")
     for ax in axes[0]:
-        ax.set_yticks(ys, [_eps10_label(r) for r in results], fontsize=7)
+        ax.set_yticks(range(len(results)), [_eps10_label(r) for r in results], fontsize=7)
         ax.invert_yaxis()
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, loc="lower left", bbox_to_anchor=(0.0, 1.01), ncol=2)
@@ -431,8 +378,13 @@ def eps10_section(config: Mapping, out_dir: Path) -> list[str]:
     return lines + [""]
 
 
-FIGURE_BUILDERS = {"fig4a": _fig4a, "fig4b": _fig4b, "fig4c": _fig4c, "fig5": _fig5}
-FIGURE_BUILDERS["eps10"] = _eps10
+FIGURE_BUILDERS = {
+    "fig4a": _fig4a,
+    "fig4b": _fig4b,
+    "fig4c": _fig4c,
+    "fig5": _fig5,
+    "eps10": _eps10,
+}
 
 
 def figure(name: str, config: ConfigLike, out_dir: PathLike) -> list[Path]:

@@ -70,16 +70,22 @@ def save_grid_figure(
         names += [f"{prefix} {c}".strip() for c in class_names]
     blank = np.full((2, *grids[0].shape[1:]), 255, dtype=np.uint8)  # the 2 px gap
     grid = np.concatenate([g for grid in grids for g in (grid, blank)][:-1])
-    h = panels[0][0].shape[1] + 2
     fig = Figure(figsize=(1.0 + 0.45 * per_class, 0.5 + 0.45 * len(names)), dpi=100)
-    ax = fig.add_subplot()
+    draw_grid(fig.add_subplot(), grid, names, title)
+    fig.tight_layout()
+    with fileio.atomic_path(out) as tmp:
+        fig.savefig(tmp, format="png", bbox_inches="tight")
+
+
+def draw_grid(
+    ax, grid: np.ndarray, names: Sequence[str], title: str, fontsize: int | str = "medium"
+) -> None:
+    """Show a :func:`sample_grid` mosaic on ``ax`` with one y label per row (class)."""
+    h = (grid.shape[0] + 2) // len(names)  # a row of images and its 2 px gap
     ax.imshow(grid, cmap="gray" if grid.ndim == 2 else None, vmin=0, vmax=255)
-    ax.set_yticks([c * h + (h - 2) / 2 for c in range(len(names))], names)
+    ax.set_yticks([c * h + (h - 2) / 2 for c in range(len(names))], names, fontsize=fontsize)
     ax.set_xticks([])
     ax.tick_params(length=0)
     for spine in ax.spines.values():
         spine.set_visible(False)
     ax.set_title(title, fontsize=9)
-    fig.tight_layout()
-    with fileio.atomic_path(out) as tmp:
-        fig.savefig(tmp, format="png", bbox_inches="tight")

@@ -21,7 +21,9 @@ PAPER_NONPRIVATE = {  # keyed by (dataset, m): the paper has one row per m
     ("fmnist", 3.0): (63.8, 78.4, 78.4, 73.3),
 }
 PAPER_DP = {"mnist": (48.4, 82.8, 82.7, 83.2), "fmnist": (128.3, 75.1, 74.6, 71.1)}
-PAPER_DP_EPSILON = 10.0  # under the paper's convention
+#: The ε of every row of the paper's Tables 1, 2, 4 and 5 (its DP rows under its
+#: convention, and the baselines it reports).
+PAPER_EPSILON = 10.0
 
 # Baselines as reported in the paper's final Table 1, all at ε = 10. None = N/A.
 REPORTED_BASELINES = {
@@ -31,7 +33,6 @@ REPORTED_BASELINES = {
     "DP-MERF": {"mnist": (116.3, 79.4, 78.3, 82.1), "fmnist": (132.6, 75.5, 74.5, 75.4)},
     "GS-WGAN": {"mnist": (61.3, 79, 79, 80), "fmnist": (131.3, 68, 65, 65)},
 }
-BASELINE_EPSILON = 10.0
 # The paper's footnote 3: CNN accuracy of G-PATE as reported by GS-WGAN (used above).
 GPATE_NOTE = (
     "¹ G-PATE's CNN accuracy as reported by GS-WGAN, the first number of the paper's Table 1; "
@@ -137,29 +138,31 @@ PAPER_TABLE2 = {
     ("image", "L1+L2", "Full"): (86.0, 68.7, 66.7),
     ("image", "L1+L2", "Semi"): (48.4, 82.7, 83.2),
 }
-#: Appendix Table 4 (MNIST, ε = 10): (σ, Δ, p, m) -> (FID, Log Reg, MLP, CNN).
-PAPER_TABLE4 = {
-    (1.1, 1.0, 0.2, 1.0): (75.0, 81.2, 82.6, 79.5),
-    (1.3, 1.0, 0.2, 1.0): (80.0, 81.9, 82.4, 80.1),
-    (1.3, 0.3, 0.2, 1.0): (68.8, 79.8, 81.2, 76.9),
-    (1.3, 0.7, 0.2, 1.0): (72.0, 79.6, 81.1, 77.0),
-    (1.5, 0.5, 0.2, 1.0): (74.5, 82.3, 82.6, 82.1),
-    (1.5, 0.7, 0.2, 1.0): (69.2, 80.5, 82.2, 80.8),
-    (1.9, 0.5, 0.2, 1.0): (76.4, 80.2, 80.5, 79.2),
-    (1.9, 0.7, 0.2, 1.0): (70.3, 82.2, 83.4, 80.5),
-    (1.5, 0.5, 0.4, 1.0): (48.4, 82.8, 82.7, 83.2),
-}
-#: Appendix Table 5 (Fashion-MNIST, ε = 10): (σ, Δ, p, m) -> (FID, Log Reg, MLP, CNN).
-PAPER_TABLE5 = {
-    (1.1, 1.0, 0.2, 1.0): (140.0, 74.0, 74.0, 68.0),
-    (1.3, 0.3, 0.2, 1.0): (156.6, 74.1, 74.5, 65.8),
-    (1.3, 0.7, 0.2, 1.0): (157.9, 74.0, 74.2, 65.8),
-    (1.5, 0.5, 0.2, 1.0): (163.4, 73.7, 74.4, 67.5),
-    (1.5, 0.7, 0.2, 1.0): (161.5, 73.9, 74.2, 69.3),
-    (1.9, 0.5, 0.2, 1.0): (153.8, 73.5, 73.9, 69.4),
-    (1.9, 0.7, 0.2, 1.0): (154.7, 73.9, 73.9, 68.4),
-    (1.9, 0.5, 0.4, 1.0): (133.0, 73.2, 73.2, 69.6),
-    (1.9, 0.5, 0.4, 3.0): (128.3, 75.1, 74.6, 71.1),
+#: Appendix Tables 4 (MNIST) and 5 (Fashion-MNIST), ε = 10: (σ, Δ, p, m) -> (FID, Log Reg,
+#: MLP, CNN).
+PAPER_SEARCH = {
+    "table4": {
+        (1.1, 1.0, 0.2, 1.0): (75.0, 81.2, 82.6, 79.5),
+        (1.3, 1.0, 0.2, 1.0): (80.0, 81.9, 82.4, 80.1),
+        (1.3, 0.3, 0.2, 1.0): (68.8, 79.8, 81.2, 76.9),
+        (1.3, 0.7, 0.2, 1.0): (72.0, 79.6, 81.1, 77.0),
+        (1.5, 0.5, 0.2, 1.0): (74.5, 82.3, 82.6, 82.1),
+        (1.5, 0.7, 0.2, 1.0): (69.2, 80.5, 82.2, 80.8),
+        (1.9, 0.5, 0.2, 1.0): (76.4, 80.2, 80.5, 79.2),
+        (1.9, 0.7, 0.2, 1.0): (70.3, 82.2, 83.4, 80.5),
+        (1.5, 0.5, 0.4, 1.0): (48.4, 82.8, 82.7, 83.2),
+    },
+    "table5": {
+        (1.1, 1.0, 0.2, 1.0): (140.0, 74.0, 74.0, 68.0),
+        (1.3, 0.3, 0.2, 1.0): (156.6, 74.1, 74.5, 65.8),
+        (1.3, 0.7, 0.2, 1.0): (157.9, 74.0, 74.2, 65.8),
+        (1.5, 0.5, 0.2, 1.0): (163.4, 73.7, 74.4, 67.5),
+        (1.5, 0.7, 0.2, 1.0): (161.5, 73.9, 74.2, 69.3),
+        (1.9, 0.5, 0.2, 1.0): (153.8, 73.5, 73.9, 69.4),
+        (1.9, 0.7, 0.2, 1.0): (154.7, 73.9, 73.9, 68.4),
+        (1.9, 0.5, 0.4, 1.0): (133.0, 73.2, 73.2, 69.6),
+        (1.9, 0.5, 0.4, 3.0): (128.3, 75.1, 74.6, 71.1),
+    },
 }
 #: The dataset of each study table in the paper, and the metrics it reports.
 PAPER_DATASET = {"table2": "mnist", "table4": "mnist", "table5": "fmnist"}
@@ -168,7 +171,6 @@ TABLE_METRICS = {
     "table4": METRICS,
     "table5": METRICS,
 }
-PAPER_EPSILON = 10.0  # every row of Tables 2, 4, 5 (paper convention)
 
 
 def loss_kind(spec: Mapping) -> str:
@@ -186,11 +188,6 @@ def debiasing_kind(p: float) -> str:
     return "No" if p == 0 else "Full" if p == 1 else "Semi"
 
 
-def perturbation_kind(spec: Mapping) -> str:
-    """Where a validated experiment's noise goes: 'image' or 'parameter' (Table 2's column)."""
-    return spec["perturbation"]
-
-
 def _key(*values: float) -> tuple[float, ...]:
     """Settings as a lookup key, rounded so that 0.1 + 0.2 finds 0.3."""
     return tuple(round(float(v), 6) for v in values)
@@ -201,10 +198,9 @@ def paper_values(table: str, spec: Mapping) -> tuple[float, ...] | None:
     if spec["dataset"] != PAPER_DATASET[table] or spec["method"] != "dp_sinkhorn":
         return None
     if table == "table2":
-        key = (perturbation_kind(spec), loss_kind(spec), debiasing_kind(spec["p"]))
+        key = (spec["perturbation"], loss_kind(spec), debiasing_kind(spec["p"]))
         return PAPER_TABLE2.get(key)
-    if spec["sigma"] is None or perturbation_kind(spec) != "image" or loss_kind(spec) != "L1+L2":
+    if spec["sigma"] is None or spec["perturbation"] != "image" or loss_kind(spec) != "L1+L2":
         return None
-    paper = PAPER_TABLE4 if table == "table4" else PAPER_TABLE5
-    lookup = {_key(*k): v for k, v in paper.items()}
+    lookup = {_key(*k): v for k, v in PAPER_SEARCH[table].items()}
     return lookup.get(_key(spec["sigma"], spec["clip"], spec["p"], spec["m"]))

@@ -29,23 +29,17 @@ from dpsinkhorn.config import (
 from dpsinkhorn.config.targets import privacy_summary_file
 from dpsinkhorn.privacy import record_store
 from dpsinkhorn.privacy import trainings as record
+from dpsinkhorn.report.common import format_g, no_guarantee
 
 # privacy.accounting (dp-accounting, scipy: seconds to import) is imported where it is used:
 # every Snakemake start imports this module (common.smk, through report.captions).
 
 #: Ledger keys the composition reads.
 LEDGER_KEYS = ("q", "noise_multiplier", "steps", "delta", "epsilon", "accountant", "guarantee")
-#: privacy.json ``guarantee`` of a run without one starts with this.
-NO_GUARANTEE = "none"
 #: Relative tolerance between a ledger's ε and the ε recomputed from its (q, z, steps).
 EPSILON_RTOL = 1e-6
 #: How the warning of a source whose composed ε is unknown starts (:func:`unaccounted_warning`).
 UNKNOWN_EPSILON = "THE EPSILON OF EVERYTHING TRAINED ON"
-
-
-def read_ledger(path: Path) -> dict:
-    """A DP release's privacy.json, checked (:func:`check_ledger_record`)."""
-    return check_ledger_record(fileio.read_json(path), path)
 
 
 def check_ledger_record(ledger: dict, path: Path) -> dict:
@@ -81,7 +75,8 @@ def dataset_summary(config: Mapping, results: Path, dataset: str | list[str]) ->
     dataset = "+".join(names_of)
     tried = [e for e in trained_experiments(config) if dataset_of(config, e) in names_of]
     names = [e for e in tried if is_private(config, e)]
-    ledgers = {e: read_ledger(experiment_dir(config, results, e) / "privacy.json") for e in names}
+    paths = {e: experiment_dir(config, results, e) / "privacy.json" for e in names}
+    ledgers = {e: check_ledger_record(fileio.read_json(p), p) for e, p in paths.items()}
     delta = max((float(x["delta"]) for x in ledgers.values()), default=None)
     summary: dict = {
         "dataset": dataset,
@@ -108,7 +103,7 @@ def dataset_summary(config: Mapping, results: Path, dataset: str | list[str]) ->
         summary["epsilon_composed"] = eps
         # The coupling bound of each ledger's delta_total, over all steps of all releases.
         summary["delta_total"] = delta + (1 + math.exp(min(eps, 700))) * overflow
-    public = [e for e, x in ledgers.items() if str(x["guarantee"]).startswith(NO_GUARANTEE)]
+    public = [e for e, x in ledgers.items() if no_guarantee(x)]
     if public:
         summary["no_guarantee"] = public
     warnings = []
@@ -223,9 +218,11 @@ def source_record(config: Mapping, dataset: str) -> Path | None:
     of its prepared training split's content; it may not exist yet), or None when that
     split is not prepared (its content, the record's key, cannot be read)."""
     path = prepared_train_file(config, dataset)
-    if not path.is_file():
-        return None
-    fingerprint = record.data_fingerprint(*fileio.load_samples(path))
+    return _record_of(config, *fileio.load_samples(path)) if path.is_file() else None
+
+
+def _record_of(config: Mapping, images: np.ndarray, labels: np.ndarray) -> Path:
+    fingerprint = record.data_fingerprint(images, labels)
     return record.record_file(Path(config["data_dir"]) / record.RECORD_DIR, fingerprint)
 
 
@@ -254,9 +251,7 @@ def individual_summary(
             continue
         images, labels = fileio.load_samples(path)
         fps = record_store.fingerprints(store.key(), images)
-        old = record.record_file(
-            Path(config["data_dir"]) / record.RECORD_DIR, record.data_fingerprint(images, labels)
-        )
+        old = _record_of(config, images, labels)
         if old.is_file():
             record_store.import_record(store, record.trainings(record.read(old)), lambda f=fps: f)
         keys.append(fps)
@@ -338,16 +333,11 @@ def summary_markdown(summary: Mapping) -> list[str]:
     ]
     for d in summary["datasets"]:
         each = ", ".join(f"{e}: {v:.4g}" for e, v in d["release_epsilons"].items()) or "–"
-        eps = "–" if d["epsilon_composed"] is None else f"{d['epsilon_composed']:.4g}"
-        delta = "–" if d["delta"] is None else f"{d['delta']:g}"
+        eps, delta = format_g(d["epsilon_composed"], spec=".4g"), format_g(d["delta"])
         every = d.get("all_trainings") or {}
-        eps_all = every.get("epsilon_composed")
-        if eps_all is not None:
-            eps_all = f"{eps_all:.4g}"
-        else:
-            eps_all = "**unknown** (see the warning)" if every.get("unaccounted") else "–"
-        person = (d.get("individual") or {}).get("epsilon_worst_off")
-        person = "–" if person is None else f"{person:.4g}"
+        unknown = "**unknown** (see the warning)" if every.get("unaccounted") else "–"
+        eps_all = format_g(every.get("epsilon_composed"), unknown, ".4g")
+        person = format_g((d.get("individual") or {}).get("epsilon_worst_off"), spec=".4g")
         lines.append(
             f"| {d['dataset']} | {d['releases']} | {each} | {eps} | {delta} | "
             f"{d['configurations_tried']} | {every.get('trainings', '–')} | {eps_all} | "

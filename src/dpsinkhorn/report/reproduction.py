@@ -31,17 +31,17 @@ from dpsinkhorn.report.common import (
     config_files_text,
     format_g,
     load_config_like,
+    paper_digits,
     paper_number,
 )
 from dpsinkhorn.report.figures import eps10_section
 from dpsinkhorn.report.paper import (
     CELEBA_METRICS,
     CELEBA_PAPER_EPSILON,
-    PAPER_DP_EPSILON,
+    PAPER_EPSILON,
     PAPER_SETTING_ROWS,
     TABLE_METRICS,
     loss_kind,
-    perturbation_kind,
 )
 from dpsinkhorn.report.privacy_summary import summary_markdown
 from dpsinkhorn.report.studies import study_table_results
@@ -50,7 +50,7 @@ from dpsinkhorn.report.table1 import table1_rows, table1_title
 
 @dataclass
 class Reproduced:
-    """One cell of a paper table: the paper's value and ours."""
+    """One cell of a paper table: the paper's value and ours (mean, std over ``seeds``)."""
 
     row: str
     metric: str
@@ -58,10 +58,6 @@ class Reproduced:
     mean: float | None
     std: float | None
     seeds: int
-
-    @property
-    def difference(self) -> float | None:
-        return None if self.mean is None else self.mean - self.paper
 
 
 def produced_tables(config: Mapping) -> list[str]:
@@ -72,23 +68,16 @@ def produced_tables(config: Mapping) -> list[str]:
     return sorted(names, key=lambda t: int(t.removeprefix("table")))
 
 
-def _row_cells(label: str, row: Row, metrics: Sequence[str]) -> list[Reproduced]:
-    return [
-        Reproduced(
-            label,
-            METRIC_TITLES_TEX[m],
-            row.paper[m],
-            row.mean.get(m),
-            row.std.get(m),
-            row.seeds,
-        )
+def _row_cells(label: str, row: Row, metrics: Sequence[str], paper_eps=None) -> list[Reproduced]:
+    """The cells of a row the paper reports, and its paper-convention ε (``paper_eps``)."""
+    cells = [
+        Reproduced(label, METRIC_TITLES_TEX[m], paper, row.mean.get(m), row.std.get(m), row.seeds)
         for m in metrics
-        if row.paper.get(m) is not None
+        if (paper := row.paper.get(m)) is not None
     ]
-
-
-def _epsilon_cell(label: str, row: Row, paper: float) -> Reproduced:
-    return Reproduced(label, "ε (paper conv.)", paper, row.epsilon_paper, None, 1)
+    if paper_eps is not None:
+        cells.append(Reproduced(label, "ε (paper conv.)", paper_eps, row.epsilon_paper, None, 1))
+    return cells
 
 
 def reproduced_cells(config: Mapping, out_dir: Path, table: str) -> list[Reproduced]:
@@ -99,38 +88,26 @@ def reproduced_cells(config: Mapping, out_dir: Path, table: str) -> list[Reprodu
             if row.source != THIS_RUN:
                 continue
             label = f"{DATASET_TITLES.get(row.dataset, row.dataset)}: {row.method}"
-            found += _row_cells(label, row, METRICS)
-            if row.method in {ROW_LABELS[k] for k in PAPER_SETTING_ROWS}:
-                found.append(_epsilon_cell(label, row, PAPER_DP_EPSILON))
+            paper_setting = row.method in {ROW_LABELS[k] for k in PAPER_SETTING_ROWS}
+            found += _row_cells(label, row, METRICS, PAPER_EPSILON if paper_setting else None)
     elif table in CELEBA_TABLES:
         labels = CELEBA_TABLE_SPECS[table][0]
         paper_eps = {labels[k]: v for k, v in CELEBA_PAPER_EPSILON[table].items()}
         for row in celeba_rows(config, table, out_dir):
             if row.source != THIS_RUN:
                 continue
-            found += _row_cells(row.method, row, CELEBA_METRICS)
-            if row.method in paper_eps:
-                found.append(_epsilon_cell(row.method, row, paper_eps[row.method]))
+            found += _row_cells(row.method, row, CELEBA_METRICS, paper_eps.get(row.method))
     else:
         for r in study_table_results(config, out_dir, table):
             if table == "table2":
-                settings = f"{perturbation_kind(r.spec)}, {loss_kind(r.spec)}, p = {r.spec['p']:g}"
+                settings = f"{r.spec['perturbation']}, {loss_kind(r.spec)}, p = {r.spec['p']:g}"
             else:
+                values = (r.sigma, r.spec["clip"], r.spec["p"], r.spec["m"])
                 settings = ", ".join(
-                    f"{k} {format_g(v)}"
-                    for k, v in [
-                        ("σ", r.sigma),
-                        ("Δ", r.spec["clip"]),
-                        ("p", r.spec["p"]),
-                        ("m", r.spec["m"]),
-                    ]
+                    f"{k} {format_g(v)}" for k, v in zip("σΔpm", values, strict=True)
                 )
             found += _row_cells(f"{r.label} ({settings})", r.row, TABLE_METRICS[table])
     return found
-
-
-def _paper_digits(value: float) -> int:
-    return 2 if round(value, 1) != value else 1
 
 
 def not_paper_scale_reasons(config: Mapping, files: Sequence[str]) -> list[str]:
@@ -179,13 +156,13 @@ def reproduction_markdown(config: Mapping, out_dir: Path, files: Sequence[str] =
         ]
         number = table.removeprefix("table")
         for c in cells:
-            digits = 2 if c.metric.startswith("ε") else _paper_digits(c.paper)
+            digits = 2 if c.metric.startswith("ε") else paper_digits(c.paper)
             ours, diff = "–", "–"
             if c.mean is not None:
                 ours = "∞" if math.isinf(c.mean) else f"{c.mean:.{digits}f}"
                 if c.seeds > 1 and c.std is not None:
                     ours += f" ± {c.std:.{digits}f}"
-                diff = f"{c.difference:+.{digits}f}"
+                diff = f"{c.mean - c.paper:+.{digits}f}"
             paper = paper_number(c.paper)
             lines.append(f"| {number} | {c.row} | {c.metric} | {paper} | {ours} | {diff} |")
         lines.append("")

@@ -10,8 +10,6 @@ seeds present (``missing`` where none); each ledger must match its experiment. A
 from __future__ import annotations
 
 import argparse
-import csv
-import io
 import math
 from collections.abc import Collection, Sequence
 from pathlib import Path
@@ -24,27 +22,27 @@ from dpsinkhorn.config import (
     load_config,
     table1_experiments,
 )
-from dpsinkhorn.config.targets import score_name
 from dpsinkhorn.report.common import (
     CLIPPING_TEXT,
     DATASET_TITLES,
     METRIC_TITLES,
     METRICS,
-    NO_GUARANTEE_PREFIX,
+    NO_GUARANTEE,
     ROW_LABELS,
     Row,
-    accuracy_percent,
+    csv_columns,
+    csv_record,
+    csv_text,
     epsilon_text,
-    epsilon_value,
-    mean_std,
     mechanism_note,
     mechanism_tag,
     paper_number,
-    read_number,
+    read_epsilons,
+    read_scores,
+    require_keys,
     sound_epsilons,
-    to_csv,
 )
-from dpsinkhorn.report.paper import PAPER_DP, PAPER_DP_EPSILON, sok_note, table1_paper_values
+from dpsinkhorn.report.paper import PAPER_DP, PAPER_EPSILON, sok_note, table1_paper_values
 
 PROVENANCE = "provenance.json"
 #: Ledger keys that must equal the config's experiment for its row label to be right.
@@ -59,11 +57,9 @@ MERF_LEDGER_KEYS = {
 #: Root of the committed sets, relative to the repository root.
 SETS_DIR = "results-paper-scale"
 MISSING = "missing"
-#: Beside a sound ε whose ledger says there is no guarantee (public noise seed).
-NO_GUARANTEE_MARK = "†"
-#: Beside a sound ε whose ledger has no ``guarantee`` field.
-UNKNOWN_GUARANTEE_MARK = "‡"
-UNKNOWN_GUARANTEE = "unknown"
+#: Beside a sound ε whose ledger says there is no guarantee (public noise seed: ``none``) or
+#: has no ``guarantee`` field (``unknown``).
+MARKS = {"none": "†", "unknown": "‡"}
 
 
 def guarantee_status(privacy: dict) -> tuple[str, str] | None:
@@ -73,18 +69,18 @@ def guarantee_status(privacy: dict) -> tuple[str, str] | None:
         return None
     text = privacy.get("guarantee")
     if not isinstance(text, str) or not text.strip():
-        return UNKNOWN_GUARANTEE, UNKNOWN_GUARANTEE
-    if text.startswith(NO_GUARANTEE_PREFIX):
-        return "none", text
-    return "sound", text
+        return "unknown", "unknown"
+    return ("none" if text.startswith(NO_GUARANTEE) else "sound"), text
 
 
-def _epsilon_mark(row: Row) -> str:
-    """`` †`` / `` ‡`` after a sound ε without a (known) guarantee; '' otherwise."""
-    status = guarantee_status(row.privacy)
-    if status is None or status[0] == "sound":
-        return ""
-    return " " + (NO_GUARANTEE_MARK if status[0] == "none" else UNKNOWN_GUARANTEE_MARK)
+def _sound_cells(row: Row) -> list[str]:
+    """The sound ε by RDP and by PLD of a row, each marked `` †`` / `` ‡`` when its ledger
+    states no (known) guarantee; ∞ twice for a row that is not DP."""
+    if not row.privacy:
+        return [epsilon_text(row.epsilon, False)] * 2
+    eps, status = sound_epsilons(row.privacy), guarantee_status(row.privacy)[0]
+    mark = f" {MARKS[status]}" if status in MARKS else ""
+    return [f"{eps.get(a, math.nan):.2f}{mark}" for a in ("rdp", "pld")]
 
 
 def guarantee_notes(rows: Sequence[Row]) -> list[str]:
@@ -100,7 +96,7 @@ def guarantee_notes(rows: Sequence[Row]) -> list[str]:
         else:
             unknown.append(f"`{r.exp_name}`")
     notes = [
-        f"**{NO_GUARANTEE_MARK} No privacy guarantee for {', '.join(names)}: their ledgers "
+        f"**{MARKS['none']} No privacy guarantee for {', '.join(names)}: their ledgers "
         f'say "guarantee": "{reason}". With a public noise seed anyone can subtract the '
         "noise; their sound ε is what the same mechanism would spend with a secret seed, "
         "not a bound on what the release reveals.**"
@@ -108,7 +104,7 @@ def guarantee_notes(rows: Sequence[Row]) -> list[str]:
     ]
     if unknown:
         notes.append(
-            f"**{UNKNOWN_GUARANTEE_MARK} Unknown guarantee for {', '.join(unknown)}: their "
+            f"**{MARKS['unknown']} Unknown guarantee for {', '.join(unknown)}: their "
             'ledgers have no "guarantee" field, so whether the noise seed was secret is not '
             "recorded; their ε carries no guarantee until it is.**"
         )
@@ -120,21 +116,24 @@ def load_provenance(set_dir: Path) -> dict:
     path = set_dir / PROVENANCE
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no provenance file; a results set needs one")
-    data = fileio.read_json(path)
-    for key in ("name", "device", "commit", "config", "experiments"):
-        if key not in data:
-            raise ValueError(f"{path}: missing key {key!r}")
-    return data
+    return require_keys(
+        fileio.read_json(path), ("name", "device", "commit", "config", "experiments"), path
+    )
 
 
 def set_config(set_dir: Path, provenance: dict) -> dict:
-    """The set's config, its ``config`` path taken relative to the repository root (a set
-    not yet committed, e.g. in a window call's output folder: relative to the working
-    directory, the checkout it is rendered in)."""
-    path = set_dir.resolve().parents[1] / provenance["config"]  # <root>/results-paper-scale/<set>
+    """The set's config, its ``config`` path relative to the repository root (a set outside
+    ``<root>/results-paper-scale/``: relative to the working directory)."""
+    path = set_dir.resolve().parents[1] / provenance["config"]
     if not path.is_file() and Path(provenance["config"]).is_file():
         path = Path(provenance["config"])
     return load_config([path])
+
+
+def load_set(set_dir: Path) -> tuple[dict, list[Row]]:
+    """(provenance, Table 1 rows) of a results set, read with the set's own config."""
+    provenance = load_provenance(set_dir)
+    return provenance, set_rows(set_config(set_dir, provenance), set_dir)
 
 
 def _check_ledger(spec: dict, privacy: dict, path: Path) -> None:
@@ -165,28 +164,13 @@ def set_rows(config: dict, set_dir: Path) -> list[Row]:
         spec = experiment(config, name)
         row = Row(ROW_LABELS[kind], dataset, f"results set {set_dir.name}")
         row.exp_name, row.seeds = name, len(config["seeds"])
-        metrics = ["fid", *(f"acc_{model}" for model in classifiers_of(config, dataset))]
-        files = {m: [exp_dir / score_name(m, s) for s in config["seeds"]] for m in metrics}
-        for metric in METRICS:
-            found = [p for p in files.get(metric, []) if p.is_file()]
-            if metric == "fid":
-                values = [read_number(p, "fid") for p in found]
-            else:
-                values = [accuracy_percent(p) for p in found]
-            row.counts[metric] = len(values)
-            row.mean[metric], row.std[metric] = mean_std(values) if values else (None, None)
-        if spec["method"] in PRIVATE_METHODS:
-            path = exp_dir / "privacy.json"
-            if not path.is_file():
-                raise FileNotFoundError(f"{path}: a DP row of a results set needs its ledger")
-            row.privacy = fileio.read_json(path)
-            _check_ledger(spec, row.privacy, path)
-            row.epsilon = epsilon_value(row.privacy.get("epsilon"))
-            row.epsilon_paper = epsilon_value(row.privacy.get("epsilon_paper_convention"))
-            if spec["method"] == "dpmerf":  # one release: no paper convention
-                row.epsilon_paper = None
-        else:
-            row.epsilon = row.epsilon_paper = math.inf
+        read_scores(row, exp_dir, config["seeds"], classifiers_of(config, dataset), True)
+        ledger = exp_dir / "privacy.json"
+        if spec["method"] in PRIVATE_METHODS and not ledger.is_file():
+            raise FileNotFoundError(f"{ledger}: a DP row of a results set needs its ledger")
+        read_epsilons(row, spec, ledger)
+        if row.privacy:
+            _check_ledger(spec, row.privacy, ledger)
         row.paper = dict(zip(METRICS, table1_paper_values(dataset, kind, spec), strict=True))
         rows.append(row)
     return rows
@@ -203,24 +187,19 @@ def _cell(row: Row, metric: str) -> str:
 
 def cpu_fid(set_dir: Path) -> dict[str, dict]:
     """``cpu-fid/<experiment>.json`` files of the set (small-sample FID, not Table 1's)."""
-    found = {}
-    for path in sorted((set_dir / "cpu-fid").glob("*.json")):
-        data = fileio.read_json(path)
-        for key in ("fid", "num_images_a", "num_images_b"):
-            if key not in data:
-                raise ValueError(f"{path}: missing key {key!r}")
-        found[path.stem] = data
-    return found
+    keys = ("fid", "num_images_a", "num_images_b")
+    paths = sorted((set_dir / "cpu-fid").glob("*.json"))
+    return {p.stem: require_keys(fileio.read_json(p), keys, p) for p in paths}
 
 
 def _guarantee_clause(row: Row) -> str:
     """``" (no guarantee: <ledger's reason>)"`` / ``" (unknown guarantee)"``; '' if sound."""
-    status = guarantee_status(row.privacy)
-    if status is None or status[0] == "sound":
-        return ""
-    if status[0] == "none":
-        return f' (no guarantee; ledger: "{status[1]}")'
-    return " (unknown guarantee: the ledger has no guarantee field)"
+    status, text = guarantee_status(row.privacy) or ("sound", "")
+    clauses = {
+        "none": f' (no guarantee; ledger: "{text}")',
+        "unknown": " (unknown guarantee: the ledger has no guarantee field)",
+    }
+    return clauses.get(status, "")
 
 
 def epsilon_meaning(rows: Sequence[Row], provenance: dict) -> list[str]:
@@ -277,31 +256,34 @@ def epsilon_meaning(rows: Sequence[Row], provenance: dict) -> list[str]:
     return lines + [""]
 
 
+def _paper_rows(rows: Sequence[Row]) -> list[tuple[str, tuple[float, ...]]]:
+    """(dataset title, the paper's Table 1 DP-Sinkhorn values) of each dataset of ``rows``."""
+    datasets = dict.fromkeys(r.dataset for r in rows)
+    return [(DATASET_TITLES.get(d, d), PAPER_DP[d]) for d in datasets if d in PAPER_DP]
+
+
 def markdown(rows: Sequence[Row], config: dict, set_dir: Path, provenance: dict) -> str:
     """The set's Table 1 rows, provenance, missing cells, small-sample FID, ε = 10 section."""
     covered = {r.exp_name for r in rows}
     absent = [n for n in table1_experiments(config).values() if n not in covered]
+    prov = dict(provenance, config_changes="; ".join(provenance.get("config_changes") or []))
+    said = {  # optional provenance keys: how the sentence says them
+        key: text.format(prov[key]) if prov.get(key) else ""
+        for key, text in [
+            ("date", ", {}"),
+            ("config_changes", " with {}"),
+            ("removed", "; removed before committing: {}"),
+            ("added", "; added after the run: {}"),
+        ]
+    }
     lines = [
-        f"# Table 1 rows from the results set `{provenance['name']}`",
+        f"# Table 1 rows from the results set `{prov['name']}`",
         "",
-        f"**Provenance.** {provenance.get('what', 'outputs of a run')}: real outputs of this "
-        f"project's code at commit `{provenance['commit']}` on {provenance['device']}"
-        + (f", {provenance['date']}" if provenance.get("date") else "")
-        + f", config `{provenance['config']}`"
-        + (
-            f" with {'; '.join(provenance['config_changes'])}"
-            if provenance.get("config_changes")
-            else ""
-        )
-        + ". Commands and generator checksums: `provenance.json`"
-        + (
-            f"; removed before committing: {provenance['removed']}"
-            if provenance.get("removed")
-            else ""
-        )
-        + (f"; added after the run: {provenance['added']}" if provenance.get("added") else "")
-        + ". Rendered by `dpsinkhorn report results-set --dir "
-        f"{SETS_DIR}/{set_dir.name}`.",
+        f"**Provenance.** {prov.get('what', 'outputs of a run')}: real outputs of this project's "
+        f"code at commit `{prov['commit']}` on {prov['device']}{said['date']}, config "
+        f"`{prov['config']}`{said['config_changes']}. Commands and generator checksums: "
+        f"`provenance.json`{said['removed']}{said['added']}. Rendered by `dpsinkhorn report "
+        f"results-set --dir {SETS_DIR}/{set_dir.name}`.",
         "",
         f"Each cell is mean ± std over the seeds whose result file is in the set (sample std, "
         f"ddof=1; no ± for one seed), with the count of the config's {len(config['seeds'])} "
@@ -319,28 +301,16 @@ def markdown(rows: Sequence[Row], config: dict, set_dir: Path, provenance: dict)
         "|" + "---|" * 10,
     ]
     for r in rows:
-        eps = sound_epsilons(r.privacy)
-        title = DATASET_TITLES.get(r.dataset, r.dataset)
-        cells = [title, r.method, f"`{r.exp_name}`"]
-        if r.privacy:
-            mark = _epsilon_mark(r)
-            cells += [f"{eps.get(a, math.nan):.2f}{mark}" for a in ("rdp", "pld")]
-        else:
-            cells += [epsilon_text(r.epsilon, False)] * 2
-        cells.append(epsilon_text(r.epsilon_paper, False))
+        cells = [DATASET_TITLES.get(r.dataset, r.dataset), r.method, f"`{r.exp_name}`"]
+        cells += [*_sound_cells(r), epsilon_text(r.epsilon_paper, False)]
         for m in METRICS:
-            text = _cell(r, m)
-            if r.paper.get(m) is not None:
-                text += f" (paper {paper_number(r.paper[m])})"
-            cells.append(text)
+            paper = r.paper.get(m)
+            cells.append(_cell(r, m) + ("" if paper is None else f" (paper {paper_number(paper)})"))
         lines.append("| " + " | ".join(cells) + " |")
-    for dataset in dict.fromkeys(r.dataset for r in rows):
-        values = PAPER_DP.get(dataset)
-        if values:
-            title = DATASET_TITLES.get(dataset, dataset)
-            cells = [title, "DP-Sinkhorn as reported in the paper", "–", "–", "–"]
-            cells += [f"{PAPER_DP_EPSILON:g} (claimed)"] + [f"{v:g}" for v in values]
-            lines.append("| " + " | ".join(cells) + " |")
+    for title, values in _paper_rows(rows):
+        cells = [title, "DP-Sinkhorn as reported in the paper", "–", "–", "–"]
+        cells += [f"{PAPER_EPSILON:g} (claimed)"] + [f"{v:g}" for v in values]
+        lines.append("| " + " | ".join(cells) + " |")
     if absent:
         lines += [
             "",
@@ -384,23 +354,17 @@ def render(set_dir: str | Path, config_files: Sequence[str | Path] | None = None
     rows = set_rows(config, set_dir)
     if not rows:
         raise ValueError(f"{set_dir}: no folder of a Table 1 experiment of {provenance['config']}")
-    md = markdown(rows, config, set_dir, provenance)
     written = [set_dir / "table1.md", set_dir / "table1.csv"]
-    fileio.write_text(written[0], md)
+    fileio.write_text(written[0], markdown(rows, config, set_dir, provenance))
     fileio.write_text(written[1], set_csv(rows))
     return written
 
 
 def readme_table(set_dir: str | Path) -> str:
-    """README.md's Table 1 of a committed set: a compact markdown table of the set's rows
-    (sound ε RDP / PLD with the guarantee marks, paper-convention ε, FID and the three
-    accuracies in %, each cell with its seed count or ``missing``), the paper's reported row
-    of each dataset, and the marks' footnotes. A DP row that clips the image gradient names
-    its mechanism's source: the released code's (block clipping) or the paper's text (per
-    row). ``tests/test_docs.py`` requires the README to hold exactly this text."""
-    set_dir = Path(set_dir)
-    provenance = load_provenance(set_dir)
-    rows = set_rows(set_config(set_dir, provenance), set_dir)
+    """README.md's Table 1 of a committed set: its rows (sound ε with the guarantee marks,
+    each cell with its seed count or ``missing``; a DP row that clips the image gradient
+    names its mechanism's source), the paper's row of each dataset, the marks' footnotes."""
+    _, rows = load_set(Path(set_dir))
     lines = [
         "| Row | sound ε (RDP / PLD) | paper conv. ε | "
         + " | ".join(METRIC_TITLES[m] for m in METRICS)
@@ -409,30 +373,18 @@ def readme_table(set_dir: str | Path) -> str:
     ]
     for r in rows:
         title = DATASET_TITLES.get(r.dataset, r.dataset)
-        if r.privacy:
-            eps = sound_epsilons(r.privacy)
-            sound = " / ".join(
-                f"{eps.get(a, math.nan):.2f}{_epsilon_mark(r)}" for a in ("rdp", "pld")
-            )
-        else:
-            sound = epsilon_text(r.epsilon, False)
         tag = mechanism_tag(r.privacy) if r.privacy else ""
+        sound = _sound_cells(r)
         cells = [
             f"{title} {r.method} (`{r.exp_name}`{', ' + tag if tag else ''})",
-            sound,
+            " / ".join(sound) if r.privacy else sound[0],
             epsilon_text(r.epsilon_paper, False),
         ]
         lines.append("| " + " | ".join(cells + [_cell(r, m) for m in METRICS]) + " |")
-    for dataset in dict.fromkeys(r.dataset for r in rows):
-        values = PAPER_DP.get(dataset)
-        if values:
-            title = DATASET_TITLES.get(dataset, dataset)
-            cells = [
-                f"{title} DP-Sinkhorn, the paper's Table 1",
-                "–",
-                f"{PAPER_DP_EPSILON:g} (claimed)",
-            ]
-            lines.append("| " + " | ".join(cells + [f"{v:g}" for v in values]) + " |")
+    for title, values in _paper_rows(rows):
+        cells = [f"{title} DP-Sinkhorn, the paper's Table 1", "–"]
+        cells += [f"{PAPER_EPSILON:g} (claimed)"] + [f"{v:g}" for v in values]
+        lines.append("| " + " | ".join(cells) + " |")
     notes = guarantee_notes(rows)
     return "\n".join(lines + ([""] + notes if notes else [])) + "\n"
 
@@ -440,14 +392,10 @@ def readme_table(set_dir: str | Path) -> str:
 def set_csv(rows: Sequence[Row]) -> str:
     """:func:`report.common.to_csv` with a last column ``guarantee``: the ledger's text,
     ``unknown`` for a DP row whose ledger has none, empty for rows that are not DP."""
-    table = list(csv.reader(io.StringIO(to_csv(rows))))
-    buffer = io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow([*table[0], "guarantee"])
-    for row, cells in zip(rows, table[1:], strict=True):
-        status = guarantee_status(row.privacy)
-        writer.writerow([*cells, "" if status is None else status[1]])
-    return buffer.getvalue()
+    records = [
+        csv_record(r) | {"guarantee": (guarantee_status(r.privacy) or ("", ""))[1]} for r in rows
+    ]
+    return csv_text((*csv_columns(), "guarantee"), records, digits=4)
 
 
 def committed_sets(root: str | Path = ".") -> list[Path]:
@@ -462,8 +410,7 @@ def epsilon_meaning_of_sets(
     ``datasets``, only of the sets that have a row of one of them."""
     lines = []
     for set_dir in committed_sets(root):
-        provenance = load_provenance(set_dir)
-        rows = set_rows(set_config(set_dir, provenance), set_dir)
+        provenance, rows = load_set(set_dir)
         if datasets is not None and not any(r.dataset in datasets for r in rows):
             continue
         section = epsilon_meaning(rows, provenance)

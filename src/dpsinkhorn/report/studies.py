@@ -21,6 +21,7 @@ from dpsinkhorn.report.common import (
     ConfigLike,
     PathLike,
     Row,
+    booktabs,
     cell_text,
     check_exist,
     config_files_text,
@@ -28,9 +29,13 @@ from dpsinkhorn.report.common import (
     epsilon_text,
     format_g,
     guarantee_note,
+    latex_cells,
     latex_escape,
+    latex_row,
     load_config_like,
     measured_row,
+    metric_cells,
+    metric_columns,
     write_tables,
 )
 from dpsinkhorn.report.paper import (
@@ -39,7 +44,6 @@ from dpsinkhorn.report.paper import (
     debiasing_kind,
     loss_kind,
     paper_values,
-    perturbation_kind,
 )
 
 
@@ -102,19 +106,14 @@ def measure_study(
 
 def _budget_note(results: Sequence[CellResult]) -> str:
     """How the cells' lengths or noise were set when they were solved from a target ε."""
-    notes = set()
-    for r in results:
-        spec = r.spec
-        if spec["method"] != "dp_sinkhorn" or spec["target_epsilon"] is None:
-            continue
-        if spec["sigma"] is not None and spec["steps"] is not None:
-            continue
-        solved = "steps" if spec["steps"] is None else "σ"
-        convention = spec["epsilon_convention"]
-        notes.add(
-            f"{solved} solved so that ε = {spec['target_epsilon']:g} under the {convention} "
-            "convention"
-        )
+    notes = {
+        f"{'steps' if spec['steps'] is None else 'σ'} solved so that ε = "
+        f"{spec['target_epsilon']:g} under the {spec['epsilon_convention']} convention"
+        for spec in (r.spec for r in results)
+        if spec["method"] == "dp_sinkhorn"
+        and spec["target_epsilon"] is not None
+        and (spec["sigma"] is None or spec["steps"] is None)
+    }
     if not notes:
         return ""
     return "Cells with a target ε: " + "; ".join(sorted(notes)) + "."
@@ -126,40 +125,30 @@ def _table_row_cells(table: str, r: CellResult) -> list[str]:
     if table == "table2":
         debias = debiasing_kind(spec["p"])
         debias += f" (p = {spec['p']:g})" if debias == "Semi" else ""
-        image = "Yes" if perturbation_kind(spec) == "image" else "No"
+        image = "Yes" if spec["perturbation"] == "image" else "No"
         return [image, loss_kind(spec), debias]
-    return [
-        format_g(r.sigma),
-        format_g(spec["clip"]),
-        format_g(spec["p"]),
-        format_g(spec["m"]),
-        format_g(r.steps),
-    ]
+    return [format_g(v) for v in (r.sigma, spec["clip"], spec["p"], spec["m"], r.steps)]
 
 
 def _settings_record(r: CellResult) -> dict:
+    """A cell's settings, as the columns :data:`SETTINGS_COLUMNS` of a study table's CSV."""
     spec = r.spec
-    return {
-        "cell": r.label,
-        "experiment": r.experiment,
-        "dataset": spec["dataset"],
-        "method": spec["method"],
-        "perturbation": perturbation_kind(spec),
-        "cost": spec["cost"],
-        "loss": loss_kind(spec),
-        "debiasing": debiasing_kind(spec["p"]),
-        "sigma": None if r.sigma is None else float(r.sigma),
-        "clip": float(spec["clip"]),
-        "p": float(spec["p"]),
-        "m": float(spec["m"]),
-        "lr": float(spec["lr"]),
-        "optimizer": spec["optimizer"],
-        "steps": r.steps,
-        "epsilon": r.row.epsilon,
-        "epsilon_paper_convention": r.row.epsilon_paper,
-    }
+    record = {"cell": r.label, "experiment": r.experiment, "optimizer": spec["optimizer"]}
+    record |= {key: spec[key] for key in ("dataset", "method", "perturbation", "cost")}
+    record |= {"loss": loss_kind(spec), "debiasing": debiasing_kind(spec["p"])}
+    record |= {key: float(spec[key]) for key in ("clip", "p", "m", "lr")}
+    record |= {"sigma": None if r.sigma is None else float(r.sigma), "steps": r.steps}
+    return record | {"epsilon": r.row.epsilon, "epsilon_paper_convention": r.row.epsilon_paper}
 
 
+#: The settings columns of Table 2 and of the search Tables 4, 5: (Markdown, LaTeX) titles.
+SETTINGS_TITLES = {
+    "table2": (
+        ["Image gradient perturbation", "Loss", "Debiasing"],
+        ["Image grad.", "Loss", "Debiasing"],
+    ),
+    "search": (["σ", "Δ", "p", "m", "steps"], ["$\\sigma$", "$\\Delta$", "$p$", "$m$", "steps"]),
+}
 SETTINGS_COLUMNS = (
     *"cell experiment dataset method perturbation cost loss debiasing sigma clip".split(),
     *"p m lr optimizer steps epsilon epsilon_paper_convention".split(),
@@ -169,19 +158,17 @@ SETTINGS_COLUMNS = (
 def table_csv_columns(table: str) -> tuple[str, ...]:
     """CSV header of a study table: settings, each metric and its std, the paper's values."""
     metrics = TABLE_METRICS[table]
-    cells = [c for m in metrics for c in (m, f"{m}_std")]
-    return (*SETTINGS_COLUMNS, *cells, *(f"paper_{m}" for m in metrics))
+    return (*SETTINGS_COLUMNS, *metric_columns(metrics), *(f"paper_{m}" for m in metrics))
 
 
 def _table_csv(table: str, results: Sequence[CellResult]) -> str:
-    records = []
-    for r in results:
-        record = _settings_record(r)
-        for metric in TABLE_METRICS[table]:
-            record[metric] = r.row.mean.get(metric)
-            record[f"{metric}_std"] = r.row.std.get(metric)
-            record[f"paper_{metric}"] = r.row.paper.get(metric)
-        records.append(record)
+    metrics = TABLE_METRICS[table]
+    records = [
+        _settings_record(r)
+        | metric_cells(r.row, metrics)
+        | {f"paper_{m}": r.row.paper.get(m) for m in metrics}
+        for r in results
+    ]
     return csv_text(table_csv_columns(table), records)
 
 
@@ -211,10 +198,7 @@ def _table_markdown(
     lines = [f"# {TITLES[table]}", "", caption + (f" {budget}" if budget else ""), ""]
     public = guarantee_note([r.row for r in results])
     lines += [public, ""] if public else []
-    if table == "table2":
-        settings = ["Image gradient perturbation", "Loss", "Debiasing"]
-    else:
-        settings = ["σ", "Δ", "p", "m", "steps"]
+    settings = SETTINGS_TITLES["table2" if table == "table2" else "search"][0]
     header = ["Cell", *settings, "ε (sound)", "ε (paper conv.)"]
     header += [METRIC_TITLES[m] for m in metrics]
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
@@ -242,31 +226,19 @@ def _table_markdown(
 
 def _table_latex(table: str, results: Sequence[CellResult]) -> str:
     metrics = TABLE_METRICS[table]
-    if table == "table2":
-        settings = ["Image grad.", "Loss", "Debiasing"]
-    else:
-        settings = ["$\\sigma$", "$\\Delta$", "$p$", "$m$", "steps"]
+    settings = SETTINGS_TITLES["table2" if table == "table2" else "search"][1]
     header = [*settings, "$\\varepsilon$", "$\\varepsilon_{\\mathrm{paper}}$"]
     header += [METRIC_TITLES_TEX[m] for m in metrics]
-    lines = [
-        f"% {TITLES[table]}, written by `dpsinkhorn report {table}`. "
-        "Needs \\usepackage{booktabs}.",
-        "% mean $\\pm$ std over seeds of this run. Accuracy in %.",
-        "\\begin{tabular}{" + "l" * len(settings) + "r" * (len(header) - len(settings)) + "}",
-        "\\toprule",
-        " & ".join(header) + " \\\\",
-        "\\midrule",
+    comments = [
+        f"{TITLES[table]}, written by `dpsinkhorn report {table}`. Needs \\usepackage{{booktabs}}.",
+        "mean $\\pm$ std over seeds of this run. Accuracy in %.",
     ]
-    for r in results:
-        cells = [latex_escape(c) for c in _table_row_cells(table, r)]
-        cells += [
-            epsilon_text(r.row.epsilon, False, True),
-            epsilon_text(r.row.epsilon_paper, False, True),
-        ]
-        cells += [cell_text(r.row, m, " $\\pm$ ", latex=True) for m in metrics]
-        lines.append(" & ".join(cells) + " \\\\")
-    lines += ["\\bottomrule", "\\end{tabular}"]
-    return "\n".join(lines) + "\n"
+    body = ["\\midrule"] + [
+        latex_row([*map(latex_escape, _table_row_cells(table, r)), *latex_cells(r.row, metrics)])
+        for r in results
+    ]
+    align = "l" * len(settings) + "r" * (len(header) - len(settings))
+    return booktabs(comments, align, header, body)
 
 
 def study_table_results(config: Mapping, out_dir: Path, table: str) -> list[CellResult]:

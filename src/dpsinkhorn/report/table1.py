@@ -25,14 +25,17 @@ from dpsinkhorn.report.common import (
     METRICS,
     REPORTED,
     ROW_LABELS,
+    ConfigLike,
+    PathLike,
     Row,
     check_exist,
     epsilon_text,
     guarantee_note,
+    load_config_like,
     markdown_table,
     measured_row,
     mechanism_note,
-    report_config,
+    settings_cells,
     sound_epsilons,
     to_csv,
     to_latex,
@@ -40,9 +43,8 @@ from dpsinkhorn.report.common import (
 )
 from dpsinkhorn.report.grids import save_sample_figure
 from dpsinkhorn.report.paper import (
-    BASELINE_EPSILON,
     GPATE_NOTE,
-    PAPER_DP_EPSILON,
+    PAPER_EPSILON,
     PAPER_SETTING_ROWS,
     REPORTED_BASELINES,
     sok_note,
@@ -71,19 +73,10 @@ def reported_rows(datasets: Iterable[str]) -> list[Row]:
     rows = []
     for dataset in datasets:
         for method, by_dataset in REPORTED_BASELINES.items():
-            if dataset not in by_dataset:
-                continue
-            values = [None if v is None else float(v) for v in by_dataset[dataset]]
-            rows.append(
-                Row(
-                    method,
-                    dataset,
-                    REPORTED,
-                    epsilon=BASELINE_EPSILON,
-                    mean=dict(zip(METRICS, values, strict=True)),
-                    std=dict.fromkeys(METRICS),
-                )
-            )
+            if dataset in by_dataset:
+                values = [None if v is None else float(v) for v in by_dataset[dataset]]
+                mean, std = dict(zip(METRICS, values, strict=True)), dict.fromkeys(METRICS)
+                rows.append(Row(method, dataset, REPORTED, PAPER_EPSILON, mean=mean, std=std))
     return rows
 
 
@@ -120,14 +113,6 @@ def table1_title(datasets: Iterable[str]) -> str:
     return f"{TITLES['table1'].split(' on ', 1)[0]} on {names}"
 
 
-def samples_caption(config: Mapping, name: str) -> str:
-    """How a sample grid of experiment ``name`` is laid out: a row per class, or one row of
-    an unconditional generator's samples."""
-    if experiment(config, name).get("conditional", True) is False:
-        return "unconditional: one row of samples"
-    return "one row per class"
-
-
 def to_markdown(rows: Sequence[Row], config: dict, figures: dict[str, tuple[str, str]]) -> str:
     """Markdown: one table per dataset, the paper's value next to each reproduced cell;
     ``figures``: dataset -> (figure path relative to tables/, experiment name)."""
@@ -146,7 +131,7 @@ def to_markdown(rows: Sequence[Row], config: dict, figures: dict[str, tuple[str,
         f"{config['evaluation']['num_samples']} samples and one training of each classifier. "
         "`(paper X)` is the value in the paper's final Table 1. ε (sound) is the accountant's "
         "ε; ε (paper conv.) is the same run under the paper's accounting convention, which "
-        f"the paper reports as ε = {PAPER_DP_EPSILON:g}. Accuracy in %{deltas}. "
+        f"the paper reports as ε = {PAPER_EPSILON:g}. Accuracy in %{deltas}. "
         "Rows *reported in paper* are copied from the paper (– = N/A or not run).",
         "",
     ]
@@ -154,7 +139,7 @@ def to_markdown(rows: Sequence[Row], config: dict, figures: dict[str, tuple[str,
     notes = (guarantee_note(rows), mechanism_note(rows), sok_note(official))
     lines += [note for note in notes if note]
     lines += [""] if lines[-1] else []
-    paper_eps = {ROW_LABELS[k]: PAPER_DP_EPSILON for k in PAPER_SETTING_ROWS}
+    paper_eps = {ROW_LABELS[k]: PAPER_EPSILON for k in PAPER_SETTING_ROWS}
     for dataset in dict.fromkeys(r.dataset for r in rows):
         lines += [f"## {DATASET_TITLES.get(dataset, dataset)}", ""]
         lines += own_dataset_note(config, dataset)
@@ -170,10 +155,7 @@ def to_markdown(rows: Sequence[Row], config: dict, figures: dict[str, tuple[str,
     ]
     for row in (r for r in rows if r.exp_name):
         spec = experiment(config, row.exp_name)
-        sigma = "solved" if spec["sigma"] is None else f"{spec['sigma']:g}"
-        sigma = "–" if spec["method"] not in PRIVATE_METHODS else sigma
-        train = [sigma, str(spec["steps"]), str(spec["batch_size"])]
-        train += [f"{spec['m']:g}", f"{spec['lr']:g}", f"{spec['p']:g}"]
+        train = settings_cells(spec, ("sigma", "steps", "batch_size", "m", "lr", "p"))
         if spec["method"] == "dpmerf":  # no Sinkhorn cost, no debiasing
             train[3], train[5] = "–", "–"
         clipping = spec["clipping"] if spec["method"] == "dp_sinkhorn" else "–"
@@ -187,14 +169,15 @@ def to_markdown(rows: Sequence[Row], config: dict, figures: dict[str, tuple[str,
         lines += ["", "## Samples", ""]
         for dataset, (rel_path, name) in figures.items():
             title = DATASET_TITLES.get(dataset, dataset)
-            layout = samples_caption(config, name)
+            unconditional = experiment(config, name).get("conditional", True) is False
+            layout = "unconditional: one row of samples" if unconditional else "one row per class"
             lines += [f"{title}, `{name}` ({layout}):", "", f"![{title}]({rel_path})", ""]
     return "\n".join(lines).rstrip() + "\n"
 
 
-def table1(config_files: Sequence[str | Path], out_dir: str | Path) -> list[Path]:
+def table1(config: ConfigLike, out_dir: PathLike) -> list[Path]:
     """Write Table 1 (md, csv, tex) and the sample figures; return the written paths."""
-    config = report_config(config_files)
+    config, _ = load_config_like(config)
     out_dir = Path(out_dir)
     rows = table1_rows(config, out_dir)
     seed = config["seeds"][0]
