@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from dpsinkhorn.config.experiments import (
+    PathLike,
     experiment,
     experiment_classifiers,
     needs_training,
@@ -30,8 +30,6 @@ OTHER_RETRIES = 3
 UNKNOWN_CHAIN_RETRIES = 20
 #: Nominal minutes of each part of an evaluation job per seed (before the cap).
 EVAL_MINUTES_PER_SEED = {"sample": 60, "fid": 120, "classify": 240}
-
-PathLike = str | os.PathLike
 
 
 @dataclass(frozen=True)
@@ -177,12 +175,8 @@ def capped_minutes(config: Mapping, minutes: int) -> int:
 
 
 def cluster_errors(config: Mapping) -> list[tuple[list, str]]:
-    """(key path, message) when ``max_job_minutes`` leaves a job no time to train, or the
-    safety factor is not finite (YAML's .inf passes the schema's minimum)."""
+    """(key path, message) when ``max_job_minutes`` leaves a job no time to train."""
     cluster = config["cluster"]
-    if not math.isfinite(cluster["safety_factor"]):
-        value = cluster["safety_factor"]
-        return [(["cluster", "safety_factor"], f"bad value {value!r}: must be a finite number")]
     floor = cluster["startup_minutes"] + SIGNAL_LEAD_MINUTES
     if cluster["max_job_minutes"] <= floor:
         message = (

@@ -11,6 +11,8 @@ from pathlib import Path
 
 from dpsinkhorn.config.identity import deep_merge, experiment_spec_of
 
+PathLike = str | os.PathLike
+
 #: Table 1 rows this project fills, in table order, and the method each one needs.
 TABLE1_ROWS = {
     "real": "real_data",

@@ -4,7 +4,6 @@ which experiments train alone or together in one sweep (:func:`training_jobs`)."
 from __future__ import annotations
 
 import argparse
-import os
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
@@ -13,6 +12,7 @@ from dpsinkhorn.config.experiments import (
     NONPRIVATE,
     TABLE_ROWS,
     TABLES_DIR,
+    PathLike,
     evaluation_dir,
     experiment,
     experiment_classifiers,
@@ -72,7 +72,6 @@ assert set(NAMES) == {
 }
 assert set(CELEBA_TABLES) == set(TABLE_ROWS) == set(TABLE_FIGURES), "CelebA tables: rows, figure"
 
-PathLike = str | os.PathLike
 #: The files a training run writes into its folder (``train.release.OUTPUT_FILES``).
 TRAINING_FILES = ("generator.pt", "privacy.json", "train_log.csv")
 #: What a completed evaluation job writes beside its scores: the code of each phase.

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 from dpsinkhorn.config.experiments import (
+    PathLike,
     data_identity,  # noqa: F401 (the data rule's param: workflow/rules/data.smk)
     data_mirror_of,
     dataset_definition,
@@ -25,8 +26,6 @@ from dpsinkhorn.config.experiments import (
     private_experiments,
     trained_experiments,
 )
-
-PathLike = str | os.PathLike
 
 
 def data_inputs(config: Mapping, dataset: str) -> list[str]:
