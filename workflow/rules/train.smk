@@ -78,7 +78,7 @@ for members in SWEEPS:
         # Its name is per sweep, so profiles/slurm cannot name it: the rule itself carries
         # the SIGTERM before the time limit and the retries its chain of jobs needs (also
         # on one machine: Snakemake cannot tell the executor while it reads the rules).
-        retries: 0 if workflow.remote_exec else REQUESTS.retries(members)
+        retries: 0 if workflow.remote_exec else REQUESTS(members).retries
         resources:
             gpu=GPUS,
             mem_mb=16000,

@@ -83,10 +83,12 @@ def load_rates(path: PathLike) -> list[dict]:
             if key not in rate:
                 raise ValueError(f"{path}: rates[{k}] has no {key!r}")
         value = rate["steps_per_s"]
-        if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-            raise ValueError(f"{path}: rates[{k}].steps_per_s must be a number > 0")
-        if not math.isfinite(value):
-            raise ValueError(f"{path}: rates[{k}].steps_per_s must be finite")
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not 0 < value < math.inf
+        ):
+            raise ValueError(f"{path}: rates[{k}].steps_per_s must be a finite number > 0")
     return rates
 
 
@@ -156,17 +158,12 @@ def train_request(config: Mapping, members: Sequence[str], rates: Sequence[dict]
     if estimate <= cap:
         chain = 1
     else:  # each job of the chain trains for its limit less start-up and the signal lead
-        chain = math.ceil(train_minutes / usable_minutes(cluster))
+        usable = cap - cluster["startup_minutes"] - SIGNAL_LEAD_MINUTES  # > 0: cluster_errors
+        chain = math.ceil(train_minutes / usable)
     # At least the SIGTERM lead plus a minute: a shorter limit would signal the job (to
     # checkpoint and stop) as it starts, and the chain would never advance.
     minutes = max(math.ceil(estimate), SIGNAL_LEAD_MINUTES + 1)
     return TrainRequest(min(minutes, cap), estimate, chain, steps, rate, source)
-
-
-def usable_minutes(cluster: Mapping) -> float:
-    """Minutes of one capped job left for training: max_job_minutes less start-up and
-    the SIGTERM lead (> 0 in a validated config, :func:`cluster_errors`)."""
-    return cluster["max_job_minutes"] - cluster["startup_minutes"] - SIGNAL_LEAD_MINUTES
 
 
 def capped_minutes(config: Mapping, minutes: int) -> int:
@@ -230,11 +227,6 @@ class Requests:
         """A resource function for the job of ``members``: evaluated when Snakemake makes
         the job (the executor then known, for :attr:`warn`), not while it reads the rules."""
         return lambda wildcards: self.minutes(members)
-
-    def retries(self, members: Sequence[str] | str) -> int:
-        """Resubmissions the job may have: its chain less one plus :data:`OTHER_RETRIES`
-        (:data:`UNKNOWN_CHAIN_RETRIES` when the chain's length is unknown)."""
-        return self(members).retries
 
 
 def eval_runtime_minutes(config: Mapping, name: str) -> int:

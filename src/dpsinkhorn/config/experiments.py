@@ -43,14 +43,6 @@ TABLE6_GENERATOR = {"dcgan": "dcgan", "biggan": "biggan"}
 GENERATOR_WIDTHS = {"dcgan": {28: 3, 32: 3, 64: 4}, "biggan": {32: 4}, "merf": {28: 3, 32: 3}}
 
 
-def generator_widths(generator: str, image_size: int | None = None) -> tuple[int, ...]:
-    """``channels`` the generator may take at ``image_size`` (None: any of its sizes)."""
-    by_size = GENERATOR_WIDTHS[generator]
-    if image_size in by_size:
-        return (by_size[image_size],)
-    return tuple(sorted(set(by_size.values())))
-
-
 #: Datasets known by name; others are declared under the config's ``datasets:``.
 BUILTIN_DATASETS = ("mnist", "fmnist", "celeba")
 
@@ -201,16 +193,12 @@ def experiment_dir(config: Mapping, results: str | Path, name: str) -> Path:
     return Path(results) / f"{experiment_home(config, name)}{name}"
 
 
-def evaluation_home(config: Mapping, name: str) -> str:
-    """Home of the scores: the experiment's, or ``"nonprivate/"`` for a private test split."""
-    if dataset_of(config, name) not in PUBLIC_TEST_SPLITS:
-        return f"{NONPRIVATE}/"
-    return experiment_home(config, name)
-
-
 def evaluation_dir(config: Mapping, results: str | Path, name: str) -> Path:
-    """The folder of an experiment's ``fid_seed*.json`` and ``acc_*_seed*.json``."""
-    return Path(results) / f"{evaluation_home(config, name)}{name}"
+    """The folder of an experiment's ``fid_seed*.json`` and ``acc_*_seed*.json``: its own,
+    or under ``nonprivate/`` for a private test split."""
+    if dataset_of(config, name) not in PUBLIC_TEST_SPLITS:
+        return Path(results) / NONPRIVATE / name
+    return experiment_dir(config, results, name)
 
 
 def trained_experiments(config: Mapping) -> list[str]:

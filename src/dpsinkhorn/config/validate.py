@@ -22,6 +22,7 @@ from dpsinkhorn.config.cluster import cluster_errors
 from dpsinkhorn.config.experiments import (
     BUILTIN_DATASETS,
     FIXTURE_SOURCE,
+    GENERATOR_WIDTHS,
     RUN_FOLDERS,
     TABLE1_ROWS,
     TABLE6_GENERATOR,
@@ -29,7 +30,6 @@ from dpsinkhorn.config.experiments import (
     PathLike,
     experiment,
     experiment_names,
-    generator_widths,
     normal_mirror,
 )
 from dpsinkhorn.config.identity import deep_merge
@@ -375,7 +375,8 @@ def semantic_errors(config: dict) -> list[tuple[list, str]]:
             errors.append((at + ["dataset"], message))
         generator = exp.get("generator") or "dcgan"
         size = (own.get(exp["dataset"]) or {}).get("image_size")  # own datasets name theirs
-        widths = generator_widths(generator, size)
+        by_size = GENERATOR_WIDTHS[generator]
+        widths = (by_size[size],) if size in by_size else tuple(sorted(set(by_size.values())))
         if exp["method"] != "real_data" and len(exp["channels"]) not in widths:
             at_size = f" at {size}x{size}" if size else ""
             count = " or ".join(map(str, widths))

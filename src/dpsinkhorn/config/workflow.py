@@ -111,12 +111,8 @@ def private_trainings(config: Mapping, results: PathLike) -> list[tuple[str, str
 STOPPED_NAME = ".dpsinkhorn.stopped"
 
 
-class KeptOutputsError(ValueError):
-    """A training folder holds an earlier run's files that a stopped rerun left (one line)."""
-
-
 def check_kept_outputs(config: Mapping, results: PathLike) -> None:
-    """Raise :class:`KeptOutputsError` while a training folder holds both a generator and
+    """Raise a one-line ``ValueError`` while a training folder holds both a generator and
     :data:`STOPPED_NAME`: Snakemake put an earlier run's files back after a failed rerun
     and would otherwise call them up to date."""
     for name in trained_experiments(config):
@@ -128,7 +124,7 @@ def check_kept_outputs(config: Mapping, results: PathLike) -> None:
             message = json.loads(note.read_text()).get("message", "")
         except (OSError, ValueError):
             message = "(its note is unreadable)"
-        raise KeptOutputsError(
+        raise ValueError(
             f"{folder}: holds the files of an earlier finished training of experiment "
             f"{name}, not of the inputs now: its last rerun stopped ({message}) and "
             f"Snakemake put the earlier files back. To keep them as they are, delete {note} "
