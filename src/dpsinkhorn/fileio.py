@@ -233,6 +233,17 @@ def save_samples(path: str | os.PathLike, images: np.ndarray, labels: np.ndarray
     write_bytes(path, samples_bytes(np.asarray(images), np.asarray(labels), str(path)))
 
 
+def save_splits(
+    arrays: dict[Path, tuple[np.ndarray, np.ndarray]],
+    extra: list[tuple[Path, bytes]] = (),
+    remove_first: list[Path] = (),
+) -> None:
+    """Save sample files ``{path: (images, labels)}``, then ``extra`` (path, bytes) files,
+    as one commit (:func:`write_all`): no split is ever replaced without the others."""
+    files = [(path, samples_bytes(*pair, str(path))) for path, pair in arrays.items()]
+    write_all(files + list(extra), remove_first)
+
+
 def check_images(images: np.ndarray, where: str) -> None:
     """Raise ``ValueError`` naming ``where`` unless ``images`` are uint8 [N,H,W] or
     [N,H,W,C] with C in (1, 3): the one image check of sample files, FID and classifiers."""

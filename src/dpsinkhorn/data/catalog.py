@@ -21,16 +21,19 @@ class DatasetInfo:
     """Static facts about one dataset; ``image_shape`` is (C, H, W) in pixels."""
 
     key: str  # our name, e.g. "fmnist"
-    torchvision_class: str  # class name in torchvision.datasets
-    folder: str  # torchvision's folder under its root: <root>/<folder>/raw/*.gz
-    num_classes: int
     image_shape: tuple[int, int, int]
     class_names: tuple[str, ...]
     title: str  # as tables and figures name it
+    torchvision_class: str = ""  # built-ins: the class in torchvision.datasets
+    folder: str = ""  # built-ins: torchvision's folder under its root (<folder>/raw/*.gz)
     # Own datasets (config ``datasets:``) only: where the images come from and how they
     # were brought to image_shape; the ledger and the tables state both.
     source: str | None = None  # e.g. "image folder /data/scans" or "npz /data/x.npz"
     resize: str | None = None  # e.g. "resized to 32x32 px (PIL bilinear), converted to L"
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.class_names)
 
     def torchvision_dataset(self) -> type:
         """The torchvision dataset class (imported lazily)."""
@@ -44,46 +47,22 @@ class DatasetInfo:
         return [(Path(src).name, md5) for src, md5 in self.torchvision_dataset().resources]
 
 
+FMNIST_CLASSES = "T-shirt/top,Trouser,Pullover,Dress,Coat,Sandal,Shirt,Sneaker,Bag,Ankle boot"
 DATASETS: dict[str, DatasetInfo] = {
-    "mnist": DatasetInfo(
-        key="mnist",
-        torchvision_class="MNIST",
-        folder="MNIST",
-        num_classes=10,
-        image_shape=(1, 28, 28),
-        class_names=tuple(str(d) for d in range(10)),
-        title="MNIST",
-    ),
-    "fmnist": DatasetInfo(
-        key="fmnist",
-        torchvision_class="FashionMNIST",
-        folder="FashionMNIST",
-        num_classes=10,
-        image_shape=(1, 28, 28),
-        class_names=(
-            "T-shirt/top",
-            "Trouser",
-            "Pullover",
-            "Dress",
-            "Coat",
-            "Sandal",
-            "Shirt",
-            "Sneaker",
-            "Bag",
-            "Ankle boot",
+    info.key: info
+    for info in (
+        DatasetInfo("mnist", (1, 28, 28), tuple("0123456789"), "MNIST", "MNIST", "MNIST"),
+        DatasetInfo(
+            "fmnist",
+            (1, 28, 28),
+            tuple(FMNIST_CLASSES.split(",")),
+            "Fashion-MNIST",
+            "FashionMNIST",
+            "FashionMNIST",
         ),
-        title="Fashion-MNIST",
-    ),
-    # CelebA at 32x32 RGB, label = the Male attribute (see dpsinkhorn.data.celeba).
-    "celeba": DatasetInfo(
-        key="celeba",
-        torchvision_class="CelebA",
-        folder="celeba",
-        num_classes=2,
-        image_shape=(3, 32, 32),
-        class_names=("female", "male"),
-        title="CelebA 32×32",
-    ),
+        # CelebA at 32x32 RGB, label = the Male attribute (see dpsinkhorn.data.celeba).
+        DatasetInfo("celeba", (3, 32, 32), ("female", "male"), "CelebA 32×32", "CelebA", "celeba"),
+    )
 }
 
 
@@ -171,13 +150,10 @@ def own_dataset_info(name: str, definition: Mapping[str, Any]) -> DatasetInfo:
         check_class_names(classes, f"{path}: class folders")
     channels, size = int(definition["channels"]), int(definition["image_size"])
     return DatasetInfo(
-        key=name,
-        torchvision_class="",
-        folder=name,
-        num_classes=len(classes),
-        image_shape=(channels, size, size),
-        class_names=tuple(str(c) for c in classes),
-        title=definition.get("title") or name,
+        name,
+        (channels, size, size),
+        tuple(str(c) for c in classes),
+        definition.get("title") or name,
         source=f"{layout} {path}",
         resize=resize_statement(definition),
     )

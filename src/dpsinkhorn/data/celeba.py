@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from dpsinkhorn.config.experiments import builtin_source, prepared_folder
-from dpsinkhorn.fileio import md5_of, save_samples, write_text
+from dpsinkhorn.fileio import md5_of, save_splits, write_text
 
 IMAGE_DIR = "img_align_celeba"
 ATTR_FILE = "list_attr_celeba.txt"
@@ -167,20 +167,16 @@ def prepare_celeba(root: Path, mirror: Path | None = None) -> dict[str, Path]:
 
     out_dir = prepared_dir(root, mirror)
     paths = {split: out_dir / f"{split}.npz" for split in SPLIT_PARTITIONS}
-    try:
-        for split, part in SPLIT_PARTITIONS.items():
-            index = np.flatnonzero(partition == part)
-            images = np.empty((len(index), SIZE, SIZE, 3), dtype=np.uint8)
-            for start in range(0, len(index), CHUNK):
-                for j in range(start, min(start + CHUNK, len(index))):
-                    images[j] = downsample(folder / IMAGE_DIR / files[index[j]])
-                print(f"celeba {split}: {min(start + CHUNK, len(index))}/{len(index)} images")
-            save_samples(paths[split], images, labels[index])
-            del images
-    except BaseException:
-        for path in paths.values():  # never leave one split without the other
-            path.unlink(missing_ok=True)
-        raise
+    arrays = {}
+    for split, part in SPLIT_PARTITIONS.items():
+        index = np.flatnonzero(partition == part)
+        images = np.empty((len(index), SIZE, SIZE, 3), dtype=np.uint8)
+        for start in range(0, len(index), CHUNK):
+            for j in range(start, min(start + CHUNK, len(index))):
+                images[j] = downsample(folder / IMAGE_DIR / files[index[j]])
+            print(f"celeba {split}: {min(start + CHUNK, len(index))}/{len(index)} images")
+        arrays[paths[split]] = (images, labels[index])
+    save_splits(arrays)
     marker = out_dir / FIXTURE_MARKER
     if fixture:
         write_text(marker, f"prepared from the synthetic fixture in {folder}\n")

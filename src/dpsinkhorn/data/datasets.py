@@ -20,7 +20,7 @@ from dpsinkhorn.config.experiments import prepared_folder
 from dpsinkhorn.data.catalog import DATASETS, DatasetInfo, dataset_info
 from dpsinkhorn.data.owndata import RECORD as OWN_RECORD
 from dpsinkhorn.data.owndata import is_prepared_own, prepare_own
-from dpsinkhorn.fileio import atomic_path, load_samples, md5_of, save_samples
+from dpsinkhorn.fileio import atomic_path, load_samples, md5_of, save_splits
 
 SPLITS = ("train", "test")
 
@@ -93,13 +93,7 @@ def prepare(dataset: str, root: Path, mirror: Path | None = None) -> dict[str, P
     arrays = _read_with_torchvision(info, tv_root, raw, offline_hint=mirror is None)
 
     paths = {split: split_path(root, dataset, split) for split in SPLITS}
-    try:
-        for split in SPLITS:
-            save_samples(paths[split], *arrays[split])
-    except BaseException:
-        for path in paths.values():  # never leave one split without the other
-            path.unlink(missing_ok=True)
-        raise
+    save_splits({paths[split]: arrays[split] for split in SPLITS})
     return paths
 
 

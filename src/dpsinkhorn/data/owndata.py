@@ -27,7 +27,7 @@ from dpsinkhorn.data.catalog import (
     own_layout,
     resize_statement,
 )
-from dpsinkhorn.fileio import save_samples, write_json
+from dpsinkhorn.fileio import json_bytes, save_splits
 
 #: The public record of a prepared own dataset, beside its train.npz / test.npz.
 RECORD = "dataset.json"
@@ -335,15 +335,9 @@ def prepare_own(
         "note": "public: no label is counted here; an evaluation on the test split uses "
         "private data and is not covered by the privacy guarantee",
     }
-    (out / RECORD).unlink(missing_ok=True)  # no record of a half-written dataset
-    try:
-        save_samples(paths["train"], *train)
-        save_samples(paths["test"], *test)
-    except BaseException:
-        for path in paths.values():  # never leave one split without the other
-            path.unlink(missing_ok=True)
-        raise
-    write_json(out / RECORD, record)
+    # The record comes last and goes first: it never describes a half-written dataset.
+    arrays = {paths["train"]: train, paths["test"]: test}
+    save_splits(arrays, [(out / RECORD, json_bytes(record))], remove_first=[out / RECORD])
     return paths
 
 
@@ -360,13 +354,10 @@ def prepared_dataset_info(folder: Path) -> DatasetInfo:
     record = json.loads(path.read_text())
     size, channels = int(record["image_size"]), int(record["channels"])
     return DatasetInfo(
-        key=record["name"],
-        torchvision_class="",
-        folder=record["name"],
-        num_classes=len(record["classes"]),
-        image_shape=(channels, size, size),
-        class_names=tuple(record["classes"]),
-        title=record["title"],
+        record["name"],
+        (channels, size, size),
+        tuple(record["classes"]),
+        record["title"],
         source=f"{record['layout']} {record['path']}",
         resize=record["resize"],
     )
