@@ -41,8 +41,6 @@ TABLE_ROWS = {
 TABLE6_GENERATOR = {"dcgan": "dcgan", "biggan": "biggan"}
 #: ``channels`` each generator takes, per image size.
 GENERATOR_WIDTHS = {"dcgan": {28: 3, 32: 3, 64: 4}, "biggan": {32: 4}, "merf": {28: 3, 32: 3}}
-
-
 #: Datasets known by name; others are declared under the config's ``datasets:``.
 BUILTIN_DATASETS = ("mnist", "fmnist", "celeba")
 
@@ -151,8 +149,7 @@ def prepared_folder_of(config: Mapping, dataset: str) -> str:
 
 
 def experiment_spec(config: Mapping, name: str) -> str:
-    """Canonical JSON of the settings that define an experiment's generator (the train
-    rule's param; bookkeeping keys left out)."""
+    """:func:`~dpsinkhorn.config.identity.experiment_spec_of` (the train rule's param)."""
     return experiment_spec_of(experiment(config, name))
 
 
@@ -215,24 +212,22 @@ def datasets(config: Mapping) -> list[str]:
 
 
 def table1_experiments(config: Mapping) -> dict[tuple[str, str], str]:
-    """``{(dataset, row): experiment}`` for experiments that fill a Table 1 row, table order."""
-    return _rows_of(config, lambda exp: exp["table1_row"], TABLE1_ROWS)
+    """:func:`table_experiments` of Table 1."""
+    return table_experiments(config, "table1")
 
 
 def table_experiments(config: Mapping, table: str) -> dict[tuple[str, str], str]:
-    """``{(dataset, row): experiment}`` of one CelebA table (``rows:``), in table order."""
-    return _rows_of(config, lambda exp: exp["rows"].get(table), TABLE_ROWS[table])
-
-
-def _rows_of(config: Mapping, row_of, rows: Mapping) -> dict[tuple[str, str], str]:
+    """``{(dataset, row): experiment}`` of Table 1 (``table1_row``) or a CelebA table
+    (``rows:``), in the order of the datasets and of the table's rows."""
+    rows = list(TABLE1_ROWS if table == "table1" else TABLE_ROWS[table])
     found = {}
     for name in experiment_names(config):
         exp = experiment(config, name)
-        if row_of(exp) is not None:
-            found[(exp["dataset"], row_of(exp))] = name
-    order = {row: i for i, row in enumerate(rows)}
-    dataset_order = {d: i for i, d in enumerate(datasets(config))}
-    return dict(sorted(found.items(), key=lambda kv: (dataset_order[kv[0][0]], order[kv[0][1]])))
+        row = exp["table1_row"] if table == "table1" else exp["rows"].get(table)
+        if row is not None:
+            found[(exp["dataset"], row)] = name
+    order = datasets(config)
+    return dict(sorted(found.items(), key=lambda kv: (order.index(kv[0][0]), rows.index(kv[0][1]))))
 
 
 def figure_experiment(config: Mapping, dataset: str) -> str | None:
@@ -260,9 +255,7 @@ def classifiers_of(config: Mapping, dataset: str) -> list[str]:
 def experiment_classifiers(config: Mapping, name: str) -> list[str]:
     """Classifiers trained on an experiment's samples: none for an unconditional one."""
     exp = experiment(config, name)
-    if exp.get("conditional", True) is False:
-        return []
-    return classifiers_of(config, exp["dataset"])
+    return classifiers_of(config, exp["dataset"]) if exp.get("conditional", True) else []
 
 
 def all_classifiers(config: Mapping) -> list[str]:
@@ -272,9 +265,8 @@ def all_classifiers(config: Mapping) -> list[str]:
 
 def fixture_source(config: Mapping) -> str | None:
     """``<data_dir>/celeba_source`` when CelebA comes from the synthetic fixture, else None."""
-    if config.get("celeba_fixture") is None:
-        return None
-    return str(Path(config.get("data_dir", "data")) / FIXTURE_SOURCE)
+    if config.get("celeba_fixture") is not None:
+        return str(Path(config.get("data_dir", "data")) / FIXTURE_SOURCE)
 
 
 def data_mirror_of(config: Mapping, dataset: str) -> str | None:

@@ -39,14 +39,8 @@ SCHEMA_PATH = Path(__file__).with_name("schema.json")
 #: Keys that may be overridden on the Snakemake command line (``--config key=value``).
 #: Every other setting is read by the CLI steps from the config files themselves, so
 #: an override of it would silently not reach them; :func:`check_overrides` refuses it.
-OVERRIDABLE = (
-    "data_mirror",
-    "fid_weights",
-    "device",
-    "sweep_runs",
-    "cuda_graphs",
-    "compile_solver",
-    "precision",
+OVERRIDABLE = tuple(
+    "data_mirror fid_weights device sweep_runs cuda_graphs compile_solver precision".split()
 )
 
 
@@ -124,12 +118,9 @@ def validate(config: Mapping, source: str | Sequence[PathLike] = "config") -> di
     if not messages and filled.get("studies"):
         # Each study cell becomes an experiment, checked like any other (dpsinkhorn.config.studies).
         try:
-            made = {
-                name: study
-                for study, cells in studies.plan_cells(filled)[0].items()
-                for name in {cell.experiment for cell in cells} - set(filled["experiments"])
-            }
-            studies.expand(filled)
+            cells, new = studies.plan_cells(filled)
+            made = {c.experiment: s for s, cs in cells.items() for c in cs if c.experiment in new}
+            filled["experiments"] = {**filled["experiments"], **new}
         except ValueError as err:
             where, _, message = str(err).partition(": ")
             messages = [(where.split("."), message)]
