@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import hashlib
+import struct
 import zlib
 from pathlib import Path
 
@@ -85,15 +86,23 @@ def prepare(dataset: str, root: Path, mirror: Path | None = None) -> dict[str, P
         from dpsinkhorn.data.celeba import prepare_celeba
 
         return prepare_celeba(root, mirror)  # into the folder of its source
-    tv_root = root / "torchvision"
-    raw = tv_root / info.folder / "raw"
+    raw = root / "torchvision" / info.folder / "raw"
     if mirror is not None:
         _copy_from_mirror(info, Path(mirror), raw)
-
-    arrays = _read_with_torchvision(info, tv_root, raw, offline_hint=mirror is None)
-
+    else:
+        _download(info, raw)
+    # Read from the MD5-checked archives themselves: never from extracted files, which
+    # nothing checks (a damaged one would give wrong pixels silently).
     paths = {split: split_path(root, dataset, split) for split in SPLITS}
-    save_splits({paths[split]: arrays[split] for split in SPLITS})
+    save_splits(
+        {
+            paths[split]: (
+                _read_idx(raw / f"{prefix}-images-idx3-ubyte.gz", info),
+                _read_idx(raw / f"{prefix}-labels-idx1-ubyte.gz", info).astype(np.int64),
+            )
+            for split, prefix in (("train", "train"), ("test", "t10k"))
+        }
+    )
     return paths
 
 
@@ -131,81 +140,42 @@ def _copy_from_mirror(info: DatasetInfo, mirror: Path, raw: Path) -> None:
                 )
 
 
-def _extracted(raw: Path, info: DatasetInfo) -> list[Path]:
-    """The files torchvision extracts from the archives (names without ``.gz``)."""
-    return [raw / Path(archive).stem for archive, _ in info.archives()]
+def _download(info: DatasetInfo, raw: Path) -> None:
+    """Download the archives that ``raw`` lacks (or holds damaged) from torchvision's
+    mirrors, MD5-checked; a ``FileNotFoundError`` says how to work offline."""
+    from torchvision.datasets.utils import download_url
+
+    for archive, md5 in info.archives():
+        if (raw / archive).is_file() and md5_of(raw / archive) == md5:
+            continue
+        for url in info.torchvision_dataset().mirrors:
+            try:
+                download_url(f"{url}{archive}", str(raw), archive, md5)
+                break
+            except (OSError, RuntimeError) as err:  # URLError is an OSError
+                failure = " ".join(str(err).split())
+        else:
+            raise FileNotFoundError(
+                f"{info.key}: download failed ({failure}); this machine seems to be offline; "
+                "set data_mirror in the config (make: DATA=, CLI: --mirror) to a folder "
+                f"holding {info.folder}/raw/*.gz"
+            )
 
 
-def _first_bad_gzip(raw: Path, info: DatasetInfo) -> Path | None:
-    """The first archive in ``raw`` that is missing or fails to decompress, if any."""
-    for archive, _ in info.archives():
-        path = raw / archive
-        try:
-            with gzip.open(path, "rb") as fh:
-                while fh.read(1 << 22):
-                    pass
-        except (OSError, EOFError, zlib.error):
-            return path
-    return None
-
-
-def _read_with_torchvision(
-    info: DatasetInfo, tv_root: Path, raw: Path, offline_hint: bool
-) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """Load both splits through torchvision (download=True: extracts, downloads if needed).
-
-    On a read error the extracted files are removed and a ``ValueError`` names the bad
-    archive; if every archive decompresses, it retries once.
-    """
-    cls = info.torchvision_dataset()
-    # torchvision reads an extracted file whenever one exists, and never checks it: a
-    # damaged one would give wrong pixels silently. So the files are always extracted
-    # anew from the archives, whose MD5 torchvision (or the mirror copy) has checked.
-    for archive, _ in info.archives():
-        if (raw / archive).is_file():
-            (raw / Path(archive).stem).unlink(missing_ok=True)
-    for attempt in range(2):
-        try:
-            out = {}
-            for split in SPLITS:
-                ds = cls(str(tv_root), train=split == "train", download=True)
-                out[split] = (ds.data.numpy(), ds.targets.numpy().astype(np.int64))
-            return out
-        except (
-            RuntimeError,
-            AssertionError,
-            OSError,
-            EOFError,
-            zlib.error,
-            LookupError,
-            ValueError,
-        ) as err:
-            if isinstance(err, RuntimeError) and "Error downloading" in str(err):
-                first_line = str(err).strip().splitlines()[0]
-                hint = (
-                    "this machine seems to be offline; set data_mirror in the config (make: "
-                    f"DATA=, CLI: --mirror) to a folder holding {info.folder}/raw/*.gz"
-                    if offline_hint
-                    else f"check the archives in {raw}"
-                )
-                raise FileNotFoundError(
-                    f"{info.key}: download failed ({first_line}); {hint}"
-                ) from err
-            # reading or extraction failed (RuntimeError too: asserts vanish under -O)
-            for path in _extracted(raw, info):
-                path.unlink(missing_ok=True)
-            bad = _first_bad_gzip(raw, info)
-            if bad is not None:
-                raise ValueError(
-                    f"corrupt archive {bad}: cannot be extracted ({type(err).__name__}: {err}); "
-                    + _how_to_provide(info, bad.name, raw)
-                ) from err
-            if attempt == 1:
-                raise ValueError(
-                    f"{info.key}: cannot read the extracted files in {raw} "
-                    f"({type(err).__name__}: {err})"
-                ) from err
-    raise AssertionError("unreachable")
+def _read_idx(path: Path, info: DatasetInfo) -> np.ndarray:
+    """The uint8 array of an idx file (images [N,H,W], labels [N]) in a gzip archive."""
+    try:
+        with gzip.open(path, "rb") as fh:
+            data = fh.read()
+        if data[:3] != b"\0\0\x08":  # two zero bytes, then the type code of uint8
+            raise ValueError("not an idx file of unsigned bytes")
+        shape = struct.unpack(f">{data[3]}I", data[4 : 4 + 4 * data[3]])
+        return np.frombuffer(data, np.uint8, offset=4 + 4 * data[3]).reshape(shape)
+    except (OSError, EOFError, zlib.error, struct.error, ValueError) as err:
+        raise ValueError(
+            f"corrupt archive {path}: cannot be extracted ({type(err).__name__}: {err}); "
+            + _how_to_provide(info, path.name, path.parent)
+        ) from err
 
 
 # ----------------------------------------------------------------------------- load
