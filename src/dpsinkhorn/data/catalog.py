@@ -86,11 +86,6 @@ def dataset_info(name: str, definition: Mapping[str, Any] | None = None) -> Data
     )
 
 
-def experiment_dataset(exp: Mapping[str, Any]) -> DatasetInfo:
-    """The dataset facts of a validated experiment dict (``config.experiment``)."""
-    return dataset_info(exp["dataset"], exp.get("dataset_definition"))
-
-
 def own_layout(path: Path) -> str:
     """``"npz"`` for a ``.npz`` file, else ``"image folder"``."""
     return "npz" if Path(path).suffix.lower() == ".npz" else "image folder"

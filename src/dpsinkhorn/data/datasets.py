@@ -20,7 +20,7 @@ import torch
 from dpsinkhorn.config.experiments import prepared_folder
 from dpsinkhorn.data.catalog import DATASETS, DatasetInfo, dataset_info
 from dpsinkhorn.data.owndata import RECORD as OWN_RECORD
-from dpsinkhorn.data.owndata import is_prepared_own, prepare_own
+from dpsinkhorn.data.owndata import prepare_own
 from dpsinkhorn.fileio import atomic_path, load_samples, md5_of, save_splits
 
 SPLITS = ("train", "test")
@@ -30,44 +30,31 @@ def split_path(
     root: Path, dataset: str, split: str, definition: dict | None = None, folder: str | None = None
 ) -> Path:
     """``<root>/<folder>/<split>.npz``: ``folder`` when given (an experiment's
-    ``prepared_folder``), else ``config.prepared_folder(dataset, definition)`` (an own
-    dataset's ``<name>-<entry hash>``; without ``definition``, the one prepared under
-    ``root``)."""
+    ``prepared_folder``), else ``config.prepared_folder(dataset, definition)``; without
+    ``definition`` and no such folder, the one ``<dataset>-<hash>`` folder under ``root``
+    (a built-in dataset prepared from a source of its own, or an own dataset)."""
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; valid splits: {', '.join(SPLITS)}")
-    if folder is not None:
-        return Path(root) / folder / f"{split}.npz"
-    folder = prepared_folder(dataset, definition)
-    if definition is None and dataset in DATASETS:
-        if not (Path(root) / folder).is_dir():
-            folder = _one_source(Path(root), dataset) or folder
-    elif definition is None and not is_prepared_own(root, dataset):
-        own = sorted(p.parent.name for p in Path(root).glob(f"{dataset}-*/dataset.json"))
-        if len(own) > 1:
-            raise ValueError(
-                f"{root}: {len(own)} prepared datasets named {dataset} ({', '.join(own)}); "
-                "give its datasets: entry to choose one"
-            )
-        if own:
-            folder = own[0]
-        else:
-            dataset_info(dataset)
-    return Path(root) / folder / f"{split}.npz"
-
-
-def _one_source(root: Path, dataset: str) -> str | None:
-    """The one ``<dataset>-<source hash>`` folder under ``root`` (a built-in dataset prepared
-    from a source of its own: ``config.prepared_folder``), None if there is none; several
-    are an error (which one is the experiment's is said by its ``prepared_folder``)."""
-    found = sorted(
-        p.name for p in root.glob(f"{dataset}-*") if p.is_dir() and not (p / OWN_RECORD).exists()
-    )
-    if len(found) > 1:
-        raise ValueError(
-            f"{root}: {dataset} prepared from {len(found)} sources ({', '.join(found)}); give "
-            "the experiment of a config (its prepared_folder says which)"
+    root = Path(root)
+    if folder is None and definition is not None:
+        folder = prepared_folder(dataset, definition)
+    if folder is None and not (root / dataset).is_dir():
+        own = dataset not in DATASETS  # own datasets' folders hold their dataset.json
+        found = sorted(
+            p.name
+            for p in root.glob(f"{dataset}-*")
+            if p.is_dir() and (p / OWN_RECORD).is_file() == own
         )
-    return found[0] if found else None
+        if len(found) > 1:
+            raise ValueError(
+                f"{root}: {dataset} prepared from {len(found)} sources ({', '.join(found)}); give "
+                "the experiment of a config (its prepared_folder or datasets: entry says which)"
+            )
+        if found:
+            folder = found[0]
+        elif own:
+            dataset_info(dataset)  # an unknown name: the error names the valid ones
+    return root / (folder or dataset) / f"{split}.npz"
 
 
 # --------------------------------------------------------------------------- prepare

@@ -27,7 +27,7 @@ from dpsinkhorn.data.catalog import (
     own_layout,
     resize_statement,
 )
-from dpsinkhorn.fileio import json_bytes, save_splits
+from dpsinkhorn.fileio import check_samples, json_bytes, save_splits
 
 #: The public record of a prepared own dataset, beside its train.npz / test.npz.
 RECORD = "dataset.json"
@@ -47,16 +47,12 @@ def _one_line(err: BaseException) -> str:
 # ------------------------------------------------------------------------------ images
 
 
-def _mode(channels: int) -> str:
-    return "L" if channels == 1 else "RGB"
-
-
 def _to_pixels(image: Any, where: Path | str, definition: Mapping[str, Any]) -> np.ndarray:
     """One PIL image -> uint8 [S,S] (channels 1) or [S,S,3], converted and resized only
     with ``resize: true``; otherwise a :class:`DatasetError` when size or mode differ."""
     from PIL import Image
 
-    size, mode = int(definition["image_size"]), _mode(int(definition["channels"]))
+    size, mode = int(definition["image_size"]), "L" if definition["channels"] == 1 else "RGB"
     if image.mode.startswith(("I", "F")):
         # PIL's convert() to L or RGB clips 16-bit and float pixels to 0..255 instead of
         # scaling them: a 16-bit scan would come out mostly white. Never guessed here.
@@ -120,8 +116,6 @@ def _read_class_folders(
     base: Path, classes: tuple[str, ...], definition: Mapping[str, Any], field: str
 ) -> Arrays:
     """Read ``base/<class>/*`` with labels = index in ``classes``."""
-    if not base.is_dir():
-        raise FileNotFoundError(f"{base}: image folder not found")
     class_dirs = sorted(d for d in base.iterdir() if d.is_dir() and not d.name.startswith("."))
     if not class_dirs:
         loose = "; images must lie in <class>/ sub-folders" if _image_files(base) else ""
@@ -144,16 +138,21 @@ def _read_class_folders(
         files = _image_files(folder)
         if not files:
             raise DatasetError(f"{folder}: class folder without images (.png, .jpg, .jpeg)")
-        for file in files:
-            images.append(_read_image(file, definition))
+        images += [_read_image(file, definition) for file in files]
         labels += [index[folder.name]] * len(files)
     return np.stack(images), np.asarray(labels, dtype=np.int64)
 
 
-def _check_split_layout(root: Path) -> None:
-    """The split layout reads ``root/train`` and ``root/test`` only: a folder or an image
-    beside them (``val/``, ``valid/``, a stray image) is refused by name, never left out
-    without a word."""
+def _read_image_folder(
+    root: Path, classes: tuple[str, ...], definition: Mapping[str, Any], field: str
+) -> tuple[Arrays, Arrays | None]:
+    """(train, test or None) of an image folder. ``root/train`` marks the split layout,
+    which reads ``train/`` and ``test/`` only: a folder or an image beside them (``val/``,
+    a stray image) is refused by name, never left out without a word."""
+    if not root.is_dir():
+        raise image_folder_not_found(root)
+    if not (root / "train").is_dir():
+        return _read_class_folders(root, classes, definition, field), None
     for entry in sorted(root.iterdir()):
         if entry.name.startswith(".") or entry.name in ("train", "test"):
             continue
@@ -162,22 +161,10 @@ def _check_split_layout(root: Path) -> None:
                 f"{entry}: not read: beside train/, an image folder holds only an optional "
                 "test/ (name a held-out split test/, or move this out of the folder)"
             )
-
-
-def _read_image_folder(
-    root: Path, classes: tuple[str, ...], definition: Mapping[str, Any], field: str
-) -> tuple[Arrays, Arrays | None]:
-    """(train, test or None) of an image folder; ``root/train`` marks the split layout."""
-    if not root.is_dir():
-        raise image_folder_not_found(root)
-    if (root / "train").is_dir():
-        _check_split_layout(root)
-        train = _read_class_folders(root / "train", classes, definition, field)
-        test = None
-        if (root / "test").is_dir():
-            test = _read_class_folders(root / "test", classes, definition, field)
-        return train, test
-    return _read_class_folders(root, classes, definition, field), None
+    train = _read_class_folders(root / "train", classes, definition, field)
+    if not (root / "test").is_dir():
+        return train, None
+    return train, _read_class_folders(root / "test", classes, definition, field)
 
 
 # --------------------------------------------------------------------------------- npz
@@ -188,23 +175,10 @@ def _npz_pair(
 ) -> Arrays:
     """Check and convert one (images, labels) pair of an .npz."""
     images, labels = (np.asarray(arrays[k]) for k in keys)
-    if (
-        images.dtype != np.uint8
-        or images.ndim not in (3, 4)
-        or (images.ndim == 4 and images.shape[3] not in (1, 3))
-    ):
-        raise DatasetError(
-            f"{path}: {keys[0]} must be uint8 [N,H,W] or [N,H,W,C] with C 1 or 3, got "
-            f"{images.dtype} {list(images.shape)}"
-        )
-    if labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer):
-        raise DatasetError(
-            f"{path}: {keys[1]} must be integers [N], got {labels.dtype} {list(labels.shape)}"
-        )
-    if len(labels) != len(images):
-        raise DatasetError(
-            f"{path}: {len(images)} {keys[0]} but {len(labels)} {keys[1]} (lengths must match)"
-        )
+    try:  # the sample files' own contract, for each pair of the .npz
+        check_samples(images, labels, f"{path} ({keys[0]}, {keys[1]})")
+    except ValueError as err:
+        raise DatasetError(str(err)) from None
     if len(images) == 0:
         raise DatasetError(f"{path}: {keys[0]} holds no images")
     if 0 in images.shape[1:3]:  # resize would make blank images of them
@@ -339,11 +313,6 @@ def prepare_own(
     arrays = {paths["train"]: train, paths["test"]: test}
     save_splits(arrays, [(out / RECORD, json_bytes(record))], remove_first=[out / RECORD])
     return paths
-
-
-def is_prepared_own(root: Path, name: str) -> bool:
-    """Whether ``<root>/<name>/dataset.json`` exists (an own dataset prepared there)."""
-    return (Path(root) / name / RECORD).is_file()
 
 
 def prepared_dataset_info(folder: Path) -> DatasetInfo:
