@@ -34,18 +34,13 @@ class NoSpaceError(OSError):
     names the file and the temporary file is already removed."""
 
 
-def _temp_pattern(path: Path) -> str:
-    """Glob of the temporary files ``atomic_path`` makes for ``path``."""
-    return f".{path.stem}.*.tmp{path.suffix}"
-
-
 def remove_stale_temps(path: str | os.PathLike) -> list[Path]:
     """Delete temporary files a killed writer left next to ``path``; returns them. Call it
     only while no other process can write ``path`` (e.g. under ``runlock.OutputLock``)."""
     path = Path(path)
     if not path.parent.is_dir():
         return []
-    stale = sorted(path.parent.glob(_temp_pattern(path)))
+    stale = sorted(path.parent.glob(f".{path.stem}.*.tmp{path.suffix}"))  # see _temp_beside
     for tmp in stale:
         tmp.unlink(missing_ok=True)
     return stale
@@ -97,7 +92,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
 
 
 def _temp_beside(path: Path) -> Path:
-    """A new empty temporary file next to ``path`` (matching :func:`_temp_pattern`)."""
+    """A new empty temporary file next to ``path``: ``.<stem>.<8 characters>.tmp<suffix>``."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(
         prefix=f".{path.stem}.", suffix=f".tmp{path.suffix}", dir=path.parent
@@ -115,8 +110,7 @@ def _write_synced(tmp: Path, payload: bytes) -> None:
 
 def write_bytes(path: str | os.PathLike, payload: bytes) -> None:
     """Write ``payload`` to ``path`` atomically (``NoSpaceError`` naming it when full)."""
-    with atomic_path(path) as tmp:
-        _write_synced(tmp, payload)
+    write_all([(path, payload)])
 
 
 def write_all(
@@ -194,9 +188,8 @@ def write_json(path: str | os.PathLike, obj: Any) -> None:
 
 
 def write_text(path: str | os.PathLike, text: str) -> None:
-    """Write a text file atomically."""
-    with atomic_path(path) as tmp:
-        tmp.write_text(text)
+    """Write a UTF-8 text file atomically."""
+    write_bytes(path, text.encode())
 
 
 def read_json(path: str | os.PathLike) -> Any:
@@ -297,16 +290,14 @@ def load_samples(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
         raise FileNotFoundError(f"sample file not found: {path}")
     try:
         with np.load(path, allow_pickle=False) as npz:
-            missing = {"images", "labels"} - set(npz.files)
-            if missing:
-                raise ValueError(f"{path}: missing array(s) {sorted(missing)}; found {npz.files}")
-            images, labels = npz["images"], npz["labels"]
+            arrays = {name: npz[name] for name in npz.files if name in ("images", "labels")}
+            found = npz.files
     except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as err:
-        if isinstance(err, ValueError) and str(path) in str(err):
-            raise
         raise ValueError(f"{path}: not a readable .npz sample file ({err})") from err
-    check_samples(images, labels, str(path))
-    return images, labels.astype(np.int64)
+    if missing := {"images", "labels"} - set(arrays):
+        raise ValueError(f"{path}: missing array(s) {sorted(missing)}; found {found}")
+    check_samples(arrays["images"], arrays["labels"], str(path))
+    return arrays["images"], arrays["labels"].astype(np.int64)
 
 
 def relative_inside(path: str | os.PathLike, folder: str | os.PathLike) -> str | None:
