@@ -55,18 +55,15 @@ def _gpu_ids(count: int) -> list[str]:
 
 
 def claim_gpu(count: int, directory: Path | None = None, poll_s: float = 2.0) -> int:
-    """Index of a GPU (of ``count``) that this process now holds; waits if all are taken.
-
-    A GPU is held by an exclusive ``flock`` (dropped by the kernel when the process exits)
-    on one of its ``jobs_per_gpu()`` slots' lock files (``dpsinkhorn-gpu-<id>.lock``, then
-    ``dpsinkhorn-gpu-<id>.<slot>.lock``). The same process gets the same GPU on every call.
-    """
+    """Index of a GPU (of ``count``) this process now holds, the same on every call; waits
+    while all are taken. Held: an exclusive ``flock`` (the kernel drops it when the process
+    exits) on a slot's lock file, ``dpsinkhorn-gpu-<id>.lock``, then ``...<id>.<slot>.lock``."""
     global _claimed
     if _claimed is not None:
         return _claimed[0]
     directory = Path(directory or lock_dir())
     directory.mkdir(parents=True, exist_ok=True)
-    ids, slots, waiting_since = _gpu_ids(count), jobs_per_gpu(), None
+    ids, slots, said = _gpu_ids(count), jobs_per_gpu(), False
     while True:
         for slot in range(slots):
             for index, gpu in enumerate(ids):
@@ -79,8 +76,8 @@ def claim_gpu(count: int, directory: Path | None = None, poll_s: float = 2.0) ->
                     continue
                 _claimed = (index, handle)
                 return index
-        if waiting_since is None:
-            waiting_since = time.monotonic()
+        if not said:
+            said = True
             each = f" ({slots} steps each)" if slots > 1 else ""
             print(
                 f"dpsinkhorn: all {count} GPUs are in use{each}; waiting for one", file=sys.stderr

@@ -1,8 +1,5 @@
-"""Atomic file writes and the sample-file contract shared by every stage.
-
-Each writer goes to a temporary file beside its destination, moved into place with
-``os.replace`` (atomic on POSIX), so nothing is ever half-written.
-"""
+"""Atomic file writes (a temporary file beside the destination, moved into place with
+``os.replace``: nothing is ever half-written) and the sample-file contract of every stage."""
 
 from __future__ import annotations
 
@@ -25,8 +22,7 @@ import numpy as np
 _UMASK = os.umask(0)
 os.umask(_UMASK)
 
-# errno values that mean "the file system is full" (disk, or the user's quota)
-_NO_SPACE = {errno.ENOSPC, errno.EDQUOT}
+_NO_SPACE = {errno.ENOSPC, errno.EDQUOT}  # the file system (or the user's quota) is full
 
 
 class NoSpaceError(OSError):
@@ -38,8 +34,6 @@ def remove_stale_temps(path: str | os.PathLike) -> list[Path]:
     """Delete temporary files a killed writer left next to ``path``; returns them. Call it
     only while no other process can write ``path`` (e.g. under ``runlock.OutputLock``)."""
     path = Path(path)
-    if not path.parent.is_dir():
-        return []
     stale = sorted(path.parent.glob(f".{path.stem}.*.tmp{path.suffix}"))  # see _temp_beside
     for tmp in stale:
         tmp.unlink(missing_ok=True)
@@ -52,10 +46,7 @@ _TEMP_NAME = re.compile(r"^\..+\.[A-Za-z0-9_]{8}\.tmp(\.[^.]+)?$")
 
 def remove_stale_temps_under(root: str | os.PathLike) -> list[Path]:
     """Delete every temporary file of this module's writers under ``root``; returns them.
-
-    Call it only when no writer can be running under ``root`` (the workflow does, once
-    every job has finished).
-    """
+    Call it only when no writer can be running there (the workflow: once every job ended)."""
     root = Path(root)
     stale = [p for p in root.rglob(".*.tmp*") if p.is_file() and _TEMP_NAME.match(p.name)]
     for tmp in stale:
@@ -74,10 +65,8 @@ def _raise_no_space(err: OSError, path: Path) -> None:
 
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
-    """Yield a temporary path next to ``path``; move it onto ``path`` on success.
-
-    It keeps the destination's suffix, for libraries that pick a format from it.
-    """
+    """Yield a temporary path next to ``path`` (with its suffix, for libraries that pick a
+    format from it); move it onto ``path`` on success."""
     path = Path(path)
     tmp_path = _temp_beside(path)
     try:
@@ -87,8 +76,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     except OSError as err:
         _raise_no_space(err, path)
     finally:
-        if tmp_path.exists():
-            tmp_path.unlink()
+        tmp_path.unlink(missing_ok=True)
 
 
 def _temp_beside(path: Path) -> Path:
@@ -116,12 +104,9 @@ def write_bytes(path: str | os.PathLike, payload: bytes) -> None:
 def write_all(
     files: list[tuple[str | os.PathLike, bytes]], remove_first: list[str | os.PathLike] = ()
 ) -> None:
-    """Write several files as one commit: all in full, then moved into place in order.
-
-    An error while writing (``NoSpaceError`` naming the file) changes nothing. Then
-    ``remove_first`` is deleted and the files are moved into place in order, so a file
-    listed later never appears without the ones before it.
-    """
+    """Write several files as one commit: all in full (an error, e.g. ``NoSpaceError``
+    naming the file, changes nothing), then ``remove_first`` deleted and the files moved into
+    place in order, so a file listed later never appears without the ones before it."""
     staged: list[tuple[Path, Path]] = []
     try:
         for path, payload in files:
@@ -143,10 +128,8 @@ def write_all(
 
 
 def torch_bytes(obj: Any) -> bytes:
-    """``torch.save(obj)`` as bytes that depend on ``obj`` only.
-
-    (Saving to a path would store the file's random temporary name inside.)
-    """
+    """``torch.save(obj)`` as bytes that depend on ``obj`` only (saving to a path would
+    store the file's random temporary name inside)."""
     import torch
 
     buf = io.BytesIO()
@@ -203,10 +186,9 @@ _ZIP_TIME = (1980, 1, 1, 0, 0, 0)
 
 
 def samples_bytes(images: np.ndarray, labels: np.ndarray, where: str = "samples") -> bytes:
-    """The bytes of a sample file (an .npz that ``np.load`` reads: ``images`` uint8
-    [N,H,W(,C)], ``labels`` int64 [N]), a function of the arrays alone: uncompressed,
-    fixed entry order and time stamps. ``dpsinkhorn release`` redraws a generator's samples
-    and compares these bytes."""
+    """The bytes of a sample file (an .npz: ``images`` uint8 [N,H,W(,C)], ``labels`` int64
+    [N]), a function of the arrays alone (uncompressed, fixed entry order and time stamps),
+    so that ``dpsinkhorn release`` can redraw a generator's samples and compare them."""
     images, labels = np.ascontiguousarray(images), np.asarray(labels)
     check_samples(images, labels, where)
     labels = np.ascontiguousarray(labels.astype(np.int64))
@@ -221,8 +203,7 @@ def samples_bytes(images: np.ndarray, labels: np.ndarray, where: str = "samples"
 
 
 def save_samples(path: str | os.PathLike, images: np.ndarray, labels: np.ndarray) -> None:
-    """Save a sample file (:func:`samples_bytes`): ``images`` uint8 [N,H,W] or [N,H,W,C],
-    ``labels`` int64 [N]; atomically."""
+    """Save a sample file (:func:`samples_bytes`) atomically."""
     write_bytes(path, samples_bytes(np.asarray(images), np.asarray(labels), str(path)))
 
 

@@ -82,7 +82,7 @@ for members in SWEEPS:
         resources:
             gpu=GPUS,
             mem_mb=16000,
-            runtime=REQUESTS.runtime(members),
+            runtime=lambda w, members=members: REQUESTS.minutes(members),  # when jobs are made
             slurm_extra=SLURM_SIGNAL,
             attempt=lambda w, attempt: attempt,
         conda:

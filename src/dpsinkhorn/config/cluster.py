@@ -46,9 +46,8 @@ class TrainRequest:
     @property
     def retries(self) -> int:
         """Resubmissions the job needs: its chain's, plus :data:`OTHER_RETRIES`."""
-        if self.chain_jobs is None:
-            return UNKNOWN_CHAIN_RETRIES
-        return self.chain_jobs - 1 + OTHER_RETRIES
+        unknown = self.chain_jobs is None
+        return UNKNOWN_CHAIN_RETRIES if unknown else self.chain_jobs - 1 + OTHER_RETRIES
 
 
 def rates_file(config: Mapping, bases: Sequence[PathLike] = ()) -> Path:
@@ -56,12 +55,8 @@ def rates_file(config: Mapping, bases: Sequence[PathLike] = ()) -> Path:
     working directory, then in each of ``bases`` (the workflow's folder); the first that
     exists, else the path as given (the error names it)."""
     path = Path(config["cluster"]["step_rates"])
-    if path.is_absolute() or path.exists():
-        return path
-    for base in bases:
-        if (Path(base) / path).exists():
-            return Path(base) / path
-    return path
+    found = [p for p in [path, *(Path(base) / path for base in bases)] if p.exists()]
+    return found[0] if found else path
 
 
 def load_rates(path: PathLike) -> list[dict]:
@@ -94,8 +89,6 @@ def load_rates(path: PathLike) -> list[dict]:
 
 #: [H, W, C] of the built-in datasets' images (a step's cost depends on shape, not name).
 BUILTIN_IMAGE_SHAPES = {"mnist": (28, 28, 1), "fmnist": (28, 28, 1), "celeba": (32, 32, 3)}
-
-
 #: The generator of a rate entry that names none (``generator``, ``channels``): the paper's DCGAN.
 RATE_GENERATOR = ("dcgan", (256, 128, 64))
 
@@ -111,11 +104,9 @@ def step_shape_key(entry: Mapping) -> tuple | None:
         shape = (size, size, channels)
     else:
         shape = BUILTIN_IMAGE_SHAPES.get(entry["dataset"])
-    generator = (
-        entry.get("generator", RATE_GENERATOR[0]),
-        tuple(entry.get("channels") or RATE_GENERATOR[1]),
-    )
-    return None if shape is None else (shape, int(entry["batch_size"]), *generator)
+    generator = entry.get("generator", RATE_GENERATOR[0])
+    widths = tuple(entry.get("channels") or RATE_GENERATOR[1])
+    return None if shape is None else (shape, int(entry["batch_size"]), generator, widths)
 
 
 def matching_rate(rates: Sequence[dict], spec: Mapping, runs: int) -> tuple[float | None, str]:
@@ -123,16 +114,13 @@ def matching_rate(rates: Sequence[dict], spec: Mapping, runs: int) -> tuple[floa
     of k runs takes the smallest measured sweep of K >= k runs, else the single rate / k."""
     key = step_shape_key(spec)
     same = [r for r in rates if key is not None and step_shape_key(r) == key]
-    single = [r for r in same if int(r["runs"]) == 1]
-    if runs == 1:
-        return (
-            (single[0]["steps_per_s"], f"measured: {single[0]['source']}") if single else (None, "")
-        )
     found = sorted((r for r in same if int(r["runs"]) >= runs), key=lambda r: int(r["runs"]))
-    if found:
-        how = "measured" if int(found[0]["runs"]) == runs else f"{found[0]['runs']}-run rate"
-        return found[0]["steps_per_s"], f"{how}: {found[0]['source']}"
-    if single:
+    if found and int(found[0]["runs"]) == runs:
+        return found[0]["steps_per_s"], f"measured: {found[0]['source']}"
+    if found and runs > 1:
+        return found[0]["steps_per_s"], f"{found[0]['runs']}-run rate: {found[0]['source']}"
+    single = [r for r in same if int(r["runs"]) == 1]
+    if single and runs > 1:
         rate = single[0]["steps_per_s"] / runs
         return rate, f"single-run rate / {runs}: {single[0]['source']}"
     return None, ""
@@ -223,19 +211,13 @@ class Requests:
             )
         return request.minutes
 
-    def runtime(self, members: Sequence[str]) -> Callable[[Mapping], int]:
-        """A resource function for the job of ``members``: evaluated when Snakemake makes
-        the job (the executor then known, for :attr:`warn`), not while it reads the rules."""
-        return lambda wildcards: self.minutes(members)
-
 
 def eval_runtime_minutes(config: Mapping, name: str) -> int:
     """``runtime`` of experiment ``name``'s evaluation job (``evaluate_<name>``): nominal
     minutes of sampling (trained experiments only), FID and each classifier, every seed
     (:data:`EVAL_MINUTES_PER_SEED`), capped at ``cluster.max_job_minutes``."""
-    seeds = len(config["seeds"])
     per_seed = EVAL_MINUTES_PER_SEED
     sample = per_seed["sample"] if needs_training(config, name) else 0
     models = len(experiment_classifiers(config, name))
-    nominal = seeds * (sample + per_seed["fid"] + models * per_seed["classify"])
-    return min(nominal, int(config["cluster"]["max_job_minutes"]))
+    nominal = sample + per_seed["fid"] + models * per_seed["classify"]
+    return capped_minutes(config, len(config["seeds"]) * nominal)

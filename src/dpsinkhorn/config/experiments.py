@@ -96,10 +96,6 @@ def definition_sha256(definition: Mapping) -> str:
 
 #: Built-in datasets whose archives are MD5-checked: every source gives the same files.
 VERIFIED_SOURCES = ("mnist", "fmnist")
-#: :func:`builtin_source` of a verified dataset.
-VERIFIED = "official archives (MD5-checked)"
-#: :func:`builtin_source` of a built-in dataset read from no mirror.
-DOWNLOAD = "download"
 
 
 def normal_mirror(mirror: str | os.PathLike | None) -> str | None:
@@ -108,12 +104,12 @@ def normal_mirror(mirror: str | os.PathLike | None) -> str | None:
 
 
 def builtin_source(dataset: str, mirror: str | os.PathLike | None, data_dir) -> str:
-    """What decides a built-in dataset's prepared bytes: :data:`VERIFIED`, :data:`DOWNLOAD`,
-    ``mirror <data_dir>/<path>`` (inside data_dir) or ``mirror <real path>``."""
+    """What decides a built-in dataset's prepared bytes: its MD5-checked archives, the
+    download, ``mirror <data_dir>/<path>`` (inside data_dir) or ``mirror <real path>``."""
     if dataset in VERIFIED_SOURCES:
-        return VERIFIED
+        return "official archives (MD5-checked)"
     if mirror is None:
-        return DOWNLOAD
+        return "download"
     real, root = normal_mirror(mirror), normal_mirror(data_dir)
     inside = os.path.relpath(real, root)
     if inside != os.pardir and not inside.startswith(os.pardir + os.sep):
@@ -136,7 +132,7 @@ def prepared_folder(dataset: str, definition: Mapping | None, source: str | None
     else ``<name>-<sha256(source)[:16]>``, so two sources never share a folder."""
     if definition is not None:
         return f"{dataset}-{definition_sha256(definition)}"
-    if source is None or source == DOWNLOAD or dataset in VERIFIED_SOURCES:
+    if source in (None, "download") or dataset in VERIFIED_SOURCES:
         return dataset
     return f"{dataset}-{hashlib.sha256(source.encode()).hexdigest()[:16]}"
 

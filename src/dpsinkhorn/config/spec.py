@@ -65,9 +65,7 @@ class ExperimentSpec:
     def from_dict(cls, spec: Mapping[str, Any]) -> ExperimentSpec:
         """From a validated experiment dict (keys beyond the fields are ignored); a missing
         setting is a ValueError naming it."""
-        missing = [
-            key for key in cls.__dataclass_fields__ if key not in spec and key != "generator"
-        ]
+        missing = [k for k in cls.__dataclass_fields__ if k not in spec and k != "generator"]
         if missing:
             raise ValueError(
                 f"experiment {spec.get('name', '?')}: settings {missing} missing; build it with "

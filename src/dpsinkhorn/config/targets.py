@@ -165,15 +165,8 @@ def release_inputs(config: Mapping, results: PathLike) -> list[str]:
 
 
 def table1_files(config: Mapping, results: PathLike) -> dict[str, list[str]]:
-    """What Table 1 reads: per-seed results, privacy reports, samples for its figures."""
-    rows = table1_experiments(config)
-    return {
-        "results": evaluation_files(config, results, rows.values()),
-        "privacy": privacy_files(config, results, rows.values()),
-        "samples": sample_files(
-            config, results, [figure_experiment(config, d) for d in figure_datasets(config)]
-        ),
-    }
+    """:func:`table_files` of Table 1."""
+    return table_files(config, "table1", results)
 
 
 def report_tables(config: Mapping) -> list[str]:
@@ -182,14 +175,16 @@ def report_tables(config: Mapping) -> list[str]:
 
 
 def table_figure_experiments(config: Mapping, table: str) -> list[str]:
-    """Experiments shown in the table's figure (fig3: the DP row; fig6: DCGAN, BigGAN)."""
-    rows = table_experiments(config, table)
+    """Experiments shown in the table's figures (Table 1: each dataset's main DP experiment;
+    fig3: the DP row; fig6: DCGAN, BigGAN)."""
+    if table == "table1":
+        return [figure_experiment(config, d) for d in figure_datasets(config)]
     _, kinds = TABLE_FIGURES[table]
-    return [name for (_, row), name in rows.items() if row in kinds]
+    return [name for (_, row), name in table_experiments(config, table).items() if row in kinds]
 
 
 def table_files(config: Mapping, table: str, results: PathLike) -> dict[str, list[str]]:
-    """What a CelebA table reads: per-seed results, privacy reports, figure samples."""
+    """What Table 1 or a CelebA table reads: per-seed results, privacy reports, samples."""
     rows = table_experiments(config, table).values()
     return {
         "results": evaluation_files(config, results, rows),

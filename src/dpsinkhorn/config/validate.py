@@ -10,7 +10,7 @@ import json
 import math
 import os
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -68,11 +68,9 @@ def read_yaml(path: PathLike) -> dict:
         raise ValueError(f"{path}: not valid YAML (not UTF-8 text: byte {err.start})") from err
     except yaml.YAMLError as err:
         raise ValueError(f"{path}: not valid YAML ({_yaml_problem(err)})") from err
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
+    if not isinstance(data, dict | None):
         raise ValueError(f"{path}: must hold a mapping of keys, got {type(data).__name__}")
-    return data
+    return data or {}
 
 
 def _yaml_problem(err: yaml.YAMLError) -> str:
@@ -83,9 +81,7 @@ def _yaml_problem(err: yaml.YAMLError) -> str:
 
 
 def _as_paths(paths: Sequence[PathLike] | PathLike) -> list[Path]:
-    if isinstance(paths, str | os.PathLike):
-        return [Path(paths)]
-    return [Path(p) for p in paths]
+    return [Path(p) for p in ([paths] if isinstance(paths, str | os.PathLike) else paths)]
 
 
 def load_config(paths: Sequence[PathLike] | PathLike) -> dict:
@@ -137,7 +133,7 @@ def validate(config: Mapping, source: str | Sequence[PathLike] = "config") -> di
             # An experiment made by a study is in no file: name the file of that study.
             study = made.get(path[1]) if path[:1] == ["experiments"] and len(path) > 1 else None
             file = _file_of(["studies", study] if study else path, source, filled)
-            lines.append(f"{file}: {_dotted(path)}: {msg}")
+            lines.append(f"{file}: {'.'.join(map(str, path)) or '<top level>'}: {msg}")
         raise ValueError("\n".join(lines))
     filled["data_mirror"] = normal_mirror(filled.get("data_mirror"))
     return filled
@@ -205,10 +201,6 @@ def _fill_defaults(instance: dict, schema: dict, root: dict | None = None) -> No
         # into them would overwrite those experiments' own values.
         if isinstance(instance.get(key), dict) and key != "studies":
             _fill_defaults(instance[key], sub, root)
-
-
-def _dotted(path: Iterable[Any]) -> str:
-    return ".".join(str(p) for p in path) or "<top level>"
 
 
 def _describe(error: jsonschema.ValidationError, checked: Mapping) -> tuple[list, str]:

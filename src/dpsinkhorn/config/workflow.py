@@ -34,8 +34,7 @@ def data_inputs(config: Mapping, dataset: str) -> list[str]:
     definition = dataset_definition(config, dataset)
     if definition is not None:
         return [str(definition["path"])]
-    source = fixture_source(config) if dataset == "celeba" else None
-    return [] if source is None else [source]
+    return [fixture_source(config)] if dataset == "celeba" and fixture_source(config) else []
 
 
 def data_source_args(config: Mapping, dataset: str, config_files: str) -> str:
@@ -95,7 +94,6 @@ def prepare_workflow_process() -> None:
 
 def private_trainings(config: Mapping, results: PathLike) -> list[tuple[str, str, dict]]:
     """(experiment, absolute output folder, settings) of each DP release the config trains."""
-    trained = set(trained_experiments(config))
     return [
         (
             name,
@@ -103,7 +101,6 @@ def private_trainings(config: Mapping, results: PathLike) -> list[tuple[str, str
             json.loads(experiment_spec(config, name)),
         )
         for name in private_experiments(config)
-        if name in trained
     ]
 
 

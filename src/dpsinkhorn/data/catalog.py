@@ -91,19 +91,6 @@ def own_layout(path: Path) -> str:
     return "npz" if Path(path).suffix.lower() == ".npz" else "image folder"
 
 
-def folder_classes(root: Path) -> tuple[str, ...]:
-    """Class names of an image folder: its sub-folder names (of ``root/train`` when there is
-    one), sorted, hidden ones left out. Folder names are public: no label is counted.
-    ``FileNotFoundError`` naming ``root`` when it is not a folder."""
-    root = Path(root)
-    if not root.is_dir():
-        raise image_folder_not_found(root)
-    base = root / "train" if (root / "train").is_dir() else root
-    return tuple(
-        sorted(d.name for d in base.iterdir() if d.is_dir() and not d.name.startswith("."))
-    )
-
-
 def image_folder_not_found(root: Path) -> FileNotFoundError:
     """The error for an own dataset's ``path`` that is no folder (a file: not an .npz)."""
     if Path(root).is_file():
@@ -135,7 +122,10 @@ def own_dataset_info(name: str, definition: Mapping[str, Any]) -> DatasetInfo:
     if classes is None:
         if layout == "npz":
             raise ValueError(f"datasets.{name}.classes: an .npz dataset needs its class list")
-        classes = folder_classes(path)
+        if not path.is_dir():
+            raise image_folder_not_found(path)
+        base = path / "train" if (path / "train").is_dir() else path  # public folder names
+        classes = sorted(d.name for d in base.iterdir() if d.is_dir() and d.name[0] != ".")
         if not classes:
             raise ValueError(f"{path}: no class folders (expected {path}/<class>/*.png|jpg)")
         from dpsinkhorn.fileio import check_class_names

@@ -17,7 +17,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from dpsinkhorn.config.experiments import prepared_folder
+from dpsinkhorn.config.experiments import (
+    definition_sha256,
+    experiment,
+    experiment_names,
+    prepared_folder,
+)
 from dpsinkhorn.data.catalog import DATASETS, DatasetInfo, dataset_info
 from dpsinkhorn.data.owndata import RECORD as OWN_RECORD
 from dpsinkhorn.data.owndata import prepare_own
@@ -165,9 +170,6 @@ def _read_idx(path: Path, info: DatasetInfo) -> np.ndarray:
         ) from err
 
 
-# ----------------------------------------------------------------------------- load
-
-
 def load_split(
     root: Path, dataset: str, split: str, definition: dict | None = None, folder: str | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -215,29 +217,6 @@ def from_unit_range(x: torch.Tensor) -> np.ndarray:
 # ------------------------------------------------------------------------------- CLI
 
 
-def _check_definition(args: argparse.Namespace, dataset: str, definition: dict) -> None:
-    """Refuse a ``datasets.<dataset>`` entry that differs from the one the workflow hashed."""
-    from dpsinkhorn.config.experiments import definition_sha256
-
-    if args.definition_sha256 and definition_sha256(definition) != args.definition_sha256:
-        raise ValueError(
-            f"{', '.join(args.config)}: datasets.{dataset} changed since the workflow read it "
-            f"(sha256 {definition_sha256(definition)}, expected {args.definition_sha256})"
-        )
-
-
-def _largest_batch(cfg: dict, dataset: str) -> tuple[int | None, str]:
-    """(largest batch_size, its experiment) of the config's trained experiments on ``dataset``."""
-    from dpsinkhorn.config import experiment, experiment_names
-
-    batches = [
-        (int(exp["batch_size"]), f"experiment {name}")
-        for name in experiment_names(cfg)
-        if (exp := experiment(cfg, name))["dataset"] == dataset and exp["method"] != "real_data"
-    ]
-    return max(batches, default=(None, ""))
-
-
 def register_cli(subparsers: argparse._SubParsersAction) -> None:
     """Add ``dpsinkhorn data``."""
     parser = subparsers.add_parser(
@@ -281,25 +260,38 @@ def register_cli(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _cli_handler(args: argparse.Namespace) -> int:
-    cfg = None
+    cfg = {}
     if args.config:
         from dpsinkhorn.config import load_config
 
         cfg = load_config(args.config)
-    own = (cfg or {}).get("datasets") or {}
-    for dataset in dict.fromkeys(args.dataset):  # check every name before preparing any
+    own = cfg.get("datasets") or {}
+    names = list(dict.fromkeys(args.dataset))  # de-duplicated, order kept
+    for dataset in names:  # check every name before preparing any
         if dataset not in DATASETS and dataset not in own:
             where = f" in {', '.join(args.config)}" if args.config else " (give --config)"
             raise ValueError(
                 f"--dataset {dataset}: unknown dataset; built-in: {', '.join(DATASETS)}; "
                 f"own (datasets:){where}: {', '.join(own) or 'none'}"
             )
-    for dataset in dict.fromkeys(args.dataset):  # de-duplicated, order kept
+    for dataset in names:
         if dataset in DATASETS:
             paths = prepare(dataset, args.root, mirror=args.mirror)
         else:
-            _check_definition(args, dataset, own[dataset])
-            paths = prepare_own(dataset, own[dataset], args.root, *_largest_batch(cfg, dataset))
+            sha = definition_sha256(own[dataset])  # the workflow's hash of the entry it read
+            if args.definition_sha256 and sha != args.definition_sha256:
+                raise ValueError(
+                    f"{', '.join(args.config)}: datasets.{dataset} changed since the workflow "
+                    f"read it (sha256 {sha}, expected {args.definition_sha256})"
+                )
+            # The largest batch of a trained experiment on it is checked against its records.
+            batches = [
+                (exp["batch_size"], f"experiment {name}")
+                for name in experiment_names(cfg)
+                if (exp := experiment(cfg, name))["dataset"] == dataset
+                and exp["method"] != "real_data"
+            ]
+            paths = prepare_own(dataset, own[dataset], args.root, *max(batches, default=(None, "")))
         for split, path in paths.items():
             print(f"{dataset} {split}: wrote {path}")
     return 0

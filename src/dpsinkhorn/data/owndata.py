@@ -1,12 +1,8 @@
-"""Own datasets (config ``datasets:``): an image folder or an .npz -> ``{train,test}.npz``.
-
-Layouts: an ``ImageFolder`` (``path/<class>/*``, or ``path/train/<class>/...`` with an
-optional ``path/test/``), or an .npz with ``images``, ``labels`` and optionally
-``test_images`` / ``test_labels``. Classes are public (declared or folder names).
-:func:`prepare_own` writes ``{train,test}.npz`` and ``dataset.json`` into
-``<root>/<name>-<entry hash>``. Bad input: :class:`DatasetError` naming the file.
-Torch-free; docs/OWN_DATA.md.
-"""
+"""Own datasets (config ``datasets:``): an image folder (``ImageFolder`` layout, optionally
+split into ``train/`` and ``test/``) or an .npz -> ``<root>/<name>-<entry hash>/`` with
+``{train,test}.npz`` and ``dataset.json`` (:func:`prepare_own`). Classes are public
+(declared or folder names); bad input is a one-line :class:`DatasetError` naming the file.
+Torch-free; docs/OWN_DATA.md."""
 
 from __future__ import annotations
 
@@ -42,9 +38,6 @@ class DatasetError(ValueError):
 def _one_line(err: BaseException) -> str:
     text = " ".join(str(err).split())
     return f"{type(err).__name__}: {text}" if text else type(err).__name__
-
-
-# ------------------------------------------------------------------------------ images
 
 
 def _to_pixels(image: Any, where: Path | str, definition: Mapping[str, Any]) -> np.ndarray:
@@ -224,15 +217,9 @@ def _read_npz(
         raise DatasetError(
             f"{path}: {given[0]} without its pair (give test_images and test_labels)"
         )
-    test = (
-        _npz_pair(path, arrays, ("test_images", "test_labels"), definition, field)
-        if given
-        else None
-    )
-    return train, test
-
-
-# ------------------------------------------------------------------------------ splits
+    if not given:
+        return train, None
+    return train, _npz_pair(path, arrays, ("test_images", "test_labels"), definition, field)
 
 
 def split_off(arrays: Arrays, fraction: float, seed: int, where: Path) -> tuple[Arrays, Arrays]:
@@ -248,9 +235,6 @@ def split_off(arrays: Arrays, fraction: float, seed: int, where: Path) -> tuple[
     return (images[train], labels[train]), (images[test], labels[test])
 
 
-# ----------------------------------------------------------------------------- prepare
-
-
 def prepare_own(
     name: str,
     definition: Mapping[str, Any],
@@ -258,20 +242,17 @@ def prepare_own(
     batch_size: int | None = None,
     batch_owner: str = "",
 ) -> dict[str, Path]:
-    """Write ``<root>/<name>-<entry hash>/{train,test}.npz`` and ``dataset.json``; return
-    {split: path}.
-
-    ``definition``: the validated ``datasets.<name>`` entry. ``batch_size`` (largest batch
-    on it, of experiment ``batch_owner``) is checked against the records first.
-    """
+    """Write ``<root>/<name>-<entry hash>/{train,test}.npz`` and ``dataset.json`` of the
+    validated ``datasets.<name>`` entry ``definition``; {split: path}. ``batch_size`` (the
+    largest batch on it, of experiment ``batch_owner``) is checked against the records."""
     info = own_dataset_info(name, definition)
     out = Path(root) / prepared_folder(name, definition)
     declared = definition.get("classes") is not None
     definition = {**definition, "classes": list(info.class_names)}
     source, layout = Path(definition["path"]), own_layout(Path(definition["path"]))
     field = f"datasets.{name}.classes" if declared else f"the folder names of {source}"
-    if layout == "npz":
-        train, test = _read_npz(source, definition, f"datasets.{name}.classes")
+    if layout == "npz":  # classes declared: field is datasets.<name>.classes
+        train, test = _read_npz(source, definition, field)
     else:
         train, test = _read_image_folder(source, info.class_names, definition, field)
     split: dict[str, Any] = {"test": "given"}
