@@ -223,12 +223,6 @@ def test_scripts_outside_the_package_import_what_exists():
     assert missing == []
 
 
-def test_config_facade_exports_what_it_lists():
-    """``dpsinkhorn.config`` re-exports its submodules' public names explicitly."""
-    assert sorted(config_lib.__all__) == sorted(set(config_lib.__all__))
-    assert all(hasattr(config_lib, name) for name in config_lib.__all__)
-
-
 def test_command_table_names_each_modules_commands():
     """``cli.COMMANDS`` (which module to import for a command, so that a job imports only
     its own) is exactly what each module registers, and one command's parser is the full

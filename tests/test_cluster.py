@@ -183,7 +183,7 @@ def test_profile_signal_and_retries_cover_the_chains():
     assert "group-components" not in profile
     config = cfg.load_config([PAPER])
     requests = cluster.Requests(config, [REPO])
-    needed = max(requests.retries(e) for e in cfg.trained_experiments(config))
+    needed = max(requests(e).retries for e in cfg.trained_experiments(config))
     assert needed <= profile["preemptible-retries"]
 
 

@@ -554,3 +554,17 @@ def test_data_mirror_is_one_parameter_however_spelled(tmp_path, monkeypatch):
     assert len(identities) == 1
     celeba = {data_identity({**quick, "data_mirror": m}, "celeba") for m in (None, real, "/x")}
     assert len(celeba) == 3
+
+
+def test_every_output_has_a_title_a_kind_and_celeba_tables_a_figure():
+    from dpsinkhorn.config.experiments import TABLE_ROWS
+
+    assert set(targets.TITLES) == set(targets.NAMES)
+    assert set(targets.NAMES) == {
+        *targets.MAIN_TABLES,
+        *studies.TABLE_STUDIES,
+        *studies.FIGURE_STUDIES,
+        *targets.SAMPLE_FIGURES,
+        "reproduction",
+    }
+    assert set(targets.CELEBA_TABLES) == set(TABLE_ROWS) == set(targets.TABLE_FIGURES)

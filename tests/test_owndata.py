@@ -17,7 +17,7 @@ from helpers import REPO, digits_arrays, write_digits_imagefolder, write_digits_
 from PIL import Image
 
 from dpsinkhorn.config import experiment, load_config, prepared_folder_of, validate
-from dpsinkhorn.data.catalog import dataset_info, experiment_dataset
+from dpsinkhorn.data.catalog import dataset_info
 from dpsinkhorn.data.datasets import load_split
 from dpsinkhorn.data.owndata import DatasetError, prepare_own
 
@@ -162,7 +162,8 @@ def test_experiment_carries_its_dataset_definition(digits_folder) -> None:
         },
         "test",
     )
-    info = experiment_dataset(experiment(cfg, "e"))
+    exp = experiment(cfg, "e")
+    info = dataset_info(exp["dataset"], exp["dataset_definition"])
     assert (info.title, info.num_classes, info.image_shape) == ("Digits", 10, (1, 32, 32))
     assert "dataset_definition" not in experiment(cfg, "m")
 

@@ -1,9 +1,6 @@
-"""Command line interface: ``dpsinkhorn <command> ...``.
-
-Each module that offers a command defines ``register_cli(subparsers)``, which
-adds its sub-parser and sets ``handler`` to a function taking the parsed
-arguments and returning an exit code. This file only wires them together.
-"""
+"""``dpsinkhorn <command> ...``: each module that offers a command defines
+``register_cli(subparsers)``, which adds its sub-parser with a ``handler`` (parsed
+arguments -> exit code); this file only wires them together."""
 
 from __future__ import annotations
 
@@ -14,10 +11,8 @@ import sys
 
 from dpsinkhorn.fileio import NoSpaceError
 
-# command -> the module that offers it through register_cli(). Only the invoked command's
-# module is imported (a job's start then skips the others' imports: pytorch-fid,
-# dp-accounting, ...); `dpsinkhorn --help` or an unknown command imports them all.
-# tests/test_architecture.py checks this table against what each module registers.
+# command -> the module that offers it. Only the invoked command's module is imported (a
+# job's start skips the others' imports); `dpsinkhorn --help` imports them all.
 COMMANDS = {
     "data": "data.datasets",
     "celeba-fixture": "data.celeba",
@@ -38,10 +33,9 @@ COMMANDS = {
 }
 COMMAND_MODULES = list(dict.fromkeys(COMMANDS.values()))
 # Commands that stop between training steps (train.signals.StopSignal: checkpoint, exit 75).
-# A scheduler's SIGTERM / SIGUSR1 that comes while they start (imports, data, the generator,
-# the lock: a minute on a loaded node) is held pending from here until the loop's handler is
-# in place, which takes it: the job checkpoints after one step instead of dying with nothing
-# saved and no word in its log. SIGINT (the user's Ctrl-C) is never held.
+# A scheduler's SIGTERM / SIGUSR1 while they start is held pending until the training loop's
+# handler takes it, so the job checkpoints instead of dying with nothing saved. SIGINT (the
+# user's Ctrl-C) is never held.
 HOLDS_STOP_SIGNALS = {"train", "train-sweep"}
 STOP_SIGNALS = {signal.SIGTERM, signal.SIGUSR1}
 
@@ -69,9 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.handler(args) or 0)
     except (ValueError, FileNotFoundError, KeyError, NoSpaceError) as err:
-        # Bad input (or a full disk): one clear line naming the key, file or value; no
-        # traceback. Retrying cannot help (workflow/rules/train.smk retries exit 75 only).
-        # One line even when a file's name holds a line break: it is shown escaped.
+        # Bad input (or a full disk): one line naming the key, file or value (a line break
+        # in a file's name escaped), no traceback; exit 2 (train.smk retries exit 75 only).
         text = str(err).replace("\r", "\\r").replace("\n", "\\n")
         print(f"dpsinkhorn {args.command}: error: {text}", file=sys.stderr)
         return 2

@@ -1,10 +1,5 @@
-"""Which device a step runs on: with ``auto`` on a machine with several GPUs, a free one.
-
-When more than one GPU is visible, ``auto`` claims the first GPU no other process holds
-(an exclusive ``flock`` on ``<lock dir>/dpsinkhorn-gpu-<id>.lock``, dropped by the kernel
-when the process exits) and waits when all are taken; ``DPSINKHORN_JOBS_PER_GPU=J`` lets
-each GPU take J steps. Under SLURM each job sees only its own GPU, so nothing is claimed.
-"""
+"""Which device a step runs on: ``auto`` on a machine with several GPUs claims a free one
+(:func:`claim_gpu`); under SLURM each job sees only its own GPU, so nothing is claimed."""
 
 from __future__ import annotations
 
@@ -19,16 +14,15 @@ from typing import IO
 
 #: Lock files go here (default: the system's temporary folder).
 LOCK_DIR_ENV = "DPSINKHORN_GPU_LOCK_DIR"
-#: Steps that may share one GPU (default 1). A small model leaves most of a large GPU
-#: idle; profiles/default then caps the GPU steps at GPUs x this, and ``auto`` hands
-#: out every GPU's first slot before any second one.
+#: Steps that may share one GPU (default 1; profiles/default caps the GPU steps at GPUs x
+#: this, and ``auto`` hands out every GPU's first slot before any second one).
 JOBS_PER_GPU_ENV = "DPSINKHORN_JOBS_PER_GPU"
 
 _claimed: tuple[int, IO] | None = None  # (index, open lock file) of this process
 
 
 def resolve_device(name: str = "auto"):
-    """``auto`` -> a free CUDA device (see module doc), else cpu; other names as given."""
+    """``auto`` -> a free CUDA device (:func:`claim_gpu`), else cpu; other names as given."""
     import torch
 
     if name != "auto":
@@ -61,17 +55,15 @@ def _gpu_ids(count: int) -> list[str]:
 
 
 def claim_gpu(count: int, directory: Path | None = None, poll_s: float = 2.0) -> int:
-    """Index of a GPU (of ``count``) that this process now holds; waits if all are taken.
-
-    Each GPU has ``jobs_per_gpu()`` slots (lock files ``dpsinkhorn-gpu-<id>.lock``, then
-    ``dpsinkhorn-gpu-<id>.<slot>.lock``). The same process gets the same GPU on every call.
-    """
+    """Index of a GPU (of ``count``) this process now holds, the same on every call; waits
+    while all are taken. Held: an exclusive ``flock`` (the kernel drops it when the process
+    exits) on a slot's lock file, ``dpsinkhorn-gpu-<id>.lock``, then ``...<id>.<slot>.lock``."""
     global _claimed
     if _claimed is not None:
         return _claimed[0]
     directory = Path(directory or lock_dir())
     directory.mkdir(parents=True, exist_ok=True)
-    ids, slots, waiting_since = _gpu_ids(count), jobs_per_gpu(), None
+    ids, slots, said = _gpu_ids(count), jobs_per_gpu(), False
     while True:
         for slot in range(slots):
             for index, gpu in enumerate(ids):
@@ -84,8 +76,8 @@ def claim_gpu(count: int, directory: Path | None = None, poll_s: float = 2.0) ->
                     continue
                 _claimed = (index, handle)
                 return index
-        if waiting_since is None:
-            waiting_since = time.monotonic()
+        if not said:
+            said = True
             each = f" ({slots} steps each)" if slots > 1 else ""
             print(
                 f"dpsinkhorn: all {count} GPUs are in use{each}; waiting for one", file=sys.stderr

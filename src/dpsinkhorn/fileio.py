@@ -1,8 +1,5 @@
-"""Atomic file writes and the sample-file contract shared by every stage.
-
-Each writer goes to a temporary file beside its destination, moved into place with
-``os.replace`` (atomic on POSIX), so nothing is ever half-written.
-"""
+"""Atomic file writes (a temporary file beside the destination, moved into place with
+``os.replace``: nothing is ever half-written) and the sample-file contract of every stage."""
 
 from __future__ import annotations
 
@@ -25,8 +22,7 @@ import numpy as np
 _UMASK = os.umask(0)
 os.umask(_UMASK)
 
-# errno values that mean "the file system is full" (disk, or the user's quota)
-_NO_SPACE = {errno.ENOSPC, errno.EDQUOT}
+_NO_SPACE = {errno.ENOSPC, errno.EDQUOT}  # the file system (or the user's quota) is full
 
 
 class NoSpaceError(OSError):
@@ -34,18 +30,11 @@ class NoSpaceError(OSError):
     names the file and the temporary file is already removed."""
 
 
-def _temp_pattern(path: Path) -> str:
-    """Glob of the temporary files ``atomic_path`` makes for ``path``."""
-    return f".{path.stem}.*.tmp{path.suffix}"
-
-
 def remove_stale_temps(path: str | os.PathLike) -> list[Path]:
     """Delete temporary files a killed writer left next to ``path``; returns them. Call it
     only while no other process can write ``path`` (e.g. under ``runlock.OutputLock``)."""
     path = Path(path)
-    if not path.parent.is_dir():
-        return []
-    stale = sorted(path.parent.glob(_temp_pattern(path)))
+    stale = sorted(path.parent.glob(f".{path.stem}.*.tmp{path.suffix}"))  # see _temp_beside
     for tmp in stale:
         tmp.unlink(missing_ok=True)
     return stale
@@ -57,10 +46,7 @@ _TEMP_NAME = re.compile(r"^\..+\.[A-Za-z0-9_]{8}\.tmp(\.[^.]+)?$")
 
 def remove_stale_temps_under(root: str | os.PathLike) -> list[Path]:
     """Delete every temporary file of this module's writers under ``root``; returns them.
-
-    Call it only when no writer can be running under ``root`` (the workflow does, once
-    every job has finished).
-    """
+    Call it only when no writer can be running there (the workflow: once every job ended)."""
     root = Path(root)
     stale = [p for p in root.rglob(".*.tmp*") if p.is_file() and _TEMP_NAME.match(p.name)]
     for tmp in stale:
@@ -79,10 +65,8 @@ def _raise_no_space(err: OSError, path: Path) -> None:
 
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
-    """Yield a temporary path next to ``path``; move it onto ``path`` on success.
-
-    It keeps the destination's suffix, for libraries that pick a format from it.
-    """
+    """Yield a temporary path next to ``path`` (with its suffix, for libraries that pick a
+    format from it); move it onto ``path`` on success."""
     path = Path(path)
     tmp_path = _temp_beside(path)
     try:
@@ -92,12 +76,11 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     except OSError as err:
         _raise_no_space(err, path)
     finally:
-        if tmp_path.exists():
-            tmp_path.unlink()
+        tmp_path.unlink(missing_ok=True)
 
 
 def _temp_beside(path: Path) -> Path:
-    """A new empty temporary file next to ``path`` (matching :func:`_temp_pattern`)."""
+    """A new empty temporary file next to ``path``: ``.<stem>.<8 characters>.tmp<suffix>``."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(
         prefix=f".{path.stem}.", suffix=f".tmp{path.suffix}", dir=path.parent
@@ -115,19 +98,15 @@ def _write_synced(tmp: Path, payload: bytes) -> None:
 
 def write_bytes(path: str | os.PathLike, payload: bytes) -> None:
     """Write ``payload`` to ``path`` atomically (``NoSpaceError`` naming it when full)."""
-    with atomic_path(path) as tmp:
-        _write_synced(tmp, payload)
+    write_all([(path, payload)])
 
 
 def write_all(
     files: list[tuple[str | os.PathLike, bytes]], remove_first: list[str | os.PathLike] = ()
 ) -> None:
-    """Write several files as one commit: all in full, then moved into place in order.
-
-    An error while writing (``NoSpaceError`` naming the file) changes nothing. Then
-    ``remove_first`` is deleted and the files are moved into place in order, so a file
-    listed later never appears without the ones before it.
-    """
+    """Write several files as one commit: all in full (an error, e.g. ``NoSpaceError``
+    naming the file, changes nothing), then ``remove_first`` deleted and the files moved into
+    place in order, so a file listed later never appears without the ones before it."""
     staged: list[tuple[Path, Path]] = []
     try:
         for path, payload in files:
@@ -149,10 +128,8 @@ def write_all(
 
 
 def torch_bytes(obj: Any) -> bytes:
-    """``torch.save(obj)`` as bytes that depend on ``obj`` only.
-
-    (Saving to a path would store the file's random temporary name inside.)
-    """
+    """``torch.save(obj)`` as bytes that depend on ``obj`` only (saving to a path would
+    store the file's random temporary name inside)."""
     import torch
 
     buf = io.BytesIO()
@@ -194,9 +171,8 @@ def write_json(path: str | os.PathLike, obj: Any) -> None:
 
 
 def write_text(path: str | os.PathLike, text: str) -> None:
-    """Write a text file atomically."""
-    with atomic_path(path) as tmp:
-        tmp.write_text(text)
+    """Write a UTF-8 text file atomically."""
+    write_bytes(path, text.encode())
 
 
 def read_json(path: str | os.PathLike) -> Any:
@@ -210,10 +186,9 @@ _ZIP_TIME = (1980, 1, 1, 0, 0, 0)
 
 
 def samples_bytes(images: np.ndarray, labels: np.ndarray, where: str = "samples") -> bytes:
-    """The bytes of a sample file (an .npz that ``np.load`` reads: ``images`` uint8
-    [N,H,W(,C)], ``labels`` int64 [N]), a function of the arrays alone: uncompressed,
-    fixed entry order and time stamps. ``dpsinkhorn release`` redraws a generator's samples
-    and compares these bytes."""
+    """The bytes of a sample file (an .npz: ``images`` uint8 [N,H,W(,C)], ``labels`` int64
+    [N]), a function of the arrays alone (uncompressed, fixed entry order and time stamps),
+    so that ``dpsinkhorn release`` can redraw a generator's samples and compare them."""
     images, labels = np.ascontiguousarray(images), np.asarray(labels)
     check_samples(images, labels, where)
     labels = np.ascontiguousarray(labels.astype(np.int64))
@@ -228,9 +203,19 @@ def samples_bytes(images: np.ndarray, labels: np.ndarray, where: str = "samples"
 
 
 def save_samples(path: str | os.PathLike, images: np.ndarray, labels: np.ndarray) -> None:
-    """Save a sample file (:func:`samples_bytes`): ``images`` uint8 [N,H,W] or [N,H,W,C],
-    ``labels`` int64 [N]; atomically."""
+    """Save a sample file (:func:`samples_bytes`) atomically."""
     write_bytes(path, samples_bytes(np.asarray(images), np.asarray(labels), str(path)))
+
+
+def save_splits(
+    arrays: dict[Path, tuple[np.ndarray, np.ndarray]],
+    extra: list[tuple[Path, bytes]] = (),
+    remove_first: list[Path] = (),
+) -> None:
+    """Save sample files ``{path: (images, labels)}``, then ``extra`` (path, bytes) files,
+    as one commit (:func:`write_all`): no split is ever replaced without the others."""
+    files = [(path, samples_bytes(*pair, str(path))) for path, pair in arrays.items()]
+    write_all(files + list(extra), remove_first)
 
 
 def check_images(images: np.ndarray, where: str) -> None:
@@ -286,16 +271,14 @@ def load_samples(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
         raise FileNotFoundError(f"sample file not found: {path}")
     try:
         with np.load(path, allow_pickle=False) as npz:
-            missing = {"images", "labels"} - set(npz.files)
-            if missing:
-                raise ValueError(f"{path}: missing array(s) {sorted(missing)}; found {npz.files}")
-            images, labels = npz["images"], npz["labels"]
+            arrays = {name: npz[name] for name in npz.files if name in ("images", "labels")}
+            found = npz.files
     except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as err:
-        if isinstance(err, ValueError) and str(path) in str(err):
-            raise
         raise ValueError(f"{path}: not a readable .npz sample file ({err})") from err
-    check_samples(images, labels, str(path))
-    return images, labels.astype(np.int64)
+    if missing := {"images", "labels"} - set(arrays):
+        raise ValueError(f"{path}: missing array(s) {sorted(missing)}; found {found}")
+    check_samples(arrays["images"], arrays["labels"], str(path))
+    return arrays["images"], arrays["labels"].astype(np.int64)
 
 
 def relative_inside(path: str | os.PathLike, folder: str | os.PathLike) -> str | None:

@@ -38,7 +38,7 @@ for celeba_table in targets.CELEBA_TABLES:
         input:
             unpack(celeba_table_inputs(celeba_table)),
         output:
-            **in_report(targets.table_outputs(config, celeba_table, RESULTS)),
+            **in_report(targets.output_files(config, celeba_table, RESULTS)),
         params:
             # The shell command is formatted when the job runs, after the loop has ended:
             # the loop variable reaches it through params (fixed now), never directly.

@@ -78,11 +78,11 @@ for members in SWEEPS:
         # Its name is per sweep, so profiles/slurm cannot name it: the rule itself carries
         # the SIGTERM before the time limit and the retries its chain of jobs needs (also
         # on one machine: Snakemake cannot tell the executor while it reads the rules).
-        retries: 0 if workflow.remote_exec else REQUESTS.retries(members)
+        retries: 0 if workflow.remote_exec else REQUESTS(members).retries
         resources:
             gpu=GPUS,
             mem_mb=16000,
-            runtime=REQUESTS.runtime(members),
+            runtime=lambda w, members=members: REQUESTS.minutes(members),  # when jobs are made
             slurm_extra=SLURM_SIGNAL,
             attempt=lambda w, attempt: attempt,
         conda:

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from dpsinkhorn.config.experiments import (
+    PathLike,
     experiment,
     experiment_classifiers,
     needs_training,
@@ -31,8 +31,6 @@ UNKNOWN_CHAIN_RETRIES = 20
 #: Nominal minutes of each part of an evaluation job per seed (before the cap).
 EVAL_MINUTES_PER_SEED = {"sample": 60, "fid": 120, "classify": 240}
 
-PathLike = str | os.PathLike
-
 
 @dataclass(frozen=True)
 class TrainRequest:
@@ -48,9 +46,8 @@ class TrainRequest:
     @property
     def retries(self) -> int:
         """Resubmissions the job needs: its chain's, plus :data:`OTHER_RETRIES`."""
-        if self.chain_jobs is None:
-            return UNKNOWN_CHAIN_RETRIES
-        return self.chain_jobs - 1 + OTHER_RETRIES
+        unknown = self.chain_jobs is None
+        return UNKNOWN_CHAIN_RETRIES if unknown else self.chain_jobs - 1 + OTHER_RETRIES
 
 
 def rates_file(config: Mapping, bases: Sequence[PathLike] = ()) -> Path:
@@ -58,12 +55,8 @@ def rates_file(config: Mapping, bases: Sequence[PathLike] = ()) -> Path:
     working directory, then in each of ``bases`` (the workflow's folder); the first that
     exists, else the path as given (the error names it)."""
     path = Path(config["cluster"]["step_rates"])
-    if path.is_absolute() or path.exists():
-        return path
-    for base in bases:
-        if (Path(base) / path).exists():
-            return Path(base) / path
-    return path
+    found = [p for p in [path, *(Path(base) / path for base in bases)] if p.exists()]
+    return found[0] if found else path
 
 
 def load_rates(path: PathLike) -> list[dict]:
@@ -85,17 +78,17 @@ def load_rates(path: PathLike) -> list[dict]:
             if key not in rate:
                 raise ValueError(f"{path}: rates[{k}] has no {key!r}")
         value = rate["steps_per_s"]
-        if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-            raise ValueError(f"{path}: rates[{k}].steps_per_s must be a number > 0")
-        if not math.isfinite(value):
-            raise ValueError(f"{path}: rates[{k}].steps_per_s must be finite")
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not 0 < value < math.inf
+        ):
+            raise ValueError(f"{path}: rates[{k}].steps_per_s must be a finite number > 0")
     return rates
 
 
 #: [H, W, C] of the built-in datasets' images (a step's cost depends on shape, not name).
 BUILTIN_IMAGE_SHAPES = {"mnist": (28, 28, 1), "fmnist": (28, 28, 1), "celeba": (32, 32, 3)}
-
-
 #: The generator of a rate entry that names none (``generator``, ``channels``): the paper's DCGAN.
 RATE_GENERATOR = ("dcgan", (256, 128, 64))
 
@@ -111,11 +104,9 @@ def step_shape_key(entry: Mapping) -> tuple | None:
         shape = (size, size, channels)
     else:
         shape = BUILTIN_IMAGE_SHAPES.get(entry["dataset"])
-    generator = (
-        entry.get("generator", RATE_GENERATOR[0]),
-        tuple(entry.get("channels") or RATE_GENERATOR[1]),
-    )
-    return None if shape is None else (shape, int(entry["batch_size"]), *generator)
+    generator = entry.get("generator", RATE_GENERATOR[0])
+    widths = tuple(entry.get("channels") or RATE_GENERATOR[1])
+    return None if shape is None else (shape, int(entry["batch_size"]), generator, widths)
 
 
 def matching_rate(rates: Sequence[dict], spec: Mapping, runs: int) -> tuple[float | None, str]:
@@ -123,16 +114,13 @@ def matching_rate(rates: Sequence[dict], spec: Mapping, runs: int) -> tuple[floa
     of k runs takes the smallest measured sweep of K >= k runs, else the single rate / k."""
     key = step_shape_key(spec)
     same = [r for r in rates if key is not None and step_shape_key(r) == key]
-    single = [r for r in same if int(r["runs"]) == 1]
-    if runs == 1:
-        return (
-            (single[0]["steps_per_s"], f"measured: {single[0]['source']}") if single else (None, "")
-        )
     found = sorted((r for r in same if int(r["runs"]) >= runs), key=lambda r: int(r["runs"]))
-    if found:
-        how = "measured" if int(found[0]["runs"]) == runs else f"{found[0]['runs']}-run rate"
-        return found[0]["steps_per_s"], f"{how}: {found[0]['source']}"
-    if single:
+    if found and int(found[0]["runs"]) == runs:
+        return found[0]["steps_per_s"], f"measured: {found[0]['source']}"
+    if found and runs > 1:
+        return found[0]["steps_per_s"], f"{found[0]['runs']}-run rate: {found[0]['source']}"
+    single = [r for r in same if int(r["runs"]) == 1]
+    if single and runs > 1:
         rate = single[0]["steps_per_s"] / runs
         return rate, f"single-run rate / {runs}: {single[0]['source']}"
     return None, ""
@@ -158,17 +146,12 @@ def train_request(config: Mapping, members: Sequence[str], rates: Sequence[dict]
     if estimate <= cap:
         chain = 1
     else:  # each job of the chain trains for its limit less start-up and the signal lead
-        chain = math.ceil(train_minutes / usable_minutes(cluster))
+        usable = cap - cluster["startup_minutes"] - SIGNAL_LEAD_MINUTES  # > 0: cluster_errors
+        chain = math.ceil(train_minutes / usable)
     # At least the SIGTERM lead plus a minute: a shorter limit would signal the job (to
     # checkpoint and stop) as it starts, and the chain would never advance.
     minutes = max(math.ceil(estimate), SIGNAL_LEAD_MINUTES + 1)
     return TrainRequest(min(minutes, cap), estimate, chain, steps, rate, source)
-
-
-def usable_minutes(cluster: Mapping) -> float:
-    """Minutes of one capped job left for training: max_job_minutes less start-up and
-    the SIGTERM lead (> 0 in a validated config, :func:`cluster_errors`)."""
-    return cluster["max_job_minutes"] - cluster["startup_minutes"] - SIGNAL_LEAD_MINUTES
 
 
 def capped_minutes(config: Mapping, minutes: int) -> int:
@@ -177,12 +160,8 @@ def capped_minutes(config: Mapping, minutes: int) -> int:
 
 
 def cluster_errors(config: Mapping) -> list[tuple[list, str]]:
-    """(key path, message) when ``max_job_minutes`` leaves a job no time to train, or the
-    safety factor is not finite (YAML's .inf passes the schema's minimum)."""
+    """(key path, message) when ``max_job_minutes`` leaves a job no time to train."""
     cluster = config["cluster"]
-    if not math.isfinite(cluster["safety_factor"]):
-        value = cluster["safety_factor"]
-        return [(["cluster", "safety_factor"], f"bad value {value!r}: must be a finite number")]
     floor = cluster["startup_minutes"] + SIGNAL_LEAD_MINUTES
     if cluster["max_job_minutes"] <= floor:
         message = (
@@ -232,24 +211,13 @@ class Requests:
             )
         return request.minutes
 
-    def runtime(self, members: Sequence[str]) -> Callable[[Mapping], int]:
-        """A resource function for the job of ``members``: evaluated when Snakemake makes
-        the job (the executor then known, for :attr:`warn`), not while it reads the rules."""
-        return lambda wildcards: self.minutes(members)
-
-    def retries(self, members: Sequence[str] | str) -> int:
-        """Resubmissions the job may have: its chain less one plus :data:`OTHER_RETRIES`
-        (:data:`UNKNOWN_CHAIN_RETRIES` when the chain's length is unknown)."""
-        return self(members).retries
-
 
 def eval_runtime_minutes(config: Mapping, name: str) -> int:
     """``runtime`` of experiment ``name``'s evaluation job (``evaluate_<name>``): nominal
     minutes of sampling (trained experiments only), FID and each classifier, every seed
     (:data:`EVAL_MINUTES_PER_SEED`), capped at ``cluster.max_job_minutes``."""
-    seeds = len(config["seeds"])
     per_seed = EVAL_MINUTES_PER_SEED
     sample = per_seed["sample"] if needs_training(config, name) else 0
     models = len(experiment_classifiers(config, name))
-    nominal = seeds * (sample + per_seed["fid"] + models * per_seed["classify"])
-    return min(nominal, int(config["cluster"]["max_job_minutes"]))
+    nominal = sample + per_seed["fid"] + models * per_seed["classify"]
+    return capped_minutes(config, len(config["seeds"]) * nominal)

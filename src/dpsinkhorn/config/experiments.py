@@ -11,6 +11,8 @@ from pathlib import Path
 
 from dpsinkhorn.config.identity import deep_merge, experiment_spec_of
 
+PathLike = str | os.PathLike
+
 #: Table 1 rows this project fills, in table order, and the method each one needs.
 TABLE1_ROWS = {
     "real": "real_data",
@@ -39,16 +41,6 @@ TABLE_ROWS = {
 TABLE6_GENERATOR = {"dcgan": "dcgan", "biggan": "biggan"}
 #: ``channels`` each generator takes, per image size.
 GENERATOR_WIDTHS = {"dcgan": {28: 3, 32: 3, 64: 4}, "biggan": {32: 4}, "merf": {28: 3, 32: 3}}
-
-
-def generator_widths(generator: str, image_size: int | None = None) -> tuple[int, ...]:
-    """``channels`` the generator may take at ``image_size`` (None: any of its sizes)."""
-    by_size = GENERATOR_WIDTHS[generator]
-    if image_size in by_size:
-        return (by_size[image_size],)
-    return tuple(sorted(set(by_size.values())))
-
-
 #: Datasets known by name; others are declared under the config's ``datasets:``.
 BUILTIN_DATASETS = ("mnist", "fmnist", "celeba")
 
@@ -104,10 +96,6 @@ def definition_sha256(definition: Mapping) -> str:
 
 #: Built-in datasets whose archives are MD5-checked: every source gives the same files.
 VERIFIED_SOURCES = ("mnist", "fmnist")
-#: :func:`builtin_source` of a verified dataset.
-VERIFIED = "official archives (MD5-checked)"
-#: :func:`builtin_source` of a built-in dataset read from no mirror.
-DOWNLOAD = "download"
 
 
 def normal_mirror(mirror: str | os.PathLike | None) -> str | None:
@@ -116,12 +104,12 @@ def normal_mirror(mirror: str | os.PathLike | None) -> str | None:
 
 
 def builtin_source(dataset: str, mirror: str | os.PathLike | None, data_dir) -> str:
-    """What decides a built-in dataset's prepared bytes: :data:`VERIFIED`, :data:`DOWNLOAD`,
-    ``mirror <data_dir>/<path>`` (inside data_dir) or ``mirror <real path>``."""
+    """What decides a built-in dataset's prepared bytes: its MD5-checked archives, the
+    download, ``mirror <data_dir>/<path>`` (inside data_dir) or ``mirror <real path>``."""
     if dataset in VERIFIED_SOURCES:
-        return VERIFIED
+        return "official archives (MD5-checked)"
     if mirror is None:
-        return DOWNLOAD
+        return "download"
     real, root = normal_mirror(mirror), normal_mirror(data_dir)
     inside = os.path.relpath(real, root)
     if inside != os.pardir and not inside.startswith(os.pardir + os.sep):
@@ -144,7 +132,7 @@ def prepared_folder(dataset: str, definition: Mapping | None, source: str | None
     else ``<name>-<sha256(source)[:16]>``, so two sources never share a folder."""
     if definition is not None:
         return f"{dataset}-{definition_sha256(definition)}"
-    if source is None or source == DOWNLOAD or dataset in VERIFIED_SOURCES:
+    if source in (None, "download") or dataset in VERIFIED_SOURCES:
         return dataset
     return f"{dataset}-{hashlib.sha256(source.encode()).hexdigest()[:16]}"
 
@@ -157,8 +145,7 @@ def prepared_folder_of(config: Mapping, dataset: str) -> str:
 
 
 def experiment_spec(config: Mapping, name: str) -> str:
-    """Canonical JSON of the settings that define an experiment's generator (the train
-    rule's param; bookkeeping keys left out)."""
+    """:func:`~dpsinkhorn.config.identity.experiment_spec_of` (the train rule's param)."""
     return experiment_spec_of(experiment(config, name))
 
 
@@ -199,16 +186,12 @@ def experiment_dir(config: Mapping, results: str | Path, name: str) -> Path:
     return Path(results) / f"{experiment_home(config, name)}{name}"
 
 
-def evaluation_home(config: Mapping, name: str) -> str:
-    """Home of the scores: the experiment's, or ``"nonprivate/"`` for a private test split."""
-    if dataset_of(config, name) not in PUBLIC_TEST_SPLITS:
-        return f"{NONPRIVATE}/"
-    return experiment_home(config, name)
-
-
 def evaluation_dir(config: Mapping, results: str | Path, name: str) -> Path:
-    """The folder of an experiment's ``fid_seed*.json`` and ``acc_*_seed*.json``."""
-    return Path(results) / f"{evaluation_home(config, name)}{name}"
+    """The folder of an experiment's ``fid_seed*.json`` and ``acc_*_seed*.json``: its own,
+    or under ``nonprivate/`` for a private test split."""
+    if dataset_of(config, name) not in PUBLIC_TEST_SPLITS:
+        return Path(results) / NONPRIVATE / name
+    return experiment_dir(config, results, name)
 
 
 def trained_experiments(config: Mapping) -> list[str]:
@@ -225,24 +208,22 @@ def datasets(config: Mapping) -> list[str]:
 
 
 def table1_experiments(config: Mapping) -> dict[tuple[str, str], str]:
-    """``{(dataset, row): experiment}`` for experiments that fill a Table 1 row, table order."""
-    return _rows_of(config, lambda exp: exp["table1_row"], TABLE1_ROWS)
+    """:func:`table_experiments` of Table 1."""
+    return table_experiments(config, "table1")
 
 
 def table_experiments(config: Mapping, table: str) -> dict[tuple[str, str], str]:
-    """``{(dataset, row): experiment}`` of one CelebA table (``rows:``), in table order."""
-    return _rows_of(config, lambda exp: exp["rows"].get(table), TABLE_ROWS[table])
-
-
-def _rows_of(config: Mapping, row_of, rows: Mapping) -> dict[tuple[str, str], str]:
+    """``{(dataset, row): experiment}`` of Table 1 (``table1_row``) or a CelebA table
+    (``rows:``), in the order of the datasets and of the table's rows."""
+    rows = list(TABLE1_ROWS if table == "table1" else TABLE_ROWS[table])
     found = {}
     for name in experiment_names(config):
         exp = experiment(config, name)
-        if row_of(exp) is not None:
-            found[(exp["dataset"], row_of(exp))] = name
-    order = {row: i for i, row in enumerate(rows)}
-    dataset_order = {d: i for i, d in enumerate(datasets(config))}
-    return dict(sorted(found.items(), key=lambda kv: (dataset_order[kv[0][0]], order[kv[0][1]])))
+        row = exp["table1_row"] if table == "table1" else exp["rows"].get(table)
+        if row is not None:
+            found[(exp["dataset"], row)] = name
+    order = datasets(config)
+    return dict(sorted(found.items(), key=lambda kv: (order.index(kv[0][0]), rows.index(kv[0][1]))))
 
 
 def figure_experiment(config: Mapping, dataset: str) -> str | None:
@@ -270,9 +251,7 @@ def classifiers_of(config: Mapping, dataset: str) -> list[str]:
 def experiment_classifiers(config: Mapping, name: str) -> list[str]:
     """Classifiers trained on an experiment's samples: none for an unconditional one."""
     exp = experiment(config, name)
-    if exp.get("conditional", True) is False:
-        return []
-    return classifiers_of(config, exp["dataset"])
+    return classifiers_of(config, exp["dataset"]) if exp.get("conditional", True) else []
 
 
 def all_classifiers(config: Mapping) -> list[str]:
@@ -282,9 +261,8 @@ def all_classifiers(config: Mapping) -> list[str]:
 
 def fixture_source(config: Mapping) -> str | None:
     """``<data_dir>/celeba_source`` when CelebA comes from the synthetic fixture, else None."""
-    if config.get("celeba_fixture") is None:
-        return None
-    return str(Path(config.get("data_dir", "data")) / FIXTURE_SOURCE)
+    if config.get("celeba_fixture") is not None:
+        return str(Path(config.get("data_dir", "data")) / FIXTURE_SOURCE)
 
 
 def data_mirror_of(config: Mapping, dataset: str) -> str | None:

@@ -65,34 +65,23 @@ class ExperimentSpec:
     def from_dict(cls, spec: Mapping[str, Any]) -> ExperimentSpec:
         """From a validated experiment dict (keys beyond the fields are ignored); a missing
         setting is a ValueError naming it."""
-        missing = [
-            key for key in cls.__dataclass_fields__ if key not in spec and key != "generator"
-        ]
+        missing = [k for k in cls.__dataclass_fields__ if k not in spec and k != "generator"]
         if missing:
             raise ValueError(
                 f"experiment {spec.get('name', '?')}: settings {missing} missing; build it with "
                 "config.experiment or config.make_experiment (they fill the defaults)"
             )
-        # Numbers are kept as validated (an int stays an int): privacy.json writes some.
+        # Numbers are kept as validated (an int stays an int, a bool a bool): privacy.json
+        # writes some. The schema gives ``generator`` no default (CelebA names its own).
         settings = {key: spec[key] for key in cls.__dataclass_fields__ if key in spec}
         return cls(
             **{
                 **settings,
-                "batch_size": int(spec["batch_size"]),
                 "p": float(spec["p"]),
                 "betas": tuple(spec["betas"]),
-                # The schema gives no default (a CelebA experiment names its generator).
                 "generator": spec.get("generator", "dcgan"),
-                "conditional": bool(spec["conditional"]),
-                "rff_features": int(spec["rff_features"]),
                 "rff_bandwidth": float(spec["rff_bandwidth"]),
                 "lr_decay": float(spec["lr_decay"]),
-                "latent_dim": int(spec["latent_dim"]),
-                "embed_dim": int(spec["embed_dim"]),
                 "channels": tuple(spec["channels"]),
-                "seed": int(spec["seed"]),
-                "reproducible": bool(spec["reproducible"]),
-                "keep_private_workspace": bool(spec["keep_private_workspace"]),
-                "log_private_loss": bool(spec["log_private_loss"]),
             }
         )

@@ -55,13 +55,12 @@ def _value_label(value: Any) -> str:
 
 
 def _vary_cells(vary: Mapping[str, list]) -> list[tuple[str, dict]]:
-    keys = list(vary)
+    """(label, changes) of each combination of the varied values, the first key slowest."""
     cells = []
-    for values in itertools.product(*(vary[k] for k in keys)):
-        label = "_".join(
-            f"{SHORT_KEYS.get(k, k)}{_value_label(v)}" for k, v in zip(keys, values, strict=True)
-        )
-        cells.append((label, dict(zip(keys, values, strict=True))))
+    for values in itertools.product(*vary.values()):
+        changes = dict(zip(vary, values, strict=True))
+        label = "_".join(f"{SHORT_KEYS.get(k, k)}{_value_label(v)}" for k, v in changes.items())
+        cells.append((label, changes))
     return cells
 
 
@@ -80,10 +79,8 @@ def plan_cells(config: Mapping) -> tuple[dict[str, list[Cell]], dict[str, dict]]
     cells: dict[str, list[Cell]] = {}
     for study, definition in (config.get("studies") or {}).items():
         bases = definition["bases"]
-        if "cells" in definition:
-            pattern = list(definition["cells"].items())
-        else:
-            pattern = _vary_cells(definition["vary"])
+        cells_of = definition.get("cells")
+        pattern = list(cells_of.items()) if cells_of else _vary_cells(definition["vary"])
         cells[study] = []
         for base in bases:
             if base not in experiments:
@@ -101,13 +98,9 @@ def plan_cells(config: Mapping) -> tuple[dict[str, list[Cell]], dict[str, dict]]
                         )
                     cells[study].append(Cell(study, full_label, name, base, {}))
                     continue
-                cell_def = {
-                    k: copy.deepcopy(v)
-                    for k, v in experiments[base].items()
-                    if k not in PLACEMENT_KEYS
-                }
-                cell_def.update(copy.deepcopy(definition.get("settings") or {}))
-                cell_def.update(copy.deepcopy(changes))
+                kept = {k: v for k, v in experiments[base].items() if k not in PLACEMENT_KEYS}
+                settings = definition.get("settings") or {}
+                cell_def = copy.deepcopy({**kept, **settings, **changes})
                 key = _spec_key(cell_def, defaults)
                 name = known.get(key)
                 if name is None:

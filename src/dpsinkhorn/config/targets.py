@@ -4,15 +4,14 @@ which experiments train alone or together in one sweep (:func:`training_jobs`)."
 from __future__ import annotations
 
 import argparse
-import os
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from dpsinkhorn.config.experiments import (
     FIGURES_DIR,
     NONPRIVATE,
-    TABLE_ROWS,
     TABLES_DIR,
+    PathLike,
     evaluation_dir,
     experiment,
     experiment_classifiers,
@@ -62,17 +61,6 @@ TITLES = {
 #: The sample figure of each CelebA table: the rows whose samples it shows, top to bottom.
 TABLE_FIGURES = {"table3": ("fig3", ("dp",)), "table6": ("fig6", ("dcgan", "biggan"))}
 
-assert set(TITLES) == set(NAMES), "every output has a title"
-assert set(NAMES) == {
-    *MAIN_TABLES,
-    *TABLE_STUDIES,
-    *FIGURE_STUDIES,
-    *SAMPLE_FIGURES,
-    "reproduction",
-}
-assert set(CELEBA_TABLES) == set(TABLE_ROWS) == set(TABLE_FIGURES), "CelebA tables: rows, figure"
-
-PathLike = str | os.PathLike
 #: The files a training run writes into its folder (``train.release.OUTPUT_FILES``).
 TRAINING_FILES = ("generator.pt", "privacy.json", "train_log.csv")
 #: What a completed evaluation job writes beside its scores: the code of each phase.
@@ -177,15 +165,8 @@ def release_inputs(config: Mapping, results: PathLike) -> list[str]:
 
 
 def table1_files(config: Mapping, results: PathLike) -> dict[str, list[str]]:
-    """What Table 1 reads: per-seed results, privacy reports, samples for its figures."""
-    rows = table1_experiments(config)
-    return {
-        "results": evaluation_files(config, results, rows.values()),
-        "privacy": privacy_files(config, results, rows.values()),
-        "samples": sample_files(
-            config, results, [figure_experiment(config, d) for d in figure_datasets(config)]
-        ),
-    }
+    """:func:`table_files` of Table 1."""
+    return table_files(config, "table1", results)
 
 
 def report_tables(config: Mapping) -> list[str]:
@@ -194,35 +175,22 @@ def report_tables(config: Mapping) -> list[str]:
 
 
 def table_figure_experiments(config: Mapping, table: str) -> list[str]:
-    """Experiments shown in the table's figure (fig3: the DP row; fig6: DCGAN, BigGAN)."""
-    rows = table_experiments(config, table)
+    """Experiments shown in the table's figures (Table 1: each dataset's main DP experiment;
+    fig3: the DP row; fig6: DCGAN, BigGAN)."""
+    if table == "table1":
+        return [figure_experiment(config, d) for d in figure_datasets(config)]
     _, kinds = TABLE_FIGURES[table]
-    return [name for (_, row), name in rows.items() if row in kinds]
+    return [name for (_, row), name in table_experiments(config, table).items() if row in kinds]
 
 
 def table_files(config: Mapping, table: str, results: PathLike) -> dict[str, list[str]]:
-    """What a CelebA table reads: per-seed results, privacy reports, figure samples."""
+    """What Table 1 or a CelebA table reads: per-seed results, privacy reports, samples."""
     rows = table_experiments(config, table).values()
     return {
         "results": evaluation_files(config, results, rows),
         "privacy": privacy_files(config, results, rows),
         "samples": sample_files(config, results, table_figure_experiments(config, table)),
     }
-
-
-def table_outputs(config: Mapping, table: str, results: PathLike) -> dict[str, str]:
-    """The files ``dpsinkhorn report <table>`` writes (tables/<table>.{md,csv,tex}, figure)."""
-    results = Path(results)
-    figure, _ = TABLE_FIGURES[table]
-    out = {
-        suffix: str(results / TABLES_DIR / f"{table}.{suffix}") for suffix in ("md", "csv", "tex")
-    }
-    return {**out, "figure": str(results / FIGURES_DIR / f"{figure}.png")}
-
-
-def report_targets(config: Mapping, results: PathLike) -> list[str]:
-    """Outputs of every CelebA table the config fills (for ``rule all``)."""
-    return [f for t in report_tables(config) for f in table_outputs(config, t, results).values()]
 
 
 def available(config: Mapping) -> list[str]:
@@ -245,20 +213,25 @@ def _check_name(config: Mapping, name: str) -> None:
 
 
 def outputs(config: Mapping, name: str, results: PathLike) -> dict[str, str]:
-    """The files the output ``name`` consists of (tables: md/csv/tex; figures: png/pdf/csv)."""
+    """:func:`output_files` of an output the config produces."""
     _check_name(config, name)
+    return output_files(config, name, results)
+
+
+def output_files(config: Mapping, name: str, results: PathLike) -> dict[str, str]:
+    """The files the output ``name`` consists of (tables: md/csv/tex, Table 1's sample grids,
+    a CelebA table's figure; figures: png/pdf/csv)."""
     results = Path(results)
     if name == "reproduction":
         return {"md": str(results / "reproduction.md")}
-    if name in CELEBA_TABLES:
-        return table_outputs(config, name, results)
-    if name.startswith("table"):
-        out = {s: str(results / TABLES_DIR / f"{name}.{s}") for s in ("md", "csv", "tex")}
-        if name == "table1":
-            for dataset in figure_datasets(config):
-                out[f"samples_{dataset}"] = str(results / FIGURES_DIR / f"samples_{dataset}.png")
-        return out
-    return {s: str(results / FIGURES_DIR / f"{name}.{s}") for s in ("png", "pdf", "csv")}
+    if not name.startswith("table"):
+        return {s: str(results / FIGURES_DIR / f"{name}.{s}") for s in ("png", "pdf", "csv")}
+    out = {s: str(results / TABLES_DIR / f"{name}.{s}") for s in ("md", "csv", "tex")}
+    if name in TABLE_FIGURES:
+        out["figure"] = str(results / FIGURES_DIR / f"{TABLE_FIGURES[name][0]}.png")
+    for dataset in figure_datasets(config) if name == "table1" else ():
+        out[f"samples_{dataset}"] = str(results / FIGURES_DIR / f"samples_{dataset}.png")
+    return out
 
 
 def cell_experiments(config: Mapping, name: str) -> list[str]:
@@ -300,11 +273,11 @@ def inputs(config: Mapping, name: str, results: PathLike) -> dict[str, list[str]
 
 
 def all_outputs(config: Mapping, results: PathLike) -> list[str]:
-    """Every output file of the run (``rule all``), except the main tables' (their rules')."""
+    """Every output file of the run (``rule all``) but Table 1's (its rule's)."""
     return [
         path
         for name in available(config)
-        if name not in MAIN_TABLES
+        if name != "table1"
         for path in outputs(config, name, results).values()
     ]
 

@@ -1,5 +1,5 @@
 """Run configuration: load YAML, fill defaults from ``schema.json``, validate (the CLI and
-the workflow alike), and say which file set a key, e.g.
+the workflow alike: the schema, then checks across keys), and say which file set a key, e.g.
 ``config/quick.yaml: experiments.mnist_dpsinkhorn.sigam: unknown key (allowed: ...)``."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import json
 import math
 import os
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,29 +18,30 @@ import jsonschema
 import yaml
 
 from dpsinkhorn.config import studies
+from dpsinkhorn.config.cluster import cluster_errors
 from dpsinkhorn.config.experiments import (
+    BUILTIN_DATASETS,
+    FIXTURE_SOURCE,
+    GENERATOR_WIDTHS,
+    RUN_FOLDERS,
+    TABLE1_ROWS,
+    TABLE6_GENERATOR,
+    TABLE_ROWS,
+    PathLike,
     experiment,
+    experiment_names,
     normal_mirror,
 )
 from dpsinkhorn.config.identity import deep_merge
-from dpsinkhorn.config.semantics import semantic_errors
 
 SCHEMA_PATH = Path(__file__).with_name("schema.json")
 
 #: Keys that may be overridden on the Snakemake command line (``--config key=value``).
 #: Every other setting is read by the CLI steps from the config files themselves, so
 #: an override of it would silently not reach them; :func:`check_overrides` refuses it.
-OVERRIDABLE = (
-    "data_mirror",
-    "fid_weights",
-    "device",
-    "sweep_runs",
-    "cuda_graphs",
-    "compile_solver",
-    "precision",
+OVERRIDABLE = tuple(
+    "data_mirror fid_weights device sweep_runs cuda_graphs compile_solver precision".split()
 )
-
-PathLike = str | os.PathLike
 
 
 def cli_or_config(cli_value: Any, cfg: Mapping[str, Any], key: str) -> Any:
@@ -67,11 +68,9 @@ def read_yaml(path: PathLike) -> dict:
         raise ValueError(f"{path}: not valid YAML (not UTF-8 text: byte {err.start})") from err
     except yaml.YAMLError as err:
         raise ValueError(f"{path}: not valid YAML ({_yaml_problem(err)})") from err
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
+    if not isinstance(data, dict | None):
         raise ValueError(f"{path}: must hold a mapping of keys, got {type(data).__name__}")
-    return data
+    return data or {}
 
 
 def _yaml_problem(err: yaml.YAMLError) -> str:
@@ -82,9 +81,7 @@ def _yaml_problem(err: yaml.YAMLError) -> str:
 
 
 def _as_paths(paths: Sequence[PathLike] | PathLike) -> list[Path]:
-    if isinstance(paths, str | os.PathLike):
-        return [Path(paths)]
-    return [Path(p) for p in paths]
+    return [Path(p) for p in ([paths] if isinstance(paths, str | os.PathLike) else paths)]
 
 
 def load_config(paths: Sequence[PathLike] | PathLike) -> dict:
@@ -105,7 +102,7 @@ def validate(config: Mapping, source: str | Sequence[PathLike] = "config") -> di
     filled = copy.deepcopy(dict(config))
     # Keys that are no text (YAML's `1:`, `yes:`) and values that are no finite number
     # (YAML's .nan and .inf pass the schema's bounds) are refused wherever they are.
-    messages = _key_errors(filled) + _non_finite_errors(filled)
+    messages = _value_errors(filled)
     made: dict[str, str] = {}  # experiment made by a study -> that study
     if not messages:
         _fill_defaults(filled, load_schema())
@@ -117,12 +114,9 @@ def validate(config: Mapping, source: str | Sequence[PathLike] = "config") -> di
     if not messages and filled.get("studies"):
         # Each study cell becomes an experiment, checked like any other (dpsinkhorn.config.studies).
         try:
-            made = {
-                name: study
-                for study, cells in studies.plan_cells(filled)[0].items()
-                for name in {cell.experiment for cell in cells} - set(filled["experiments"])
-            }
-            studies.expand(filled)
+            cells, new = studies.plan_cells(filled)
+            made = {c.experiment: s for s, cs in cells.items() for c in cs if c.experiment in new}
+            filled["experiments"] = {**filled["experiments"], **new}
         except ValueError as err:
             where, _, message = str(err).partition(": ")
             messages = [(where.split("."), message)]
@@ -139,37 +133,27 @@ def validate(config: Mapping, source: str | Sequence[PathLike] = "config") -> di
             # An experiment made by a study is in no file: name the file of that study.
             study = made.get(path[1]) if path[:1] == ["experiments"] and len(path) > 1 else None
             file = _file_of(["studies", study] if study else path, source, filled)
-            lines.append(f"{file}: {_dotted(path)}: {msg}")
+            lines.append(f"{file}: {'.'.join(map(str, path)) or '<top level>'}: {msg}")
         raise ValueError("\n".join(lines))
     filled["data_mirror"] = normal_mirror(filled.get("data_mirror"))
     return filled
 
 
-def _key_errors(node: Any, path: list | None = None) -> list[tuple[list, str]]:
-    """A key that is no text (YAML reads ``1:`` as a number, ``yes:`` as true), at any depth."""
-    path = path or []
-    if isinstance(node, list):
-        return [e for i, item in enumerate(node) for e in _key_errors(item, path + [i])]
-    if not isinstance(node, dict):
-        return []
-    errors = []
-    for key, value in node.items():
-        if not isinstance(key, str):
-            errors.append((path + [key], f"bad name {key!r}: a key must be text (quote it)"))
-        else:
-            errors += _key_errors(value, path + [key])
-    return errors
-
-
-def _non_finite_errors(node: Any, path: list | None = None) -> list[tuple[list, str]]:
-    """A number that is not finite (YAML's .nan, .inf), at any depth."""
+def _value_errors(node: Any, path: list | None = None) -> list[tuple[list, str]]:
+    """A key that is no text (YAML reads ``1:`` as a number, ``yes:`` as true) or a number
+    that is not finite (YAML's .nan, .inf), at any depth."""
     path = path or []
     if isinstance(node, float) and not math.isfinite(node):
         return [(path, f"bad value {node!r}: must be a finite number")]
     if not isinstance(node, dict | list):
         return []
-    items = node.items() if isinstance(node, dict) else enumerate(node)
-    return [e for key, value in items for e in _non_finite_errors(value, path + [key])]
+    errors = []
+    for key, value in node.items() if isinstance(node, dict) else enumerate(node):
+        if isinstance(node, dict) and not isinstance(key, str):
+            errors.append((path + [key], f"bad name {key!r}: a key must be text (quote it)"))
+        else:
+            errors += _value_errors(value, path + [key])
+    return errors
 
 
 @functools.cache
@@ -183,13 +167,13 @@ def _validator_class() -> type:
     return jsonschema.validators.extend(base, type_checker=checker)
 
 
-def _schema_errors(config: dict) -> list[tuple[list, str]]:
-    """(key path, message) of every schema violation, in key order."""
+def _schema_errors(config: dict, schema: dict | None = None) -> list[tuple[list, str]]:
+    """(key path, message) of every violation of the schema (or of ``schema``), in key order."""
     errors = sorted(
-        _validator_class()(load_schema()).iter_errors(config),
+        _validator_class()(schema or load_schema()).iter_errors(config),
         key=lambda e: [str(p) for p in e.absolute_path],
     )
-    return [_describe(error) for error in errors]
+    return [_describe(error, config) for error in errors]
 
 
 def _resolve(schema: dict, root: dict) -> dict:
@@ -219,14 +203,13 @@ def _fill_defaults(instance: dict, schema: dict, root: dict | None = None) -> No
             _fill_defaults(instance[key], sub, root)
 
 
-def _dotted(path: Iterable[Any]) -> str:
-    return ".".join(str(p) for p in path) or "<top level>"
-
-
-def _describe(error: jsonschema.ValidationError) -> tuple[list, str]:
-    """(key path, message) for one schema error, in words a user can act on."""
+def _describe(error: jsonschema.ValidationError, checked: Mapping) -> tuple[list, str]:
+    """(key path, message) for one schema error, in words a user can act on: the schema's
+    own ``message`` where it has one ({value}: the value; {<key>}: a key of ``checked``)."""
     path = list(error.absolute_path)
     schema, value, kind = error.schema, error.instance, error.validator
+    if "message" in schema:
+        return path, schema["message"].format_map({**checked, "value": value})
     if kind == "additionalProperties" and isinstance(value, dict):
         allowed = sorted(schema.get("properties", {}))
         patterns = list(schema.get("patternProperties", {}))
@@ -259,16 +242,22 @@ def _describe(error: jsonschema.ValidationError) -> tuple[list, str]:
 _MISSING = object()
 
 
-def setting_source(files: Sequence[PathLike] | PathLike, names: Sequence[str], key: str) -> str:
-    """``<file>: <key path>`` of the config file that sets ``key`` for the experiments
-    ``names`` (``experiments.<name>.<key>``, else ``training_defaults.<key>``; later
-    files win), or the schema default when no file sets it."""
+def _readable(files: Sequence[PathLike] | PathLike) -> list[tuple[Path, dict]]:
+    """(file, its data) of the config files that read as YAML mappings."""
     loaded = []
     for file in _as_paths(files):
         try:
             loaded.append((file, read_yaml(file)))
         except (OSError, ValueError):
             continue
+    return loaded
+
+
+def setting_source(files: Sequence[PathLike] | PathLike, names: Sequence[str], key: str) -> str:
+    """``<file>: <key path>`` of the config file that sets ``key`` for the experiments
+    ``names`` (``experiments.<name>.<key>``, else ``training_defaults.<key>``; later
+    files win), or the schema default when no file sets it."""
+    loaded = _readable(files)
     for file, data in reversed(loaded):
         for name in names:
             if _lookup(data, ["experiments", name, key]) is not _MISSING:
@@ -302,13 +291,7 @@ def _file_of(path: list, source: str | Sequence[PathLike], config: Mapping) -> s
     missing or defaulted key: the last file that holds its parent."""
     if isinstance(source, str):
         return source
-    files = _as_paths(source)
-    loaded = []
-    for file in files:
-        try:
-            loaded.append((file, read_yaml(file)))
-        except (OSError, ValueError):
-            continue
+    loaded = _readable(source)
     value = _lookup(config, path)
     for file, data in reversed(loaded):
         found = _lookup(data, path)
@@ -324,7 +307,78 @@ def _file_of(path: list, source: str | Sequence[PathLike], config: Mapping) -> s
         defaulted = len(path) > 1 and in_no_file
         if (value is _MISSING or defaulted) and isinstance(_lookup(data, path[:-1]), dict):
             return str(file)
-    return "--config" if files else "config"
+    return "--config" if _as_paths(source) else "config"
+
+
+#: Why a sweep (``sweep_runs`` > 1) cannot train in bf16.
+SWEEP_BF16_ERROR = (
+    "precision bf16 cannot train sweeps: torch.func.vmap, which runs a sweep's generators, "
+    "does not apply autocast on every device (pytorch/pytorch#105442); use sweep_runs: 1 "
+    "or precision fp32 / tf32"
+)
+#: Names an own dataset (``datasets:``) may not take: built-ins and folders of data_dir.
+RESERVED_DATASET_NAMES = (*BUILTIN_DATASETS, "torchvision", FIXTURE_SOURCE)
+
+
+def semantic_errors(config: dict) -> list[tuple[list, str]]:
+    """Checks across keys: the schema's ``experiment_rules`` on each experiment with its
+    defaults, and what needs the config's tables (datasets, generator widths, table rows)."""
+    errors: list[tuple[list, str]] = []
+    if config["precision"] == "bf16" and config["sweep_runs"] > 1:
+        errors.append((["precision"], SWEEP_BF16_ERROR))
+    errors += cluster_errors(config)
+    own = config.get("datasets") or {}
+    for name, entry in own.items():
+        if name in RESERVED_DATASET_NAMES:
+            message = f"bad name {name!r}: taken by a built-in dataset or a data_dir folder"
+            errors.append((["datasets", name], message))
+        if entry.get("classes"):  # the rule of sample files: refused before a training
+            from dpsinkhorn.fileio import check_class_names
+
+            try:
+                check_class_names(entry["classes"], "bad value")
+            except ValueError as err:
+                errors.append((["datasets", name, "classes"], str(err)))
+    rules = load_schema()["$defs"]["experiment_rules"]
+    seen: dict[tuple, str] = {}  # (table, dataset, row) -> the experiment that fills it
+    for name in experiment_names(config):
+        exp, at = experiment(config, name), ["experiments", name]
+        errors += [(at + path, message) for path, message in _schema_errors(exp, rules)]
+        if name.lower() in RUN_FOLDERS:  # lower: one folder on a case-insensitive disk
+            errors.append(
+                (
+                    at,
+                    f"bad name {name!r}: results/<run>/ already has a folder of that name "
+                    f"({', '.join(RUN_FOLDERS)}; in any case), where a DP release's folder "
+                    "would be; rename the experiment",
+                )
+            )
+        if exp["dataset"] not in (known := [*BUILTIN_DATASETS, *own]):
+            message = f"bad value {exp['dataset']!r}: must be one of {', '.join(known)}"
+            errors.append((at + ["dataset"], message))
+        generator = exp.get("generator") or "dcgan"
+        size = (own.get(exp["dataset"]) or {}).get("image_size")  # own datasets name theirs
+        by_size = GENERATOR_WIDTHS[generator]
+        widths = (by_size[size],) if size in by_size else tuple(sorted(set(by_size.values())))
+        if exp["method"] != "real_data" and len(exp["channels"]) not in widths:
+            at_size = f" at {size}x{size}" if size else ""
+            count = " or ".join(map(str, widths))
+            message = f"generator {generator} needs {count} widths{at_size}, got {exp['channels']}"
+            errors.append((at + ["channels"], message))
+        rows = {"table1_row": exp["table1_row"], **exp["rows"]}
+        for table, row in rows.items():
+            if row is None:
+                continue
+            where = at + (["table1_row"] if table == "table1_row" else ["rows", table])
+            needed = TABLE1_ROWS[row] if table == "table1_row" else TABLE_ROWS[table][row]
+            if needed != exp["method"]:
+                errors.append((where, f"row {row!r} needs method {needed}, not {exp['method']}"))
+            if table == "table6" and TABLE6_GENERATOR.get(row, generator) != generator:
+                errors.append((where, f"row {row!r} needs generator: {TABLE6_GENERATOR[row]}"))
+            other = seen.setdefault((table, exp["dataset"], row), name)
+            if other != name:
+                errors.append((where, f"{exp['dataset']} row {row!r} is already filled by {other}"))
+    return errors
 
 
 def check_overrides(config: Mapping, files: Sequence[PathLike]) -> None:

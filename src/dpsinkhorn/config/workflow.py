@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 from dpsinkhorn.config.experiments import (
+    PathLike,
     data_identity,  # noqa: F401 (the data rule's param: workflow/rules/data.smk)
     data_mirror_of,
     dataset_definition,
@@ -26,8 +27,6 @@ from dpsinkhorn.config.experiments import (
     trained_experiments,
 )
 
-PathLike = str | os.PathLike
-
 
 def data_inputs(config: Mapping, dataset: str) -> list[str]:
     """Inputs of the data rule: the fixture folder for a fixture CelebA, an own dataset's
@@ -35,8 +34,7 @@ def data_inputs(config: Mapping, dataset: str) -> list[str]:
     definition = dataset_definition(config, dataset)
     if definition is not None:
         return [str(definition["path"])]
-    source = fixture_source(config) if dataset == "celeba" else None
-    return [] if source is None else [source]
+    return [fixture_source(config)] if dataset == "celeba" and fixture_source(config) else []
 
 
 def data_source_args(config: Mapping, dataset: str, config_files: str) -> str:
@@ -96,7 +94,6 @@ def prepare_workflow_process() -> None:
 
 def private_trainings(config: Mapping, results: PathLike) -> list[tuple[str, str, dict]]:
     """(experiment, absolute output folder, settings) of each DP release the config trains."""
-    trained = set(trained_experiments(config))
     return [
         (
             name,
@@ -104,7 +101,6 @@ def private_trainings(config: Mapping, results: PathLike) -> list[tuple[str, str
             json.loads(experiment_spec(config, name)),
         )
         for name in private_experiments(config)
-        if name in trained
     ]
 
 
@@ -112,12 +108,8 @@ def private_trainings(config: Mapping, results: PathLike) -> list[tuple[str, str
 STOPPED_NAME = ".dpsinkhorn.stopped"
 
 
-class KeptOutputsError(ValueError):
-    """A training folder holds an earlier run's files that a stopped rerun left (one line)."""
-
-
 def check_kept_outputs(config: Mapping, results: PathLike) -> None:
-    """Raise :class:`KeptOutputsError` while a training folder holds both a generator and
+    """Raise a one-line ``ValueError`` while a training folder holds both a generator and
     :data:`STOPPED_NAME`: Snakemake put an earlier run's files back after a failed rerun
     and would otherwise call them up to date."""
     for name in trained_experiments(config):
@@ -129,7 +121,7 @@ def check_kept_outputs(config: Mapping, results: PathLike) -> None:
             message = json.loads(note.read_text()).get("message", "")
         except (OSError, ValueError):
             message = "(its note is unreadable)"
-        raise KeptOutputsError(
+        raise ValueError(
             f"{folder}: holds the files of an earlier finished training of experiment "
             f"{name}, not of the inputs now: its last rerun stopped ({message}) and "
             f"Snakemake put the earlier files back. To keep them as they are, delete {note} "

@@ -21,16 +21,19 @@ class DatasetInfo:
     """Static facts about one dataset; ``image_shape`` is (C, H, W) in pixels."""
 
     key: str  # our name, e.g. "fmnist"
-    torchvision_class: str  # class name in torchvision.datasets
-    folder: str  # torchvision's folder under its root: <root>/<folder>/raw/*.gz
-    num_classes: int
     image_shape: tuple[int, int, int]
     class_names: tuple[str, ...]
     title: str  # as tables and figures name it
+    torchvision_class: str = ""  # built-ins: the class in torchvision.datasets
+    folder: str = ""  # built-ins: torchvision's folder under its root (<folder>/raw/*.gz)
     # Own datasets (config ``datasets:``) only: where the images come from and how they
     # were brought to image_shape; the ledger and the tables state both.
     source: str | None = None  # e.g. "image folder /data/scans" or "npz /data/x.npz"
     resize: str | None = None  # e.g. "resized to 32x32 px (PIL bilinear), converted to L"
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.class_names)
 
     def torchvision_dataset(self) -> type:
         """The torchvision dataset class (imported lazily)."""
@@ -44,46 +47,22 @@ class DatasetInfo:
         return [(Path(src).name, md5) for src, md5 in self.torchvision_dataset().resources]
 
 
+FMNIST_CLASSES = "T-shirt/top,Trouser,Pullover,Dress,Coat,Sandal,Shirt,Sneaker,Bag,Ankle boot"
 DATASETS: dict[str, DatasetInfo] = {
-    "mnist": DatasetInfo(
-        key="mnist",
-        torchvision_class="MNIST",
-        folder="MNIST",
-        num_classes=10,
-        image_shape=(1, 28, 28),
-        class_names=tuple(str(d) for d in range(10)),
-        title="MNIST",
-    ),
-    "fmnist": DatasetInfo(
-        key="fmnist",
-        torchvision_class="FashionMNIST",
-        folder="FashionMNIST",
-        num_classes=10,
-        image_shape=(1, 28, 28),
-        class_names=(
-            "T-shirt/top",
-            "Trouser",
-            "Pullover",
-            "Dress",
-            "Coat",
-            "Sandal",
-            "Shirt",
-            "Sneaker",
-            "Bag",
-            "Ankle boot",
+    info.key: info
+    for info in (
+        DatasetInfo("mnist", (1, 28, 28), tuple("0123456789"), "MNIST", "MNIST", "MNIST"),
+        DatasetInfo(
+            "fmnist",
+            (1, 28, 28),
+            tuple(FMNIST_CLASSES.split(",")),
+            "Fashion-MNIST",
+            "FashionMNIST",
+            "FashionMNIST",
         ),
-        title="Fashion-MNIST",
-    ),
-    # CelebA at 32x32 RGB, label = the Male attribute (see dpsinkhorn.data.celeba).
-    "celeba": DatasetInfo(
-        key="celeba",
-        torchvision_class="CelebA",
-        folder="celeba",
-        num_classes=2,
-        image_shape=(3, 32, 32),
-        class_names=("female", "male"),
-        title="CelebA 32×32",
-    ),
+        # CelebA at 32x32 RGB, label = the Male attribute (see dpsinkhorn.data.celeba).
+        DatasetInfo("celeba", (3, 32, 32), ("female", "male"), "CelebA 32×32", "CelebA", "celeba"),
+    )
 }
 
 
@@ -107,27 +86,9 @@ def dataset_info(name: str, definition: Mapping[str, Any] | None = None) -> Data
     )
 
 
-def experiment_dataset(exp: Mapping[str, Any]) -> DatasetInfo:
-    """The dataset facts of a validated experiment dict (``config.experiment``)."""
-    return dataset_info(exp["dataset"], exp.get("dataset_definition"))
-
-
 def own_layout(path: Path) -> str:
     """``"npz"`` for a ``.npz`` file, else ``"image folder"``."""
     return "npz" if Path(path).suffix.lower() == ".npz" else "image folder"
-
-
-def folder_classes(root: Path) -> tuple[str, ...]:
-    """Class names of an image folder: its sub-folder names (of ``root/train`` when there is
-    one), sorted, hidden ones left out. Folder names are public: no label is counted.
-    ``FileNotFoundError`` naming ``root`` when it is not a folder."""
-    root = Path(root)
-    if not root.is_dir():
-        raise image_folder_not_found(root)
-    base = root / "train" if (root / "train").is_dir() else root
-    return tuple(
-        sorted(d.name for d in base.iterdir() if d.is_dir() and not d.name.startswith("."))
-    )
 
 
 def image_folder_not_found(root: Path) -> FileNotFoundError:
@@ -161,7 +122,10 @@ def own_dataset_info(name: str, definition: Mapping[str, Any]) -> DatasetInfo:
     if classes is None:
         if layout == "npz":
             raise ValueError(f"datasets.{name}.classes: an .npz dataset needs its class list")
-        classes = folder_classes(path)
+        if not path.is_dir():
+            raise image_folder_not_found(path)
+        base = path / "train" if (path / "train").is_dir() else path  # public folder names
+        classes = sorted(d.name for d in base.iterdir() if d.is_dir() and d.name[0] != ".")
         if not classes:
             raise ValueError(f"{path}: no class folders (expected {path}/<class>/*.png|jpg)")
         from dpsinkhorn.fileio import check_class_names
@@ -171,13 +135,10 @@ def own_dataset_info(name: str, definition: Mapping[str, Any]) -> DatasetInfo:
         check_class_names(classes, f"{path}: class folders")
     channels, size = int(definition["channels"]), int(definition["image_size"])
     return DatasetInfo(
-        key=name,
-        torchvision_class="",
-        folder=name,
-        num_classes=len(classes),
-        image_shape=(channels, size, size),
-        class_names=tuple(str(c) for c in classes),
-        title=definition.get("title") or name,
+        name,
+        (channels, size, size),
+        tuple(str(c) for c in classes),
+        definition.get("title") or name,
         source=f"{layout} {path}",
         resize=resize_statement(definition),
     )

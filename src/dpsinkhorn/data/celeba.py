@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from dpsinkhorn.config.experiments import builtin_source, prepared_folder
-from dpsinkhorn.fileio import md5_of, save_samples, write_text
+from dpsinkhorn.fileio import md5_of, save_splits, write_text
 
 IMAGE_DIR = "img_align_celeba"
 ATTR_FILE = "list_attr_celeba.txt"
@@ -50,18 +50,17 @@ HOW_TO_PLACE = (
 )
 
 
-def _torchvision_md5s() -> dict[str, str]:
-    """{file name: MD5} of CelebA's files, from torchvision's own list."""
-    from torchvision.datasets import CelebA
-
-    return {name: md5 for _, md5, name in CelebA.file_list}
-
-
 # --------------------------------------------------------------------------- source
 
 
-def _download(tv_root: Path) -> None:
-    """torchvision's Google-Drive download into ``tv_root/celeba``; clear errors."""
+def find_source(root: Path, mirror: Path | None) -> Path:
+    """The folder holding ``celeba/``: the mirror, or ``<root>/torchvision``, where
+    torchvision's Google-Drive download puts it when it is not there yet."""
+    if mirror is not None:
+        return Path(mirror)
+    tv_root = Path(root) / "torchvision"
+    if all((tv_root / "celeba" / f).exists() for f in (ATTR_FILE, PARTITION_FILE, IMAGE_DIR)):
+        return tv_root
     from torchvision.datasets import CelebA
 
     try:
@@ -76,27 +75,7 @@ def _download(tv_root: Path) -> None:
         raise FileNotFoundError(
             f"celeba: {why}; " + HOW_TO_PLACE + f", or put them into {tv_root / 'celeba'}/"
         ) from err
-
-
-def find_source(root: Path, mirror: Path | None) -> Path:
-    """The folder holding ``celeba/``: the mirror, or ``<root>/torchvision`` (downloading)."""
-    if mirror is not None:
-        return Path(mirror)
-    tv_root = Path(root) / "torchvision"
-    folder = tv_root / "celeba"
-    if not all((folder / f).exists() for f in (ATTR_FILE, PARTITION_FILE, IMAGE_DIR)):
-        _download(tv_root)
     return tv_root
-
-
-def _check_file(path: Path, expected_md5: str | None) -> None:
-    if not path.is_file():
-        raise FileNotFoundError(f"missing CelebA file {path}; " + HOW_TO_PLACE)
-    if expected_md5 is not None and md5_of(path) != expected_md5:
-        raise ValueError(
-            f"corrupt CelebA file {path}: MD5 differs from torchvision's {expected_md5}; "
-            + HOW_TO_PLACE
-        )
 
 
 def read_annotations(folder: Path) -> tuple[list[str], np.ndarray, np.ndarray]:
@@ -158,29 +137,33 @@ def prepare_celeba(root: Path, mirror: Path | None = None) -> dict[str, Path]:
     root = Path(root)
     folder = find_source(root, mirror) / "celeba"
     fixture = (folder / SOURCE_MARKER).is_file()
-    md5s = {} if fixture else _torchvision_md5s()
-    for name in (ATTR_FILE, PARTITION_FILE):
-        _check_file(folder / name, md5s.get(name))
+    from torchvision.datasets import CelebA
+
+    md5s = {} if fixture else {name: md5 for _, md5, name in CelebA.file_list}
+    for path in (folder / ATTR_FILE, folder / PARTITION_FILE):
+        if not path.is_file():
+            raise FileNotFoundError(f"missing CelebA file {path}; " + HOW_TO_PLACE)
+        if path.name in md5s and md5_of(path) != md5s[path.name]:
+            raise ValueError(
+                f"corrupt CelebA file {path}: MD5 differs from torchvision's {md5s[path.name]}; "
+                + HOW_TO_PLACE
+            )
     if not (folder / IMAGE_DIR).is_dir():
         raise FileNotFoundError(f"missing CelebA image folder {folder / IMAGE_DIR}; {HOW_TO_PLACE}")
     files, labels, partition = read_annotations(folder)
 
     out_dir = prepared_dir(root, mirror)
     paths = {split: out_dir / f"{split}.npz" for split in SPLIT_PARTITIONS}
-    try:
-        for split, part in SPLIT_PARTITIONS.items():
-            index = np.flatnonzero(partition == part)
-            images = np.empty((len(index), SIZE, SIZE, 3), dtype=np.uint8)
-            for start in range(0, len(index), CHUNK):
-                for j in range(start, min(start + CHUNK, len(index))):
-                    images[j] = downsample(folder / IMAGE_DIR / files[index[j]])
-                print(f"celeba {split}: {min(start + CHUNK, len(index))}/{len(index)} images")
-            save_samples(paths[split], images, labels[index])
-            del images
-    except BaseException:
-        for path in paths.values():  # never leave one split without the other
-            path.unlink(missing_ok=True)
-        raise
+    arrays = {}
+    for split, part in SPLIT_PARTITIONS.items():
+        index = np.flatnonzero(partition == part)
+        images = np.empty((len(index), SIZE, SIZE, 3), dtype=np.uint8)
+        for start in range(0, len(index), CHUNK):
+            for j in range(start, min(start + CHUNK, len(index))):
+                images[j] = downsample(folder / IMAGE_DIR / files[index[j]])
+            print(f"celeba {split}: {min(start + CHUNK, len(index))}/{len(index)} images")
+        arrays[paths[split]] = (images, labels[index])
+    save_splits(arrays)
     marker = out_dir / FIXTURE_MARKER
     if fixture:
         write_text(marker, f"prepared from the synthetic fixture in {folder}\n")

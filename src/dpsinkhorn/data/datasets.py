@@ -10,17 +10,23 @@ from __future__ import annotations
 import argparse
 import gzip
 import hashlib
+import struct
 import zlib
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from dpsinkhorn.config.experiments import prepared_folder
+from dpsinkhorn.config.experiments import (
+    definition_sha256,
+    experiment,
+    experiment_names,
+    prepared_folder,
+)
 from dpsinkhorn.data.catalog import DATASETS, DatasetInfo, dataset_info
 from dpsinkhorn.data.owndata import RECORD as OWN_RECORD
-from dpsinkhorn.data.owndata import is_prepared_own, prepare_own
-from dpsinkhorn.fileio import atomic_path, load_samples, md5_of, save_samples
+from dpsinkhorn.data.owndata import prepare_own
+from dpsinkhorn.fileio import atomic_path, load_samples, md5_of, save_splits
 
 SPLITS = ("train", "test")
 
@@ -29,44 +35,31 @@ def split_path(
     root: Path, dataset: str, split: str, definition: dict | None = None, folder: str | None = None
 ) -> Path:
     """``<root>/<folder>/<split>.npz``: ``folder`` when given (an experiment's
-    ``prepared_folder``), else ``config.prepared_folder(dataset, definition)`` (an own
-    dataset's ``<name>-<entry hash>``; without ``definition``, the one prepared under
-    ``root``)."""
+    ``prepared_folder``), else ``config.prepared_folder(dataset, definition)``; without
+    ``definition`` and no such folder, the one ``<dataset>-<hash>`` folder under ``root``
+    (a built-in dataset prepared from a source of its own, or an own dataset)."""
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; valid splits: {', '.join(SPLITS)}")
-    if folder is not None:
-        return Path(root) / folder / f"{split}.npz"
-    folder = prepared_folder(dataset, definition)
-    if definition is None and dataset in DATASETS:
-        if not (Path(root) / folder).is_dir():
-            folder = _one_source(Path(root), dataset) or folder
-    elif definition is None and not is_prepared_own(root, dataset):
-        own = sorted(p.parent.name for p in Path(root).glob(f"{dataset}-*/dataset.json"))
-        if len(own) > 1:
-            raise ValueError(
-                f"{root}: {len(own)} prepared datasets named {dataset} ({', '.join(own)}); "
-                "give its datasets: entry to choose one"
-            )
-        if own:
-            folder = own[0]
-        else:
-            dataset_info(dataset)
-    return Path(root) / folder / f"{split}.npz"
-
-
-def _one_source(root: Path, dataset: str) -> str | None:
-    """The one ``<dataset>-<source hash>`` folder under ``root`` (a built-in dataset prepared
-    from a source of its own: ``config.prepared_folder``), None if there is none; several
-    are an error (which one is the experiment's is said by its ``prepared_folder``)."""
-    found = sorted(
-        p.name for p in root.glob(f"{dataset}-*") if p.is_dir() and not (p / OWN_RECORD).exists()
-    )
-    if len(found) > 1:
-        raise ValueError(
-            f"{root}: {dataset} prepared from {len(found)} sources ({', '.join(found)}); give "
-            "the experiment of a config (its prepared_folder says which)"
+    root = Path(root)
+    if folder is None and definition is not None:
+        folder = prepared_folder(dataset, definition)
+    if folder is None and not (root / dataset).is_dir():
+        own = dataset not in DATASETS  # own datasets' folders hold their dataset.json
+        found = sorted(
+            p.name
+            for p in root.glob(f"{dataset}-*")
+            if p.is_dir() and (p / OWN_RECORD).is_file() == own
         )
-    return found[0] if found else None
+        if len(found) > 1:
+            raise ValueError(
+                f"{root}: {dataset} prepared from {len(found)} sources ({', '.join(found)}); give "
+                "the experiment of a config (its prepared_folder or datasets: entry says which)"
+            )
+        if found:
+            folder = found[0]
+        elif own:
+            dataset_info(dataset)  # an unknown name: the error names the valid ones
+    return root / (folder or dataset) / f"{split}.npz"
 
 
 # --------------------------------------------------------------------------- prepare
@@ -85,21 +78,23 @@ def prepare(dataset: str, root: Path, mirror: Path | None = None) -> dict[str, P
         from dpsinkhorn.data.celeba import prepare_celeba
 
         return prepare_celeba(root, mirror)  # into the folder of its source
-    tv_root = root / "torchvision"
-    raw = tv_root / info.folder / "raw"
+    raw = root / "torchvision" / info.folder / "raw"
     if mirror is not None:
         _copy_from_mirror(info, Path(mirror), raw)
-
-    arrays = _read_with_torchvision(info, tv_root, raw, offline_hint=mirror is None)
-
+    else:
+        _download(info, raw)
+    # Read from the MD5-checked archives themselves: never from extracted files, which
+    # nothing checks (a damaged one would give wrong pixels silently).
     paths = {split: split_path(root, dataset, split) for split in SPLITS}
-    try:
-        for split in SPLITS:
-            save_samples(paths[split], *arrays[split])
-    except BaseException:
-        for path in paths.values():  # never leave one split without the other
-            path.unlink(missing_ok=True)
-        raise
+    save_splits(
+        {
+            paths[split]: (
+                _read_idx(raw / f"{prefix}-images-idx3-ubyte.gz", info),
+                _read_idx(raw / f"{prefix}-labels-idx1-ubyte.gz", info).astype(np.int64),
+            )
+            for split, prefix in (("train", "train"), ("test", "t10k"))
+        }
+    )
     return paths
 
 
@@ -137,84 +132,42 @@ def _copy_from_mirror(info: DatasetInfo, mirror: Path, raw: Path) -> None:
                 )
 
 
-def _extracted(raw: Path, info: DatasetInfo) -> list[Path]:
-    """The files torchvision extracts from the archives (names without ``.gz``)."""
-    return [raw / Path(archive).stem for archive, _ in info.archives()]
+def _download(info: DatasetInfo, raw: Path) -> None:
+    """Download the archives that ``raw`` lacks (or holds damaged) from torchvision's
+    mirrors, MD5-checked; a ``FileNotFoundError`` says how to work offline."""
+    from torchvision.datasets.utils import download_url
+
+    for archive, md5 in info.archives():
+        if (raw / archive).is_file() and md5_of(raw / archive) == md5:
+            continue
+        for url in info.torchvision_dataset().mirrors:
+            try:
+                download_url(f"{url}{archive}", str(raw), archive, md5)
+                break
+            except (OSError, RuntimeError) as err:  # URLError is an OSError
+                failure = " ".join(str(err).split())
+        else:
+            raise FileNotFoundError(
+                f"{info.key}: download failed ({failure}); this machine seems to be offline; "
+                "set data_mirror in the config (make: DATA=, CLI: --mirror) to a folder "
+                f"holding {info.folder}/raw/*.gz"
+            )
 
 
-def _first_bad_gzip(raw: Path, info: DatasetInfo) -> Path | None:
-    """The first archive in ``raw`` that is missing or fails to decompress, if any."""
-    for archive, _ in info.archives():
-        path = raw / archive
-        try:
-            with gzip.open(path, "rb") as fh:
-                while fh.read(1 << 22):
-                    pass
-        except (OSError, EOFError, zlib.error):
-            return path
-    return None
-
-
-def _read_with_torchvision(
-    info: DatasetInfo, tv_root: Path, raw: Path, offline_hint: bool
-) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """Load both splits through torchvision (download=True: extracts, downloads if needed).
-
-    On a read error the extracted files are removed and a ``ValueError`` names the bad
-    archive; if every archive decompresses, it retries once.
-    """
-    cls = info.torchvision_dataset()
-    # torchvision reads an extracted file whenever one exists, and never checks it: a
-    # damaged one would give wrong pixels silently. So the files are always extracted
-    # anew from the archives, whose MD5 torchvision (or the mirror copy) has checked.
-    for archive, _ in info.archives():
-        if (raw / archive).is_file():
-            (raw / Path(archive).stem).unlink(missing_ok=True)
-    for attempt in range(2):
-        try:
-            out = {}
-            for split in SPLITS:
-                ds = cls(str(tv_root), train=split == "train", download=True)
-                out[split] = (ds.data.numpy(), ds.targets.numpy().astype(np.int64))
-            return out
-        except (
-            RuntimeError,
-            AssertionError,
-            OSError,
-            EOFError,
-            zlib.error,
-            LookupError,
-            ValueError,
-        ) as err:
-            if isinstance(err, RuntimeError) and "Error downloading" in str(err):
-                first_line = str(err).strip().splitlines()[0]
-                hint = (
-                    "this machine seems to be offline; set data_mirror in the config (make: "
-                    f"DATA=, CLI: --mirror) to a folder holding {info.folder}/raw/*.gz"
-                    if offline_hint
-                    else f"check the archives in {raw}"
-                )
-                raise FileNotFoundError(
-                    f"{info.key}: download failed ({first_line}); {hint}"
-                ) from err
-            # reading or extraction failed (RuntimeError too: asserts vanish under -O)
-            for path in _extracted(raw, info):
-                path.unlink(missing_ok=True)
-            bad = _first_bad_gzip(raw, info)
-            if bad is not None:
-                raise ValueError(
-                    f"corrupt archive {bad}: cannot be extracted ({type(err).__name__}: {err}); "
-                    + _how_to_provide(info, bad.name, raw)
-                ) from err
-            if attempt == 1:
-                raise ValueError(
-                    f"{info.key}: cannot read the extracted files in {raw} "
-                    f"({type(err).__name__}: {err})"
-                ) from err
-    raise AssertionError("unreachable")
-
-
-# ----------------------------------------------------------------------------- load
+def _read_idx(path: Path, info: DatasetInfo) -> np.ndarray:
+    """The uint8 array of an idx file (images [N,H,W], labels [N]) in a gzip archive."""
+    try:
+        with gzip.open(path, "rb") as fh:
+            data = fh.read()
+        if data[:3] != b"\0\0\x08":  # two zero bytes, then the type code of uint8
+            raise ValueError("not an idx file of unsigned bytes")
+        shape = struct.unpack(f">{data[3]}I", data[4 : 4 + 4 * data[3]])
+        return np.frombuffer(data, np.uint8, offset=4 + 4 * data[3]).reshape(shape)
+    except (OSError, EOFError, zlib.error, struct.error, ValueError) as err:
+        raise ValueError(
+            f"corrupt archive {path}: cannot be extracted ({type(err).__name__}: {err}); "
+            + _how_to_provide(info, path.name, path.parent)
+        ) from err
 
 
 def load_split(
@@ -264,29 +217,6 @@ def from_unit_range(x: torch.Tensor) -> np.ndarray:
 # ------------------------------------------------------------------------------- CLI
 
 
-def _check_definition(args: argparse.Namespace, dataset: str, definition: dict) -> None:
-    """Refuse a ``datasets.<dataset>`` entry that differs from the one the workflow hashed."""
-    from dpsinkhorn.config.experiments import definition_sha256
-
-    if args.definition_sha256 and definition_sha256(definition) != args.definition_sha256:
-        raise ValueError(
-            f"{', '.join(args.config)}: datasets.{dataset} changed since the workflow read it "
-            f"(sha256 {definition_sha256(definition)}, expected {args.definition_sha256})"
-        )
-
-
-def _largest_batch(cfg: dict, dataset: str) -> tuple[int | None, str]:
-    """(largest batch_size, its experiment) of the config's trained experiments on ``dataset``."""
-    from dpsinkhorn.config import experiment, experiment_names
-
-    batches = [
-        (int(exp["batch_size"]), f"experiment {name}")
-        for name in experiment_names(cfg)
-        if (exp := experiment(cfg, name))["dataset"] == dataset and exp["method"] != "real_data"
-    ]
-    return max(batches, default=(None, ""))
-
-
 def register_cli(subparsers: argparse._SubParsersAction) -> None:
     """Add ``dpsinkhorn data``."""
     parser = subparsers.add_parser(
@@ -330,25 +260,38 @@ def register_cli(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _cli_handler(args: argparse.Namespace) -> int:
-    cfg = None
+    cfg = {}
     if args.config:
         from dpsinkhorn.config import load_config
 
         cfg = load_config(args.config)
-    own = (cfg or {}).get("datasets") or {}
-    for dataset in dict.fromkeys(args.dataset):  # check every name before preparing any
+    own = cfg.get("datasets") or {}
+    names = list(dict.fromkeys(args.dataset))  # de-duplicated, order kept
+    for dataset in names:  # check every name before preparing any
         if dataset not in DATASETS and dataset not in own:
             where = f" in {', '.join(args.config)}" if args.config else " (give --config)"
             raise ValueError(
                 f"--dataset {dataset}: unknown dataset; built-in: {', '.join(DATASETS)}; "
                 f"own (datasets:){where}: {', '.join(own) or 'none'}"
             )
-    for dataset in dict.fromkeys(args.dataset):  # de-duplicated, order kept
+    for dataset in names:
         if dataset in DATASETS:
             paths = prepare(dataset, args.root, mirror=args.mirror)
         else:
-            _check_definition(args, dataset, own[dataset])
-            paths = prepare_own(dataset, own[dataset], args.root, *_largest_batch(cfg, dataset))
+            sha = definition_sha256(own[dataset])  # the workflow's hash of the entry it read
+            if args.definition_sha256 and sha != args.definition_sha256:
+                raise ValueError(
+                    f"{', '.join(args.config)}: datasets.{dataset} changed since the workflow "
+                    f"read it (sha256 {sha}, expected {args.definition_sha256})"
+                )
+            # The largest batch of a trained experiment on it is checked against its records.
+            batches = [
+                (exp["batch_size"], f"experiment {name}")
+                for name in experiment_names(cfg)
+                if (exp := experiment(cfg, name))["dataset"] == dataset
+                and exp["method"] != "real_data"
+            ]
+            paths = prepare_own(dataset, own[dataset], args.root, *max(batches, default=(None, "")))
         for split, path in paths.items():
             print(f"{dataset} {split}: wrote {path}")
     return 0

@@ -1,12 +1,8 @@
-"""Own datasets (config ``datasets:``): an image folder or an .npz -> ``{train,test}.npz``.
-
-Layouts: an ``ImageFolder`` (``path/<class>/*``, or ``path/train/<class>/...`` with an
-optional ``path/test/``), or an .npz with ``images``, ``labels`` and optionally
-``test_images`` / ``test_labels``. Classes are public (declared or folder names).
-:func:`prepare_own` writes ``{train,test}.npz`` and ``dataset.json`` into
-``<root>/<name>-<entry hash>``. Bad input: :class:`DatasetError` naming the file.
-Torch-free; docs/OWN_DATA.md.
-"""
+"""Own datasets (config ``datasets:``): an image folder (``ImageFolder`` layout, optionally
+split into ``train/`` and ``test/``) or an .npz -> ``<root>/<name>-<entry hash>/`` with
+``{train,test}.npz`` and ``dataset.json`` (:func:`prepare_own`). Classes are public
+(declared or folder names); bad input is a one-line :class:`DatasetError` naming the file.
+Torch-free; docs/OWN_DATA.md."""
 
 from __future__ import annotations
 
@@ -27,7 +23,7 @@ from dpsinkhorn.data.catalog import (
     own_layout,
     resize_statement,
 )
-from dpsinkhorn.fileio import save_samples, write_json
+from dpsinkhorn.fileio import check_samples, json_bytes, save_splits
 
 #: The public record of a prepared own dataset, beside its train.npz / test.npz.
 RECORD = "dataset.json"
@@ -44,19 +40,12 @@ def _one_line(err: BaseException) -> str:
     return f"{type(err).__name__}: {text}" if text else type(err).__name__
 
 
-# ------------------------------------------------------------------------------ images
-
-
-def _mode(channels: int) -> str:
-    return "L" if channels == 1 else "RGB"
-
-
 def _to_pixels(image: Any, where: Path | str, definition: Mapping[str, Any]) -> np.ndarray:
     """One PIL image -> uint8 [S,S] (channels 1) or [S,S,3], converted and resized only
     with ``resize: true``; otherwise a :class:`DatasetError` when size or mode differ."""
     from PIL import Image
 
-    size, mode = int(definition["image_size"]), _mode(int(definition["channels"]))
+    size, mode = int(definition["image_size"]), "L" if definition["channels"] == 1 else "RGB"
     if image.mode.startswith(("I", "F")):
         # PIL's convert() to L or RGB clips 16-bit and float pixels to 0..255 instead of
         # scaling them: a 16-bit scan would come out mostly white. Never guessed here.
@@ -120,8 +109,6 @@ def _read_class_folders(
     base: Path, classes: tuple[str, ...], definition: Mapping[str, Any], field: str
 ) -> Arrays:
     """Read ``base/<class>/*`` with labels = index in ``classes``."""
-    if not base.is_dir():
-        raise FileNotFoundError(f"{base}: image folder not found")
     class_dirs = sorted(d for d in base.iterdir() if d.is_dir() and not d.name.startswith("."))
     if not class_dirs:
         loose = "; images must lie in <class>/ sub-folders" if _image_files(base) else ""
@@ -144,16 +131,21 @@ def _read_class_folders(
         files = _image_files(folder)
         if not files:
             raise DatasetError(f"{folder}: class folder without images (.png, .jpg, .jpeg)")
-        for file in files:
-            images.append(_read_image(file, definition))
+        images += [_read_image(file, definition) for file in files]
         labels += [index[folder.name]] * len(files)
     return np.stack(images), np.asarray(labels, dtype=np.int64)
 
 
-def _check_split_layout(root: Path) -> None:
-    """The split layout reads ``root/train`` and ``root/test`` only: a folder or an image
-    beside them (``val/``, ``valid/``, a stray image) is refused by name, never left out
-    without a word."""
+def _read_image_folder(
+    root: Path, classes: tuple[str, ...], definition: Mapping[str, Any], field: str
+) -> tuple[Arrays, Arrays | None]:
+    """(train, test or None) of an image folder. ``root/train`` marks the split layout,
+    which reads ``train/`` and ``test/`` only: a folder or an image beside them (``val/``,
+    a stray image) is refused by name, never left out without a word."""
+    if not root.is_dir():
+        raise image_folder_not_found(root)
+    if not (root / "train").is_dir():
+        return _read_class_folders(root, classes, definition, field), None
     for entry in sorted(root.iterdir()):
         if entry.name.startswith(".") or entry.name in ("train", "test"):
             continue
@@ -162,22 +154,10 @@ def _check_split_layout(root: Path) -> None:
                 f"{entry}: not read: beside train/, an image folder holds only an optional "
                 "test/ (name a held-out split test/, or move this out of the folder)"
             )
-
-
-def _read_image_folder(
-    root: Path, classes: tuple[str, ...], definition: Mapping[str, Any], field: str
-) -> tuple[Arrays, Arrays | None]:
-    """(train, test or None) of an image folder; ``root/train`` marks the split layout."""
-    if not root.is_dir():
-        raise image_folder_not_found(root)
-    if (root / "train").is_dir():
-        _check_split_layout(root)
-        train = _read_class_folders(root / "train", classes, definition, field)
-        test = None
-        if (root / "test").is_dir():
-            test = _read_class_folders(root / "test", classes, definition, field)
-        return train, test
-    return _read_class_folders(root, classes, definition, field), None
+    train = _read_class_folders(root / "train", classes, definition, field)
+    if not (root / "test").is_dir():
+        return train, None
+    return train, _read_class_folders(root / "test", classes, definition, field)
 
 
 # --------------------------------------------------------------------------------- npz
@@ -188,23 +168,10 @@ def _npz_pair(
 ) -> Arrays:
     """Check and convert one (images, labels) pair of an .npz."""
     images, labels = (np.asarray(arrays[k]) for k in keys)
-    if (
-        images.dtype != np.uint8
-        or images.ndim not in (3, 4)
-        or (images.ndim == 4 and images.shape[3] not in (1, 3))
-    ):
-        raise DatasetError(
-            f"{path}: {keys[0]} must be uint8 [N,H,W] or [N,H,W,C] with C 1 or 3, got "
-            f"{images.dtype} {list(images.shape)}"
-        )
-    if labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer):
-        raise DatasetError(
-            f"{path}: {keys[1]} must be integers [N], got {labels.dtype} {list(labels.shape)}"
-        )
-    if len(labels) != len(images):
-        raise DatasetError(
-            f"{path}: {len(images)} {keys[0]} but {len(labels)} {keys[1]} (lengths must match)"
-        )
+    try:  # the sample files' own contract, for each pair of the .npz
+        check_samples(images, labels, f"{path} ({keys[0]}, {keys[1]})")
+    except ValueError as err:
+        raise DatasetError(str(err)) from None
     if len(images) == 0:
         raise DatasetError(f"{path}: {keys[0]} holds no images")
     if 0 in images.shape[1:3]:  # resize would make blank images of them
@@ -250,15 +217,9 @@ def _read_npz(
         raise DatasetError(
             f"{path}: {given[0]} without its pair (give test_images and test_labels)"
         )
-    test = (
-        _npz_pair(path, arrays, ("test_images", "test_labels"), definition, field)
-        if given
-        else None
-    )
-    return train, test
-
-
-# ------------------------------------------------------------------------------ splits
+    if not given:
+        return train, None
+    return train, _npz_pair(path, arrays, ("test_images", "test_labels"), definition, field)
 
 
 def split_off(arrays: Arrays, fraction: float, seed: int, where: Path) -> tuple[Arrays, Arrays]:
@@ -274,9 +235,6 @@ def split_off(arrays: Arrays, fraction: float, seed: int, where: Path) -> tuple[
     return (images[train], labels[train]), (images[test], labels[test])
 
 
-# ----------------------------------------------------------------------------- prepare
-
-
 def prepare_own(
     name: str,
     definition: Mapping[str, Any],
@@ -284,20 +242,17 @@ def prepare_own(
     batch_size: int | None = None,
     batch_owner: str = "",
 ) -> dict[str, Path]:
-    """Write ``<root>/<name>-<entry hash>/{train,test}.npz`` and ``dataset.json``; return
-    {split: path}.
-
-    ``definition``: the validated ``datasets.<name>`` entry. ``batch_size`` (largest batch
-    on it, of experiment ``batch_owner``) is checked against the records first.
-    """
+    """Write ``<root>/<name>-<entry hash>/{train,test}.npz`` and ``dataset.json`` of the
+    validated ``datasets.<name>`` entry ``definition``; {split: path}. ``batch_size`` (the
+    largest batch on it, of experiment ``batch_owner``) is checked against the records."""
     info = own_dataset_info(name, definition)
     out = Path(root) / prepared_folder(name, definition)
     declared = definition.get("classes") is not None
     definition = {**definition, "classes": list(info.class_names)}
     source, layout = Path(definition["path"]), own_layout(Path(definition["path"]))
     field = f"datasets.{name}.classes" if declared else f"the folder names of {source}"
-    if layout == "npz":
-        train, test = _read_npz(source, definition, f"datasets.{name}.classes")
+    if layout == "npz":  # classes declared: field is datasets.<name>.classes
+        train, test = _read_npz(source, definition, field)
     else:
         train, test = _read_image_folder(source, info.class_names, definition, field)
     split: dict[str, Any] = {"test": "given"}
@@ -335,21 +290,10 @@ def prepare_own(
         "note": "public: no label is counted here; an evaluation on the test split uses "
         "private data and is not covered by the privacy guarantee",
     }
-    (out / RECORD).unlink(missing_ok=True)  # no record of a half-written dataset
-    try:
-        save_samples(paths["train"], *train)
-        save_samples(paths["test"], *test)
-    except BaseException:
-        for path in paths.values():  # never leave one split without the other
-            path.unlink(missing_ok=True)
-        raise
-    write_json(out / RECORD, record)
+    # The record comes last and goes first: it never describes a half-written dataset.
+    arrays = {paths["train"]: train, paths["test"]: test}
+    save_splits(arrays, [(out / RECORD, json_bytes(record))], remove_first=[out / RECORD])
     return paths
-
-
-def is_prepared_own(root: Path, name: str) -> bool:
-    """Whether ``<root>/<name>/dataset.json`` exists (an own dataset prepared there)."""
-    return (Path(root) / name / RECORD).is_file()
 
 
 def prepared_dataset_info(folder: Path) -> DatasetInfo:
@@ -360,13 +304,10 @@ def prepared_dataset_info(folder: Path) -> DatasetInfo:
     record = json.loads(path.read_text())
     size, channels = int(record["image_size"]), int(record["channels"])
     return DatasetInfo(
-        key=record["name"],
-        torchvision_class="",
-        folder=record["name"],
-        num_classes=len(record["classes"]),
-        image_shape=(channels, size, size),
-        class_names=tuple(record["classes"]),
-        title=record["title"],
+        record["name"],
+        (channels, size, size),
+        tuple(record["classes"]),
+        record["title"],
         source=f"{record['layout']} {record['path']}",
         resize=record["resize"],
     )
