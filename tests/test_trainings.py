@@ -436,43 +436,33 @@ def test_the_record_merges_per_id_whatever_events_survive(tmp_path):
     assert record.stem not in str(err.value) and str(records) in str(err.value)
 
 
-# ----------------------------------------------------------- records that lost who trained
+# ----------------------------------------------------- records that lack what a writer records
 
-#: What a ``finished`` event held before every event carried its training's identity
-#: (``RunFiles._record`` of earlier versions); the identity was in ``started`` only.
-OLD_FINISHED_KEYS = ("event", "training", "time", "steps", "epsilon", "content_sha256")
-
-
-def _lose_identities(record: Path) -> None:
-    """``record`` as a training resumed in a later call left it under those versions: its
-    ``started`` event lost (a window call without the record), its ``finished`` event as
-    that writer wrote it."""
-    events = [e for e in trainings.read(record) if e["event"] == "finished"]
-    record.write_text(
-        "".join(json.dumps({k: e[k] for k in OLD_FINISHED_KEYS}) + "\n" for e in events)
-    )
+#: The mechanism every writer records in each event of a DP training.
+MECHANISM_KEYS = ("q", "noise_multiplier", "delta")
 
 
-def test_an_unattributed_training_is_counted_and_refuses_a_retrain(tmp_path, capsys, monkeypatch):
-    """A DP training whose record holds only an old-format ``finished`` event (no
-    experiment, no mechanism) is still one finished DP training of the source: the
-    summary gives no composed epsilon and says so loudly (its epsilon cannot be composed),
-    a new training that could retrain it is refused in one line, and a retrain asked for
-    is counted as one."""
-    configfile, args = _trained_by_cli(tmp_path, monkeypatch)
+def test_a_training_whose_record_lacks_its_mechanism_has_no_composed_epsilon(
+    tmp_path, capsys, monkeypatch
+):
+    """A DP training whose events lack its mechanism is still one finished DP training of
+    the source: the summary gives no composed epsilon and says so loudly (its epsilon
+    cannot be composed), in the JSON, the markdown and the CLI's warning."""
+    configfile, _ = _trained_by_cli(tmp_path, monkeypatch)
     ledger = json.loads((tmp_path / "results/cli/clothes_dp/privacy.json").read_text())
     (record,) = (tmp_path / "data" / "trainings").glob("*.jsonl")
-    _lose_identities(record)
+    events = trainings.read(record)
+    record.write_text(
+        "".join(
+            json.dumps({k: v for k, v in e.items() if k not in MECHANISM_KEYS}) + "\n"
+            for e in events
+        )
+    )
 
     (old,) = trainings.trainings(trainings.read(record))
-    assert (old["attributed"], old["private"], old["finished"], old["steps"]) == (
-        False,
-        True,
-        True,
-        ledger["steps"],
-    )
+    assert (old["private"], old["finished"], old["steps"]) == (True, True, ledger["steps"])
     counted = trainings.composed([old])
-    assert counted["trainings"] == 1 and counted["unattributed"] == 1
+    assert counted["trainings"] == 1
     assert counted["unaccounted"] == [old["training"]] and counted["epsilon_composed"] is None
 
     cfg = config_lib.load_config([str(configfile)])
@@ -489,56 +479,34 @@ def test_an_unattributed_training_is_counted_and_refuses_a_retrain(tmp_path, cap
     )
     assert "WARNING: " + UNKNOWN_EPSILON in capsys.readouterr().err
 
-    # The same experiment into its folder, and another folder: either could retrain it.
-    for out in ("results/cli/clothes_dp", "results/other/clothes_dp"):
-        assert cli.main([*args[:-2], out, "--no-progress"]) == 2
-        err = capsys.readouterr().err.strip().splitlines()
-        assert len(err) == 1 and "do not say which experiment" in err[0], err
-        assert "the training record in data/trainings holds" in err[0], err
-        assert "--retrain" in err[0]
-        assert record.stem not in err[0]  # 64 bits of the private data's sha256
-    assert not (tmp_path / "results/other/clothes_dp/private_workspace").exists()
-    assert cli.main([*args, "--retrain"]) == 0
-    runs = trainings.trainings(trainings.read(record))
-    assert [(t["attributed"], t["finished"], t["retrain"]) for t in runs] == [
-        (False, True, False),
-        (True, True, True),
-    ]
-    again = trainings.composed(runs)
-    assert again["trainings"] == 2 and again["epsilon_composed"] is None
 
-
-def test_an_unattributed_event_counts_as_what_it_shows(tmp_path, digits_spec):
-    """A lone old-format ``finished`` of a non-private training (epsilon null, as its
-    ledger) is not a DP training: neither counted nor refusing. A lone ``republished``
-    (its finished training's events lost) is a finished DP training into the folder it
-    names: it refuses a training into that folder, not into another."""
-    out, records = tmp_path / "run" / "clothes_dp", tmp_path / "trainings"
-    public = config_lib.make_experiment(
-        "clothes_np", dataset="mnist", method="sinkhorn", **{**TINY, "sigma": None}
-    )
-    _train(public, tmp_path / "run" / "nonprivate", records)
+def test_a_training_no_event_names_the_experiment_of_is_refused(tmp_path, capsys, monkeypatch):
+    """A training none of whose events names its experiment (a ``finished`` event without
+    its identity, or a lone ``republished``) is never skipped nor guessed at: reading the
+    record fails in one line naming its folder (not its file, 64 bits of the private data's
+    sha256), so a training, a retrain and the summary all stop (CLI: exit 2)."""
+    configfile, args = _trained_by_cli(tmp_path, monkeypatch)
+    records = tmp_path / "data" / "trainings"
     (record,) = records.glob("*.jsonl")
-    _lose_identities(record)
-    (old,) = trainings.trainings(trainings.read(record))
-    assert (old["attributed"], old["private"], old["finished"]) == (False, False, True)
-    assert trainings.composed([old])["trainings"] == 0
-    assert trainings.unattributed_finished(records, str(out.resolve())) == []
+    (done,) = [e for e in trainings.read(record) if e["event"] == "finished"]
+    bare = ("event", "training", "time", "steps", "epsilon", "content_sha256")
+    record.write_text(json.dumps({k: done[k] for k in bare}) + "\n")
+    with pytest.raises(ValueError, match="line 1: no event of training .* names its experiment"):
+        trainings.read(record)
+    out = str((tmp_path / "results/cli/clothes_dp").resolve())
+    with pytest.raises(ValueError, match="data/trainings: line 1"):
+        trainings.check_retrain(records, out, "clothes_dp", {}, "", True)
+    capsys.readouterr()
+    for command in (
+        [*args, "--retrain"],
+        ["privacy-summary", "--config", str(configfile), "--results", "results/cli"],
+    ):
+        assert cli.main(command) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "names its experiment" in err[0], err
+        assert "the training record in data/trainings" in err[0] and record.stem not in err[0]
 
-    record.unlink()
-    _train(digits_spec, out, records)
-    for name in TRAINING_FILES:  # removed: the next training publishes the kept copy again
-        (out / name).unlink()
-    _train(digits_spec, out, records)
-    record.write_text(
-        "".join(json.dumps(e) + "\n" for e in trainings.read(record) if e["event"] == "republished")
-    )
-    (lone,) = trainings.trainings(trainings.read(record))
-    assert (lone["attributed"], lone["private"], lone["finished"]) == (False, True, True)
-    assert trainings.composed([lone])["unaccounted"] == [lone["training"]]
-    fingerprint = trainings.data_fingerprint(*digits_28())
-    other = str((tmp_path / "run" / "elsewhere").resolve())
-    assert not trainings.check_retrain(records, other, "x", {}, fingerprint, False)
-    with pytest.raises(trainings.RetrainRefused, match="do not say which experiment"):
-        trainings.check_retrain(records, str(out.resolve()), "clothes_dp", {}, fingerprint, False)
-    assert trainings.check_retrain(records, str(out.resolve()), "clothes_dp", {}, fingerprint, True)
+    lone = {"event": "republished", "training": done["training"], "out": out}
+    record.write_text(json.dumps(lone) + "\n")
+    with pytest.raises(ValueError, match="line 1: no event of training .* names its experiment"):
+        trainings.read(record)

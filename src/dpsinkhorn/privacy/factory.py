@@ -1,14 +1,11 @@
 """``make_private``: the one place where an experiment's settings become its privacy mechanism.
 
-As Opacus' ``make_private`` wires a model, an optimiser and a data loader,
-:func:`make_private` builds from a validated experiment dict (keys: :data:`SPEC_KEYS`) and
-the public record count N: the run's keyed generator (``privacy.noise``: 256 secret bits,
-or a public key from (seed, name) with ``reproducible: true``, then no guarantee), the
-Poisson sampler at q = batch_size / N, the sanitiser (``privacy.mechanism``; add/remove-one
-adjacency, sensitivity 2Δ or 2Δ√n, noise std 2Δσ) and the accountant for q and the
-sanitiser's noise multiplier (σ, or σ/√n for per-sample clipping) at the experiment's δ.
-Training, sweeps (:func:`make_private_stack`) and the audit all build their mechanism here,
-so what the ledger charges is what the step runs.
+As Opacus' ``make_private``, :func:`make_private` builds from a validated experiment dict
+(:data:`SPEC_KEYS`) and the public record count N: the run's keyed generator
+(``privacy.noise``), the Poisson sampler at q = batch_size / N, the sanitiser
+(``privacy.mechanism``: add/remove-one adjacency, sensitivity 2Δ or 2Δ√n, noise std 2Δσ) and
+the accountant for q and its noise multiplier (σ, or σ/√n per-sample) at the experiment's δ.
+Training, sweeps and the audit all build here: what the ledger charges is what the step runs.
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dpsinkhorn.privacy.trainings import accounted, may_be_private, mechanisms
+from dpsinkhorn.privacy.trainings import accounted, mechanisms
 
 #: Environment variable naming the store (the config key ``record_store`` wins over it).
 STORE_ENV = "DPSINKHORN_RECORD_STORE"
@@ -255,7 +255,6 @@ def stored_meta(record: Mapping) -> dict:
     keys += ("noise_multiplier", "delta", "accountant", "steps", "steps_planned", "finished")
     meta = {k: record.get(k) for k in keys}
     meta["time"] = record.get("time") or time.strftime("%Y-%m-%dT%H:%M:%S")
-    meta["attributed"] = record.get("attributed", True)
     return meta
 
 
@@ -267,7 +266,7 @@ def import_record(
     fingerprints ``fps()`` (called once, only when needed) of the split that record names.
     Returns how many were written."""
     fps = functools.cache(fps)
-    return sum(store.put(stored_meta(t), fps) for t in records if may_be_private(t))
+    return sum(store.put(stored_meta(t), fps) for t in records if t["private"])
 
 
 def individual(store: RecordStore, data: np.ndarray, delta: float | None = None) -> dict:

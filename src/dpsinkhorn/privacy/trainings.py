@@ -8,8 +8,7 @@ it. Private side only, never published. ``train.workspace.RunFiles`` writes the 
 settings, mechanism). A resumed training keeps its id (one noise stream); an unfinished one
 counts at ``steps_planned``. :func:`composed` composes every DP training of a source (RDP,
 add/remove-one adjacency, ``privacy.accounting.composed_epsilon``) at the largest δ any
-claims. Unattributed trainings and retrain refusals: docs/PRIVACY.md ("The training
-record"). Torch-free.
+claims. Retrain refusals: docs/PRIVACY.md ("The training record"). Torch-free.
 """
 
 from __future__ import annotations
@@ -19,7 +18,7 @@ import json
 import os
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -79,8 +78,8 @@ def append(record_dir: str | os.PathLike, fingerprint: str, event: Mapping) -> P
 
 def read(path: str | os.PathLike) -> list[dict]:
     """The events of one record file (one-line ValueError naming a damaged line: not JSON,
-    or not an event with its training's id)."""
-    events = []
+    not an event with its training's id, or a training no event names the experiment of)."""
+    events, first_line = [], {}
     with open(path, encoding="utf-8") as fh:
         for number, line in enumerate(fh, 1):
             if not line.strip():
@@ -100,7 +99,16 @@ def read(path: str | os.PathLike) -> list[dict]:
                     f"{shown(path)}: line {number} of a record file is not a training event "
                     f"(needs a training id and an event of {', '.join(EVENTS)})"
                 )
+            first_line.setdefault(event["training"], number)
             events.append(event)
+    named = {e["training"] for e in events if isinstance(e.get("experiment"), str)}
+    for training, number in first_line.items():
+        if training not in named:  # never skipped: its epsilon would go uncounted
+            raise ValueError(
+                f"{shown(path)}: line {number}: no event of training {training} names its "
+                "experiment (every writer records it in each event): the record is damaged "
+                "or older; restore it from a copy"
+            )
     return events
 
 
@@ -111,13 +119,7 @@ MECHANISM = ("q", "noise_multiplier", "delta", "steps")
 def trainings(events: Iterable[Mapping]) -> list[dict]:
     """One dict per training id, in order of first event: its identity (latest value of
     each key), ``start_step`` (earliest), ``finished``, ``steps`` (largest finished count,
-    else ``steps_planned``), ``retrain`` (any event), ``time`` (latest), ``attributed``
-    (an event names its experiment).
-
-    An unattributed training's ``private`` is what its events show: true after a
-    ``republished`` or with a recorded noise multiplier or numeric ε; false when its
-    ``finished`` records ``epsilon: null``; else None, which readers count as DP
-    (:func:`may_be_private`)."""
+    else ``steps_planned``), ``retrain`` (any event), ``time`` (latest)."""
     merged: dict[str, dict] = {}
     for event in events:
         entry = merged.setdefault(event["training"], {"finished": False, "retrain": False})
@@ -126,27 +128,12 @@ def trainings(events: Iterable[Mapping]) -> list[dict]:
             if key not in ("event", "steps", "retrain") and not kept:
                 entry[key] = value
         entry["retrain"] = entry["retrain"] or bool(event.get("retrain"))
-        if event["event"] == "finished":
-            entry["finished"] = True
-            if isinstance(event.get("steps"), int):
-                entry["finished_steps"] = max(event["steps"], entry.get("finished_steps", 0))
-            if "epsilon" in event:
-                entry.setdefault("recorded_epsilons", []).append(event["epsilon"])
-        elif event["event"] == "republished":
-            entry["finished"] = entry["republished"] = True
+        entry["finished"] = entry["finished"] or event["event"] in ("finished", "republished")
+        if event["event"] == "finished" and isinstance(event.get("steps"), int):
+            entry["finished_steps"] = max(event["steps"], entry.get("finished_steps", 0))
     for entry in merged.values():
         steps = entry.pop("finished_steps", None)
         entry["steps"] = entry.get("steps_planned") if steps is None else steps
-        epsilons = entry.pop("recorded_epsilons", [])
-        republished = entry.pop("republished", False)
-        entry["attributed"] = "experiment" in entry
-        if not entry["attributed"] and "private" not in entry:
-            if republished or _number(entry.get("noise_multiplier")) or any(map(_number, epsilons)):
-                entry["private"] = True
-            elif epsilons and all(e is None for e in epsilons):
-                entry["private"] = False
-            else:
-                entry["private"] = None
     return list(merged.values())
 
 
@@ -157,12 +144,6 @@ def _number(value) -> bool:
 def mechanisms(trainings: Iterable[Mapping]) -> list[tuple[float, float, int]]:
     """(q, noise multiplier, steps) of each accounted training, as ``composed_epsilon`` takes."""
     return [(float(t["q"]), float(t["noise_multiplier"]), int(t["steps"])) for t in trainings]
-
-
-def may_be_private(training: Mapping) -> bool:
-    """Whether a recorded training counts as a DP training: ``private`` true, or unknown
-    (None or absent: an unattributed training whose events do not say)."""
-    return training.get("private") is not False
 
 
 def accounted(training: Mapping) -> bool:
@@ -191,10 +172,10 @@ def output_folder(training: Mapping, record_dir: str | os.PathLike) -> str:
 
 def finished_into(record_files: Iterable[str | os.PathLike], out: str | os.PathLike) -> list[dict]:
     """The finished DP trainings in ``record_files`` that wrote into ``out``
-    (:func:`output_folders`), oldest first, each with its ``record_dir``."""
+    (:func:`output_folders`), oldest first."""
     out = os.path.normpath(Path(out).resolve())
     found = [
-        {**t, "record_dir": str(path.parent)}
+        t
         for path in map(Path, record_files)
         if path.is_file()
         for t in trainings(read(path))
@@ -219,12 +200,12 @@ def started_ids(record_dir: str | os.PathLike, fingerprint: str) -> set[str]:
 
 
 def composed(records: list[Mapping]) -> dict:
-    """ε of every DP training in ``records`` (:func:`may_be_private`; unfinished ones at
-    their planned steps), RDP-composed at the largest δ any claims.
+    """ε of every DP training in ``records`` (``private``; unfinished ones at their planned
+    steps), RDP-composed at the largest δ any claims.
 
     ``unaccounted``: ids of those lacking :data:`MECHANISM`; with any, ``epsilon_composed``
     is None (never a composition that leaves a training out)."""
-    private = [t for t in records if may_be_private(t)]
+    private = [t for t in records if t["private"]]
     unaccounted = [str(t.get("training")) for t in private if not accounted(t)]
     delta = max((float(t["delta"]) for t in private if accounted(t)), default=None)
     eps = None
@@ -239,18 +220,10 @@ def composed(records: list[Mapping]) -> dict:
         "finished": sum(bool(t["finished"]) for t in private),
         "unfinished": sum(not t["finished"] for t in private),
         "retrained": sum(bool(t.get("retrain")) for t in private),
-        "unattributed": sum(not t.get("attributed", True) for t in private),
         "unaccounted": unaccounted,
         "delta": delta,
         "epsilon_composed": eps,
     }
-
-
-def _recorded(record_dir: str | os.PathLike) -> Iterator[tuple[dict, Path]]:
-    """Every training of every record file under ``record_dir``, with its file."""
-    for path in sorted(Path(record_dir).glob("*.jsonl")):
-        for t in trainings(read(path)):
-            yield t, path
 
 
 def _latest(found: list[dict]) -> dict | None:
@@ -259,27 +232,13 @@ def _latest(found: list[dict]) -> dict | None:
 
 
 def _secret_dp_into(record_dir: str | os.PathLike) -> list[dict]:
-    """Every finished secret-key DP training under ``record_dir`` attributed to its
-    experiment."""
+    """Every finished secret-key DP training under ``record_dir``."""
     return [
         t
-        for t, _ in _recorded(record_dir)
-        if t["finished"] and t["attributed"] and t.get("private") and not t.get("reproducible")
+        for path in sorted(Path(record_dir).glob("*.jsonl"))
+        for t in trainings(read(path))
+        if t["finished"] and t.get("private") and not t.get("reproducible")
     ]
-
-
-def unattributed_finished(record_dir: str | os.PathLike, out: str) -> list[tuple[dict, Path]]:
-    """The unattributed finished trainings in any record file under ``record_dir`` that
-    may have been secret-key DP trainings into ``out`` (absolute; no folder recorded, or
-    a match), with their record files."""
-    found = []
-    for t, path in _recorded(record_dir):
-        if t["attributed"] or not t["finished"] or not may_be_private(t) or t.get("reproducible"):
-            continue
-        folders = output_folders(t, path.parent)
-        if not folders or out in folders:
-            found.append((t, path))
-    return found
 
 
 def finished_copy_dir(record_dir: str | os.PathLike, out: str) -> Path:
@@ -298,21 +257,22 @@ def last_finished(
         [
             t
             for t in source_trainings(record_dir, fingerprint)
-            if t["finished"] and t["attributed"] and t.get("private") and t.get("out") == out
+            if t["finished"] and t.get("private") and t.get("out") == out
         ]
     )
-    return None if last is None or _changed_settings(last["spec"], spec) else last
+    return None if last is None or changed_settings(last["spec"], spec) else last
 
 
-def _changed_settings(before: Mapping, now: Mapping) -> list[str]:
+def changed_settings(before: Mapping, now: Mapping) -> list[str]:
+    """The keys whose values differ between two settings dicts, sorted."""
     return sorted(k for k in set(before) | set(now) if before.get(k) != now.get(k))
 
 
-def _refusal(record_dir, out: str, experiment: str, done: Mapping, what: list[str]) -> str:
+def _refusal(record_dir, out: str, experiment: str, done: Mapping, what: str) -> str:
     return (
         f"{out}: experiment {experiment} finished a DP training on {done['time']} "
         f"(epsilon {done.get('epsilon', float('nan')):.4g}); since then changed: "
-        f"{'; '.join(what)}. Training again draws new noise from the same private data: "
+        f"{what}. Training again draws new noise from the same private data: "
         f"pass --retrain (CLI), {RETRAIN_ENV}={experiment} (workflow) or "
         "retrain=True (api.train) to do it; the training record in "
         f"{record_dir} counts it"
@@ -331,9 +291,9 @@ def refuse_changed_settings(
         done = _latest([t for t in finished if out in output_folders(t, record_dir)])
         if done is None or retrain_allowed(experiment):
             continue
-        changed = _changed_settings(done["spec"], spec)
+        changed = changed_settings(done["spec"], spec)
         if changed:
-            what = [f"settings {', '.join(changed)}"]
+            what = f"settings {', '.join(changed)}"
             raise RetrainRefused(_refusal(record_dir, out, experiment, done, what))
 
 
@@ -353,35 +313,17 @@ def check_retrain(
 ) -> bool:
     """Refuse (:class:`RetrainRefused`) a training from step 0 into ``out`` when the record
     holds a finished secret-key DP training into it, unless ``retrain``. Returns whether
-    this training retrains a finished one. An unattributed finished training
-    (:func:`unattributed_finished`) counts as one into ``out``."""
+    this training retrains a finished one."""
     done = _latest([t for t in _secret_dp_into(record_dir) if out in output_folders(t, record_dir)])
-    if done is None:
-        unknown = unattributed_finished(record_dir, out)
-        if not unknown or retrain:
-            return bool(unknown)
-        first, path = unknown[0]
-        raise RetrainRefused(
-            f"{out}: experiment {experiment}: {shown(path)} holds "
-            f"{len(unknown)} finished training(s) that may have been DP and whose events "
-            f"do not say which experiment or folder trained them (training {first['training']}"
-            f", finished {first.get('time', 'at an unknown time')}; a version before every "
-            "event carried its training's identity); this training could retrain one of "
-            f"them, drawing new noise from the same private data: pass --retrain (CLI), "
-            f"{RETRAIN_ENV}={experiment} (workflow) or retrain=True (api.train) to train "
-            "it as a retrain, counted in the record"
-        )
-    if retrain:
-        return True
-    changed = _changed_settings(done["spec"], spec)
+    if done is None or retrain:
+        return done is not None
+    changed = changed_settings(done["spec"], spec)
     # Whether the training data changed is not said (its record's key against the
     # fingerprint): a bit computed from the private data, and this message goes to a log.
     what = (
-        [f"settings {', '.join(changed)}"]
+        f"settings {', '.join(changed)}"
         if changed
-        else [
-            "not its settings: its release was removed, its inputs rewritten (e.g. the "
-            "prepared data prepared again) or its training data changed"
-        ]
+        else "not its settings: its release was removed, its inputs rewritten (e.g. the "
+        "prepared data prepared again) or its training data changed"
     )
     raise RetrainRefused(_refusal(record_dir, out, experiment, done, what))

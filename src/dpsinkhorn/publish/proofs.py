@@ -66,11 +66,8 @@ def check_ledger(
             f"{path}: the ledger of {record.get('experiment')!r}, not of {experiment!r} "
             "(a ledger copied from another experiment)"
         )
-    guarantee, epsilon, delta_total = (
-        record["guarantee"],
-        record["epsilon"],
-        record.get("delta_total"),
-    )
+    guarantee, epsilon = record["guarantee"], record["epsilon"]
+    delta_total = record.get("delta_total")
     if not isinstance(guarantee, str):
         raise ValueError(f"{path}: no guarantee (guarantee is {guarantee!r}); refusing")
     if record.get("reproducible") is not False and not guarantee.startswith(NO_GUARANTEE):
@@ -113,8 +110,8 @@ def check_recorded(
 ) -> str:
     """Why ``ledger`` (bytes ``data`` at ``path``) is the one a DP training wrote, or a
     refusal: ``trained`` (the finished trainings into its folder in ``records``) holds one
-    whose generator hash is the ledger's ``content_sha256`` and whose ``ledger_sha256`` (or
-    kept copy) matches ``data``, trained with ``spec`` (None: not checked)."""
+    whose generator hash is the ledger's ``content_sha256`` and whose ``ledger_sha256``
+    matches ``data``, trained with ``spec`` (None: not checked)."""
     sha = ledger.get("content_sha256")
     same = [t for t in trained if t.get("content_sha256") == sha]
     if not same:
@@ -131,33 +128,18 @@ def check_recorded(
             "no training wrote"
         )
     done = same[-1]
-    if done.get("ledger_sha256") is not None:
-        if sha256_of_bytes(data) != done["ledger_sha256"]:
-            raise ValueError(
-                f"{path}: not the ledger training {done['training']} wrote (its sha256 differs "
-                "from the training record's ledger_sha256); refusing"
-            )
-        proof = "the ledger its training wrote (the training record's ledger_sha256)"
-    else:
-        kept = trainings.finished_copy_dir(done["record_dir"], str(done["out"])) / path.name
-        if not kept.is_file() or kept.read_bytes() != data:
-            raise ValueError(
-                f"{path}: not the ledger training {done['training']} wrote (its record predates "
-                f"ledger_sha256, and the release it kept, {kept}, holds other bytes or is "
-                "missing); refusing"
-            )
-        proof = "the ledger its training wrote (the release copy it kept)"
-    if spec is not None and done.get("spec") != spec:
-        changed = sorted(
-            k
-            for k in set(spec) | set(done.get("spec") or {})
-            if spec.get(k) != (done.get("spec") or {}).get(k)
+    if sha256_of_bytes(data) != done.get("ledger_sha256"):
+        raise ValueError(
+            f"{path}: not the ledger training {done['training']} wrote (its sha256 differs "
+            "from the training record's ledger_sha256, or the record lacks it); refusing"
         )
+    if spec is not None and done.get("spec") != spec:
+        changed = trainings.changed_settings(done.get("spec") or {}, spec)
         raise ValueError(
             f"{path}: trained with other settings than the config's ({', '.join(changed)}); "
             "the config does not describe this generator, refusing"
         )
-    return proof
+    return "the ledger its training wrote (the training record's ledger_sha256)"
 
 
 def load_verified_generator(payload: bytes, where: Path, device: str):

@@ -143,8 +143,8 @@ def trainings_summary(config: Mapping, names: list[str], summary: dict) -> dict:
         out["epsilon_composed"] = record.composed([{**t, "delta": out["delta"]} for t in found])[
             "epsilon_composed"
         ]
-    private = [t for t in found if record.may_be_private(t)]
-    out["experiments"] = sorted({t["experiment"] for t in private if t["attributed"]})
+    private = [t for t in found if t["private"]]
+    out["experiments"] = sorted({t["experiment"] for t in private})
     records = data_dir / record.RECORD_DIR
     folders = {
         record.output_folder(t, records) for t in private if t.get("out") or t.get("out_rel")
@@ -156,21 +156,12 @@ def trainings_summary(config: Mapping, names: list[str], summary: dict) -> dict:
     )
     if unread:
         out["not_read"] = unread
-    # Only where there are any (a summary without them keeps its bytes): trainings no event
-    # attributes, counted as DP unless the record shows otherwise, and those of them whose
+    # Only where there are any (a summary without them keeps its bytes): trainings whose
     # mechanism the record lacks (then epsilon_composed is null).
-    for key in ("unattributed", "unaccounted"):
-        if not out[key]:
-            del out[key]
-    if out.get("unaccounted"):
+    if out["unaccounted"]:
         summary["warnings"].append(unaccounted_warning(summary["dataset"], out, private))
-    elif out.get("unattributed"):
-        summary["warnings"].append(
-            f"{out['unattributed']} DP training(s) of {summary['dataset']} are not attributed "
-            "to an experiment in the training record (events of a version before every event "
-            "carried the training's identity): counted in the composed epsilon, and a DP "
-            "training from step 0 that could retrain one is refused unless asked to retrain"
-        )
+    else:
+        del out["unaccounted"]
     if out["trainings"] > summary["releases"]:
         cost = (
             "is unknown (see above)"
