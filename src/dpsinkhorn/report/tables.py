@@ -116,31 +116,26 @@ def our_rows(config: dict, table: str, results_dir: Path) -> list[Row]:
     return rows
 
 
-def reported_rows(datasets: Iterable[str]) -> list[Row]:
-    """The paper's reported Table 1 baselines for these datasets."""
+def table_rows(config: dict, table: str, results_dir: Path) -> list[Row]:
+    """Our rows, then the paper's reported baselines: per dataset in config order (Table 1),
+    or after all ours (CelebA)."""
+    ours = our_rows(config, table, results_dir)
+    datasets = list(dict.fromkeys(r.dataset for r in ours))
+    if table != "table1":
+        reported = CELEBA_REPORTED[table] if "celeba" in datasets else {}
+        for method, (eps, values) in reported.items():
+            mean = dict(zip(CELEBA_METRICS, values, strict=True))
+            ours.append(Row(method, "celeba", REPORTED, eps, mean=mean, std={}))
+        return ours
     rows = []
     for dataset in datasets:
+        rows += [r for r in ours if r.dataset == dataset]
         for method, by_dataset in REPORTED_BASELINES.items():
             if dataset in by_dataset:
                 values = [None if v is None else float(v) for v in by_dataset[dataset]]
                 mean, std = dict(zip(METRICS, values, strict=True)), dict.fromkeys(METRICS)
                 rows.append(Row(method, dataset, REPORTED, PAPER_EPSILON, mean=mean, std=std))
     return rows
-
-
-def table_rows(config: dict, table: str, results_dir: Path) -> list[Row]:
-    """Our rows, then the reported baselines: per dataset in config order (Table 1), or
-    after all ours (CelebA)."""
-    ours = our_rows(config, table, results_dir)
-    datasets = list(dict.fromkeys(r.dataset for r in ours))
-    if table == "table1":
-        theirs = reported_rows(datasets)
-        return [r for d in datasets for r in ours + theirs if r.dataset == d]
-    if "celeba" in datasets:
-        for method, (eps, values) in CELEBA_REPORTED[table].items():
-            mean = dict(zip(CELEBA_METRICS, values, strict=True))
-            ours.append(Row(method, "celeba", REPORTED, eps, mean=mean, std={}))
-    return ours
 
 
 def own_dataset_note(config: Mapping, dataset: str) -> list[str]:
