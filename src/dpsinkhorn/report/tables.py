@@ -49,7 +49,7 @@ from dpsinkhorn.report.common import (
     to_latex,
     write_tables,
 )
-from dpsinkhorn.report.grids import save_grid_figure, save_sample_figure
+from dpsinkhorn.report.grids import grid_classes, save_grid_figure
 from dpsinkhorn.report.paper import (
     CELEBA_METRICS,
     CELEBA_PAPER,
@@ -287,7 +287,8 @@ def _table1_figures(config: dict, rows: Sequence[Row], out_dir: Path) -> dict[st
         samples = experiment_dir(config, out_dir, name) / sample_name(seed)
         check_exist([samples])
         title = f"{DATASET_TITLES.get(dataset, dataset)}: {name} (seed {seed})"
-        save_sample_figure(samples, png, dataset, title)
+        images, labels, names = grid_classes(*fileio.load_samples(samples), dataset)
+        save_grid_figure([(images, labels, "")], names, png, title)
         figures[dataset] = (f"../figures/{png.name}", name)
     return figures
 
