@@ -24,9 +24,9 @@ from dpsinkhorn.models import (
     GeneratorConfig,
     build_generator,
 )
-from dpsinkhorn.report.celeba import celeba_table
 from dpsinkhorn.report.common import csv_columns
 from dpsinkhorn.report.paper import CELEBA_METRICS
+from dpsinkhorn.report.tables import main_table
 
 NUM = 60  # fixture images: 48 train, 6 valid, 6 test
 REPO = Path(__file__).resolve().parents[1]
@@ -394,7 +394,7 @@ def read_rows(path: Path) -> dict[str, dict[str, str]]:
 
 def test_table3_numbers_land_in_the_right_cells(celeba_run):
     config, out = celeba_run
-    written = celeba_table("table3", [config], out)
+    written = main_table("table3", [config], out)
     assert {p.name for p in written} == {"table3.md", "table3.csv", "table3.tex", "fig3.png"}
     rows = read_rows(out / "tables" / "table3.csv")
     assert list(rows) == [
@@ -427,14 +427,14 @@ def test_table6_numbers_and_figure(celeba_run):
     from matplotlib.image import imread
 
     config, out = celeba_run
-    celeba_table("table6", [config], out)
+    main_table("table6", [config], out)
     rows = read_rows(out / "tables" / "table6.csv")
     assert list(rows) == ["Real data", "DCGAN+DP-Sinkhorn", "BigGAN+DP-Sinkhorn"]
     assert float(rows["DCGAN+DP-Sinkhorn"]["fid"]) == pytest.approx(155.0)
     assert float(rows["BigGAN+DP-Sinkhorn"]["fid"]) == pytest.approx(171.0)
     md = (out / "tables" / "table6.md").read_text()
     assert "(paper 74.96)" in md and "(paper 168.4)" in md and "(paper 75.79)" in md
-    celeba_table("table3", [config], out)
+    main_table("table3", [config], out)
     fig3, fig6 = (imread(out / "figures" / f"{n}.png") for n in ("fig3", "fig6"))
     assert fig6.ndim == 3 and fig6.shape[0] > 1.5 * fig3.shape[0]  # 4 sample rows, not 2
 
@@ -443,7 +443,7 @@ def test_table_without_fixture_has_no_warning(celeba_run):
     config, out = celeba_run
     data_dir = Path(config.read_text().split("data_dir: ")[1].split("\n")[0])
     (data_dir / "celeba" / celeba.FIXTURE_MARKER).unlink()
-    celeba_table("table3", [config], out)
+    main_table("table3", [config], out)
     assert "FIXTURE" not in (out / "tables" / "table3.md").read_text()
 
 
@@ -451,4 +451,4 @@ def test_missing_result_file_is_named(celeba_run):
     config, out = celeba_run
     (out / "celeba_dcgan" / "acc_cnn_seed1.json").unlink()
     with pytest.raises(FileNotFoundError, match="celeba_dcgan/acc_cnn_seed1.json"):
-        celeba_table("table6", [config], out)
+        main_table("table6", [config], out)

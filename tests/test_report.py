@@ -13,7 +13,7 @@ from dpsinkhorn import fileio
 from dpsinkhorn.report import cli as report_cli
 from dpsinkhorn.report.common import ROW_LABELS
 from dpsinkhorn.report.grids import sample_grid
-from dpsinkhorn.report.table1 import table1
+from dpsinkhorn.report.tables import table1
 
 CONFIG = """
 run_name: fake
@@ -328,7 +328,7 @@ def test_paper_table_keeps_its_title_footnote_and_mechanism_sentence(run):
     """The paper's datasets keep the paper's title and the G-PATE footnote; the sentence on
     two paper-setting rows appears only where a dataset has both mechanisms."""
     from dpsinkhorn.report.common import Row, mechanism_note
-    from dpsinkhorn.report.table1 import table1_title
+    from dpsinkhorn.report.tables import table1_title
 
     config, out = run
     table1([config], out)

@@ -18,7 +18,7 @@ from dpsinkhorn.privacy.budget import privacy_report
 from dpsinkhorn.privacy.mechanism import noise_multiplier
 from dpsinkhorn.report.common import ROW_LABELS
 from dpsinkhorn.report.paper import SOK_NOISE_MULTIPLIER, SOK_OFFICIAL_CODE
-from dpsinkhorn.report.table1 import table1
+from dpsinkhorn.report.tables import table1
 
 REPO = Path(__file__).resolve().parents[1]
 PAPER = REPO / "config" / "config.yaml"

@@ -12,7 +12,6 @@ from dpsinkhorn.config import PRIVATE_METHODS, experiment, experiment_dir
 from dpsinkhorn.config.studies import STUDIES, study_cells
 from dpsinkhorn.config.targets import CELEBA_TABLES, NAMES, SAMPLE_FIGURES, TITLES, cell_experiments
 from dpsinkhorn.config.workflow import gradient_settings
-from dpsinkhorn.report.celeba import fixture_data
 from dpsinkhorn.report.common import (
     ConfigLike,
     PathLike,
@@ -23,6 +22,7 @@ from dpsinkhorn.report.common import (
 )
 from dpsinkhorn.report.reproduction import not_paper_scale_reasons, produced_tables
 from dpsinkhorn.report.studies import require_study
+from dpsinkhorn.report.tables import fixture_data
 
 
 def _read_privacy(path: Path) -> dict:

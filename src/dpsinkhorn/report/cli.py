@@ -6,14 +6,13 @@ import argparse
 from pathlib import Path
 
 from dpsinkhorn.config.studies import FIGURE_STUDIES, TABLE_STUDIES
-from dpsinkhorn.config.targets import CELEBA_TABLES, MAIN_TABLES, NAMES, SAMPLE_FIGURES
+from dpsinkhorn.config.targets import MAIN_TABLES, NAMES, SAMPLE_FIGURES
 from dpsinkhorn.report import resultset
-from dpsinkhorn.report.celeba import celeba_table
 from dpsinkhorn.report.common import ConfigLike, PathLike
 from dpsinkhorn.report.figures import figure
 from dpsinkhorn.report.reproduction import reproduction
 from dpsinkhorn.report.studies import study_table
-from dpsinkhorn.report.table1 import table1
+from dpsinkhorn.report.tables import main_table
 
 #: The ``dpsinkhorn report`` sub-commands of the studies' outputs, in the paper's order.
 REPORTS = tuple(n for n in NAMES if n not in MAIN_TABLES)
@@ -21,10 +20,8 @@ REPORTS = tuple(n for n in NAMES if n not in MAIN_TABLES)
 
 def render(name: str, config: ConfigLike, out_dir: PathLike) -> list[Path]:
     """Write output ``name`` (a main table or one of :data:`REPORTS`); return the paths."""
-    if name == "table1":
-        return table1(config, out_dir)
-    if name in CELEBA_TABLES:
-        return celeba_table(name, config, out_dir)
+    if name in MAIN_TABLES:
+        return main_table(name, config, out_dir)
     if name in TABLE_STUDIES:
         return study_table(name, config, out_dir)
     if name == "reproduction":

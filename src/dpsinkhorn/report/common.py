@@ -101,13 +101,6 @@ class Row:
     unconditional: bool = False  # our rows: no labels, so no classifier cells
 
 
-def mean_std(values: Sequence[float]) -> tuple[float, float]:
-    """Mean and sample std (ddof=1) over seeds; std 0 for a single seed."""
-    arr = np.asarray(values, dtype=float)
-    std = float(arr.std(ddof=1)) if arr.size > 1 else 0.0
-    return float(arr.mean()), std
-
-
 def require_keys(data: Mapping, keys: Iterable[str], path: Path) -> Mapping:
     """``data`` (read from ``path``) if it has every key; else a one-line error naming one."""
     missing = [k for k in keys if k not in data]
@@ -163,7 +156,10 @@ def read_scores(
                 if p.is_file() or not present_only
             ]
         row.counts[metric] = len(values)
-        row.mean[metric], row.std[metric] = mean_std(values) if values else (None, None)
+        row.mean[metric] = row.std[metric] = None
+        if values:  # mean and sample std (ddof=1; 0 for one seed)
+            row.mean[metric] = float(np.mean(values))
+            row.std[metric] = float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
 
 
 def read_epsilons(row: Row, spec: Mapping, ledger: Path) -> None:
@@ -321,6 +317,16 @@ METRIC_TITLES = {"fid": "FID ↓", "acc_logreg": "Log Reg", "acc_mlp": "MLP", "a
 METRIC_TITLES_TEX = {"fid": "FID", "acc_logreg": "Log Reg", "acc_mlp": "MLP", "acc_cnn": "CNN"}
 
 
+def md_row(cells: Iterable[str]) -> str:
+    """One line of a Markdown table."""
+    return "| " + " | ".join(cells) + " |"
+
+
+def md_table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
+    """Markdown lines of a table: header, separator, one line per row of cells."""
+    return [md_row(header), "|" + "---|" * len(header), *map(md_row, rows)]
+
+
 def markdown_table(
     rows: Sequence[Row],
     metrics: Sequence[str],
@@ -329,8 +335,8 @@ def markdown_table(
 ) -> list[str]:
     """Markdown lines of one table: ε columns, metrics, source. ``paper_eps``: method ->
     the paper's ε, shown as ``(paper X)``; ``marks``: method -> footnote mark."""
-    header = ["Method", "ε (sound)", "ε (paper conv.)"] + [METRIC_TITLES[m] for m in metrics]
-    lines = ["| " + " | ".join(header + ["Source"]) + " |", "|" + "---|" * (len(header) + 1)]
+    header = ["Method", "ε (sound)", "ε (paper conv.)", *(METRIC_TITLES[m] for m in metrics)]
+    cells_of_rows = []
     for row in rows:
         method = row.method + (marks or {}).get(row.method, "")
         reported = row.source == REPORTED
@@ -338,9 +344,8 @@ def markdown_table(
         if row.source == THIS_RUN and row.method in paper_eps:
             eps_paper += f" (paper {paper_eps[row.method]:g})"
         cells = [method, epsilon_text(row.epsilon, reported), eps_paper]
-        cells += [cell_text(row, m) for m in metrics] + [row.source]
-        lines.append("| " + " | ".join(cells) + " |")
-    return lines
+        cells_of_rows.append([*cells, *(cell_text(row, m) for m in metrics), row.source])
+    return md_table([*header, "Source"], cells_of_rows)
 
 
 def latex_escape(text: str) -> str:

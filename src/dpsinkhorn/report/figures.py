@@ -34,6 +34,7 @@ from dpsinkhorn.report.common import (
     epsilon_text,
     format_g,
     load_config_like,
+    md_table,
     metric_cells,
     metric_columns,
     require_keys,
@@ -151,39 +152,31 @@ def _errors(r: CellResult, models: Sequence[str]) -> dict[str, float]:
     }
 
 
-def _fig4a(config: Mapping, out_dir: Path) -> list[Path]:
-    results = measure_study(config, out_dir, "fig4a")
+def _sweep_figure(config: Mapping, out_dir: Path, name: str) -> list[Path]:
+    """Figure 4a (FID and accuracy against the learning rate, a line per optimiser) or 4b
+    (FID and each classifier's error rate against the sound ε, a line per m)."""
+    results = measure_study(config, out_dir, name)
     models = _classifiers(config, results)
-    model = "cnn" if "cnn" in models else models[-1]
-    series = _series(results, lambda r: r.spec["optimizer"])
-    fig, axes = _figure(1, 2)
-    for ax, metric, ylabel in [
-        (axes[0, 0], "fid", "FID ↓"),
-        (axes[0, 1], f"acc_{model}", f"{model.upper()} accuracy (%) ↑"),
-    ]:
-        _plot_lines(ax, results, lambda r: r.spec["lr"], series, _metric(metric))
-        ax.set_xscale("log")
-        ax.set_xlabel("learning rate")
-        ax.set_ylabel(ylabel)
-    records = [_figure_record(r, series=series(r)) for r in results]
-    return _save_figure(fig, out_dir, "fig4a", FIGURE_CSV_COLUMNS, records, TITLES["fig4a"])
-
-
-def _fig4b(config: Mapping, out_dir: Path) -> list[Path]:
-    results = measure_study(config, out_dir, "fig4b")
-    models = _classifiers(config, results)
-    series = _series(results, lambda r: f"m = {r.spec['m']:g}")
-    fig, axes = _figure(1, 1 + len(models), width=3.6)
-    panels = [("fid", False, "FID ↓")] + [
-        (f"acc_{m}", True, f"{m} error rate (%) ↓") for m in models
-    ]
+    panels = [("fid", False, "FID ↓")]  # (metric, as error rate, y label)
+    if name == "fig4a":
+        model = "cnn" if "cnn" in models else models[-1]
+        series = _series(results, lambda r: r.spec["optimizer"])
+        panels.append((f"acc_{model}", False, f"{model.upper()} accuracy (%) ↑"))
+        x_of, xlabel, width, models = (lambda r: r.spec["lr"]), "learning rate", 4.2, []
+    else:
+        series = _series(results, lambda r: f"m = {r.spec['m']:g}")
+        panels += [(f"acc_{m}", True, f"{m} error rate (%) ↓") for m in models]
+        x_of, xlabel, width = (lambda r: r.row.epsilon), "ε (sound)", 3.6
+    fig, axes = _figure(1, len(panels), width=width)
     for ax, (metric, error, ylabel) in zip(axes[0], panels, strict=True):
-        _plot_lines(ax, results, lambda r: r.row.epsilon, series, _metric(metric, error))
-        ax.set_xlabel("ε (sound)")
+        _plot_lines(ax, results, x_of, series, _metric(metric, error))
+        if name == "fig4a":
+            ax.set_xscale("log")
+        ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
     records = [_figure_record(r, series=series(r), **_errors(r, models)) for r in results]
     columns = (*FIGURE_CSV_COLUMNS, *(f"error_{m}" for m in models))
-    return _save_figure(fig, out_dir, "fig4b", columns, records, TITLES["fig4b"])
+    return _save_figure(fig, out_dir, name, columns, records, TITLES[name])
 
 
 def _fig5(config: Mapping, out_dir: Path) -> list[Path]:
@@ -346,11 +339,10 @@ def eps10_section(config: Mapping, out_dir: Path) -> list[str]:
         f"{PAPER_CLAIM['fid']:g}), which the paper reports as ε = 10 under its convention. "
         "Figure: figures/eps10.png.",
         "",
-        "| Cell | B | steps | clipping | σ | lr | p | ε (sound) | FID | "
-        + " | ".join(METRIC_TITLES_TEX[f"acc_{m}"] for m in models)
-        + " | CNN − paper |",
-        "|" + "---|" * (10 + len(models)),
     ]
+    header = ["Cell", "B", "steps", "clipping", "σ", "lr", "p", "ε (sound)", "FID"]
+    header += [METRIC_TITLES_TEX[f"acc_{m}"] for m in models] + ["CNN − paper"]
+    table = []
     for r in results:
 
         def cell(metric: str, r: CellResult = r) -> str:
@@ -361,26 +353,16 @@ def eps10_section(config: Mapping, out_dir: Path) -> list[str]:
 
         cnn = r.row.mean.get("acc_cnn")
         diff = "–" if cnn is None else f"{cnn - PAPER_CLAIM['acc_cnn']:+.1f}"
-        cells = [
-            r.label,
-            str(r.spec["batch_size"]),
-            str(r.steps),
-            r.spec["clipping"],
-            format_g(r.sigma),
-            f"{r.spec['lr']:g}",
-            f"{r.spec['p']:g}",
-            epsilon_text(r.row.epsilon, False),
-            cell("fid"),
-            *(cell(f"acc_{m}") for m in models),
-            diff,
-        ]
-        lines.append("| " + " | ".join(cells) + " |")
-    return lines + [""]
+        cells = [r.label, str(r.spec["batch_size"]), str(r.steps), r.spec["clipping"]]
+        cells += [format_g(r.sigma), f"{r.spec['lr']:g}", f"{r.spec['p']:g}"]
+        cells += [epsilon_text(r.row.epsilon, False), cell("fid")]
+        table.append([*cells, *(cell(f"acc_{m}") for m in models), diff])
+    return lines + md_table(header, table) + [""]
 
 
 FIGURE_BUILDERS = {
-    "fig4a": _fig4a,
-    "fig4b": _fig4b,
+    "fig4a": lambda config, out_dir: _sweep_figure(config, out_dir, "fig4a"),
+    "fig4b": lambda config, out_dir: _sweep_figure(config, out_dir, "fig4b"),
     "fig4c": _fig4c,
     "fig5": _fig5,
     "eps10": _eps10,

@@ -1,5 +1,5 @@
-"""Sample grids: one row of samples per class, as PNG figures (Table 1's samples_<dataset>.png,
-the paper's Figures 2, 6 and 7). Reads sample files only (``fileio.load_samples``)."""
+"""Sample grids: mosaics with one row of samples per class, and their PNG figures (Table 1's
+samples_<dataset>.png, the paper's Figures 2, 3, 6 and 7)."""
 
 from __future__ import annotations
 
@@ -28,16 +28,6 @@ def sample_grid(
             y, x = c * (h + pad), j * (w + pad)
             grid[y : y + h, x : x + w] = images[idx]
     return grid
-
-
-def save_sample_figure(
-    samples: Path, out: Path, dataset: str, title: str, per_class: int = 10
-) -> None:
-    """PNG of a sample file: one row per class with the class name as label, or one row
-    labelled "unconditional" for an unconditional generator's samples (atomic)."""
-    images, labels = fileio.load_samples(samples)
-    images, labels, names = grid_classes(images, labels, dataset)
-    save_grid_figure([(images, labels, "")], names, out, title, per_class)
 
 
 def grid_classes(

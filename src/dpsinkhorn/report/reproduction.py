@@ -14,16 +14,12 @@ from pathlib import Path
 from dpsinkhorn import fileio
 from dpsinkhorn.config import report_tables, table1_experiments
 from dpsinkhorn.config.studies import TABLE_STUDIES, configured_studies
-from dpsinkhorn.config.targets import CELEBA_TABLES, TITLES, privacy_summary_file
+from dpsinkhorn.config.targets import MAIN_TABLES, TITLES, privacy_summary_file
 from dpsinkhorn.report import resultset
-from dpsinkhorn.report.celeba import CELEBA_TABLES as CELEBA_TABLE_SPECS
-from dpsinkhorn.report.celeba import celeba_rows
 from dpsinkhorn.report.common import (
     ACCOUNTING_NOTE,
     DATASET_TITLES,
     METRIC_TITLES_TEX,
-    METRICS,
-    ROW_LABELS,
     THIS_RUN,
     ConfigLike,
     PathLike,
@@ -31,21 +27,18 @@ from dpsinkhorn.report.common import (
     config_files_text,
     format_g,
     load_config_like,
+    md_table,
     paper_digits,
     paper_number,
 )
 from dpsinkhorn.report.figures import eps10_section
 from dpsinkhorn.report.paper import (
-    CELEBA_METRICS,
-    CELEBA_PAPER_EPSILON,
-    PAPER_EPSILON,
-    PAPER_SETTING_ROWS,
     TABLE_METRICS,
     loss_kind,
 )
 from dpsinkhorn.report.privacy_summary import summary_markdown
 from dpsinkhorn.report.studies import study_table_results
-from dpsinkhorn.report.table1 import table1_rows, table1_title
+from dpsinkhorn.report.tables import paper_epsilons, table1_title, table_metrics, table_rows
 
 
 @dataclass
@@ -83,20 +76,14 @@ def _row_cells(label: str, row: Row, metrics: Sequence[str], paper_eps=None) -> 
 def reproduced_cells(config: Mapping, out_dir: Path, table: str) -> list[Reproduced]:
     """Every cell of ``table`` that the paper reports and this run reproduced."""
     found: list[Reproduced] = []
-    if table == "table1":
-        for row in table1_rows(config, out_dir):
+    if table in MAIN_TABLES:
+        paper_eps = paper_epsilons(table)
+        for row in table_rows(config, table, out_dir):
             if row.source != THIS_RUN:
                 continue
             label = f"{DATASET_TITLES.get(row.dataset, row.dataset)}: {row.method}"
-            paper_setting = row.method in {ROW_LABELS[k] for k in PAPER_SETTING_ROWS}
-            found += _row_cells(label, row, METRICS, PAPER_EPSILON if paper_setting else None)
-    elif table in CELEBA_TABLES:
-        labels = CELEBA_TABLE_SPECS[table][0]
-        paper_eps = {labels[k]: v for k, v in CELEBA_PAPER_EPSILON[table].items()}
-        for row in celeba_rows(config, table, out_dir):
-            if row.source != THIS_RUN:
-                continue
-            found += _row_cells(row.method, row, CELEBA_METRICS, paper_eps.get(row.method))
+            label = label if table == "table1" else row.method
+            found += _row_cells(label, row, table_metrics(table), paper_eps.get(row.method))
     else:
         for r in study_table_results(config, out_dir, table):
             if table == "table2":
@@ -150,11 +137,8 @@ def reproduction_markdown(config: Mapping, out_dir: Path, files: Sequence[str] =
         if not cells:
             lines += ["No cell of this run matches a cell of the paper's table.", ""]
             continue
-        lines += [
-            "| Table | Row | Metric | Paper | Ours (mean ± std) | Difference (ours − paper) |",
-            "|---|---|---|---|---|---|",
-        ]
-        number = table.removeprefix("table")
+        header = ["Table", "Row", "Metric", "Paper", "Ours (mean ± std)"]
+        table_cells = []
         for c in cells:
             digits = 2 if c.metric.startswith("ε") else paper_digits(c.paper)
             ours, diff = "–", "–"
@@ -163,9 +147,9 @@ def reproduction_markdown(config: Mapping, out_dir: Path, files: Sequence[str] =
                 if c.seeds > 1 and c.std is not None:
                     ours += f" ± {c.std:.{digits}f}"
                 diff = f"{c.mean - c.paper:+.{digits}f}"
-            paper = paper_number(c.paper)
-            lines.append(f"| {number} | {c.row} | {c.metric} | {paper} | {ours} | {diff} |")
-        lines.append("")
+            number = table.removeprefix("table")
+            table_cells.append([number, c.row, c.metric, paper_number(c.paper), ours, diff])
+        lines += md_table([*header, "Difference (ours − paper)"], table_cells) + [""]
     if "eps10" in configured_studies(config):
         lines += eps10_section(config, out_dir)
     lines += _epsilon_meaning_lines(config, out_dir, tables)
@@ -186,7 +170,7 @@ def _epsilon_meaning_lines(config: Mapping, out_dir: Path, tables: Sequence[str]
     that has rows of this config's Table 1 datasets (none for an own dataset)."""
     lines = []
     if "table1" in tables:
-        section = resultset.epsilon_meaning(table1_rows(config, out_dir), {})
+        section = resultset.epsilon_meaning(table_rows(config, "table1", out_dir), {})
         if section:
             lines += [section[0] + " (this run)", *section[1:]]
     datasets = {dataset for dataset, _ in table1_experiments(config)}

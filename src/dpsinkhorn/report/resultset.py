@@ -34,6 +34,7 @@ from dpsinkhorn.report.common import (
     csv_record,
     csv_text,
     epsilon_text,
+    md_table,
     mechanism_note,
     mechanism_tag,
     paper_number,
@@ -256,10 +257,15 @@ def epsilon_meaning(rows: Sequence[Row], provenance: dict) -> list[str]:
     return lines + [""]
 
 
-def _paper_rows(rows: Sequence[Row]) -> list[tuple[str, tuple[float, ...]]]:
-    """(dataset title, the paper's Table 1 DP-Sinkhorn values) of each dataset of ``rows``."""
-    datasets = dict.fromkeys(r.dataset for r in rows)
-    return [(DATASET_TITLES.get(d, d), PAPER_DP[d]) for d in datasets if d in PAPER_DP]
+def _paper_rows(rows: Sequence[Row], lead: Sequence[str]) -> list[list[str]]:
+    """The paper's Table 1 DP-Sinkhorn row of each dataset of ``rows``: the cells ``lead``
+    (the first formatted with the dataset's title), the claimed ε, the paper's values."""
+    datasets = [d for d in dict.fromkeys(r.dataset for r in rows) if d in PAPER_DP]
+    return [
+        [lead[0].format(DATASET_TITLES.get(d, d)), *lead[1:], f"{PAPER_EPSILON:g} (claimed)"]
+        + [f"{v:g}" for v in PAPER_DP[d]]
+        for d in datasets
+    ]
 
 
 def markdown(rows: Sequence[Row], config: dict, set_dir: Path, provenance: dict) -> str:
@@ -295,22 +301,17 @@ def markdown(rows: Sequence[Row], config: dict, set_dir: Path, provenance: dict)
     official = [r.dataset for r in rows if r.method == ROW_LABELS["sound_official"]]
     for note in [*guarantee_notes(rows), mechanism_note(rows), sok_note(official)]:
         lines += [note, ""] if note else []
-    lines += [
-        "| Dataset | Row | Experiment | ε sound (RDP) | ε sound (PLD) | "
-        "ε paper conv. | FID ↓ | Log Reg | MLP | CNN |",
-        "|" + "---|" * 10,
-    ]
+    header = ["Dataset", "Row", "Experiment", "ε sound (RDP)", "ε sound (PLD)", "ε paper conv."]
+    table = []
     for r in rows:
         cells = [DATASET_TITLES.get(r.dataset, r.dataset), r.method, f"`{r.exp_name}`"]
         cells += [*_sound_cells(r), epsilon_text(r.epsilon_paper, False)]
         for m in METRICS:
             paper = r.paper.get(m)
             cells.append(_cell(r, m) + ("" if paper is None else f" (paper {paper_number(paper)})"))
-        lines.append("| " + " | ".join(cells) + " |")
-    for title, values in _paper_rows(rows):
-        cells = [title, "DP-Sinkhorn as reported in the paper", "–", "–", "–"]
-        cells += [f"{PAPER_EPSILON:g} (claimed)"] + [f"{v:g}" for v in values]
-        lines.append("| " + " | ".join(cells) + " |")
+        table.append(cells)
+    table += _paper_rows(rows, ["{}", "DP-Sinkhorn as reported in the paper", "–", "–", "–"])
+    lines += md_table([*header, *(METRIC_TITLES[m] for m in METRICS)], table)
     if absent:
         lines += [
             "",
@@ -365,12 +366,7 @@ def readme_table(set_dir: str | Path) -> str:
     each cell with its seed count or ``missing``; a DP row that clips the image gradient
     names its mechanism's source), the paper's row of each dataset, the marks' footnotes."""
     _, rows = load_set(Path(set_dir))
-    lines = [
-        "| Row | sound ε (RDP / PLD) | paper conv. ε | "
-        + " | ".join(METRIC_TITLES[m] for m in METRICS)
-        + " |",
-        "|" + "---|" * (3 + len(METRICS)),
-    ]
+    table = []
     for r in rows:
         title = DATASET_TITLES.get(r.dataset, r.dataset)
         tag = mechanism_tag(r.privacy) if r.privacy else ""
@@ -380,11 +376,10 @@ def readme_table(set_dir: str | Path) -> str:
             " / ".join(sound) if r.privacy else sound[0],
             epsilon_text(r.epsilon_paper, False),
         ]
-        lines.append("| " + " | ".join(cells + [_cell(r, m) for m in METRICS]) + " |")
-    for title, values in _paper_rows(rows):
-        cells = [f"{title} DP-Sinkhorn, the paper's Table 1", "–"]
-        cells += [f"{PAPER_EPSILON:g} (claimed)"] + [f"{v:g}" for v in values]
-        lines.append("| " + " | ".join(cells) + " |")
+        table.append(cells + [_cell(r, m) for m in METRICS])
+    table += _paper_rows(rows, ["{} DP-Sinkhorn, the paper's Table 1", "–"])
+    header = ["Row", "sound ε (RDP / PLD)", "paper conv. ε", *(METRIC_TITLES[m] for m in METRICS)]
+    lines = md_table(header, table)
     notes = guarantee_notes(rows)
     return "\n".join(lines + ([""] + notes if notes else [])) + "\n"
 

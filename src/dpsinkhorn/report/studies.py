@@ -9,8 +9,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from dpsinkhorn import fileio
-from dpsinkhorn.config import experiment, experiment_dir
+from dpsinkhorn.config import experiment
 from dpsinkhorn.config.studies import TABLE_STUDIES, configured_studies, study_cells
 from dpsinkhorn.config.targets import TITLES, evaluation_files, privacy_files
 from dpsinkhorn.report.common import (
@@ -33,6 +32,7 @@ from dpsinkhorn.report.common import (
     latex_escape,
     latex_row,
     load_config_like,
+    md_table,
     measured_row,
     metric_cells,
     metric_columns,
@@ -56,7 +56,11 @@ class CellResult:
     base: str
     spec: dict
     row: Row
-    privacy: dict  # privacy.json of a DP experiment, else {}
+
+    @property
+    def privacy(self) -> dict:
+        """privacy.json of a DP-Sinkhorn experiment, else {}."""
+        return self.row.privacy if self.spec["method"] == "dp_sinkhorn" else {}
 
     @property
     def sigma(self) -> float | None:
@@ -95,12 +99,7 @@ def measure_study(
         spec = experiment(config, cell.experiment)
         values = (paper(spec) if paper else None) or (None,) * len(metrics)
         row = measured_row(config, out_dir, cell.experiment, cell.label, values, metrics)
-        privacy = {}
-        if spec["method"] == "dp_sinkhorn":
-            privacy = fileio.read_json(
-                experiment_dir(config, out_dir, cell.experiment) / "privacy.json"
-            )
-        results.append(CellResult(cell.label, cell.experiment, cell.base, spec, row, privacy))
+        results.append(CellResult(cell.label, cell.experiment, cell.base, spec, row))
     return results
 
 
@@ -201,7 +200,7 @@ def _table_markdown(
     settings = SETTINGS_TITLES["table2" if table == "table2" else "search"][0]
     header = ["Cell", *settings, "ε (sound)", "ε (paper conv.)"]
     header += [METRIC_TITLES[m] for m in metrics]
-    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    table_cells = []
     for r in results:
         eps_paper = epsilon_text(r.row.epsilon_paper, False)
         if any(v is not None for v in r.row.paper.values()) and math.isfinite(
@@ -209,18 +208,14 @@ def _table_markdown(
         ):
             eps_paper += f" (paper {PAPER_EPSILON:g})"
         cells = [r.label, *_table_row_cells(table, r), epsilon_text(r.row.epsilon, False)]
-        cells += [eps_paper] + [cell_text(r.row, m) for m in metrics]
-        lines.append("| " + " | ".join(cells) + " |")
-    lines += [
-        "",
-        "## Experiments",
-        "",
-        "| Cell | Experiment | Based on | Changes |",
-        "|---|---|---|---|",
+        table_cells.append([*cells, eps_paper, *(cell_text(r.row, m) for m in metrics)])
+    lines += [*md_table(header, table_cells), "", "## Experiments", ""]
+    experiments = [
+        [c.label, f"`{c.experiment}`", f"`{c.base}`"]
+        + [", ".join(f"{k} = {v}" for k, v in c.changes.items()) or "–"]
+        for c in study_cells(config, table)
     ]
-    for cell in study_cells(config, table):
-        changes = ", ".join(f"{k} = {v}" for k, v in cell.changes.items()) or "–"
-        lines.append(f"| {cell.label} | `{cell.experiment}` | `{cell.base}` | {changes} |")
+    lines += md_table(["Cell", "Experiment", "Based on", "Changes"], experiments)
     return "\n".join(lines).rstrip() + "\n"
 
 

@@ -25,17 +25,14 @@ def duration(seconds: float) -> str:
     return f"{seconds:.0f} s" if seconds < 100 else f"{seconds / 60:.1f} min"
 
 
-def _command(what: str) -> str:
-    """```make test` (866 passed)`` from ``make test (866 passed)``: the command in code."""
-    command, _, note = what.partition(" (")
-    return f"`{command}`" + (f" ({note}" if note else "")
-
-
 def timing_rows(set_dir: Path, totals: bool = False) -> list[tuple[str, str]]:
     """(what ran, its time) of one set, in the order its files list them; ``totals``: only
     the whole commands (``wall_seconds``)."""
     provenance = fileio.read_json(set_dir / "provenance.json")
-    rows = [(_command(what), duration(s)) for what, s in provenance.get("wall_seconds", {}).items()]
+    rows = []
+    for what, seconds in provenance.get("wall_seconds", {}).items():
+        command, _, note = what.partition(" (")  # `make test` (866 passed)
+        rows.append((f"`{command}`" + (f" ({note}" if note else ""), duration(seconds)))
     if totals:
         return rows
     for name, exp in provenance.get("experiments", {}).items():
