@@ -426,7 +426,7 @@ def test_the_record_merges_per_id_whatever_events_survive(tmp_path):
     out = str((records / "../run/e").resolve())  # where out_rel points now: the folder moved
     assert trainings.output_folder(merged[0], records) == out
     with pytest.raises(trainings.RetrainRefused, match="experiment e finished"):
-        trainings.check_retrain(records, out, "e", {"sigma": 1.5}, "ab" * 32, False)
+        trainings.check_retrain(records, out, "e", {"sigma": 1.5}, False)
     record = trainings.record_file(records, "ab" * 32)
     with record.open("a") as fh:
         fh.write('{"event": "finished"}\n')
@@ -536,9 +536,8 @@ def test_an_unattributed_event_counts_as_what_it_shows(tmp_path, digits_spec):
     (lone,) = trainings.trainings(trainings.read(record))
     assert (lone["attributed"], lone["private"], lone["finished"]) == (False, True, True)
     assert trainings.composed([lone])["unaccounted"] == [lone["training"]]
-    fingerprint = trainings.data_fingerprint(*digits_28())
     other = str((tmp_path / "run" / "elsewhere").resolve())
-    assert not trainings.check_retrain(records, other, "x", {}, fingerprint, False)
+    assert not trainings.check_retrain(records, other, "x", {}, False)
     with pytest.raises(trainings.RetrainRefused, match="do not say which experiment"):
-        trainings.check_retrain(records, str(out.resolve()), "clothes_dp", {}, fingerprint, False)
-    assert trainings.check_retrain(records, str(out.resolve()), "clothes_dp", {}, fingerprint, True)
+        trainings.check_retrain(records, str(out.resolve()), "clothes_dp", {}, False)
+    assert trainings.check_retrain(records, str(out.resolve()), "clothes_dp", {}, True)

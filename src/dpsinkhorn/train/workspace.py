@@ -150,10 +150,8 @@ class RunFiles:
                 self.recovered = self._recoverable(asked)
                 # A training from step 0 into a folder whose DP training finished: refused
                 # unless asked for (privacy.trainings), before the workspace is created.
-                record = (self.record_dir, self.out, self.settings.name, self.spec)
-                self.retrain = self.recovered is None and trainings.check_retrain(
-                    *record, self.fingerprint, asked
-                )
+                record = (self.record_dir, self.out, self.settings.name, self.spec, asked)
+                self.retrain = self.recovered is None and trainings.check_retrain(*record)
             else:
                 self.retrain = False
         self.log_rows: list[dict] = []
@@ -269,8 +267,7 @@ class RunFiles:
         steps = t.accountant.steps if finished else t.releases_planned
         meta = {**self._identity(), "training": self.training_id, "steps": steps}
         meta = record_store.stored_meta({**meta, "finished": finished})
-        old = self.store.get(self.training_id)
-        self.store.put(meta, self._record_keys() if old is None else old.fingerprints)
+        self.store.put(meta, self._record_keys)
         if not finished:
             earlier = trainings.source_trainings(self.record_dir, t.fingerprint)
             record_store.import_record(self.store, earlier, self._record_keys)
