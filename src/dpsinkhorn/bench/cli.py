@@ -16,18 +16,22 @@ import numpy as np
 import torch
 
 from dpsinkhorn import config as config_lib
-from dpsinkhorn.bench.components import generator_layer_profile, solver_iteration_times
-from dpsinkhorn.bench.opcount import count_ops
+from dpsinkhorn.bench.measure import (
+    count_ops,
+    generator_layer_profile,
+    profile_kernels,
+    solver_iteration_times,
+    time_steps,
+)
 from dpsinkhorn.bench.precision import cudnn_tf32_default, precision_error
 from dpsinkhorn.bench.reference import ReferenceStep
-from dpsinkhorn.bench.timing import profile_kernels, time_steps
 from dpsinkhorn.data.datasets import load_split
 from dpsinkhorn.devices import resolve_device
-from dpsinkhorn.models import PRECISIONS
 from dpsinkhorn.privacy.sampler import PoissonSampler
+from dpsinkhorn.train.cli import add_step_arguments, step_options
 from dpsinkhorn.train.step import TrainingStep
 from dpsinkhorn.train.sweep import SweepTrainer
-from dpsinkhorn.train.trainer import Trainer
+from dpsinkhorn.train.trainer import StepOptions, Trainer
 
 #: Variants of our step that ``--variant`` times, each equal to the default step
 #: (tests/test_step.py): the Poisson selection by compaction instead of a float64 top-k
@@ -71,19 +75,25 @@ def benchmark(spec: dict, data_dir: Path, args: argparse.Namespace) -> dict:
         result["solver_iterations"] = solver_iteration_times(
             spec, result["capacity"], image_numel, dev
         )
-    step_options, variants = (args.cuda_graphs, args.compile_solver, precision), args.variant
-    if args.impl in ("ours", "both"):
-        trainer = Trainer(spec, images, labels, dev, *step_options)
-        use_variants([trainer], trainer.stepper, variants)
-        result["ours_steps_per_s"] = time_steps(trainer.step, dev, steps, warmup)
+    options = StepOptions(args.cuda_graphs, args.compile_solver, precision)
+
+    def time_ours(key: str, trainers: list[Trainer], stepper: TrainingStep) -> None:
+        use_variants(trainers, stepper, args.variant)
+        step = lambda: stepper(trainers)  # noqa: E731
+        result[f"{key}_steps_per_s"] = time_steps(step, dev, steps, warmup)
         if profile_steps:
-            result["ours_profile"] = profile_kernels(trainer.step, dev, profile_steps)
-        result["ours"] = count_ops(lambda: trainer.stepper.device_step([trainer]))
+            result[f"{key}_profile"] = profile_kernels(step, dev, profile_steps)
+        device_step = lambda: stepper.device_step(trainers)  # noqa: E731
+        result[key] = count_ops(device_step, flops=key == "ours")
+
+    if args.impl in ("ours", "both"):
+        trainer = Trainer(spec, images, labels, dev, options)
+        time_ours("ours", [trainer], trainer.stepper)
         result["ours"].update(
             cuda_graphs=trainer.cuda_graphs,
             compile_solver=args.compile_solver,
             precision=precision,
-            variants=variants,
+            variants=args.variant,
         )
         if precision != "fp32":
             result["precision_error"] = precision_error(spec, images, labels, dev, precision)
@@ -98,17 +108,9 @@ def benchmark(spec: dict, data_dir: Path, args: argparse.Namespace) -> dict:
             {**spec, "name": f"{spec['name']}_{k}", "seed": int(spec["seed"]) + k}
             for k in range(sweep_runs)
         ]
-        sweep = SweepTrainer(specs, images, labels, dev, *step_options)
-        use_variants(sweep.trainers, sweep.stepper, variants)
+        sweep = SweepTrainer(specs, images, labels, dev, options)
         result["sweep_runs"] = sweep_runs
-
-        def sweep_step():
-            return sweep.step(sweep.trainers)
-
-        result["sweep_steps_per_s"] = time_steps(sweep_step, dev, steps, warmup)
-        if profile_steps:
-            result["sweep_profile"] = profile_kernels(sweep_step, dev, profile_steps)
-        result["sweep"] = count_ops(lambda: sweep.stepper.device_step(sweep.trainers), flops=False)
+        time_ours("sweep", sweep.trainers, sweep.stepper)
         if "ours_steps_per_s" in result:
             result["sweep_per_run_ratio"] = result["sweep_steps_per_s"] / result["ours_steps_per_s"]
     if args.impl == "both":
@@ -136,21 +138,7 @@ def register_cli(subparsers: argparse._SubParsersAction) -> None:
         help="also time K seeds of the experiment trained together (dpsinkhorn.train.sweep)",
     )
     p.add_argument("--device", help="override the config's device")
-    p.add_argument(
-        "--cuda-graphs",
-        action=argparse.BooleanOptionalAction,
-        help="replay ours from a CUDA graph (CUDA only; default: config key cuda_graphs)",
-    )
-    p.add_argument(
-        "--compile-solver",
-        action=argparse.BooleanOptionalAction,
-        help="torch.compile ours' Sinkhorn iterations (default: config key compile_solver)",
-    )
-    p.add_argument(
-        "--precision",
-        choices=PRECISIONS,
-        help="ours' generator arithmetic (fp32, tf32, bf16; config key precision)",
-    )
+    add_step_arguments(p)
     p.add_argument(
         "--variant",
         action="append",
@@ -183,8 +171,7 @@ def _cli(args: argparse.Namespace) -> int:
     cfg = config_lib.load_config(args.config)
     spec = config_lib.trained_experiment(cfg, args.experiment, "nothing to benchmark")
     args.device = args.device or cfg["device"]
-    for key in ("cuda_graphs", "compile_solver", "precision"):
-        setattr(args, key, config_lib.cli_or_config(getattr(args, key), cfg, key))
+    vars(args).update(step_options(args, cfg))
     result = benchmark(spec, cfg["data_dir"], args)
     if args.layers:
         result["generator_layers"] = generator_layer_profile(spec, args.device)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -138,12 +139,21 @@ class GeneratorRun:
             self.accountant.load_state_dict(state["accountant"])
 
 
+@dataclass(frozen=True)
+class StepOptions:
+    """How the training step executes, not what it computes."""
+
+    cuda_graphs: bool = False  # train.step.GraphedStep (CUDA only)
+    compile_solver: bool = False  # torch.compile the Sinkhorn iterations
+    precision: str = "fp32"  # models.GeneratorPrecision
+
+
 class Trainer(GeneratorRun):
     """One DP-Sinkhorn training run; performs single steps.
 
-    Options as ``train.run.TrainOptions``' (``cuda_graphs``: CUDA only). ``private_run``:
-    the run's mechanism (``make_private``'s when not given). ``fingerprint`` and
-    ``real_features`` let a sweep hash the data and put its features on the device once.
+    ``private_run``: the run's mechanism (``make_private``'s when not given).
+    ``fingerprint`` and ``real_features`` let a sweep hash the data and put its features on
+    the device once.
     """
 
     def __init__(
@@ -152,9 +162,8 @@ class Trainer(GeneratorRun):
         train_images,
         train_labels,
         device: torch.device,
-        cuda_graphs: bool = False,
-        compile_solver: bool = False,
-        precision: str = "fp32",
+        options: StepOptions = StepOptions(),
+        *,
         fingerprint: str | None = None,
         real_features: torch.Tensor | None = None,
         private_run: PrivateRun | None = None,
@@ -162,9 +171,9 @@ class Trainer(GeneratorRun):
     ):
         super().__init__(spec, train_images, train_labels, device, classes, fingerprint)
         settings = self.settings
-        self.cuda_graphs = cuda_graphs and device.type == "cuda"
-        self.compile_solver = compile_solver
-        self.precision = GeneratorPrecision(precision, device)
+        self.cuda_graphs = options.cuda_graphs and device.type == "cuda"
+        self.compile_solver = options.compile_solver
+        self.precision = GeneratorPrecision(options.precision, device)
         num_records = len(train_images)
         # The run's generator (z, labels, Poisson draws, noise), sampler, sanitiser and
         # accountant, all from the one factory (a sweep passes its members' own).
