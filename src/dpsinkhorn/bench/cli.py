@@ -52,16 +52,10 @@ def use_variants(trainers: list, stepper: TrainingStep, variants) -> None:
 
 
 def benchmark(spec: dict, data_dir: Path, args: argparse.Namespace) -> dict:
-    """Time the implementation(s) ``args.impl`` of the training step on the experiment's
-    data, with the options of ``dpsinkhorn bench`` (:func:`register_cli`; ``cuda_graphs``,
-    ``compile_solver`` and ``precision`` resolved against the config).
-
-    ``--sweep K`` also times ``sweep.SweepTrainer`` on K seeds of the experiment
-    (``sweep_per_run_ratio`` = sweep_steps_per_s / ours_steps_per_s). The reference runs
-    with PyTorch's defaults (``reference.cudnn_tf32``: whether its CUDA convolutions could
-    use TF32). ``ours`` / ``reference`` / ``sweep`` hold each step's :func:`count_ops`
-    (eager); ``--profile N`` adds :func:`profile_kernels` of N steps after the timing.
-    """
+    """Time ``args.impl`` (and ``--sweep K`` seeds trained together) on the experiment's
+    data, with ``dpsinkhorn bench``'s options resolved against the config; each timing
+    with its :func:`count_ops` and, with ``--profile N``, :func:`profile_kernels`. The keys:
+    benchmarks/README.md."""
     steps, warmup, profile_steps, precision = args.steps, args.warmup, args.profile, args.precision
     images, labels = load_split(
         Path(data_dir), spec["dataset"], "train", folder=spec.get("prepared_folder")
@@ -71,10 +65,8 @@ def benchmark(spec: dict, data_dir: Path, args: argparse.Namespace) -> dict:
     q = int(spec["batch_size"]) / len(labels)
     result["capacity"] = PoissonSampler(len(labels), q, torch.device("cpu")).capacity
     if args.solver:
-        image_numel = int(np.prod(images.shape[1:]))
-        result["solver_iterations"] = solver_iteration_times(
-            spec, result["capacity"], image_numel, dev
-        )
+        numel = int(np.prod(images.shape[1:]))
+        result["solver_iterations"] = solver_iteration_times(spec, result["capacity"], numel, dev)
     options = StepOptions(args.cuda_graphs, args.compile_solver, precision)
 
     def time_ours(key: str, trainers: list[Trainer], stepper: TrainingStep) -> None:
