@@ -23,7 +23,7 @@ from dpsinkhorn.bench.measure import (
     solver_iteration_times,
     time_steps,
 )
-from dpsinkhorn.bench.precision import cudnn_tf32_default, precision_error
+from dpsinkhorn.bench.precision import precision_error
 from dpsinkhorn.bench.reference import ReferenceStep
 from dpsinkhorn.data.datasets import load_split
 from dpsinkhorn.devices import resolve_device
@@ -93,8 +93,11 @@ def benchmark(spec: dict, data_dir: Path, args: argparse.Namespace) -> dict:
         reference = ReferenceStep(spec, images, labels, dev)
         result["reference_steps_per_s"] = time_steps(reference.step, dev, steps, warmup)
         result["reference"] = count_ops(reference.step)
-        if dev.type == "cuda":
-            result["reference"]["cudnn_tf32"] = cudnn_tf32_default()
+        if dev.type == "cuda":  # may its convolutions use TF32 (PyTorch's default)?
+            try:
+                result["reference"]["cudnn_tf32"] = bool(torch.backends.cudnn.allow_tf32)
+            except RuntimeError:  # legacy and new TF32 flags mixed: unreadable
+                result["reference"]["cudnn_tf32"] = None
     if sweep_runs := args.sweep:
         specs = [
             {**spec, "name": f"{spec['name']}_{k}", "seed": int(spec["seed"]) + k}

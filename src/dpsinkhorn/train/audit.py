@@ -377,9 +377,10 @@ def audit_run(cfg: AuditConfig, t: Trainer, pairs, checks) -> dict:
 def commit() -> str:
     """``git rev-parse --short HEAD`` of this source tree, or "unknown"."""
     git = ["git", "rev-parse", "--short", "HEAD"]
-    here = Path(__file__).resolve().parent
     try:
-        out = subprocess.run(git, cwd=here, capture_output=True, text=True, timeout=10, check=True)
+        out = subprocess.run(
+            git, cwd=Path(__file__).parent, capture_output=True, text=True, timeout=10
+        )
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return out.stdout.strip() or "unknown"
