@@ -8,7 +8,6 @@ mechanism (own key, sampler, sanitiser, accountant); one step advances all
 from __future__ import annotations
 
 import argparse
-import json
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -51,11 +50,9 @@ class SweepTrainer:
         options = options or StepOptions()
         if options.precision == "bf16":
             raise ValueError(config_lib.SWEEP_BF16_ERROR)
-        keys = {sweep_key(spec) for spec in specs}
-        if len(keys) > 1:
-            differing = [
-                k for k in SWEEP_SHARED_KEYS if len({json.dumps(s.get(k)) for s in specs}) > 1
-            ]
+        keys = [sweep_key(spec) for spec in specs]
+        differing = [k for i, k in enumerate(SWEEP_SHARED_KEYS) if len({v[i] for v in keys}) > 1]
+        if differing:
             raise ValueError(
                 f"experiments {[s['name'] for s in specs]} cannot share a sweep: "
                 f"they differ in {differing}"
