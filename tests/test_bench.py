@@ -76,7 +76,7 @@ def test_training_step_never_synchronises(tmp_path, prepared_data, perturbation,
     import torch
 
     from dpsinkhorn import config as config_lib
-    from dpsinkhorn.bench.opcount import count_ops
+    from dpsinkhorn.bench.measure import count_ops
     from dpsinkhorn.data import datasets as data
     from dpsinkhorn.train.trainer import Trainer
 

@@ -40,7 +40,7 @@ from dpsinkhorn.ot.loss import (
     semi_debiased_sinkhorn_with_grad,
 )
 from dpsinkhorn.train.step import GraphedStep
-from dpsinkhorn.train.trainer import Trainer
+from dpsinkhorn.train.trainer import StepOptions, Trainer
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 CUDA = torch.device("cuda")
@@ -103,7 +103,7 @@ def test_graph_replay_follows_the_eager_run(mnist, perturbation, precision, dete
     spec = paper_spec(perturbation=perturbation)
     runs = {}
     for name, graphs in (("eager", False), ("again", False), ("graphed", True)):
-        trainer = Trainer(spec, *mnist, CUDA, cuda_graphs=graphs, precision=precision)
+        trainer = Trainer(spec, *mnist, CUDA, StepOptions(cuda_graphs=graphs, precision=precision))
         assert trainer.cuda_graphs == graphs
         losses = torch.stack([trainer.step() for _ in range(steps)])
         runs[name] = (trainer, [losses, *(p.detach() for p in trainer.model.parameters())])
@@ -126,7 +126,7 @@ def test_sweep_graph_replay_follows_the_eager_sweep(mnist, deterministic_cudnn):
     sweeps = {
         "eager": SweepTrainer(specs, *mnist, CUDA),
         "again": SweepTrainer(specs, *mnist, CUDA),
-        "graphed": SweepTrainer(specs, *mnist, CUDA, cuda_graphs=True),
+        "graphed": SweepTrainer(specs, *mnist, CUDA, StepOptions(cuda_graphs=True)),
     }
     for sweep in sweeps.values():
         for step in range(9):
@@ -224,7 +224,7 @@ def test_step_variant_replays_like_the_default_step(mnist, variant, deterministi
     runs = []
     for variants in ([], [variant]):
         trainer = Trainer(
-            paper_spec(), *mnist, CUDA, cuda_graphs=True, compile_solver=compile_solver
+            paper_spec(), *mnist, CUDA, StepOptions(cuda_graphs=True, compile_solver=compile_solver)
         )
         use_variants([trainer], trainer.stepper, variants)
         runs.append((trainer, torch.stack([trainer.step() for _ in range(steps)])))

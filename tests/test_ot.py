@@ -209,14 +209,14 @@ def test_compiled_solver_trains_like_the_eager_one(prepared_mnist):
     """``compile_solver``: torch.compile'd iterations, same losses and parameters to rounding."""
     from dpsinkhorn import config as config_lib
     from dpsinkhorn.data import datasets as data
-    from dpsinkhorn.train.trainer import Trainer
+    from dpsinkhorn.train.trainer import StepOptions, Trainer
 
     spec = config_lib.make_experiment(
         "c", channels=[16, 8, 4], sigma=1.0, steps=10, reproducible=True
     )  # two trainers compared draw for draw: a public noise key
     records = data.load_split(prepared_mnist, "mnist", "train")
     eager = Trainer(spec, *records, torch.device("cpu"))
-    compiled = Trainer(spec, *records, torch.device("cpu"), compile_solver=True)
+    compiled = Trainer(spec, *records, torch.device("cpu"), StepOptions(compile_solver=True))
     for _ in range(3):
         torch.testing.assert_close(compiled.step(), eager.step(), rtol=1e-5, atol=0)
     for a, b in zip(compiled.model.parameters(), eager.model.parameters(), strict=True):

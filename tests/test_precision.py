@@ -16,7 +16,7 @@ from dpsinkhorn import config as config_lib
 from dpsinkhorn.bench.precision import PRECISION_TOLERANCE, precision_error
 from dpsinkhorn.data import datasets as data
 from dpsinkhorn.models import GeneratorPrecision, cudnn_tf32
-from dpsinkhorn.train.trainer import Trainer
+from dpsinkhorn.train.trainer import StepOptions, Trainer
 
 CPU = torch.device("cpu")
 
@@ -52,7 +52,7 @@ def test_bf16_step_stays_within_tolerance(mnist, overrides):
 
 
 def test_bf16_keeps_everything_but_the_generator_in_float32(mnist):
-    trainer = Trainer(paper_spec(), *mnist, CPU, precision="bf16")
+    trainer = Trainer(paper_spec(), *mnist, CPU, StepOptions(precision="bf16"))
     seen: dict[str, torch.dtype] = {}
     trainer.model.net[-2].register_forward_hook(lambda m, i, out: seen.update(conv=out.dtype))
     loss = trainer.step()
@@ -74,7 +74,7 @@ def test_sweeps_refuse_bf16(mnist):
     from dpsinkhorn.train.sweep import SweepTrainer
 
     with pytest.raises(ValueError, match="vmap"):
-        SweepTrainer([paper_spec()], *mnist, CPU, precision="bf16")
+        SweepTrainer([paper_spec()], *mnist, CPU, StepOptions(precision="bf16"))
     with pytest.raises(ValueError, match=r"precision: .*sweep_runs: 1"):
         config_lib.validate(
             {"precision": "bf16", "sweep_runs": 4, "experiments": {"e": {"dataset": "mnist"}}}

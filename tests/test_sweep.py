@@ -186,7 +186,7 @@ def test_train_sweep_cli(tmp_path, prepared_data, capsys):
 
 def test_sweep_step_never_synchronises(tmp_path, prepared_data, mnist):
     """No .item() / nonzero in the batched step either (it is captured in a CUDA graph)."""
-    from dpsinkhorn.bench.opcount import count_ops
+    from dpsinkhorn.bench.measure import count_ops
 
     sweep = SweepTrainer(
         specs_of(write_config(tmp_path, prepared_data)), *mnist, torch.device("cpu")

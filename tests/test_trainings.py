@@ -426,7 +426,7 @@ def test_the_record_merges_per_id_whatever_events_survive(tmp_path):
     out = str((records / "../run/e").resolve())  # where out_rel points now: the folder moved
     assert trainings.output_folder(merged[0], records) == out
     with pytest.raises(trainings.RetrainRefused, match="experiment e finished"):
-        trainings.check_retrain(records, out, "e", {"sigma": 1.5}, "ab" * 32, False)
+        trainings.check_retrain(records, out, "e", {"sigma": 1.5}, False)
     record = trainings.record_file(records, "ab" * 32)
     with record.open("a") as fh:
         fh.write('{"event": "finished"}\n')
@@ -495,7 +495,7 @@ def test_a_training_no_event_names_the_experiment_of_is_refused(tmp_path, capsys
         trainings.read(record)
     out = str((tmp_path / "results/cli/clothes_dp").resolve())
     with pytest.raises(ValueError, match="data/trainings: line 1"):
-        trainings.check_retrain(records, out, "clothes_dp", {}, "", True)
+        trainings.check_retrain(records, out, "clothes_dp", {}, True)
     capsys.readouterr()
     for command in (
         [*args, "--retrain"],

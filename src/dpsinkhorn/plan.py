@@ -75,7 +75,7 @@ def measure_steps_per_s(
 ) -> float:
     """Time ``steps`` training steps (after 2 warm-up steps) on random data of the right shape
     (an own dataset: ``record``'s size, image shape and classes)."""
-    from dpsinkhorn.bench.timing import time_steps
+    from dpsinkhorn.bench.measure import time_steps
     from dpsinkhorn.train.trainer import Trainer
 
     shape = {"celeba": (32, 32, 3)}.get(spec["dataset"], (28, 28))

@@ -16,18 +16,22 @@ import numpy as np
 import torch
 
 from dpsinkhorn import config as config_lib
-from dpsinkhorn.bench.components import generator_layer_profile, solver_iteration_times
-from dpsinkhorn.bench.opcount import count_ops
-from dpsinkhorn.bench.precision import cudnn_tf32_default, precision_error
+from dpsinkhorn.bench.measure import (
+    count_ops,
+    generator_layer_profile,
+    profile_kernels,
+    solver_iteration_times,
+    time_steps,
+)
+from dpsinkhorn.bench.precision import precision_error
 from dpsinkhorn.bench.reference import ReferenceStep
-from dpsinkhorn.bench.timing import profile_kernels, time_steps
 from dpsinkhorn.data.datasets import load_split
 from dpsinkhorn.devices import resolve_device
-from dpsinkhorn.models import PRECISIONS
 from dpsinkhorn.privacy.sampler import PoissonSampler
+from dpsinkhorn.train.cli import add_step_arguments, step_options
 from dpsinkhorn.train.step import TrainingStep
 from dpsinkhorn.train.sweep import SweepTrainer
-from dpsinkhorn.train.trainer import Trainer
+from dpsinkhorn.train.trainer import StepOptions, Trainer
 
 #: Variants of our step that ``--variant`` times, each equal to the default step
 #: (tests/test_step.py): the Poisson selection by compaction instead of a float64 top-k
@@ -48,16 +52,10 @@ def use_variants(trainers: list, stepper: TrainingStep, variants) -> None:
 
 
 def benchmark(spec: dict, data_dir: Path, args: argparse.Namespace) -> dict:
-    """Time the implementation(s) ``args.impl`` of the training step on the experiment's
-    data, with the options of ``dpsinkhorn bench`` (:func:`register_cli`; ``cuda_graphs``,
-    ``compile_solver`` and ``precision`` resolved against the config).
-
-    ``--sweep K`` also times ``sweep.SweepTrainer`` on K seeds of the experiment
-    (``sweep_per_run_ratio`` = sweep_steps_per_s / ours_steps_per_s). The reference runs
-    with PyTorch's defaults (``reference.cudnn_tf32``: whether its CUDA convolutions could
-    use TF32). ``ours`` / ``reference`` / ``sweep`` hold each step's :func:`count_ops`
-    (eager); ``--profile N`` adds :func:`profile_kernels` of N steps after the timing.
-    """
+    """Time ``args.impl`` (and ``--sweep K`` seeds trained together) on the experiment's
+    data, with ``dpsinkhorn bench``'s options resolved against the config; each timing
+    with its :func:`count_ops` and, with ``--profile N``, :func:`profile_kernels`. The keys:
+    benchmarks/README.md."""
     steps, warmup, profile_steps, precision = args.steps, args.warmup, args.profile, args.precision
     images, labels = load_split(
         Path(data_dir), spec["dataset"], "train", folder=spec.get("prepared_folder")
@@ -67,23 +65,27 @@ def benchmark(spec: dict, data_dir: Path, args: argparse.Namespace) -> dict:
     q = int(spec["batch_size"]) / len(labels)
     result["capacity"] = PoissonSampler(len(labels), q, torch.device("cpu")).capacity
     if args.solver:
-        image_numel = int(np.prod(images.shape[1:]))
-        result["solver_iterations"] = solver_iteration_times(
-            spec, result["capacity"], image_numel, dev
-        )
-    step_options, variants = (args.cuda_graphs, args.compile_solver, precision), args.variant
-    if args.impl in ("ours", "both"):
-        trainer = Trainer(spec, images, labels, dev, *step_options)
-        use_variants([trainer], trainer.stepper, variants)
-        result["ours_steps_per_s"] = time_steps(trainer.step, dev, steps, warmup)
+        numel = int(np.prod(images.shape[1:]))
+        result["solver_iterations"] = solver_iteration_times(spec, result["capacity"], numel, dev)
+    options = StepOptions(args.cuda_graphs, args.compile_solver, precision)
+
+    def time_ours(key: str, trainers: list[Trainer], stepper: TrainingStep) -> None:
+        use_variants(trainers, stepper, args.variant)
+        step = lambda: stepper(trainers)  # noqa: E731
+        result[f"{key}_steps_per_s"] = time_steps(step, dev, steps, warmup)
         if profile_steps:
-            result["ours_profile"] = profile_kernels(trainer.step, dev, profile_steps)
-        result["ours"] = count_ops(lambda: trainer.stepper.device_step([trainer]))
+            result[f"{key}_profile"] = profile_kernels(step, dev, profile_steps)
+        device_step = lambda: stepper.device_step(trainers)  # noqa: E731
+        result[key] = count_ops(device_step, flops=key == "ours")
+
+    if args.impl in ("ours", "both"):
+        trainer = Trainer(spec, images, labels, dev, options)
+        time_ours("ours", [trainer], trainer.stepper)
         result["ours"].update(
             cuda_graphs=trainer.cuda_graphs,
             compile_solver=args.compile_solver,
             precision=precision,
-            variants=variants,
+            variants=args.variant,
         )
         if precision != "fp32":
             result["precision_error"] = precision_error(spec, images, labels, dev, precision)
@@ -91,24 +93,19 @@ def benchmark(spec: dict, data_dir: Path, args: argparse.Namespace) -> dict:
         reference = ReferenceStep(spec, images, labels, dev)
         result["reference_steps_per_s"] = time_steps(reference.step, dev, steps, warmup)
         result["reference"] = count_ops(reference.step)
-        if dev.type == "cuda":
-            result["reference"]["cudnn_tf32"] = cudnn_tf32_default()
+        if dev.type == "cuda":  # may its convolutions use TF32 (PyTorch's default)?
+            try:
+                result["reference"]["cudnn_tf32"] = bool(torch.backends.cudnn.allow_tf32)
+            except RuntimeError:  # legacy and new TF32 flags mixed: unreadable
+                result["reference"]["cudnn_tf32"] = None
     if sweep_runs := args.sweep:
         specs = [
             {**spec, "name": f"{spec['name']}_{k}", "seed": int(spec["seed"]) + k}
             for k in range(sweep_runs)
         ]
-        sweep = SweepTrainer(specs, images, labels, dev, *step_options)
-        use_variants(sweep.trainers, sweep.stepper, variants)
+        sweep = SweepTrainer(specs, images, labels, dev, options)
         result["sweep_runs"] = sweep_runs
-
-        def sweep_step():
-            return sweep.step(sweep.trainers)
-
-        result["sweep_steps_per_s"] = time_steps(sweep_step, dev, steps, warmup)
-        if profile_steps:
-            result["sweep_profile"] = profile_kernels(sweep_step, dev, profile_steps)
-        result["sweep"] = count_ops(lambda: sweep.stepper.device_step(sweep.trainers), flops=False)
+        time_ours("sweep", sweep.trainers, sweep.stepper)
         if "ours_steps_per_s" in result:
             result["sweep_per_run_ratio"] = result["sweep_steps_per_s"] / result["ours_steps_per_s"]
     if args.impl == "both":
@@ -136,21 +133,7 @@ def register_cli(subparsers: argparse._SubParsersAction) -> None:
         help="also time K seeds of the experiment trained together (dpsinkhorn.train.sweep)",
     )
     p.add_argument("--device", help="override the config's device")
-    p.add_argument(
-        "--cuda-graphs",
-        action=argparse.BooleanOptionalAction,
-        help="replay ours from a CUDA graph (CUDA only; default: config key cuda_graphs)",
-    )
-    p.add_argument(
-        "--compile-solver",
-        action=argparse.BooleanOptionalAction,
-        help="torch.compile ours' Sinkhorn iterations (default: config key compile_solver)",
-    )
-    p.add_argument(
-        "--precision",
-        choices=PRECISIONS,
-        help="ours' generator arithmetic (fp32, tf32, bf16; config key precision)",
-    )
+    add_step_arguments(p)
     p.add_argument(
         "--variant",
         action="append",
@@ -183,8 +166,7 @@ def _cli(args: argparse.Namespace) -> int:
     cfg = config_lib.load_config(args.config)
     spec = config_lib.trained_experiment(cfg, args.experiment, "nothing to benchmark")
     args.device = args.device or cfg["device"]
-    for key in ("cuda_graphs", "compile_solver", "precision"):
-        setattr(args, key, config_lib.cli_or_config(getattr(args, key), cfg, key))
+    vars(args).update(step_options(args, cfg))
     result = benchmark(spec, cfg["data_dir"], args)
     if args.layers:
         result["generator_layers"] = generator_layer_profile(spec, args.device)

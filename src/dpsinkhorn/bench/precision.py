@@ -10,16 +10,6 @@ from dpsinkhorn.models import GeneratorPrecision
 from dpsinkhorn.privacy.mechanism import ParameterGradientSanitizer
 from dpsinkhorn.train.trainer import Trainer
 
-
-def cudnn_tf32_default() -> bool | None:
-    """Whether cuDNN convolutions may use TF32 outside ``models.GeneratorPrecision``
-    (PyTorch's default: yes); None where the flags cannot be read."""
-    try:
-        return bool(torch.backends.cudnn.allow_tf32)
-    except RuntimeError:  # legacy and new TF32 flags mixed by the caller
-        return None
-
-
 #: Bounds on :func:`precision_error` under which a reduced precision may train
 #: (tests/test_precision.py, tests/test_cuda.py): the loss within 0.5%, a non-private
 #: update within 2%, and a private update changed by at most a tenth of what one draw

@@ -8,7 +8,8 @@ from __future__ import annotations
 import torch
 from geomloss import SamplesLoss
 
-from dpsinkhorn.models import ConditionalDCGAN, GeneratorConfig
+from dpsinkhorn.config.spec import ExperimentSpec
+from dpsinkhorn.models import GeneratorConfig, build_generator
 from dpsinkhorn.ot.loss import debias_size
 from dpsinkhorn.ot.solver import mixed_cost
 from dpsinkhorn.privacy.budget import budget_of
@@ -25,14 +26,12 @@ class ReferenceStep:
         self.n_prime = debias_size(self.n, spec["p"])
         self.q = self.n / len(self.labels)
         self.num_classes = int(self.labels.max()) + 1
-        config = GeneratorConfig(
-            num_classes=self.num_classes,
-            latent_dim=spec["latent_dim"],
-            embed_dim=spec["embed_dim"],
-            channels=tuple(spec["channels"]),
-            out_channels=1 if self.images.ndim == 3 else self.images.shape[-1],
+        channels = 1 if self.images.ndim == 3 else self.images.shape[-1]
+        shape = (channels, *self.images.shape[1:3])  # [C, H, W]
+        config = GeneratorConfig.from_settings(
+            ExperimentSpec.from_dict(spec), self.num_classes, shape
         )
-        self.model = ConditionalDCGAN(config).to(device)
+        self.model = build_generator(config).to(device)
         self.optimizer = torch.optim.Adam(
             self.model.parameters(), lr=spec["lr"], weight_decay=spec["weight_decay"]
         )

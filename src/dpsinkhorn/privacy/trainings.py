@@ -308,7 +308,6 @@ def check_retrain(
     out: str,
     experiment: str,
     spec: Mapping,
-    fingerprint: str,
     retrain: bool,
 ) -> bool:
     """Refuse (:class:`RetrainRefused`) a training from step 0 into ``out`` when the record

@@ -1,17 +1,12 @@
-"""Empirical privacy audit of the production training step.
+"""Empirical privacy audit of the production training step (docs/AUDIT.md).
 
-``python -m dpsinkhorn.train.audit [--sharp] [--releases R] [--steps S]`` builds the step
-as training builds it (``privacy.factory.make_private``, ``train.trainer.Trainer`` or a
-``train.sweep.SweepTrainer``), attacks each sanitiser (image gradient with batch clipping:
-sensitivity 2Δ, noise multiplier σ; per-sample: 2Δ√n, σ/√n; parameter gradient: 2Δ, σ)
-under add/remove-one adjacency (D' = D ∪ {canary}), and prints one JSON line per
-(configuration, sanitiser) with the claimed and the certified ε. Exit 1 if a sound
-mechanism's certified bound exceeds its claim, or its measured noise or sensitivity departs
-from what it declares; exit 2 on bad input.
-
-The claim is one step without subsampling (q = 1) at the sanitiser's noise multiplier
-(``privacy.audit.one_step_claim``); amplification and composition are the accountant's.
-The adversary, the statistic and the configurations: docs/AUDIT.md.
+``python -m dpsinkhorn.train.audit [--sharp] [--releases R] [--steps S]`` builds the runs as
+training does and attacks each sanitiser (image gradient, batch clipping: sensitivity 2Δ,
+noise multiplier σ; per-sample: 2Δ√n, σ/√n; parameter gradient: 2Δ, σ) under add/remove-one
+adjacency (D' = D ∪ {canary}); one JSON line per (configuration, run) with the claimed ε
+(one step at q = 1, ``privacy.audit.one_step_claim``) and the certified ε. Exit 1 if a sound
+mechanism's certified bound exceeds its claim or its noise or sensitivity departs from what
+it declares; exit 2 on bad input.
 """
 
 from __future__ import annotations
@@ -374,27 +369,18 @@ def audit_run(cfg: AuditConfig, t: Trainer, pairs, checks) -> dict:
         fraction = TRUE_NOISE_FRACTION[cfg.mechanism]  # of 2Δσ; None: 1/√n
         scale = 1 / math.sqrt(cfg.batch_size) if fraction is None else fraction
         true_std = 2 * sanitizer.clip * sanitizer.noise_scale * scale
-        result.update(
-            audit_power(
-                true_std,
-                std,
-                claimed,
-                float(distances.mean()),
-                check["noise_check_df"],
-                CHECK_LEVEL,
-                cfg.releases,
-                cfg.delta,
-            )
-        )
+        attack = (true_std, std, claimed, float(distances.mean()), check["noise_check_df"])
+        result.update(audit_power(*attack, CHECK_LEVEL, cfg.releases, cfg.delta))
     return result
 
 
 def commit() -> str:
     """``git rev-parse --short HEAD`` of this source tree, or "unknown"."""
     git = ["git", "rev-parse", "--short", "HEAD"]
-    here = Path(__file__).resolve().parent
     try:
-        out = subprocess.run(git, cwd=here, capture_output=True, text=True, timeout=10, check=True)
+        out = subprocess.run(
+            git, cwd=Path(__file__).parent, capture_output=True, text=True, timeout=10
+        )
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return out.stdout.strip() or "unknown"
@@ -460,9 +446,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if (args.only is None or args.only in c.name)
         and (args.mechanism is None or c.mechanism == args.mechanism)
     ]
-    overrides = {
-        k: v for k, v in (("releases", args.releases), ("steps", args.steps)) if v is not None
-    }
+    overrides = {k: v for k in ("releases", "steps") if (v := getattr(args, k)) is not None}
     mnist = split_path(args.data_root, "mnist", "train")
     status = 0
     try:

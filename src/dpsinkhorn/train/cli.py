@@ -38,22 +38,7 @@ def add_training_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", help="override the config's device (auto, cpu, cuda, cuda:N)")
     p.add_argument("--data-dir", help="override the config's data_dir")
     p.add_argument("--stop-after", type=int, help="checkpoint and exit after this many steps")
-    p.add_argument(
-        "--cuda-graphs",
-        action=argparse.BooleanOptionalAction,
-        help="replay the training step from a CUDA graph (CUDA only; default: config key "
-        "cuda_graphs)",
-    )
-    p.add_argument(
-        "--compile-solver",
-        action=argparse.BooleanOptionalAction,
-        help="torch.compile the Sinkhorn iterations (default: config key compile_solver)",
-    )
-    p.add_argument(
-        "--precision",
-        choices=PRECISIONS,
-        help="the generator's arithmetic while training (config key precision)",
-    )
+    add_step_arguments(p)
     p.add_argument("--no-progress", action="store_true")
     p.add_argument(
         "--retrain",
@@ -68,6 +53,36 @@ def add_training_arguments(p: argparse.ArgumentParser) -> None:
         help="Snakemake's attempt number: a retry (> 1) after a stop that a retry cannot "
         "fix (SIGINT, exit 130; bad input, exit 2) ends at once with the same code",
     )
+
+
+#: How the step executes (``dpsinkhorn train``, ``train-sweep``, ``bench``): config keys
+#: that a command-line option overrides (:func:`step_options`).
+STEP_OPTIONS = ("cuda_graphs", "compile_solver", "precision")
+
+
+def add_step_arguments(p: argparse.ArgumentParser) -> None:
+    """``--cuda-graphs``, ``--compile-solver``, ``--precision`` (:data:`STEP_OPTIONS`)."""
+    p.add_argument(
+        "--cuda-graphs",
+        action=argparse.BooleanOptionalAction,
+        help="replay the training step from a CUDA graph (CUDA only; default: config key "
+        "cuda_graphs)",
+    )
+    p.add_argument(
+        "--compile-solver",
+        action=argparse.BooleanOptionalAction,
+        help="torch.compile the Sinkhorn iterations (default: config key compile_solver)",
+    )
+    p.add_argument(
+        "--precision",
+        choices=PRECISIONS,
+        help="the generator's arithmetic while training (fp32, tf32, bf16; config key precision)",
+    )
+
+
+def step_options(args: argparse.Namespace, cfg: dict) -> dict:
+    """:data:`STEP_OPTIONS` from the command line, else from the config ``cfg``."""
+    return {key: config_lib.cli_or_config(getattr(args, key), cfg, key) for key in STEP_OPTIONS}
 
 
 def run_training_cli(
@@ -97,9 +112,7 @@ def run_training_cli(
             device=args.device or cfg["device"],
             stop_after=args.stop_after,
             progress=not args.no_progress,
-            cuda_graphs=config_lib.cli_or_config(args.cuda_graphs, cfg, "cuda_graphs"),
-            compile_solver=config_lib.cli_or_config(args.compile_solver, cfg, "compile_solver"),
-            precision=config_lib.cli_or_config(args.precision, cfg, "precision"),
+            **step_options(args, cfg),
             retrain=args.retrain,
             record_store=store_root(cfg),
         )

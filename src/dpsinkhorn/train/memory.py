@@ -73,22 +73,21 @@ def available_bytes(device: torch.device) -> int | None:
         return None
     limits = []
     try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                limits.append(int(line.split()[1]) * 1024)
+        meminfo = Path("/proc/meminfo").read_text().splitlines()
+        limits += [int(line.split()[1]) * 1024 for line in meminfo if "MemAvailable:" in line]
     except OSError:
         pass
-    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+    for limit, usage in (
+        ("memory.max", "memory.current"),  # cgroup v2, then v1
+        ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes"),
+    ):
         try:
-            text = Path(path).read_text().strip()
+            text = Path("/sys/fs/cgroup", limit).read_text().strip()
         except OSError:
             continue
         if text.isdigit():
-            used = Path(path).with_name(
-                "memory.current" if path.endswith("max") else "memory.usage_in_bytes"
-            )
             try:
-                limits.append(int(text) - int(used.read_text().strip()))
+                limits.append(int(text) - int(Path("/sys/fs/cgroup", usage).read_text()))
             except (OSError, ValueError):
                 limits.append(int(text))
     return min(limits) if limits else None

@@ -88,13 +88,8 @@ def privacy_record(trainer: Trainer) -> dict:
         }
     s = trainer.sanitizer
     if s is None:
-        return {
-            **base,
-            "private": False,
-            "epsilon": None,
-            "epsilon_paper_convention": None,
-            "guarantee": None,
-        }
+        unset = dict.fromkeys(("epsilon", "epsilon_paper_convention", "guarantee"))
+        return {**base, "private": False, **unset}
     epsilon, delta = trainer.epsilon(), trainer.accountant.delta
     if trainer.settings.method == "dpmerf":
         mechanism, noise_bits = merf_record(trainer), 64

@@ -22,20 +22,17 @@ from dpsinkhorn.privacy.record_store import RecordStore, store_root
 from dpsinkhorn.privacy.trainings import RECORD_DIR
 from dpsinkhorn.train.merf import MerfTrainer
 from dpsinkhorn.train.signals import StopSignal
-from dpsinkhorn.train.trainer import GeneratorRun, Trainer
+from dpsinkhorn.train.trainer import GeneratorRun, StepOptions, Trainer
 from dpsinkhorn.train.workspace import RunFiles, WorkspaceRemovalError, released_on_error
 
 
 @dataclass(frozen=True)
-class TrainOptions:
+class TrainOptions(StepOptions):
     """How runs train, beside their settings and data (``train``, ``train_sweep``)."""
 
     device: str = "auto"  # auto, cpu, cuda, cuda:N
     stop_after: int | None = None  # checkpoint and raise Preempted after this many steps
     progress: bool = True  # a progress bar (ε only)
-    cuda_graphs: bool = False  # train.step.GraphedStep
-    compile_solver: bool = False  # torch.compile the Sinkhorn iterations
-    precision: str = "fp32"  # models.GeneratorPrecision
     retrain: bool = False  # train again where a secret-key DP training finished
     record_dir: Path | None = None  # the training record (default: default_record_dir)
     record_store: Path | None = None  # of DP runs (default: record_store.store_root())
@@ -61,16 +58,7 @@ def train(
     if spec["method"] == "dpmerf":  # one release, then post-processing (train.merf)
         trainer = MerfTrainer(spec, images, labels, device, classes=classes)
     else:
-        trainer = Trainer(
-            spec,
-            images,
-            labels,
-            device,
-            opts.cuda_graphs,
-            opts.compile_solver,
-            opts.precision,
-            classes=classes,
-        )
+        trainer = Trainer(spec, images, labels, device, opts, classes=classes)
     one_step = lambda runs: [run.step() for run in runs]  # noqa: E731
     return run_loop([trainer], [out_dir], one_step, images, data_dir, opts, spec["name"])[0]
 

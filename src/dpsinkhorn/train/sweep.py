@@ -8,7 +8,6 @@ mechanism (own key, sampler, sanitiser, accountant); one step advances all
 from __future__ import annotations
 
 import argparse
-import json
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -22,7 +21,12 @@ from dpsinkhorn.privacy.factory import PrivateRun, make_private_stack
 from dpsinkhorn.train.cli import add_training_arguments, run_training_cli
 from dpsinkhorn.train.run import TrainOptions, load_train_data, run_loop
 from dpsinkhorn.train.step import TrainingStep
-from dpsinkhorn.train.trainer import Trainer, check_batch_size, data_fingerprint
+from dpsinkhorn.train.trainer import (
+    StepOptions,
+    Trainer,
+    check_batch_size,
+    data_fingerprint,
+)
 
 
 class SweepTrainer:
@@ -36,22 +40,19 @@ class SweepTrainer:
         train_images,
         train_labels,
         device: torch.device,
-        cuda_graphs: bool = False,
-        compile_solver: bool = False,
-        precision: str = "fp32",
+        options: StepOptions | None = None,
         private_runs: Sequence[PrivateRun] | None = None,
     ):
         """``private_runs``: the members' mechanisms, by default
         ``make_private_stack(specs, ...)`` (the audit passes its own stack)."""
         if not specs:
             raise ValueError("a sweep needs at least one experiment")
-        if precision == "bf16":
+        options = options or StepOptions()
+        if options.precision == "bf16":
             raise ValueError(config_lib.SWEEP_BF16_ERROR)
-        keys = {sweep_key(spec) for spec in specs}
-        if len(keys) > 1:
-            differing = [
-                k for k in SWEEP_SHARED_KEYS if len({json.dumps(s.get(k)) for s in specs}) > 1
-            ]
+        keys = [sweep_key(spec) for spec in specs]
+        differing = [k for i, k in enumerate(SWEEP_SHARED_KEYS) if len({v[i] for v in keys}) > 1]
+        if differing:
             raise ValueError(
                 f"experiments {[s['name'] for s in specs]} cannot share a sweep: "
                 f"they differ in {differing}"
@@ -65,9 +66,12 @@ class SweepTrainer:
         self.trainers: list[Trainer] = []
         for spec, private_run in zip(specs, private_runs, strict=True):
             real = self.trainers[0].real if self.trainers else None  # one copy on the device
-            options = (cuda_graphs, compile_solver, precision, fingerprint, real, private_run)
-            self.trainers.append(Trainer(spec, train_images, train_labels, device, *options))
-        self.stepper = TrainingStep(self.trainers, device, cuda_graphs)
+            shared = {"fingerprint": fingerprint, "real_features": real}
+            run = Trainer(
+                spec, train_images, train_labels, device, options, **shared, private_run=private_run
+            )
+            self.trainers.append(run)
+        self.stepper = TrainingStep(self.trainers, device, options.cuda_graphs)
 
     def step(self, runs: Sequence[Trainer]) -> list[torch.Tensor]:
         """One training step of each trainer in ``runs``; returns their losses (device)."""
@@ -95,9 +99,7 @@ def train_sweep(
         raise ValueError(f"a sweep trains on one dataset, got {sorted(datasets)}")
     images, labels = load_train_data(specs[0], data_dir, train_data)
     device = resolve_device(opts.device)
-    sweep = SweepTrainer(
-        specs, images, labels, device, opts.cuda_graphs, opts.compile_solver, opts.precision
-    )
+    sweep = SweepTrainer(specs, images, labels, device, opts)
     desc = f"sweep of {len(specs)}"
     return run_loop(sweep.trainers, out_dirs, sweep.step, images, data_dir, opts, desc)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -43,11 +44,10 @@ def check_batch_size(spec: dict, num_records: int) -> None:
 class GeneratorRun:
     """What every run holds: its settings, declared classes, generator and optimiser.
 
-    ``spec``: a validated experiment dict, kept as ``experiment`` (what ``spec_hash``
-    hashes) and read into ``settings``; ``fingerprint``: the data's (None: computed
-    here). ``classes``: the declared class names, never
-    counted from the private labels (None: the catalogue's, or one ``unconditional``);
-    an unconditional run's labels are zeroed before anything reads them (``labels``).
+    ``spec``: a validated experiment dict (``experiment``, what ``spec_hash`` hashes);
+    ``fingerprint``: the data's (None: computed here). ``classes``: the declared class
+    names, never counted from the private labels (None: the catalogue's, or one
+    ``unconditional``, whose labels are zeroed before anything reads them).
     """
 
     cuda_graphs = False
@@ -94,12 +94,8 @@ class GeneratorRun:
         self.step_count = 0
 
     def build_model(self, image_shape: tuple[int, ...]) -> None:
-        """The generator (initial weights from ``seed``) and its optimiser.
-
-        How the optimiser executes, not what it computes: one fused kernel for all
-        parameters where PyTorch has one, and the step count on the device when the step
-        is a CUDA graph (``capturable``).
-        """
+        """The generator (initial weights from ``seed``) and its optimiser: fused where
+        PyTorch has a fused kernel, ``capturable`` when the step is a CUDA graph."""
         settings = self.settings
         self.image_shape = image_shape
         torch.manual_seed(settings.seed)
@@ -138,12 +134,21 @@ class GeneratorRun:
             self.accountant.load_state_dict(state["accountant"])
 
 
+@dataclass(frozen=True)
+class StepOptions:
+    """How the training step executes, not what it computes."""
+
+    cuda_graphs: bool = False  # train.step.GraphedStep (CUDA only)
+    compile_solver: bool = False  # torch.compile the Sinkhorn iterations
+    precision: str = "fp32"  # models.GeneratorPrecision
+
+
 class Trainer(GeneratorRun):
     """One DP-Sinkhorn training run; performs single steps.
 
-    Options as ``train.run.TrainOptions``' (``cuda_graphs``: CUDA only). ``private_run``:
-    the run's mechanism (``make_private``'s when not given). ``fingerprint`` and
-    ``real_features`` let a sweep hash the data and put its features on the device once.
+    ``private_run``: the run's mechanism (``make_private``'s when not given).
+    ``fingerprint`` and ``real_features`` let a sweep hash the data and put its features on
+    the device once.
     """
 
     def __init__(
@@ -152,9 +157,8 @@ class Trainer(GeneratorRun):
         train_images,
         train_labels,
         device: torch.device,
-        cuda_graphs: bool = False,
-        compile_solver: bool = False,
-        precision: str = "fp32",
+        options: StepOptions = StepOptions(),
+        *,
         fingerprint: str | None = None,
         real_features: torch.Tensor | None = None,
         private_run: PrivateRun | None = None,
@@ -162,12 +166,11 @@ class Trainer(GeneratorRun):
     ):
         super().__init__(spec, train_images, train_labels, device, classes, fingerprint)
         settings = self.settings
-        self.cuda_graphs = cuda_graphs and device.type == "cuda"
-        self.compile_solver = compile_solver
-        self.precision = GeneratorPrecision(precision, device)
+        self.cuda_graphs = options.cuda_graphs and device.type == "cuda"
+        self.compile_solver = options.compile_solver
+        self.precision = GeneratorPrecision(options.precision, device)
         num_records = len(train_images)
-        # The run's generator (z, labels, Poisson draws, noise), sampler, sanitiser and
-        # accountant, all from the one factory (a sweep passes its members' own).
+        # Every draw's generator, sampler, sanitiser and accountant, from the one factory.
         run = private_run or make_private(spec, num_records, device)
         self.rng, self.sampler = run.rng, run.sampler
         self.sanitizer, self.accountant = run.sanitizer, run.accountant
@@ -184,7 +187,6 @@ class Trainer(GeneratorRun):
         self.real = real_features
         self.cost = settings.cost
         self.diameter = feature_diameter(images[0].numel(), alpha_c, self.cost)
-        # CelebA (Table 3/6): generator kind from the config; size from the data.
         self.build_model(tuple(images.shape[1:]))
         per_row = memory.activation_bytes_per_row(self.model)
         need = memory.step_bytes(
@@ -192,7 +194,6 @@ class Trainer(GeneratorRun):
         )
         memory.check_fits(need, device, f"batch_size {self.n} (q = {self.q:.4g}, {settings.name})")
         self.perturbation = settings.perturbation
-        # A single run is the K = 1 case of the one training step (train.step).
         self.stepper = TrainingStep([self], device, self.cuda_graphs)
 
     def step(self) -> torch.Tensor:

@@ -1,12 +1,8 @@
-"""One run's files while it trains: the output folder's lock, the private workspace,
-checkpoints and logs (:class:`RunFiles`).
-
-Checkpoints (model, optimiser, the secret RNG state, privacy ledger, logs) and the
-optional private-loss log live in ``<out>/private_workspace/`` (:data:`WORKSPACE`), never
-shared, deleted when the run completes unless ``keep_private_workspace: true`` (a
-workspace that cannot be deleted fails the run, :class:`WorkspaceRemovalError`). A rerun
-resumes from the last checkpoint, bit-identical on CPU at the same number of threads.
-What the finished run publishes: ``train.release``.
+"""One run's files while it trains (:class:`RunFiles`): the output folder's lock, and
+checkpoints (model, optimiser, the secret RNG state, ledger, logs) and the optional
+private-loss log in ``<out>/private_workspace/`` (:data:`WORKSPACE`), deleted when the run
+completes unless ``keep_private_workspace: true``. A rerun resumes from the last
+checkpoint, bit-identical on CPU at the same number of threads. docs/CONTRACTS.md.
 """
 
 from __future__ import annotations
@@ -113,8 +109,7 @@ class RunFiles:
         images: np.ndarray | None = None,
     ):
         self.trainer, self.settings = trainer, trainer.settings
-        # The per-user record store (privacy.record_store) and the images trained on, whose
-        # fingerprints it keeps (computed once, when a store entry needs them).
+        # The record store (privacy.record_store) and the images whose fingerprints it keeps.
         self.store, self._images, self._fingerprints = store, images, None
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
@@ -135,9 +130,7 @@ class RunFiles:
         self.keep_workspace = self.log_private_loss or self.settings.keep_private_workspace
         with released_on_error([self]):
             state = None
-            if self.ckpt_path.exists():
-                # On the CPU: model and optimiser state are copied to the trainer's device by
-                # load_state_dict; the RNG state must stay a CPU ByteTensor (set_state).
+            if self.ckpt_path.exists():  # on the CPU: the RNG state stays a CPU ByteTensor
                 state = _load_checkpoint(self.ckpt_path, torch.device("cpu"))
             resumes = state is not None and state.get("spec_hash") == self.digest
             self.training_id = state["training"] if resumes else None
@@ -150,10 +143,8 @@ class RunFiles:
                 self.recovered = self._recoverable(asked)
                 # A training from step 0 into a folder whose DP training finished: refused
                 # unless asked for (privacy.trainings), before the workspace is created.
-                record = (self.record_dir, self.out, self.settings.name, self.spec)
-                self.retrain = self.recovered is None and trainings.check_retrain(
-                    *record, self.fingerprint, asked
-                )
+                record = (self.record_dir, self.out, self.settings.name, self.spec, asked)
+                self.retrain = self.recovered is None and trainings.check_retrain(*record)
             else:
                 self.retrain = False
         self.log_rows: list[dict] = []
@@ -269,8 +260,7 @@ class RunFiles:
         steps = t.accountant.steps if finished else t.releases_planned
         meta = {**self._identity(), "training": self.training_id, "steps": steps}
         meta = record_store.stored_meta({**meta, "finished": finished})
-        old = self.store.get(self.training_id)
-        self.store.put(meta, self._record_keys() if old is None else old.fingerprints)
+        self.store.put(meta, self._record_keys)
         if not finished:
             earlier = trainings.source_trainings(self.record_dir, t.fingerprint)
             record_store.import_record(self.store, earlier, self._record_keys)
