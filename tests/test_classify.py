@@ -89,7 +89,7 @@ def test_bad_arguments_are_clear_errors(mnist):
     x, y, x_test, y_test = mnist
     with pytest.raises(ValueError, match="unknown classifier 'svm'"):
         _one("svm", x, y, x_test, y_test, seed=0)
-    with pytest.raises(ValueError, match="differ from test images"):
+    with pytest.raises(ValueError, match="differ from the test images"):
         _one("mlp", x, y, x_test[:, :27], y_test, seed=0)
     with pytest.raises(ValueError, match="num_classes=5"):
         _one("mlp", x, y, x_test, y_test, seed=0, num_classes=5)

@@ -165,7 +165,10 @@ def _stop_at_mlp(monkeypatch) -> tuple[list[str], Callable]:
         (["--dataset", "mnsit"], "dataset.json: not found"),
         (["--reference", "{test}"], "not an FID statistics file"),
         # what the classifiers refuse, before the samples are written and scored
-        (["--test", "{rgb_test}"], "test images [H,W,C]=[32, 32, 3] differ from the samples'"),
+        (
+            ["--test", "{rgb_test}"],
+            "images [H,W,C]=[28, 28, 1] differ from the test images' [32, 32, 3]",
+        ),
         (["--dataset", "celeba"], "labels go up to 9, outside the 2 classes"),
         (["--reference", "{rgb_reference}"], "FID needs images of one shape [H,W,C]"),
     ],

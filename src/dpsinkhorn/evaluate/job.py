@@ -31,6 +31,7 @@ from dpsinkhorn.config.targets import (
 from dpsinkhorn.devices import resolve_device
 from dpsinkhorn.evaluate.classifiers import MODELS
 from dpsinkhorn.evaluate.classify import (
+    check_sets,
     resolve_num_classes,
     train_and_evaluate_seeds,
     write_results,
@@ -191,7 +192,7 @@ def draw(spec: EvaluationSpec, num_classes: int | None) -> Draws:
     test_images = test_labels = None
     if spec.classifiers:
         test_images, test_labels = fileio.load_samples(spec.test)
-        _check_test_split(shape, samples, test_images, test_labels, num_classes, spec.test)
+        check_sets(samples, test_images, test_labels, num_classes, str(spec.test))
     files = spec.sample_files()
     for path, (images, labels) in zip(files, samples, strict=True):
         fileio.save_samples(
@@ -275,30 +276,6 @@ def _score_classifiers(
         write_results(results, draws.files, spec.test, spec.dataset, outs)
         timings[f"classify_{model_name}"] = _done(f"classify_{model_name}", begin)
     return timings
-
-
-def _check_test_split(
-    shape: list[int],
-    samples: list,
-    test_images: np.ndarray,
-    test_labels: np.ndarray,
-    num_classes: int | None,
-    test: Path,
-) -> None:
-    """Refuse test images [H,W,C] of another shape than the samples' (``shape``), an empty
-    test set, or a label (test or samples) outside ``num_classes``."""
-    test_shape = [int(v) for v in fileio.channels_last(test_images, str(test)).shape[1:]]
-    if shape != test_shape:
-        raise ValueError(
-            f"{test}: test images [H,W,C]={list(test_shape)} differ from the samples' {list(shape)}"
-        )
-    if len(test_labels) == 0:
-        raise ValueError(f"{test}: the test set must not be empty")
-    largest = max(int(labels.max()) for labels in [test_labels, *(y for _, y in samples)])
-    if num_classes is not None and largest >= num_classes:
-        raise ValueError(
-            f"labels go up to {largest}, outside the {num_classes} classes ({test}, samples)"
-        )
 
 
 def _done(phase: str, begin: float) -> float:
