@@ -40,11 +40,10 @@ from dpsinkhorn.evaluate.fid import (
     SQRTM_METHODS,
     check_same_inputs,
     fid_against_reference,
-    reference_statistics,
+    load_statistics,
     statistics_metadata,
 )
 from dpsinkhorn.evaluate.inception import FID_PRECISIONS, leaves_tf32_switch, network_sha256
-from dpsinkhorn.evaluate.phases import COMMIT_ENV, phase_code_sha256, resumable
 from dpsinkhorn.evaluate.sample import channels_last, generate, load_generator, sample_real
 
 
@@ -117,6 +116,27 @@ class EvaluationSpec:
         return [self.samples_dir / sample_name(s) for s in self.seeds]
 
 
+#: The modules of :mod:`dpsinkhorn.evaluate` whose code computes each phase's records (FID;
+#: every classifier): a phase saved by other code is computed again, not resumed.
+PHASE_MODULES = {
+    "fid": ("sample", "inception", "fid"),
+    "classifier": ("sample", "classifiers", "classify"),
+}
+#: The commit a job runs at, when its caller knows it (a copied tree may have no .git).
+COMMIT_ENV = "DPSINKHORN_COMMIT"
+
+
+def phase_code_sha256(phase: str) -> str:
+    """SHA-256 of the source files that compute ``phase`` (``fid``, or a classifier's name):
+    :data:`PHASE_MODULES`, each as its name, a NUL and its bytes."""
+    modules = PHASE_MODULES["fid" if phase == "fid" else "classifier"]
+    return fileio.sha256_of_bytes(
+        b"".join(
+            m.encode() + b"\0" + Path(__file__).with_name(f"{m}.py").read_bytes() for m in modules
+        )
+    )
+
+
 #: The spec's fields (besides seeds, weights and class count) a saved phase is keyed by.
 KEYED_SETTINGS = "num sqrtm fid_precision max_epochs patience batch_size max_iter".split()
 #: The spec's fields :func:`classify.train_and_evaluate_seeds` takes.
@@ -163,7 +183,7 @@ def check_inputs(spec: EvaluationSpec) -> int | None:
         if path is not None and not path.is_file():
             raise FileNotFoundError(f"{path}: file not found")
     if spec.fid:
-        reference_statistics(spec.reference)
+        load_statistics(spec.reference)
     if not spec.classifiers:
         return None
     return resolve_num_classes(spec.dataset, str(spec.test))
@@ -288,7 +308,7 @@ def _done(phase: str, begin: float) -> float:
 class Progress:
     """Finished phases of an interrupted evaluation (scores only, never images) in
     ``<scores>/evaluate_progress.json``, keyed by the SHA-256 of inputs and settings, with
-    the phase's code hash (:mod:`~dpsinkhorn.evaluate.phases`) and ``$DPSINKHORN_COMMIT``:
+    the phase's code hash (:func:`phase_code_sha256`) and ``$DPSINKHORN_COMMIT``:
     a rerun reuses a phase only with the same key, code and samples (:meth:`bind`).
     Removed when the job completes (docs/CONTRACTS.md)."""
 
@@ -301,12 +321,11 @@ class Progress:
         self.key = hashlib.sha256(text.encode()).hexdigest()
         found = fileio.read_json(self.path) if self.path.is_file() else {}
         saved = found.get("done", {}) if found.get("key") == self.key else {}
-        self.done = resumable(saved)
+        self.done = {p: e for p, e in saved.items() if e["code_sha256"] == phase_code_sha256(p)}
         for phase in sorted(set(saved) - set(self.done)):
-            commit = saved[phase].get("commit") if isinstance(saved[phase], dict) else None
+            commit = saved[phase]["commit"] or "unknown"
             print(
-                f"rerunning {phase}: saved by other evaluation code (commit {commit or 'unknown'})",
-                flush=True,
+                f"rerunning {phase}: saved by other evaluation code (commit {commit})", flush=True
             )
         self.samples: list[str] = []
         self.lock = threading.Lock()  # phases may finish in threads of their own
@@ -314,7 +333,7 @@ class Progress:
     def bind(self, samples_sha256: list[str]) -> None:
         """Keep only the phases computed on these samples (SHA-256 of each seed's sample
         file): samples drawn by other code (a generator architecture changed outside
-        :data:`phases.PHASE_MODULES`) are scored again; new phases record them."""
+        :data:`PHASE_MODULES`) are scored again; new phases record them."""
         self.samples = list(samples_sha256)
         for phase in [p for p, e in self.done.items() if e.get("samples_sha256") != self.samples]:
             print(f"rerunning {phase}: saved for other samples", flush=True)
