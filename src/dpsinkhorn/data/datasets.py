@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 import gzip
-import hashlib
+import shutil
 import struct
 import zlib
 from pathlib import Path
@@ -119,15 +119,11 @@ def _copy_from_mirror(info: DatasetInfo, mirror: Path, raw: Path) -> None:
                 f"missing archive {src} (data mirror {mirror}); "
                 + _how_to_provide(info, archive, src_dir)
             )
-        digest = hashlib.md5()
         with atomic_path(dest) as tmp:  # a bad copy never appears under the real name
-            with open(src, "rb") as fin, open(tmp, "wb") as fout:
-                while chunk := fin.read(1 << 20):
-                    digest.update(chunk)
-                    fout.write(chunk)
-            if digest.hexdigest() != md5:
+            shutil.copyfile(src, tmp)
+            if (digest := md5_of(tmp)) != md5:
                 raise ValueError(
-                    f"corrupt archive {src}: MD5 {digest.hexdigest()}, expected {md5}; "
+                    f"corrupt archive {src}: MD5 {digest}, expected {md5}; "
                     + _how_to_provide(info, archive, src_dir)
                 )
 

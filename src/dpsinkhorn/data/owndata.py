@@ -211,15 +211,13 @@ def _read_npz(
             raise DatasetError(
                 f"{path}: no {key!r} array (has: {', '.join(sorted(arrays)) or 'nothing'})"
             )
-    train = _npz_pair(path, arrays, ("images", "labels"), definition, field)
     given = [key for key in ("test_images", "test_labels") if key in arrays]
     if len(given) == 1:
         raise DatasetError(
             f"{path}: {given[0]} without its pair (give test_images and test_labels)"
         )
-    if not given:
-        return train, None
-    return train, _npz_pair(path, arrays, ("test_images", "test_labels"), definition, field)
+    train = _npz_pair(path, arrays, ("images", "labels"), definition, field)
+    return train, _npz_pair(path, arrays, tuple(given), definition, field) if given else None
 
 
 def split_off(arrays: Arrays, fraction: float, seed: int, where: Path) -> tuple[Arrays, Arrays]:
