@@ -106,15 +106,6 @@ class EvaluationSpec:
         """The spec of ``dpsinkhorn evaluate``'s arguments (each flag's dest is a field)."""
         return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})
 
-    @property
-    def source(self) -> Path:
-        """The generator or the real training split."""
-        return self.generator if self.generator is not None else self.real_data
-
-    def sample_files(self) -> list[Path]:
-        """``<samples_dir>/samples_seed<s>.npz`` for each seed."""
-        return [self.samples_dir / sample_name(s) for s in self.seeds]
-
 
 #: The modules of :mod:`dpsinkhorn.evaluate` whose code computes each phase's records (FID;
 #: every classifier): a phase saved by other code is computed again, not resumed.
@@ -164,7 +155,8 @@ def evaluate(spec: EvaluationSpec) -> dict[str, float]:
         "weights": None if spec.weights is None else network_sha256(spec.weights),
         "num_classes": num_classes,
     }
-    progress = Progress(spec.scores_dir, [spec.source, spec.test, spec.reference], settings)
+    source = spec.generator or spec.real_data
+    progress = Progress(spec.scores_dir, [source, spec.test, spec.reference], settings)
     begin = time.perf_counter()
     draws = draw(spec, num_classes)
     progress.bind([fileio.sha256_of(path) for path in draws.files])
@@ -213,7 +205,7 @@ def draw(spec: EvaluationSpec, num_classes: int | None) -> Draws:
     if spec.classifiers:
         test_images, test_labels = fileio.load_samples(spec.test)
         check_sets(samples, test_images, test_labels, num_classes, str(spec.test))
-    files = spec.sample_files()
+    files = [spec.samples_dir / sample_name(s) for s in spec.seeds]
     for path, (images, labels) in zip(files, samples, strict=True):
         fileio.save_samples(
             path, images.cpu().numpy() if torch.is_tensor(images) else images, labels
