@@ -232,7 +232,7 @@ def test_cpu_test_accuracy_seed_by_seed_equals_the_vmapped_one(model, mnist):
     )
     xs = [x[200 * k : 200 * (k + 1)] for k in range(3)]
     ys = [y[200 * k : 200 * (k + 1)] for k in range(3)]
-    run = classifiers.BatchedRun(model, xs, ys, 10, [4, 0, 9], 1, 1, 64)
+    run = classifiers.BatchedRun(model, xs, ys, 10, [4, 0, 9], 64)
     optimizer = torch.optim.Adam(list(run.params.values()))
     for idx in run.epoch_batches():
         run.step(optimizer, idx)
