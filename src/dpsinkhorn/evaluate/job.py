@@ -120,11 +120,10 @@ COMMIT_ENV = "DPSINKHORN_COMMIT"
 def phase_code_sha256(phase: str) -> str:
     """SHA-256 of the source files that compute ``phase`` (``fid``, or a classifier's name):
     :data:`PHASE_MODULES`, each as its name, a NUL and its bytes."""
+    here = Path(__file__).parent
     modules = PHASE_MODULES["fid" if phase == "fid" else "classifier"]
     return fileio.sha256_of_bytes(
-        b"".join(
-            m.encode() + b"\0" + Path(__file__).with_name(f"{m}.py").read_bytes() for m in modules
-        )
+        b"".join(m.encode() + b"\0" + (here / f"{m}.py").read_bytes() for m in modules)
     )
 
 
@@ -225,10 +224,7 @@ def score(
         phases.insert(0, lambda: _score_fid(spec, draws, progress))
     device = resolve_device(spec.device)
     beside = device.type == "cuda" and leaves_tf32_switch(spec.fid_precision)
-    timings = {}
-    for phase_timings in run_phases(phases, beside, device):
-        timings |= phase_timings
-    return timings
+    return {key: s for timings in run_phases(phases, beside, device) for key, s in timings.items()}
 
 
 def run_phases(
