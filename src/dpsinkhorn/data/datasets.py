@@ -184,14 +184,9 @@ def load_split(
 def to_unit_range(images_uint8: np.ndarray | torch.Tensor) -> torch.Tensor:
     """uint8 [N,H,W] or [N,H,W,C] in [0, 255] -> float32 [N,C,H,W] in [-1, 1]."""
     x = torch.as_tensor(images_uint8)
-    if x.dtype != torch.uint8:
-        raise ValueError(f"to_unit_range expects uint8 images, got {x.dtype}")
-    if x.ndim == 3:
-        x = x.unsqueeze(1)
-    elif x.ndim == 4:
-        x = x.permute(0, 3, 1, 2)
-    else:
-        raise ValueError(f"to_unit_range expects [N,H,W] or [N,H,W,C], got {tuple(x.shape)}")
+    if x.dtype != torch.uint8 or x.ndim not in (3, 4):
+        raise ValueError(f"to_unit_range expects uint8 [N,H,W(,C)], got {x.dtype} {list(x.shape)}")
+    x = x.unsqueeze(1) if x.ndim == 3 else x.permute(0, 3, 1, 2)
     return (x.to(torch.float32) / 127.5 - 1.0).contiguous()
 
 
