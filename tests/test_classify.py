@@ -89,7 +89,7 @@ def test_bad_arguments_are_clear_errors(mnist):
     x, y, x_test, y_test = mnist
     with pytest.raises(ValueError, match="unknown classifier 'svm'"):
         _one("svm", x, y, x_test, y_test, seed=0)
-    with pytest.raises(ValueError, match="differ from test images"):
+    with pytest.raises(ValueError, match="differ from the test images"):
         _one("mlp", x, y, x_test[:, :27], y_test, seed=0)
     with pytest.raises(ValueError, match="num_classes=5"):
         _one("mlp", x, y, x_test, y_test, seed=0, num_classes=5)
@@ -232,7 +232,7 @@ def test_cpu_test_accuracy_seed_by_seed_equals_the_vmapped_one(model, mnist):
     )
     xs = [x[200 * k : 200 * (k + 1)] for k in range(3)]
     ys = [y[200 * k : 200 * (k + 1)] for k in range(3)]
-    run = classifiers.BatchedRun(model, xs, ys, 10, [4, 0, 9], 1, 1, 64)
+    run = classifiers.BatchedRun(model, xs, ys, 10, [4, 0, 9], 64)
     optimizer = torch.optim.Adam(list(run.params.values()))
     for idx in run.epoch_batches():
         run.step(optimizer, idx)

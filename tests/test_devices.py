@@ -24,11 +24,18 @@ sys.stdin.read()
 """
 
 
+def release_gpu() -> None:
+    """Give this process's claimed GPU back (the kernel drops its lock)."""
+    if devices._claimed is not None:
+        devices._claimed[1].close()
+        devices._claimed = None
+
+
 @pytest.fixture(autouse=True)
 def _release():
-    devices.release_gpu()
+    release_gpu()
     yield
-    devices.release_gpu()
+    release_gpu()
 
 
 def holder(lock_dir: Path, jobs_per_gpu: int = 1) -> subprocess.Popen:
@@ -97,7 +104,7 @@ def test_the_same_process_keeps_its_gpu(tmp_path):
         assert int(first.stdout.readline()) == 0
         assert devices.claim_gpu(3, tmp_path) == 1
         assert devices.claim_gpu(3, tmp_path) == 1
-        devices.release_gpu()
+        release_gpu()
         assert devices.claim_gpu(3, tmp_path) == 1  # free again
     finally:
         first.stdin.close()

@@ -399,32 +399,6 @@ def test_fid_refuses_images_of_different_shapes(mnist_test, fid_weights, tmp_pat
     assert "[8, 8, 1]" in str(err.value) and "[28, 28, 1]" in str(err.value)
 
 
-def test_weights_without_fc_give_the_same_features_and_name(mnist_test, fid_weights, tmp_path):
-    """A copy without the fc layer is accepted by its pool3 tensors, named by the whole
-    file's SHA-256 (so statistics from either file compare), and gives identical features;
-    a stripped copy with one pool3 tensor changed is refused."""
-    if inception.sha256_of(fid_weights) not in inception.KNOWN_POOL3_SHA256.values():
-        pytest.skip("the pool3 hash is listed for the offline rebuild only")
-    stripped = tmp_path / "inception_pool3.pth"
-    state = torch.load(fid_weights, map_location="cpu", weights_only=True)
-    state = {k: v for k, v in state.items() if not k.startswith(inception.FC_PREFIX)}
-    torch.save(state, stripped)
-    assert not any(k.startswith("fc.") for k in state)
-    assert stripped.stat().st_size < fid_weights.stat().st_size - 8_000_000  # 2048 x 1008 fp32
-    assert inception.verify_weights(stripped) == inception.verify_weights(fid_weights)
-    images = mnist_test[0][:6]
-    np.testing.assert_array_equal(
-        _features(images, inception.load_inception(stripped, DEVICE)),
-        _features(images, inception.load_inception(fid_weights, DEVICE)),
-    )
-    key = "Conv2d_1a_3x3.conv.weight"
-    state[key] = state[key] * 1.001
-    tampered = tmp_path / "tampered.pth"
-    torch.save(state, tampered)
-    with pytest.raises(ValueError, match="nor its pool3 layers without fc"):
-        inception.verify_weights(tampered)
-
-
 def test_pytorch_fid_is_imported_only_where_a_network_is_built():
     """Reading FID records (``dpsinkhorn release``, ``release-manifest``) imports neither
     pytorch-fid nor torchvision (with torch._dynamo: 2-3 s of each such process); the two

@@ -85,14 +85,6 @@ def claim_gpu(count: int, directory: Path | None = None, poll_s: float = 2.0) ->
         time.sleep(poll_s)
 
 
-def release_gpu() -> None:
-    """Give the claimed GPU back before the process ends (for tests)."""
-    global _claimed
-    if _claimed is not None:
-        _claimed[1].close()
-        _claimed = None
-
-
 def local_gpu_count() -> int:
     """NVIDIA GPUs visible to this machine's processes, without importing torch:
     ``CUDA_VISIBLE_DEVICES`` when set, else ``nvidia-smi -L``'s, else 0."""

@@ -89,13 +89,6 @@ def _temp_beside(path: Path) -> Path:
     return Path(tmp)
 
 
-def _write_synced(tmp: Path, payload: bytes) -> None:
-    with open(tmp, "wb") as fh:
-        fh.write(payload)
-        fh.flush()
-        os.fsync(fh.fileno())  # a full disk shows here at the latest, not after the rename
-
-
 def write_bytes(path: str | os.PathLike, payload: bytes) -> None:
     """Write ``payload`` to ``path`` atomically (``NoSpaceError`` naming it when full)."""
     write_all([(path, payload)])
@@ -114,7 +107,10 @@ def write_all(
             tmp = _temp_beside(path)
             staged.append((tmp, path))
             try:
-                _write_synced(tmp, payload)
+                with open(tmp, "wb") as fh:
+                    fh.write(payload)
+                    fh.flush()
+                    os.fsync(fh.fileno())  # a full disk shows here, not after the rename
             except OSError as err:
                 _raise_no_space(err, path)
             os.chmod(tmp, 0o666 & ~_UMASK)

@@ -78,11 +78,7 @@ def load_rates(path: PathLike) -> list[dict]:
             if key not in rate:
                 raise ValueError(f"{path}: rates[{k}] has no {key!r}")
         value = rate["steps_per_s"]
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, int | float)
-            or not 0 < value < math.inf
-        ):
+        if type(value) not in (int, float) or not 0 < value < math.inf:  # JSON: no bool
             raise ValueError(f"{path}: rates[{k}].steps_per_s must be a finite number > 0")
     return rates
 

@@ -267,6 +267,4 @@ def fixture_source(config: Mapping) -> str | None:
 
 def data_mirror_of(config: Mapping, dataset: str) -> str | None:
     """The ``--mirror`` of ``dpsinkhorn data`` for a dataset (the fixture's folder for CelebA)."""
-    if dataset == "celeba" and fixture_source(config) is not None:
-        return fixture_source(config)
-    return config.get("data_mirror")
+    return (fixture_source(config) if dataset == "celeba" else None) or config.get("data_mirror")

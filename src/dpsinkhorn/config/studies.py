@@ -1,7 +1,7 @@
 """Studies: the paper's ablations and grids (Tables 2, 4, 5; Figures 4a, 4b, 4c, 5) as
 experiments. A ``studies:`` entry names ``bases``, common ``settings`` and either ``vary``
-(one cell per combination) or named ``cells``; :func:`expand` adds each cell to
-``experiments`` as ``<study>_<cell>`` (reusing an experiment of equal settings)."""
+(one cell per combination) or named ``cells``; :func:`plan_cells` makes each cell an
+experiment ``<study>_<cell>`` (reusing an experiment of equal settings)."""
 
 from __future__ import annotations
 
@@ -114,14 +114,6 @@ def plan_cells(config: Mapping) -> tuple[dict[str, list[Cell]], dict[str, dict]]
                     experiments[name] = new[name] = cell_def
                 cells[study].append(Cell(study, full_label, name, base, dict(changes)))
     return cells, new
-
-
-def expand(config: dict) -> dict:
-    """Add the experiments that the studies need to ``config['experiments']`` (in place)."""
-    _, new = plan_cells(config)
-    if new:
-        config["experiments"] = {**(config.get("experiments") or {}), **new}
-    return config
 
 
 def study_cells(config: Mapping, study: str) -> list[Cell]:

@@ -345,14 +345,12 @@ def semantic_errors(config: dict) -> list[tuple[list, str]]:
         exp, at = experiment(config, name), ["experiments", name]
         errors += [(at + path, message) for path, message in _schema_errors(exp, rules)]
         if name.lower() in RUN_FOLDERS:  # lower: one folder on a case-insensitive disk
-            errors.append(
-                (
-                    at,
-                    f"bad name {name!r}: results/<run>/ already has a folder of that name "
-                    f"({', '.join(RUN_FOLDERS)}; in any case), where a DP release's folder "
-                    "would be; rename the experiment",
-                )
+            message = (
+                f"bad name {name!r}: results/<run>/ already has a folder of that name "
+                f"({', '.join(RUN_FOLDERS)}; in any case), where a DP release's folder "
+                "would be; rename the experiment"
             )
+            errors.append((at, message))
         if exp["dataset"] not in (known := [*BUILTIN_DATASETS, *own]):
             message = f"bad value {exp['dataset']!r}: must be one of {', '.join(known)}"
             errors.append((at + ["dataset"], message))

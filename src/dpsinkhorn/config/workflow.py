@@ -3,6 +3,7 @@ Torch-free: Snakemake imports it while it parses the workflow."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -86,10 +87,8 @@ def prepare_workflow_process() -> None:
         else:
             signal.default_int_handler(signum, frame)
 
-    try:
+    with contextlib.suppress(ValueError):  # not the main thread: leave Snakemake's default
         signal.signal(signal.SIGINT, user_interrupt)
-    except ValueError:  # not the main thread: leave Snakemake's default
-        pass
 
 
 def private_trainings(config: Mapping, results: PathLike) -> list[tuple[str, str, dict]]:

@@ -234,25 +234,19 @@ def make_fixture(out: Path, num: int = 300, seed: int = 0) -> Path:
         return "\n".join(head + rows) + "\n"
 
     values = [" ".join(f"{v:2d}" for v in row) for row in attrs]
-    write_text(
-        folder / ATTR_FILE,
-        table(ATTRIBUTES, [f"{n} {v}" for n, v in zip(names, values, strict=True)]),
-    )
-    write_text(
-        folder / PARTITION_FILE,
-        table(None, [f"{n} {p}" for n, p in zip(names, partition, strict=True)]),
-    )
-    ids = [f"{n} {int(i)}" for n, i in zip(names, rng.integers(1, 10178, num), strict=True)]
-    write_text(folder / "identity_CelebA.txt", table(None, ids))
-    boxes = [f"{n} {95:>5d} {71:>4d} {226:>4d} {313:>4d}" for n in names]
-    write_text(
-        folder / "list_bbox_celeba.txt", table("image_id x_1 y_1 width height".split(), boxes)
-    )
+    ids = rng.integers(1, 10178, num)
     marks = " ".join(f"{v:>4d}" for v in (69, 109, 106, 113, 77, 142, 73, 152, 108, 154))
-    write_text(
-        folder / "list_landmarks_align_celeba.txt",
-        table(LANDMARKS, [f"{n} {marks}" for n in names]),
-    )
+    box = f"{95:>5d} {71:>4d} {226:>4d} {313:>4d}"
+    texts = {  # each text file's header and its value columns after the file name
+        ATTR_FILE: (ATTRIBUTES, values),
+        PARTITION_FILE: (None, partition),
+        "identity_CelebA.txt": (None, [int(i) for i in ids]),
+        "list_bbox_celeba.txt": ("image_id x_1 y_1 width height".split(), [box] * num),
+        "list_landmarks_align_celeba.txt": (LANDMARKS, [marks] * num),
+    }
+    for file, (header, column) in texts.items():
+        rows = [f"{n} {v}" for n, v in zip(names, column, strict=True)]
+        write_text(folder / file, table(header, rows))
     write_text(folder / SOURCE_MARKER, f"synthetic CelebA fixture: {num} images, seed {seed}\n")
     return folder
 

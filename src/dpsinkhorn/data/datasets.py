@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 import gzip
-import hashlib
+import shutil
 import struct
 import zlib
 from pathlib import Path
@@ -119,15 +119,11 @@ def _copy_from_mirror(info: DatasetInfo, mirror: Path, raw: Path) -> None:
                 f"missing archive {src} (data mirror {mirror}); "
                 + _how_to_provide(info, archive, src_dir)
             )
-        digest = hashlib.md5()
         with atomic_path(dest) as tmp:  # a bad copy never appears under the real name
-            with open(src, "rb") as fin, open(tmp, "wb") as fout:
-                while chunk := fin.read(1 << 20):
-                    digest.update(chunk)
-                    fout.write(chunk)
-            if digest.hexdigest() != md5:
+            shutil.copyfile(src, tmp)
+            if (digest := md5_of(tmp)) != md5:
                 raise ValueError(
-                    f"corrupt archive {src}: MD5 {digest.hexdigest()}, expected {md5}; "
+                    f"corrupt archive {src}: MD5 {digest}, expected {md5}; "
                     + _how_to_provide(info, archive, src_dir)
                 )
 
@@ -188,14 +184,9 @@ def load_split(
 def to_unit_range(images_uint8: np.ndarray | torch.Tensor) -> torch.Tensor:
     """uint8 [N,H,W] or [N,H,W,C] in [0, 255] -> float32 [N,C,H,W] in [-1, 1]."""
     x = torch.as_tensor(images_uint8)
-    if x.dtype != torch.uint8:
-        raise ValueError(f"to_unit_range expects uint8 images, got {x.dtype}")
-    if x.ndim == 3:
-        x = x.unsqueeze(1)
-    elif x.ndim == 4:
-        x = x.permute(0, 3, 1, 2)
-    else:
-        raise ValueError(f"to_unit_range expects [N,H,W] or [N,H,W,C], got {tuple(x.shape)}")
+    if x.dtype != torch.uint8 or x.ndim not in (3, 4):
+        raise ValueError(f"to_unit_range expects uint8 [N,H,W(,C)], got {x.dtype} {list(x.shape)}")
+    x = x.unsqueeze(1) if x.ndim == 3 else x.permute(0, 3, 1, 2)
     return (x.to(torch.float32) / 127.5 - 1.0).contiguous()
 
 

@@ -114,12 +114,11 @@ def _read_class_folders(
         loose = "; images must lie in <class>/ sub-folders" if _image_files(base) else ""
         raise DatasetError(f"{base}: no images (expected {base}/<class>/*.png|jpg|jpeg){loose}")
     for entry in sorted(base.iterdir()):  # an image beside the class folders has no class
-        if entry.is_file() and entry.suffix.lower() in IMAGE_EXTENSIONS:
-            if not entry.name.startswith("."):
-                raise DatasetError(
-                    f"{entry}: not read: an image beside the class folders has no class "
-                    f"(move it into {base}/<class>/, or out of the folder)"
-                )
+        if entry.is_file() and entry.suffix.lower() in IMAGE_EXTENSIONS and entry.name[0] != ".":
+            raise DatasetError(
+                f"{entry}: not read: an image beside the class folders has no class "
+                f"(move it into {base}/<class>/, or out of the folder)"
+            )
     index = {name: i for i, name in enumerate(classes)}
     images, labels = [], []
     for folder in class_dirs:
@@ -155,9 +154,8 @@ def _read_image_folder(
                 "test/ (name a held-out split test/, or move this out of the folder)"
             )
     train = _read_class_folders(root / "train", classes, definition, field)
-    if not (root / "test").is_dir():
-        return train, None
-    return train, _read_class_folders(root / "test", classes, definition, field)
+    test = root / "test"
+    return train, _read_class_folders(test, classes, definition, field) if test.is_dir() else None
 
 
 # --------------------------------------------------------------------------------- npz
@@ -211,15 +209,13 @@ def _read_npz(
             raise DatasetError(
                 f"{path}: no {key!r} array (has: {', '.join(sorted(arrays)) or 'nothing'})"
             )
-    train = _npz_pair(path, arrays, ("images", "labels"), definition, field)
     given = [key for key in ("test_images", "test_labels") if key in arrays]
     if len(given) == 1:
         raise DatasetError(
             f"{path}: {given[0]} without its pair (give test_images and test_labels)"
         )
-    if not given:
-        return train, None
-    return train, _npz_pair(path, arrays, ("test_images", "test_labels"), definition, field)
+    train = _npz_pair(path, arrays, ("images", "labels"), definition, field)
+    return train, _npz_pair(path, arrays, tuple(given), definition, field) if given else None
 
 
 def split_off(arrays: Arrays, fraction: float, seed: int, where: Path) -> tuple[Arrays, Arrays]:

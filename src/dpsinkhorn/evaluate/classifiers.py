@@ -124,8 +124,6 @@ class BatchedRun:
         ys: list[torch.Tensor],
         num_classes: int,
         seeds: list[int],
-        max_epochs: int,
-        patience: int,
         batch_size: int,
     ) -> None:
         from torch.func import functional_call, stack_module_state, vmap
@@ -137,8 +135,6 @@ class BatchedRun:
             )
         if n < 2:
             raise ValueError(f"{name} needs at least 2 training images, got {n}")
-        if max_epochs < 1 or patience < 1 or batch_size < 1:
-            raise ValueError("max_epochs, patience and batch_size must be >= 1")
         device = xs[0].device
         n_hold = max(1, int(round(HOLDOUT_FRACTION * n)))
         models, orders = [], []
@@ -161,7 +157,7 @@ class BatchedRun:
 
         self.k, self.n_hold, self.device, self.seeds = k, n_hold, device, seeds
         self.name, self.in_shape, self.num_classes = name, tuple(xs[0].shape[1:]), num_classes
-        self.max_epochs, self.patience, self.batch_size = max_epochs, patience, batch_size
+        self.batch_size = batch_size
         self.x_fit, self.y_fit, self.x_hold, self.y_hold = x_fit, y_fit, x_hold, y_hold
         self.params, self.buffers, self.base, self.shuffles = params, buffers, base, shuffles
         self.forward = forward
@@ -348,7 +344,9 @@ def train_batched(
     stopping on 10% (:class:`EarlyStopping`), best weights tested on ``x_test`` [M,C,H,W].
     ``cuda_graphs`` (default: on CUDA): :class:`GraphedStep`; ``lag`` (default 1 on CUDA,
     else 0): epochs until the stop is read. One record per seed (``training_loop``)."""
-    run = BatchedRun(name, xs, ys, num_classes, seeds, max_epochs, patience, batch_size)
+    if max_epochs < 1 or patience < 1 or batch_size < 1:
+        raise ValueError("max_epochs, patience and batch_size must be >= 1")
+    run = BatchedRun(name, xs, ys, num_classes, seeds, batch_size)
     cuda = run.device.type == "cuda"
     cuda_graphs = cuda if cuda_graphs is None else cuda_graphs
     if cuda_graphs and not cuda:
@@ -376,14 +374,9 @@ def train_batched(
     if cuda_graphs and step.error is not None:
         options |= {"cuda_graphs": False, "cuda_graph_error": step.error}
     settings = {"num_holdout": run.n_hold, "max_epochs": max_epochs, "patience": patience}
+    settings |= {"batch_size": batch_size, "batched_seeds": run.k, "training_loop": options}
     return [
         {"accuracy": test_acc[j], "holdout_accuracy": float(best_acc[j]), "epochs": epochs[j]}
-        | {
-            "best_epoch": best_epoch[j],
-            **settings,
-            "batch_size": batch_size,
-            "batched_seeds": run.k,
-        }
-        | {"training_loop": options}
+        | {"best_epoch": best_epoch[j], **settings}
         for j in range(run.k)
     ]

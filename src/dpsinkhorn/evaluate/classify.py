@@ -38,13 +38,6 @@ def to_float(
     return x.to(device).permute(0, 3, 1, 2).contiguous().float() / 255.0
 
 
-def _check_labels(labels: np.ndarray, n: int, where: str) -> np.ndarray:
-    labels = np.asarray(labels)
-    if labels.shape != (n,) or not np.issubdtype(labels.dtype, np.integer) or labels.min() < 0:
-        raise ValueError(f"{where}: labels must be {n} non-negative integers")
-    return labels.astype(np.int64)
-
-
 def resolve_num_classes(dataset: str | None, test_file: str | None = None) -> int | None:
     """The class count of ``dataset``: ``data.catalog.DATASETS[dataset].num_classes`` (an own
     dataset: the ``dataset.json`` beside ``test_file``); None without a dataset (then the
@@ -56,33 +49,40 @@ def resolve_num_classes(dataset: str | None, test_file: str | None = None) -> in
     return dataset_info(dataset).num_classes
 
 
-def _check_sets(
-    x: torch.Tensor,
-    x_test: torch.Tensor,
-    y: np.ndarray,
-    y_test: np.ndarray,
+def check_sets(
+    train_sets: list[tuple[np.ndarray | torch.Tensor, np.ndarray]],
+    test_images: np.ndarray | torch.Tensor,
+    test_labels: np.ndarray,
     num_classes: int | None,
-) -> tuple[np.ndarray, np.ndarray, int]:
-    """Validate one training set against the test set; (labels, test labels, num_classes)."""
-    if x.shape[1:] != x_test.shape[1:]:
+    test: str = "test set",
+) -> int:
+    """Refuse training images [H,W,C] of another shape than the test images', an empty set
+    and a label that is negative or outside ``num_classes``; returns the class count (for
+    ``num_classes`` None the largest label + 1)."""
+    test_shape = list(channels_last(test_images, test).shape[1:])
+    sets = [(test, test_images, test_labels)]
+    for k, (images, labels) in enumerate(train_sets):
+        where = "training set" if len(train_sets) == 1 else f"training set {k}"
+        shape = list(channels_last(images, where).shape[1:])
+        if shape != test_shape:
+            raise ValueError(
+                f"{where}: images [H,W,C]={shape} differ from the test images' {test_shape}"
+            )
+        sets.append((where, images, labels))
+    largest = -1
+    for where, images, labels in sets:
+        labels, n = np.asarray(labels), len(images)
+        if n == 0:
+            raise ValueError(f"{where}: the set must not be empty")
+        if labels.shape != (n,) or not np.issubdtype(labels.dtype, np.integer) or labels.min() < 0:
+            raise ValueError(f"{where}: labels must be {n} non-negative integers")
+        largest = max(largest, int(labels.max()))
+    if num_classes is not None and largest >= num_classes:
         raise ValueError(
-            f"training images [C,H,W]={list(x.shape[1:])} differ from test images "
-            f"{list(x_test.shape[1:])}"
+            f"labels go up to {largest}, outside the {num_classes} classes "
+            f"(num_classes={num_classes}; {test} and training sets)"
         )
-    if len(x) == 0 or len(x_test) == 0:
-        raise ValueError("training and test sets must not be empty")
-    y = _check_labels(y, len(x), "training set")
-    y_test = _check_labels(y_test, len(x_test), "test set")
-    largest = int(max(y.max(), y_test.max()))
-    if num_classes is None:
-        num_classes = largest + 1
-    elif num_classes <= largest:
-        where = "training" if y.max() >= num_classes else "test"
-        raise ValueError(
-            f"{where} labels go up to {largest}, outside the {num_classes} classes "
-            f"(num_classes={num_classes})"
-        )
-    return y, y_test, num_classes
+    return largest + 1 if num_classes is None else num_classes
 
 
 def train_and_evaluate_seeds(
@@ -104,7 +104,7 @@ def train_and_evaluate_seeds(
     result each, with the test accuracy.
 
     ``train_sets``: (images uint8 [N,H,W(,C)], labels int [N]) per seed, all of one N,
-    validated first. ``seconds``: the wall time split evenly over the seeds.
+    validated first (:func:`check_sets`). ``seconds``: the wall time split evenly over the seeds.
     """
     if model not in MODELS:
         raise ValueError(f"unknown classifier {model!r}; choose from {', '.join(MODELS)}")
@@ -112,15 +112,11 @@ def train_and_evaluate_seeds(
         raise ValueError(f"need one seed per training set, got {len(seeds)} and {len(train_sets)}")
     start = time.perf_counter()
     dev = resolve_device(device)
+    classes = check_sets(train_sets, test_images, test_labels, num_classes)
     x_test = to_float(test_images, "test set", dev)
-    xs, ys, classes = [], [], num_classes
-    for k, (images, labels) in enumerate(train_sets):
-        x = to_float(images, "training set" if len(seeds) == 1 else f"training set {k}", dev)
-        y, y_test, n = _check_sets(x, x_test, labels, test_labels, num_classes)
-        xs.append(x)
-        ys.append(torch.from_numpy(y).to(dev))
-        classes = max(classes or 0, n)  # one model shape for all seeds
-    y_test = torch.from_numpy(y_test).to(dev)
+    y_test = torch.as_tensor(np.asarray(test_labels, np.int64), device=dev)
+    xs = [to_float(images, "training set", dev) for images, _ in train_sets]
+    ys = [torch.as_tensor(np.asarray(labels, np.int64), device=dev) for _, labels in train_sets]
     if model == "logreg":
         trained = train_logreg(xs, ys, x_test, y_test, classes, max_iter)
     else:

@@ -17,7 +17,6 @@ import torch
 from dpsinkhorn import fileio
 from dpsinkhorn.evaluate.inception import (
     DEFAULT_BATCH,
-    FID_PRECISIONS,
     WEIGHTS_FILE_NAME,
     activations,
     hub_cache_file,
@@ -48,14 +47,13 @@ def statistics(
 ) -> tuple[np.ndarray, np.ndarray]:
     """(mu [2048], sigma [2048,2048]) of the pool3 features of uint8 images [N,H,W(,C)],
     features in ``precision`` (:data:`inception.FID_PRECISIONS`), statistics on the device."""
-    if precision not in FID_PRECISIONS:
-        raise ValueError(f"unknown FID precision {precision!r}; choose from {FID_PRECISIONS}")
     model = load_inception(weights, device)
     mu, sigma = device_statistics(activations(images, model, batch_size, precision))
     return mu.cpu().numpy(), sigma.cpu().numpy()
 
 
 SQRTM_METHODS = ("pytorch_fid", "eigh")
+Statistics = tuple[np.ndarray, np.ndarray, int]  # (mu [D], sigma [D,D], num_images)
 #: Every key an FID score file holds (:func:`fid_against_reference`); ``dpsinkhorn release``
 #: publishes no score file holding another.
 RECORD_KEYS = frozenset(
@@ -161,26 +159,17 @@ def save_statistics(
         )
 
 
-def _is_statistics_file(path: Path) -> bool:
-    try:
-        obj = np.load(path, allow_pickle=False)
-    except (OSError, ValueError):
-        return False  # load_samples reports the problem
-    if not isinstance(obj, np.lib.npyio.NpzFile):
-        return False
-    with obj:
-        return {"mu", "sigma"} <= set(obj.files)
-
-
-def load_statistics(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray, int]:
-    """Read and validate a statistics file: (mu [D], sigma [D,D] float64, num_images)."""
+def load_statistics(path: str | os.PathLike) -> Statistics:
+    """Read and validate a statistics file: (mu [D], sigma [D,D] float64, num_images); any
+    other file (a sample file) is refused in one line, before any feature is computed."""
     path = Path(path)
-    if not path.exists():
+    if not path.is_file():
         raise FileNotFoundError(f"FID statistics file not found: {path}")
-    with np.load(path, allow_pickle=False) as npz:
-        if "num_images" not in npz.files:
-            raise ValueError(f"{path}: statistics file lacks 'num_images'; found {npz.files}")
-        mu, sigma, num = npz["mu"], npz["sigma"], npz["num_images"]
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            mu, sigma, num = npz["mu"], npz["sigma"], npz["num_images"]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+        raise ValueError(f"{path}: not an FID statistics file (mu, sigma, num_images)") from err
     if mu.ndim != 1 or sigma.shape != (len(mu), len(mu)) or num.shape != ():
         raise ValueError(
             f"{path}: statistics must be mu [D], sigma [D,D], num_images scalar; got "
@@ -189,13 +178,6 @@ def load_statistics(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray, in
     if not (np.isfinite(mu).all() and np.isfinite(sigma).all()):
         raise ValueError(f"{path}: statistics contain NaN or inf")
     return mu.astype(np.float64), sigma.astype(np.float64), int(num)
-
-
-def reference_statistics(path: str | os.PathLike) -> Statistics:
-    """:func:`load_statistics`; a sample file is refused in one line, before any feature."""
-    if not _is_statistics_file(Path(path)):
-        raise ValueError(f"{path}: not an FID statistics file (mu, sigma, num_images)")
-    return load_statistics(path)
 
 
 def statistics_metadata(path: str | os.PathLike) -> dict:
@@ -216,9 +198,6 @@ def subsample(images: np.ndarray, num: int | None, seed: int, where: str = "imag
         raise ValueError(f"{where}: cannot take {num} images out of {len(images)} (need >= 2)")
     index = np.random.default_rng(seed).choice(len(images), size=num, replace=False)
     return images[index]
-
-
-Statistics = tuple[np.ndarray, np.ndarray, int]  # (mu [D], sigma [D,D], num_images)
 
 
 def check_same_inputs(paths: list[Path], meta: list[dict], network_sha: str | None) -> str | None:
@@ -259,7 +238,7 @@ def fid_against_reference(
         raise ValueError(f"unknown FID sqrtm method {sqrtm!r}; choose from {SQRTM_METHODS}")
     paths = [Path(name), Path(reference)]
     images = channels_last(images, name)
-    mu_b, s_b, n_b = reference_statistics(paths[1])
+    mu_b, s_b, n_b = load_statistics(paths[1])
     shape = [int(v) for v in images.shape[1:]]
     meta = [{"image_shape": shape, "weights_sha256": None}, statistics_metadata(paths[1])]
     network_sha = None
@@ -291,8 +270,6 @@ def fid_against_reference(
 
 
 def _cmd_fid_stats(args: argparse.Namespace) -> int:
-    if _is_statistics_file(Path(args.samples)):
-        raise ValueError(f"{args.samples}: already a statistics file, not a sample file")
     images, _ = fileio.load_samples(args.samples)
     images = subsample(
         fileio.channels_last(images, args.samples), args.num, args.seed, args.samples

@@ -120,14 +120,6 @@ class GradientEstimator:
             generator = torch.Generator(device=self.device).manual_seed(draw_seed(seed, p, b))
             yield self.gradient(p, generator)
 
-    def check(self) -> None:
-        """Refuse results if a Poisson batch overflowed its capacity (probability < 1e-12)."""
-        if int(self.sampler.overflows) > 0:
-            raise RuntimeError(
-                f"a Poisson sample exceeded the buffer capacity {self.sampler.capacity}; "
-                "rerun with another seed"
-            )
-
     def restore(self, training: bool | None = None) -> None:
         """Put the generator's buffers back as they were given, and its train/eval mode
         (``training`` None: as given)."""
@@ -202,7 +194,11 @@ def gradient_study(
                 bar.update(1)
             means.append(mean)
             variances.append(float(m2) / (batches - 1))
-        estimator.check()
+        if int(estimator.sampler.overflows) > 0:  # probability < 1e-12
+            raise RuntimeError(
+                f"a Poisson sample exceeded the buffer capacity {estimator.sampler.capacity}; "
+                "rerun with another seed"
+            )
     finally:
         bar.close()
         estimator.restore()

@@ -6,7 +6,6 @@ folded, channels-last (:func:`activations`)."""
 
 from __future__ import annotations
 
-import hashlib
 import os
 import weakref
 from contextlib import nullcontext
@@ -46,18 +45,6 @@ KNOWN_WEIGHTS_SHA256: dict[str, str] = {
     ),
 }
 
-#: The 1008-class layer FID never reads: a weights file may leave it out.
-FC_PREFIX = "fc."
-#: SHA-256 of a weights file's pool3 tensors (:func:`pool3_sha256`, everything but the fc
-#: layer) -> the SHA-256 of the whole known file they come from. A file without the fc layer
-#: is accepted when its pool3 tensors are those of a known file, and is named by that file.
-KNOWN_POOL3_SHA256: dict[str, str] = {
-    # the offline rebuild (../shared/weights) without its fc layer
-    "178b172e05124baa80c52185e5211cde2e6e9c059cc3fc02eb8bfd946ba5bc07": (
-        "d9b36da80a6304d8ab322478ec0416c4a40882483c18593cf29fbe0cc25e83cd"
-    ),
-}
-
 _MODELS: dict[tuple[str | None, str], pfi.InceptionV3] = {}
 _SHA256: dict[tuple[str, int, int], str] = {}  # (resolved path, size, mtime_ns) -> hex digest
 
@@ -77,44 +64,17 @@ def sha256_of(path: str | os.PathLike) -> str:
     return _SHA256[key]
 
 
-def pool3_sha256(state_dict: dict[str, torch.Tensor]) -> str:
-    """SHA-256 over the tensors FID uses (all but ``fc.*``), in name order: each name, dtype,
-    shape and raw bytes. Equal for a full weights file and its copy without the fc layer."""
-    digest = hashlib.sha256()
-    for name in sorted(k for k in state_dict if not k.startswith(FC_PREFIX)):
-        tensor = state_dict[name].detach().cpu().contiguous()
-        digest.update(f"{name}|{tensor.dtype}|{list(tensor.shape)}|".encode())
-        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
-    return digest.hexdigest()
-
-
-def _read_state_dict(path: Path) -> dict[str, torch.Tensor]:
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # torch raises several types for a bad file
-        raise ValueError(f"{path}: cannot read FID Inception weights ({err})") from err
-
-
 def verify_weights(path: str | os.PathLike) -> str:
-    """SHA-256 of the known weights file (:data:`KNOWN_WEIGHTS_SHA256`) that ``path`` is, or
-    whose pool3 tensors it holds without the fc layer (:data:`KNOWN_POOL3_SHA256`);
+    """SHA-256 of ``path`` when it is a known weights file (:data:`KNOWN_WEIGHTS_SHA256`);
     ``ValueError`` otherwise: a modified file would silently give another FID."""
     digest = sha256_of(path)
-    if digest in KNOWN_WEIGHTS_SHA256:
-        return digest
-    key = (digest, "pool3")
-    if key not in _SHA256:
-        state = _read_state_dict(Path(path))
-        known = not any(k.startswith(FC_PREFIX) for k in state)
-        _SHA256[key] = KNOWN_POOL3_SHA256.get(pool3_sha256(state), "") if known else ""
-    if not _SHA256[key]:
+    if digest not in KNOWN_WEIGHTS_SHA256:
         raise ValueError(
             f"{path}: FID Inception weights have SHA-256 {digest}, not that of pytorch-fid's "
-            f"{WEIGHTS_FILE_NAME} ({', '.join(k[:12] + '...' for k in KNOWN_WEIGHTS_SHA256)}) "
-            "nor its pool3 layers without fc; the file is modified or another network: "
-            "replace it"
+            f"{WEIGHTS_FILE_NAME} ({', '.join(k[:12] + '...' for k in KNOWN_WEIGHTS_SHA256)}); "
+            "the file is modified or another network: replace it"
         )
-    return _SHA256[key]
+    return digest
 
 
 def _local_inception(path: Path) -> pfi.InceptionV3:
@@ -125,19 +85,9 @@ def _local_inception(path: Path) -> pfi.InceptionV3:
             f"FID Inception weights not found: {path}; this must be pytorch-fid's "
             f"{WEIGHTS_FILE_NAME}: {HOW_TO_PASS}"
         )
-    verify_weights(path)
-    state_dict = _read_state_dict(path)
-
+    verify_weights(path)  # a known file: it loads into pytorch-fid's network
     net = _fid_inception_v3()
-    try:
-        missing = net.load_state_dict(state_dict, strict=False)
-        bad = [k for k in missing.missing_keys if not k.startswith(FC_PREFIX)]
-        if bad or missing.unexpected_keys:
-            raise RuntimeError(f"missing {bad[:3]}, unexpected {missing.unexpected_keys[:3]}")
-    except (RuntimeError, TypeError, AttributeError) as err:
-        raise ValueError(
-            f"{path}: not pytorch-fid's Inception weights ({WEIGHTS_FILE_NAME}): {err}"
-        ) from err
+    net.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
     return _assemble(net)
 
 
@@ -158,10 +108,6 @@ def _fid_inception_v3() -> torch.nn.Module:
     return net
 
 
-#: The Inception blocks of ``InceptionV3``'s third pool3 block, in order.
-MIXED_POOL3_BLOCK = ("5b", "5c", "5d", "6a", "6b", "6c", "6d", "6e")
-
-
 def _assemble(net: torch.nn.Module) -> pfi.InceptionV3:
     """``InceptionV3``'s pool3 blocks assembled from ``net`` as its constructor does, so
     ``InceptionV3.forward`` (resize + normalise) is reused."""
@@ -174,11 +120,12 @@ def _assemble(net: torch.nn.Module) -> pfi.InceptionV3:
     model.output_blocks = [POOL3_BLOCK]
     model.last_needed_block = POOL3_BLOCK
     pool = torch.nn.MaxPool2d(kernel_size=3, stride=2)
+    mixed = ("5b", "5c", "5d", "6a", "6b", "6c", "6d", "6e")  # the third block's, in order
     model.blocks = torch.nn.ModuleList(
         [
             torch.nn.Sequential(net.Conv2d_1a_3x3, net.Conv2d_2a_3x3, net.Conv2d_2b_3x3, pool),
             torch.nn.Sequential(net.Conv2d_3b_1x1, net.Conv2d_4a_3x3, pool),
-            torch.nn.Sequential(*(getattr(net, f"Mixed_{k}") for k in MIXED_POOL3_BLOCK)),
+            torch.nn.Sequential(*(getattr(net, f"Mixed_{k}") for k in mixed)),
             torch.nn.Sequential(
                 net.Mixed_7a, net.Mixed_7b, net.Mixed_7c, torch.nn.AdaptiveAvgPool2d((1, 1))
             ),
@@ -212,7 +159,7 @@ def _downloaded_inception() -> pfi.InceptionV3:
 
 def network_sha256(weights: str | os.PathLike | None) -> str:
     """The SHA-256 that names the network FID used (``weights``, else pytorch-fid's torch hub
-    cache file): the known whole file's, also for its copy without the fc layer."""
+    cache file)."""
     return verify_weights(hub_cache_file() if weights is None else weights)
 
 

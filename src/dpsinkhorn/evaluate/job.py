@@ -31,6 +31,7 @@ from dpsinkhorn.config.targets import (
 from dpsinkhorn.devices import resolve_device
 from dpsinkhorn.evaluate.classifiers import MODELS
 from dpsinkhorn.evaluate.classify import (
+    check_sets,
     resolve_num_classes,
     train_and_evaluate_seeds,
     write_results,
@@ -39,11 +40,10 @@ from dpsinkhorn.evaluate.fid import (
     SQRTM_METHODS,
     check_same_inputs,
     fid_against_reference,
-    reference_statistics,
+    load_statistics,
     statistics_metadata,
 )
 from dpsinkhorn.evaluate.inception import FID_PRECISIONS, leaves_tf32_switch, network_sha256
-from dpsinkhorn.evaluate.phases import COMMIT_ENV, phase_code_sha256, resumable
 from dpsinkhorn.evaluate.sample import channels_last, generate, load_generator, sample_real
 
 
@@ -106,14 +106,25 @@ class EvaluationSpec:
         """The spec of ``dpsinkhorn evaluate``'s arguments (each flag's dest is a field)."""
         return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})
 
-    @property
-    def source(self) -> Path:
-        """The generator or the real training split."""
-        return self.generator if self.generator is not None else self.real_data
 
-    def sample_files(self) -> list[Path]:
-        """``<samples_dir>/samples_seed<s>.npz`` for each seed."""
-        return [self.samples_dir / sample_name(s) for s in self.seeds]
+#: The modules of :mod:`dpsinkhorn.evaluate` whose code computes each phase's records (FID;
+#: every classifier): a phase saved by other code is computed again, not resumed.
+PHASE_MODULES = {
+    "fid": ("sample", "inception", "fid"),
+    "classifier": ("sample", "classifiers", "classify"),
+}
+#: The commit a job runs at, when its caller knows it (a copied tree may have no .git).
+COMMIT_ENV = "DPSINKHORN_COMMIT"
+
+
+def phase_code_sha256(phase: str) -> str:
+    """SHA-256 of the source files that compute ``phase`` (``fid``, or a classifier's name):
+    :data:`PHASE_MODULES`, each as its name, a NUL and its bytes."""
+    here = Path(__file__).parent
+    modules = PHASE_MODULES["fid" if phase == "fid" else "classifier"]
+    return fileio.sha256_of_bytes(
+        b"".join(m.encode() + b"\0" + (here / f"{m}.py").read_bytes() for m in modules)
+    )
 
 
 #: The spec's fields (besides seeds, weights and class count) a saved phase is keyed by.
@@ -143,7 +154,8 @@ def evaluate(spec: EvaluationSpec) -> dict[str, float]:
         "weights": None if spec.weights is None else network_sha256(spec.weights),
         "num_classes": num_classes,
     }
-    progress = Progress(spec.scores_dir, [spec.source, spec.test, spec.reference], settings)
+    source = spec.generator or spec.real_data
+    progress = Progress(spec.scores_dir, [source, spec.test, spec.reference], settings)
     begin = time.perf_counter()
     draws = draw(spec, num_classes)
     progress.bind([fileio.sha256_of(path) for path in draws.files])
@@ -162,7 +174,7 @@ def check_inputs(spec: EvaluationSpec) -> int | None:
         if path is not None and not path.is_file():
             raise FileNotFoundError(f"{path}: file not found")
     if spec.fid:
-        reference_statistics(spec.reference)
+        load_statistics(spec.reference)
     if not spec.classifiers:
         return None
     return resolve_num_classes(spec.dataset, str(spec.test))
@@ -191,8 +203,8 @@ def draw(spec: EvaluationSpec, num_classes: int | None) -> Draws:
     test_images = test_labels = None
     if spec.classifiers:
         test_images, test_labels = fileio.load_samples(spec.test)
-        _check_test_split(shape, samples, test_images, test_labels, num_classes, spec.test)
-    files = spec.sample_files()
+        check_sets(samples, test_images, test_labels, num_classes, str(spec.test))
+    files = [spec.samples_dir / sample_name(s) for s in spec.seeds]
     for path, (images, labels) in zip(files, samples, strict=True):
         fileio.save_samples(
             path, images.cpu().numpy() if torch.is_tensor(images) else images, labels
@@ -212,10 +224,7 @@ def score(
         phases.insert(0, lambda: _score_fid(spec, draws, progress))
     device = resolve_device(spec.device)
     beside = device.type == "cuda" and leaves_tf32_switch(spec.fid_precision)
-    timings = {}
-    for phase_timings in run_phases(phases, beside, device):
-        timings |= phase_timings
-    return timings
+    return {key: s for timings in run_phases(phases, beside, device) for key, s in timings.items()}
 
 
 def run_phases(
@@ -277,30 +286,6 @@ def _score_classifiers(
     return timings
 
 
-def _check_test_split(
-    shape: list[int],
-    samples: list,
-    test_images: np.ndarray,
-    test_labels: np.ndarray,
-    num_classes: int | None,
-    test: Path,
-) -> None:
-    """Refuse test images [H,W,C] of another shape than the samples' (``shape``), an empty
-    test set, or a label (test or samples) outside ``num_classes``."""
-    test_shape = [int(v) for v in fileio.channels_last(test_images, str(test)).shape[1:]]
-    if shape != test_shape:
-        raise ValueError(
-            f"{test}: test images [H,W,C]={list(test_shape)} differ from the samples' {list(shape)}"
-        )
-    if len(test_labels) == 0:
-        raise ValueError(f"{test}: the test set must not be empty")
-    largest = max(int(labels.max()) for labels in [test_labels, *(y for _, y in samples)])
-    if num_classes is not None and largest >= num_classes:
-        raise ValueError(
-            f"labels go up to {largest}, outside the {num_classes} classes ({test}, samples)"
-        )
-
-
 def _done(phase: str, begin: float) -> float:
     """Print a phase's wall seconds as it ends (the job's log shows where time went)."""
     seconds = time.perf_counter() - begin
@@ -311,7 +296,7 @@ def _done(phase: str, begin: float) -> float:
 class Progress:
     """Finished phases of an interrupted evaluation (scores only, never images) in
     ``<scores>/evaluate_progress.json``, keyed by the SHA-256 of inputs and settings, with
-    the phase's code hash (:mod:`~dpsinkhorn.evaluate.phases`) and ``$DPSINKHORN_COMMIT``:
+    the phase's code hash (:func:`phase_code_sha256`) and ``$DPSINKHORN_COMMIT``:
     a rerun reuses a phase only with the same key, code and samples (:meth:`bind`).
     Removed when the job completes (docs/CONTRACTS.md)."""
 
@@ -324,12 +309,11 @@ class Progress:
         self.key = hashlib.sha256(text.encode()).hexdigest()
         found = fileio.read_json(self.path) if self.path.is_file() else {}
         saved = found.get("done", {}) if found.get("key") == self.key else {}
-        self.done = resumable(saved)
+        self.done = {p: e for p, e in saved.items() if e["code_sha256"] == phase_code_sha256(p)}
         for phase in sorted(set(saved) - set(self.done)):
-            commit = saved[phase].get("commit") if isinstance(saved[phase], dict) else None
+            commit = saved[phase]["commit"] or "unknown"
             print(
-                f"rerunning {phase}: saved by other evaluation code (commit {commit or 'unknown'})",
-                flush=True,
+                f"rerunning {phase}: saved by other evaluation code (commit {commit})", flush=True
             )
         self.samples: list[str] = []
         self.lock = threading.Lock()  # phases may finish in threads of their own
@@ -337,7 +321,7 @@ class Progress:
     def bind(self, samples_sha256: list[str]) -> None:
         """Keep only the phases computed on these samples (SHA-256 of each seed's sample
         file): samples drawn by other code (a generator architecture changed outside
-        :data:`phases.PHASE_MODULES`) are scored again; new phases record them."""
+        :data:`PHASE_MODULES`) are scored again; new phases record them."""
         self.samples = list(samples_sha256)
         for phase in [p for p, e in self.done.items() if e.get("samples_sha256") != self.samples]:
             print(f"rerunning {phase}: saved for other samples", flush=True)
