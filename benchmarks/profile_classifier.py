@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     x, y = to_float(images, device=device), torch.from_numpy(labels).to(device)
     k = len(args.seeds)
     classes = int(labels.max()) + 1
-    run = BatchedRun(args.model, [x] * k, [y] * k, classes, args.seeds, 1, 1, args.batch_size)
+    run = BatchedRun(args.model, [x] * k, [y] * k, classes, args.seeds, args.batch_size)
     optimizer = torch.optim.Adam(list(run.params.values()))
     batches = (  # full batches of epoch after epoch
         idx

@@ -89,6 +89,14 @@ def _temp_beside(path: Path) -> Path:
     return Path(tmp)
 
 
+def _write_synced(tmp: Path, payload: bytes) -> None:
+    """Write ``payload`` to ``tmp`` and fsync it: a full disk shows here, not after the rename."""
+    with open(tmp, "wb") as fh:
+        fh.write(payload)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
 def write_bytes(path: str | os.PathLike, payload: bytes) -> None:
     """Write ``payload`` to ``path`` atomically (``NoSpaceError`` naming it when full)."""
     write_all([(path, payload)])
@@ -107,10 +115,7 @@ def write_all(
             tmp = _temp_beside(path)
             staged.append((tmp, path))
             try:
-                with open(tmp, "wb") as fh:
-                    fh.write(payload)
-                    fh.flush()
-                    os.fsync(fh.fileno())  # a full disk shows here, not after the rename
+                _write_synced(tmp, payload)
             except OSError as err:
                 _raise_no_space(err, path)
             os.chmod(tmp, 0o666 & ~_UMASK)
