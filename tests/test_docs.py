@@ -189,6 +189,21 @@ def test_every_kind_of_quoted_number_is_used_and_a_wrong_one_is_caught():
         docblocks.value("sigmas config/config.yaml mnist_dpsinkhorn_eps10 3", ROOT)
 
 
+def test_a_quoted_score_is_seed_0_or_the_mean_and_std_over_the_seeds():
+    """``score SET EXP METRIC`` quotes seed 0; with ``mean`` / ``std`` the mean and sample
+    std (ddof 1) over every seed's file, as README's Table 1 gives them."""
+    folder = ROOT / "results-paper-scale/mnist-perrow-h100/mnist_perrow"
+    fids = [json.loads(p.read_text())["fid"] for p in sorted(folder.glob("fid_seed*.json"))]
+    cnn = [100 * json.loads(p.read_text())["accuracy"] for p in folder.glob("acc_cnn_seed*.json")]
+    assert len(fids) == len(cnn) == 5
+    args = "score results-paper-scale/mnist-perrow-h100 mnist_perrow"
+    mean, std = sum(fids) / 5, (sum((f - sum(fids) / 5) ** 2 for f in fids) / 4) ** 0.5
+    assert docblocks.value(f"{args} fid", ROOT) == f"{fids[0]:.1f}"
+    assert docblocks.value(f"{args} fid mean", ROOT) == f"{mean:.1f}"
+    assert docblocks.value(f"{args} fid std", ROOT) == f"{std:.1f}"
+    assert docblocks.value(f"{args} cnn mean", ROOT) == f"{sum(cnn) / 5:.1f}"
+
+
 def test_readme_quotes_the_times_of_its_two_commands():
     (kind, sets, _), *_ = [b for b in docblocks.blocks(README) if b[0].startswith("timings")]
     assert kind == "timings totals" and "results-paper-scale/quick-cpu" in sets.split()

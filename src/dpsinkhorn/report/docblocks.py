@@ -16,6 +16,7 @@ repository root. ``tests/test_docs.py`` renders every block of every page and co
 from __future__ import annotations
 
 import re
+import statistics
 import sys
 from pathlib import Path
 
@@ -63,7 +64,7 @@ QUANTITIES = (
     "cells CONFIG STUDY",
     "new-generators CONFIG STUDY",
     "privacy Q DELTA B STEPS EPSILON ACCOUNTANT DIGITS",
-    "score SET EXP fid|logreg|mlp|cnn",
+    "score SET EXP fid|logreg|mlp|cnn [mean|std]",
     "json FILE KEY.PATH FORMAT",
 )
 
@@ -100,10 +101,13 @@ def value(args: str, root: Path) -> str:
         from dpsinkhorn.config.targets import score_name
         from dpsinkhorn.report.common import accuracy_percent, read_number
 
-        folder = root / rest[0] / rest[1]
-        if rest[2] == "fid":
-            return f"{read_number(folder / score_name('fid', 0), 'fid'):.1f}"
-        return f"{accuracy_percent(folder / score_name(f'acc_{rest[2]}', 0)):.1f}"
+        folder, name = root / rest[0] / rest[1], "fid" if rest[2] == "fid" else f"acc_{rest[2]}"
+        read = (lambda path: read_number(path, "fid")) if name == "fid" else accuracy_percent
+        if len(rest) == 3:  # seed 0
+            return f"{read(folder / score_name(name, 0)):.1f}"
+        values = [read(path) for path in sorted(folder.glob(f"{name}_seed*.json"))]
+        stat = {"mean": statistics.mean, "std": statistics.stdev}[rest[3]](values)
+        return f"{stat:.1f}"
     if what == "json":
         import json
 
