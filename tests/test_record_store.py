@@ -235,6 +235,15 @@ def test_an_exported_store_merges_once_and_another_key_is_refused(
     assert len(err) == 1 and "key differs" in err[0] and STORE_ENV in err[0], err
     assert len(store.trainings()) == 2
 
+    # a DP training stored without its mechanism is refused, never left out of an epsilon
+    bare = RecordStore(tmp_path / "bare")
+    bare.put({**one.meta, "noise_multiplier": None}, fingerprints(bare.key(), images))
+    with pytest.raises(ValueError, match=rf"{one.id}\.npz: a DP training .* its mechanism"):
+        individual(bare, fingerprints(bare.key(), images))
+    assert cli.main(["records", "merge", str(bare.export(tmp_path / "bare.tar"))]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "bare.tar:trainings/" in err[0] and "mechanism" in err[0], err
+
 
 def test_a_sweep_and_dpmerf_put_every_training_into_the_store(tmp_path, store):
     images, labels = digits_28()

@@ -27,7 +27,7 @@ from dpsinkhorn import cli
 from dpsinkhorn import config as config_lib
 from dpsinkhorn.config.targets import TRAINING_FILES, results_dir
 from dpsinkhorn.privacy import trainings
-from dpsinkhorn.report.privacy_summary import UNKNOWN_EPSILON, privacy_summary, summary_markdown
+from dpsinkhorn.report.privacy_summary import privacy_summary
 from dpsinkhorn.train.run import train
 from dpsinkhorn.train.signals import Preempted
 
@@ -442,71 +442,41 @@ def test_the_record_merges_per_id_whatever_events_survive(tmp_path):
 MECHANISM_KEYS = ("q", "noise_multiplier", "delta")
 
 
-def test_a_training_whose_record_lacks_its_mechanism_has_no_composed_epsilon(
+def test_a_training_whose_record_lacks_its_experiment_or_mechanism_is_refused(
     tmp_path, capsys, monkeypatch
 ):
-    """A DP training whose events lack its mechanism is still one finished DP training of
-    the source: the summary gives no composed epsilon and says so loudly (its epsilon
-    cannot be composed), in the JSON, the markdown and the CLI's warning."""
-    configfile, _ = _trained_by_cli(tmp_path, monkeypatch)
-    ledger = json.loads((tmp_path / "results/cli/clothes_dp/privacy.json").read_text())
-    (record,) = (tmp_path / "data" / "trainings").glob("*.jsonl")
-    events = trainings.read(record)
-    record.write_text(
-        "".join(
-            json.dumps({k: v for k, v in e.items() if k not in MECHANISM_KEYS}) + "\n"
-            for e in events
-        )
-    )
-
-    (old,) = trainings.trainings(trainings.read(record))
-    assert (old["private"], old["finished"], old["steps"]) == (True, True, ledger["steps"])
-    counted = trainings.composed([old])
-    assert counted["trainings"] == 1
-    assert counted["unaccounted"] == [old["training"]] and counted["epsilon_composed"] is None
-
-    cfg = config_lib.load_config([str(configfile)])
-    (summary,) = privacy_summary(cfg, "results/cli")["datasets"]
-    every = summary["all_trainings"]
-    assert every["trainings"] == 1 and every["epsilon_composed"] is None
-    assert every["unaccounted"] == [old["training"]]
-    (loud,) = [w for w in summary["warnings"] if w.startswith(UNKNOWN_EPSILON)]
-    assert old["training"] in loud and f"{ledger['epsilon']:.4g}" in loud
-    assert "**unknown**" in "\n".join(summary_markdown({"datasets": [summary]}))
-    capsys.readouterr()
-    assert (
-        cli.main(["privacy-summary", "--config", str(configfile), "--results", "results/cli"]) == 0
-    )
-    assert "WARNING: " + UNKNOWN_EPSILON in capsys.readouterr().err
-
-
-def test_a_training_no_event_names_the_experiment_of_is_refused(tmp_path, capsys, monkeypatch):
     """A training none of whose events names its experiment (a ``finished`` event without
-    its identity, or a lone ``republished``) is never skipped nor guessed at: reading the
+    its identity, or a lone ``republished``), or a DP training whose events lack its
+    mechanism, is never skipped nor guessed at (its epsilon would go uncounted): reading the
     record fails in one line naming its folder (not its file, 64 bits of the private data's
     sha256), so a training, a retrain and the summary all stop (CLI: exit 2)."""
     configfile, args = _trained_by_cli(tmp_path, monkeypatch)
     records = tmp_path / "data" / "trainings"
     (record,) = records.glob("*.jsonl")
-    (done,) = [e for e in trainings.read(record) if e["event"] == "finished"]
-    bare = ("event", "training", "time", "steps", "epsilon", "content_sha256")
-    record.write_text(json.dumps({k: done[k] for k in bare}) + "\n")
-    with pytest.raises(ValueError, match="line 1: no event of training .* names its experiment"):
-        trainings.read(record)
+    events = trainings.read(record)
+    (done,) = [e for e in events if e["event"] == "finished"]
     out = str((tmp_path / "results/cli/clothes_dp").resolve())
-    with pytest.raises(ValueError, match="data/trainings: line 1"):
-        trainings.check_retrain(records, out, "clothes_dp", {}, True)
-    capsys.readouterr()
-    for command in (
-        [*args, "--retrain"],
-        ["privacy-summary", "--config", str(configfile), "--results", "results/cli"],
-    ):
-        assert cli.main(command) == 2
-        err = capsys.readouterr().err.strip().splitlines()
-        assert len(err) == 1 and "names its experiment" in err[0], err
-        assert "the training record in data/trainings" in err[0] and record.stem not in err[0]
-
+    bare = ("event", "training", "time", "steps", "epsilon", "content_sha256")
     lone = {"event": "republished", "training": done["training"], "out": out}
-    record.write_text(json.dumps(lone) + "\n")
-    with pytest.raises(ValueError, match="line 1: no event of training .* names its experiment"):
-        trainings.read(record)
+    for lacks, damaged in (
+        ("names its experiment", [{k: done[k] for k in bare}]),
+        ("names its experiment", [lone]),
+        (
+            "records its mechanism (q, noise_multiplier, delta, steps)",
+            [{k: v for k, v in e.items() if k not in MECHANISM_KEYS} for e in events],
+        ),
+    ):
+        record.write_text("".join(json.dumps(e) + "\n" for e in damaged))
+        with pytest.raises(ValueError, match=rf"line 1: no event of training \w+ {lacks[:12]}"):
+            trainings.read(record)
+        with pytest.raises(ValueError, match="data/trainings: line 1"):
+            trainings.check_retrain(records, out, "clothes_dp", {}, True)
+        capsys.readouterr()
+        for command in (
+            [*args, "--retrain"],
+            ["privacy-summary", "--config", str(configfile), "--results", "results/cli"],
+        ):
+            assert cli.main(command) == 2
+            err = capsys.readouterr().err.strip().splitlines()
+            assert len(err) == 1 and lacks in err[0], err
+            assert "the training record in data/trainings" in err[0] and record.stem not in err[0]

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from dpsinkhorn.privacy.trainings import MECHANISM as MECHANISM_KEYS
 from dpsinkhorn.privacy.trainings import accounted, mechanisms
 
 #: Environment variable naming the store (the config key ``record_store`` wins over it).
@@ -126,6 +127,11 @@ def _load(source: Path | io.BytesIO, where: object = None) -> Training:
         raise ValueError(f"{where}: not a training of a record store ({err})") from None
     if fps.dtype != np.dtype(FINGERPRINT_DTYPE) or not isinstance(meta.get("training"), str):
         raise ValueError(f"{where}: not a training of a record store (fingerprints or id)")
+    if meta.get("private") is not False and not accounted(meta):  # never left out
+        raise ValueError(
+            f"{where}: a DP training of a record store without its mechanism "
+            f"({', '.join(MECHANISM_KEYS)}): the store is damaged or older"
+        )
     return Training(meta, fps)
 
 
@@ -273,10 +279,10 @@ def individual(store: RecordStore, data: np.ndarray, delta: float | None = None)
     """Per-person ε for the records ``data`` (sorted fingerprints): the ε of the worst-off
     record, its trainings composed (:data:`MECHANISM`) at the largest δ (theirs and ``delta``).
 
-    Returns ``epsilon_worst_off`` (None when no training held one, or one is
-    ``unaccounted``), ``delta``, ``trainings`` (those that held one), ``worst_off`` (the
-    worst-off record's), and, for the curator only (counts from the private data),
-    ``shared`` (records in more than one training) and ``overlap`` (per training)."""
+    Returns ``epsilon_worst_off`` (None when no training held one), ``delta``,
+    ``trainings`` (those that held one), ``worst_off`` (the worst-off record's), and, for
+    the curator only (counts from the private data), ``shared`` (records in more than one
+    training) and ``overlap`` (per training)."""
     held, members = [], []
     for t in store.trainings():
         if t.meta.get("private") is False:
@@ -292,17 +298,14 @@ def individual(store: RecordStore, data: np.ndarray, delta: float | None = None)
         "worst_off": [],
         "shared": 0,
         "overlap": {},
-        "unaccounted": [t.id for t in held if not accounted(t.meta)],
     }
     if not held:
         return out
     matrix = np.stack(members, axis=1)  # [records, trainings]
     out["shared"] = int((matrix.sum(axis=1) > 1).sum())
     out["overlap"] = {t.id: int(m.sum()) for t, m in zip(held, members, strict=True)}
-    deltas = [float(t.meta["delta"]) for t in held if accounted(t.meta)]
-    out["delta"] = max([*deltas, *([delta] if delta is not None else [])], default=None)
-    if out["unaccounted"] or out["delta"] is None:
-        return out
+    deltas = [float(t.meta["delta"]) for t in held]
+    out["delta"] = max(deltas if delta is None else [*deltas, delta])
     from dpsinkhorn.privacy.accounting import composed_epsilon, new_accountant  # at use: slow
 
     # each training's RDP curve: its steps Poisson-subsampled Gaussian steps (rate q, noise

@@ -76,9 +76,14 @@ def append(record_dir: str | os.PathLike, fingerprint: str, event: Mapping) -> P
     return path
 
 
+#: What :func:`composed` needs of a DP training: its mechanism and its step count.
+MECHANISM = ("q", "noise_multiplier", "delta", "steps")
+
+
 def read(path: str | os.PathLike) -> list[dict]:
     """The events of one record file (one-line ValueError naming a damaged line: not JSON,
-    not an event with its training's id, or a training no event names the experiment of)."""
+    not an event with its training's id, or a training whose events name no experiment,
+    or, for a DP training, lack its :data:`MECHANISM`)."""
     events, first_line = [], {}
     with open(path, encoding="utf-8") as fh:
         for number, line in enumerate(fh, 1):
@@ -101,19 +106,19 @@ def read(path: str | os.PathLike) -> list[dict]:
                 )
             first_line.setdefault(event["training"], number)
             events.append(event)
-    named = {e["training"] for e in events if isinstance(e.get("experiment"), str)}
-    for training, number in first_line.items():
-        if training not in named:  # never skipped: its epsilon would go uncounted
-            raise ValueError(
-                f"{shown(path)}: line {number}: no event of training {training} names its "
-                "experiment (every writer records it in each event): the record is damaged "
-                "or older; restore it from a copy"
-            )
+    for t in trainings(events):  # never skipped: its epsilon would go uncounted
+        if not isinstance(t.get("experiment"), str):
+            lacks = "names its experiment"
+        elif t.get("private") and not accounted(t):
+            lacks = f"records its mechanism ({', '.join(MECHANISM)})"
+        else:
+            continue
+        raise ValueError(
+            f"{shown(path)}: line {first_line[t['training']]}: no event of training "
+            f"{t['training']} {lacks} (every writer records it in each event): the record "
+            "is damaged or older; restore it from a copy"
+        )
     return events
-
-
-#: What :func:`composed` needs of a DP training: its mechanism and its step count.
-MECHANISM = ("q", "noise_multiplier", "delta", "steps")
 
 
 def trainings(events: Iterable[Mapping]) -> list[dict]:
@@ -200,16 +205,13 @@ def started_ids(record_dir: str | os.PathLike, fingerprint: str) -> set[str]:
 
 
 def composed(records: list[Mapping]) -> dict:
-    """ε of every DP training in ``records`` (``private``; unfinished ones at their planned
-    steps), RDP-composed at the largest δ any claims.
-
-    ``unaccounted``: ids of those lacking :data:`MECHANISM`; with any, ``epsilon_composed``
-    is None (never a composition that leaves a training out)."""
+    """ε of every DP training in ``records`` (``private``, each with its :data:`MECHANISM`,
+    as :func:`read` ensures; unfinished ones at their planned steps), RDP-composed at the
+    largest δ any claims."""
     private = [t for t in records if t["private"]]
-    unaccounted = [str(t.get("training")) for t in private if not accounted(t)]
-    delta = max((float(t["delta"]) for t in private if accounted(t)), default=None)
+    delta = max((float(t["delta"]) for t in private), default=None)
     eps = None
-    if private and not unaccounted:
+    if private:
         # at use, not at the top: every Snakemake start imports this module (common.smk),
         # and dp-accounting (scipy) would cost it seconds
         from dpsinkhorn.privacy.accounting import composed_epsilon
@@ -220,7 +222,6 @@ def composed(records: list[Mapping]) -> dict:
         "finished": sum(bool(t["finished"]) for t in private),
         "unfinished": sum(not t["finished"] for t in private),
         "retrained": sum(bool(t.get("retrain")) for t in private),
-        "unaccounted": unaccounted,
         "delta": delta,
         "epsilon_composed": eps,
     }

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import sys
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -38,8 +37,6 @@ from dpsinkhorn.report.common import format_g, no_guarantee
 LEDGER_KEYS = ("q", "noise_multiplier", "steps", "delta", "epsilon", "accountant", "guarantee")
 #: Relative tolerance between a ledger's ε and the ε recomputed from its (q, z, steps).
 EPSILON_RTOL = 1e-6
-#: How the warning of a source whose composed ε is unknown starts (:func:`unaccounted_warning`).
-UNKNOWN_EPSILON = "THE EPSILON OF EVERYTHING TRAINED ON"
 
 
 def check_ledger_record(ledger: dict, path: Path) -> dict:
@@ -156,47 +153,15 @@ def trainings_summary(config: Mapping, names: list[str], summary: dict) -> dict:
     )
     if unread:
         out["not_read"] = unread
-    # Only where there are any (a summary without them keeps its bytes): trainings whose
-    # mechanism the record lacks (then epsilon_composed is null).
-    if out["unaccounted"]:
-        summary["warnings"].append(unaccounted_warning(summary["dataset"], out, private))
-    else:
-        del out["unaccounted"]
     if out["trainings"] > summary["releases"]:
-        cost = (
-            "is unknown (see above)"
-            if out["epsilon_composed"] is None
-            else f"costs epsilon = {out['epsilon_composed']:.4g} (composed at delta "
-            f"{out['delta']:g})"
-        )
         summary["warnings"].append(
             f"{summary['dataset']} was trained {out['trainings']} times with DP "
             f"({out['finished']} finished, {out['unfinished']} unfinished, {out['retrained']} "
             f"retrained) but this run releases {summary['releases']}: everything trained on it "
-            f"{cost}, not the epsilon of the releases"
+            f"costs epsilon = {out['epsilon_composed']:.4g} (composed at delta "
+            f"{out['delta']:g}), not the epsilon of the releases"
         )
     return out
-
-
-def unaccounted_warning(dataset: str, out: Mapping, private: list[Mapping]) -> str:
-    """The warning of a source whose record lacks the mechanism of some DP training
-    (``privacy.trainings.composed``'s ``unaccounted``): its composed ε is not given."""
-    missing = [t for t in private if str(t.get("training")) in set(out["unaccounted"])]
-    said = [
-        f"{t.get('training')} ({t.get('steps', '?')} steps, epsilon {t['epsilon']:.4g} at a "
-        "delta not recorded)"
-        if isinstance(t.get("epsilon"), int | float)
-        else f"{t.get('training')} (nothing about its mechanism)"
-        for t in missing
-    ]
-    return (
-        f"{UNKNOWN_EPSILON} {dataset} IS UNKNOWN: the training record "
-        f"holds {len(missing)} training(s) that may have been DP without the mechanism "
-        "(q, noise multiplier, delta, steps) needed to compose them, written by a version "
-        f"before every event carried it: {'; '.join(said)}. No composed epsilon is given "
-        "(all_trainings.epsilon_composed is null); it is larger than that of the other "
-        "trainings and of the releases"
-    )
 
 
 def prepared_train_file(config: Mapping, dataset: str) -> Path:
@@ -270,15 +235,12 @@ def individual_summary(
         "trainings (any data_dir, run folder or machine whose record store was merged "
         "here); release_epsilons are per release, each alone",
     }
-    if found["unaccounted"]:
-        out["unaccounted"] = found["unaccounted"]
     dataset = summary["dataset"]
     if outside:
-        eps = found["epsilon_worst_off"]
-        cost = "unknown" if eps is None else f"{eps:.4g} (composed at delta {found['delta']:g})"
         summary["warnings"].append(
             f"{len(outside)} DP training(s) outside this run held records of {dataset}: "
-            f"{', '.join(out['other_runs'])}; the worst-off person's epsilon is {cost}, "
+            f"{', '.join(out['other_runs'])}; the worst-off person's epsilon is "
+            f"{found['epsilon_worst_off']:.4g} (composed at delta {found['delta']:g}), "
             "not the epsilon of this run's releases"
         )
     curator.append(
@@ -326,8 +288,7 @@ def summary_markdown(summary: Mapping) -> list[str]:
         each = ", ".join(f"{e}: {v:.4g}" for e, v in d["release_epsilons"].items()) or "–"
         eps, delta = format_g(d["epsilon_composed"], spec=".4g"), format_g(d["delta"])
         every = d.get("all_trainings") or {}
-        unknown = "**unknown** (see the warning)" if every.get("unaccounted") else "–"
-        eps_all = format_g(every.get("epsilon_composed"), unknown, ".4g")
+        eps_all = format_g(every.get("epsilon_composed"), spec=".4g")
         person = format_g((d.get("individual") or {}).get("epsilon_worst_off"), spec=".4g")
         lines.append(
             f"| {d['dataset']} | {d['releases']} | {each} | {eps} | {delta} | "
@@ -346,9 +307,6 @@ def _cli(args: argparse.Namespace) -> int:
     # is kept beside the run; `dpsinkhorn release` shows them to the curator.
     summary = privacy_summary(config, args.results)
     fileio.write_json(out, summary)
-    for warning in (w for d in summary["datasets"] for w in d["warnings"]):
-        if warning.startswith(UNKNOWN_EPSILON):  # said where it is run, too
-            print(f"WARNING: {warning}", file=sys.stderr)
     print(out)
     return 0
 
