@@ -60,10 +60,7 @@ def compute_epsilon(z: float, q: float, steps: int, delta: float, accountant: st
             f"noise multiplier {z:.4g} is below {PLD_MIN_NOISE_MULTIPLIER}, the smallest the "
             "PLD accountant handles in bounded memory; use accountant rdp"
         )
-    check_rate(q)
-    check_delta(delta)
-    check_count("steps", steps)
-    return _epsilon([(q, z, steps)], delta, accountant)
+    return composed_epsilon([(q, z, steps)], delta, accountant)
 
 
 # Orders of the classic TF-Privacy examples (paper convention).
@@ -143,17 +140,19 @@ class PrivacyAccountant:
         return f"dp-accounting {importlib.metadata.version('dp-accounting')}"
 
 
-def composed_epsilon(mechanisms: list[tuple[float, float, int]], delta: float) -> float:
+def composed_epsilon(
+    mechanisms: list[tuple[float, float, int]], delta: float, kind: str = "rdp"
+) -> float:
     """ε at ``delta`` of publishing several releases trained on the same private data.
 
     Each entry (q, z, steps) is one run: ``steps`` Poisson-subsampled Gaussian mechanisms
     (rate q, noise multiplier z, add/remove-one adjacency), as :class:`PrivacyAccountant`
-    records them. All runs compose sequentially (independent noise keys): their RDP curves
-    add order by order, converted once to ε at δ.
+    records them. All runs compose sequentially (independent noise keys) in the ``kind``
+    accountant (rdp: their RDP curves add order by order, converted once to ε at δ).
     """
     check_delta(delta)
     for q, z, steps in mechanisms:
         check_rate(q)
         check_positive("noise multiplier", z)
         check_count("steps", steps)
-    return _epsilon(mechanisms, delta)
+    return _epsilon(mechanisms, delta, kind)

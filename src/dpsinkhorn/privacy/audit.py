@@ -1,11 +1,9 @@
 """Statistics and deliberately broken mechanisms of the empirical privacy audit.
 
-The attack drives the production step and lives in ``train.audit`` (``privacy`` may not
-import ``train``). Here: :func:`epsilon_lower_bound` (a 95% Clopper–Pearson lower bound on
-the ε of any (ε, δ)-DP mechanism that produced the scores), :func:`one_step_claim` (the
-accountant's ε for one un-subsampled Gaussian mechanism with noise multiplier z = noise std
-/ L2 sensitivity, at δ) and the broken sanitisers the audit must catch
-(:data:`IMAGE_MECHANISMS`, each mixin says how it is broken). The method: docs/AUDIT.md.
+The attack drives the production step and lives in ``train.audit``. Here: the certified
+lower bound on ε (:func:`epsilon_lower_bound`), the accountant's claim for one step
+(:func:`one_step_claim`) and the broken sanitisers the audit must catch
+(:data:`IMAGE_MECHANISMS`). The method: docs/AUDIT.md.
 """
 
 from __future__ import annotations
@@ -126,12 +124,10 @@ def epsilon_lower_bound(
     confidence: float = CONFIDENCE,
     candidates: int = 4001,
 ) -> float:
-    """ε lower bound (at ``confidence``) from test scores [R] of releases without / with
-    the canary (higher = "canary in"). Threshold selection: among ``candidates``
-    quantiles of the first halves' scores, the one whose Clopper–Pearson bound on the
-    first halves is largest (a conservative criterion: smoothed point estimates overfit
-    the far tail). Bound: Clopper–Pearson on the second halves, which the choice never
-    saw, so the 95% holds for the chosen threshold."""
+    """ε lower bound (at ``confidence``) of any (ε, δ)-DP mechanism that produced the test
+    scores [R] of releases without / with the canary (higher = "canary in"): the threshold
+    (of ``candidates`` quantiles) with the largest Clopper–Pearson bound on the first halves,
+    bounded on the second halves, which the choice never saw (docs/AUDIT.md)."""
     if len(scores_out) < 4 or len(scores_in) < 4:
         raise ValueError("the audit needs at least 4 releases per dataset")
     half_out, half_in = len(scores_out) // 2, len(scores_in) // 2

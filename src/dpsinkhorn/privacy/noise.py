@@ -37,15 +37,9 @@ def public_noise_key(seed: int, experiment: str) -> bytes:
 
 
 def keyed_generator(key: bytes, device: torch.device | str = "cpu") -> torch.Generator:
-    """A ``torch.Generator`` on ``device`` whose whole state is derived from ``key``.
-
-    ``manual_seed`` takes only 64 bits, so the state is written directly. CPU
-    (MT19937): all 624 32-bit state words come from SHAKE-256(key), i.e. the key's
-    full entropy (256 bits for :func:`secret_noise_key`). CUDA (Philox4x32): torch's
-    state is a 64-bit key and a counter offset (a non-negative int64, multiple of 4),
-    so 64 + 61 = 125 bits of the key reach it; other devices: the 64-bit seed only.
-    The same key always gives the same stream (reproducible mode).
-    """
+    """A ``torch.Generator`` on ``device`` whose whole state is derived from SHAKE-256(key)
+    (``manual_seed`` takes only 64 bits): all 624 MT19937 words on CPU; on CUDA the Philox
+    key and counter offset (125 bits); elsewhere the 64-bit seed. Same key, same stream."""
     if len(key) < 16:
         raise ValueError(f"noise key must have at least 128 bits, got {8 * len(key)}")
     device = torch.device(device)

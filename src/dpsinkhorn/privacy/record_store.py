@@ -1,13 +1,10 @@
 """The record store: which training records (images) every DP training of this user held.
 
-One store per user (:func:`store_root`), whatever data_dir, run folder or machine trained:
-a secret ``key`` (32 random bytes, 0600) and one ``trainings/<training id>.npz`` per
-training: ``fingerprints`` (sorted distinct 16-byte HMAC-SHA256 of each image it trained
-on) and ``meta`` (its public settings). Without the key a fingerprint says nothing about
-an image. A person's ε (:func:`individual`) composes every DP training that held one of
-their records (RDP, add/remove-one adjacency, Poisson-subsampled Gaussian steps) at the
-largest δ. ``dpsinkhorn records show|export|merge`` moves stores between machines;
-docs/PRIVACY.md ("The record store").
+One store per user (:func:`store_root`): a secret ``key`` and one ``trainings/<id>.npz`` per
+training (keyed fingerprints of its images, its public settings). A person's ε
+(:func:`individual`) composes every DP training that held one of their records (RDP,
+add/remove-one adjacency, Poisson-subsampled Gaussian steps) at the largest δ.
+``dpsinkhorn records show|export|merge``; docs/PRIVACY.md ("The record store").
 """
 
 from __future__ import annotations

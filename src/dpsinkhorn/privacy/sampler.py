@@ -12,9 +12,8 @@ import math
 import torch
 from scipy.stats import binom
 
-#: Per-step probability that a Poisson sample overflows the buffer (at most). Its charge to
-#: δ is (1 + e^ε)·T·p (see PoissonSampler): at ε = 10 and T = 1.7e6 steps that is 4e-8
-#: at 1e-18, against δ ≥ 1e-6; the buffer grows from 108 to 123 rows at B = 50, N = 60k.
+#: Per-step probability p that a Poisson sample overflows the buffer (at most); its charge
+#: to δ is (1 + e^ε)·T·p (see PoissonSampler; docs/PRIVACY.md, "Exact Poisson sampling").
 OVERFLOW_TAIL = 1e-18
 #: Per-step probability that selection "compact" sees more sampled records than its buffer
 #: holds (then it keeps the lowest-indexed ones; an overflow anyway).
@@ -46,13 +45,10 @@ class PoissonSampler:
     return the same sampled rows in the same order unless more than ``compact_rows`` ≥
     ``capacity`` records are sampled, an overflow, so the bound below holds for both.
 
-    Privacy cost of overflows (charged in ``train.release.privacy_record``). Couple the
-    trained mechanism M' with the ideal Poisson-subsampled Gaussian M through the same
-    draws: they differ only if some step overflows, an event E with P(E) ≤ η = T·p
-    (``overflow_probability`` p per step, for either neighbour). For any output set S,
-    P[M'(D) ∈ S] ≤ P[M(D) ∈ S] + η ≤ e^ε P[M(D') ∈ S] + δ + η
-    ≤ e^ε P[M'(D') ∈ S] + δ + (1 + e^ε)·η, so M' is (ε, δ + (1 + e^ε)·T·p)-DP.
-    Overflows are counted on the device.
+    Overflows (counted on the device) cost δ: coupled through the same draws with the ideal
+    Poisson-subsampled Gaussian M (differing only if some step overflows, probability
+    ≤ T·p, p = ``overflow_probability``), the trained mechanism is
+    (ε, δ + (1 + e^ε)·T·p)-DP (docs/PRIVACY.md; charged in ``train.release.privacy_record``).
     """
 
     def __init__(

@@ -1,14 +1,10 @@
 """The training record: every training that drew noise from a private data source.
 
-One append-only JSON-lines file per source, ``<data_dir>/trainings/<fingerprint>.jsonl``
-(:data:`RECORD_DIR`), keyed by the content of the training arrays (:func:`data_fingerprint`,
-first 16 hex digits), so every config, folder and name training on the same records shares
-it. Private side only, never published. ``train.workspace.RunFiles`` writes the events
-(:data:`EVENTS`); each carries the training's id and identity (experiment, output folder,
-settings, mechanism). A resumed training keeps its id (one noise stream); an unfinished one
-counts at ``steps_planned``. :func:`composed` composes every DP training of a source (RDP,
-add/remove-one adjacency, ``privacy.accounting.composed_epsilon``) at the largest δ any
-claims. Retrain refusals: docs/PRIVACY.md ("The training record"). Torch-free.
+One append-only JSON-lines file of events (:data:`EVENTS`, written by
+``train.workspace.RunFiles``) per source, ``<data_dir>/trainings/<fingerprint>.jsonl``, keyed
+by the training arrays' content; private side only. :func:`composed` composes every DP
+training of a source (RDP, add/remove-one adjacency) at the largest δ any claims. Events,
+retrain refusals: docs/PRIVACY.md ("The training record"). Torch-free.
 """
 
 from __future__ import annotations
@@ -204,12 +200,12 @@ def started_ids(record_dir: str | os.PathLike, fingerprint: str) -> set[str]:
     return {e["training"] for e in _events(record_dir, fingerprint) if e["event"] == "started"}
 
 
-def composed(records: list[Mapping]) -> dict:
+def composed(records: list[Mapping], delta: float | None = None) -> dict:
     """ε of every DP training in ``records`` (``private``, each with its :data:`MECHANISM`,
     as :func:`read` ensures; unfinished ones at their planned steps), RDP-composed at the
-    largest δ any claims."""
+    largest δ any claims, or ``delta`` if larger (None when there is none)."""
     private = [t for t in records if t["private"]]
-    delta = max((float(t["delta"]) for t in private), default=None)
+    delta = max([float(t["delta"]) for t in private] + [delta or 0.0]) if private else None
     eps = None
     if private:
         # at use, not at the top: every Snakemake start imports this module (common.smk),

@@ -87,12 +87,9 @@ def dataset_summary(config: Mapping, results: Path, dataset: str | list[str]) ->
         "epsilon_composed": None,
     }
     if ledgers:
-        mechanisms = [
-            (float(x["q"]), float(x["noise_multiplier"]), int(x["steps"])) for x in ledgers.values()
-        ]
         from dpsinkhorn.privacy.accounting import composed_epsilon  # at use: see the imports
 
-        eps = composed_epsilon(mechanisms, delta)
+        eps = composed_epsilon(record.mechanisms(ledgers.values()), delta)
         overflow = sum(
             int(x["steps"]) * float(x.get("poisson_overflow_probability_per_step", 0.0))
             for x in ledgers.values()
@@ -124,7 +121,6 @@ def trainings_summary(config: Mapping, names: list[str], summary: dict) -> dict:
     """Every DP training recorded for the datasets ``names`` (one private source), composed
     at the largest δ of the record and of ``summary`` (:func:`dataset_summary`); adds a
     warning to ``summary["warnings"]`` when the source was trained more often than released."""
-    data_dir = Path(config["data_dir"])
     found: list[dict] = []
     unread = []
     for name in names:
@@ -133,16 +129,10 @@ def trainings_summary(config: Mapping, names: list[str], summary: dict) -> dict:
             unread.append(str(prepared_train_file(config, name)))
             continue
         found += record.trainings(record.read(path)) if path.is_file() else []
-    out = record.composed(found)
-    deltas = [d for d in (out["delta"], summary["delta"]) if d is not None]
-    if found and deltas and max(deltas) != out["delta"]:
-        out["delta"] = max(deltas)
-        out["epsilon_composed"] = record.composed([{**t, "delta": out["delta"]} for t in found])[
-            "epsilon_composed"
-        ]
+    out = record.composed(found, summary["delta"])
     private = [t for t in found if t["private"]]
     out["experiments"] = sorted({t["experiment"] for t in private})
-    records = data_dir / record.RECORD_DIR
+    records = Path(config["data_dir"]) / record.RECORD_DIR
     folders = {
         record.output_folder(t, records) for t in private if t.get("out") or t.get("out_rel")
     }
