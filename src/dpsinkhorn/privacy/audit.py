@@ -23,6 +23,8 @@ from dpsinkhorn.privacy.mechanism import (
 
 #: Joint confidence of every certified bound.
 CONFIDENCE = 0.95
+#: Candidate thresholds of the bound: quantiles of the first halves' scores.
+THRESHOLDS = 4001
 
 
 #: How much noise each broken variant really adds, as a fraction of the sound noise std
@@ -117,24 +119,18 @@ def _errors(out_sorted: np.ndarray, in_sorted: np.ndarray, thresholds: np.ndarra
     return fp, fn
 
 
-def epsilon_lower_bound(
-    scores_out: np.ndarray,
-    scores_in: np.ndarray,
-    delta: float,
-    confidence: float = CONFIDENCE,
-    candidates: int = 4001,
-) -> float:
-    """ε lower bound (at ``confidence``) of any (ε, δ)-DP mechanism that produced the test
-    scores [R] of releases without / with the canary (higher = "canary in"): the threshold
-    (of ``candidates`` quantiles) with the largest Clopper–Pearson bound on the first halves,
-    bounded on the second halves, which the choice never saw (docs/AUDIT.md)."""
+def epsilon_lower_bound(scores_out: np.ndarray, scores_in: np.ndarray, delta: float) -> float:
+    """ε lower bound (at :data:`CONFIDENCE`) of any (ε, δ)-DP mechanism that produced the
+    test scores [R] of releases without / with the canary (higher = "canary in"): the
+    threshold (of :data:`THRESHOLDS` quantiles) with the largest Clopper–Pearson bound on the
+    first halves, bounded on the second halves, which the choice never saw (docs/AUDIT.md)."""
     if len(scores_out) < 4 or len(scores_in) < 4:
         raise ValueError("the audit needs at least 4 releases per dataset")
     half_out, half_in = len(scores_out) // 2, len(scores_in) // 2
-    alpha = (1.0 - confidence) / 2  # FPR and FNR bounds share the error probability
+    alpha = (1.0 - CONFIDENCE) / 2  # FPR and FNR bounds share the error probability
     choose_out = np.sort(scores_out[:half_out])
     choose_in = np.sort(scores_in[:half_in])
-    grid = np.quantile(np.concatenate([choose_out, choose_in]), np.linspace(0, 1, candidates))
+    grid = np.quantile(np.concatenate([choose_out, choose_in]), np.linspace(0, 1, THRESHOLDS))
     grid = np.append(grid, 0.5 * (choose_out[-1] + choose_in[0]))  # separable case
     fp, fn = _errors(choose_out, choose_in, grid)
     best = grid[int(np.argmax(_bounds(fp, fn, half_out, half_in, alpha, delta)))]

@@ -16,7 +16,6 @@ import math
 
 import torch
 
-from dpsinkhorn.privacy.accounting import compute_epsilon
 from dpsinkhorn.privacy.budget import solve_noise_multiplier
 from dpsinkhorn.privacy.checks import check_count, check_positive
 from dpsinkhorn.privacy.noise import keyed_generator, public_noise_key
@@ -108,7 +107,3 @@ class MerfRelease:
             total.shape, generator=self.generator, dtype=torch.float64, device=total.device
         )
         return ((total + self.noise_std * noise) / len(images)).to(torch.float32)
-
-    def epsilon(self, delta: float, accountant: str = "rdp") -> float:
-        """ε at ``delta`` of this one release (q = 1, steps = 1)."""
-        return compute_epsilon(self.noise_multiplier, 1.0, 1, delta, accountant)

@@ -56,13 +56,12 @@ class PoissonSampler:
         num_records: int,
         rate: float,
         device: torch.device,
-        tail: float = OVERFLOW_TAIL,
         selection: str = "topk",
     ):
         if selection not in SELECTIONS:
             raise ValueError(f"selection must be one of {SELECTIONS}, got {selection!r}")
         self.num_records, self.rate, self.selection = num_records, rate, selection
-        self.capacity = overflow_capacity(num_records, rate, tail)
+        self.capacity = overflow_capacity(num_records, rate, OVERFLOW_TAIL)
         # The compacted buffer of selection "compact": it holds every sampled record
         # unless more than its rows are sampled (probability ≤ COMPACT_TAIL per step).
         self.compact_rows = overflow_capacity(num_records, rate, COMPACT_TAIL)

@@ -208,8 +208,7 @@ def composed(records: list[Mapping], delta: float | None = None) -> dict:
     delta = max([float(t["delta"]) for t in private] + [delta or 0.0]) if private else None
     eps = None
     if private:
-        # at use, not at the top: every Snakemake start imports this module (common.smk),
-        # and dp-accounting (scipy) would cost it seconds
+        # at use: every Snakemake start imports this module (common.smk); scipy costs seconds
         from dpsinkhorn.privacy.accounting import composed_epsilon
 
         eps = composed_epsilon(mechanisms(private), delta)
