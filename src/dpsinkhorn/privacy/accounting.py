@@ -114,9 +114,9 @@ class PrivacyAccountant:
     def steps(self) -> int:
         return int(sum(s[2] for s in self.segments))
 
-    def epsilon(self, delta: float | None = None) -> float:
-        """ε of everything recorded so far at ``delta`` (default: the accountant's δ)."""
-        return _epsilon(self.segments, self.delta if delta is None else delta, self.kind)
+    def epsilon(self) -> float:
+        """ε of everything recorded so far at the accountant's δ."""
+        return _epsilon(self.segments, self.delta, self.kind)
 
     def state_dict(self) -> dict:
         return {

@@ -52,11 +52,7 @@ class PoissonSampler:
     """
 
     def __init__(
-        self,
-        num_records: int,
-        rate: float,
-        device: torch.device,
-        selection: str = "topk",
+        self, num_records: int, rate: float, device: torch.device, selection: str = "topk"
     ):
         if selection not in SELECTIONS:
             raise ValueError(f"selection must be one of {SELECTIONS}, got {selection!r}")

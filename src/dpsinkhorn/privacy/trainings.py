@@ -264,8 +264,18 @@ def changed_settings(before: Mapping, now: Mapping) -> list[str]:
     return sorted(k for k in set(before) | set(now) if before.get(k) != now.get(k))
 
 
-def _refusal(record_dir, out: str, experiment: str, done: Mapping, what: str) -> str:
-    return (
+def _refusal(
+    record_dir, out: str, experiment: str, done: Mapping, changed: list[str]
+) -> RetrainRefused:
+    # Whether the training data changed is not said (its record's key against the
+    # fingerprint): a bit computed from the private data, and this message goes to a log.
+    what = (
+        f"settings {', '.join(changed)}"
+        if changed
+        else "not its settings: its release was removed, its inputs rewritten (e.g. the "
+        "prepared data prepared again) or its training data changed"
+    )
+    return RetrainRefused(
         f"{out}: experiment {experiment} finished a DP training on {done['time']} "
         f"(epsilon {done.get('epsilon', float('nan')):.4g}); since then changed: "
         f"{what}. Training again draws new noise from the same private data: "
@@ -289,8 +299,7 @@ def refuse_changed_settings(
             continue
         changed = changed_settings(done["spec"], spec)
         if changed:
-            what = f"settings {', '.join(changed)}"
-            raise RetrainRefused(_refusal(record_dir, out, experiment, done, what))
+            raise _refusal(record_dir, out, experiment, done, changed)
 
 
 def retrain_allowed(experiment: str) -> bool:
@@ -300,11 +309,7 @@ def retrain_allowed(experiment: str) -> bool:
 
 
 def check_retrain(
-    record_dir: str | os.PathLike,
-    out: str,
-    experiment: str,
-    spec: Mapping,
-    retrain: bool,
+    record_dir: str | os.PathLike, out: str, experiment: str, spec: Mapping, retrain: bool
 ) -> bool:
     """Refuse (:class:`RetrainRefused`) a training from step 0 into ``out`` when the record
     holds a finished secret-key DP training into it, unless ``retrain``. Returns whether
@@ -312,13 +317,4 @@ def check_retrain(
     done = _latest([t for t in _secret_dp_into(record_dir) if out in output_folders(t, record_dir)])
     if done is None or retrain:
         return done is not None
-    changed = changed_settings(done["spec"], spec)
-    # Whether the training data changed is not said (its record's key against the
-    # fingerprint): a bit computed from the private data, and this message goes to a log.
-    what = (
-        f"settings {', '.join(changed)}"
-        if changed
-        else "not its settings: its release was removed, its inputs rewritten (e.g. the "
-        "prepared data prepared again) or its training data changed"
-    )
-    raise RetrainRefused(_refusal(record_dir, out, experiment, done, what))
+    raise _refusal(record_dir, out, experiment, done, changed_settings(done["spec"], spec))
