@@ -174,7 +174,7 @@ def privacy_report(
     """The numbers printed by ``dpsinkhorn privacy`` (see its --help)."""
     check_rate(q)
     check_delta(delta)
-    if convention == "paper" and sigma is None and (steps is None or epsilon is None):
+    if sigma is None and (steps is None or epsilon is None):
         raise ValueError("without --sigma give both --steps and --epsilon")
     sigma, steps = resolve_budget(
         sigma=sigma,
