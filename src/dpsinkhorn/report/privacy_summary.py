@@ -186,7 +186,7 @@ def individual_summary(
     """The worst-off person's ε over every DP training of the record store that held one
     of the records of the prepared training splits of ``names`` (one private source);
     None when none is prepared. Imports into the store the trainings of the source's event
-    record (``privacy.trainings``, older runs) that it lacks. Adds a warning naming the
+    record (``privacy.trainings``) that it lacks (a lost store). Adds a warning naming the
     trainings outside this run that held its records; appends to ``curator`` the counts
     (computed from the private data, never published)."""
     store = record_store.RecordStore(record_store.store_root(config))
