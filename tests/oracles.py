@@ -1,6 +1,7 @@
-"""The reference implementations the evaluation is tested against (not product code):
-pytorch-fid's own feature path and statistics, scikit-learn's LogisticRegression, and a
-plain per-seed torch training loop of appendix D.2."""
+"""The reference implementations the product is tested against (not product code):
+pytorch-fid's own feature path and statistics, scikit-learn's LogisticRegression, a
+plain per-seed torch training loop of appendix D.2, and the semi-debiased Sinkhorn loss
+by geomloss with autograd (the ``geomloss_*`` functions)."""
 
 from __future__ import annotations
 
@@ -10,11 +11,14 @@ import warnings
 
 import numpy as np
 import torch
+from geomloss import SamplesLoss
 from torch import nn
 
 from dpsinkhorn.evaluate.classifiers import HOLDOUT_FRACTION, accuracy_of, make_model
 from dpsinkhorn.evaluate.inception import load_inception
 from dpsinkhorn.fileio import channels_last
+from dpsinkhorn.ot.loss import _check_run_shapes, _real_batch_weights, debias_size
+from dpsinkhorn.ot.solver import check_cost, mixed_cost
 
 
 def pytorch_fid_activations(
@@ -108,3 +112,108 @@ def train_one_seed(
         "epochs": epoch,
         "best_epoch": best_epoch,
     }
+
+
+def _geomloss_solver(
+    entropy_reg: float,
+    m: float | torch.Tensor,
+    scaling: float,
+    diameter: float | None,
+    cost: str = "mixed",
+) -> SamplesLoss:
+    check_cost(cost)
+    return SamplesLoss(
+        "sinkhorn",
+        p=1,
+        blur=entropy_reg,  # geomloss's blur is the temperature λ for p = 1
+        debias=False,
+        scaling=scaling,
+        diameter=diameter,
+        backend="tensorized",
+        cost=lambda a, b: mixed_cost(a, b, m, cost),
+    )
+
+
+def geomloss_entropic_ot(
+    x: torch.Tensor,
+    y: torch.Tensor,
+    entropy_reg: float,
+    m: float,
+    *,
+    x_weights: torch.Tensor | None = None,
+    y_weights: torch.Tensor | None = None,
+    scaling: float = 0.5,
+    diameter: float | None = None,
+    cost: str = "mixed",
+) -> torch.Tensor:
+    """W_λ (scalar) between the empirical measures of the rows of x [N,D] and y [M,D], by
+    geomloss with autograd (reference path). Weights: non-negative, summing to 1 (default
+    uniform). ``diameter`` starts geomloss's ε-scaling (None: estimated from the points).
+    """
+    if x.ndim != 2 or y.ndim != 2 or x.shape[1] != y.shape[1]:
+        raise ValueError(f"x and y must be [N,D] and [M,D], got {tuple(x.shape)}, {tuple(y.shape)}")
+    if x_weights is None:
+        x_weights = torch.full((x.shape[0],), 1.0 / x.shape[0], dtype=x.dtype, device=x.device)
+    if y_weights is None:
+        y_weights = torch.full((y.shape[0],), 1.0 / y.shape[0], dtype=y.dtype, device=y.device)
+    return _geomloss_solver(entropy_reg, m, scaling, diameter, cost)(x_weights, x, y_weights, y)
+
+
+def geomloss_semi_debiased_sinkhorn(
+    x: torch.Tensor,
+    y: torch.Tensor,
+    n: int,
+    p: float,
+    entropy_reg: float,
+    m: float,
+    *,
+    y_weights: torch.Tensor | None = None,
+    scaling: float = 0.5,
+    diameter: float | None = None,
+    cost: str = "mixed",
+) -> torch.Tensor:
+    """S = 2 W_λ(X[0:n], Y) − W_λ(X[0:n], X[n':n+n']) for x [n+n', D], y [M, D], by
+    geomloss with autograd (reference path): :func:`geomloss_semi_debiased_sinkhorn_runs`
+    with K = 1. ``y_weights`` [M] (default: all 1) marks the real rows drawn; all zero is
+    an empty real batch, whose data term is 0. p = 0 gives the biased loss
+    2W(X,Y) − W(X,X); p = 1 the fully debiased one with independent X'.
+    """
+    n_prime = debias_size(n, p)
+    if x.shape[0] != n + n_prime:
+        raise ValueError(f"x must have n + n' = {n + n_prime} rows, got {x.shape[0]}")
+    if y_weights is None:
+        y_weights = torch.ones(len(y), dtype=y.dtype, device=y.device)
+    solve = {"scaling": scaling, "diameter": diameter, "cost": cost}
+    x_cross, x_self = x[None, :n], x[None, n_prime : n + n_prime]
+    return geomloss_semi_debiased_sinkhorn_runs(
+        x_cross, x_self, y[None], y_weights[None], entropy_reg, m, **solve
+    )[0]
+
+
+def geomloss_semi_debiased_sinkhorn_runs(
+    x_cross: torch.Tensor,
+    x_self: torch.Tensor,
+    y: torch.Tensor,
+    y_weights: torch.Tensor,
+    entropy_reg: float,
+    m: float | torch.Tensor,
+    *,
+    scaling: float = 0.5,
+    diameter: float | None = None,
+    cost: str = "mixed",
+) -> torch.Tensor:
+    """S_k = 2 W_λ(x_cross[k], Y_k) − W_λ(x_cross[k], x_self[k]) of K independent runs
+    -> [K], by geomloss with autograd (reference path), one batched solve per term.
+
+    x_cross [K,n,D] = X_k[0:n], x_self [K,n,D] = X_k[n'_k:n'_k+n] (n'_k may differ between
+    runs), Y_k = the rows of y [K,M,D] of weight y_weights [K,M] (0/1; an empty batch
+    gives a zero data term), m [K] each run's L1 weight.
+    """
+    k, n = x_cross.shape[:2]
+    _check_run_shapes(x_cross, x_self, y, y_weights)
+    solver = _geomloss_solver(entropy_reg, m, scaling, diameter, cost)
+    uniform = torch.full((k, n), 1.0 / n, dtype=x_cross.dtype, device=x_cross.device)
+    self_term = solver(uniform, x_cross, uniform, x_self)
+    weights, has_data = _real_batch_weights(y_weights)
+    data_term = solver(uniform, x_cross, weights, y)
+    return 2 * has_data * data_term - self_term

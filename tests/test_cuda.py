@@ -31,12 +31,12 @@ from __future__ import annotations
 import pytest
 import torch
 from helpers import without_log_hash
+from oracles import geomloss_semi_debiased_sinkhorn
 
 from dpsinkhorn import config as config_lib
 from dpsinkhorn.data import datasets as data
 from dpsinkhorn.ot.loss import (
     feature_diameter,
-    geomloss_semi_debiased_sinkhorn,
     semi_debiased_sinkhorn_with_grad,
 )
 from dpsinkhorn.train.step import GraphedStep

@@ -9,16 +9,15 @@ import numpy as np
 import ot
 import pytest
 import torch
+from oracles import geomloss_entropic_ot, geomloss_semi_debiased_sinkhorn
 
 from dpsinkhorn.ot.loss import (
     conditional_features,
     debias_size,
     feature_diameter,
-    geomloss_entropic_ot,
-    geomloss_semi_debiased_sinkhorn,
-    mixed_cost,
     semi_debiased_sinkhorn_with_grad,
 )
+from dpsinkhorn.ot.solver import mixed_cost
 
 LAMBDA = 0.05
 

@@ -5,12 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 from geomloss._legacy.sinkhorn_divergence import epsilon_schedule as geomloss_schedule
-
-from dpsinkhorn.ot import solver as ot
-from dpsinkhorn.ot.loss import (
+from oracles import (
     geomloss_entropic_ot,
     geomloss_semi_debiased_sinkhorn,
     geomloss_semi_debiased_sinkhorn_runs,
+)
+
+from dpsinkhorn.ot import solver as ot
+from dpsinkhorn.ot.loss import (
     semi_debiased_sinkhorn_with_grad,
     semi_debiased_sinkhorn_with_grad_runs,
 )

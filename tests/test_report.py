@@ -289,7 +289,7 @@ def test_own_dataset_table_and_reproduction_speak_of_that_dataset(tmp_path, monk
     """An own dataset's Table 1 is titled by it, has no G-PATE footnote and no sentence
     about two paper-setting rows, calls its unconditional grid one row of samples, and its
     reproduction.md leaves out the committed MNIST results set's section."""
-    from dpsinkhorn.config.targets import table1_files
+    from dpsinkhorn.config.targets import table_files
     from dpsinkhorn.report.common import load_config_like
     from dpsinkhorn.report.reproduction import reproduction_markdown
 
@@ -297,7 +297,7 @@ def test_own_dataset_table_and_reproduction_speak_of_that_dataset(tmp_path, monk
     config_file.write_text(OWN_CONFIG)
     out = tmp_path / "results" / "own"
     config, _ = load_config_like([config_file])
-    files = table1_files(config, out)
+    files = table_files(config, "table1", out)
     for path in map(Path, files["results"]):
         key = "fid" if path.name.startswith("fid") else "accuracy"
         fileio.write_json(path, {key: 0.5})

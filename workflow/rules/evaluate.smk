@@ -49,7 +49,7 @@ for exp in experiment_names(config):
             test=prepared_file(dataset_of(config, exp), "test"),
             reference=targets.fid_reference_file(RESULTS, dataset_of(config, exp)),
         output:
-            samples=targets.samples_files(config, RESULTS, exp),
+            samples=targets.sample_files(config, RESULTS, [exp]),
             scores=targets.evaluation_files(config, RESULTS, [exp]),
         params:
             source="--generator" if trained else "--real-data",

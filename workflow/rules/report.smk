@@ -1,6 +1,6 @@
 rule table1:
     input:
-        unpack(lambda w: targets.table1_files(config, RESULTS)),
+        unpack(lambda w: targets.table_files(config, "table1", RESULTS)),
     output:
         md=report(f"{TABLES}/table1.md", caption=CAPTION, category="Tables"),
         csv=f"{TABLES}/table1.csv",

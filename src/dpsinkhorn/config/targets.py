@@ -108,17 +108,15 @@ def privacy_files(config: Mapping, results: PathLike, experiments: Iterable[str]
     ]
 
 
-def samples_files(config: Mapping, results: PathLike, exp: str) -> list[str]:
-    """Every seed's synthetic dataset of one experiment (written by its evaluation job)."""
+def sample_files(
+    config: Mapping, results: PathLike, experiments: Iterable[str], first_seed: bool = False
+) -> list[str]:
+    """The synthetic datasets (written by the evaluation jobs) of these experiments, every
+    seed's, or the first seed's (``first_seed``: what the sample figures show)."""
+    seeds = config["seeds"][:1] if first_seed else config["seeds"]
     return [
-        str(experiment_dir(config, results, exp) / sample_name(seed)) for seed in config["seeds"]
+        str(experiment_dir(config, results, e) / sample_name(s)) for e in experiments for s in seeds
     ]
-
-
-def sample_files(config: Mapping, results: PathLike, experiments: Iterable[str]) -> list[str]:
-    """The first seed's samples of these experiments (what the sample figures show)."""
-    seed = config["seeds"][0]
-    return [str(experiment_dir(config, results, e) / sample_name(seed)) for e in experiments]
 
 
 def fid_reference_file(results: PathLike, dataset: str) -> str:
@@ -153,7 +151,7 @@ def release_inputs(config: Mapping, results: PathLike) -> list[str]:
     exps = private_experiments(config)
     return [
         *(str(experiment_dir(config, results, e) / f) for e in exps for f in TRAINING_FILES),
-        *(f for e in exps for f in samples_files(config, results, e)),
+        *sample_files(config, results, exps),
         *(
             str(experiment_dir(config, results, e) / score_name(m, s))
             for e in exps
@@ -162,11 +160,6 @@ def release_inputs(config: Mapping, results: PathLike) -> list[str]:
         ),
         privacy_summary_file(results),
     ]
-
-
-def table1_files(config: Mapping, results: PathLike) -> dict[str, list[str]]:
-    """:func:`table_files` of Table 1."""
-    return table_files(config, "table1", results)
 
 
 def report_tables(config: Mapping) -> list[str]:
@@ -189,7 +182,7 @@ def table_files(config: Mapping, table: str, results: PathLike) -> dict[str, lis
     return {
         "results": evaluation_files(config, results, rows),
         "privacy": privacy_files(config, results, rows),
-        "samples": sample_files(config, results, table_figure_experiments(config, table)),
+        "samples": sample_files(config, results, table_figure_experiments(config, table), True),
     }
 
 
@@ -255,7 +248,7 @@ def inputs(config: Mapping, name: str, results: PathLike) -> dict[str, list[str]
     results = Path(results)
     exps = cell_experiments(config, name)
     if name in SAMPLE_FIGURES:
-        return {"samples": sample_files(config, results, exps)}
+        return {"samples": sample_files(config, results, exps, first_seed=True)}
     if name == "reproduction":
         tables = [n for n in available(config) if n.startswith("table")]
         files = {"tables": [outputs(config, t, results)["csv"] for t in tables]}

@@ -148,10 +148,6 @@ def _check_study_args(p_values: Sequence[float], batches: int, seed: int) -> lis
     return ps
 
 
-def _ratio(a: float, b: float) -> float | None:
-    return a / b if b > 0 else None
-
-
 def gradient_study(
     model: torch.nn.Module,
     spec: dict,
@@ -218,9 +214,9 @@ def gradient_study(
         "n_prime": [debias_size(estimator.n, p) for p in ps],
         "batch_size": estimator.n,
         "bias": bias,
-        "bias_relative": [_ratio(b, ref_norm) for b in bias],
+        "bias_relative": [b / ref_norm if ref_norm > 0 else None for b in bias],
         "variance": variances,
-        "variance_normalised": [_ratio(v, var0) for v in variances],
+        "variance_normalised": [v / var0 if var0 > 0 else None for v in variances],
         "bias_noise_floor": floor,
         "batches": int(batches),
         "seed": int(seed),

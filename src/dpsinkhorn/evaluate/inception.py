@@ -78,17 +78,25 @@ def verify_weights(path: str | os.PathLike) -> str:
 
 
 def _local_inception(path: Path) -> pfi.InceptionV3:
-    """pytorch-fid's ``InceptionV3`` (pool3 block only) with weights read from ``path``
-    (its constructor always downloads them): :func:`_fid_inception_v3`, :func:`_assemble`."""
+    """pytorch-fid's ``InceptionV3`` (pool3 block only) with weights read from ``path``."""
     if not path.is_file():
         raise FileNotFoundError(
             f"FID Inception weights not found: {path}; this must be pytorch-fid's "
             f"{WEIGHTS_FILE_NAME}: {HOW_TO_PASS}"
         )
     verify_weights(path)  # a known file: it loads into pytorch-fid's network
-    net = _fid_inception_v3()
-    net.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
-    return _assemble(net)
+    return _with_weights(torch.load(path, map_location="cpu", weights_only=True))
+
+
+def _with_weights(state_dict: dict) -> pfi.InceptionV3:
+    """pytorch-fid's own ``InceptionV3([POOL3_BLOCK])``, its constructor's download of the
+    weights (``load_state_dict_from_url``) replaced by ``state_dict``."""
+    from unittest import mock
+
+    from pytorch_fid import inception as pfi
+
+    with mock.patch.object(pfi, "load_state_dict_from_url", lambda *_, **__: state_dict):
+        return pfi.InceptionV3([POOL3_BLOCK])
 
 
 def _fid_inception_v3() -> torch.nn.Module:
@@ -106,34 +114,6 @@ def _fid_inception_v3() -> torch.nn.Module:
     net.Mixed_7b = pfi.FIDInceptionE_1(1280)
     net.Mixed_7c = pfi.FIDInceptionE_2(2048)
     return net
-
-
-def _assemble(net: torch.nn.Module) -> pfi.InceptionV3:
-    """``InceptionV3``'s pool3 blocks assembled from ``net`` as its constructor does, so
-    ``InceptionV3.forward`` (resize + normalise) is reused."""
-    from pytorch_fid import inception as pfi
-
-    model = pfi.InceptionV3.__new__(pfi.InceptionV3)
-    torch.nn.Module.__init__(model)
-    model.resize_input = True
-    model.normalize_input = True
-    model.output_blocks = [POOL3_BLOCK]
-    model.last_needed_block = POOL3_BLOCK
-    pool = torch.nn.MaxPool2d(kernel_size=3, stride=2)
-    mixed = ("5b", "5c", "5d", "6a", "6b", "6c", "6d", "6e")  # the third block's, in order
-    model.blocks = torch.nn.ModuleList(
-        [
-            torch.nn.Sequential(net.Conv2d_1a_3x3, net.Conv2d_2a_3x3, net.Conv2d_2b_3x3, pool),
-            torch.nn.Sequential(net.Conv2d_3b_1x1, net.Conv2d_4a_3x3, pool),
-            torch.nn.Sequential(*(getattr(net, f"Mixed_{k}") for k in mixed)),
-            torch.nn.Sequential(
-                net.Mixed_7a, net.Mixed_7b, net.Mixed_7c, torch.nn.AdaptiveAvgPool2d((1, 1))
-            ),
-        ]
-    )
-    for param in model.parameters():
-        param.requires_grad = False
-    return model
 
 
 def _downloaded_inception() -> pfi.InceptionV3:
@@ -293,7 +273,7 @@ def random_inception(
     activations stay of order one through the 90 layers (finite in bf16 and fp16)."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = _assemble(_fid_inception_v3())
+        model = _with_weights(_fid_inception_v3().state_dict())
     for module in model.modules():
         if isinstance(module, torch.nn.BatchNorm2d):
             module.reset_running_stats()

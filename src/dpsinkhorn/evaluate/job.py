@@ -101,11 +101,6 @@ class EvaluationSpec:
             if value is not None and value < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
 
-    @classmethod
-    def from_args(cls, args: argparse.Namespace) -> EvaluationSpec:
-        """The spec of ``dpsinkhorn evaluate``'s arguments (each flag's dest is a field)."""
-        return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})
-
 
 #: The modules of :mod:`dpsinkhorn.evaluate` whose code computes each phase's records (FID;
 #: every classifier): a phase saved by other code is computed again, not resumed.
@@ -351,7 +346,8 @@ class Progress:
 
 
 def _cmd_evaluate(args: argparse.Namespace) -> int:
-    timings = evaluate(EvaluationSpec.from_args(args))
+    fields = dataclasses.fields(EvaluationSpec)  # each flag's dest is a field
+    timings = evaluate(EvaluationSpec(**{f.name: getattr(args, f.name) for f in fields}))
     line = ", ".join(f"{k} {v:.1f} s" for k, v in timings.items())
     print(f"evaluation of {len(args.seeds)} seeds: {line}")
     if args.timings:

@@ -1,41 +1,19 @@
-"""The semi-debiased Sinkhorn loss (paper Eq. 6), by two solvers: one trains, one checks.
+"""The semi-debiased Sinkhorn loss (paper Eq. 6) and its gradient, as training computes it.
 
 S = 2 W_λ(X[0:n], Y) − W_λ(X[0:n], X[n':n+n']), n' = floor(n · p), on features
 [image, α_c · onehot(label)], with cost ``cost`` (``ot.solver.mixed_cost``); λ is the
-Sinkhorn temperature (``entropy_reg``), unrelated to the privacy budget ε. Training path:
-the ``*_with_grad*`` functions (``ot.solver``'s fixed schedule, ∇_X S in closed form, so
-the step sanitises it before the generator's backward). Reference path (tests only): the
-``geomloss_*`` functions, geomloss with autograd. docs/PAPER.md, "The loss".
+Sinkhorn temperature (``entropy_reg``), unrelated to the privacy budget ε. ``ot.solver``'s
+fixed schedule gives ∇_X S in closed form, so the step sanitises it before the generator's
+backward. The tests' oracle is geomloss with autograd (tests/oracles.py). docs/PAPER.md,
+"The loss".
 """
 
 from __future__ import annotations
 
 import torch
-from geomloss import SamplesLoss
 
 from dpsinkhorn.ot import solver as ot
 from dpsinkhorn.ot.solver import check_cost as _check_cost
-from dpsinkhorn.ot.solver import mixed_cost
-
-
-def _geomloss_solver(
-    entropy_reg: float,
-    m: float | torch.Tensor,
-    scaling: float,
-    diameter: float | None,
-    cost: str = "mixed",
-) -> SamplesLoss:
-    _check_cost(cost)
-    return SamplesLoss(
-        "sinkhorn",
-        p=1,
-        blur=entropy_reg,  # geomloss's blur is the temperature λ for p = 1
-        debias=False,
-        scaling=scaling,
-        diameter=diameter,
-        backend="tensorized",
-        cost=lambda a, b: mixed_cost(a, b, m, cost),
-    )
 
 
 def feature_diameter(image_numel: int, alpha_c: float, cost: str = "mixed") -> float:
@@ -53,31 +31,6 @@ def feature_diameter(image_numel: int, alpha_c: float, cost: str = "mixed") -> f
     return (4.0 * image_numel + 2.0 * alpha_c**2) ** 0.5
 
 
-def geomloss_entropic_ot(
-    x: torch.Tensor,
-    y: torch.Tensor,
-    entropy_reg: float,
-    m: float,
-    *,
-    x_weights: torch.Tensor | None = None,
-    y_weights: torch.Tensor | None = None,
-    scaling: float = 0.5,
-    diameter: float | None = None,
-    cost: str = "mixed",
-) -> torch.Tensor:
-    """W_λ (scalar) between the empirical measures of the rows of x [N,D] and y [M,D], by
-    geomloss with autograd (reference path). Weights: non-negative, summing to 1 (default
-    uniform). ``diameter`` starts geomloss's ε-scaling (None: estimated from the points).
-    """
-    if x.ndim != 2 or y.ndim != 2 or x.shape[1] != y.shape[1]:
-        raise ValueError(f"x and y must be [N,D] and [M,D], got {tuple(x.shape)}, {tuple(y.shape)}")
-    if x_weights is None:
-        x_weights = torch.full((x.shape[0],), 1.0 / x.shape[0], dtype=x.dtype, device=x.device)
-    if y_weights is None:
-        y_weights = torch.full((y.shape[0],), 1.0 / y.shape[0], dtype=y.dtype, device=y.device)
-    return _geomloss_solver(entropy_reg, m, scaling, diameter, cost)(x_weights, x, y_weights, y)
-
-
 def conditional_features(
     images: torch.Tensor, labels: torch.Tensor, num_classes: int, alpha_c: float
 ) -> torch.Tensor:
@@ -93,37 +46,6 @@ def debias_size(n: int, p: float) -> int:
     if not 0.0 <= p <= 1.0:
         raise ValueError(f"debiasing fraction p must be in [0, 1], got {p}")
     return int(n * p)
-
-
-def geomloss_semi_debiased_sinkhorn(
-    x: torch.Tensor,
-    y: torch.Tensor,
-    n: int,
-    p: float,
-    entropy_reg: float,
-    m: float,
-    *,
-    y_weights: torch.Tensor | None = None,
-    scaling: float = 0.5,
-    diameter: float | None = None,
-    cost: str = "mixed",
-) -> torch.Tensor:
-    """S = 2 W_λ(X[0:n], Y) − W_λ(X[0:n], X[n':n+n']) for x [n+n', D], y [M, D], by
-    geomloss with autograd (reference path): :func:`geomloss_semi_debiased_sinkhorn_runs`
-    with K = 1. ``y_weights`` [M] (default: all 1) marks the real rows drawn; all zero is
-    an empty real batch, whose data term is 0. p = 0 gives the biased loss
-    2W(X,Y) − W(X,X); p = 1 the fully debiased one with independent X'.
-    """
-    n_prime = debias_size(n, p)
-    if x.shape[0] != n + n_prime:
-        raise ValueError(f"x must have n + n' = {n + n_prime} rows, got {x.shape[0]}")
-    if y_weights is None:
-        y_weights = torch.ones(len(y), dtype=y.dtype, device=y.device)
-    solve = {"scaling": scaling, "diameter": diameter, "cost": cost}
-    x_cross, x_self = x[None, :n], x[None, n_prime : n + n_prime]
-    return geomloss_semi_debiased_sinkhorn_runs(
-        x_cross, x_self, y[None], y_weights[None], entropy_reg, m, **solve
-    )[0]
 
 
 def _real_batch_weights(y_weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -146,35 +68,6 @@ def _check_run_shapes(x_cross, x_self, y, y_weights) -> None:
         )
 
 
-def geomloss_semi_debiased_sinkhorn_runs(
-    x_cross: torch.Tensor,
-    x_self: torch.Tensor,
-    y: torch.Tensor,
-    y_weights: torch.Tensor,
-    entropy_reg: float,
-    m: float | torch.Tensor,
-    *,
-    scaling: float = 0.5,
-    diameter: float | None = None,
-    cost: str = "mixed",
-) -> torch.Tensor:
-    """S_k = 2 W_λ(x_cross[k], Y_k) − W_λ(x_cross[k], x_self[k]) of K independent runs
-    -> [K], by geomloss with autograd (reference path), one batched solve per term.
-
-    x_cross [K,n,D] = X_k[0:n], x_self [K,n,D] = X_k[n'_k:n'_k+n] (n'_k may differ between
-    runs), Y_k = the rows of y [K,M,D] of weight y_weights [K,M] (0/1; an empty batch
-    gives a zero data term), m [K] each run's L1 weight.
-    """
-    k, n = x_cross.shape[:2]
-    _check_run_shapes(x_cross, x_self, y, y_weights)
-    solver = _geomloss_solver(entropy_reg, m, scaling, diameter, cost)
-    uniform = torch.full((k, n), 1.0 / n, dtype=x_cross.dtype, device=x_cross.device)
-    self_term = solver(uniform, x_cross, uniform, x_self)
-    weights, has_data = _real_batch_weights(y_weights)
-    data_term = solver(uniform, x_cross, weights, y)
-    return 2 * has_data * data_term - self_term
-
-
 def semi_debiased_sinkhorn_with_grad_runs(
     x_cross: torch.Tensor,
     x_self: torch.Tensor,
@@ -189,11 +82,13 @@ def semi_debiased_sinkhorn_with_grad_runs(
     compile: bool = False,
     fused_cost: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """S_k of :func:`geomloss_semi_debiased_sinkhorn_runs` and its gradients by
-    ``ot.solver``'s fixed schedule (training path); equal to the geomloss path up to rounding.
+    """S_k = 2 W_λ(x_cross[k], Y_k) − W_λ(x_cross[k], x_self[k]) of K independent runs and
+    its gradients by ``ot.solver``'s fixed schedule; equal to geomloss up to rounding.
 
-    Same inputs (m a number or [K]), but ``diameter`` is required (it fixes the schedule);
-    ``compile`` and ``fused_cost`` as in ``ot.solver.entropic_ot_with_grad``. Both terms
+    x_cross [K,n,D] = X_k[0:n], x_self [K,n,D] = X_k[n'_k:n'_k+n] (n'_k may differ between
+    runs), Y_k = the rows of y [K,M,D] of weight y_weights [K,M] (0/1; an empty batch gives
+    a zero data term), m a number or [K] (each run's L1 weight); ``diameter`` fixes the
+    schedule; ``compile`` and ``fused_cost`` as in ``ot.solver.entropic_ot_with_grad``. Both terms
     of all K runs are one solve of 2K problems (the shorter cloud padded with weight-0
     rows). Returns (S [K], ∇_{x_cross} S [K,n,D], ∇_{x_self} S [K,n,D]), no autograd history.
     """
@@ -242,8 +137,8 @@ def semi_debiased_sinkhorn_with_grad(
     compile: bool = False,
     fused_cost: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """S of :func:`geomloss_semi_debiased_sinkhorn` and ∇_x S [n + n', D] by the fixed
-    solver (training path: ``train.trainer``, ``train.audit``); λ = ``entropy_reg``.
+    """S = 2 W_λ(X[0:n], Y) − W_λ(X[0:n], X[n':n+n']) and ∇_x S [n + n', D] by the fixed
+    solver (``train.trainer``, ``train.audit``); λ = ``entropy_reg``.
 
     x [n + n', D], y [M, D], y_weights [M] (0/1; all zero: empty real batch); ``compile``
     and ``fused_cost`` as in ``ot.solver.entropic_ot_with_grad``. Returns (S scalar, ∇_x S);
