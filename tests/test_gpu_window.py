@@ -22,6 +22,7 @@ from helpers import REPO, require_shared, shared_path
 
 from dpsinkhorn import config as cfg
 from dpsinkhorn import fileio
+from dpsinkhorn.report.resultset import render
 
 spec = importlib.util.spec_from_file_location("gpu_window", REPO / "benchmarks/gpu/window.py")
 window = importlib.util.module_from_spec(spec)
@@ -213,7 +214,7 @@ def test_calls_resume_from_the_archive_and_export_the_finished_cells(tmp_path, c
     training (2,000 steps at the measured rate) would start, mnist_dpmerf (no measured rate)
     waits. Call 2, in a fresh folder from call 1's archive, finds real_mnist's cells (a
     committed run's files) and exports them as a results set with provenance (device,
-    commit, date, both calls), rendered; a third call past its deadline starts nothing and
+    commit, date, both calls) that renders; a third call past its deadline starts nothing and
     still packs."""
     exps = "[real_mnist, mnist_dpsinkhorn, mnist_dpmerf]"
     path = _window_file(tmp_path, f"configfile: config/quick.yaml\nexperiments: {exps}\n")
@@ -252,6 +253,7 @@ def test_calls_resume_from_the_archive_and_export_the_finished_cells(tmp_path, c
     }
     copied = sorted(p.name for p in (out / "real-mnist-cpu/real_mnist").iterdir())
     assert copied == sorted(p.name for p in scores.iterdir())
+    render(out / "real-mnist-cpu", [REPO / "config/quick.yaml"])  # it is a results set
     assert "real_mnist" in (out / "real-mnist-cpu/table1.md").read_text().lower()
 
     argv3 = [*argv, "--archive-in", str(out / "state.tgz"), "--minutes", "0.5"]

@@ -37,7 +37,6 @@ from dpsinkhorn.plan import plan_from_rates
 from dpsinkhorn.privacy.record_store import STORE_ENV
 from dpsinkhorn.privacy.trainings import RECORD_DIR
 from dpsinkhorn.publish import decision
-from dpsinkhorn.report.resultset import render
 
 REPO = Path(__file__).resolve().parents[2]
 STATE = "window_state.json"
@@ -268,10 +267,10 @@ def unpack(archive: Path, workdir: Path) -> None:
         raise ValueError(f"{archive}: not a readable tar.gz archive ({err})") from None
 
 
-def export_set(window: dict, workdir: Path, set_dir: Path, state: dict) -> list[Path]:
+def export_set(window: dict, workdir: Path, set_dir: Path, state: dict) -> None:
     """Copy the finished experiments' ledgers, logs and scores into ``set_dir`` with
     ``provenance.json`` (device, commit, date, calls), each DP experiment trained here with
-    its release (:func:`publish`); render its Table 1 (``dpsinkhorn report results-set``)."""
+    its release (:func:`publish`); ``dpsinkhorn report results-set`` renders its Table 1."""
     config, calls, stamps = window["config"], state["calls"], state.setdefault("finished", {})
     experiments = {}
     for exp in [e for e in window["experiments"] if finished(config, workdir, e)]:
@@ -297,11 +296,6 @@ def export_set(window: dict, workdir: Path, set_dir: Path, state: dict) -> list[
         "experiments": experiments,
     }
     fileio.write_json(set_dir / "provenance.json", provenance)
-    try:
-        return [set_dir / "provenance.json", *render(set_dir, [window["config_path"]])]
-    except ValueError as err:  # no Table 1 row yet: the set still holds its files
-        print(f"results set {set_dir}: not rendered: {err}", file=sys.stderr)
-        return [set_dir / "provenance.json"]
 
 
 def publish(config, workdir: Path, exp: str, out: Path) -> str:
@@ -385,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
         command = shlex.join(["window.py", *(argv or sys.argv[1:])])
         state["calls"].append(call | {"outcome": outcome, "finished": now(), "command": command})
         if args.results_set:
-            print("\n".join(map(str, export_set(window, workdir, args.results_set, state))))
+            export_set(window, workdir, args.results_set, state)
         fileio.write_json(workdir / STATE, state)
         size = pack(workdir, args.archive_out, window["keep"])
     except (ValueError, FileNotFoundError) as err:
