@@ -305,13 +305,10 @@ experiments:
 """
 
 
-def _window(tmp_path: Path, data_dir: str, exclude: list[str] | None = None) -> dict:
+def _window(tmp_path: Path, data_dir: str) -> dict:
     """A window file (and its config) that trains mnist_dpsinkhorn."""
     (tmp_path / "c.yaml").write_text(WINDOW_CONFIG.format(data_dir=data_dir))
-    text = "configfile: c.yaml\nexperiments: [mnist_dpsinkhorn]\n"
-    if exclude is not None:
-        text += f"exclude: {exclude}\n"
-    (tmp_path / "w.yaml").write_text(text)
+    (tmp_path / "w.yaml").write_text("configfile: c.yaml\nexperiments: [mnist_dpsinkhorn]\n")
     return window.load_window(tmp_path / "w.yaml")
 
 
@@ -319,7 +316,7 @@ def _next_call(loaded: dict, workdir: Path, fresh: Path) -> Path:
     """What the window tool does between two calls: pack ``workdir`` with its own code and
     patterns, unpack the archive into a ``fresh`` folder (window.main)."""
     archive = workdir.parent / f"{workdir.name}.tar.gz"
-    window.pack(workdir, archive, loaded["exclude"], loaded["keep"], cap_mib=16)
+    window.pack(workdir, archive, loaded["keep"])
     window.unpack(archive, fresh)
     return fresh
 
@@ -329,7 +326,7 @@ def _out(loaded: dict, workdir: Path) -> Path:
     return config_lib.experiment_dir(config, workdir / results_dir(config), "mnist_dpsinkhorn")
 
 
-@pytest.mark.parametrize("where", ["inside", "default", "lost"])
+@pytest.mark.parametrize("where", ["kept", "lost"])
 def test_a_training_split_over_window_calls_is_one_training_and_never_retrained(
     tmp_path, where, monkeypatch
 ):
@@ -337,13 +334,11 @@ def test_a_training_split_over_window_calls_is_one_training_and_never_retrained(
     each call in a fresh folder rebuilt from the last one's archive (the window's own pack,
     exclude patterns and unpack): the record holds one finished training of the experiment,
     one noise stream (one id) counted at its steps, and a retrain in a third call is
-    refused. ``inside``: the record under the working folder's data/, with a window file
-    that excludes all of data/ and the record itself (the record is kept all the same);
-    ``default``: the tool's own patterns; ``lost``: the record is gone before the second
+    refused. ``kept``: the record under the working folder's data/, all of which the
+    archive leaves out but the record; ``lost``: the record is gone before the second
     call (its started event lost): the resumed and finished events alone still count it.
     Each call trains in its own working folder, as Snakemake's ``-d`` runs the jobs."""
-    exclude = ["data/*", "data/trainings/*", "window/*", "*/samples_seed*.npz"]
-    loaded = _window(tmp_path, "data", exclude if where == "inside" else None)
+    loaded = _window(tmp_path, "data")
     spec = config_lib.make_experiment("mnist_dpsinkhorn", dataset="mnist", **TINY)
     first = tmp_path / "call1"
     records = lambda workdir: workdir / "data" / trainings.RECORD_DIR  # noqa: E731

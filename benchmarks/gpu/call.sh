@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
 # One device call of a short GPU allocation, from the repository root: benchmarks/gpu/window.py
-# on window.yaml, resumed from the last call's archive, then (STAGES) the FID precision
-# measurement, benchmarks/fid_precision.py. Writes $OUT/call.json (device, commit, each stage's
-# exit status and summary) first and after every stage, so it comes back even when the rest
-# fails. Inputs ($INPUTS) and outputs: benchmarks/README.md, "A short GPU allocation".
+# resumed from the last call's archive, then (STAGES) benchmarks/fid_precision.py. Writes
+# $OUT/call.json (device, commit, each stage's exit status and summary) first and after every
+# stage. Inputs ($INPUTS) and outputs: benchmarks/README.md, "A short GPU allocation".
 #
 #   COMMIT=<sha> MINUTES=9 benchmarks/gpu/call.sh  # device timeout_s: MINUTES * 60 + 30
 set -uo pipefail
@@ -21,13 +20,14 @@ begin=$(date +%s)
 mkdir -p "$OUT" "$SETS"
 device=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
 COMMIT=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
-export DEVICE="${device:-no GPU}" COMMIT
+export DEVICE="${device:-no GPU}" DPSINKHORN_COMMIT=$COMMIT  # the window's commit too
+export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
 record() {  # record STAGE KEY=VALUE ...: merged into $OUT/call.json (atomic)
   python3 - "$OUT/call.json" "$@" <<'PY'
 import json, os, sys
 path, stage, pairs = sys.argv[1], sys.argv[2], sys.argv[3:]
 call = json.load(open(path)) if os.path.exists(path) else {}
-call.update(device=os.environ["DEVICE"], commit=os.environ["COMMIT"])
+call.update(device=os.environ["DEVICE"], commit=os.environ["DPSINKHORN_COMMIT"])
 call.setdefault("stages", {}).setdefault(stage, {}).update(p.split("=", 1) for p in pairs)
 json.dump(call, open(path + ".tmp", "w"), indent=1)
 os.replace(path + ".tmp", path)
@@ -35,21 +35,19 @@ PY
 }
 record setup started="$(date -u +%FT%TZ)"
 
-export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
-if compgen -G "$G/whl/*.whl" >/dev/null; then  # the wheels of fetch_wheels.sh; the package
+if compgen -G "$G/whl/*.whl" >/dev/null; then  # fetch_wheels.sh's; dpsinkhorn itself from src/
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$G"/whl/*.whl \
-    && export PYTHONPATH=/tmp/site:$PWD/src PATH=/tmp/site/bin:$PATH \
+    && export PYTHONPATH=/tmp/site:$PYTHONPATH PATH=/tmp/site/bin:$PATH \
     && printf '#!/bin/sh\nexec python3 -m dpsinkhorn "$@"\n' >/tmp/site/bin/dpsinkhorn \
-    && chmod +x /tmp/site/bin/dpsinkhorn  # itself from src/, as the workflow's command
+    && chmod +x /tmp/site/bin/dpsinkhorn
 fi
-rm -f "$WEIGHTS"  # only this call's parts count (split -b 40M: a call's transfer)
-cat "$G"/inception.part* >"$WEIGHTS" 2>/dev/null
+cat "$G"/inception.part* >"$WEIGHTS" 2>/dev/null  # split -b 40M: a call's transfer
 train_only=--train-only weights="absent or incomplete: --train-only"
 echo "$WEIGHTS_SHA256  $WEIGHTS" | sha256sum -c --status 2>/dev/null && train_only= weights=joined
 record setup weights="$weights" torch="$(python3 -c 'import torch; print(torch.__version__)' 2>&1)"
 compgen -G "$G/set.tgz.part*" >/dev/null && cat "$G"/set.tgz.part* | tar xz -C "$SETS"
 
-fid_stage=; fid_minutes=0
+fid_stage= fid_minutes=0  # the FID precision stage runs with the whole weights only
 [[ " $STAGES " == *" fid_precision "* && -z $train_only ]] && fid_stage=1 fid_minutes=$FID_MINUTES
 work=/tmp/window-work
 if [[ " $STAGES " == *" window "* ]]; then
@@ -60,7 +58,7 @@ if [[ " $STAGES " == *" window "* ]]; then
   # shellcheck disable=SC2086
   python3 benchmarks/gpu/window.py --minutes "$minutes" "${archive[@]}" $train_only \
     --workdir "$work" --archive-out "$OUT/state.tgz" --results-set "$SETS/$SET" \
-    --commit "$COMMIT" --rates results-paper-scale/step-rates-h200/step_rates.json \
+    --rates results-paper-scale/step-rates-h200/step_rates.json \
     --config "data_mirror=$(realpath "$G")/data" "fid_weights=$WEIGHTS" >/tmp/window.out 2>&1
   rc=$?
   cat /tmp/window.out >>"$OUT/window.log"

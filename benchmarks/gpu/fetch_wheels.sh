@@ -10,7 +10,10 @@ DEST=${1:-.whl}
 PYVER=${2:-3.12}
 VENV_PY=${VENV_PY:-.venv/bin/python}
 ROOTS="snakemake snakemake-executor-plugin-slurm geomloss dp-accounting pytorch-fid jsonschema"
-SKIP='^(pulp|torch|torchvision|triton|nvidia-.*|cuda-.*|numpy|scipy|pandas|pillow|sympy|networkx|filelock|fsspec|jinja2|markupsafe|packaging|psutil|pyyaml|requests|urllib3|idna|certifi|charset-normalizer|attrs|absl-py|mpmath|tqdm|typing-extensions|wrapt|tabulate|python-dateutil|setuptools|tzdata|six)$'
+SKIP='^(pulp|torch|torchvision|triton|nvidia-.*|cuda-.*|numpy|scipy|pandas|pillow|sympy|networkx'
+SKIP+='|filelock|fsspec|jinja2|markupsafe|packaging|psutil|pyyaml|requests|urllib3|idna|certifi'
+SKIP+='|charset-normalizer|attrs|absl-py|mpmath|tqdm|typing-extensions|wrapt|tabulate'
+SKIP+='|python-dateutil|setuptools|tzdata|six)$'
 mkdir -p "$DEST"
 # shellcheck disable=SC2086
 "$VENV_PY" - $ROOTS >"$DEST/requirements.txt" <<'PY'  # the roots' installed dependencies
