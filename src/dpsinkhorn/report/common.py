@@ -317,14 +317,10 @@ METRIC_TITLES = {"fid": "FID ↓", "acc_logreg": "Log Reg", "acc_mlp": "MLP", "a
 METRIC_TITLES_TEX = {"fid": "FID", "acc_logreg": "Log Reg", "acc_mlp": "MLP", "acc_cnn": "CNN"}
 
 
-def md_row(cells: Iterable[str]) -> str:
-    """One line of a Markdown table."""
-    return "| " + " | ".join(cells) + " |"
-
-
 def md_table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
     """Markdown lines of a table: header, separator, one line per row of cells."""
-    return [md_row(header), "|" + "---|" * len(header), *map(md_row, rows)]
+    lines = ["| " + " | ".join(cells) + " |" for cells in [header, *rows]]
+    return [lines[0], "|" + "---|" * len(header), *lines[1:]]
 
 
 def markdown_table(

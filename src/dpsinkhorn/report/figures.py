@@ -117,12 +117,15 @@ def _plot_lines(
 
 
 def _figure_record(r: CellResult, **extra: object) -> dict:
-    """A cell's row of a figure's CSV (:data:`FIGURE_CSV_COLUMNS` and ``extra``)."""
+    """A cell's row of a figure's CSV (:data:`FIGURE_CSV_COLUMNS`, ``error_<model>``: 100 −
+    accuracy in %, and ``extra``)."""
     record = {"cell": r.label, "experiment": r.experiment, "base": r.base}
     record |= {key: r.spec[key] for key in ("dataset", "lr", "optimizer", "p", "m")}
     record |= {"sigma": r.sigma, "steps": r.steps, "epsilon": r.row.epsilon}
     record["epsilon_paper_convention"] = r.row.epsilon_paper
-    return record | metric_cells(r.row) | extra
+    acc = {m.removeprefix("acc_"): v for m, v in r.row.mean.items() if m.startswith("acc_")}
+    errors = {f"error_{m}": 100.0 - v for m, v in acc.items() if v is not None}
+    return record | metric_cells(r.row) | errors | extra
 
 
 FIGURE_CSV_COLUMNS = (
@@ -141,15 +144,6 @@ def _series(results: Sequence[CellResult], label: Callable[[CellResult], str]):
     """Series name of a cell, prefixed by its base experiment where the study has several."""
     several = len({r.base for r in results}) > 1
     return lambda r: f"{r.base}: {label(r)}" if several else label(r)
-
-
-def _errors(r: CellResult, models: Sequence[str]) -> dict[str, float]:
-    """Error rate (100 − accuracy, %) of each classifier with a result."""
-    return {
-        f"error_{m}": 100.0 - r.row.mean[f"acc_{m}"]
-        for m in models
-        if r.row.mean.get(f"acc_{m}") is not None
-    }
 
 
 def _sweep_figure(config: Mapping, out_dir: Path, name: str) -> list[Path]:
@@ -174,7 +168,7 @@ def _sweep_figure(config: Mapping, out_dir: Path, name: str) -> list[Path]:
             ax.set_xscale("log")
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
-    records = [_figure_record(r, series=series(r), **_errors(r, models)) for r in results]
+    records = [_figure_record(r, series=series(r)) for r in results]
     columns = (*FIGURE_CSV_COLUMNS, *(f"error_{m}" for m in models))
     return _save_figure(fig, out_dir, name, columns, records, TITLES[name])
 
@@ -198,7 +192,7 @@ def _fig5(config: Mapping, out_dir: Path) -> list[Path]:
         for ax in axes[:, col]:
             ax.set_xlabel("p (debiasing fraction)")
         series = _series(in_dataset, lambda r: r.spec["dataset"])
-        records += [_figure_record(r, series=series(r), **_errors(r, models)) for r in in_dataset]
+        records += [_figure_record(r, series=series(r)) for r in in_dataset]
     models = _classifiers(config, results)
     columns = (*FIGURE_CSV_COLUMNS, *(f"error_{m}" for m in models))
     return _save_figure(fig, out_dir, "fig5", columns, records, TITLES["fig5"])
@@ -207,8 +201,7 @@ def _fig5(config: Mapping, out_dir: Path) -> list[Path]:
 #: The per-p lists of ``evaluate.gradstudy``'s file that Figure 4c's CSV holds.
 GRADSTUDY_LISTS = ("bias", "bias_relative", "variance", "variance_normalised", "bias_noise_floor")
 GRADSTUDY_KEYS = ("trained_p", "p", "batches", *GRADSTUDY_LISTS)
-FIG4C_COLUMNS = ("cell", "experiment", "trained_p", "p", *GRADSTUDY_LISTS[:4])
-FIG4C_COLUMNS += ("bias_noise_floor", "batches")
+FIG4C_COLUMNS = ("cell", "experiment", "trained_p", "p", *GRADSTUDY_LISTS, "batches")
 
 
 def _fig4c(config: Mapping, out_dir: Path) -> list[Path]:

@@ -89,12 +89,10 @@ def guarantee_notes(rows: Sequence[Row]) -> list[str]:
     none: dict[str, list[str]] = {}
     unknown = []
     for r in rows:
-        status = guarantee_status(r.privacy)
-        if status is None or status[0] == "sound":
-            continue
-        if status[0] == "none":
-            none.setdefault(status[1], []).append(f"`{r.exp_name}`")
-        else:
+        status, text = guarantee_status(r.privacy) or ("sound", "")
+        if status == "none":
+            none.setdefault(text, []).append(f"`{r.exp_name}`")
+        elif status == "unknown":
             unknown.append(f"`{r.exp_name}`")
     notes = [
         f"**{MARKS['none']} No privacy guarantee for {', '.join(names)}: their ledgers "
@@ -131,10 +129,12 @@ def set_config(set_dir: Path, provenance: dict) -> dict:
     return load_config([path])
 
 
-def load_set(set_dir: Path) -> tuple[dict, list[Row]]:
-    """(provenance, Table 1 rows) of a results set, read with the set's own config."""
+def load_set(set_dir: Path, config_files: Sequence[str | Path] | None = None) -> tuple:
+    """(provenance, config, Table 1 rows) of a results set, read with ``config_files``
+    (default: the set's own config)."""
     provenance = load_provenance(set_dir)
-    return provenance, set_rows(set_config(set_dir, provenance), set_dir)
+    config = load_config(config_files) if config_files else set_config(set_dir, provenance)
+    return provenance, config, set_rows(config, set_dir)
 
 
 def _check_ledger(spec: dict, privacy: dict, path: Path) -> None:
@@ -350,9 +350,7 @@ def markdown(rows: Sequence[Row], config: dict, set_dir: Path, provenance: dict)
 def render(set_dir: str | Path, config_files: Sequence[str | Path] | None = None) -> list[Path]:
     """Write ``<set>/table1.{md,csv}`` from the set's files; return their paths."""
     set_dir = Path(set_dir)
-    provenance = load_provenance(set_dir)
-    config = load_config(config_files) if config_files else set_config(set_dir, provenance)
-    rows = set_rows(config, set_dir)
+    provenance, config, rows = load_set(set_dir, config_files)
     if not rows:
         raise ValueError(f"{set_dir}: no folder of a Table 1 experiment of {provenance['config']}")
     written = [set_dir / "table1.md", set_dir / "table1.csv"]
@@ -365,7 +363,7 @@ def readme_table(set_dir: str | Path) -> str:
     """README.md's Table 1 of a committed set: its rows (sound ε with the guarantee marks,
     each cell with its seed count or ``missing``; a DP row that clips the image gradient
     names its mechanism's source), the paper's row of each dataset, the marks' footnotes."""
-    _, rows = load_set(Path(set_dir))
+    rows = load_set(Path(set_dir))[2]
     table = []
     for r in rows:
         title = DATASET_TITLES.get(r.dataset, r.dataset)
@@ -405,7 +403,7 @@ def epsilon_meaning_of_sets(
     ``datasets``, only of the sets that have a row of one of them."""
     lines = []
     for set_dir in committed_sets(root):
-        provenance, rows = load_set(set_dir)
+        provenance, _, rows = load_set(set_dir)
         if datasets is not None and not any(r.dataset in datasets for r in rows):
             continue
         section = epsilon_meaning(rows, provenance)

@@ -27,6 +27,7 @@ from dpsinkhorn.config import (
 from dpsinkhorn.config.targets import TITLES, sample_name
 from dpsinkhorn.data.catalog import own_layout, resize_statement
 from dpsinkhorn.report.common import (
+    ACCOUNTING_NOTE,
     CLASS_NAMES,
     DATASET_TITLES,
     METRICS,
@@ -187,9 +188,7 @@ def table1_markdown(rows: Sequence[Row], config: dict, figures: dict[str, tuple[
         f"# {table1_title(r.dataset for r in rows)}",
         "",
         f"{_seeds_sentence(config)}. `(paper X)` is the value in the paper's final Table 1. "
-        "ε (sound) is the accountant's ε; ε (paper conv.) is the same run under the paper's "
-        "accounting convention, which the paper reports as "
-        f"ε = {PAPER_EPSILON:g}. Accuracy in %{deltas}. "
+        f"{ACCOUNTING_NOTE} Accuracy in %{deltas}. "
         "Rows *reported in paper* are copied from the paper (– = N/A or not run).",
         "",
     ]
