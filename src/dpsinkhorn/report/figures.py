@@ -1,9 +1,6 @@
-"""Figures: ``dpsinkhorn report {fig2,fig4a,fig4b,fig4c,fig5,fig7,eps10} --config FILES --out-dir``.
-
-Each writes ``figures/<name>.{png,pdf,csv}`` (the csv: the plotted numbers; error bars: std
-over seeds). Also the sample-grid helpers of Tables 1, 3 and 6. matplotlib is imported
-inside the functions.
-"""
+"""Figures: ``dpsinkhorn report {fig2,fig4a,fig4b,fig4c,fig5,fig7,eps10} --config FILES --out-dir``
+writes ``figures/<name>.{png,pdf,csv}`` (the csv: the plotted numbers; error bars: std over
+seeds). matplotlib is imported inside the functions."""
 
 from __future__ import annotations
 
@@ -58,16 +55,14 @@ def _save_figure(
     if title:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    written = []
-    for suffix in ("png", "pdf"):
-        path = out_dir / FIGURES_DIR / f"{name}.{suffix}"
+    paths = [out_dir / FIGURES_DIR / f"{name}.{suffix}" for suffix in ("png", "pdf", "csv")]
+    for path, suffix in zip(paths[:2], ("png", "pdf"), strict=True):
         # No creation date in a PDF: a rerun's figure is the same bytes (PNGs have none).
         metadata = {"CreationDate": None} if suffix == "pdf" else None
         with fileio.atomic_path(path) as tmp:
             fig.savefig(tmp, format=suffix, bbox_inches="tight", metadata=metadata)
-        written.append(path)
-    fileio.write_text(out_dir / FIGURES_DIR / f"{name}.csv", csv_text(columns, records))
-    return written + [out_dir / FIGURES_DIR / f"{name}.csv"]
+    fileio.write_text(paths[2], csv_text(columns, records))
+    return paths
 
 
 Value = Callable[[CellResult], tuple[float, float] | None]

@@ -1,8 +1,6 @@
-"""reproduction.md: ``dpsinkhorn report reproduction --config FILES --out-dir``.
-
-Every table cell the paper reports beside ours and the difference; the sound ε = 10 study;
-what the paper's ε = 10 means for this run and each results set; the privacy summary.
-"""
+"""reproduction.md (``dpsinkhorn report reproduction --config FILES --out-dir``): every table
+cell the paper reports beside ours, the sound ε = 10 study, what the paper's ε = 10 means,
+the privacy summary."""
 
 from __future__ import annotations
 
@@ -165,9 +163,8 @@ def reproduction_markdown(config: Mapping, out_dir: Path, files: Sequence[str] =
 
 
 def _epsilon_meaning_lines(config: Mapping, out_dir: Path, tables: Sequence[str]) -> list[str]:
-    """ "What the paper's ε = 10 means": this run's paper-setting rows, then every committed
-    results set under ``./results-paper-scale`` (measured at paper scale; cwd = repo root)
-    that has rows of this config's Table 1 datasets (none for an own dataset)."""
+    """ "What the paper's ε = 10 means": this run's paper-setting rows, then each committed
+    results set (cwd = repository root) with rows of this config's Table 1 datasets."""
     lines = []
     if "table1" in tables:
         section = resultset.epsilon_meaning(table_rows(config, "table1", out_dir), {})

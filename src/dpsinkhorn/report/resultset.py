@@ -1,11 +1,6 @@
-"""Committed results sets: ``dpsinkhorn report results-set --dir results-paper-scale/<name>``.
-
-A set holds ``provenance.json``, each experiment's ``privacy.json`` and score files, and
-optionally ``cpu-fid/``. :func:`render` writes ``<set>/table1.{md,csv}``: a row per
-experiment of the set's config with a folder in the set, each cell mean ± std over the
-seeds present (``missing`` where none); each ledger must match its experiment. A ledger's
-``guarantee`` marks the sound-ε cells (:func:`guarantee_status`).
-"""
+"""Committed results sets: ``dpsinkhorn report results-set --dir results-paper-scale/<name>``
+writes ``<set>/table1.{md,csv}``, a row per experiment of the set's config with a folder in
+the set (files: docs/CONTRACTS.md); each ledger must match its experiment."""
 
 from __future__ import annotations
 
@@ -75,8 +70,7 @@ def guarantee_status(privacy: dict) -> tuple[str, str] | None:
 
 
 def _sound_cells(row: Row) -> list[str]:
-    """The sound ε by RDP and by PLD of a row, each marked `` †`` / `` ‡`` when its ledger
-    states no (known) guarantee; ∞ twice for a row that is not DP."""
+    """Sound ε by RDP and by PLD, marked with :data:`MARKS`; ∞ twice for a non-DP row."""
     if not row.privacy:
         return [epsilon_text(row.epsilon, False)] * 2
     eps, status = sound_epsilons(row.privacy), guarantee_status(row.privacy)[0]
@@ -121,8 +115,7 @@ def load_provenance(set_dir: Path) -> dict:
 
 
 def set_config(set_dir: Path, provenance: dict) -> dict:
-    """The set's config, its ``config`` path relative to the repository root (a set outside
-    ``<root>/results-paper-scale/``: relative to the working directory)."""
+    """The set's config (path from the repository root, else from the working directory)."""
     path = set_dir.resolve().parents[1] / provenance["config"]
     if not path.is_file() and Path(provenance["config"]).is_file():
         path = Path(provenance["config"])
@@ -360,9 +353,8 @@ def render(set_dir: str | Path, config_files: Sequence[str | Path] | None = None
 
 
 def readme_table(set_dir: str | Path) -> str:
-    """README.md's Table 1 of a committed set: its rows (sound ε with the guarantee marks,
-    each cell with its seed count or ``missing``; a DP row that clips the image gradient
-    names its mechanism's source), the paper's row of each dataset, the marks' footnotes."""
+    """README.md's Table 1 of a committed set: its rows, the paper's row of each dataset,
+    the guarantee marks' footnotes."""
     rows = load_set(Path(set_dir))[2]
     table = []
     for r in rows:
@@ -383,8 +375,7 @@ def readme_table(set_dir: str | Path) -> str:
 
 
 def set_csv(rows: Sequence[Row]) -> str:
-    """:func:`report.common.to_csv` with a last column ``guarantee``: the ledger's text,
-    ``unknown`` for a DP row whose ledger has none, empty for rows that are not DP."""
+    """:func:`report.common.to_csv` with a last column ``guarantee`` (the ledger's text)."""
     records = [
         csv_record(r) | {"guarantee": (guarantee_status(r.privacy) or ("", ""))[1]} for r in rows
     ]
@@ -396,15 +387,12 @@ def committed_sets(root: str | Path = ".") -> list[Path]:
     return sorted(p.parent for p in Path(root).glob(f"{SETS_DIR}/*/{PROVENANCE}"))
 
 
-def epsilon_meaning_of_sets(
-    root: str | Path = ".", datasets: Collection[str] | None = None
-) -> list[str]:
-    """The ε = 10 section of every committed set under ``root`` (for reproduction.md); with
-    ``datasets``, only of the sets that have a row of one of them."""
+def epsilon_meaning_of_sets(root: str | Path, datasets: Collection[str]) -> list[str]:
+    """The ε = 10 section of every committed set under ``root`` with a row of ``datasets``."""
     lines = []
     for set_dir in committed_sets(root):
         provenance, _, rows = load_set(set_dir)
-        if datasets is not None and not any(r.dataset in datasets for r in rows):
+        if not any(r.dataset in datasets for r in rows):
             continue
         section = epsilon_meaning(rows, provenance)
         if section:
