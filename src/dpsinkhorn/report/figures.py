@@ -359,8 +359,7 @@ FIGURE_BUILDERS = {
 
 def figure(name: str, config: ConfigLike, out_dir: PathLike) -> list[Path]:
     """Write ``figures/<name>.{png,pdf,csv}``; return the paths."""
-    config, files = load_config_like(config)
-    out_dir = Path(out_dir)
+    (config, files), out_dir = load_config_like(config), Path(out_dir)
     if name in SAMPLE_FIGURES:
         return _samples_figure(config, out_dir, name)
     if name not in FIGURE_BUILDERS:

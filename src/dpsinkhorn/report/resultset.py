@@ -58,11 +58,11 @@ MISSING = "missing"
 MARKS = {"none": "†", "unknown": "‡"}
 
 
-def guarantee_status(privacy: dict) -> tuple[str, str] | None:
-    """(status, the ledger's text) of a DP row's ``guarantee``; None if not DP. Status
-    ``none`` (public noise seed: ε bounds nothing), ``unknown`` (no field) or ``sound``."""
+def guarantee_status(privacy: dict) -> tuple[str, str]:
+    """(status, the ledger's text) of a DP row's ``guarantee``: ``none`` (public noise seed: ε
+    bounds nothing), ``unknown`` (no field) or ``sound``; ("", "") for a row that is not DP."""
     if not privacy:
-        return None
+        return "", ""
     text = privacy.get("guarantee")
     if not isinstance(text, str) or not text.strip():
         return "unknown", "unknown"
@@ -83,7 +83,7 @@ def guarantee_notes(rows: Sequence[Row]) -> list[str]:
     none: dict[str, list[str]] = {}
     unknown = []
     for r in rows:
-        status, text = guarantee_status(r.privacy) or ("sound", "")
+        status, text = guarantee_status(r.privacy)
         if status == "none":
             none.setdefault(text, []).append(f"`{r.exp_name}`")
         elif status == "unknown":
@@ -188,7 +188,7 @@ def cpu_fid(set_dir: Path) -> dict[str, dict]:
 
 def _guarantee_clause(row: Row) -> str:
     """``" (no guarantee: <ledger's reason>)"`` / ``" (unknown guarantee)"``; '' if sound."""
-    status, text = guarantee_status(row.privacy) or ("sound", "")
+    status, text = guarantee_status(row.privacy)
     clauses = {
         "none": f' (no guarantee; ledger: "{text}")',
         "unknown": " (unknown guarantee: the ledger has no guarantee field)",
@@ -376,9 +376,7 @@ def readme_table(set_dir: str | Path) -> str:
 
 def set_csv(rows: Sequence[Row]) -> str:
     """:func:`report.common.to_csv` with a last column ``guarantee`` (the ledger's text)."""
-    records = [
-        csv_record(r) | {"guarantee": (guarantee_status(r.privacy) or ("", ""))[1]} for r in rows
-    ]
+    records = [csv_record(r) | {"guarantee": guarantee_status(r.privacy)[1]} for r in rows]
     return csv_text((*csv_columns(), "guarantee"), records, digits=4)
 
 
