@@ -82,14 +82,8 @@ def value(args: str, root: Path) -> str:
     what, *rest = args.split()
     if what == "privacy":
         q, delta, batch, steps, eps, accountant, digits = rest
-        report = privacy_report(
-            q=float(q),
-            delta=float(delta),
-            batch_size=int(batch),
-            steps=int(steps),
-            epsilon=float(eps),
-            accountant=accountant,
-        )
+        numbers = {"q": float(q), "delta": float(delta), "epsilon": float(eps), "steps": int(steps)}
+        report = privacy_report(**numbers, batch_size=int(batch), accountant=accountant)
         return f"{report['sigma']:.{digits}f}"
     if what == "score":
         from dpsinkhorn.config.targets import score_name

@@ -302,16 +302,11 @@ def _eps10(config: Mapping, out_dir: Path) -> list[Path]:
         ax.invert_yaxis()
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, loc="lower left", bbox_to_anchor=(0.0, 1.01), ncol=2)
-    records = [
-        _figure_record(
-            r,
-            series=r.spec["clipping"],
-            batch_size=r.spec["batch_size"],
-            clipping=r.spec["clipping"],
-            noise_multiplier=r.privacy.get("noise_multiplier"),
-        )
-        for r in results
-    ]
+    records = []
+    for r in results:
+        extra = {key: r.spec[key] for key in ("batch_size", "clipping")}
+        z = r.privacy.get("noise_multiplier")
+        records.append(_figure_record(r, series=r.spec["clipping"], noise_multiplier=z, **extra))
     return _save_figure(fig, out_dir, "eps10", EPS10_COLUMNS, records, TITLES["eps10"])
 
 
