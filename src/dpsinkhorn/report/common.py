@@ -62,8 +62,7 @@ MECHANISM_TAG = {"batch": "released code's mechanism", "per_sample": "paper's te
 
 
 def mechanism_tag(privacy: dict) -> str:
-    """``released code's mechanism`` / ``paper's text`` for a DP row that clips the
-    generated-image gradient (from its ``clipping``), else the empty string."""
+    """:data:`MECHANISM_TAG` of a DP row that clips the image gradient, else ''."""
     if privacy.get("perturbation", "image") != "image":
         return ""
     return MECHANISM_TAG.get(privacy.get("clipping"), "")
@@ -389,8 +388,7 @@ def latex_cells(row: Row, metrics: Sequence[str]) -> list[str]:
 def booktabs(
     comments: Sequence[str], align: str, header: Sequence[str], body: Sequence[str]
 ) -> str:
-    """A booktabs tabular after ``%`` comment lines; ``body``: its lines below the header
-    (rows: :func:`latex_row`)."""
+    """A booktabs tabular after ``%`` comment lines; ``body``: its lines below the header."""
     lines = [f"% {c}" for c in comments] + [f"\\begin{{tabular}}{{{align}}}", "\\toprule"]
     lines += [latex_row(header), *body, "\\bottomrule", "\\end{tabular}"]
     return "\n".join(lines) + "\n"

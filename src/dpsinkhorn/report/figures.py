@@ -92,8 +92,7 @@ def _plot_lines(
     series_of: Callable[[CellResult], str],
     value: Value,
 ) -> None:
-    """One errorbar line per series, points sorted by x (non-finite x left out); error
-    bars: std over seeds."""
+    """One errorbar line per series, sorted by x (non-finite x left out); error bars: std."""
     seeds = max((r.row.seeds for r in results), default=1)
     groups: dict[str, list[tuple[float, float, float]]] = {}
     for r in results:

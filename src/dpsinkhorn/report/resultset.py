@@ -123,8 +123,7 @@ def set_config(set_dir: Path, provenance: dict) -> dict:
 
 
 def load_set(set_dir: Path, config_files: Sequence[str | Path] | None = None) -> tuple:
-    """(provenance, config, Table 1 rows) of a results set, read with ``config_files``
-    (default: the set's own config)."""
+    """(provenance, config, Table 1 rows) of a set, by ``config_files`` or the set's config."""
     provenance = load_provenance(set_dir)
     config = load_config(config_files) if config_files else set_config(set_dir, provenance)
     return provenance, config, set_rows(config, set_dir)
@@ -353,8 +352,7 @@ def render(set_dir: str | Path, config_files: Sequence[str | Path] | None = None
 
 
 def readme_table(set_dir: str | Path) -> str:
-    """README.md's Table 1 of a committed set: its rows, the paper's row of each dataset,
-    the guarantee marks' footnotes."""
+    """README.md's Table 1 of a committed set: its rows, the paper's, the marks' footnotes."""
     rows = load_set(Path(set_dir))[2]
     table = []
     for r in rows:

@@ -20,8 +20,7 @@ def duration(seconds: float) -> str:
 
 
 def timing_rows(set_dir: Path, totals: bool = False) -> list[tuple[str, str]]:
-    """(what ran, its time) of one set, in the order its files list them; ``totals``: only
-    the whole commands (``wall_seconds``)."""
+    """(what ran, its time) of one set in file order; ``totals``: whole commands only."""
     provenance = fileio.read_json(set_dir / "provenance.json")
     rows = []
     for what, seconds in provenance.get("wall_seconds", {}).items():
