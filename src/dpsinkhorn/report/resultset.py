@@ -305,12 +305,8 @@ def markdown(rows: Sequence[Row], config: dict, set_dir: Path, provenance: dict)
     table += _paper_rows(rows, ["{}", "DP-Sinkhorn as reported in the paper", "–", "–", "–"])
     lines += md_table([*header, *(METRIC_TITLES[m] for m in METRICS)], table)
     if absent:
-        lines += [
-            "",
-            "Not in this set (not run at paper scale here): "
-            + ", ".join(f"`{n}`" for n in absent)
-            + ".",
-        ]
+        names = ", ".join(f"`{n}`" for n in absent)
+        lines += ["", f"Not in this set (not run at paper scale here): {names}."]
     fids = cpu_fid(set_dir)
     if fids:
         lines += [

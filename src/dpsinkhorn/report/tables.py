@@ -152,9 +152,7 @@ def own_dataset_note(config: Mapping, dataset: str) -> list[str]:
 def table1_title(datasets: Iterable[str]) -> str:
     """ "Table 1: DP image generation on <the datasets' titles>"."""
     titles = [DATASET_TITLES.get(d, d) for d in dict.fromkeys(datasets)]
-    names = (
-        " and ".join(titles) if len(titles) < 3 else ", ".join(titles[:-1]) + " and " + titles[-1]
-    )
+    names = " and ".join([", ".join(titles[:-1]), titles[-1]] if len(titles) > 2 else titles)
     return f"{TITLES['table1'].split(' on ', 1)[0]} on {names}"
 
 
