@@ -1,6 +1,7 @@
 """Publishing: the one door every published byte goes through (``dpsinkhorn release``,
 ``release-manifest``, ``api.release``); docs/PRIVACY.md says what is proven how."""
 
+# ruff: noqa: F401
 from dpsinkhorn.publish.decision import (
     MANIFEST,
     MANIFEST_VERSION,
@@ -12,17 +13,3 @@ from dpsinkhorn.publish.decision import (
     write_manifest,
 )
 from dpsinkhorn.publish.proofs import ACCEPT_FLAG, SCORE_KEYS, check_ledger
-
-__all__ = [
-    "ACCEPT_FLAG",
-    "MANIFEST",
-    "MANIFEST_VERSION",
-    "SCORE_KEYS",
-    "check_ledger",
-    "decide",
-    "experiment_folder",
-    "manifest",
-    "release",
-    "run_folders",
-    "write_manifest",
-]

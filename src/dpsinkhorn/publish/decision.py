@@ -76,19 +76,15 @@ class Folder:
 class Published:
     """One file of a release: its path in the run, kind, checked bytes, covering ledgers
     and how it was proven; ``source``: the run's file it stands for, checked again after
-    writing against ``source_sha256`` (default: that of ``data``)."""
+    writing against ``source_sha256``."""
 
     path: str
     kind: str
     data: bytes = field(repr=False)
     ledgers: list[str]
     proof: str
-    source: Path | None = None
-    source_sha256: str | None = None
-
-    def __post_init__(self) -> None:
-        if self.source is not None and self.source_sha256 is None:
-            self.source_sha256 = fileio.sha256_of_bytes(self.data)
+    source: Path
+    source_sha256: str
 
 
 def run_folders(config: Mapping, run: str | Path) -> list[Folder]:
@@ -158,6 +154,8 @@ def _rel(folder: Folder, name: str) -> str:
 def _published(
     folder: Folder, name: str, kind: str, data: bytes, proof: str, source: Path, sha=None
 ):
+    """``source_sha256``: ``sha``, else that of ``data`` (the file is published as read)."""
+    sha = sha or fileio.sha256_of_bytes(data)
     return Published(_rel(folder, name), kind, data, [_rel(folder, LEDGER)], proof, source, sha)
 
 
@@ -268,8 +266,8 @@ def _decide_summary(run: Path, config: Mapping, ledgers: list[str]) -> Published
             "--config ..."
         )
     proof = "recomputed from the ledgers and the training record: equal"
-    rel = path.relative_to(run).as_posix()
-    return Published(rel, "privacy_summary", data, sorted(ledgers), proof, path)
+    rel, sha = path.relative_to(run).as_posix(), fileio.sha256_of_bytes(data)
+    return Published(rel, "privacy_summary", data, sorted(ledgers), proof, path, sha)
 
 
 def manifest(files: Sequence[Published], name: str | None) -> dict:
@@ -349,7 +347,7 @@ def release(
             fileio.write_bytes(tmp / f.path, f.data)
         fileio.write_json(tmp / MANIFEST, report)
         for f in files:
-            if f.source is not None and fileio.sha256_of(f.source) != f.source_sha256:
+            if fileio.sha256_of(f.source) != f.source_sha256:
                 raise ValueError(f"{f.source}: changed while it was released; refusing")
         try:
             if out.exists():

@@ -113,12 +113,9 @@ def caption(
             "(a non-private analysis of the training data, not a DP release)."
         )
     elif name in SAMPLE_FIGURES:
-        unconditional = all(experiment(config, e).get("conditional", True) is False for e in exps)
-        layout = (
-            "one row of an unconditional generator's samples"
-            if unconditional and exps
-            else (f"{SAMPLE_FIGURES[name]} per class, one row per class")
-        )
+        layout = f"{SAMPLE_FIGURES[name]} per class, one row per class"
+        if all(experiment(config, e).get("conditional", True) is False for e in exps):
+            layout = "one row of an unconditional generator's samples"
         parts.append(f"Samples of seed {config['seeds'][0]}, {layout}.")
     else:
         seeds, s = config["seeds"], "s" if len(config["seeds"]) > 1 else ""

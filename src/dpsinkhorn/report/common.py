@@ -62,8 +62,7 @@ MECHANISM_TAG = {"batch": "released code's mechanism", "per_sample": "paper's te
 
 
 def mechanism_tag(privacy: dict) -> str:
-    """``released code's mechanism`` / ``paper's text`` for a DP row that clips the
-    generated-image gradient (from its ``clipping``), else the empty string."""
+    """:data:`MECHANISM_TAG` of a DP row that clips the image gradient, else ''."""
     if privacy.get("perturbation", "image") != "image":
         return ""
     return MECHANISM_TAG.get(privacy.get("clipping"), "")
@@ -317,14 +316,10 @@ METRIC_TITLES = {"fid": "FID ↓", "acc_logreg": "Log Reg", "acc_mlp": "MLP", "a
 METRIC_TITLES_TEX = {"fid": "FID", "acc_logreg": "Log Reg", "acc_mlp": "MLP", "acc_cnn": "CNN"}
 
 
-def md_row(cells: Iterable[str]) -> str:
-    """One line of a Markdown table."""
-    return "| " + " | ".join(cells) + " |"
-
-
 def md_table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
     """Markdown lines of a table: header, separator, one line per row of cells."""
-    return [md_row(header), "|" + "---|" * len(header), *map(md_row, rows)]
+    lines = ["| " + " | ".join(cells) + " |" for cells in [header, *rows]]
+    return [lines[0], "|" + "---|" * len(header), *lines[1:]]
 
 
 def markdown_table(
@@ -393,8 +388,7 @@ def latex_cells(row: Row, metrics: Sequence[str]) -> list[str]:
 def booktabs(
     comments: Sequence[str], align: str, header: Sequence[str], body: Sequence[str]
 ) -> str:
-    """A booktabs tabular after ``%`` comment lines; ``body``: its lines below the header
-    (rows: :func:`latex_row`)."""
+    """A booktabs tabular after ``%`` comment lines; ``body``: its lines below the header."""
     lines = [f"% {c}" for c in comments] + [f"\\begin{{tabular}}{{{align}}}", "\\toprule"]
     lines += [latex_row(header), *body, "\\bottomrule", "\\end{tabular}"]
     return "\n".join(lines) + "\n"

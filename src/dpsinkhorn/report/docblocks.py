@@ -1,17 +1,9 @@
 """The generated blocks of README.md and docs/: every number a page quotes from a results
-set or the accountant sits between markers and is rendered, never typed.
-
-    <!-- KIND: ARGS -->
-    ...what render(KIND, ARGS) returns...
-    <!-- end KIND -->
-
-Kinds: ``table1 <set>`` (a set's Table 1, ``resultset.readme_table``), ``timings <set>...``
-and ``timings totals <set>...`` (``timings.timings_table``), ``epsilons <config> <exp>...``
-(σ, steps and ε of experiments trained on N records, ``epsilons <config> N <exp>...``,
-:func:`epsilon_table`). Paths are relative to the
-repository root. ``tests/test_docs.py`` renders every block of every page and compares;
-``python -m dpsinkhorn.report.docblocks PAGE...`` rewrites the pages' blocks.
-"""
+set or the accountant sits between markers and is rendered, never typed: a block
+``<!-- KIND: ARGS -->`` ... ``<!-- end KIND -->`` (:data:`KINDS`, :func:`render`) or a number
+in a sentence ``<!-- n: QUANTITY ARGS -->`` ... ``<!-- /n -->`` (:data:`QUANTITIES`,
+:func:`value`); paths from the repository root. ``python -m dpsinkhorn.report.docblocks
+PAGE...`` rewrites the pages' blocks; ``tests/test_docs.py`` compares."""
 
 from __future__ import annotations
 
@@ -24,6 +16,8 @@ from dpsinkhorn.report import timings
 
 #: one block: (kind, its arguments, the body, the end marker's kind)
 BLOCK = re.compile(r"<!-- ([a-z0-9 ]+?): ([^>]*?) -->\n(.*?)<!-- end (\w+) -->", re.S)
+#: ``table1 SET`` (``resultset.readme_table``), ``timings SET...`` / ``timings totals SET...``
+#: (``timings.timings_table``), ``epsilons CONFIG N EXP...`` (:func:`epsilon_table`)
 KINDS = ("table1", "timings", "timings totals", "epsilons")
 
 
@@ -88,14 +82,8 @@ def value(args: str, root: Path) -> str:
     what, *rest = args.split()
     if what == "privacy":
         q, delta, batch, steps, eps, accountant, digits = rest
-        report = privacy_report(
-            q=float(q),
-            delta=float(delta),
-            batch_size=int(batch),
-            steps=int(steps),
-            epsilon=float(eps),
-            accountant=accountant,
-        )
+        numbers = {"q": float(q), "delta": float(delta), "epsilon": float(eps), "steps": int(steps)}
+        report = privacy_report(**numbers, batch_size=int(batch), accountant=accountant)
         return f"{report['sigma']:.{digits}f}"
     if what == "score":
         from dpsinkhorn.config.targets import score_name

@@ -1,9 +1,6 @@
-"""Figures: ``dpsinkhorn report {fig2,fig4a,fig4b,fig4c,fig5,fig7,eps10} --config FILES --out-dir``.
-
-Each writes ``figures/<name>.{png,pdf,csv}`` (the csv: the plotted numbers; error bars: std
-over seeds). Also the sample-grid helpers of Tables 1, 3 and 6. matplotlib is imported
-inside the functions.
-"""
+"""Figures: ``dpsinkhorn report {fig2,fig4a,fig4b,fig4c,fig5,fig7,eps10} --config FILES --out-dir``
+writes ``figures/<name>.{png,pdf,csv}`` (the csv: the plotted numbers; error bars: std over
+seeds). matplotlib is imported inside the functions."""
 
 from __future__ import annotations
 
@@ -58,16 +55,14 @@ def _save_figure(
     if title:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    written = []
-    for suffix in ("png", "pdf"):
-        path = out_dir / FIGURES_DIR / f"{name}.{suffix}"
+    paths = [out_dir / FIGURES_DIR / f"{name}.{suffix}" for suffix in ("png", "pdf", "csv")]
+    for path, suffix in zip(paths[:2], ("png", "pdf"), strict=True):
         # No creation date in a PDF: a rerun's figure is the same bytes (PNGs have none).
         metadata = {"CreationDate": None} if suffix == "pdf" else None
         with fileio.atomic_path(path) as tmp:
             fig.savefig(tmp, format=suffix, bbox_inches="tight", metadata=metadata)
-        written.append(path)
-    fileio.write_text(out_dir / FIGURES_DIR / f"{name}.csv", csv_text(columns, records))
-    return written + [out_dir / FIGURES_DIR / f"{name}.csv"]
+    fileio.write_text(paths[2], csv_text(columns, records))
+    return paths
 
 
 Value = Callable[[CellResult], tuple[float, float] | None]
@@ -97,8 +92,7 @@ def _plot_lines(
     series_of: Callable[[CellResult], str],
     value: Value,
 ) -> None:
-    """One errorbar line per series, points sorted by x (non-finite x left out); error
-    bars: std over seeds."""
+    """One errorbar line per series, sorted by x (non-finite x left out); error bars: std."""
     seeds = max((r.row.seeds for r in results), default=1)
     groups: dict[str, list[tuple[float, float, float]]] = {}
     for r in results:
@@ -117,12 +111,15 @@ def _plot_lines(
 
 
 def _figure_record(r: CellResult, **extra: object) -> dict:
-    """A cell's row of a figure's CSV (:data:`FIGURE_CSV_COLUMNS` and ``extra``)."""
+    """A cell's row of a figure's CSV (:data:`FIGURE_CSV_COLUMNS`, ``error_<model>``: 100 −
+    accuracy in %, and ``extra``)."""
     record = {"cell": r.label, "experiment": r.experiment, "base": r.base}
     record |= {key: r.spec[key] for key in ("dataset", "lr", "optimizer", "p", "m")}
     record |= {"sigma": r.sigma, "steps": r.steps, "epsilon": r.row.epsilon}
     record["epsilon_paper_convention"] = r.row.epsilon_paper
-    return record | metric_cells(r.row) | extra
+    acc = {m.removeprefix("acc_"): v for m, v in r.row.mean.items() if m.startswith("acc_")}
+    errors = {f"error_{m}": 100.0 - v for m, v in acc.items() if v is not None}
+    return record | metric_cells(r.row) | errors | extra
 
 
 FIGURE_CSV_COLUMNS = (
@@ -141,15 +138,6 @@ def _series(results: Sequence[CellResult], label: Callable[[CellResult], str]):
     """Series name of a cell, prefixed by its base experiment where the study has several."""
     several = len({r.base for r in results}) > 1
     return lambda r: f"{r.base}: {label(r)}" if several else label(r)
-
-
-def _errors(r: CellResult, models: Sequence[str]) -> dict[str, float]:
-    """Error rate (100 − accuracy, %) of each classifier with a result."""
-    return {
-        f"error_{m}": 100.0 - r.row.mean[f"acc_{m}"]
-        for m in models
-        if r.row.mean.get(f"acc_{m}") is not None
-    }
 
 
 def _sweep_figure(config: Mapping, out_dir: Path, name: str) -> list[Path]:
@@ -174,7 +162,7 @@ def _sweep_figure(config: Mapping, out_dir: Path, name: str) -> list[Path]:
             ax.set_xscale("log")
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
-    records = [_figure_record(r, series=series(r), **_errors(r, models)) for r in results]
+    records = [_figure_record(r, series=series(r)) for r in results]
     columns = (*FIGURE_CSV_COLUMNS, *(f"error_{m}" for m in models))
     return _save_figure(fig, out_dir, name, columns, records, TITLES[name])
 
@@ -198,7 +186,7 @@ def _fig5(config: Mapping, out_dir: Path) -> list[Path]:
         for ax in axes[:, col]:
             ax.set_xlabel("p (debiasing fraction)")
         series = _series(in_dataset, lambda r: r.spec["dataset"])
-        records += [_figure_record(r, series=series(r), **_errors(r, models)) for r in in_dataset]
+        records += [_figure_record(r, series=series(r)) for r in in_dataset]
     models = _classifiers(config, results)
     columns = (*FIGURE_CSV_COLUMNS, *(f"error_{m}" for m in models))
     return _save_figure(fig, out_dir, "fig5", columns, records, TITLES["fig5"])
@@ -207,8 +195,7 @@ def _fig5(config: Mapping, out_dir: Path) -> list[Path]:
 #: The per-p lists of ``evaluate.gradstudy``'s file that Figure 4c's CSV holds.
 GRADSTUDY_LISTS = ("bias", "bias_relative", "variance", "variance_normalised", "bias_noise_floor")
 GRADSTUDY_KEYS = ("trained_p", "p", "batches", *GRADSTUDY_LISTS)
-FIG4C_COLUMNS = ("cell", "experiment", "trained_p", "p", *GRADSTUDY_LISTS[:4])
-FIG4C_COLUMNS += ("bias_noise_floor", "batches")
+FIG4C_COLUMNS = ("cell", "experiment", "trained_p", "p", *GRADSTUDY_LISTS, "batches")
 
 
 def _fig4c(config: Mapping, out_dir: Path) -> list[Path]:
@@ -314,16 +301,11 @@ def _eps10(config: Mapping, out_dir: Path) -> list[Path]:
         ax.invert_yaxis()
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, loc="lower left", bbox_to_anchor=(0.0, 1.01), ncol=2)
-    records = [
-        _figure_record(
-            r,
-            series=r.spec["clipping"],
-            batch_size=r.spec["batch_size"],
-            clipping=r.spec["clipping"],
-            noise_multiplier=r.privacy.get("noise_multiplier"),
-        )
-        for r in results
-    ]
+    records = []
+    for r in results:
+        extra = {key: r.spec[key] for key in ("batch_size", "clipping")}
+        z = r.privacy.get("noise_multiplier")
+        records.append(_figure_record(r, series=r.spec["clipping"], noise_multiplier=z, **extra))
     return _save_figure(fig, out_dir, "eps10", EPS10_COLUMNS, records, TITLES["eps10"])
 
 
@@ -371,8 +353,7 @@ FIGURE_BUILDERS = {
 
 def figure(name: str, config: ConfigLike, out_dir: PathLike) -> list[Path]:
     """Write ``figures/<name>.{png,pdf,csv}``; return the paths."""
-    config, files = load_config_like(config)
-    out_dir = Path(out_dir)
+    (config, files), out_dir = load_config_like(config), Path(out_dir)
     if name in SAMPLE_FIGURES:
         return _samples_figure(config, out_dir, name)
     if name not in FIGURE_BUILDERS:

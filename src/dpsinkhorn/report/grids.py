@@ -76,6 +76,5 @@ def draw_grid(
     ax.set_yticks([c * h + (h - 2) / 2 for c in range(len(names))], names, fontsize=fontsize)
     ax.set_xticks([])
     ax.tick_params(length=0)
-    for spine in ax.spines.values():
-        spine.set_visible(False)
+    ax.spines[:].set_visible(False)
     ax.set_title(title, fontsize=9)

@@ -1,14 +1,11 @@
-"""reproduction.md: ``dpsinkhorn report reproduction --config FILES --out-dir``.
-
-Every table cell the paper reports beside ours and the difference; the sound ε = 10 study;
-what the paper's ε = 10 means for this run and each results set; the privacy summary.
-"""
+"""reproduction.md (``dpsinkhorn report reproduction --config FILES --out-dir``): every table
+cell the paper reports beside ours, the sound ε = 10 study, what the paper's ε = 10 means,
+the privacy summary."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 from dpsinkhorn import fileio
@@ -32,25 +29,10 @@ from dpsinkhorn.report.common import (
     paper_number,
 )
 from dpsinkhorn.report.figures import eps10_section
-from dpsinkhorn.report.paper import (
-    TABLE_METRICS,
-    loss_kind,
-)
+from dpsinkhorn.report.paper import TABLE_METRICS, loss_kind
 from dpsinkhorn.report.privacy_summary import summary_markdown
 from dpsinkhorn.report.studies import study_table_results
 from dpsinkhorn.report.tables import paper_epsilons, table1_title, table_metrics, table_rows
-
-
-@dataclass
-class Reproduced:
-    """One cell of a paper table: the paper's value and ours (mean, std over ``seeds``)."""
-
-    row: str
-    metric: str
-    paper: float
-    mean: float | None
-    std: float | None
-    seeds: int
 
 
 def produced_tables(config: Mapping) -> list[str]:
@@ -61,21 +43,31 @@ def produced_tables(config: Mapping) -> list[str]:
     return sorted(names, key=lambda t: int(t.removeprefix("table")))
 
 
-def _row_cells(label: str, row: Row, metrics: Sequence[str], paper_eps=None) -> list[Reproduced]:
-    """The cells of a row the paper reports, and its paper-convention ε (``paper_eps``)."""
-    cells = [
-        Reproduced(label, METRIC_TITLES_TEX[m], paper, row.mean.get(m), row.std.get(m), row.seeds)
+def _row_cells(label: str, row: Row, metrics: Sequence[str], paper_eps=None) -> list[list[str]]:
+    """Markdown cells (row, metric, paper, ours: mean ± std over seeds, ours − paper) of each
+    cell of ``row`` that the paper reports, and of its paper-convention ε (``paper_eps``)."""
+    found = [
+        (METRIC_TITLES_TEX[m], paper, row.mean.get(m), row.std.get(m), paper_digits(paper))
         for m in metrics
         if (paper := row.paper.get(m)) is not None
     ]
     if paper_eps is not None:
-        cells.append(Reproduced(label, "ε (paper conv.)", paper_eps, row.epsilon_paper, None, 1))
+        found.append(("ε (paper conv.)", paper_eps, row.epsilon_paper, None, 2))
+    cells = []
+    for metric, paper, mean, std, digits in found:
+        ours, diff = "–", "–"
+        if mean is not None:
+            ours = "∞" if math.isinf(mean) else f"{mean:.{digits}f}"
+            if row.seeds > 1 and std is not None:
+                ours += f" ± {std:.{digits}f}"
+            diff = f"{mean - paper:+.{digits}f}"
+        cells.append([label, metric, paper_number(paper), ours, diff])
     return cells
 
 
-def reproduced_cells(config: Mapping, out_dir: Path, table: str) -> list[Reproduced]:
-    """Every cell of ``table`` that the paper reports and this run reproduced."""
-    found: list[Reproduced] = []
+def reproduced_cells(config: Mapping, out_dir: Path, table: str) -> list[list[str]]:
+    """Every cell of ``table`` that the paper reports and this run reproduced (markdown)."""
+    found: list[list[str]] = []
     if table in MAIN_TABLES:
         paper_eps = paper_epsilons(table)
         for row in table_rows(config, table, out_dir):
@@ -138,17 +130,7 @@ def reproduction_markdown(config: Mapping, out_dir: Path, files: Sequence[str] =
             lines += ["No cell of this run matches a cell of the paper's table.", ""]
             continue
         header = ["Table", "Row", "Metric", "Paper", "Ours (mean ± std)"]
-        table_cells = []
-        for c in cells:
-            digits = 2 if c.metric.startswith("ε") else paper_digits(c.paper)
-            ours, diff = "–", "–"
-            if c.mean is not None:
-                ours = "∞" if math.isinf(c.mean) else f"{c.mean:.{digits}f}"
-                if c.seeds > 1 and c.std is not None:
-                    ours += f" ± {c.std:.{digits}f}"
-                diff = f"{c.mean - c.paper:+.{digits}f}"
-            number = table.removeprefix("table")
-            table_cells.append([number, c.row, c.metric, paper_number(c.paper), ours, diff])
+        table_cells = [[table.removeprefix("table"), *c] for c in cells]
         lines += md_table([*header, "Difference (ours − paper)"], table_cells) + [""]
     if "eps10" in configured_studies(config):
         lines += eps10_section(config, out_dir)
@@ -165,9 +147,8 @@ def reproduction_markdown(config: Mapping, out_dir: Path, files: Sequence[str] =
 
 
 def _epsilon_meaning_lines(config: Mapping, out_dir: Path, tables: Sequence[str]) -> list[str]:
-    """ "What the paper's ε = 10 means": this run's paper-setting rows, then every committed
-    results set under ``./results-paper-scale`` (measured at paper scale; cwd = repo root)
-    that has rows of this config's Table 1 datasets (none for an own dataset)."""
+    """ "What the paper's ε = 10 means": this run's paper-setting rows, then each committed
+    results set (cwd = repository root) with rows of this config's Table 1 datasets."""
     lines = []
     if "table1" in tables:
         section = resultset.epsilon_meaning(table_rows(config, "table1", out_dir), {})
@@ -179,9 +160,7 @@ def _epsilon_meaning_lines(config: Mapping, out_dir: Path, tables: Sequence[str]
 
 def reproduction(config: ConfigLike, out_dir: PathLike) -> list[Path]:
     """Write ``<out_dir>/reproduction.md``; return its path."""
-    config, files = load_config_like(config)
-    out_dir = Path(out_dir)
-    text = reproduction_markdown(config, out_dir, files)
+    (config, files), out_dir = load_config_like(config), Path(out_dir)
     path = out_dir / "reproduction.md"
-    fileio.write_text(path, text)
+    fileio.write_text(path, reproduction_markdown(config, out_dir, files))
     return [path]

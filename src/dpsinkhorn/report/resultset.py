@@ -1,11 +1,6 @@
-"""Committed results sets: ``dpsinkhorn report results-set --dir results-paper-scale/<name>``.
-
-A set holds ``provenance.json``, each experiment's ``privacy.json`` and score files, and
-optionally ``cpu-fid/``. :func:`render` writes ``<set>/table1.{md,csv}``: a row per
-experiment of the set's config with a folder in the set, each cell mean ± std over the
-seeds present (``missing`` where none); each ledger must match its experiment. A ledger's
-``guarantee`` marks the sound-ε cells (:func:`guarantee_status`).
-"""
+"""Committed results sets: ``dpsinkhorn report results-set --dir results-paper-scale/<name>``
+writes ``<set>/table1.{md,csv}``, a row per experiment of the set's config with a folder in
+the set (files: docs/CONTRACTS.md); each ledger must match its experiment."""
 
 from __future__ import annotations
 
@@ -63,11 +58,11 @@ MISSING = "missing"
 MARKS = {"none": "†", "unknown": "‡"}
 
 
-def guarantee_status(privacy: dict) -> tuple[str, str] | None:
-    """(status, the ledger's text) of a DP row's ``guarantee``; None if not DP. Status
-    ``none`` (public noise seed: ε bounds nothing), ``unknown`` (no field) or ``sound``."""
+def guarantee_status(privacy: dict) -> tuple[str, str]:
+    """(status, the ledger's text) of a DP row's ``guarantee``: ``none`` (public noise seed: ε
+    bounds nothing), ``unknown`` (no field) or ``sound``; ("", "") for a row that is not DP."""
     if not privacy:
-        return None
+        return "", ""
     text = privacy.get("guarantee")
     if not isinstance(text, str) or not text.strip():
         return "unknown", "unknown"
@@ -75,8 +70,7 @@ def guarantee_status(privacy: dict) -> tuple[str, str] | None:
 
 
 def _sound_cells(row: Row) -> list[str]:
-    """The sound ε by RDP and by PLD of a row, each marked `` †`` / `` ‡`` when its ledger
-    states no (known) guarantee; ∞ twice for a row that is not DP."""
+    """Sound ε by RDP and by PLD, marked with :data:`MARKS`; ∞ twice for a non-DP row."""
     if not row.privacy:
         return [epsilon_text(row.epsilon, False)] * 2
     eps, status = sound_epsilons(row.privacy), guarantee_status(row.privacy)[0]
@@ -89,12 +83,10 @@ def guarantee_notes(rows: Sequence[Row]) -> list[str]:
     none: dict[str, list[str]] = {}
     unknown = []
     for r in rows:
-        status = guarantee_status(r.privacy)
-        if status is None or status[0] == "sound":
-            continue
-        if status[0] == "none":
-            none.setdefault(status[1], []).append(f"`{r.exp_name}`")
-        else:
+        status, text = guarantee_status(r.privacy)
+        if status == "none":
+            none.setdefault(text, []).append(f"`{r.exp_name}`")
+        elif status == "unknown":
             unknown.append(f"`{r.exp_name}`")
     notes = [
         f"**{MARKS['none']} No privacy guarantee for {', '.join(names)}: their ledgers "
@@ -123,18 +115,18 @@ def load_provenance(set_dir: Path) -> dict:
 
 
 def set_config(set_dir: Path, provenance: dict) -> dict:
-    """The set's config, its ``config`` path relative to the repository root (a set outside
-    ``<root>/results-paper-scale/``: relative to the working directory)."""
+    """The set's config (path from the repository root, else from the working directory)."""
     path = set_dir.resolve().parents[1] / provenance["config"]
     if not path.is_file() and Path(provenance["config"]).is_file():
         path = Path(provenance["config"])
     return load_config([path])
 
 
-def load_set(set_dir: Path) -> tuple[dict, list[Row]]:
-    """(provenance, Table 1 rows) of a results set, read with the set's own config."""
+def load_set(set_dir: Path, config_files: Sequence[str | Path] | None = None) -> tuple:
+    """(provenance, config, Table 1 rows) of a set, by ``config_files`` or the set's config."""
     provenance = load_provenance(set_dir)
-    return provenance, set_rows(set_config(set_dir, provenance), set_dir)
+    config = load_config(config_files) if config_files else set_config(set_dir, provenance)
+    return provenance, config, set_rows(config, set_dir)
 
 
 def _check_ledger(spec: dict, privacy: dict, path: Path) -> None:
@@ -195,7 +187,7 @@ def cpu_fid(set_dir: Path) -> dict[str, dict]:
 
 def _guarantee_clause(row: Row) -> str:
     """``" (no guarantee: <ledger's reason>)"`` / ``" (unknown guarantee)"``; '' if sound."""
-    status, text = guarantee_status(row.privacy) or ("sound", "")
+    status, text = guarantee_status(row.privacy)
     clauses = {
         "none": f' (no guarantee; ledger: "{text}")',
         "unknown": " (unknown guarantee: the ledger has no guarantee field)",
@@ -313,12 +305,8 @@ def markdown(rows: Sequence[Row], config: dict, set_dir: Path, provenance: dict)
     table += _paper_rows(rows, ["{}", "DP-Sinkhorn as reported in the paper", "–", "–", "–"])
     lines += md_table([*header, *(METRIC_TITLES[m] for m in METRICS)], table)
     if absent:
-        lines += [
-            "",
-            "Not in this set (not run at paper scale here): "
-            + ", ".join(f"`{n}`" for n in absent)
-            + ".",
-        ]
+        names = ", ".join(f"`{n}`" for n in absent)
+        lines += ["", f"Not in this set (not run at paper scale here): {names}."]
     fids = cpu_fid(set_dir)
     if fids:
         lines += [
@@ -350,9 +338,7 @@ def markdown(rows: Sequence[Row], config: dict, set_dir: Path, provenance: dict)
 def render(set_dir: str | Path, config_files: Sequence[str | Path] | None = None) -> list[Path]:
     """Write ``<set>/table1.{md,csv}`` from the set's files; return their paths."""
     set_dir = Path(set_dir)
-    provenance = load_provenance(set_dir)
-    config = load_config(config_files) if config_files else set_config(set_dir, provenance)
-    rows = set_rows(config, set_dir)
+    provenance, config, rows = load_set(set_dir, config_files)
     if not rows:
         raise ValueError(f"{set_dir}: no folder of a Table 1 experiment of {provenance['config']}")
     written = [set_dir / "table1.md", set_dir / "table1.csv"]
@@ -362,10 +348,8 @@ def render(set_dir: str | Path, config_files: Sequence[str | Path] | None = None
 
 
 def readme_table(set_dir: str | Path) -> str:
-    """README.md's Table 1 of a committed set: its rows (sound ε with the guarantee marks,
-    each cell with its seed count or ``missing``; a DP row that clips the image gradient
-    names its mechanism's source), the paper's row of each dataset, the marks' footnotes."""
-    _, rows = load_set(Path(set_dir))
+    """README.md's Table 1 of a committed set: its rows, the paper's, the marks' footnotes."""
+    rows = load_set(Path(set_dir))[2]
     table = []
     for r in rows:
         title = DATASET_TITLES.get(r.dataset, r.dataset)
@@ -385,11 +369,8 @@ def readme_table(set_dir: str | Path) -> str:
 
 
 def set_csv(rows: Sequence[Row]) -> str:
-    """:func:`report.common.to_csv` with a last column ``guarantee``: the ledger's text,
-    ``unknown`` for a DP row whose ledger has none, empty for rows that are not DP."""
-    records = [
-        csv_record(r) | {"guarantee": (guarantee_status(r.privacy) or ("", ""))[1]} for r in rows
-    ]
+    """:func:`report.common.to_csv` with a last column ``guarantee`` (the ledger's text)."""
+    records = [csv_record(r) | {"guarantee": guarantee_status(r.privacy)[1]} for r in rows]
     return csv_text((*csv_columns(), "guarantee"), records, digits=4)
 
 
@@ -398,15 +379,12 @@ def committed_sets(root: str | Path = ".") -> list[Path]:
     return sorted(p.parent for p in Path(root).glob(f"{SETS_DIR}/*/{PROVENANCE}"))
 
 
-def epsilon_meaning_of_sets(
-    root: str | Path = ".", datasets: Collection[str] | None = None
-) -> list[str]:
-    """The ε = 10 section of every committed set under ``root`` (for reproduction.md); with
-    ``datasets``, only of the sets that have a row of one of them."""
+def epsilon_meaning_of_sets(root: str | Path, datasets: Collection[str]) -> list[str]:
+    """The ε = 10 section of every committed set under ``root`` with a row of ``datasets``."""
     lines = []
     for set_dir in committed_sets(root):
-        provenance, rows = load_set(set_dir)
-        if datasets is not None and not any(r.dataset in datasets for r in rows):
+        provenance, _, rows = load_set(set_dir)
+        if not any(r.dataset in datasets for r in rows):
             continue
         section = epsilon_meaning(rows, provenance)
         if section:

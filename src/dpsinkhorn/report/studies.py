@@ -247,11 +247,8 @@ def study_table(table: str, config: ConfigLike, out_dir: PathLike) -> list[Path]
     """Write ``tables/<table>.{md,csv,tex}`` for Table 2, 4 or 5; return the paths."""
     if table not in TABLE_STUDIES:
         raise ValueError(f"unknown study table {table!r} (one of {', '.join(TABLE_STUDIES)})")
-    config, files = load_config_like(config)
-    out_dir = Path(out_dir)
+    (config, files), out_dir = load_config_like(config), Path(out_dir)
     require_study(config, table, files)
     results = study_table_results(config, out_dir, table)
-    md = _table_markdown(table, results, config, files)
-    return write_tables(
-        out_dir, table, md, _table_csv(table, results), _table_latex(table, results)
-    )
+    csv, tex = _table_csv(table, results), _table_latex(table, results)
+    return write_tables(out_dir, table, _table_markdown(table, results, config, files), csv, tex)

@@ -1,10 +1,6 @@
 """Tables 1, 3 and 6: ``dpsinkhorn report {table1,table3,table6} --config FILES --out-dir``.
-
-Our rows (``this run``: mean ± std over seeds, DP-MERF computed here) and the paper's
-baselines (``reported in paper``). Table 1 (per dataset) also writes
-``figures/samples_<dataset>.png``; the CelebA Tables 3 and 6 (FID, MLP, CNN; rows from the
-experiments' ``rows:``) write ``figures/fig{3,6}.png``. Each writes ``tables/<table>.{md,csv,tex}``.
-"""
+Our rows (``this run``: mean ± std over seeds) beside the paper's baselines (``reported in
+paper``), and their sample figures (files: docs/CONTRACTS.md)."""
 
 from __future__ import annotations
 
@@ -27,6 +23,7 @@ from dpsinkhorn.config import (
 from dpsinkhorn.config.targets import TITLES, sample_name
 from dpsinkhorn.data.catalog import own_layout, resize_statement
 from dpsinkhorn.report.common import (
+    ACCOUNTING_NOTE,
     CLASS_NAMES,
     DATASET_TITLES,
     METRICS,
@@ -117,8 +114,7 @@ def our_rows(config: dict, table: str, results_dir: Path) -> list[Row]:
 
 
 def table_rows(config: dict, table: str, results_dir: Path) -> list[Row]:
-    """Our rows, then the paper's reported baselines: per dataset in config order (Table 1),
-    or after all ours (CelebA)."""
+    """Our rows, then the paper's baselines (Table 1: per dataset, in config order)."""
     ours = our_rows(config, table, results_dir)
     datasets = list(dict.fromkeys(r.dataset for r in ours))
     if table != "table1":
@@ -154,12 +150,9 @@ def own_dataset_note(config: Mapping, dataset: str) -> list[str]:
 
 
 def table1_title(datasets: Iterable[str]) -> str:
-    """ "Table 1: DP image generation on <the datasets of the rows>" (the paper's title for
-    MNIST and Fashion-MNIST; an own dataset by its title)."""
+    """ "Table 1: DP image generation on <the datasets' titles>"."""
     titles = [DATASET_TITLES.get(d, d) for d in dict.fromkeys(datasets)]
-    names = (
-        " and ".join(titles) if len(titles) < 3 else ", ".join(titles[:-1]) + " and " + titles[-1]
-    )
+    names = " and ".join([", ".join(titles[:-1]), titles[-1]] if len(titles) > 2 else titles)
     return f"{TITLES['table1'].split(' on ', 1)[0]} on {names}"
 
 
@@ -179,17 +172,14 @@ def _deltas(config: Mapping, rows: Sequence[Row], fmt: str = "g") -> list[str]:
 
 
 def table1_markdown(rows: Sequence[Row], config: dict, figures: dict[str, tuple[str, str]]):
-    """Table 1's Markdown lines: one table per dataset, the paper's value next to each
-    reproduced cell; ``figures``: dataset -> (figure path relative to tables/, experiment)."""
+    """Table 1's Markdown lines; ``figures``: dataset -> (figure path from tables/, experiment)."""
     deltas = ", ".join(sorted(d.replace("e-0", "e-") for d in _deltas(config, rows, ".0e")))
     deltas = f", δ = {deltas}" if deltas else ""
     lines = [
         f"# {table1_title(r.dataset for r in rows)}",
         "",
         f"{_seeds_sentence(config)}. `(paper X)` is the value in the paper's final Table 1. "
-        "ε (sound) is the accountant's ε; ε (paper conv.) is the same run under the paper's "
-        "accounting convention, which the paper reports as "
-        f"ε = {PAPER_EPSILON:g}. Accuracy in %{deltas}. "
+        f"{ACCOUNTING_NOTE} Accuracy in %{deltas}. "
         "Rows *reported in paper* are copied from the paper (– = N/A or not run).",
         "",
     ]
@@ -239,8 +229,7 @@ def fixture_data(config: Mapping) -> bool:
 
 
 def celeba_markdown(table: str, rows: Sequence[Row], config: dict, figure: str) -> list[str]:
-    """Table 3's or 6's Markdown lines; ``figure``: its figure's path relative to tables/
-    ('' when it has none)."""
+    """Table 3's or 6's Markdown lines; ``figure``: its figure's path from tables/ (or '')."""
     fixture = FIXTURE_NOTE if fixture_data(config) else ""
     deltas = _deltas(config, rows)
     lines = [f"# {TITLES[table]}", ""] + ([fixture, ""] if fixture else [])

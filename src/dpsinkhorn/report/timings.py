@@ -1,8 +1,5 @@
-"""Typical times that README.md and docs/ quote, rendered from committed results sets'
-``provenance.json`` (``wall_seconds``) and ``step_rates.json`` into the blocks between
-``<!-- timings: results-paper-scale/<set> [...] -->`` and ``<!-- end timings -->``
-(``timings totals:``: the whole commands' rows only); tests/test_docs.py compares them.
-"""
+"""Typical times that README.md and docs/ quote (``report.docblocks``' ``timings`` blocks),
+from committed results sets' ``provenance.json`` and ``step_rates.json``."""
 
 from __future__ import annotations
 
@@ -11,13 +8,10 @@ from pathlib import Path
 
 from dpsinkhorn import fileio
 
-#: provenance keys of an experiment -> the step they time
-STEP_KEYS = {
-    "train_seconds": "train",
-    "train_cpu_wall_seconds": "train",
-    "evaluate_seconds": "evaluate",
-    "evaluate_cpu_wall_seconds": "evaluate",
-}
+#: provenance keys of an experiment's times, each named ``<step>_...``
+STEP_KEYS = (
+    "train_seconds train_cpu_wall_seconds evaluate_seconds evaluate_cpu_wall_seconds".split()
+)
 
 
 def duration(seconds: float) -> str:
@@ -26,8 +20,7 @@ def duration(seconds: float) -> str:
 
 
 def timing_rows(set_dir: Path, totals: bool = False) -> list[tuple[str, str]]:
-    """(what ran, its time) of one set, in the order its files list them; ``totals``: only
-    the whole commands (``wall_seconds``)."""
+    """(what ran, its time) of one set in file order; ``totals``: whole commands only."""
     provenance = fileio.read_json(set_dir / "provenance.json")
     rows = []
     for what, seconds in provenance.get("wall_seconds", {}).items():
@@ -36,9 +29,7 @@ def timing_rows(set_dir: Path, totals: bool = False) -> list[tuple[str, str]]:
     if totals:
         return rows
     for name, exp in provenance.get("experiments", {}).items():
-        rows += [
-            (f"{step} `{name}`", duration(exp[k])) for k, step in STEP_KEYS.items() if k in exp
-        ]
+        rows += [(f"{k.split('_')[0]} `{name}`", duration(exp[k])) for k in STEP_KEYS if k in exp]
     rates = set_dir / "step_rates.json"
     for r in fileio.read_json(rates)["rates"] if rates.is_file() else []:
         sweep = f", {r['runs']} runs in one sweep" if r["runs"] > 1 else ""
