@@ -26,7 +26,7 @@ from dpsinkhorn.config.experiments import (
 from dpsinkhorn.config.studies import study_experiments
 from dpsinkhorn.config.targets import group_experiments
 from dpsinkhorn.config.validate import load_config
-from dpsinkhorn.data.catalog import TRAIN_SIZES
+from dpsinkhorn.data.catalog import DATASETS, TRAIN_SIZES
 from dpsinkhorn.devices import resolve_device
 
 #: ``--rates`` without a file: the config's ``cluster.step_rates`` (what the workflow reads).
@@ -78,12 +78,12 @@ def measure_steps_per_s(
     from dpsinkhorn.bench.measure import time_steps
     from dpsinkhorn.train.trainer import Trainer
 
-    shape = {"celeba": (32, 32, 3)}.get(spec["dataset"], (28, 28))
-    classes = 2 if spec["dataset"] == "celeba" else 10
-    if record is not None:
-        size = int(record["image_size"])
-        shape = (size, size) if int(record["channels"]) == 1 else (size, size, 3)
-        classes = len(record["classes"])
+    if record is None:
+        info = DATASETS[spec["dataset"]]
+        (channels, size, _), classes = info.image_shape, info.num_classes
+    else:
+        channels, size, classes = record["channels"], record["image_size"], len(record["classes"])
+    shape = (size, size) if channels == 1 else (size, size, channels)
     num = train_size(spec, record)
     rng = np.random.default_rng(0)
     images = rng.integers(0, 256, size=(num, *shape), dtype=np.uint8)

@@ -80,10 +80,6 @@ class AuditConfig:
     releases: int = 2_000_000
     seed: int = 0
 
-    @property
-    def sound(self) -> bool:
-        return self.mechanism == "sound"
-
 
 #: z = 3 (σ = 3, or σ = 3√n for per-sample clipping): one step at δ = 1e-5 claims
 #: ε = 1.27 (PLD); the √2 slip makes the true z = 3/√2. n = batch_size generated rows.
@@ -319,9 +315,10 @@ def collect(
     return {"pairs": pairs, "checks": checks, "draws": draws, "debias_differ": debias_differ}
 
 
-def audit_run(cfg: AuditConfig, t: Trainer, pairs, checks) -> dict:
+def audit_run(cfg: AuditConfig, t: Trainer, pairs, checks, debias_differ: int) -> dict:
     """Releases drawn by the real sanitiser (every score's noise is its noise), certified
-    bound, claim, and for a broken variant the computed power against it."""
+    bound, claim, and for a broken variant the computed power against it. A sound one
+    fails if ``debias_differ`` steps' rows released without noise depended on the canary."""
     sanitizer = t.sanitizer
     a = torch.stack([p[0] for p in pairs])
     b = torch.stack([p[1] for p in pairs])
@@ -356,13 +353,14 @@ def audit_run(cfg: AuditConfig, t: Trainer, pairs, checks) -> dict:
         "epsilon_claimed_one_step_q1": claimed,
         "epsilon_certified_95": certified,
         "epsilon_accountant_one_step_at_q": t.accountant.epsilon() if t.accountant.steps else None,
+        "sensitivity_respected": bool(float(distances.max()) <= sens * (1 + SENSITIVITY_SLACK)),
     }
-    result["sensitivity_respected"] = bool(float(distances.max()) <= sens * (1 + SENSITIVITY_SLACK))
-    if cfg.sound:
+    if cfg.mechanism == "sound":
         result["passed"] = bool(
             certified <= claimed
             and result["noise_check_passed"]
             and result["sensitivity_respected"]
+            and not debias_differ
         )
     else:
         result["caught"] = bool(certified > claimed or not result["noise_check_passed"])
@@ -403,9 +401,7 @@ def audit(
     results, source = [], commit()
     for k, t in enumerate(trainers):
         t.accountant.step()  # the run's ledger for one step at its rate q (context only)
-        res = audit_run(cfg, t, got["pairs"][k], got["checks"][k])
-        if got["debias_differ"] and cfg.sound:
-            res["passed"] = False  # the rows released without noise depend on the canary
+        res = audit_run(cfg, t, got["pairs"][k], got["checks"][k], got["debias_differ"])
         results.append(
             {
                 "commit": source,
@@ -457,9 +453,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         for cfg in configs:
             for result in audit(replace(cfg, **overrides), args.data_root):
                 print(json.dumps(result), flush=True)
-                # A sound mechanism whose certified ε exceeds its claim (or whose noise or
-                # sensitivity departs from what it declares, or whose noise-free debiasing
-                # rows depend on the canary).
                 if result["mechanism"] == "sound" and not result["passed"]:
                     status = 1
     except AuditError as error:

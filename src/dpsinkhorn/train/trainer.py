@@ -68,7 +68,6 @@ class GeneratorRun:
         self.settings = settings = ExperimentSpec.from_dict(spec)
         check_batch_size(spec, len(train_images))
         self.conditional = settings.conditional
-        self.reproducible = settings.reproducible
         definition = spec.get("dataset_definition")
         if classes is None and not self.conditional and definition is None:
             self.class_names: tuple[str, ...] = ("unconditional",)  # no class is read
@@ -175,8 +174,7 @@ class Trainer(GeneratorRun):
         self.rng, self.sampler = run.rng, run.sampler
         self.sanitizer, self.accountant = run.sanitizer, run.accountant
         self.n, self.n_prime, self.q = run.n, run.n_prime, run.q
-        self.total_steps = run.total_steps
-        self.releases_planned = self.total_steps  # ledger steps: one mechanism per step
+        self.total_steps = self.releases_planned = run.total_steps  # one mechanism per step
         # Columns α_c · onehot(label) of the cost: none for an unconditional generator.
         self.feature_classes = self.num_classes if self.conditional else 0
         alpha_c = settings.alpha_c if self.conditional else 0.0
@@ -185,15 +183,13 @@ class Trainer(GeneratorRun):
             labels = torch.as_tensor(self.labels, device=device)
             real_features = conditional_features(images, labels, self.feature_classes, alpha_c)
         self.real = real_features
-        self.cost = settings.cost
-        self.diameter = feature_diameter(images[0].numel(), alpha_c, self.cost)
+        self.diameter = feature_diameter(images[0].numel(), alpha_c, settings.cost)
         self.build_model(tuple(images.shape[1:]))
         per_row = memory.activation_bytes_per_row(self.model)
         need = memory.step_bytes(
             self.n, self.n_prime, self.sampler.capacity, num_records, self.real.shape[1], per_row
         )
         memory.check_fits(need, device, f"batch_size {self.n} (q = {self.q:.4g}, {settings.name})")
-        self.perturbation = settings.perturbation
         self.stepper = TrainingStep([self], device, self.cuda_graphs)
 
     def step(self) -> torch.Tensor:
