@@ -23,7 +23,6 @@ from dpsinkhorn.evaluate.sample import (
     read_generator_file,
     sample_generator,
 )
-from dpsinkhorn.privacy.record_store import store_root
 from dpsinkhorn.publish import experiment_folder
 from dpsinkhorn.publish import release as release_run
 from dpsinkhorn.train.run import default_record_dir
@@ -94,8 +93,8 @@ def train(
                 f"built-in dataset's name: {', '.join(DATASETS)})"
             )
         spec = {**spec, "dataset": dataset}
-    elif data_dir is None:
-        raise ValueError("data_dir: give data_dir (prepared data) or train_data (arrays)")
+    # None: train.run takes $DPSINKHORN_RECORD_STORE, else the XDG default
+    store = record_store if record_store is not None else (config or {}).get("record_store")
     return train_run(
         spec,
         Path(out_dir),
@@ -106,7 +105,7 @@ def train(
         progress=progress,
         retrain=retrain,
         record_dir=Path(record_dir) if record_dir is not None else None,
-        record_store=Path(record_store) if record_store is not None else store_root(config),
+        record_store=None if store is None else Path(store),
     )
 
 

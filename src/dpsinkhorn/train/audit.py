@@ -280,7 +280,7 @@ def collect(
     noise-free blocks (a from D, b from D') of each included step, and the projected
     noise of ``CHECK_CALLS`` real releases per step (normalised: release − b on u)."""
     hook = _CanaryHook(trainers[0].sampler, cfg.num_records - 1)
-    pairs: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[] for _ in trainers]
+    pairs: list[list[tuple[torch.Tensor, ...]]] = [[] for _ in trainers]
     checks: list[list[torch.Tensor]] = [[] for _ in trainers]
     draws = debias_differ = 0
     while min(len(p) for p in pairs) < cfg.steps:
@@ -320,9 +320,7 @@ def audit_run(cfg: AuditConfig, t: Trainer, pairs, checks, debias_differ: int) -
     bound, claim, and for a broken variant the computed power against it. A sound one
     fails if ``debias_differ`` steps' rows released without noise depended on the canary."""
     sanitizer = t.sanitizer
-    a = torch.stack([p[0] for p in pairs])
-    b = torch.stack([p[1] for p in pairs])
-    distances = (b - a).norm(dim=1)  # [S]
+    distances = torch.stack([(b - a).norm() for a, b, _, _ in pairs])  # [S]
     std = sanitizer.noise_std
     per_step = -(-cfg.releases // len(pairs))
     scores: tuple[list, list] = ([], [])  # of releases from D and from D'

@@ -147,7 +147,7 @@ def load_train_data(
     """The experiment's private training split (prepared npz or given arrays), checked."""
     if train_data is None:
         if data_dir is None:
-            raise ValueError("give data_dir (prepared datasets) or train_data (arrays)")
+            raise ValueError("data_dir: give data_dir (prepared data) or train_data (arrays)")
         train_data = data.load_split(
             Path(data_dir),
             spec["dataset"],

@@ -90,9 +90,6 @@ def train_sweep(
     opts = TrainOptions(**options)
     if len(specs) != len(out_dirs):
         raise ValueError(f"{len(specs)} experiments but {len(out_dirs)} output folders")
-    datasets = {spec["dataset"] for spec in specs}
-    if len(datasets) > 1:
-        raise ValueError(f"a sweep trains on one dataset, got {sorted(datasets)}")
     images, labels = load_train_data(specs[0], data_dir, train_data)
     device = resolve_device(opts.device)
     sweep = SweepTrainer(specs, images, labels, device, opts)

@@ -28,7 +28,6 @@ from dpsinkhorn.fileio import (
     write_text,
 )
 from dpsinkhorn.privacy import record_store, trainings
-from dpsinkhorn.privacy.record_store import RecordStore
 from dpsinkhorn.train.release import OUTPUT_FILES, commit_release, publish, write_log
 from dpsinkhorn.train.runlock import OutputLock
 from dpsinkhorn.train.trainer import Trainer, spec_hash
@@ -59,11 +58,11 @@ def released_on_error(runs: list[RunFiles]):
         raise
 
 
-def _load_checkpoint(path: Path, device: torch.device) -> dict:
-    """Read a checkpoint, or raise ValueError naming the file (truncated, corrupt, not
-    ours) and what to do."""
+def _load_checkpoint(path: Path) -> dict:
+    """Read a checkpoint onto the CPU (its RNG state stays a CPU ByteTensor), or raise
+    ValueError naming the file (truncated, corrupt, not ours) and what to do."""
     try:
-        state = torch.load(path, map_location=device, weights_only=False)
+        state = torch.load(path, map_location="cpu", weights_only=False)
         if not isinstance(state, dict) or not {"step", "model", "spec_hash"} <= set(state):
             raise ValueError("not a dpsinkhorn training checkpoint")
     except Exception as err:  # torch raises RuntimeError, EOFError, UnpicklingError, ...
@@ -106,7 +105,7 @@ class RunFiles:
         out_dir: Path,
         record_dir: Path | None = None,
         retrain: bool = False,
-        store: RecordStore | None = None,
+        store: record_store.RecordStore | None = None,
         images: np.ndarray | None = None,
     ):
         self.trainer, self.settings = trainer, trainer.settings
@@ -129,8 +128,8 @@ class RunFiles:
         self.keep_workspace = self.settings.log_private_loss or self.settings.keep_private_workspace
         with released_on_error([self]):
             state = None
-            if self.ckpt_path.exists():  # on the CPU: the RNG state stays a CPU ByteTensor
-                state = _load_checkpoint(self.ckpt_path, torch.device("cpu"))
+            if self.ckpt_path.exists():
+                state = _load_checkpoint(self.ckpt_path)
             resumes = state is not None and state.get("spec_hash") == self.digest
             self.training_id = state["training"] if resumes else None
             if resumes:  # it keeps what its checkpoint says
