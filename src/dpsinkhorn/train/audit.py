@@ -176,11 +176,9 @@ def build_runs(cfg: AuditConfig, data_root: Path) -> tuple[list[Trainer], Traini
     """The runs of ``cfg`` as training builds them (factory, then Trainer / SweepTrainer),
     and the step that advances them together."""
     images, labels = build_data(cfg, data_root)
-    keys = ("batch_size", "clip", "clipping", "perturbation", "accountant", "delta", "seed")
-    settings = {k: getattr(cfg, k) for k in keys}
+    keys = ("batch_size", "clip", "clipping", "perturbation", "accountant", "delta", "seed", "cost")
+    settings = {k: v for k in keys if (v := getattr(cfg, k)) is not None}  # cost None: default
     settings.update(channels=list(cfg.channels), steps=1, reproducible=True)
-    if cfg.cost is not None:
-        settings["cost"] = cfg.cost
     specs = [
         make_experiment(
             f"audit-{cfg.name}-{cfg.mechanism}-{k}".replace("/", "-"),
@@ -203,11 +201,10 @@ def build_runs(cfg: AuditConfig, data_root: Path) -> tuple[list[Trainer], Traini
         sweep = SweepTrainer(specs, images, labels, cpu, private_runs=stack)
         trainers, stepper = sweep.trainers, sweep.stepper
     if cfg.data == "worst_case":  # every generated image 0: the adversary's choice of θ
-        with torch.no_grad():
-            for t in trainers:
-                last = [m for m in t.model.modules() if isinstance(m, torch.nn.ConvTranspose2d)]
-                last[-1].weight.zero_()
-                last[-1].bias.zero_()
+        for t in trainers:
+            last = [m for m in t.model.modules() if isinstance(m, torch.nn.ConvTranspose2d)]
+            torch.nn.init.zeros_(last[-1].weight)
+            torch.nn.init.zeros_(last[-1].bias)
     return trainers, stepper
 
 
@@ -425,7 +422,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--sharp", action="store_true", help="the sharp configurations")
     parser.add_argument("--releases", type=int, help="releases per dataset and run")
     parser.add_argument("--steps", type=int, help="canary steps per run")
-    parser.add_argument("--only", help="configurations whose name contains this")
+    parser.add_argument("--only", default="", help="configurations whose name contains this")
     parser.add_argument("--mechanism", choices=sorted(IMAGE_MECHANISMS), help="only this one")
     parser.add_argument(
         "--data-root",
@@ -437,8 +434,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     configs = [
         c
         for c in (SHARP if args.sharp else QUICK)
-        if (args.only is None or args.only in c.name)
-        and (args.mechanism is None or c.mechanism == args.mechanism)
+        if args.only in c.name and args.mechanism in (None, c.mechanism)
     ]
     overrides = {k: v for k in ("releases", "steps") if (v := getattr(args, k)) is not None}
     mnist = split_path(args.data_root, "mnist", "train")

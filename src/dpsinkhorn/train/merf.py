@@ -27,9 +27,7 @@ from dpsinkhorn.train.trainer import GeneratorRun
 
 class MerfTrainer(GeneratorRun):
     """One DP-MERF run: the release (at the first step) and the generator's training.
-
-    Arguments as :class:`GeneratorRun`'s (``precision`` and the CUDA options do not apply).
-    """
+    Arguments as :class:`GeneratorRun`'s (``precision`` and the CUDA options do not apply)."""
 
     def __init__(
         self,
@@ -61,9 +59,8 @@ class MerfTrainer(GeneratorRun):
             torch.as_tensor(self.labels, dtype=torch.int64),
         )
         self.epoch_steps = max(1, num_records // settings.batch_size)
-        dim = images[0].numel()
         self.w = random_frequencies(
-            settings.rff_features, dim, settings.rff_bandwidth, seed, name, device
+            settings.rff_features, images[0].numel(), settings.rff_bandwidth, seed, name, device
         )
         self.build_model(tuple(images.shape[1:]))  # Adam, fused as Trainer's
         self.noisy: torch.Tensor | None = None  # μ̃ [D, K], once released

@@ -54,9 +54,8 @@ def train(
     opts = TrainOptions(**options)
     images, labels = load_train_data(spec, data_dir, train_data)
     device = resolve_device(opts.device)
-    trainer: GeneratorRun
     if spec["method"] == "dpmerf":  # one release, then post-processing (train.merf)
-        trainer = MerfTrainer(spec, images, labels, device, classes=classes)
+        trainer: GeneratorRun = MerfTrainer(spec, images, labels, device, classes=classes)
     else:
         trainer = Trainer(spec, images, labels, device, opts, classes=classes)
     one_step = lambda runs: [run.step() for run in runs]  # noqa: E731

@@ -123,11 +123,8 @@ class GeneratorRun:
         self.model.load_state_dict(state["model"])
         # A saved optimiser brings its execution flags along; keep this process's
         # (a run may resume with or without CUDA graphs).
-        optimizer = {**state["optimizer"]}
-        optimizer["param_groups"] = [
-            {**group, **self.optimizer_flags} for group in optimizer["param_groups"]
-        ]
-        self.optimizer.load_state_dict(optimizer)
+        groups = [{**g, **self.optimizer_flags} for g in state["optimizer"]["param_groups"]]
+        self.optimizer.load_state_dict({**state["optimizer"], "param_groups": groups})
         self.rng.set_state(rng_state_tensor(state["rng"]))  # a CPU ByteTensor, any device
         if self.accountant is not None:
             self.accountant.load_state_dict(state["accountant"])

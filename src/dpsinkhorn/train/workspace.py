@@ -54,7 +54,7 @@ def released_on_error(runs: list[RunFiles]):
         yield
     except BaseException:
         for run in runs:
-            run.release()
+            run.lock.release()
         raise
 
 
@@ -112,10 +112,9 @@ class RunFiles:
         # The record store (privacy.record_store) and the images whose fingerprints it keeps.
         self.store, self._images = store, images
         self.out_dir = Path(out_dir)
-        self.out_dir.mkdir(parents=True, exist_ok=True)
         self.out = str(self.out_dir.resolve())  # as the training record names it
         self.spec = json.loads(experiment_spec_of(trainer.experiment))
-        # One writer per output folder (runlock): refused here, before anything is read.
+        # One writer per output folder (runlock, creating it): refused before anything is read.
         self.lock = OutputLock(self.out_dir).acquire()
         if self.lock.taken_over:
             print(f"{self.out_dir}: taking over the lock of {self.lock.taken_over}, gone")
@@ -302,10 +301,6 @@ class RunFiles:
         if self.settings.log_private_loss:
             write_log(self.workspace / "private_loss.csv", self.private_rows, PRIVATE_LOG_COLUMNS)
 
-    def release(self) -> None:
-        """Give up the output folder's lock (``finish`` does it; also on errors)."""
-        self.lock.release()
-
     def finish(self, remove_workspace: bool = True) -> dict:
         """Write generator.pt, privacy.json, train_log.csv; returns the privacy record.
         Then deletes the private workspace unless ``remove_workspace`` is false (a sweep
@@ -332,7 +327,7 @@ class RunFiles:
                 self.remove_workspace()
             return record
         finally:
-            self.release()
+            self.lock.release()
 
     def _republish(self) -> dict:
         """Write the kept copy of the finished release into the folder (same bytes, same
