@@ -42,9 +42,8 @@ class GeneratorConfig:
     def from_settings(
         cls, settings, num_classes: int, image_shape: tuple[int, ...]
     ) -> GeneratorConfig:
-        """The generator a training's settings name (latent and label-embedding sizes,
-        widths, ``generator`` kind) for data of ``num_classes`` classes and images
-        ``image_shape`` [C,H,W]: channels and size come from the data (CelebA, own data)."""
+        """The generator ``settings`` name (sizes, ``generator`` kind) for ``num_classes``
+        classes and images ``image_shape`` [C,H,W]: channels and size come from the data."""
         return cls(
             num_classes=num_classes,
             latent_dim=settings.latent_dim,
@@ -108,11 +107,8 @@ class ConditionalDCGAN(nn.Module):
         device: torch.device | None = None,
         out: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Draw z ~ Uniform(0,1)^latent_dim and labels uniform over classes (paper Algorithm 1).
-
-        ``out`` = (z [num, latent_dim], labels [num] int64) receives the same draws
-        (a sweep draws each run's inputs into its slice of one buffer).
-        """
+        """Draw z ~ Uniform(0,1)^latent_dim and labels uniform over classes (paper Algorithm 1),
+        into ``out`` = (z [num, latent_dim], labels [num] int64) if given (a sweep's buffer)."""
         device = device or next(self.parameters()).device
         z_out, labels_out = out or (None, None)
         z = torch.rand(num, self.config.latent_dim, generator=generator, device=device, out=z_out)

@@ -47,8 +47,7 @@ class GeneratorRun:
     ``spec``: a validated experiment dict (``experiment``, what ``spec_hash`` hashes);
     ``fingerprint``: the data's (None: computed here). ``classes``: the declared class
     names, never counted from the private labels (None: the catalogue's, or one
-    ``unconditional``, whose labels are zeroed before anything reads them).
-    """
+    ``unconditional``, whose labels are zeroed before anything reads them)."""
 
     cuda_graphs = False
 
@@ -140,12 +139,9 @@ class StepOptions:
 
 
 class Trainer(GeneratorRun):
-    """One DP-Sinkhorn training run; performs single steps.
-
-    ``private_run``: the run's mechanism (``make_private``'s when not given).
-    ``fingerprint`` and ``real_features`` let a sweep hash the data and put its features on
-    the device once.
-    """
+    """One DP-Sinkhorn training run; performs single steps. ``private_run``: its mechanism
+    (``make_private``'s when not given); ``fingerprint`` and ``real_features`` let a sweep
+    hash the data and put its features on the device once."""
 
     def __init__(
         self,

@@ -258,9 +258,7 @@ class RunFiles:
 
     @property
     def done(self) -> bool:
-        if self.recovered is not None:
-            return True
-        return self.trainer.step_count >= self.trainer.total_steps
+        return self.recovered is not None or self.trainer.step_count >= self.trainer.total_steps
 
     def after_step(self, loss: torch.Tensor) -> dict | None:
         """Log every ``log_every`` steps (and the last), checkpoint every ``checkpoint_every``;
