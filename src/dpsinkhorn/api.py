@@ -93,8 +93,6 @@ def train(
                 f"built-in dataset's name: {', '.join(DATASETS)})"
             )
         spec = {**spec, "dataset": dataset}
-    elif data_dir is None:
-        raise ValueError("data_dir: give data_dir (prepared data) or train_data (arrays)")
     # None: train.run takes $DPSINKHORN_RECORD_STORE, else the XDG default
     store = record_store if record_store is not None else (config or {}).get("record_store")
     return train_run(

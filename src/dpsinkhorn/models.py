@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 import torch
 from torch import nn
@@ -22,7 +22,7 @@ class GeneratorConfig:
     num_classes: int = 10
     latent_dim: int = 12
     embed_dim: int = 4
-    channels: tuple[int, ...] = field(default=(256, 128, 64))
+    channels: tuple[int, ...] = (256, 128, 64)
     out_channels: int = 1
     architecture: str = "dcgan"  # dcgan | biggan | merf (see GENERATORS)
     image_size: int = 28  # output height = width
@@ -42,9 +42,8 @@ class GeneratorConfig:
     def from_settings(
         cls, settings, num_classes: int, image_shape: tuple[int, ...]
     ) -> GeneratorConfig:
-        """The generator a training's settings name (latent and label-embedding sizes,
-        widths, ``generator`` kind) for data of ``num_classes`` classes and images
-        ``image_shape`` [C,H,W]: channels and size come from the data (CelebA, own data)."""
+        """The generator ``settings`` name (sizes, ``generator`` kind) for ``num_classes``
+        classes and images ``image_shape`` [C,H,W]: channels and size come from the data."""
         return cls(
             num_classes=num_classes,
             latent_dim=settings.latent_dim,
@@ -108,13 +107,10 @@ class ConditionalDCGAN(nn.Module):
         device: torch.device | None = None,
         out: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Draw z ~ Uniform(0,1)^latent_dim and labels uniform over classes (paper Algorithm 1).
-
-        ``out`` = (z [num, latent_dim], labels [num] int64) receives the same draws
-        (a sweep draws each run's inputs into its slice of one buffer).
-        """
+        """Draw z ~ Uniform(0,1)^latent_dim and labels uniform over classes (paper Algorithm 1),
+        into ``out`` = (z [num, latent_dim], labels [num] int64) if given (a sweep's buffer)."""
         device = device or next(self.parameters()).device
-        z_out, labels_out = out if out is not None else (None, None)
+        z_out, labels_out = out or (None, None)
         z = torch.rand(num, self.config.latent_dim, generator=generator, device=device, out=z_out)
         labels = torch.randint(
             0, self.config.num_classes, (num,), generator=generator, device=device, out=labels_out
@@ -163,17 +159,11 @@ class ConditionalBigGAN(nn.Module):
         if len(config.channels) != 4:
             raise ValueError(f"biggan channels must list 4 block widths, got {config.channels}")
         self.config = config
-        widths = list(config.channels)
+        widths = config.channels
         self.embedding = nn.Embedding(config.num_classes, config.embed_dim)
         self.linear = _sn(nn.Linear(config.latent_dim + config.embed_dim, widths[0] * 16))
-        self.blocks = nn.Sequential(
-            *(
-                ResBlock(c_in, c_out, upsample=i < 3)
-                for i, (c_in, c_out) in enumerate(
-                    zip([widths[0]] + widths[:-1], widths, strict=True)
-                )
-            )
-        )
+        inputs = (widths[0], *widths[:-1])
+        self.blocks = nn.Sequential(*(ResBlock(inputs[i], widths[i], i < 3) for i in range(4)))
         self.out = _sn(nn.Conv2d(widths[-1], config.out_channels, 3, 1, 1))
 
     def forward(self, z: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -242,8 +232,6 @@ def build_generator(config: GeneratorConfig) -> nn.Module:
         raise ValueError(f"no {key[0]} generator for {key[1]}x{key[1]} images (have: {valid})")
     return GENERATORS[key](config)
 
-
-# ------------------------------------------------------------------ training precision
 
 #: How the generator computes while it trains (config key ``precision``).
 PRECISIONS = ("fp32", "tf32", "bf16")

@@ -26,7 +26,7 @@ from dpsinkhorn.config.experiments import (
 from dpsinkhorn.config.studies import study_experiments
 from dpsinkhorn.config.targets import group_experiments
 from dpsinkhorn.config.validate import load_config
-from dpsinkhorn.data.catalog import TRAIN_SIZES
+from dpsinkhorn.data.catalog import DATASETS, TRAIN_SIZES
 from dpsinkhorn.devices import resolve_device
 
 #: ``--rates`` without a file: the config's ``cluster.step_rates`` (what the workflow reads).
@@ -78,12 +78,12 @@ def measure_steps_per_s(
     from dpsinkhorn.bench.measure import time_steps
     from dpsinkhorn.train.trainer import Trainer
 
-    shape = {"celeba": (32, 32, 3)}.get(spec["dataset"], (28, 28))
-    classes = 2 if spec["dataset"] == "celeba" else 10
-    if record is not None:
-        size = int(record["image_size"])
-        shape = (size, size) if int(record["channels"]) == 1 else (size, size, 3)
-        classes = len(record["classes"])
+    if record is None:
+        info = DATASETS[spec["dataset"]]
+        (channels, size, _), classes = info.image_shape, info.num_classes
+    else:
+        channels, size, classes = record["channels"], record["image_size"], len(record["classes"])
+    shape = (size, size) if channels == 1 else (size, size, channels)
     num = train_size(spec, record)
     rng = np.random.default_rng(0)
     images = rng.integers(0, 256, size=(num, *shape), dtype=np.uint8)
@@ -158,12 +158,7 @@ def plan_from_rates(
     }
 
 
-def _rates_cli(args: argparse.Namespace, config: Mapping, experiments: Sequence[str]) -> int:
-    path = rates_file(config) if args.rates == FROM_CONFIG else args.rates
-    result = plan_from_rates(config, load_rates(path), experiments, args.sweep_runs)
-    if args.json:
-        print(json.dumps(result, indent=2))
-        return 0
+def _print_rates(result: dict, config: Mapping) -> int:
     for job in result["jobs"]:
         rate = "no measured rate" if job["steps_per_s"] is None else f"{job['steps_per_s']:.1f}"
         hours = "?" if job["hours"] is None else f"{job['hours']:.2f}"
@@ -176,7 +171,7 @@ def _rates_cli(args: argparse.Namespace, config: Mapping, experiments: Sequence[
         )
     print(
         f"GPU-hours from measured rates: {result['hours_measured']:.1f} h, one job at a time, "
-        f"sweeps of at most {args.sweep_runs} run(s)"
+        f"sweeps of at most {result['sweep_runs']} run(s)"
     )
     for source in dict.fromkeys(j["rate_source"] for j in result["jobs"] if j["steps_per_s"]):
         print(f"  rate: {source}")
@@ -202,14 +197,18 @@ def _plan_cli(args: argparse.Namespace) -> int:
     study = args.study
     experiments = trained_experiments(config) if study is None else study_experiments(config, study)
     if args.rates:
-        return _rates_cli(args, config, experiments)
-    if study is not None:
+        path = rates_file(config) if args.rates == FROM_CONFIG else args.rates
+        result = plan_from_rates(config, load_rates(path), experiments, args.sweep_runs)
+    elif study is not None:
         raise ValueError("--study needs --rates (measured step rates of the GPU it runs on)")
-    device = str(resolve_device(args.device or config["device"]))
-    result = plan(config, device, args.steps_per_s, args.bench_steps)
+    else:
+        device = str(resolve_device(args.device or config["device"]))
+        result = plan(config, device, args.steps_per_s, args.bench_steps)
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
+    if args.rates:
+        return _print_rates(result, config)
     print(f"training: {len(result['training'])} generators, {result['training_steps']:,} steps")
     for row in sorted(result["training"], key=lambda r: -r["hours"]):
         print(
@@ -219,7 +218,7 @@ def _plan_cli(args: argparse.Namespace) -> int:
     hours = result["training_hours"]
     days = f" ({hours / 24:.1f} days)" if hours > 48 else ""
     print(
-        f"total training on {device}: {hours:.1f} h{days} one job at a time; "
+        f"total training on {result['device']}: {hours:.1f} h{days} one job at a time; "
         f"steps/s {result['steps_per_s_source']}"
     )
     return 0 if math.isfinite(hours) else 1

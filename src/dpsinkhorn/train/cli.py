@@ -1,9 +1,8 @@
 """``dpsinkhorn train`` and what it shares with ``train-sweep``: options and one path.
 
-Exit codes: 0 done; 75 (``PREEMPTED_EXIT_CODE``) after SIGTERM / SIGUSR1 or
-``--stop-after``, with a checkpoint (resubmit to resume); 130 (``INTERRUPTED_EXIT_CODE``)
-after SIGINT, with a checkpoint; 2 on bad input. After 130 or 2 a note in the output
-folder (:data:`STOPPED_NAME`) makes a workflow retry (``--attempt`` > 1) end at once.
+Exit codes: 0 done; 75 (SIGTERM, SIGUSR1, ``--stop-after``) and 130 (SIGINT), each with a
+checkpoint (``train.signals``); 2 on bad input. After 130 or 2 a note in the output folder
+(:data:`STOPPED_NAME`) makes a workflow retry (``--attempt`` > 1) end at once.
 """
 
 from __future__ import annotations
@@ -12,6 +11,7 @@ import argparse
 import json
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import fields
 from pathlib import Path
 
 from dpsinkhorn import config as config_lib
@@ -22,6 +22,7 @@ from dpsinkhorn.privacy.record_store import store_root
 from dpsinkhorn.train import memory
 from dpsinkhorn.train.run import train
 from dpsinkhorn.train.signals import INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE, Preempted
+from dpsinkhorn.train.trainer import StepOptions
 
 
 def register_cli(subparsers: argparse._SubParsersAction) -> None:
@@ -55,13 +56,8 @@ def add_training_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-#: How the step executes (``dpsinkhorn train``, ``train-sweep``, ``bench``): config keys
-#: that a command-line option overrides (:func:`step_options`).
-STEP_OPTIONS = ("cuda_graphs", "compile_solver", "precision")
-
-
 def add_step_arguments(p: argparse.ArgumentParser) -> None:
-    """``--cuda-graphs``, ``--compile-solver``, ``--precision`` (:data:`STEP_OPTIONS`)."""
+    """``--cuda-graphs``, ``--compile-solver``, ``--precision`` (``train.trainer.StepOptions``)."""
     p.add_argument(
         "--cuda-graphs",
         action=argparse.BooleanOptionalAction,
@@ -81,8 +77,9 @@ def add_step_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def step_options(args: argparse.Namespace, cfg: dict) -> dict:
-    """:data:`STEP_OPTIONS` from the command line, else from the config ``cfg``."""
-    return {key: config_lib.cli_or_config(getattr(args, key), cfg, key) for key in STEP_OPTIONS}
+    """``StepOptions``' fields (config keys) from the command line, else from the config."""
+    keys = [f.name for f in fields(StepOptions)]
+    return {key: config_lib.cli_or_config(getattr(args, key), cfg, key) for key in keys}
 
 
 def run_training_cli(

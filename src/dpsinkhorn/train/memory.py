@@ -8,6 +8,7 @@ estimate exceeds the memory available.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from pathlib import Path
 
@@ -72,11 +73,9 @@ def available_bytes(device: torch.device) -> int | None:
     if device.type != "cpu":
         return None
     limits = []
-    try:
+    with contextlib.suppress(OSError):
         meminfo = Path("/proc/meminfo").read_text().splitlines()
         limits += [int(line.split()[1]) * 1024 for line in meminfo if "MemAvailable:" in line]
-    except OSError:
-        pass
     for limit, usage in (
         ("memory.max", "memory.current"),  # cgroup v2, then v1
         ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes"),

@@ -27,9 +27,7 @@ from dpsinkhorn.train.trainer import GeneratorRun
 
 class MerfTrainer(GeneratorRun):
     """One DP-MERF run: the release (at the first step) and the generator's training.
-
-    Arguments as :class:`GeneratorRun`'s (``precision`` and the CUDA options do not apply).
-    """
+    Arguments as :class:`GeneratorRun`'s (``precision`` and the CUDA options do not apply)."""
 
     def __init__(
         self,
@@ -54,7 +52,6 @@ class MerfTrainer(GeneratorRun):
         self.q, self.n, self.n_prime, self.sampler = 1.0, settings.batch_size, 0, None
         self.total_steps = int(settings.steps)
         self.releases_planned = 1  # ledger steps: the one Gaussian mechanism
-        self.perturbation = None
         images = data.to_unit_range(train_images)  # [N, C, S, S] in [-1, 1], CPU
         # Private until released (step 1), then dropped: [N, d] in [0, 1] and labels.
         self._private: tuple[torch.Tensor, torch.Tensor] | None = (
@@ -62,9 +59,8 @@ class MerfTrainer(GeneratorRun):
             torch.as_tensor(self.labels, dtype=torch.int64),
         )
         self.epoch_steps = max(1, num_records // settings.batch_size)
-        dim = images[0].numel()
         self.w = random_frequencies(
-            settings.rff_features, dim, settings.rff_bandwidth, seed, name, device
+            settings.rff_features, images[0].numel(), settings.rff_bandwidth, seed, name, device
         )
         self.build_model(tuple(images.shape[1:]))  # Adam, fused as Trainer's
         self.noisy: torch.Tensor | None = None  # μ̃ [D, K], once released
@@ -76,17 +72,13 @@ class MerfTrainer(GeneratorRun):
         self.accountant.step()
         self._private = None
 
-    def learning_rate(self) -> float:
-        """lr · lr_decay^⌊step / epoch⌋ for the next step."""
-        epoch = self.step_count // self.epoch_steps
-        return self.settings.lr * self.settings.lr_decay**epoch
-
     def step(self) -> torch.Tensor:
         """One generator step on ‖μ̃ − μ(g)‖²_F (the release first, at step 1)."""
         if self.noisy is None:
             self.release()
+        epoch = self.step_count // self.epoch_steps  # lr · lr_decay^⌊step / epoch⌋
         for group in self.optimizer.param_groups:
-            group["lr"] = self.learning_rate()
+            group["lr"] = self.settings.lr * self.settings.lr_decay**epoch
         self.model.train()
         z, labels = self.model.sample_inputs(self.n, generator=self.rng)
         x = (self.model(z, labels).flatten(1) + 1) / 2

@@ -23,6 +23,13 @@ from dpsinkhorn.train.trainer import Trainer
 OUTPUT_FILES = ("generator.pt", "privacy.json", "train_log.csv")
 #: train_log.csv (released): nothing computed on the private data.
 LOG_COLUMNS = ["step", "epsilon", "steps_per_s", "elapsed_s"]
+#: ``perturbation`` -> what a DP-Sinkhorn step's Gaussian mechanism clips and noises.
+MECHANISMS = {
+    "image": "the gradient w.r.t. generated images (rows 0:n clipped and noised; rows "
+    "n:n+n' clipped only)",
+    "parameter": "the generator's parameter gradient (all parameters as one vector, "
+    "clipped to L2 norm clip and noised)",
+}
 
 
 def write_log(path: Path, rows: list[dict], columns: list[str] = LOG_COLUMNS) -> str:
@@ -66,7 +73,7 @@ def privacy_record(trainer: Trainer) -> dict:
         "n_prime": trainer.n_prime,
         "steps": trainer.step_count,
         "poisson_capacity": None if trainer.sampler is None else trainer.sampler.capacity,
-        "reproducible": trainer.reproducible,
+        "reproducible": trainer.settings.reproducible,
     }
     definition = trainer.experiment.get("dataset_definition")
     if definition is not None:  # an own dataset: say what the generator was trained on
@@ -100,7 +107,7 @@ def privacy_record(trainer: Trainer) -> dict:
         **base,
         "private": True,
         "guarantee": NO_GUARANTEE_PUBLIC_SEED
-        if trainer.reproducible
+        if trainer.settings.reproducible
         else guarantee_sentence(epsilon, delta_total, noise_bits),
         **mechanism,
         "sigma": s.noise_scale,
@@ -121,24 +128,13 @@ def sinkhorn_record(trainer: Trainer, epsilon: float) -> dict:
     """The DP-Sinkhorn ledger's own keys: the mechanism per step, Poisson sampling at q and
     its overflow charge, and the paper's (invalid) convention for comparison."""
     s = trainer.sanitizer
-    if trainer.perturbation == "parameter":
-        mechanism = (
-            "Gaussian mechanism on the generator's parameter gradient (all parameters "
-            "as one vector, clipped to L2 norm clip and noised), Poisson sampling, "
-            "add/remove-one adjacency"
-        )
-    else:
-        mechanism = (
-            "Gaussian mechanism on the gradient w.r.t. generated images "
-            "(rows 0:n clipped and noised; rows n:n+n' clipped only), Poisson sampling, "
-            "add/remove-one adjacency"
-        )
     overflow = trainer.sampler.overflow_probability
     # (ε, δ + (1 + e^ε)·T·p)-DP: the coupling bound in PoissonSampler's docstring.
     delta_overflow = (1 + math.exp(min(epsilon, 700))) * trainer.step_count * overflow
     return {
-        "perturbation": trainer.perturbation,
-        "mechanism": mechanism,
+        "perturbation": trainer.settings.perturbation,
+        "mechanism": f"Gaussian mechanism on {MECHANISMS[trainer.settings.perturbation]}, Poisson "
+        "sampling, add/remove-one adjacency",
         "clipping": s.clipping,
         "clip": s.clip,
         "poisson_overflow_probability_per_step": overflow,
@@ -205,19 +201,13 @@ def publish(trainer: Trainer, out_dir: Path, log_rows: list[dict]) -> dict:
         "train_log_sha256": log_sha256,
         "threads": torch.get_num_threads(),
     }
-    commit_release(
-        out_dir / "generator.pt",
-        payload,
-        out_dir / "privacy.json",
-        (json.dumps(record, indent=2) + "\n").encode(),
-    )
+    commit_release(out_dir, payload, (json.dumps(record, indent=2) + "\n").encode())
     return record
 
 
-def commit_release(generator: Path, payload: bytes, ledger: Path, ledger_bytes: bytes) -> None:
-    """Write a generator and its privacy ledger so that the generator never exists alone.
-
-    Both are written in full first (``fileio.write_all``: a full disk changes nothing),
-    then an older generator removed, the ledger moved into place, the generator last.
-    """
-    write_all([(ledger, ledger_bytes), (generator, payload)], remove_first=[generator])
+def commit_release(out_dir: Path, generator: bytes, ledger: bytes) -> None:
+    """Write generator.pt and its ledger privacy.json so that the generator never exists
+    alone: both in full first (``fileio.write_all``: a full disk changes nothing), then an
+    older generator removed, the ledger moved into place, the generator last."""
+    path = out_dir / "generator.pt"
+    write_all([(out_dir / "privacy.json", ledger), (path, generator)], remove_first=[path])

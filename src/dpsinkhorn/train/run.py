@@ -54,9 +54,8 @@ def train(
     opts = TrainOptions(**options)
     images, labels = load_train_data(spec, data_dir, train_data)
     device = resolve_device(opts.device)
-    trainer: GeneratorRun
     if spec["method"] == "dpmerf":  # one release, then post-processing (train.merf)
-        trainer = MerfTrainer(spec, images, labels, device, classes=classes)
+        trainer: GeneratorRun = MerfTrainer(spec, images, labels, device, classes=classes)
     else:
         trainer = Trainer(spec, images, labels, device, opts, classes=classes)
     one_step = lambda runs: [run.step() for run in runs]  # noqa: E731
@@ -147,7 +146,7 @@ def load_train_data(
     """The experiment's private training split (prepared npz or given arrays), checked."""
     if train_data is None:
         if data_dir is None:
-            raise ValueError("give data_dir (prepared datasets) or train_data (arrays)")
+            raise ValueError("data_dir: give data_dir (prepared data) or train_data (arrays)")
         train_data = data.load_split(
             Path(data_dir),
             spec["dataset"],

@@ -51,8 +51,6 @@ class OutputLock:
 
     def acquire(self) -> OutputLock:
         """Take the lock or raise ``LockedError`` naming the folder and the holder."""
-        if self._fh is not None:
-            return self
         self.folder.mkdir(parents=True, exist_ok=True)
         fh = open(self.path, "a+")  # noqa: SIM115 (kept open: the lock lives with it)
         try:

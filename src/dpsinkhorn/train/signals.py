@@ -11,15 +11,11 @@ from __future__ import annotations
 import signal
 
 PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: checkpoint written, rerun to resume
-# SIGINT (the user's Ctrl-C): checkpoint written, but the user asked to stop, so the
-# workflow must not resubmit it (128 + SIGINT, the shell's convention; see
-# ``retry_training`` and workflow/rules/train.smk).
-INTERRUPTED_EXIT_CODE = 130
+INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT: checkpoint written; the workflow does not resubmit
 
 
 class StopSignal:
-    """Turns SIGTERM, SIGUSR1 (SLURM's warning before a time limit) and SIGINT (Ctrl-C)
-    into a flag checked between steps, so the step in flight completes and is checkpointed."""
+    """The flag that SIGTERM, SIGUSR1 (SLURM's warning before a time limit) and SIGINT set."""
 
     SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 
@@ -54,10 +50,8 @@ class StopSignal:
 
 
 class Preempted(Exception):
-    """Training stopped early (signal or ``stop_after``) after writing a checkpoint.
-
-    ``interrupted``: the signal was SIGINT, a user's stop (not a scheduler's).
-    """
+    """Training stopped early (signal or ``stop_after``) after writing a checkpoint;
+    ``interrupted``: by SIGINT, a user's stop (not a scheduler's)."""
 
     def __init__(self, message: str, interrupted: bool = False):
         super().__init__(message)

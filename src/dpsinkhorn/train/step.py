@@ -39,7 +39,6 @@ class Trainer(Protocol):
     real: torch.Tensor  # [N, D] real features on the device
     feature_classes: int  # one-hot label columns of the cost (0: unconditional)
     diameter: float  # the feature bound that fixes the solver's schedule
-    cost: str
     compile_solver: bool
 
     def apply_update(self) -> None: ...  # parameter sanitiser (if any) + optimiser step
@@ -62,7 +61,7 @@ class GraphedStep:
         self.graph: torch.cuda.CUDAGraph | None = None
 
     def __call__(self):
-        """One step's device work; returns what ``device_step`` returns (copied on replay)."""
+        """One step's device work; returns ``device_step``'s list of tensors (copies on replay)."""
         if self.eager_steps < self.WARMUP_STEPS:
             self.eager_steps += 1
             side = torch.cuda.Stream(self.device)
@@ -74,8 +73,6 @@ class GraphedStep:
         if self.graph is None:
             self._capture()
         self.graph.replay()
-        if isinstance(self.output, torch.Tensor):
-            return self.output.clone()
         return [t.clone() for t in self.output]
 
     def _capture(self) -> None:
@@ -198,7 +195,7 @@ class TrainingStep:
             run_set.m,
             scaling=settings.sinkhorn_scaling,
             diameter=first.diameter,
-            cost=first.cost,
+            cost=settings.cost,
             compile=first.compile_solver,
             fused_cost=self.fused_cost,
         )

@@ -31,8 +31,8 @@ from dpsinkhorn.train.trainer import (
 
 class SweepTrainer:
     """K ``train.trainer.Trainer`` runs advanced together by the one training step
-    (``train.step.TrainingStep``), their mechanisms built as one stack
-    (``privacy.factory.make_private_stack``)."""
+    (``train.step.TrainingStep``), their mechanisms ``private_runs`` built as one stack
+    (by default ``privacy.factory.make_private_stack``; the audit passes its own)."""
 
     def __init__(
         self,
@@ -43,8 +43,6 @@ class SweepTrainer:
         options: StepOptions | None = None,
         private_runs: Sequence[PrivateRun] | None = None,
     ):
-        """``private_runs``: the members' mechanisms, by default
-        ``make_private_stack(specs, ...)`` (the audit passes its own stack)."""
         if not specs:
             raise ValueError("a sweep needs at least one experiment")
         options = options or StepOptions()
@@ -66,10 +64,8 @@ class SweepTrainer:
         self.trainers: list[Trainer] = []
         for spec, private_run in zip(specs, private_runs, strict=True):
             real = self.trainers[0].real if self.trainers else None  # one copy on the device
-            shared = {"fingerprint": fingerprint, "real_features": real}
-            run = Trainer(
-                spec, train_images, train_labels, device, options, **shared, private_run=private_run
-            )
+            shared = {"fingerprint": fingerprint, "real_features": real, "private_run": private_run}
+            run = Trainer(spec, train_images, train_labels, device, options, **shared)
             self.trainers.append(run)
         self.stepper = TrainingStep(self.trainers, device, options.cuda_graphs)
 
@@ -94,9 +90,6 @@ def train_sweep(
     opts = TrainOptions(**options)
     if len(specs) != len(out_dirs):
         raise ValueError(f"{len(specs)} experiments but {len(out_dirs)} output folders")
-    datasets = {spec["dataset"] for spec in specs}
-    if len(datasets) > 1:
-        raise ValueError(f"a sweep trains on one dataset, got {sorted(datasets)}")
     images, labels = load_train_data(specs[0], data_dir, train_data)
     device = resolve_device(opts.device)
     sweep = SweepTrainer(specs, images, labels, device, opts)

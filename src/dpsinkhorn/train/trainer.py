@@ -47,8 +47,7 @@ class GeneratorRun:
     ``spec``: a validated experiment dict (``experiment``, what ``spec_hash`` hashes);
     ``fingerprint``: the data's (None: computed here). ``classes``: the declared class
     names, never counted from the private labels (None: the catalogue's, or one
-    ``unconditional``, whose labels are zeroed before anything reads them).
-    """
+    ``unconditional``, whose labels are zeroed before anything reads them)."""
 
     cuda_graphs = False
 
@@ -68,7 +67,6 @@ class GeneratorRun:
         self.settings = settings = ExperimentSpec.from_dict(spec)
         check_batch_size(spec, len(train_images))
         self.conditional = settings.conditional
-        self.reproducible = settings.reproducible
         definition = spec.get("dataset_definition")
         if classes is None and not self.conditional and definition is None:
             self.class_names: tuple[str, ...] = ("unconditional",)  # no class is read
@@ -124,11 +122,8 @@ class GeneratorRun:
         self.model.load_state_dict(state["model"])
         # A saved optimiser brings its execution flags along; keep this process's
         # (a run may resume with or without CUDA graphs).
-        optimizer = {**state["optimizer"]}
-        optimizer["param_groups"] = [
-            {**group, **self.optimizer_flags} for group in optimizer["param_groups"]
-        ]
-        self.optimizer.load_state_dict(optimizer)
+        groups = [{**g, **self.optimizer_flags} for g in state["optimizer"]["param_groups"]]
+        self.optimizer.load_state_dict({**state["optimizer"], "param_groups": groups})
         self.rng.set_state(rng_state_tensor(state["rng"]))  # a CPU ByteTensor, any device
         if self.accountant is not None:
             self.accountant.load_state_dict(state["accountant"])
@@ -144,12 +139,9 @@ class StepOptions:
 
 
 class Trainer(GeneratorRun):
-    """One DP-Sinkhorn training run; performs single steps.
-
-    ``private_run``: the run's mechanism (``make_private``'s when not given).
-    ``fingerprint`` and ``real_features`` let a sweep hash the data and put its features on
-    the device once.
-    """
+    """One DP-Sinkhorn training run; performs single steps. ``private_run``: its mechanism
+    (``make_private``'s when not given); ``fingerprint`` and ``real_features`` let a sweep
+    hash the data and put its features on the device once."""
 
     def __init__(
         self,
@@ -175,8 +167,7 @@ class Trainer(GeneratorRun):
         self.rng, self.sampler = run.rng, run.sampler
         self.sanitizer, self.accountant = run.sanitizer, run.accountant
         self.n, self.n_prime, self.q = run.n, run.n_prime, run.q
-        self.total_steps = run.total_steps
-        self.releases_planned = self.total_steps  # ledger steps: one mechanism per step
+        self.total_steps = self.releases_planned = run.total_steps  # one mechanism per step
         # Columns α_c · onehot(label) of the cost: none for an unconditional generator.
         self.feature_classes = self.num_classes if self.conditional else 0
         alpha_c = settings.alpha_c if self.conditional else 0.0
@@ -185,15 +176,13 @@ class Trainer(GeneratorRun):
             labels = torch.as_tensor(self.labels, device=device)
             real_features = conditional_features(images, labels, self.feature_classes, alpha_c)
         self.real = real_features
-        self.cost = settings.cost
-        self.diameter = feature_diameter(images[0].numel(), alpha_c, self.cost)
+        self.diameter = feature_diameter(images[0].numel(), alpha_c, settings.cost)
         self.build_model(tuple(images.shape[1:]))
         per_row = memory.activation_bytes_per_row(self.model)
         need = memory.step_bytes(
             self.n, self.n_prime, self.sampler.capacity, num_records, self.real.shape[1], per_row
         )
         memory.check_fits(need, device, f"batch_size {self.n} (q = {self.q:.4g}, {settings.name})")
-        self.perturbation = settings.perturbation
         self.stepper = TrainingStep([self], device, self.cuda_graphs)
 
     def step(self) -> torch.Tensor:

@@ -8,6 +8,7 @@ checkpoint, bit-identical on CPU at the same number of threads. docs/CONTRACTS.m
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import shutil
@@ -27,7 +28,6 @@ from dpsinkhorn.fileio import (
     write_text,
 )
 from dpsinkhorn.privacy import record_store, trainings
-from dpsinkhorn.privacy.record_store import RecordStore
 from dpsinkhorn.train.release import OUTPUT_FILES, commit_release, publish, write_log
 from dpsinkhorn.train.runlock import OutputLock
 from dpsinkhorn.train.trainer import Trainer, spec_hash
@@ -54,15 +54,15 @@ def released_on_error(runs: list[RunFiles]):
         yield
     except BaseException:
         for run in runs:
-            run.release()
+            run.lock.release()
         raise
 
 
-def _load_checkpoint(path: Path, device: torch.device) -> dict:
-    """Read a checkpoint, or raise ValueError naming the file (truncated, corrupt, not
-    ours) and what to do."""
+def _load_checkpoint(path: Path) -> dict:
+    """Read a checkpoint onto the CPU (its RNG state stays a CPU ByteTensor), or raise
+    ValueError naming the file (truncated, corrupt, not ours) and what to do."""
     try:
-        state = torch.load(path, map_location=device, weights_only=False)
+        state = torch.load(path, map_location="cpu", weights_only=False)
         if not isinstance(state, dict) or not {"step", "model", "spec_hash"} <= set(state):
             raise ValueError("not a dpsinkhorn training checkpoint")
     except Exception as err:  # torch raises RuntimeError, EOFError, UnpicklingError, ...
@@ -105,33 +105,30 @@ class RunFiles:
         out_dir: Path,
         record_dir: Path | None = None,
         retrain: bool = False,
-        store: RecordStore | None = None,
+        store: record_store.RecordStore | None = None,
         images: np.ndarray | None = None,
     ):
         self.trainer, self.settings = trainer, trainer.settings
         # The record store (privacy.record_store) and the images whose fingerprints it keeps.
-        self.store, self._images, self._fingerprints = store, images, None
+        self.store, self._images = store, images
         self.out_dir = Path(out_dir)
-        self.out_dir.mkdir(parents=True, exist_ok=True)
         self.out = str(self.out_dir.resolve())  # as the training record names it
         self.spec = json.loads(experiment_spec_of(trainer.experiment))
-        # One writer per output folder (runlock): refused here, before anything is read.
+        # One writer per output folder (runlock, creating it): refused before anything is read.
         self.lock = OutputLock(self.out_dir).acquire()
         if self.lock.taken_over:
             print(f"{self.out_dir}: taking over the lock of {self.lock.taken_over}, gone")
         self.workspace = self.out_dir / WORKSPACE
         self.ckpt_path = self.workspace / "checkpoint.pt"
-        self.fingerprint = trainer.fingerprint
-        self.digest = spec_hash(trainer.experiment, self.fingerprint)
+        self.digest = spec_hash(trainer.experiment, trainer.fingerprint)
         self.record_dir = None if record_dir is None else Path(record_dir)
         self.recovered: dict | None = None
-        self.log_private_loss = self.settings.log_private_loss
         # A private-loss log is only useful if kept: log_private_loss keeps the workspace.
-        self.keep_workspace = self.log_private_loss or self.settings.keep_private_workspace
+        self.keep_workspace = self.settings.log_private_loss or self.settings.keep_private_workspace
         with released_on_error([self]):
             state = None
-            if self.ckpt_path.exists():  # on the CPU: the RNG state stays a CPU ByteTensor
-                state = _load_checkpoint(self.ckpt_path, torch.device("cpu"))
+            if self.ckpt_path.exists():
+                state = _load_checkpoint(self.ckpt_path)
             resumes = state is not None and state.get("spec_hash") == self.digest
             self.training_id = state["training"] if resumes else None
             if resumes:  # it keeps what its checkpoint says
@@ -197,7 +194,7 @@ class RunFiles:
             "out_cwd": relative_inside(self.out, Path.cwd()),
             "spec": self.spec,
             "private": s is not None,
-            "reproducible": t.reproducible,
+            "reproducible": t.settings.reproducible,
             "q": t.q,
             "noise_multiplier": None if s is None else s.noise_multiplier,
             "delta": None if t.accountant is None else t.accountant.delta,
@@ -210,16 +207,14 @@ class RunFiles:
         """The record of the last finished DP training into this folder, on the same data
         and settings, whose release copy (kept by :meth:`finish`) is intact; None if there
         is none, or if a retrain was asked for and the folder holds that release."""
-        done = trainings.last_finished(self.record_dir, self.out, self.fingerprint, self.spec)
-        if done is None:
-            return None
+        fingerprint = self.trainer.fingerprint
+        done = trainings.last_finished(self.record_dir, self.out, fingerprint, self.spec)
         copy = trainings.finished_copy_dir(self.record_dir, self.out)
-        if not _intact_release(copy, done.get("content_sha256")):
+        if done is None or not _intact_release(copy, done.get("content_sha256")):
             return None
-        if retrain:
-            held = self.out_dir / "generator.pt"
-            if held.is_file() and sha256_of(held) == done.get("content_sha256"):
-                return None  # the folder holds it: the retrain asked for is a new one
+        held = self.out_dir / "generator.pt"
+        if retrain and held.is_file() and sha256_of(held) == done["content_sha256"]:
+            return None  # the folder holds it: the retrain asked for is a new one
         return done
 
     def _record(self, event: str, record: dict | None = None) -> None:
@@ -245,11 +240,6 @@ class RunFiles:
             {"event": event, "training": self.training_id, **self._identity(), **fields},
         )
 
-    def _record_keys(self) -> np.ndarray:
-        if self._fingerprints is None:
-            self._fingerprints = self.store.fingerprints_of(self._images)
-        return self._fingerprints
-
     def _to_store(self, finished: bool) -> None:
         """Put this DP training into the record store (its fingerprints and public
         settings; unfinished: at its planned steps), and the earlier trainings of the same
@@ -260,16 +250,15 @@ class RunFiles:
         steps = t.accountant.steps if finished else t.releases_planned
         meta = {**self._identity(), "training": self.training_id, "steps": steps}
         meta = record_store.stored_meta({**meta, "finished": finished})
-        self.store.put(meta, self._record_keys)
+        keys = functools.partial(self.store.fingerprints_of, self._images)  # hashed once
+        self.store.put(meta, keys)
         if not finished:
             earlier = trainings.source_trainings(self.record_dir, t.fingerprint)
-            record_store.import_record(self.store, earlier, self._record_keys)
+            record_store.import_record(self.store, earlier, keys)
 
     @property
     def done(self) -> bool:
-        if self.recovered is not None:
-            return True
-        return self.trainer.step_count >= self.trainer.total_steps
+        return self.recovered is not None or self.trainer.step_count >= self.trainer.total_steps
 
     def after_step(self, loss: torch.Tensor) -> dict | None:
         """Log every ``log_every`` steps (and the last), checkpoint every ``checkpoint_every``;
@@ -285,7 +274,7 @@ class RunFiles:
                 "elapsed_s": elapsed,
             }
             self.log_rows.append(row)
-            if self.log_private_loss:
+            if self.settings.log_private_loss:
                 self.private_rows.append({"step": step, "loss": float(loss)})
         if step % self.settings.checkpoint_every == 0:
             self.checkpoint()
@@ -307,12 +296,8 @@ class RunFiles:
         # Serialised in memory, then written: a full disk is an OSError naming the file
         # (fileio.NoSpaceError), not torch's "basic_ios::clear: iostream error".
         write_bytes(self.ckpt_path, torch_bytes(state))
-        if self.log_private_loss:
+        if self.settings.log_private_loss:
             write_log(self.workspace / "private_loss.csv", self.private_rows, PRIVATE_LOG_COLUMNS)
-
-    def release(self) -> None:
-        """Give up the output folder's lock (``finish`` does it; also on errors)."""
-        self.lock.release()
 
     def finish(self, remove_workspace: bool = True) -> dict:
         """Write generator.pt, privacy.json, train_log.csv; returns the privacy record.
@@ -340,7 +325,7 @@ class RunFiles:
                 self.remove_workspace()
             return record
         finally:
-            self.release()
+            self.lock.release()
 
     def _republish(self) -> dict:
         """Write the kept copy of the finished release into the folder (same bytes, same
@@ -348,10 +333,7 @@ class RunFiles:
         copy = trainings.finished_copy_dir(self.record_dir, self.out)
         ledger = (copy / "privacy.json").read_bytes()
         write_bytes(self.out_dir / "train_log.csv", (copy / "train_log.csv").read_bytes())
-        generator = (copy / "generator.pt").read_bytes()
-        commit_release(
-            self.out_dir / "generator.pt", generator, self.out_dir / "privacy.json", ledger
-        )
+        commit_release(self.out_dir, (copy / "generator.pt").read_bytes(), ledger)
         done = self.recovered
         print(
             f"{self.out_dir}: published again the finished training {done['training']} of "
@@ -368,13 +350,11 @@ class RunFiles:
         """Delete the private workspace, unless the config keeps it, or raise
         :class:`WorkspaceRemovalError` naming it: it holds the secret noise state,
         uncovered by the guarantee, inside the release folder."""
-        if self.keep_workspace:
+        if self.keep_workspace or not self.workspace.exists():
             return
         error: OSError | None = None
         try:
             shutil.rmtree(self.workspace)
-        except FileNotFoundError:
-            pass  # already gone
         except OSError as err:
             error = err
         if error is not None or self.workspace.exists():
