@@ -35,7 +35,7 @@ PY
 }
 record setup started="$(date -u +%FT%TZ)"
 
-if compgen -G "$G/whl/*.whl" >/dev/null; then  # fetch_wheels.sh's; dpsinkhorn itself from src/
+if compgen -G "$G/whl/*.whl" >/dev/null; then  # envs/fetch_wheels.sh's; dpsinkhorn itself from src/
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$G"/whl/*.whl \
     && export PYTHONPATH=/tmp/site:$PYTHONPATH PATH=/tmp/site/bin:$PATH \
     && printf '#!/bin/sh\nexec python3 -m dpsinkhorn "$@"\n' >/tmp/site/bin/dpsinkhorn \

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Fetch, on a machine with PyPI, the wheels a GPU machine without internet needs to run the
-# workflow, for its Python (default 3.12, x86-64 Linux), at the versions of this .venv (what
-# CI tests). What a PyTorch GPU image ships (SKIP) and pulp (the ILP solver; the window
-# schedules greedily) are left out; a pure-Python package PyPI has only as source is built.
+# Fetch, on a machine with PyPI, the wheels a machine without internet that has a PyTorch GPU
+# image needs to run the workflow, for its Python (default 3.12, x86-64 Linux), at the
+# versions of this .venv (what CI tests). What such an image ships (SKIP) and pulp (the ILP
+# solver; run Snakemake with --scheduler greedy) are left out; a pure-Python package PyPI has
+# only as source is built. There: pip install --no-index --no-deps --target DIR DEST/*.whl
 #
-#   benchmarks/gpu/fetch_wheels.sh [DEST=.whl] [PYTHON_VERSION=3.12]
+#   envs/fetch_wheels.sh [DEST=.whl] [PYTHON_VERSION=3.12]
 set -euo pipefail
 DEST=${1:-.whl}
 PYVER=${2:-3.12}
