@@ -11,8 +11,11 @@ feature seconds and whether both errors are within ``--max-absolute-error`` and
 ``--max-relative-error`` (a row outside stays fp32). ``bound``: per precision the largest
 errors over the rows and the rows outside. ``real_<dataset>``: ``--num`` records of the
 training split drawn as the real-data row's samples are (``evaluate.sample.sample_real``),
-FID about 1-2. The distance is computed on the device (``--sqrtm eigh``). Defaults: the
-paper's protocol (60,000 samples, seed 0, the whole test set).
+FID about 1-2. The distance is computed on the device (``--sqrtm eigh``). ``pytorch_fid``
+(after every precision row, for the first ``--pytorch-fid-rows`` rows, default the
+real-data row): the same images' FID by the reference path, pytorch-fid's own forward
+(unfolded, NCHW, fp32) and distance (tests/oracles.py), and the fp32 fast path's errors
+against it. Defaults: the paper's protocol (60,000 samples, seed 0, the whole test set).
 """
 
 from __future__ import annotations
@@ -32,6 +35,9 @@ from dpsinkhorn.evaluate import inception
 from dpsinkhorn.evaluate.fid import device_statistics, fid_from_stats
 from dpsinkhorn.evaluate.sample import generate, load_generator, sample_real
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from oracles import pytorch_fid_activations, pytorch_fid_statistics  # noqa: E402
+
 
 def features_statistics(images, net, device, precision: str, batch: int | None):
     """(seconds, (mu, sigma) on the device) of the pool3 features of uint8 ``images`` in
@@ -43,6 +49,26 @@ def features_statistics(images, net, device, precision: str, batch: int | None):
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return time.perf_counter() - begin, stats
+
+
+def errors(value: float, reference: float, args) -> dict:
+    """``value``'s absolute and relative error against ``reference`` and whether both are
+    within ``--max-absolute-error`` and ``--max-relative-error``."""
+    absolute, relative = abs(value - reference), abs(value / reference - 1)
+    within = absolute <= args.max_absolute_error and relative <= args.max_relative_error
+    return {"absolute_error": absolute, "relative_error": relative, "within": within}
+
+
+def pytorch_fid(images, test_stats, net, device, batch: int) -> tuple[float, float]:
+    """(seconds, FID) of uint8 ``images`` by pytorch-fid's own forward and distance against
+    ``test_stats`` (the test set's, by the same path)."""
+    from pytorch_fid.fid_score import calculate_frechet_distance
+
+    begin = time.perf_counter()
+    images = images.cpu().numpy() if torch.is_tensor(images) else images
+    acts = pytorch_fid_activations(images, device=device, batch_size=batch, model=net)
+    fid = calculate_frechet_distance(*pytorch_fid_statistics(acts), *test_stats)
+    return time.perf_counter() - begin, float(fid)
 
 
 def bound(rows: dict, precisions: list[str]) -> dict:
@@ -73,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="auto")
     p.add_argument("--max-absolute-error", type=float, default=0.05, help="bound checked")
     p.add_argument("--max-relative-error", type=float, default=0.01, help="bound checked")
+    p.add_argument("--pytorch-fid-rows", type=int, default=1, help="rows checked by pytorch-fid")
     p.add_argument("--out", required=True, help="the JSON written")
     args = p.parse_args(argv)
     unknown = set(args.precisions) - set(inception.FID_PRECISIONS)
@@ -99,12 +126,18 @@ def main(argv: list[str] | None = None) -> int:
         for precision in args.precisions:
             seconds, stats = features_statistics(images, net, device, precision, args.fid_batch)
             value = fid_from_stats(*stats, mu_r, sigma_r, args.sqrtm)
-            errors = {"absolute_error": abs(value - reference)}
-            errors["relative_error"] = abs(value / reference - 1)
-            within = errors["absolute_error"] <= args.max_absolute_error
-            within &= errors["relative_error"] <= args.max_relative_error
-            out[precision] = {"fid": value, **errors, "features_s": seconds, "within": within}
+            out[precision] = {"fid": value, **errors(value, reference, args), "features_s": seconds}
         result["bound"] = bound(result["rows"], args.precisions)
+        fileio.write_json(args.out, result)
+    batch = args.fid_batch or 200
+    if checked := list(rows)[: args.pytorch_fid_rows]:  # the reference path, at full size
+        acts = pytorch_fid_activations(test, device=device, batch_size=batch, model=net)
+        test_stats = pytorch_fid_statistics(acts)
+    for row in checked:
+        seconds, value = pytorch_fid(rows[row], test_stats, net, device, batch)
+        fast = result["rows"][row]["fp32"]["fid"]
+        result["rows"][row]["pytorch_fid"] = {"fid": value, **errors(fast, value, args)}
+        result["rows"][row]["pytorch_fid"]["seconds"] = seconds
         fileio.write_json(args.out, result)
     for precision, worst in result["bound"].items():
         print(f"{precision}: {worst}")

@@ -63,11 +63,13 @@ def test_classifiers_take_a_generator_of_more_than_ten_classes():
 def test_fid_precision_reports_each_rows_errors_and_the_bound(tmp_path, data_mirror, fid_weights):
     """The real-data row and a generator's, fp16 against IEEE fp32: per row the FID, its
     absolute and relative error and whether both are within the bound; the bound is the
-    largest error over the rows. (On a CPU, tf32 is fp32: its error is exactly 0.)"""
+    largest error over the rows. (On a CPU, tf32 is fp32: its error is exactly 0.) Each row's
+    fp32 FID against the reference path's (pytorch-fid's own forward and distance) in the
+    first row only."""
     out = tmp_path / "precision.json"
     argv = ["--weights", str(fid_weights), "--data-mirror", str(data_mirror), "--device", "cpu"]
     argv += ["--generators", str(GENERATOR), "--precisions", "tf32", "fp16", "--num", "6"]
-    argv += ["--num-test", "6", "--out", str(out)]
+    argv += ["--num-test", "6", "--pytorch-fid-rows", "1", "--out", str(out)]
     assert _script("fid_precision").main(argv) == 0
     result = json.loads(out.read_text())
     assert set(result["rows"]) == {"real_mnist", str(GENERATOR)}
@@ -78,6 +80,11 @@ def test_fid_precision_reports_each_rows_errors_and_the_bound(tmp_path, data_mir
         assert fp16["absolute_error"] == abs(fp16["fid"] - row["fp32"]["fid"])
         assert fp16["relative_error"] == pytest.approx(fp16["absolute_error"] / row["fp32"]["fid"])
         assert fp16["within"] == (fp16["absolute_error"] <= 0.05 and fp16["relative_error"] <= 0.01)
+    real, generated = result["rows"]["real_mnist"], result["rows"][str(GENERATOR)]
+    assert "pytorch_fid" not in generated
+    reference = real["pytorch_fid"]
+    assert reference["absolute_error"] == abs(real["fp32"]["fid"] - reference["fid"])
+    assert reference["relative_error"] < 1e-4 and reference["within"]
     worst = result["bound"]["fp16"]
     assert worst["max_absolute_error"] == max(
         r["fp16"]["absolute_error"] for r in result["rows"].values()
