@@ -1,7 +1,8 @@
 """The evaluation benchmarks end to end on the CPU at a tiny size: ``evaluate_phases.py`` (the
 committed H100 generator, random Inception weights, 2 seeds of 4 samples: the JSON has every
 phase), ``fid_precision.py`` (real weights, the real-data row and a generator: each
-precision's FID errors and bound) and ``profile_classifier.py`` (the CNN step's top ops)."""
+precision's FID errors and bound) and ``profile_classifier.py`` (each CNN step's top ops; its
+grouped candidate step equals the product's vmapped one)."""
 
 from __future__ import annotations
 
@@ -94,15 +95,49 @@ def test_fid_precision_reports_each_rows_errors_and_the_bound(tmp_path, data_mir
     ]
 
 
-def test_profile_classifier_lists_the_cnn_steps_top_ops(tmp_path):
-    """At a tiny size on the CPU: the eager step's milliseconds and the top ops by self CPU
-    time, whose shares add up to at most 1, the convolutions among them."""
+def test_profile_classifier_lists_each_cnn_steps_top_ops(tmp_path):
+    """At a tiny size on the CPU, for the vmapped step and the grouped one: the eager step's
+    milliseconds and the top ops by self CPU time, whose shares add up to at most 1, the
+    convolutions among them."""
     out = tmp_path / "profile.json"
     argv = ["--device", "cpu", "--num", "40", "--seeds", "0", "1", "--batch-size", "8"]
     argv += ["--warmup", "1", "--steps", "2", "--top", "30", "--out", str(out)]
     assert _script("profile_classifier").main(argv) == 0
-    result = json.loads(out.read_text())
-    assert result["eager_ms_per_step"] > 0 and "graphed_ms_per_step" not in result
-    ops = result["top_ops"]
-    assert 0 < sum(op["share"] for op in ops) <= 1 + 1e-9
-    assert any("convolution" in op["op"] for op in ops)
+    variants = json.loads(out.read_text())["variants"]
+    assert set(variants) == {"vmap", "grouped"}
+    for result in variants.values():
+        assert result["eager_ms_per_step"] > 0 and "graphed_ms_per_step" not in result
+        ops = result["top_ops"]
+        assert 0 < sum(op["share"] for op in ops) <= 1 + 1e-9
+        assert any("convolution" in op["op"] for op in ops)
+
+
+def test_grouped_cnn_step_equals_the_vmapped_one():
+    """Three seeds' CNNs on their own two-channel digit images (sklearn's 8x8 digits and
+    their transposes), dropout off: the grouped forward's logits and one step's gradients of
+    every parameter equal the vmapped ``BatchedRun``'s within float32 rounding."""
+    from sklearn.datasets import load_digits
+
+    from dpsinkhorn.evaluate.classifiers import BatchedRun
+
+    digits = load_digits()
+    images = torch.from_numpy(digits.images[:90] / 16).float()
+    x = torch.stack([images, images.transpose(1, 2)], 1)  # [90, 2, 8, 8]
+    y = torch.from_numpy(digits.target[:90])
+    xs, ys = list(x.split(30)), list(y.split(30))
+    run = BatchedRun("cnn", xs, ys, 10, [0, 1, 2], batch_size=8)
+    idx = run.epoch_batches()[0]
+    run.base.eval()
+    grouped = _script("profile_classifier").GroupedCNN(run)
+    with torch.no_grad():
+        reference = run.train_fn(run.params, run.buffers, run.x_fit[run.rows, idx])
+        torch.testing.assert_close(grouped.logits(idx), reference, rtol=0, atol=1e-5)
+    frozen = torch.optim.SGD(list(run.params.values()), lr=0.0)  # leaves the gradients
+    grads = {}
+    for name, model in (("vmap", run), ("grouped", grouped)):
+        model.step(frozen, idx)
+        grads[name] = {key: v.grad.clone() for key, v in run.params.items()}
+    assert set(grads["grouped"]) == {f"{i}.{p}" for i in (0, 4, 9) for p in ("weight", "bias")}
+    for key, g in grads["vmap"].items():
+        assert g.abs().sum() > 0
+        torch.testing.assert_close(grads["grouped"][key], g, rtol=0, atol=1e-5)
