@@ -103,8 +103,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", required=True, help="the JSON written")
     args = p.parse_args(argv)
     unknown = set(args.precisions) - set(inception.FID_PRECISIONS)
-    if unknown or min(args.num, args.num_test or 2) < 2:
-        p.error(f"--precisions from {inception.FID_PRECISIONS}; --num, --num-test at least 2")
+    if unknown or min(args.num, args.num_test or 2) < 2 or args.pytorch_fid_rows < 0:
+        p.error(
+            f"--precisions from {inception.FID_PRECISIONS}; --num, --num-test at least 2; "
+            "--pytorch-fid-rows at least 0"
+        )
 
     device = resolve_device(args.device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
