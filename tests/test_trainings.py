@@ -441,10 +441,11 @@ def test_a_training_whose_record_lacks_its_experiment_or_mechanism_is_refused(
     tmp_path, capsys, monkeypatch
 ):
     """A training none of whose events names its experiment (a ``finished`` event without
-    its identity, or a lone ``republished``), or a DP training whose events lack its
-    mechanism, is never skipped nor guessed at (its epsilon would go uncounted): reading the
-    record fails in one line naming its folder (not its file, 64 bits of the private data's
-    sha256), so a training, a retrain and the summary all stop (CLI: exit 2)."""
+    its identity, or a lone ``republished``) or says whether it is private, or a DP training
+    whose events lack its mechanism, is never skipped nor guessed at (its epsilon would go
+    uncounted): reading the record fails in one line naming its folder (not its file, 64 bits
+    of the private data's sha256), so a training, a retrain and the summary all stop (CLI:
+    exit 2)."""
     configfile, args = _trained_by_cli(tmp_path, monkeypatch)
     records = tmp_path / "data" / "trainings"
     (record,) = records.glob("*.jsonl")
@@ -456,6 +457,10 @@ def test_a_training_whose_record_lacks_its_experiment_or_mechanism_is_refused(
     for lacks, damaged in (
         ("names its experiment", [{k: done[k] for k in bare}]),
         ("names its experiment", [lone]),
+        (
+            "says whether it is private",
+            [{k: v for k, v in e.items() if k != "private"} for e in events],
+        ),
         (
             "records its mechanism (q, noise_multiplier, delta, steps)",
             [{k: v for k, v in e.items() if k not in MECHANISM_KEYS} for e in events],

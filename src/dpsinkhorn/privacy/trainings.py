@@ -78,8 +78,8 @@ MECHANISM = ("q", "noise_multiplier", "delta", "steps")
 
 def read(path: str | os.PathLike) -> list[dict]:
     """The events of one record file (one-line ValueError naming a damaged line: not JSON,
-    not an event with its training's id, or a training whose events name no experiment,
-    or, for a DP training, lack its :data:`MECHANISM`)."""
+    not an event with its training's id, or a training whose events name no experiment, say
+    not whether it is private or, for a DP training, lack its :data:`MECHANISM`)."""
     events, first_line = [], {}
     with open(path, encoding="utf-8") as fh:
         for number, line in enumerate(fh, 1):
@@ -105,7 +105,9 @@ def read(path: str | os.PathLike) -> list[dict]:
     for t in trainings(events):  # never skipped: its epsilon would go uncounted
         if not isinstance(t.get("experiment"), str):
             lacks = "names its experiment"
-        elif t.get("private") and not accounted(t):
+        elif not isinstance(t.get("private"), bool):
+            lacks = "says whether it is private"
+        elif t["private"] and not accounted(t):
             lacks = f"records its mechanism ({', '.join(MECHANISM)})"
         else:
             continue
