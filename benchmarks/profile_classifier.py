@@ -63,18 +63,9 @@ class GroupedCNN:
         return torch.baddbmm(bias[:, None, :], z.transpose(0, 1), weight.transpose(1, 2))
 
     def step(self, optimizer: torch.optim.Optimizer, idx: torch.Tensor) -> None:
-        """One optimizer step of all K models on ``idx`` [K, b], ``run.step``'s loss: the sum
-        over seeds of each seed's mean cross-entropy."""
-        run, logits = self.run, self.logits(idx)
-        loss = (
-            nn.functional.cross_entropy(
-                logits.flatten(0, 1), run.y_fit[run.rows, idx].flatten(), reduction="sum"
-            )
-            / idx.shape[1]
-        )
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
+        """One optimizer step of all K models on ``idx`` [K, b], ``run.step``'s loss and
+        update (``BatchedRun.update``)."""
+        self.run.update(optimizer, self.logits(idx), idx)
 
 
 # the steps measured: the product's (vmapped functional_call) and the grouped candidate

@@ -175,16 +175,19 @@ class BatchedRun:
         return list(perms.to(self.device, non_blocking=True).split(self.batch_size, dim=1))
 
     def step(self, optimizer: torch.optim.Optimizer, idx: torch.Tensor) -> None:
-        """One Adam step of all K models on the batches ``idx`` [K, b]: the loss is the sum
-        over seeds of each seed's mean cross-entropy, so each seed gets its own gradient."""
-        rows = self.rows
-        logits = self.train_fn(self.params, self.buffers, self.x_fit[rows, idx])  # [K,b,cls]
-        loss = (
-            nn.functional.cross_entropy(
-                logits.flatten(0, 1), self.y_fit[rows, idx].flatten(), reduction="sum"
-            )
-            / idx.shape[1]
-        )
+        """One Adam step of all K models on the batches ``idx`` [K, b] (:meth:`update`)."""
+        logits = self.train_fn(self.params, self.buffers, self.x_fit[self.rows, idx])
+        self.update(optimizer, logits, idx)
+
+    def update(
+        self, optimizer: torch.optim.Optimizer, logits: torch.Tensor, idx: torch.Tensor
+    ) -> None:
+        """The optimiser step for ``logits`` [K, b, classes] of the batches ``idx`` [K, b]:
+        the loss is the sum over seeds of each seed's mean cross-entropy, so each seed gets
+        its own gradient."""
+        labels = self.y_fit[self.rows, idx].flatten()
+        loss = nn.functional.cross_entropy(logits.flatten(0, 1), labels, reduction="sum")
+        loss = loss / idx.shape[1]
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
