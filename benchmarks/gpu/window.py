@@ -43,8 +43,8 @@ STATE = "window_state.json"
 CONFIG_COPY = "window/config.yaml"  # the config, by a path equal in every call
 STORE_FOLDER = "record-store"  # the record store when the environment names none
 COMMIT_ENV = "DPSINKHORN_COMMIT"  # the checkout's commit (else git's); evaluate_phases.json
-RESERVE_S = 45  # of a call's time: for stopping Snakemake and packing
-GRACE_S = 60  # SIGTERM -> SIGKILL: a training checkpoints within it
+GRACE_S = 20  # SIGTERM -> SIGKILL: a training checkpoints within it (tests/killing.py's)
+RESERVE_S = GRACE_S + 25  # of a call's time: stopping Snakemake, then export and packing
 #: What every call rebuilds, so the archive leaves it out (never what ``keep`` matches).
 EXCLUDE = ["data/*", "*/samples_seed*.npz", "*/fid_ref_*.npz", "bin/*", ".snakemake/locks/*"]
 EXCLUDE += [".snakemake/log/*", ".snakemake/auxiliary/*"]
