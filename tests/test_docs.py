@@ -12,6 +12,10 @@ from pathlib import Path
 import pytest
 
 from dpsinkhorn import fileio
+from dpsinkhorn.config import experiment, load_config
+from dpsinkhorn.privacy.accounting import compute_epsilon
+from dpsinkhorn.privacy.budget import budget_of
+from dpsinkhorn.privacy.merf import merf_noise_multiplier
 from dpsinkhorn.report import docblocks, timings
 from dpsinkhorn.report.resultset import MISSING, committed_sets, readme_table
 
@@ -187,6 +191,21 @@ def test_every_kind_of_quoted_number_is_used_and_a_wrong_one_is_caught():
     assert "0.999" not in rendered and rendered.endswith("<!-- /n -->")
     with pytest.raises(ValueError, match="unknown quoted number 'sigmas'"):
         docblocks.value("sigmas config/config.yaml mnist_dpsinkhorn_eps10 3", ROOT)
+
+
+def test_a_quoted_dpmerf_sigma_and_epsilon_are_its_one_release():
+    """DP-MERF's σ is the one-release noise multiplier its training uses (q = 1, one
+    step), equal to the committed ledger's, and its ε is that release's."""
+    ledger = json.loads(
+        (ROOT / "results-paper-scale/dpmerf-cpu/mnist_dpmerf/privacy.json").read_text()
+    )
+    sigma = docblocks.value("sigma config/config.yaml mnist_dpmerf 4", ROOT)
+    assert sigma == f"{ledger['noise_multiplier']:.4f}"
+    spec = experiment(load_config([ROOT / "config/config.yaml"]), "mnist_dpmerf")
+    eps = compute_epsilon(merf_noise_multiplier(spec), 1.0, 1, spec["delta"], "rdp")
+    assert docblocks.value("epsilon config/config.yaml mnist_dpmerf 3", ROOT) == f"{eps:.3f}"
+    with pytest.raises(ValueError, match="mnist_dpmerf: method dpmerf has no DP-Sinkhorn"):
+        budget_of(spec, 60000)
 
 
 def test_a_quoted_score_is_seed_0_or_the_mean_and_std_over_the_seeds():

@@ -144,7 +144,13 @@ def resolve_budget(
 def budget_of(spec: Mapping, num_records: int) -> tuple[float, int]:
     """(σ, steps) of a private experiment ``spec`` (a validated experiment dict) trained on
     ``num_records`` records: :func:`resolve_budget` with the experiment's own settings
-    and sampling rate q = batch_size / num_records."""
+    and sampling rate q = batch_size / num_records. DP-Sinkhorn only (DP-MERF's one
+    release: ``privacy.merf.merf_noise_multiplier``)."""
+    if spec["method"] != "dp_sinkhorn":
+        raise ValueError(
+            f"experiment {spec['name']}: method {spec['method']} has no DP-Sinkhorn budget "
+            "(Poisson-subsampled Gaussian steps)"
+        )
     batch_size = int(spec["batch_size"])
     return resolve_budget(
         sigma=spec["sigma"],

@@ -71,7 +71,8 @@ def _short_exponent(text: str) -> str:
 def value(args: str, root: Path) -> str:
     """One quoted number (:data:`QUANTITIES`), computed by the function that produces it:
     the config's σ, steps and ε (``privacy.budget``, ``privacy.accounting``; q = B / N of
-    the dataset's training split), a study's cells, a results set's score, a JSON field."""
+    the dataset's training split; DP-MERF: one release, q = 1), a study's cells, a results
+    set's score, a JSON field."""
     from dpsinkhorn.config import experiment, load_config, trained_experiments
     from dpsinkhorn.config.studies import study_cells, study_experiments
     from dpsinkhorn.config.validate import read_yaml
@@ -113,7 +114,13 @@ def value(args: str, root: Path) -> str:
         return str(len(set(study_experiments(config, rest[1])) - set(declared)))
     spec = experiment(config, rest[1])
     num_records = TRAIN_SIZES[spec["dataset"]]
-    sigma, steps = budget_of(spec, num_records)
+    if spec["method"] == "dpmerf":  # one Gaussian release of a sum over all records
+        from dpsinkhorn.privacy.merf import merf_noise_multiplier
+
+        sigma, steps, q = merf_noise_multiplier(spec), 1, 1.0
+    else:
+        sigma, steps = budget_of(spec, num_records)
+        q = spec["batch_size"] / num_records
     if what == "sigma":
         return f"{sigma:.{rest[2]}f}"
     if what == "steps":
@@ -123,7 +130,6 @@ def value(args: str, root: Path) -> str:
         return f"{setting:,}" if isinstance(setting, int) else _short_exponent(f"{setting:g}")
     if what == "epsilon":
         accountant = rest[3] if len(rest) > 3 else "rdp"
-        q = spec["batch_size"] / num_records
         if accountant == "paper":
             eps = paper_convention_epsilon(q, sigma, steps, spec["batch_size"], spec["delta"])
         else:
