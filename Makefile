@@ -38,7 +38,7 @@ $(VENV)/.installed: pyproject.toml $(LOCK)
 lock:
 	PYTHON=$(PYTHON) envs/lock.sh
 
-# The quick configuration (MNIST, 2-core CPU, < 30 min): results/quick/tables/table1.md
+# The quick configuration (MNIST, 2-core CPU; its time: README, "Two commands"): results/quick/tables/table1.md
 run: install
 	$(IN_VENV) snakemake --profile profiles/default --configfile config/quick.yaml \
 		$(SNAKEMAKE_CONFIG)

@@ -1,6 +1,6 @@
 """What a run's training costs: ``dpsinkhorn plan``.
 
-Training compute = steps per experiment × steps/s, the rate measured here by timing a few
+Training time = steps per experiment / steps/s, the rate measured here by timing a few
 steps of each distinct step shape (or ``--steps-per-s``, or a GPU's rates file ``--rates``,
 with each job's SLURM request). The workflow's jobs: ``snakemake -n``.
 """
