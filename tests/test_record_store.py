@@ -391,3 +391,17 @@ def test_an_image_held_twice_by_one_training_pays_for_both_copies(tmp_path, stor
         _group_epsilon(r["q"], r["noise_multiplier"], r["steps"], 2, 1e-5)
         for r in (record, merf_record)
     )
+
+
+def test_the_collision_bound_privacy_md_quotes_holds():
+    """PRIVACY.md's bound on a fingerprint collision among 10⁹ images is at least the
+    birthday bound N²/2^(b+1) of the store's b-bit fingerprints."""
+    import re
+
+    text = (Path(__file__).parents[1] / "docs" / "PRIVACY.md").read_text()
+    bits = 8 * record_store.FINGERPRINT_BYTES
+    assert f"{bits}-bit fingerprints" in text
+    quoted = re.search(r"under (?:(\d+)·)?10⁻([⁰¹²³⁴⁵⁶⁷⁸⁹]+) for N = 10⁹", text)
+    assert quoted is not None
+    exponent = int(quoted.group(2).translate(str.maketrans("⁰¹²³⁴⁵⁶⁷⁸⁹", "0123456789")))
+    assert int(quoted.group(1) or 1) * 10.0**-exponent >= (10**9) ** 2 / 2 ** (bits + 1)
