@@ -66,11 +66,11 @@ def test_fingerprints_are_keyed_per_image_and_the_store_is_no_membership_oracle(
     mine = fingerprints(key, images)
     assert len(mine) == len(np.unique(images.reshape(len(images), -1), axis=0))
     as_bytes = [bytes(f) for f in mine]
-    assert as_bytes == sorted(set(as_bytes))  # sorted, distinct
+    assert as_bytes == sorted(set(as_bytes))  # sorted, distinct (the digits are)
     # an image is a record: its label and a trailing channel of one do not change it
     assert np.array_equal(fingerprints(key, images[:5, :, :, None]), fingerprints(key, images[:5]))
-    twice = np.concatenate([images[:5], images[:5]])
-    assert np.array_equal(fingerprints(key, twice), fingerprints(key, images[:5]))
+    twice = np.concatenate([images[:5], images[:5]])  # each record in two rows
+    assert np.array_equal(fingerprints(key, twice), np.repeat(fingerprints(key, images[:5]), 2))
     # under another key no fingerprint matches: without the store's key, one cannot test
     # whether an image is in it
     other = fingerprints(os.urandom(32), images)
@@ -322,3 +322,86 @@ def test_the_store_is_the_config_key_else_the_environment_else_xdg(tmp_path, mon
     monkeypatch.delenv("XDG_DATA_HOME")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     assert record_store.store_root() == tmp_path / "home/.local/share/dpsinkhorn/records"
+
+
+def _group_epsilon(q: float, z: float, steps: int, k: int, delta: float) -> float:
+    """ε of a record held k times by one training, from dp-accounting directly: the rows of
+    the k copies change the clipped block by at most its any-change bound, so a DP-Sinkhorn
+    training (q < 1) is a Poisson-subsampled Gaussian at rate 1 − (1 − q)^k; one Gaussian
+    release of a sum (DP-MERF, q = 1) has sensitivity k."""
+    import dp_accounting
+    from dp_accounting.rdp.rdp_privacy_accountant import RdpAccountant
+
+    acc = RdpAccountant()
+    if q < 1:
+        event = dp_accounting.GaussianDpEvent(z)
+        acc.compose(dp_accounting.PoissonSampledDpEvent(1 - (1 - q) ** k, event), steps)
+    else:
+        acc.compose(dp_accounting.GaussianDpEvent(z / k), steps)
+    return acc.get_epsilon(delta)
+
+
+def test_an_image_held_twice_by_one_training_pays_for_both_copies(tmp_path, store):
+    """A record is an image: one that lies twice in a training's data (a user's photo
+    copied, one image under two labels) is removed with both rows, so its ε is that of a
+    group of two, for DP-Sinkhorn and DP-MERF alike, and survives an export and merge."""
+    images, labels = digits_28()
+    twice = np.concatenate([images, images[:1]])
+    relabelled = np.concatenate([labels, (labels[:1] + 1) % 10])
+    record = _api_train(tmp_path / "run" / "dup", twice, relabelled)
+    from dpsinkhorn.train.run import train
+
+    merf = config_lib.make_experiment(
+        "merf",
+        method="dpmerf",
+        generator="merf",
+        channels=[20, 8, 4],
+        latent_dim=5,
+        batch_size=100,
+        rff_features=100,
+        sigma=2.0,
+        steps=2,
+        log_every=1,
+        checkpoint_every=10,
+    )
+    merf_record = train(
+        merf, tmp_path / "merf", train_data=(twice, relabelled), device="cpu", progress=False
+    )
+    key = store.key()
+    mine = fingerprints(key, twice)
+    by_name = {t.meta["experiment"]: t for t in store.trainings()}
+    assert set(by_name) == {"dup", "merf"}
+    for name, rec in (("dup", record), ("merf", merf_record)):
+        alone = RecordStore(tmp_path / f"alone-{name}")
+        alone.merge(store.export(tmp_path / f"{name}.tar"))
+        for t in alone.trainings():
+            if t.meta["experiment"] != name:
+                alone.path(t.id).unlink()
+        (only,) = alone.trainings()
+        q, z, steps = rec["q"], rec["noise_multiplier"], rec["steps"]
+        group = _group_epsilon(q, z, steps, 2, rec["delta"])
+        assert group > 1.2 * rec["epsilon"]
+        # the duplicated image is the worst-off record; every other one pays one row
+        person = individual(alone, mine)
+        assert person["epsilon_worst_off"] == pytest.approx(group, rel=1e-6)
+        others = individual(alone, fingerprints(key, images[1:]))
+        assert others["epsilon_worst_off"] == pytest.approx(rec["epsilon"], rel=1e-6)
+    both = individual(store, mine)
+    assert both["epsilon_worst_off"] > max(
+        _group_epsilon(r["q"], r["noise_multiplier"], r["steps"], 2, 1e-5)
+        for r in (record, merf_record)
+    )
+
+
+def test_the_collision_bound_privacy_md_quotes_holds():
+    """PRIVACY.md's bound on a fingerprint collision among 10⁹ images is at least the
+    birthday bound N²/2^(b+1) of the store's b-bit fingerprints."""
+    import re
+
+    text = (Path(__file__).parents[1] / "docs" / "PRIVACY.md").read_text()
+    bits = 8 * record_store.FINGERPRINT_BYTES
+    assert f"{bits}-bit fingerprints" in text
+    quoted = re.search(r"under (?:(\d+)·)?10⁻([⁰¹²³⁴⁵⁶⁷⁸⁹]+) for N = 10⁹", text)
+    assert quoted is not None
+    exponent = int(quoted.group(2).translate(str.maketrans("⁰¹²³⁴⁵⁶⁷⁸⁹", "0123456789")))
+    assert int(quoted.group(1) or 1) * 10.0**-exponent >= (10**9) ** 2 / 2 ** (bits + 1)

@@ -1,9 +1,10 @@
 """The record store: which training records (images) every DP training of this user held.
 
 One store per user (:func:`store_root`): a secret ``key`` and one ``trainings/<id>.npz`` per
-training (keyed fingerprints of its images, its public settings). A person's ε
-(:func:`individual`) composes every DP training that held one of their records (RDP,
-add/remove-one adjacency, Poisson-subsampled Gaussian steps) at the largest δ.
+training (keyed fingerprints of its images, how many times each is held, its public
+settings). A person's ε (:func:`individual`) composes every DP training that held one of
+their records (RDP, add/remove-one adjacency, Poisson-subsampled Gaussian steps; a record
+held k times by one training as a group of k: :func:`group_mechanism`) at the largest δ.
 ``dpsinkhorn records show|export|merge``; docs/PRIVACY.md ("The record store").
 """
 
@@ -22,7 +23,7 @@ import tarfile
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -41,7 +42,8 @@ FINGERPRINT_DTYPE = f"V{FINGERPRINT_BYTES}"
 MECHANISM = (
     "every DP training that held one of the person's records (an identical image is the "
     "same record), each a sequence of Poisson-subsampled Gaussian steps under add/remove-one "
-    "adjacency, composed (RDP curves added, dp-accounting) at the largest delta"
+    "adjacency (a record held k times by one training: a group of k), composed (RDP curves "
+    "added, dp-accounting) at the largest delta"
 )
 
 
@@ -76,10 +78,10 @@ def _write_atomic(path: Path, payload: bytes, replace: bool = True) -> None:
 
 
 def fingerprints(key: bytes, images: np.ndarray) -> np.ndarray:
-    """The sorted distinct fingerprints of ``images`` (uint8 [N,S,S] or [N,S,S,C]; [S,S,1]
-    counts as [S,S]): per image the first :data:`FINGERPRINT_BYTES` bytes of HMAC-SHA256
-    under ``key`` of its dtype, shape and bytes; labels are not part of a record.
-    Returns [M] of dtype V16, M <= N."""
+    """The sorted fingerprints of ``images`` (uint8 [N,S,S] or [N,S,S,C]; [S,S,1] counts as
+    [S,S]): per image the first :data:`FINGERPRINT_BYTES` bytes of HMAC-SHA256 under ``key``
+    of its dtype, shape and bytes; labels are not part of a record. Returns [N] of dtype
+    V16: an image held k times is k equal fingerprints (a record in k rows)."""
     images = np.asarray(images)
     if images.ndim == 4 and images.shape[-1] == 1:
         images = images[..., 0]
@@ -90,7 +92,7 @@ def fingerprints(key: bytes, images: np.ndarray) -> np.ndarray:
         h = head.copy()
         h.update(row)
         out += h.digest()[:FINGERPRINT_BYTES]
-    return np.unique(np.frombuffer(bytes(out), dtype=FINGERPRINT_DTYPE))
+    return np.sort(np.frombuffer(bytes(out), dtype=FINGERPRINT_DTYPE))
 
 
 def holds(sorted_keys: np.ndarray, query: np.ndarray) -> np.ndarray:
@@ -102,16 +104,51 @@ def holds(sorted_keys: np.ndarray, query: np.ndarray) -> np.ndarray:
     return sorted_keys[at] == query
 
 
+def group_mechanism(training: Mapping, k: int) -> tuple[float, float, int]:
+    """(q, noise multiplier, steps) that account a record held ``k`` times by ``training``
+    (its public ``meta``): removing the record removes k rows. A DP-Sinkhorn step's clipped
+    block changes by at most its sensitivity whatever rows change, and it changes only when
+    one of the k rows is sampled: a Poisson-subsampled Gaussian at rate 1 − (1 − q)^k, same
+    z (docs/PRIVACY.md, "The record store"). q = 1 (DP-MERF's one release of a sum, whose
+    sensitivity is k; a DP-Sinkhorn training with B = N, for which this is an upper bound):
+    noise multiplier z / k."""
+    q, z, steps = mechanisms([training])[0]
+    if k == 1:
+        return q, z, steps
+    if q < 1:
+        return -float(np.expm1(k * np.log1p(-q))), z, steps
+    return q, z / k, steps
+
+
 @dataclass
 class Training:
-    """One stored training: its public ``meta`` and its records' ``fingerprints``."""
+    """One stored training: its public ``meta``, its records' distinct ``fingerprints``, and
+    those it held more than once (``repeated``, sorted) with how many times (``repeats``)."""
 
     meta: dict
     fingerprints: np.ndarray
+    repeated: np.ndarray = field(default_factory=lambda: np.zeros(0, FINGERPRINT_DTYPE))
+    repeats: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint32))
 
     @property
     def id(self) -> str:
         return str(self.meta["training"])
+
+    def multiplicity(self, query: np.ndarray) -> np.ndarray:
+        """How many times this training held each of ``query`` (V16): int64 [len(query)]."""
+        count = holds(self.fingerprints, query).astype(np.int64)
+        if len(self.repeated):
+            at = np.searchsorted(self.repeated, query)
+            at[at == len(self.repeated)] = 0
+            many = self.repeated[at] == query
+            count[many] = self.repeats[at[many]]
+        return count
+
+    def held(self) -> np.ndarray:
+        """Its records' fingerprints, each as many times as it was held (sorted)."""
+        count = np.ones(len(self.fingerprints), np.int64)
+        count[np.searchsorted(self.fingerprints, self.repeated)] = self.repeats
+        return np.repeat(self.fingerprints, count)
 
 
 def _load(source: Path | io.BytesIO, where: object = None) -> Training:
@@ -120,16 +157,25 @@ def _load(source: Path | io.BytesIO, where: object = None) -> Training:
     try:
         with np.load(source, allow_pickle=False) as z:
             meta, fps = json.loads(str(z["meta"])), z["fingerprints"]
+            repeated = z["repeated"] if "repeated" in z.files else fps[:0]
+            repeats = z["repeats"] if "repeats" in z.files else np.zeros(0, np.uint32)
     except (OSError, ValueError, KeyError) as err:
         raise ValueError(f"{where}: not a training of a record store ({err})") from None
-    if fps.dtype != np.dtype(FINGERPRINT_DTYPE) or not isinstance(meta.get("training"), str):
+    if (
+        fps.dtype != np.dtype(FINGERPRINT_DTYPE)
+        or repeated.dtype != fps.dtype
+        or repeats.shape != repeated.shape
+        or not (repeats > 1).all()
+        or not holds(fps, repeated).all()
+        or not isinstance(meta.get("training"), str)
+    ):
         raise ValueError(f"{where}: not a training of a record store (fingerprints or id)")
     if meta.get("private") is not False and not accounted(meta):  # never left out
         raise ValueError(
             f"{where}: a DP training of a record store without its mechanism "
             f"({', '.join(MECHANISM_KEYS)}): the store is damaged or older"
         )
-    return Training(meta, fps)
+    return Training(meta, fps, repeated, repeats.astype(np.uint32))
 
 
 def _further(new: Mapping, old: Mapping) -> bool:
@@ -180,23 +226,32 @@ class RecordStore:
         return _load(path) if path.is_file() else None
 
     def put(self, meta: Mapping, fps: np.ndarray | Callable[[], np.ndarray]) -> bool:
-        """Write one training (atomically, its own file) with its fingerprints ``fps`` (or
-        ``fps()``, called only for a training the store lacks), unless the store already
-        holds as much of it (:func:`_further`). Returns whether it wrote."""
+        """Write one training (atomically, its own file) with the fingerprints ``fps`` of
+        every row it trained on (:func:`fingerprints`; or ``fps()``, called only for a
+        training the store lacks), unless the store already holds as much of it
+        (:func:`_further`). Returns whether it wrote."""
         old = self.get(str(meta["training"]))
         if old is not None and not _further(meta, old.meta):
             return False
         if old is not None:
-            fps = old.fingerprints
+            fps = old.held()
         elif callable(fps):
             fps = fps()
+        fps, counts = np.unique(np.asarray(fps), return_counts=True)
         # key_id: a name of the key that reveals nothing of it
         key_id = hashlib.sha256(b"dpsinkhorn record store key|" + self.key()).hexdigest()[:16]
         meta = {**meta, "key_id": key_id, "records": int(len(fps))}
         if old is not None and old.meta.get("time"):
             meta["time"] = old.meta["time"]  # when it started
         buf = io.BytesIO()
-        np.savez(buf, fingerprints=fps, meta=np.array(json.dumps(meta, sort_keys=True)))
+        many = counts > 1
+        np.savez(
+            buf,
+            fingerprints=fps,
+            repeated=fps[many],
+            repeats=counts[many].astype(np.uint32),
+            meta=np.array(json.dumps(meta, sort_keys=True)),
+        )
         self.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
         _write_atomic(self.path(str(meta["training"])), buf.getvalue())
         return True
@@ -248,7 +303,7 @@ class RecordStore:
                 f"store (e.g. {STORE_ENV}=<new folder>), or give every machine one store's "
                 "export before it trains"
             )
-        return sum(self.put(t.meta, t.fingerprints) for t in entries), len(entries)
+        return sum(self.put(t.meta, t.held()) for t in entries), len(entries)
 
 
 def stored_meta(record: Mapping) -> dict:
@@ -274,17 +329,19 @@ def import_record(
 
 def individual(store: RecordStore, data: np.ndarray, delta: float | None = None) -> dict:
     """Per-person ε for the records ``data`` (sorted fingerprints): the ε of the worst-off
-    record, its trainings composed (:data:`MECHANISM`) at the largest δ (theirs and ``delta``).
+    record, its trainings composed (:data:`MECHANISM`; one that held it k times as
+    :func:`group_mechanism`) at the largest δ (theirs and ``delta``).
 
     Returns ``epsilon_worst_off`` (None when no training held one), ``delta``,
     ``trainings`` (those that held one), ``worst_off`` (the worst-off record's), and, for
     the curator only (counts from the private data), ``shared`` (records in more than one
     training) and ``overlap`` (per training)."""
+    data = np.unique(np.asarray(data))
     held, members = [], []
     for t in store.trainings():
         if t.meta.get("private") is False:
             continue
-        m = holds(t.fingerprints, data)
+        m = t.multiplicity(data)
         if m.any():
             held.append(t)
             members.append(m)
@@ -298,33 +355,42 @@ def individual(store: RecordStore, data: np.ndarray, delta: float | None = None)
     }
     if not held:
         return out
-    matrix = np.stack(members, axis=1)  # [records, trainings]
-    out["shared"] = int((matrix.sum(axis=1) > 1).sum())
-    out["overlap"] = {t.id: int(m.sum()) for t, m in zip(held, members, strict=True)}
+    matrix = np.stack(members, axis=1)  # [records, trainings]: how many times each held it
+    out["shared"] = int(((matrix > 0).sum(axis=1) > 1).sum())
+    out["overlap"] = {t.id: int((m > 0).sum()) for t, m in zip(held, members, strict=True)}
     deltas = [float(t.meta["delta"]) for t in held]
     out["delta"] = max(deltas if delta is None else [*deltas, delta])
     from dpsinkhorn.privacy.accounting import composed_epsilon, new_accountant  # at use: slow
 
-    # each training's RDP curve: its steps Poisson-subsampled Gaussian steps (rate q, noise
-    # multiplier z, add/remove-one adjacency), dp-accounting's RDP accountant
-    curves = [new_accountant(mechanisms([t.meta])) for t in held]
-    signatures = np.unique(matrix, axis=0)  # [S, trainings]: which trainings a record was in
-    worst = signatures[_worst_row(signatures, curves, out["delta"])]
-    chosen = [t for t, inside in zip(held, worst, strict=True) if inside]
-    out["epsilon_worst_off"] = composed_epsilon(mechanisms(t.meta for t in chosen), out["delta"])
-    out["worst_off"] = chosen
+    # each training's RDP curve per multiplicity k: its steps Poisson-subsampled Gaussian
+    # steps (group_mechanism: rate q, noise multiplier z, add/remove-one adjacency),
+    # dp-accounting's RDP accountant
+    signatures = np.unique(matrix, axis=0)  # [S, trainings]: how many times each held it
+    curves = {
+        (j, int(k)): new_accountant([group_mechanism(t.meta, int(k))])
+        for j, t in enumerate(held)
+        for k in np.unique(signatures[:, j])
+        if k
+    }
+    orders = next(iter(curves.values()))._orders  # noqa: SLF001  (curves add across trainings)
+    summed = np.zeros((len(signatures), len(orders)))
+    for (j, k), curve in curves.items():
+        summed[signatures[:, j] == k] += curve._rdp  # noqa: SLF001
+    worst = signatures[_worst_row(summed, orders, out["delta"])]
+    chosen = [(t, int(k)) for t, k in zip(held, worst, strict=True) if k]
+    out["epsilon_worst_off"] = composed_epsilon(
+        [group_mechanism(t.meta, k) for t, k in chosen], out["delta"]
+    )
+    out["worst_off"] = [t for t, _ in chosen]
     return out
 
 
-def _worst_row(signatures: np.ndarray, curves: list, delta: float) -> int:
-    """The row of ``signatures`` (bool [S, K]: the trainings a record was in) of largest ε
-    at ``delta``; ``curves``: the K trainings' RDP accountants. RDP curves add under
-    composition (a row's is ``row @ curves``); a row whose curve lies below a converted one
-    at every order is skipped (ε grows with it)."""
+def _worst_row(summed: np.ndarray, orders, delta: float) -> int:
+    """The row of ``summed`` (float [S, orders]: each set of trainings' RDP curve, summed
+    under composition) of largest ε at ``delta``; a row whose curve lies below a converted
+    one at every order is skipped (ε grows with it)."""
     from dp_accounting.rdp.rdp_privacy_accountant import compute_epsilon
 
-    orders = curves[0]._orders  # noqa: SLF001  (the curves are added across trainings)
-    summed = signatures.astype(np.float64) @ np.stack([c._rdp for c in curves])  # noqa: SLF001
     left, best, best_eps = np.arange(len(summed)), 0, -1.0
     while left.size:
         row = left[np.argmax(summed[left].sum(axis=1))]
