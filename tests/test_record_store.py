@@ -185,6 +185,7 @@ def test_the_same_data_under_two_data_dirs_and_its_neighbours_count_together(
             assert person["epsilon_worst_off"] > summary["all_trainings"]["epsilon_composed"]
         # the counts from the private data reach the curator, never the summary
         assert "shared" not in str(person) and len(curator) == 1
+        assert "no_guarantee" not in person  # secret noise keys
         assert f"{shared} record(s) lie in more than one" in curator[0]
         (line, *_) = individual_lines({"datasets": [summary]})
         assert "per release" in line and f"{person['epsilon_worst_off']:.4g}" in line

@@ -333,7 +333,9 @@ def individual(store: RecordStore, data: np.ndarray, delta: float | None = None)
     :func:`group_mechanism`) at the largest δ (theirs and ``delta``).
 
     Returns ``epsilon_worst_off`` (None when no training held one), ``delta``,
-    ``trainings`` (those that held one), ``worst_off`` (the worst-off record's), and, for
+    ``trainings`` (those that held one), ``public_seed`` (those of them whose noise seed was
+    public, ``reproducible``: no guarantee for the records they held, whose ε counts their
+    noise as if it were secret), ``worst_off`` (the worst-off record's), and, for
     the curator only (counts from the private data), ``shared`` (records in more than one
     training) and ``overlap`` (per training)."""
     data = np.unique(np.asarray(data))
@@ -349,6 +351,7 @@ def individual(store: RecordStore, data: np.ndarray, delta: float | None = None)
         "epsilon_worst_off": None,
         "delta": delta,
         "trainings": held,
+        "public_seed": [t for t in held if t.meta.get("reproducible")],
         "worst_off": [],
         "shared": 0,
         "overlap": {},

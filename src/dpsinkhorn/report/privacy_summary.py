@@ -226,6 +226,13 @@ def individual_summary(
         "here); release_epsilons are per release, each alone",
     }
     dataset = summary["dataset"]
+    if found["public_seed"]:
+        out["no_guarantee"] = [named(t) for t in found["public_seed"]]
+        summary["warnings"].append(
+            f"no guarantee for a person whose records {', '.join(out['no_guarantee'])} "
+            f"held: the noise seed was public; the worst-off person's epsilon counts that "
+            "noise as secret"
+        )
     if outside:
         summary["warnings"].append(
             f"{len(outside)} DP training(s) outside this run held records of {dataset}: "
@@ -315,7 +322,11 @@ def individual_lines(summary: Mapping) -> list[str]:
             f"(every DP training that held their records, {person.get('trainings', 0)} "
             f"training(s)): {said}"
         )
-        lines += [f"WARNING: {w}" for w in d["warnings"] if "outside this run" in w]
+        lines += [
+            f"WARNING: {w}"
+            for w in d["warnings"]
+            if "outside this run" in w or w.startswith("no guarantee for a person")
+        ]
     return lines
 
 
