@@ -394,6 +394,24 @@ def test_an_image_held_twice_by_one_training_pays_for_both_copies(tmp_path, stor
     )
 
 
+def test_a_small_noise_multiplier_whose_rdp_is_infinite_at_low_orders_is_composed(store):
+    """At σ = 0.656, q = 50/1617 (docs/OWN_DATA.md's setting) dp-accounting's RDP curve is
+    inf at orders 1.1-1.3; two trainings that share some records still give the worst-off
+    person (the shared ones, in both) at once."""
+    from dpsinkhorn.privacy.accounting import new_accountant
+
+    meta = {"q": 50 / 1617, "noise_multiplier": 0.656, "steps": 300, "delta": 1e-5}
+    assert np.isinf(new_accountant(record_store.mechanisms([meta]))._rdp).any()  # noqa: SLF001
+    random = np.random.default_rng(0).bytes(16 * 40)
+    fps = np.sort(np.frombuffer(random, dtype=record_store.FINGERPRINT_DTYPE))
+    for name, held in (("all", fps), ("half", fps[:20])):
+        store.put({**meta, "training": name, "experiment": name, "private": True}, held)
+    person = individual(store, fps)
+    assert sorted(t.id for t in person["worst_off"]) == ["all", "half"]
+    both = composed_epsilon(record_store.mechanisms([meta, meta]), 1e-5)
+    assert person["epsilon_worst_off"] == pytest.approx(both, rel=1e-9)
+
+
 def test_the_collision_bound_privacy_md_quotes_holds():
     """PRIVACY.md's bound on a fingerprint collision among 10⁹ images is at least the
     birthday bound N²/2^(b+1) of the store's b-bit fingerprints."""

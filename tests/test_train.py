@@ -486,6 +486,24 @@ def test_workspace_that_cannot_be_deleted_fails_the_run(
     assert record["steps"] == 2 and not (tmp_path / "api" / WORKSPACE).exists()
 
 
+def test_train_prints_each_dp_runs_guarantee_beside_its_epsilon(tmp_path, prepared_data, capsys):
+    """The last line of `dpsinkhorn train`: a public noise seed says "none: ..." beside its
+    ε, a secret key its (ε, δ) sentence, as the ledger."""
+    for reproducible in (True, False):
+        (tmp_path / str(reproducible)).mkdir()
+        cfg = make_config(tmp_path / str(reproducible), prepared_data, steps=2)
+        cfg.write_text(
+            cfg.read_text().replace("reproducible: true", f"reproducible: {reproducible}")
+        )
+        out = tmp_path / str(reproducible) / "run"
+        args = ["train", "--config", str(cfg), "--experiment", "e", "--out", str(out)]
+        assert cli.main([*args, "--no-progress"]) == 0
+        said = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        ledger = json.loads((out / "privacy.json").read_text())
+        assert said["guarantee"] == ledger["guarantee"] and said["epsilon"] == ledger["epsilon"]
+        assert said["guarantee"].startswith("none") == reproducible
+
+
 class _WritesAFileWhenUnpickled:
     """A pickle payload: unpickling it calls open(marker, "w"), i.e. runs code."""
 

@@ -400,7 +400,8 @@ def _worst_row(summed: np.ndarray, orders, delta: float) -> int:
         eps = compute_epsilon(orders, summed[row], delta)[0]
         if eps > best_eps:
             best, best_eps = int(row), eps
-        left = left[~(summed[left] <= summed[row]).all(axis=1)]
+        below = (summed[left] <= summed[row]).all(axis=1)
+        left = left[~below & (left != row)]  # the row itself goes, whatever its values
     return best
 
 

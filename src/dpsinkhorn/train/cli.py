@@ -126,8 +126,9 @@ def run_training_cli(
             err = memory.TooLargeError(err.key, f"{where}: {err}")
         _final_stop(markers, 2, str(err))  # cli.main prints it as one line, exit 2
         raise err
-    for record in records:
-        print(json.dumps({k: record.get(k) for k in ("experiment", "steps", "epsilon")}))
+    for record in records:  # a DP run's guarantee beside its ε (none: a public noise seed)
+        said = ("experiment", "steps", "epsilon") + ("guarantee",) * ("guarantee" in record)
+        print(json.dumps({k: record.get(k) for k in said}))
     return 0
 
 
