@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -436,3 +437,26 @@ def test_plan_costs_an_own_dataset_once_prepared(digits_folder, tmp_path, run_cl
     _, steps = budget_of(spec, N_DIGITS - 180)  # the held-out 10% left out
     assert row["steps"] == steps == resolved_steps(spec, {"num_train": N_DIGITS - 180})
     assert row["hours"] == pytest.approx(steps / 5 / 3600)
+
+
+def test_data_prepares_into_the_configs_data_dir(digits_folder, tmp_path, run_cli, monkeypatch):
+    """`dpsinkhorn data --dataset NAME --config my.yaml` (OWN_DATA.md, without --root)
+    prepares into the config's data_dir, where `dpsinkhorn train` and `plan` read it; an
+    own split not prepared yet names the command that prepares it, --config included."""
+    monkeypatch.chdir(tmp_path)  # where a default ./data would go
+    config = write_config(tmp_path, digits_folder, image_size=28)
+    cfg = yaml.safe_load(config.read_text())
+    cfg["data_dir"] = str(tmp_path / "prepared")
+    config.write_text(yaml.safe_dump(cfg))
+    cfg = load_config([config])
+    root, folder = Path(cfg["data_dir"]), prepared_folder_of(cfg, "digits")
+    with pytest.raises(FileNotFoundError) as excinfo:
+        load_split(root, "digits", "train", folder=folder)
+    assert f"dpsinkhorn data --dataset digits --root {root} --config " in str(excinfo.value)
+    assert run_cli(["data", "--dataset", "digits", "--config", str(config)]) == 0
+    assert load_split(root, "digits", "train", folder=folder)[0].shape == (N_DIGITS - 180, 28, 28)
+    assert not (tmp_path / "data").exists()
+    # where OWN_DATA.md says the files go (its dataset is scans, this one digits)
+    doc = " ".join((REPO / "docs" / "OWN_DATA.md").read_text().split())
+    said = re.search(r"writes `data/scans([^`/]*)/\{train,test\}\.npz`", doc)
+    assert said and "digits" + said.group(1).replace("<hash>", folder.split("-")[-1]) == folder
