@@ -460,3 +460,36 @@ def test_data_prepares_into_the_configs_data_dir(digits_folder, tmp_path, run_cl
     doc = " ".join((REPO / "docs" / "OWN_DATA.md").read_text().split())
     said = re.search(r"writes `data/scans([^`/]*)/\{train,test\}\.npz`", doc)
     assert said and "digits" + said.group(1).replace("<hash>", folder.split("-")[-1]) == folder
+
+
+@pytest.mark.parametrize("layout", ["image folder", "npz"])
+def test_the_same_image_twice_is_refused_naming_both(tmp_path, run_cli, capsys, layout) -> None:
+    """A record is an image (docs/PRIVACY.md): a digit held twice (under another name and
+    class, or twice in an .npz) is one record in two rows, which the ledger's guarantee of
+    one row does not cover. Refused in one line naming both; without the copy it prepares."""
+    images, labels = digits_arrays()
+    images, labels = images[:40], labels[:40]
+    if layout == "npz":
+        source = tmp_path / "digits.npz"
+        np.savez(source, images=np.concatenate([images, images[7:8]]), labels=[*labels, 3])
+        named, copy = f"{source} (images[40])", f"{source} (images[7])"
+    else:
+        source = tmp_path / "digits"
+        for i, (image, label) in enumerate(zip(images, labels, strict=True)):
+            (source / str(label)).mkdir(parents=True, exist_ok=True)
+            Image.fromarray(image).save(source / str(label) / f"{i:02d}.png")
+        assert labels[7] == 7  # its copy in 9/ is read after it
+        copy, named = source / "7" / "07.png", source / "9" / "scan é 7.png"
+        named.write_bytes(copy.read_bytes())
+    config = write_config(tmp_path, source, batch_size=2, classes=[str(d) for d in range(10)])
+    argv = ["data", "--dataset", "digits", "--config", str(config)]
+    assert run_cli(argv) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1, err
+    assert f"{named}: the same image as {copy}" in err, err
+    assert not list((tmp_path / "data").glob("digits*/train.npz"))
+    if layout == "npz":
+        np.savez(source, images=images, labels=labels)
+    else:
+        named.unlink()
+    assert run_cli(argv) == 0
