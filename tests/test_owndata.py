@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -436,3 +437,59 @@ def test_plan_costs_an_own_dataset_once_prepared(digits_folder, tmp_path, run_cl
     _, steps = budget_of(spec, N_DIGITS - 180)  # the held-out 10% left out
     assert row["steps"] == steps == resolved_steps(spec, {"num_train": N_DIGITS - 180})
     assert row["hours"] == pytest.approx(steps / 5 / 3600)
+
+
+def test_data_prepares_into_the_configs_data_dir(digits_folder, tmp_path, run_cli, monkeypatch):
+    """`dpsinkhorn data --dataset NAME --config my.yaml` (OWN_DATA.md, without --root)
+    prepares into the config's data_dir, where `dpsinkhorn train` and `plan` read it; an
+    own split not prepared yet names the command that prepares it, --config included."""
+    monkeypatch.chdir(tmp_path)  # where a default ./data would go
+    config = write_config(tmp_path, digits_folder, image_size=28)
+    cfg = yaml.safe_load(config.read_text())
+    cfg["data_dir"] = str(tmp_path / "prepared")
+    config.write_text(yaml.safe_dump(cfg))
+    cfg = load_config([config])
+    root, folder = Path(cfg["data_dir"]), prepared_folder_of(cfg, "digits")
+    with pytest.raises(FileNotFoundError) as excinfo:
+        load_split(root, "digits", "train", folder=folder)
+    assert f"dpsinkhorn data --dataset digits --root {root} --config " in str(excinfo.value)
+    assert run_cli(["data", "--dataset", "digits", "--config", str(config)]) == 0
+    assert load_split(root, "digits", "train", folder=folder)[0].shape == (N_DIGITS - 180, 28, 28)
+    assert not (tmp_path / "data").exists()
+    # where OWN_DATA.md says the files go (its dataset is scans, this one digits)
+    doc = " ".join((REPO / "docs" / "OWN_DATA.md").read_text().split())
+    said = re.search(r"writes `data/scans([^`/]*)/\{train,test\}\.npz`", doc)
+    assert said and "digits" + said.group(1).replace("<hash>", folder.split("-")[-1]) == folder
+
+
+@pytest.mark.parametrize("layout", ["image folder", "npz"])
+def test_the_same_image_twice_is_refused_naming_both(tmp_path, run_cli, capsys, layout) -> None:
+    """A record is an image (docs/PRIVACY.md): a digit held twice (under another name and
+    class, or twice in an .npz) is one record in two rows, which the ledger's guarantee of
+    one row does not cover. Refused in one line naming both; without the copy it prepares."""
+    images, labels = digits_arrays()
+    images, labels = images[:40], labels[:40]
+    if layout == "npz":
+        source = tmp_path / "digits.npz"
+        np.savez(source, images=np.concatenate([images, images[7:8]]), labels=[*labels, 3])
+        named, copy = f"{source} (images[40])", f"{source} (images[7])"
+    else:
+        source = tmp_path / "digits"
+        for i, (image, label) in enumerate(zip(images, labels, strict=True)):
+            (source / str(label)).mkdir(parents=True, exist_ok=True)
+            Image.fromarray(image).save(source / str(label) / f"{i:02d}.png")
+        assert labels[7] == 7  # its copy in 9/ is read after it
+        copy, named = source / "7" / "07.png", source / "9" / "scan é 7.png"
+        named.write_bytes(copy.read_bytes())
+    config = write_config(tmp_path, source, batch_size=2, classes=[str(d) for d in range(10)])
+    argv = ["data", "--dataset", "digits", "--config", str(config)]
+    assert run_cli(argv) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1, err
+    assert f"{named}: the same image as {copy}" in err, err
+    assert not list((tmp_path / "data").glob("digits*/train.npz"))
+    if layout == "npz":
+        np.savez(source, images=images, labels=labels)
+    else:
+        named.unlink()
+    assert run_cli(argv) == 0

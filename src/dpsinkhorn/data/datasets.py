@@ -172,8 +172,10 @@ def load_split(
     """Read :func:`split_path`: (images uint8 [N,H,W(,C)], labels int64 [N])."""
     path = split_path(root, dataset, split, definition, folder)
     if not path.exists():
+        config = "" if dataset in DATASETS else " --config <the config that declares it>"
         raise FileNotFoundError(
-            f"{path} not found; run `dpsinkhorn data --dataset {dataset} --root {root}` first"
+            f"{path} not found; run `dpsinkhorn data --dataset {dataset} --root {root}{config}` "
+            "first"
         )
     return load_samples(path)
 
@@ -216,7 +218,8 @@ def register_cli(subparsers: argparse._SubParsersAction) -> None:
         description="Download (or copy from a local mirror) MNIST / Fashion-MNIST / CelebA, or "
         "read an own dataset (config datasets:, an image folder or an .npz), and write "
         "<root>/<dataset>/{train,test}.npz (images uint8 [N,28,28]; CelebA [N,32,32,3]; own "
-        "[N,S,S] or [N,S,S,3]; labels int64 [N]; own datasets also dataset.json).",
+        "[N,S,S] or [N,S,S,3]; labels int64 [N]); an own dataset goes to "
+        "<root>/<dataset>-<hash of its datasets: entry>/, with dataset.json.",
     )
     parser.add_argument(
         "--dataset",
@@ -226,7 +229,12 @@ def register_cli(subparsers: argparse._SubParsersAction) -> None:
         help=f"one or more datasets (repeatable: --dataset mnist fmnist): {', '.join(DATASETS)} "
         "or an own dataset declared under the --config file's datasets:",
     )
-    parser.add_argument("--root", type=Path, default=Path("data"), help="output folder")
+    parser.add_argument(
+        "--root",
+        type=Path,
+        default=None,
+        help="output folder (default: the --config's data_dir, else data)",
+    )
     parser.add_argument(
         "--config",
         nargs="+",
@@ -257,6 +265,8 @@ def _cli_handler(args: argparse.Namespace) -> int:
 
         cfg = load_config(args.config)
     own = cfg.get("datasets") or {}
+    # Where training looks for them: the config's data_dir, unless --root says otherwise.
+    root = args.root if args.root is not None else Path(cfg.get("data_dir", "data"))
     names = list(dict.fromkeys(args.dataset))  # de-duplicated, order kept
     for dataset in names:  # check every name before preparing any
         if dataset not in DATASETS and dataset not in own:
@@ -267,7 +277,7 @@ def _cli_handler(args: argparse.Namespace) -> int:
             )
     for dataset in names:
         if dataset in DATASETS:
-            paths = prepare(dataset, args.root, mirror=args.mirror)
+            paths = prepare(dataset, root, mirror=args.mirror)
         else:
             sha = definition_sha256(own[dataset])  # the workflow's hash of the entry it read
             if args.definition_sha256 and sha != args.definition_sha256:
@@ -282,7 +292,7 @@ def _cli_handler(args: argparse.Namespace) -> int:
                 if (exp := experiment(cfg, name))["dataset"] == dataset
                 and exp["method"] != "real_data"
             ]
-            paths = prepare_own(dataset, own[dataset], args.root, *max(batches, default=(None, "")))
+            paths = prepare_own(dataset, own[dataset], root, *max(batches, default=(None, "")))
         for split, path in paths.items():
             print(f"{dataset} {split}: wrote {path}")
     return 0

@@ -6,9 +6,10 @@ Torch-free; docs/OWN_DATA.md."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import zipfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -107,8 +108,8 @@ def _image_files(folder: Path) -> list[Path]:
 
 def _read_class_folders(
     base: Path, classes: tuple[str, ...], definition: Mapping[str, Any], field: str
-) -> Arrays:
-    """Read ``base/<class>/*`` with labels = index in ``classes``."""
+) -> tuple[Arrays, list[Path]]:
+    """Read ``base/<class>/*`` with labels = index in ``classes``; and each record's file."""
     class_dirs = sorted(d for d in base.iterdir() if d.is_dir() and not d.name.startswith("."))
     if not class_dirs:
         loose = "; images must lie in <class>/ sub-folders" if _image_files(base) else ""
@@ -120,7 +121,7 @@ def _read_class_folders(
                 f"(move it into {base}/<class>/, or out of the folder)"
             )
     index = {name: i for i, name in enumerate(classes)}
-    images, labels = [], []
+    images, labels, names = [], [], []
     for folder in class_dirs:
         if folder.name not in index:
             raise DatasetError(
@@ -132,19 +133,21 @@ def _read_class_folders(
             raise DatasetError(f"{folder}: class folder without images (.png, .jpg, .jpeg)")
         images += [_read_image(file, definition) for file in files]
         labels += [index[folder.name]] * len(files)
-    return np.stack(images), np.asarray(labels, dtype=np.int64)
+        names += files
+    return (np.stack(images), np.asarray(labels, dtype=np.int64)), names
 
 
 def _read_image_folder(
     root: Path, classes: tuple[str, ...], definition: Mapping[str, Any], field: str
-) -> tuple[Arrays, Arrays | None]:
-    """(train, test or None) of an image folder. ``root/train`` marks the split layout,
-    which reads ``train/`` and ``test/`` only: a folder or an image beside them (``val/``,
-    a stray image) is refused by name, never left out without a word."""
+) -> tuple[Arrays, Arrays | None, list[Path]]:
+    """(train, test or None, the files of train's records) of an image folder. ``root/train``
+    marks the split layout, which reads ``train/`` and ``test/`` only: a folder or an image
+    beside them (``val/``, a stray image) is refused by name, never left out without a word."""
     if not root.is_dir():
         raise image_folder_not_found(root)
     if not (root / "train").is_dir():
-        return _read_class_folders(root, classes, definition, field), None
+        train, names = _read_class_folders(root, classes, definition, field)
+        return train, None, names
     for entry in sorted(root.iterdir()):
         if entry.name.startswith(".") or entry.name in ("train", "test"):
             continue
@@ -153,9 +156,11 @@ def _read_image_folder(
                 f"{entry}: not read: beside train/, an image folder holds only an optional "
                 "test/ (name a held-out split test/, or move this out of the folder)"
             )
-    train = _read_class_folders(root / "train", classes, definition, field)
+    train, names = _read_class_folders(root / "train", classes, definition, field)
     test = root / "test"
-    return train, _read_class_folders(test, classes, definition, field) if test.is_dir() else None
+    if not test.is_dir():
+        return train, None, names
+    return train, _read_class_folders(test, classes, definition, field)[0], names
 
 
 # --------------------------------------------------------------------------------- npz
@@ -218,6 +223,23 @@ def _read_npz(
     return train, _npz_pair(path, arrays, tuple(given), definition, field) if given else None
 
 
+def refuse_repeated_images(images: np.ndarray, name: Callable[[int], str]) -> None:
+    """A :class:`DatasetError` naming two records (``name(i)``) that are the same image.
+
+    A record is an image (docs/PRIVACY.md): an image held twice is one record in two rows,
+    which the ledger's add/remove-one guarantee (one row) and the record store (which counts
+    it once) do not cover: its ε is that of a group of two."""
+    first: dict[bytes, int] = {}
+    for i, image in enumerate(images):
+        j = first.setdefault(hashlib.blake2b(image.tobytes(), digest_size=16).digest(), i)
+        if j != i:
+            raise DatasetError(
+                f"{name(i)}: the same image as {name(j)} (as prepared): an image trained on "
+                "twice is one record in two rows, which the privacy guarantee of one row does "
+                "not cover; remove one of them"
+            )
+
+
 def split_off(arrays: Arrays, fraction: float, seed: int, where: Path) -> tuple[Arrays, Arrays]:
     """Hold out ``round(N * fraction)`` records (at least 1), the first of
     ``default_rng(seed).permutation(N)``, as the test split; both keep the source order."""
@@ -249,8 +271,10 @@ def prepare_own(
     field = f"datasets.{name}.classes" if declared else f"the folder names of {source}"
     if layout == "npz":  # classes declared: field is datasets.<name>.classes
         train, test = _read_npz(source, definition, field)
+        refuse_repeated_images(train[0], lambda i: f"{source} (images[{i}])")
     else:
-        train, test = _read_image_folder(source, info.class_names, definition, field)
+        train, test, files = _read_image_folder(source, info.class_names, definition, field)
+        refuse_repeated_images(train[0], lambda i: str(files[i]))
     split: dict[str, Any] = {"test": "given"}
     if test is None:
         train, test = split_off(
