@@ -227,8 +227,8 @@ def refuse_repeated_images(images: np.ndarray, name: Callable[[int], str]) -> No
     """A :class:`DatasetError` naming two records (``name(i)``) that are the same image.
 
     A record is an image (docs/PRIVACY.md): an image held twice is one record in two rows,
-    which the ledger's add/remove-one guarantee (one row) and the record store (which counts
-    it once) do not cover: its ε is that of a group of two."""
+    which the ledger's add/remove-one guarantee (one row) does not cover: its ε is that of
+    a group of two (as the record store counts it)."""
     first: dict[bytes, int] = {}
     for i, image in enumerate(images):
         j = first.setdefault(hashlib.blake2b(image.tobytes(), digest_size=16).digest(), i)
