@@ -245,6 +245,15 @@ def test_an_exported_store_merges_once_and_another_key_is_refused(
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "bare.tar:trainings/" in err[0] and "mechanism" in err[0], err
 
+    # a file that is no tar archive, or a cut one: one line naming it
+    cut, text = tmp_path / "cut.tar", tmp_path / "summary.json"
+    cut.write_bytes(back.read_bytes()[:700])
+    text.write_text("{}")
+    for bad in (text, cut):
+        assert cli.main(["records", "merge", str(bad)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"{bad}: not a record store export" in err[0], err
+
 
 def test_a_sweep_and_dpmerf_put_every_training_into_the_store(tmp_path, store):
     images, labels = digits_28()

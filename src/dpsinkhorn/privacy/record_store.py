@@ -281,16 +281,19 @@ class RecordStore:
         holds less of (:func:`_further`); merging twice changes nothing. A store without
         trainings takes the export's key; one with trainings under another key refuses
         (ValueError, one line). Returns (trainings added or advanced, trainings read)."""
-        with tarfile.open(archive, mode="r") as tar:
-            members = {m.name: m for m in tar.getmembers() if m.isfile()}
-            if KEY_FILE not in members:
-                raise ValueError(f"{archive}: not a record store export (no key)")
-            theirs = tar.extractfile(members[KEY_FILE]).read()
-            entries = []
-            for name, member in sorted(members.items()):
-                if name.startswith(f"{TRAININGS}/") and name.endswith(".npz"):
-                    raw = io.BytesIO(tar.extractfile(member).read())
-                    entries.append(_load(raw, f"{archive}:{name}"))
+        try:
+            with tarfile.open(archive, mode="r") as tar:
+                members = {m.name: m for m in tar.getmembers() if m.isfile()}
+                if KEY_FILE not in members:
+                    raise ValueError(f"{archive}: not a record store export (no key)")
+                theirs = tar.extractfile(members[KEY_FILE]).read()
+                entries = []
+                for name, member in sorted(members.items()):
+                    if name.startswith(f"{TRAININGS}/") and name.endswith(".npz"):
+                        raw = io.BytesIO(tar.extractfile(member).read())
+                        entries.append(_load(raw, f"{archive}:{name}"))
+        except (tarfile.TarError, EOFError) as err:
+            raise ValueError(f"{archive}: not a record store export ({err})") from None
         if len(theirs) != 32:
             raise ValueError(f"{archive}: not a record store export (its key is not 32 bytes)")
         if not self.has_key() or not self.trainings():
