@@ -437,6 +437,12 @@ def test_plan_costs_an_own_dataset_once_prepared(digits_folder, tmp_path, run_cl
     _, steps = budget_of(spec, N_DIGITS - 180)  # the held-out 10% left out
     assert row["steps"] == steps == resolved_steps(spec, {"num_train": N_DIGITS - 180})
     assert row["hours"] == pytest.approx(steps / 5 / 3600)
+    # a damaged dataset.json: one line naming it
+    (record,) = (tmp_path / "data").glob("digits-*/dataset.json")
+    record.write_text("{")
+    assert run_cli(plan) == 2
+    err = capsys.readouterr().err
+    assert f"{record}: not JSON" in err and err.count("\n") == 1
 
 
 def test_data_prepares_into_the_configs_data_dir(digits_folder, tmp_path, run_cli, monkeypatch):

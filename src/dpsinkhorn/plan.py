@@ -44,7 +44,10 @@ def prepared_record(config: Mapping, dataset: str) -> dict | None:
             f"dataset {dataset!r}: its training size is known once it is prepared: run "
             f"`dpsinkhorn data --dataset {dataset} --config <config>` first ({record} not found)"
         )
-    return json.loads(record.read_text())
+    try:
+        return json.loads(record.read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{record}: not JSON ({err}); prepare {dataset!r} again") from None
 
 
 def train_size(spec: Mapping, record: Mapping | None = None) -> int:
