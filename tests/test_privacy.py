@@ -687,3 +687,16 @@ def test_experiment_spec_is_read_once_from_a_validated_dict():
         settings.sigma = 1.0
     with pytest.raises(ValueError, match="cost"):
         ExperimentSpec.from_dict({k: v for k, v in spec.items() if k != "cost"})
+
+
+def test_each_rdp_order_dp_accounting_leaves_out_is_warned_once(caplog):
+    """At small σ dp-accounting leaves out orders whose series does not converge, warning
+    at every ε computation; a training computes one per log row: each warning shows once,
+    and ε is the same (a minimum over the orders kept)."""
+    import logging
+
+    with caplog.at_level(logging.WARNING, logger="absl"):
+        eps = [compute_epsilon(0.6543, 50 / 1617, steps, 1e-5) for steps in (101, 202, 303)]
+    said = [r.getMessage() for r in caplog.records if "failed to converge" in r.getMessage()]
+    assert said and len(said) == len(set(said)) and all("sigma=0.654300" in m for m in said)
+    assert eps == sorted(eps) and all(math.isfinite(e) for e in eps)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import importlib.metadata
+import logging
 import math
 
 import dp_accounting
@@ -21,6 +22,27 @@ from dp_accounting.rdp import rdp_privacy_accountant as rdp_lib
 from dpsinkhorn.privacy.checks import check_count, check_delta, check_positive, check_rate
 
 ACCOUNTANTS = ("rdp", "pld")
+
+
+class _EachOrderOnce(logging.Filter):
+    """dp-accounting warns, at every RDP computation, of each order whose series did not
+    converge and which it leaves out of ε (then an upper bound still: ε is a minimum over
+    the orders kept). A training computes ε at every log row: each warning shows once."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if "failed to converge" not in message:
+            return True
+        new = message not in self.seen
+        self.seen.add(message)
+        return new
+
+
+logging.getLogger("absl").addFilter(_EachOrderOnce())
 
 
 def new_accountant(
