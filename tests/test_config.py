@@ -27,8 +27,10 @@ def write(tmp_path: Path, text: str, name: str = "c.yaml") -> Path:
 
 
 def with_experiment(tmp_path: Path, body: str, defaults: str = "") -> Path:
-    """A config file with one experiment ``e`` whose keys are ``body`` (YAML flow map)."""
-    text = f"training_defaults: {{{defaults}}}\nexperiments:\n  e: {{dataset: mnist, {body}}}\n"
+    """A config file with one experiment ``e`` whose keys are ``body`` (YAML flow map;
+    dataset mnist unless ``body`` names one)."""
+    body = body if "dataset:" in body else f"dataset: mnist, {body}"
+    text = f"training_defaults: {{{defaults}}}\nexperiments:\n  e: {{{body}}}\n"
     return write(tmp_path, text)
 
 
@@ -267,6 +269,70 @@ def test_a_file_that_is_no_yaml_is_one_line(tmp_path, capsys, content, problem):
     assert cli.main(["targets", "all", "--config", str(path)]) == 2
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert line.startswith(f"dpsinkhorn targets: error: {path}: {problem}") and "\\n" not in line
+
+
+def test_a_key_given_twice_is_refused(tmp_path, capsys):
+    """Two experiments of one name (YAML keeps the last without a word) are an error of
+    the CLI and of the workflow, naming the file, the line and the key; `<<: *anchor`
+    still lets a mapping redefine a merged key."""
+    text = (
+        "experiments:\n  e: {dataset: mnist, sigma: 1.0}\n"
+        "  f: {dataset: mnist, method: real_data}\n  e: {dataset: fmnist, sigma: 2.0}\n"
+    )
+    path = write(tmp_path, text)
+    problem = f"{path}: not valid YAML (line 4, column 3: duplicate key 'e')"
+    assert error_of(path) == problem
+    from dpsinkhorn import cli
+
+    assert cli.main(["targets", "all", "--config", str(path)]) == 2
+    assert capsys.readouterr().err == f"dpsinkhorn targets: error: {problem}\n"
+    result = snakemake(tmp_path, "-n", "--configfile", str(path))
+    assert result.returncode != 0 and problem in result.stdout + result.stderr
+    merged = "training_defaults: &d {lr: 0.1, steps: 5}\nexperiments:\n"
+    merged += "  e: {<<: *d, dataset: mnist, steps: 7}\n"
+    spec = cfg.experiment(cfg.load_config(write(tmp_path, merged, "m.yaml")), "e")
+    assert (spec["lr"], spec["steps"]) == (0.1, 7)
+
+
+@pytest.mark.parametrize(
+    ("argv", "error"),
+    [
+        (
+            ["train", "--device", "tpu"],
+            "argument --device: 'tpu': must be auto, cpu, cuda or cuda:N",
+        ),
+        (
+            ["train-sweep", "--device", "cuda:x"],
+            "argument --device: 'cuda:x': must be auto, cpu, cuda or cuda:N",
+        ),
+        (["train", "--stop-after", "0"], "argument --stop-after: must be at least 1, got 0"),
+        (
+            ["bench", "--device", "gpu"],
+            "argument --device: 'gpu': must be auto, cpu, cuda or cuda:N",
+        ),
+        (["bench", "--steps", "-1"], "argument --steps: must be at least 1, got -1"),
+        (["bench", "--warmup", "-1"], "argument --warmup: must be at least 0, got -1"),
+        (["bench", "--profile", "-1"], "argument --profile: must be at least 0, got -1"),
+    ],
+)
+def test_command_line_devices_and_counts_are_checked(tmp_path, capsys, argv, error):
+    """A --device torch cannot name, or a count below its least (0 steps timed: 0 steps/s,
+    -1: a negative rate; --stop-after 0: exit 75 with no step), exits 2 naming the option
+    and the value, before anything runs."""
+    from dpsinkhorn import cli
+
+    command, *options = argv
+    required = {
+        "train": ["--experiment", "e", "--out", str(tmp_path / "o")],
+        "train-sweep": ["--experiments", "e", "--out-root", str(tmp_path)],
+        "bench": ["--experiment", "e"],
+    }[command]
+    quick = str(REPO / "config" / "quick.yaml")
+    with pytest.raises(SystemExit) as stop:
+        cli.main([command, "--config", quick, *required, *options])
+    assert stop.value.code == 2
+    last_line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last_line == f"dpsinkhorn {command}: error: {error}"
 
 
 @pytest.mark.parametrize("sigma", [0, -1.5])

@@ -4,13 +4,14 @@ the workflow alike: the schema, then checks across keys), and say which file set
 
 from __future__ import annotations
 
+import argparse
 import copy
 import functools
 import json
 import math
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,28 @@ def cli_or_config(cli_value: Any, cfg: Mapping[str, Any], key: str) -> Any:
     return cfg[key] if cli_value is None else cli_value
 
 
+def at_least(minimum: int) -> Callable[[str], int]:
+    """An argparse ``type``: an integer >= ``minimum`` (argparse names the option, exit 2)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        return value
+
+    return parse
+
+
+def device_option(text: str) -> str:
+    """An argparse ``type`` for ``--device``: a name the config's ``device`` key may take."""
+    if not re.fullmatch(load_schema()["properties"]["device"]["pattern"], text):
+        raise argparse.ArgumentTypeError(f"{text!r}: must be auto, cpu, cuda or cuda:N")
+    return text
+
+
 @functools.cache
 def load_schema() -> dict:
     """The JSON schema of a run configuration."""
@@ -63,7 +86,7 @@ def read_yaml(path: PathLike) -> dict:
     if not path.is_file():
         raise FileNotFoundError(f"config file not found: {path}")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)
     except UnicodeDecodeError as err:
         raise ValueError(f"{path}: not valid YAML (not UTF-8 text: byte {err.start})") from err
     except yaml.YAMLError as err:
@@ -71,6 +94,25 @@ def read_yaml(path: PathLike) -> dict:
     if not isinstance(data, dict | None):
         raise ValueError(f"{path}: must hold a mapping of keys, got {type(data).__name__}")
     return data or {}
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, where a key given twice in one mapping (two experiments of one
+    name) is an error: PyYAML keeps the last one and drops the other without a word."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base`: its keys may be redefined
+                continue
+            key = self.construct_object(key_node, deep=deep)
+            if not isinstance(key, Hashable):
+                continue  # refused by the safe loader itself
+            if key in seen:
+                problem = f"duplicate key {key!r}"
+                raise yaml.constructor.ConstructorError(None, None, problem, key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep)
 
 
 def _yaml_problem(err: yaml.YAMLError) -> str:
