@@ -51,6 +51,7 @@ from dpsinkhorn.config.validate import (
     OVERRIDABLE,
     SWEEP_BF16_ERROR,
     at_least,
+    check_device,
     check_overrides,
     cli_or_config,
     device_option,

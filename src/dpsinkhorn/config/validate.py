@@ -67,11 +67,22 @@ def at_least(minimum: int) -> Callable[[str], int]:
     return parse
 
 
+def check_device(name: str) -> str:
+    """``name`` if the config's ``device`` key may take it (torch refuses others only with
+    a RuntimeError, after the setup); else a ValueError naming it."""
+    if not isinstance(name, str) or not re.fullmatch(
+        load_schema()["properties"]["device"]["pattern"], name
+    ):
+        raise ValueError(f"device {name!r}: must be auto, cpu, cuda or cuda:N")
+    return name
+
+
 def device_option(text: str) -> str:
-    """An argparse ``type`` for ``--device``: a name the config's ``device`` key may take."""
-    if not re.fullmatch(load_schema()["properties"]["device"]["pattern"], text):
-        raise argparse.ArgumentTypeError(f"{text!r}: must be auto, cpu, cuda or cuda:N")
-    return text
+    """An argparse ``type`` for ``--device``: :func:`check_device`."""
+    try:
+        return check_device(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be auto, cpu, cuda or cuda:N") from None
 
 
 @functools.cache
