@@ -335,6 +335,22 @@ def test_command_line_devices_and_counts_are_checked(tmp_path, capsys, argv, err
     assert last_line == f"dpsinkhorn {command}: error: {error}"
 
 
+def test_an_unreadable_file_is_one_line(tmp_path, capsys):
+    """A config file that exists but cannot be read: exit 2 naming it, no traceback."""
+    path = tmp_path / "c.yaml"
+    path.write_text("experiments: {e: {dataset: mnist}}\n")
+    path.chmod(0)
+    if os.access(path, os.R_OK):  # root reads it anyway; /proc/self/mem fails with EIO
+        path = Path("/proc/self/mem")
+    if not path.is_file():
+        pytest.skip("no unreadable file here")
+    from dpsinkhorn import cli
+
+    assert cli.main(["targets", "all", "--config", str(path)]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"dpsinkhorn targets: error: {path}: cannot read the config file (")
+
+
 @pytest.mark.parametrize("sigma", [0, -1.5])
 def test_sigma_must_be_positive(tmp_path, sigma):
     message = error_of(with_experiment(tmp_path, f"sigma: {sigma}"))

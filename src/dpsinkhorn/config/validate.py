@@ -100,6 +100,8 @@ def read_yaml(path: PathLike) -> dict:
         data = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)
     except UnicodeDecodeError as err:
         raise ValueError(f"{path}: not valid YAML (not UTF-8 text: byte {err.start})") from err
+    except OSError as err:  # no read permission, an I/O error
+        raise ValueError(f"{path}: cannot read the config file ({err.strerror or err})") from err
     except yaml.YAMLError as err:
         raise ValueError(f"{path}: not valid YAML ({_yaml_problem(err)})") from err
     if not isinstance(data, dict | None):
