@@ -351,6 +351,14 @@ def test_an_unreadable_file_is_one_line(tmp_path, capsys):
     assert line.startswith(f"dpsinkhorn targets: error: {path}: cannot read the config file (")
 
 
+def test_num_samples_is_at_least_what_fid_needs(tmp_path):
+    """evaluation.num_samples: 1 would stop every evaluation job, after the trainings, with
+    `--num must be at least 2` (FID needs 2 images): it is refused when the config is read."""
+    text = "evaluation: {num_samples: 1}\nexperiments:\n  e: {dataset: mnist}\n"
+    message = error_of(write(tmp_path, text))
+    assert message == f"{tmp_path / 'c.yaml'}: evaluation.num_samples: bad value 1: must be >= 2"
+
+
 @pytest.mark.parametrize("sigma", [0, -1.5])
 def test_sigma_must_be_positive(tmp_path, sigma):
     message = error_of(with_experiment(tmp_path, f"sigma: {sigma}"))
