@@ -351,6 +351,19 @@ def test_an_unreadable_file_is_one_line(tmp_path, capsys):
     assert line.startswith(f"dpsinkhorn targets: error: {path}: cannot read the config file (")
 
 
+def test_an_output_path_under_a_file_is_one_line(tmp_path, capsys):
+    """An output folder that cannot be made (a file where a folder belongs, e.g. a
+    data_dir that names a file): exit 2, one line naming the path, no traceback."""
+    (tmp_path / "file").write_text("")
+    from dpsinkhorn import cli
+
+    out = tmp_path / "file" / "fixture"
+    assert cli.main(["celeba-fixture", "--out", str(out), "--num", "10"]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("dpsinkhorn celeba-fixture: error: [Errno 20] Not a directory: ")
+    assert str(out) in line
+
+
 def test_num_samples_is_at_least_what_fid_needs(tmp_path):
     """evaluation.num_samples: 1 would stop every evaluation job, after the trainings, with
     `--num must be at least 2` (FID needs 2 images): it is refused when the config is read."""
