@@ -415,6 +415,18 @@ def test_an_experiment_never_takes_a_folder_of_the_run(tmp_path, capsys, name):
     assert cfg.load_config(renamed)["experiments"]
 
 
+def test_experiment_names_differ_in_more_than_case(tmp_path):
+    """`Mnist_dp` and `mnist_dp` would share results/<run>/mnist_dp/ on a case-insensitive
+    disk: refused, naming both."""
+    text = "experiments:\n  mnist_dp: {dataset: mnist}\n  Mnist_dp: {dataset: mnist}\n"
+    message = error_of(write(tmp_path, text))
+    assert message == (
+        f"{tmp_path / 'c.yaml'}: experiments.Mnist_dp: bad name 'Mnist_dp': differs from "
+        "experiment 'mnist_dp' only in case, and the two would share one folder on a "
+        "case-insensitive disk; rename one"
+    )
+
+
 def test_fid_precision_is_checked(tmp_path):
     """Only fp32, tf32 and fp16 are offered; the removed ``evaluation.fast`` key is refused."""
     experiments = "experiments:\n  e: {dataset: mnist}\n"

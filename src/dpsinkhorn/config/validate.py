@@ -396,9 +396,16 @@ def semantic_errors(config: dict) -> list[tuple[list, str]]:
                 errors.append((["datasets", name, "classes"], str(err)))
     rules = load_schema()["$defs"]["experiment_rules"]
     seen: dict[tuple, str] = {}  # (table, dataset, row) -> the experiment that fills it
+    folders: dict[str, str] = {}  # lower-case name -> the experiment that has that folder
     for name in experiment_names(config):
         exp, at = experiment(config, name), ["experiments", name]
         errors += [(at + path, message) for path, message in _schema_errors(exp, rules)]
+        if (other := folders.setdefault(name.lower(), name)) != name:
+            message = (
+                f"bad name {name!r}: differs from experiment {other!r} only in case, and "
+                "the two would share one folder on a case-insensitive disk; rename one"
+            )
+            errors.append((at, message))
         if name.lower() in RUN_FOLDERS:  # lower: one folder on a case-insensitive disk
             message = (
                 f"bad name {name!r}: results/<run>/ already has a folder of that name "
