@@ -610,6 +610,18 @@ def test_workflow_reports_config_errors_like_the_cli(tmp_path):
     assert "seeds" in result.stdout + result.stderr
 
 
+def test_workflow_names_an_own_dataset_path_that_is_not_there(tmp_path):
+    """datasets.<name>.path missing: the dry run stops with one message naming the file,
+    the key and the path (not a Snakemake input-function traceback from the captions)."""
+    text = (REPO / "config" / "quick.yaml").read_text()
+    text += "datasets:\n  mine: {path: no-such-folder, image_size: 28}\n"
+    path = write(tmp_path, text)
+    result = snakemake(tmp_path, "-n", "--configfile", str(path))
+    output = result.stdout + result.stderr
+    assert result.returncode != 0 and "InputFunctionException" not in output
+    assert f"{path}: datasets.mine.path: no-such-folder: no such file or folder" in output
+
+
 def test_single_cell_reruns_alone(tmp_path):
     """With every file in place, asking again for one classifier cell is one job: its
     experiment's evaluation (one process evaluates the whole generator)."""
