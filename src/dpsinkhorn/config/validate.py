@@ -265,6 +265,19 @@ def _describe(error: jsonschema.ValidationError, checked: Mapping) -> tuple[list
     schema, value, kind = error.schema, error.instance, error.validator
     if "message" in schema:
         return path, schema["message"].format_map({**checked, "value": value})
+    branches = error.validator_value if kind in ("oneOf", "anyOf") else []
+    if branches and all(set(b) == {"required"} for b in branches):  # a study: cells or vary
+        keys = " or ".join(k for b in branches for k in b["required"])
+        both = error.context == [] and isinstance(value, dict)  # valid under each branch
+        return path, f"give {keys}, not both" if both else f"give {keys}"
+    if branches and error.context:
+        # No branch fits (a study cell: {experiment: NAME} or settings): the error of the
+        # branch with the fewest, e.g. the unknown key, not the whole value.
+        by_branch: dict[int, list] = {}
+        for sub in error.context:
+            by_branch.setdefault(sub.schema_path[0], []).append(sub)
+        fewest = min(by_branch.values(), key=len)
+        return _describe(max(fewest, key=lambda e: len(e.absolute_path)), checked)
     if kind == "additionalProperties" and isinstance(value, dict):
         allowed = sorted(schema.get("properties", {}))
         patterns = list(schema.get("patternProperties", {}))
