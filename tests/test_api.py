@@ -183,6 +183,22 @@ def test_non_square_arrays_are_refused_before_anything_is_recorded(tmp_path):
     assert not [p for p in tmp_path.rglob("*") if p.is_file()]
 
 
+@pytest.mark.parametrize("device", ["tpu", "cuda:x", "gpu0"])
+def test_a_bad_device_is_a_value_error_before_anything_is_recorded(tmp_path, device):
+    """A device torch cannot name is the ValueError train's docstring promises (not torch's
+    RuntimeError), naming it; nothing recorded. sample() refuses it too."""
+    images, labels = digits(28)
+    classes = [str(d) for d in range(10)]
+    message = f"device {device!r}: must be auto, cpu, cuda or cuda:N"
+    with pytest.raises(ValueError, match=re.escape(message)):
+        api.train(
+            TINY, tmp_path / "run", train_data=(images, labels), classes=classes, device=device
+        )
+    assert not [p for p in tmp_path.rglob("*") if p.is_file()]
+    with pytest.raises(ValueError, match=re.escape(message)):
+        api.sample(tmp_path / "generator.pt", 1, 0, device=device)
+
+
 @pytest.mark.parametrize("method", ["dp_sinkhorn", "dpmerf"])
 def test_a_delta_not_below_one_over_n_is_refused_before_anything_is_recorded(tmp_path, method):
     """delta >= 1/N (here 1e-3 on 1,797 digits) lets an (epsilon, delta)-DP release carry

@@ -27,8 +27,10 @@ def write(tmp_path: Path, text: str, name: str = "c.yaml") -> Path:
 
 
 def with_experiment(tmp_path: Path, body: str, defaults: str = "") -> Path:
-    """A config file with one experiment ``e`` whose keys are ``body`` (YAML flow map)."""
-    text = f"training_defaults: {{{defaults}}}\nexperiments:\n  e: {{dataset: mnist, {body}}}\n"
+    """A config file with one experiment ``e`` whose keys are ``body`` (YAML flow map;
+    dataset mnist unless ``body`` names one)."""
+    body = body if "dataset:" in body else f"dataset: mnist, {body}"
+    text = f"training_defaults: {{{defaults}}}\nexperiments:\n  e: {{{body}}}\n"
     return write(tmp_path, text)
 
 
@@ -269,6 +271,107 @@ def test_a_file_that_is_no_yaml_is_one_line(tmp_path, capsys, content, problem):
     assert line.startswith(f"dpsinkhorn targets: error: {path}: {problem}") and "\\n" not in line
 
 
+def test_a_key_given_twice_is_refused(tmp_path, capsys):
+    """Two experiments of one name (YAML keeps the last without a word) are an error of
+    the CLI and of the workflow, naming the file, the line and the key; `<<: *anchor`
+    still lets a mapping redefine a merged key."""
+    text = (
+        "experiments:\n  e: {dataset: mnist, sigma: 1.0}\n"
+        "  f: {dataset: mnist, method: real_data}\n  e: {dataset: fmnist, sigma: 2.0}\n"
+    )
+    path = write(tmp_path, text)
+    problem = f"{path}: not valid YAML (line 4, column 3: duplicate key 'e')"
+    assert error_of(path) == problem
+    from dpsinkhorn import cli
+
+    assert cli.main(["targets", "all", "--config", str(path)]) == 2
+    assert capsys.readouterr().err == f"dpsinkhorn targets: error: {problem}\n"
+    result = snakemake(tmp_path, "-n", "--configfile", str(path))
+    assert result.returncode != 0 and problem in result.stdout + result.stderr
+    merged = "training_defaults: &d {lr: 0.1, steps: 5}\nexperiments:\n"
+    merged += "  e: {<<: *d, dataset: mnist, steps: 7}\n"
+    spec = cfg.experiment(cfg.load_config(write(tmp_path, merged, "m.yaml")), "e")
+    assert (spec["lr"], spec["steps"]) == (0.1, 7)
+
+
+@pytest.mark.parametrize(
+    ("argv", "error"),
+    [
+        (
+            ["train", "--device", "tpu"],
+            "argument --device: 'tpu': must be auto, cpu, cuda or cuda:N",
+        ),
+        (
+            ["train-sweep", "--device", "cuda:x"],
+            "argument --device: 'cuda:x': must be auto, cpu, cuda or cuda:N",
+        ),
+        (["train", "--stop-after", "0"], "argument --stop-after: must be at least 1, got 0"),
+        (
+            ["bench", "--device", "gpu"],
+            "argument --device: 'gpu': must be auto, cpu, cuda or cuda:N",
+        ),
+        (["bench", "--steps", "-1"], "argument --steps: must be at least 1, got -1"),
+        (["bench", "--warmup", "-1"], "argument --warmup: must be at least 0, got -1"),
+        (["bench", "--profile", "-1"], "argument --profile: must be at least 0, got -1"),
+    ],
+)
+def test_command_line_devices_and_counts_are_checked(tmp_path, capsys, argv, error):
+    """A --device torch cannot name, or a count below its least (0 steps timed: 0 steps/s,
+    -1: a negative rate; --stop-after 0: exit 75 with no step), exits 2 naming the option
+    and the value, before anything runs."""
+    from dpsinkhorn import cli
+
+    command, *options = argv
+    required = {
+        "train": ["--experiment", "e", "--out", str(tmp_path / "o")],
+        "train-sweep": ["--experiments", "e", "--out-root", str(tmp_path)],
+        "bench": ["--experiment", "e"],
+    }[command]
+    quick = str(REPO / "config" / "quick.yaml")
+    with pytest.raises(SystemExit) as stop:
+        cli.main([command, "--config", quick, *required, *options])
+    assert stop.value.code == 2
+    last_line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last_line == f"dpsinkhorn {command}: error: {error}"
+
+
+def test_an_unreadable_file_is_one_line(tmp_path, capsys):
+    """A config file that exists but cannot be read: exit 2 naming it, no traceback."""
+    path = tmp_path / "c.yaml"
+    path.write_text("experiments: {e: {dataset: mnist}}\n")
+    path.chmod(0)
+    if os.access(path, os.R_OK):  # root reads it anyway; /proc/self/mem fails with EIO
+        path = Path("/proc/self/mem")
+    if not path.is_file():
+        pytest.skip("no unreadable file here")
+    from dpsinkhorn import cli
+
+    assert cli.main(["targets", "all", "--config", str(path)]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"dpsinkhorn targets: error: {path}: cannot read the config file (")
+
+
+def test_an_output_path_under_a_file_is_one_line(tmp_path, capsys):
+    """An output folder that cannot be made (a file where a folder belongs, e.g. a
+    data_dir that names a file): exit 2, one line naming the path, no traceback."""
+    (tmp_path / "file").write_text("")
+    from dpsinkhorn import cli
+
+    out = tmp_path / "file" / "fixture"
+    assert cli.main(["celeba-fixture", "--out", str(out), "--num", "10"]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("dpsinkhorn celeba-fixture: error: [Errno 20] Not a directory: ")
+    assert str(out) in line
+
+
+def test_num_samples_is_at_least_what_fid_needs(tmp_path):
+    """evaluation.num_samples: 1 would stop every evaluation job, after the trainings, with
+    `--num must be at least 2` (FID needs 2 images): it is refused when the config is read."""
+    text = "evaluation: {num_samples: 1}\nexperiments:\n  e: {dataset: mnist}\n"
+    message = error_of(write(tmp_path, text))
+    assert message == f"{tmp_path / 'c.yaml'}: evaluation.num_samples: bad value 1: must be >= 2"
+
+
 @pytest.mark.parametrize("sigma", [0, -1.5])
 def test_sigma_must_be_positive(tmp_path, sigma):
     message = error_of(with_experiment(tmp_path, f"sigma: {sigma}"))
@@ -310,6 +413,18 @@ def test_an_experiment_never_takes_a_folder_of_the_run(tmp_path, capsys, name):
     assert folders == {"nonprivate", "tables", "figures", "logs", "benchmarks"}
     renamed = write(tmp_path, f"experiments:\n  {name}_dp: {{dataset: mnist}}\n", "ok.yaml")
     assert cfg.load_config(renamed)["experiments"]
+
+
+def test_experiment_names_differ_in_more_than_case(tmp_path):
+    """`Mnist_dp` and `mnist_dp` would share results/<run>/mnist_dp/ on a case-insensitive
+    disk: refused, naming both."""
+    text = "experiments:\n  mnist_dp: {dataset: mnist}\n  Mnist_dp: {dataset: mnist}\n"
+    message = error_of(write(tmp_path, text))
+    assert message == (
+        f"{tmp_path / 'c.yaml'}: experiments.Mnist_dp: bad name 'Mnist_dp': differs from "
+        "experiment 'mnist_dp' only in case, and the two would share one folder on a "
+        "case-insensitive disk; rename one"
+    )
 
 
 def test_fid_precision_is_checked(tmp_path):
@@ -493,6 +608,18 @@ def test_workflow_reports_config_errors_like_the_cli(tmp_path):
     )
     assert result.returncode != 0
     assert "seeds" in result.stdout + result.stderr
+
+
+def test_workflow_names_an_own_dataset_path_that_is_not_there(tmp_path):
+    """datasets.<name>.path missing: the dry run stops with one message naming the file,
+    the key and the path (not a Snakemake input-function traceback from the captions)."""
+    text = (REPO / "config" / "quick.yaml").read_text()
+    text += "datasets:\n  mine: {path: no-such-folder, image_size: 28}\n"
+    path = write(tmp_path, text)
+    result = snakemake(tmp_path, "-n", "--configfile", str(path))
+    output = result.stdout + result.stderr
+    assert result.returncode != 0 and "InputFunctionException" not in output
+    assert f"{path}: datasets.mine.path: no-such-folder: no such file or folder" in output
 
 
 def test_single_cell_reruns_alone(tmp_path):

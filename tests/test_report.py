@@ -202,6 +202,18 @@ def test_cli(run):
     assert (out / "tables" / "table1.md").is_file()
 
 
+@pytest.mark.parametrize("name", ["table3", "table6"])
+def test_cli_refuses_a_table_the_config_does_not_produce(run, capsys, name):
+    """A CelebA table of a config without CelebA rows: exit 2 naming it, no empty table."""
+    from dpsinkhorn.cli import main
+
+    config, out = run
+    assert main(["report", name, "--config", str(config), "--out-dir", str(out)]) == 2
+    error = f"dpsinkhorn report: error: this config does not produce {name!r} (it produces: "
+    assert capsys.readouterr().err.startswith(error)
+    assert not (out / "tables" / f"{name}.md").exists()
+
+
 def _ledger(clipping: str, sigma: float, steps: int, guarantee: str | None = None) -> dict:
     """A privacy.json ledger as train writes it (the accountant's numbers, not typed in)."""
     from dpsinkhorn.privacy import accounting, mechanism

@@ -92,12 +92,29 @@ def test_multiple_bases_label_cells_by_base(tmp_path):
     [
         ({"fig5": {"bases": ["nope"], "vary": {"p": [0.0]}}}, "studies.fig5.bases: unknown"),
         ({"fig5": {"bases": ["mnist_dp"], "vary": {"p": [2.0]}}}, "fig5_p2.p: bad value 2.0"),
-        ({"table2": {"bases": ["mnist_dp"], "cells": {"x": {"sigam": 1}}}}, "studies.table2"),
+        (
+            {"table2": {"bases": ["mnist_dp"], "cells": {"x": {"sigam": 1}}}},
+            "studies.table2.cells.x.sigam: unknown key (allowed: accountant, ",
+        ),
+        (
+            {"table2": {"bases": ["mnist_dp"], "cells": {"x": {"p": 5.0}}}},
+            "studies.table2.cells.x.p: bad value 5.0: must be <= 1",
+        ),
+        (
+            {"table4": {"bases": ["mnist_dp"], "cells": {"x": {"experiment": "mnist_dp", "p": 0}}}},
+            "studies.table4.cells.x.p: unknown key (allowed: experiment)",
+        ),
         ({"fig9": {"bases": ["mnist_dp"], "vary": {"p": [0.0]}}}, "studies.fig9: unknown key"),
-        ({"fig5": {"bases": ["mnist_dp"]}}, "studies.fig5"),
+        ({"fig5": {"bases": ["mnist_dp"]}}, "studies.fig5: give cells or vary"),
+        (
+            {"fig5": {"bases": ["mnist_dp"], "vary": {"p": [0.0]}, "cells": {"x": {"p": 0}}}},
+            "studies.fig5: give cells or vary, not both",
+        ),
     ],
 )
 def test_bad_studies_are_named(tmp_path, section, message):
+    """Each names the key at fault (a study cell's unknown key or bad value, not the whole
+    cell as 'not valid under any of the given schemas')."""
     path = write_config(tmp_path, section)
     with pytest.raises(ValueError, match=re.escape(message)):
         config_lib.load_config([path])

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dpsinkhorn.config import experiment, load_config, make_experiment
+from dpsinkhorn.config import check_device, experiment, load_config, make_experiment
 from dpsinkhorn.data.catalog import DATASETS
 from dpsinkhorn.devices import resolve_device
 from dpsinkhorn.evaluate.pngs import save_png_dir, save_png_grid
@@ -69,10 +69,12 @@ def train(
     (ε, δ_total)-DP under add/remove-one adjacency with a secret noise key. Anything else
     computed from the data stays in ``out_dir/private_workspace/`` until training ends.
     Returns privacy.json as a dict (``epsilon``, ``delta_total``, ``guarantee``, ...).
-    Raises ValueError (a bad key or value, missing ``classes``, a finished DP run without
-    ``retrain``, a held folder, a batch too large for the device), FileNotFoundError (no
-    data), ``train.signals.Preempted`` (a signal stopped training; calling again resumes).
+    Raises ValueError (a bad key or value, a bad ``device``, missing ``classes``, a
+    finished DP run without ``retrain``, a held folder, a batch too large for the device),
+    FileNotFoundError (no data), ``train.signals.Preempted`` (a signal stopped training;
+    calling again resumes).
     """
+    check_device(device)
     config: Mapping | None = None
     if isinstance(settings, Mapping):  # its own "name" wins
         spec = make_experiment(**{"name": name or "custom", **settings})
@@ -120,7 +122,7 @@ def sample(
     """
     if num < 1:
         raise ValueError(f"num must be positive, got {num}")
-    model = load_generator(Path(generator), resolve_device(device))
+    model = load_generator(Path(generator), resolve_device(check_device(device)))
     return sample_generator(model, num, seed)
 
 

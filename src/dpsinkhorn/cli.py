@@ -9,8 +9,6 @@ import importlib
 import signal
 import sys
 
-from dpsinkhorn.fileio import NoSpaceError
-
 # command -> the module that offers it. Only the invoked command's module is imported (a
 # job's start skips the others' imports); `dpsinkhorn --help` imports them all.
 COMMANDS = {
@@ -62,9 +60,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.handler(args) or 0)
-    except (ValueError, FileNotFoundError, KeyError, NoSpaceError) as err:
-        # Bad input (or a full disk): one line naming the key, file or value (a line break
-        # in a file's name escaped), no traceback; exit 2 (train.smk retries exit 75 only).
+    except (ValueError, OSError, KeyError) as err:
+        # Bad input, a path that cannot be used (missing, not a folder, no permission) or a
+        # full disk (fileio.NoSpaceError): one line naming the key, file or value (a line
+        # break in a file's name escaped), no traceback; exit 2 (train.smk retries exit 75 only).
         text = str(err).replace("\r", "\\r").replace("\n", "\\n")
         print(f"dpsinkhorn {args.command}: error: {text}", file=sys.stderr)
         return 2

@@ -38,6 +38,7 @@ from dpsinkhorn.config.cluster import (
     eval_runtime_minutes,
 )
 from dpsinkhorn.config.workflow import (
+    check_dataset_paths,
     check_kept_outputs,
     data_identity,
     data_source_args,
@@ -65,6 +66,7 @@ DATA = config["data_dir"]
 # A training folder whose rerun stopped (refused, Ctrl-C, bad input) holds the earlier
 # run's files, which Snakemake put back and now takes as up to date: said in one line.
 if not workflow.remote_exec:
+    check_dataset_paths(config, workflow.configfiles)
     refuse_changed_settings(Path(DATA) / RECORD_DIR, private_trainings(config, RESULTS))
     check_kept_outputs(config, RESULTS)
 # The run's fixed folders (dpsinkhorn.config.RUN_FOLDERS: no experiment takes their names).

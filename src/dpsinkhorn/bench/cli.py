@@ -123,16 +123,18 @@ def register_cli(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--config", nargs="+", required=True)
     p.add_argument("--experiment", required=True)
     p.add_argument("--impl", choices=["ours", "reference", "both"], default="ours")
-    p.add_argument("--steps", type=int, default=50, help="timed steps per implementation")
-    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument(
+        "--steps", type=config_lib.at_least(1), default=50, help="timed steps per implementation"
+    )
+    p.add_argument("--warmup", type=config_lib.at_least(0), default=5)
     p.add_argument(
         "--sweep",
-        type=int,
+        type=config_lib.at_least(0),
         default=0,
         metavar="K",
         help="also time K seeds of the experiment trained together (dpsinkhorn.train.sweep)",
     )
-    p.add_argument("--device", help="override the config's device")
+    p.add_argument("--device", type=config_lib.device_option, help="override the config's device")
     add_step_arguments(p)
     p.add_argument(
         "--variant",
@@ -153,7 +155,7 @@ def register_cli(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--profile",
-        type=int,
+        type=config_lib.at_least(0),
         default=0,
         metavar="N",
         help="also profile N steps of ours (and the sweep) with torch.profiler: device time "

@@ -50,8 +50,11 @@ from dpsinkhorn.config.targets import (
 from dpsinkhorn.config.validate import (
     OVERRIDABLE,
     SWEEP_BF16_ERROR,
+    at_least,
+    check_device,
     check_overrides,
     cli_or_config,
+    device_option,
     load_config,
     load_schema,
     make_experiment,

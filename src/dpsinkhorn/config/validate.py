@@ -4,13 +4,14 @@ the workflow alike: the schema, then checks across keys), and say which file set
 
 from __future__ import annotations
 
+import argparse
 import copy
 import functools
 import json
 import math
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,39 @@ def cli_or_config(cli_value: Any, cfg: Mapping[str, Any], key: str) -> Any:
     return cfg[key] if cli_value is None else cli_value
 
 
+def at_least(minimum: int) -> Callable[[str], int]:
+    """An argparse ``type``: an integer >= ``minimum`` (argparse names the option, exit 2)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        return value
+
+    return parse
+
+
+def check_device(name: str) -> str:
+    """``name`` if the config's ``device`` key may take it (torch refuses others only with
+    a RuntimeError, after the setup); else a ValueError naming it."""
+    if not isinstance(name, str) or not re.fullmatch(
+        load_schema()["properties"]["device"]["pattern"], name
+    ):
+        raise ValueError(f"device {name!r}: must be auto, cpu, cuda or cuda:N")
+    return name
+
+
+def device_option(text: str) -> str:
+    """An argparse ``type`` for ``--device``: :func:`check_device`."""
+    try:
+        return check_device(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be auto, cpu, cuda or cuda:N") from None
+
+
 @functools.cache
 def load_schema() -> dict:
     """The JSON schema of a run configuration."""
@@ -63,14 +97,35 @@ def read_yaml(path: PathLike) -> dict:
     if not path.is_file():
         raise FileNotFoundError(f"config file not found: {path}")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)
     except UnicodeDecodeError as err:
         raise ValueError(f"{path}: not valid YAML (not UTF-8 text: byte {err.start})") from err
+    except OSError as err:  # no read permission, an I/O error
+        raise ValueError(f"{path}: cannot read the config file ({err.strerror or err})") from err
     except yaml.YAMLError as err:
         raise ValueError(f"{path}: not valid YAML ({_yaml_problem(err)})") from err
     if not isinstance(data, dict | None):
         raise ValueError(f"{path}: must hold a mapping of keys, got {type(data).__name__}")
     return data or {}
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, where a key given twice in one mapping (two experiments of one
+    name) is an error: PyYAML keeps the last one and drops the other without a word."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base`: its keys may be redefined
+                continue
+            key = self.construct_object(key_node, deep=deep)
+            if not isinstance(key, Hashable):
+                continue  # refused by the safe loader itself
+            if key in seen:
+                problem = f"duplicate key {key!r}"
+                raise yaml.constructor.ConstructorError(None, None, problem, key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep)
 
 
 def _yaml_problem(err: yaml.YAMLError) -> str:
@@ -210,6 +265,19 @@ def _describe(error: jsonschema.ValidationError, checked: Mapping) -> tuple[list
     schema, value, kind = error.schema, error.instance, error.validator
     if "message" in schema:
         return path, schema["message"].format_map({**checked, "value": value})
+    branches = error.validator_value if kind in ("oneOf", "anyOf") else []
+    if branches and all(set(b) == {"required"} for b in branches):  # a study: cells or vary
+        keys = " or ".join(k for b in branches for k in b["required"])
+        both = error.context == [] and isinstance(value, dict)  # valid under each branch
+        return path, f"give {keys}, not both" if both else f"give {keys}"
+    if branches and error.context:
+        # No branch fits (a study cell: {experiment: NAME} or settings): the error of the
+        # branch with the fewest, e.g. the unknown key, not the whole value.
+        by_branch: dict[int, list] = {}
+        for sub in error.context:
+            by_branch.setdefault(sub.schema_path[0], []).append(sub)
+        fewest = min(by_branch.values(), key=len)
+        return _describe(max(fewest, key=lambda e: len(e.absolute_path)), checked)
     if kind == "additionalProperties" and isinstance(value, dict):
         allowed = sorted(schema.get("properties", {}))
         patterns = list(schema.get("patternProperties", {}))
@@ -341,9 +409,16 @@ def semantic_errors(config: dict) -> list[tuple[list, str]]:
                 errors.append((["datasets", name, "classes"], str(err)))
     rules = load_schema()["$defs"]["experiment_rules"]
     seen: dict[tuple, str] = {}  # (table, dataset, row) -> the experiment that fills it
+    folders: dict[str, str] = {}  # lower-case name -> the experiment that has that folder
     for name in experiment_names(config):
         exp, at = experiment(config, name), ["experiments", name]
         errors += [(at + path, message) for path, message in _schema_errors(exp, rules)]
+        if (other := folders.setdefault(name.lower(), name)) != name:
+            message = (
+                f"bad name {name!r}: differs from experiment {other!r} only in case, and "
+                "the two would share one folder on a case-insensitive disk; rename one"
+            )
+            errors.append((at, message))
         if name.lower() in RUN_FOLDERS:  # lower: one folder on a case-insensitive disk
             message = (
                 f"bad name {name!r}: results/<run>/ already has a folder of that name "

@@ -107,6 +107,21 @@ def private_trainings(config: Mapping, results: PathLike) -> list[tuple[str, str
 STOPPED_NAME = ".dpsinkhorn.stopped"
 
 
+def check_dataset_paths(config: Mapping, files: Iterable[PathLike]) -> None:
+    """Raise a one-line ``ValueError`` naming the file and key of an own dataset whose
+    ``path`` is not there: the data rule reads it, and the tables' captions its title and
+    class names while the workflow is planned (else a Snakemake input-function traceback)."""
+    from dpsinkhorn.config.validate import _file_of
+
+    for name, entry in (config.get("datasets") or {}).items():
+        if not Path(entry["path"]).exists():
+            where = _file_of(["datasets", name, "path"], list(files), config)
+            raise ValueError(
+                f"{where}: datasets.{name}.path: {entry['path']}: no such file or folder "
+                f"(a relative path is taken from {os.getcwd()})"
+            )
+
+
 def check_kept_outputs(config: Mapping, results: PathLike) -> None:
     """Raise a one-line ``ValueError`` while a training folder holds both a generator and
     :data:`STOPPED_NAME`: Snakemake put an earlier run's files back after a failed rerun

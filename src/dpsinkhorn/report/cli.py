@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from dpsinkhorn.config import load_config
 from dpsinkhorn.config.studies import FIGURE_STUDIES, TABLE_STUDIES
-from dpsinkhorn.config.targets import MAIN_TABLES, NAMES, SAMPLE_FIGURES, TITLES
+from dpsinkhorn.config.targets import MAIN_TABLES, NAMES, SAMPLE_FIGURES, TITLES, available
 from dpsinkhorn.report import resultset
 from dpsinkhorn.report.common import ConfigLike, PathLike
 from dpsinkhorn.report.figures import figure
@@ -44,6 +45,13 @@ def _help(name: str) -> str:
 
 
 def _cli(args: argparse.Namespace) -> int:
+    # A main table or sample figure of a config without its experiments would be written
+    # with no rows (a study's output names the study the config lacks itself).
+    produced = available(load_config(args.config))
+    if args.report in (*MAIN_TABLES, *SAMPLE_FIGURES) and args.report not in produced:
+        raise ValueError(
+            f"this config does not produce {args.report!r} (it produces: {', '.join(produced)})"
+        )
     for path in render(args.report, args.config, args.out_dir):
         print(path)
     return 0

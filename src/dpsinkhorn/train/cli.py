@@ -36,9 +36,17 @@ def register_cli(subparsers: argparse._SubParsersAction) -> None:
 def add_training_arguments(p: argparse.ArgumentParser) -> None:
     """Options shared by ``dpsinkhorn train`` and ``dpsinkhorn train-sweep``."""
     p.add_argument("--config", nargs="+", required=True, help="config YAML file(s)")
-    p.add_argument("--device", help="override the config's device (auto, cpu, cuda, cuda:N)")
+    p.add_argument(
+        "--device",
+        type=config_lib.device_option,
+        help="override the config's device (auto, cpu, cuda, cuda:N)",
+    )
     p.add_argument("--data-dir", help="override the config's data_dir")
-    p.add_argument("--stop-after", type=int, help="checkpoint and exit after this many steps")
+    p.add_argument(
+        "--stop-after",
+        type=config_lib.at_least(1),
+        help="checkpoint and exit after this many steps",
+    )
     add_step_arguments(p)
     p.add_argument("--no-progress", action="store_true")
     p.add_argument(
