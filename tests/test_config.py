@@ -313,6 +313,15 @@ def test_a_key_given_twice_is_refused(tmp_path, capsys):
         (["bench", "--steps", "-1"], "argument --steps: must be at least 1, got -1"),
         (["bench", "--warmup", "-1"], "argument --warmup: must be at least 0, got -1"),
         (["bench", "--profile", "-1"], "argument --profile: must be at least 0, got -1"),
+        (["plan", "--bench-steps", "0"], "argument --bench-steps: must be at least 1, got 0"),
+        (
+            ["plan", "--steps-per-s", "nan"],
+            "argument --steps-per-s: must be a positive number of steps/s, got nan",
+        ),
+        (
+            ["plan", "--steps-per-s", "-1"],
+            "argument --steps-per-s: must be a positive number of steps/s, got -1",
+        ),
     ],
 )
 def test_command_line_devices_and_counts_are_checked(tmp_path, capsys, argv, error):
@@ -326,6 +335,7 @@ def test_command_line_devices_and_counts_are_checked(tmp_path, capsys, argv, err
         "train": ["--experiment", "e", "--out", str(tmp_path / "o")],
         "train-sweep": ["--experiments", "e", "--out-root", str(tmp_path)],
         "bench": ["--experiment", "e"],
+        "plan": [],
     }[command]
     quick = str(REPO / "config" / "quick.yaml")
     with pytest.raises(SystemExit) as stop:
@@ -695,3 +705,21 @@ def test_every_output_has_a_title_a_kind_and_celeba_tables_a_figure():
         "reproduction",
     }
     assert set(targets.CELEBA_TABLES) == set(TABLE_ROWS) == set(targets.TABLE_FIGURES)
+
+
+def test_a_device_torch_or_this_machine_lacks_is_one_line(tmp_path, capsys):
+    """Commands whose --device reaches ``devices.resolve_device`` (plan, fid-stats, ...):
+    a name outside auto/cpu/cuda/cuda:N, or CUDA on a machine without it, exits 2 in one
+    line naming the device, before anything runs."""
+    import torch
+
+    from dpsinkhorn import cli
+
+    quick = str(REPO / "config" / "quick.yaml")
+    cases = [("tpu", "must be auto, cpu, cuda or cuda:N")]
+    if not torch.cuda.is_available():
+        cases.append(("cuda:0", "this machine has no CUDA device (use cpu or auto)"))
+    for device, said in cases:
+        assert cli.main(["plan", "--config", quick, "--device", device]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err == [f"dpsinkhorn plan: error: device {device!r}: {said}"], err

@@ -123,9 +123,22 @@ def test_lock_files_name_physical_gpus(tmp_path, monkeypatch):
 def test_resolve_device(tmp_path, monkeypatch):
     monkeypatch.setenv(devices.LOCK_DIR_ENV, str(tmp_path))
     assert devices.resolve_device("cpu") == torch.device("cpu")
-    assert devices.resolve_device("cuda:3") == torch.device("cuda", 3)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert devices.resolve_device("auto") == torch.device("cpu")
+    # a name the config's device key refuses, or a GPU this machine lacks: a ValueError
+    # naming it (the CLI's one line, exit 2), not torch's traceback
+    for name, said in [
+        ("tpu", "must be auto, cpu, cuda or cuda:N"),
+        ("mps", "must be auto, cpu, cuda or cuda:N"),
+        ("cuda:0", "this machine has no CUDA device"),
+    ]:
+        with pytest.raises(ValueError, match=f"device '{name}': {said}"):
+            devices.resolve_device(name)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    assert devices.resolve_device("cuda:3") == torch.device("cuda", 3)
+    with pytest.raises(ValueError, match="device 'cuda:4': this machine has 4 CUDA device"):
+        devices.resolve_device("cuda:4")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     assert devices.resolve_device("auto") == torch.device("cuda")

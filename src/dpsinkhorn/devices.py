@@ -22,11 +22,24 @@ _claimed: tuple[int, IO] | None = None  # (index, open lock file) of this proces
 
 
 def resolve_device(name: str = "auto"):
-    """``auto`` -> a free CUDA device (:func:`claim_gpu`), else cpu; other names as given."""
+    """``auto`` -> a free CUDA device (:func:`claim_gpu`), else cpu; ``cpu``, ``cuda`` and
+    ``cuda:N`` as given. A ValueError naming the device for any other name, and for a CUDA
+    device this machine does not have."""
     import torch
 
     if name != "auto":
-        return torch.device(name)
+        try:
+            device = torch.device(name)
+        except (RuntimeError, TypeError):
+            device = None
+        if device is None or device.type not in ("cpu", "cuda"):
+            raise ValueError(f"device {name!r}: must be auto, cpu, cuda or cuda:N")
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"device {name!r}: this machine has no CUDA device (use cpu or auto)")
+        if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+            count = torch.cuda.device_count()
+            raise ValueError(f"device {name!r}: this machine has {count} CUDA device(s)")
+        return device
     if not torch.cuda.is_available():
         return torch.device("cpu")
     count = torch.cuda.device_count()

@@ -25,7 +25,7 @@ from dpsinkhorn.config.experiments import (
 )
 from dpsinkhorn.config.studies import study_experiments
 from dpsinkhorn.config.targets import group_experiments
-from dpsinkhorn.config.validate import load_config
+from dpsinkhorn.config.validate import at_least, load_config
 from dpsinkhorn.data.catalog import DATASETS, TRAIN_SIZES
 from dpsinkhorn.devices import resolve_device
 
@@ -227,14 +227,25 @@ def _plan_cli(args: argparse.Namespace) -> int:
     return 0 if math.isfinite(hours) else 1
 
 
+def positive_rate(text: str) -> float:
+    """An argparse ``type``: a finite steps/s > 0 (argparse names the option, exit 2)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a positive number of steps/s, got {text}")
+    return value
+
+
 def register_cli(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("plan", help="training compute of a config (from measured steps/s)")
     p.add_argument("--config", nargs="+", default=["config/config.yaml"])
     p.add_argument(
         "--device", help="device to measure steps/s on (default: the config's; auto=cpu)"
     )
-    p.add_argument("--steps-per-s", type=float, help="use this rate instead of measuring")
-    p.add_argument("--bench-steps", type=int, default=5, help="timed steps per step shape")
+    p.add_argument("--steps-per-s", type=positive_rate, help="use this rate instead of measuring")
+    p.add_argument("--bench-steps", type=at_least(1), default=5, help="timed steps per step shape")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.add_argument(
         "--rates",
@@ -246,6 +257,9 @@ def register_cli(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--study", help="with --rates: only the generators of this study")
     p.add_argument(
-        "--sweep-runs", type=int, default=1, help="with --rates: runs per sweep job (sweep_runs)"
+        "--sweep-runs",
+        type=at_least(1),
+        default=1,
+        help="with --rates: runs per sweep job (sweep_runs)",
     )
     p.set_defaults(handler=_plan_cli)
