@@ -723,3 +723,43 @@ def test_a_device_torch_or_this_machine_lacks_is_one_line(tmp_path, capsys):
         assert cli.main(["plan", "--config", quick, "--device", device]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert err == [f"dpsinkhorn plan: error: device {device!r}: {said}"], err
+
+
+def test_paths_with_spaces_reach_every_command_as_one_argument(tmp_path):
+    """A data_dir, FID weights and config file whose paths hold spaces: every command the
+    workflow would run (dry run, ``-p``) splits, as the shell splits it, into the whole
+    paths (data, fid-stats, evaluate on generated and on real data)."""
+    import shlex
+
+    folder = tmp_path / "my configs"
+    folder.mkdir()
+    quick = yaml.safe_load((REPO / "config" / "quick.yaml").read_text())
+    configfile = folder / "quick.yaml"
+    configfile.write_text(yaml.safe_dump({**quick, "data_dir": "my data"}))
+    weights = tmp_path / "fid weights.pth"
+    result = snakemake(
+        tmp_path / "w",
+        "-n",
+        "-p",
+        "--configfile",
+        str(configfile),
+        "--config",
+        f"fid_weights={weights}",
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    commands = [
+        shlex.split(line.removeprefix("Shell command: ").split(" > ")[0])
+        for line in result.stdout.splitlines()
+        if line.startswith("Shell command: ") and "dpsinkhorn" in line
+    ]
+    ran = {args[args.index("dpsinkhorn") + 1] for args in commands}
+    assert {"data", "train", "fid-stats", "evaluate"} <= ran, ran
+    for args in commands:
+        assert "my" not in args and "data/mnist/train.npz" not in args, args
+        assert str(configfile) in args or "--config" not in args, args
+        if "--weights" in args:
+            assert args[args.index("--weights") + 1] == str(weights)
+    roots = [a[a.index("--root") + 1] for a in commands if "--root" in a]
+    assert roots and set(roots) == {"my data"}
+    tests = [a[a.index("--test") + 1] for a in commands if "--test" in a]
+    assert tests and all(t.startswith("my data/") for t in tests)

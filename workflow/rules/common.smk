@@ -1,5 +1,6 @@
 # Shared settings, paths and input functions. All logic lives in dpsinkhorn.config.
 
+import shlex
 from pathlib import Path
 
 from dpsinkhorn.config import (
@@ -97,7 +98,7 @@ FID_SIZE = EVAL["fid_reference_size"]
 FID_SUBSET = "" if FID_SIZE is None else f"--num {FID_SIZE} --seed 0"
 # What every evaluation job passes on from the config's `evaluation:` and fid_weights.
 EVAL_OPTIONS = (
-    ("" if config["fid_weights"] is None else f"--weights {config['fid_weights']} ")
+    ("" if config["fid_weights"] is None else f"--weights {shlex.quote(config['fid_weights'])} ")
     + f"--sqrtm {EVAL['fid_sqrtm']} --max-epochs {EVAL['max_epochs']}"
     + f" --patience {EVAL['patience']} --batch-size {EVAL['batch_size']}"
     + f" --max-iter {EVAL['logreg_max_iter']}"
@@ -142,8 +143,9 @@ wildcard_constraints:
 
 
 def flag(name, value):
-    """`name value` for an optional CLI flag, or nothing when value is None."""
-    return "" if value is None else f"{name} {value}"
+    """`name value` (the value shell-quoted) for an optional CLI flag, or nothing when
+    value is None."""
+    return "" if value is None else f"{name} {shlex.quote(str(value))}"
 
 
 def prepared_file(dataset, split):

@@ -25,7 +25,7 @@ rule data:
     conda:
         CONDA_ENV
     shell:
-        "dpsinkhorn data --dataset {params.dataset} --root {params.root} {params.source}"
+        "dpsinkhorn data --dataset {params.dataset} --root {params.root:q} {params.source}"
         " > {log} 2>&1"
 
 
@@ -48,5 +48,5 @@ rule celeba_fixture:
     conda:
         CONDA_ENV
     shell:
-        "dpsinkhorn celeba-fixture --out {output} --num {params.num} --seed {params.seed}"
+        "dpsinkhorn celeba-fixture --out {output:q} --num {params.num} --seed {params.seed}"
         " > {log} 2>&1"

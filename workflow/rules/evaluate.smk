@@ -29,7 +29,7 @@ rule fid_reference:
     conda:
         CONDA_ENV
     shell:
-        "dpsinkhorn fid-stats --samples {input.test} --out {output} {params.subset}"
+        "dpsinkhorn fid-stats --samples {input.test:q} --out {output} {params.subset}"
         " {params.weights} {params.device} > {log} 2>&1"
 
 
@@ -74,8 +74,8 @@ for exp in experiment_names(config):
         conda:
             CONDA_ENV
         shell:
-            "dpsinkhorn evaluate {params.source} {input.source} --test {input.test}"
-            " --reference {input.reference} --seed {params.seeds} --num {params.num}"
+            "dpsinkhorn evaluate {params.source} {input.source:q} --test {input.test:q}"
+            " --reference {input.reference:q} --seed {params.seeds} --num {params.num}"
             " --samples-dir {params.samples_dir} --scores-dir {params.scores_dir}"
             " --classifiers {params.classifiers} --dataset {params.dataset}"
             " {params.options} {params.device} > {log} 2>&1"

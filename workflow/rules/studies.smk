@@ -87,7 +87,7 @@ rule grad_study:
         CONDA_ENV
     shell:
         "dpsinkhorn grad-study --config {params.config_files} --experiment {wildcards.exp}"
-        " --generator {input.generator} --data {input.train} --p {params.p_values}"
+        " --generator {input.generator:q} --data {input.train:q} --p {params.p_values}"
         " --batches {params.batches} --seed 0 --out {output} {params.device} > {log} 2>&1"
 
 
