@@ -763,3 +763,22 @@ def test_paths_with_spaces_reach_every_command_as_one_argument(tmp_path):
     assert roots and set(roots) == {"my data"}
     tests = [a[a.index("--test") + 1] for a in commands if "--test" in a]
     assert tests and all(t.startswith("my data/") for t in tests)
+
+
+def test_a_seed_torch_cannot_take_is_refused_naming_its_key(tmp_path):
+    """torch seeds its generators with at most 2**64 - 1 (more: "Overflow when unpacking
+    long long" at train or evaluation time); the config says so naming the key."""
+    import torch
+
+    torch.Generator().manual_seed(2**64 - 1)  # the largest it takes
+    with pytest.raises(ValueError, match="Overflow"):
+        torch.Generator().manual_seed(2**64)
+    path = tmp_path / "c.yaml"
+    path.write_text(
+        f"experiments:\n  e:\n    dataset: mnist\n    seed: {2**64}\nseeds: [{2**64}]\n"
+    )
+    with pytest.raises(ValueError) as refused:
+        cfg.load_config([path])
+    lines = str(refused.value).splitlines()
+    assert f"{path}: experiments.e.seed: bad value {2**64}: must be <= {2**64 - 1}" in lines
+    assert f"{path}: seeds.0: bad value {2**64}: must be <= {2**64 - 1}" in lines
