@@ -11,6 +11,7 @@ half-overlapping pair; a store exported and merged on another machine; a sweep; 
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import stat
 import tarfile
@@ -96,7 +97,10 @@ def test_two_disjoint_halves_pay_one_training_and_an_overlap_pays_both(tmp_path,
         (only,) = person["trainings"]
         assert only.meta["experiment"] == name and person["shared"] == 0
         assert person["epsilon_worst_off"] == pytest.approx(records[name]["epsilon"], rel=1e-9)
-    _api_train(tmp_path / "run" / "c", images[halves["c"]], labels[halves["c"]])
+        # δ plus the Poisson overflow's charge: the ledger's own delta_total, for one training
+        assert person["delta_total"] == pytest.approx(records[name]["delta_total"], rel=1e-9)
+        assert person["delta_total"] > person["delta"] == records[name]["delta"]
+    records["c"] = _api_train(tmp_path / "run" / "c", images[halves["c"]], labels[halves["c"]])
     for name in ("a", "b", "c"):
         person = individual(store, fingerprints(key, images[halves[name]]))
         by_name = {t.meta["experiment"]: t for t in person["trainings"]}
@@ -109,6 +113,13 @@ def test_two_disjoint_halves_pay_one_training_and_an_overlap_pays_both(tmp_path,
         )
         assert person["epsilon_worst_off"] == pytest.approx(worst, rel=1e-9)
         assert person["epsilon_worst_off"] > max(r["epsilon"] for r in records.values())
+        # every training that held one of the records: (1 + e^ε)·Σ T_i·p_i, p_i its ledger's
+        steps_p = sum(
+            t.meta["steps"] * records[x]["poisson_overflow_probability_per_step"]
+            for x, t in by_name.items()
+        )
+        charge = (1 + math.exp(person["epsilon_worst_off"])) * steps_p
+        assert person["delta_total"] == pytest.approx(1e-5 + charge, rel=1e-9)
 
 
 def _config(tmp_path: Path, run: str, data_dir: str, npz: Path) -> Path:
@@ -175,6 +186,9 @@ def test_the_same_data_under_two_data_dirs_and_its_neighbours_count_together(
         person = summary["individual"]
         assert person["trainings"] == len(earlier) + 1 == len(splits), (run, person)
         assert summary["all_trainings"]["trainings"] == 1  # its data_dir's split only
+        ledger = fileio.read_json(Path(f"results/{run}/clothes_dp/privacy.json"))
+        every = summary["all_trainings"]
+        assert every["delta_total"] == pytest.approx(ledger["delta_total"], rel=1e-9)
         assert person["epsilon_worst_off"] == pytest.approx(
             composed_epsilon(_mechanisms(store.trainings()), summary["delta"]), rel=1e-9
         )

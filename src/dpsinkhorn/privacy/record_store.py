@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from dpsinkhorn.privacy.trainings import MECHANISM as MECHANISM_KEYS
-from dpsinkhorn.privacy.trainings import accounted, mechanisms
+from dpsinkhorn.privacy.trainings import accounted, mechanisms, overflow_delta
 
 #: Environment variable naming the store (the config key ``record_store`` wins over it).
 STORE_ENV = "DPSINKHORN_RECORD_STORE"
@@ -314,6 +314,7 @@ def stored_meta(record: Mapping) -> dict:
     merged entry): its public settings and step counts."""
     keys = ("training", "experiment", "out", "private", "reproducible", "q")
     keys += ("noise_multiplier", "delta", "accountant", "steps", "steps_planned", "finished")
+    keys += ("overflow_probability",)
     meta = {k: record.get(k) for k in keys}
     meta["time"] = record.get("time") or time.strftime("%Y-%m-%dT%H:%M:%S")
     return meta
@@ -336,6 +337,8 @@ def individual(store: RecordStore, data: np.ndarray, delta: float | None = None)
     :func:`group_mechanism`) at the largest δ (theirs and ``delta``).
 
     Returns ``epsilon_worst_off`` (None when no training held one), ``delta``,
+    ``delta_total`` (δ plus the Poisson overflow's charge, ``trainings.overflow_delta``, over
+    every training that held one; None when a record lacks its overflow probability),
     ``trainings`` (those that held one), ``public_seed`` (those of them whose noise seed was
     public, ``reproducible``: no guarantee for the records they held, whose ε counts their
     noise as if it were secret), ``worst_off`` (the worst-off record's), and, for
@@ -353,6 +356,7 @@ def individual(store: RecordStore, data: np.ndarray, delta: float | None = None)
     out = {
         "epsilon_worst_off": None,
         "delta": delta,
+        "delta_total": None,
         "trainings": held,
         "public_seed": [t for t in held if t.meta.get("reproducible")],
         "worst_off": [],
@@ -388,6 +392,11 @@ def individual(store: RecordStore, data: np.ndarray, delta: float | None = None)
         [group_mechanism(t.meta, k) for t, k in chosen], out["delta"]
     )
     out["worst_off"] = [t for t, _ in chosen]
+    # Every person is (ε_worst_off, δ + charge)-DP: their trainings' ideal mechanism is
+    # (ε_worst_off, δ)-DP, and the overflow coupling over all steps of the trainings that
+    # held any of the records (a superset of theirs; each p bounds removing k rows) adds it.
+    charge = overflow_delta([t.meta for t in held], out["epsilon_worst_off"])
+    out["delta_total"] = None if charge is None else out["delta"] + charge
     return out
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import time
 import uuid
@@ -149,6 +150,21 @@ def mechanisms(trainings: Iterable[Mapping]) -> list[tuple[float, float, int]]:
     return [(float(t["q"]), float(t["noise_multiplier"]), int(t["steps"])) for t in trainings]
 
 
+def overflow_delta(trainings: Iterable[Mapping], epsilon: float) -> float | None:
+    """The Poisson overflow's charge to δ of ``trainings`` composed at ``epsilon``:
+    (1 + e^ε)·Σ T_i·p_i, p_i a training's per-step ``overflow_probability`` (the ledger's,
+    for its data plus one record: a bound for every neighbour that removes records it held).
+    The coupling of ``privacy.sampler.PoissonSampler`` over all steps of all trainings (a
+    union bound); None when a training's record lacks p_i."""
+    total = 0.0
+    for t in trainings:
+        p = t.get("overflow_probability")
+        if not _number(p):
+            return None
+        total += int(t["steps"]) * float(p)
+    return (1 + math.exp(min(epsilon, 700))) * total if total else 0.0
+
+
 def accounted(training: Mapping) -> bool:
     """Whether the record holds what :func:`composed` needs of it (:data:`MECHANISM`)."""
     return all(_number(training.get(k)) for k in MECHANISM)
@@ -205,7 +221,8 @@ def started_ids(record_dir: str | os.PathLike, fingerprint: str) -> set[str]:
 def composed(records: list[Mapping], delta: float | None = None) -> dict:
     """ε of every DP training in ``records`` (``private``, each with its :data:`MECHANISM`,
     as :func:`read` ensures; unfinished ones at their planned steps), RDP-composed at the
-    largest δ any claims, or ``delta`` if larger (None when there is none)."""
+    largest δ any claims, or ``delta`` if larger (None when there is none); ``delta_total``
+    adds the Poisson overflow's charge (:func:`overflow_delta`)."""
     private = [t for t in records if t["private"]]
     delta = max([float(t["delta"]) for t in private] + [delta or 0.0]) if private else None
     eps = None
@@ -221,7 +238,12 @@ def composed(records: list[Mapping], delta: float | None = None) -> dict:
         "retrained": sum(bool(t.get("retrain")) for t in private),
         "delta": delta,
         "epsilon_composed": eps,
+        "delta_total": None if eps is None else _plus(delta, overflow_delta(private, eps)),
     }
+
+
+def _plus(delta: float, charge: float | None) -> float | None:
+    return None if charge is None else delta + charge
 
 
 def _latest(found: list[dict]) -> dict | None:

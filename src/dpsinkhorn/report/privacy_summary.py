@@ -217,6 +217,7 @@ def individual_summary(
     out = {
         "epsilon_worst_off": found["epsilon_worst_off"],
         "delta": found["delta"],
+        "delta_total": found["delta_total"],
         "mechanism": record_store.MECHANISM,
         "trainings": len(found["trainings"]),
         "worst_off_in": [named(t) for t in found["worst_off"]],
@@ -316,7 +317,13 @@ def individual_lines(summary: Mapping) -> list[str]:
         each = ", ".join(f"{e} {v:.4g}" for e, v in d["release_epsilons"].items()) or "none"
         person = d.get("individual") or {}
         eps = person.get("epsilon_worst_off")
-        said = "unknown" if eps is None else f"{eps:.4g} at delta {person.get('delta'):g}"
+        total = person.get("delta_total")
+        delta = (
+            f"{total:g}"
+            if total is not None
+            else f"{person.get('delta'):g} plus an overflow charge a training did not record"
+        )
+        said = "unknown" if eps is None else f"{eps:.4g} at delta {delta}"
         lines.append(
             f"{d['dataset']}: epsilon per release: {each}; the worst-off person's epsilon "
             f"(every DP training that held their records, {person.get('trainings', 0)} "

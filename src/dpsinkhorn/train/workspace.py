@@ -200,6 +200,8 @@ class RunFiles:
             "delta": None if t.accountant is None else t.accountant.delta,
             "accountant": None if t.accountant is None else t.accountant.kind,
             "steps_planned": t.releases_planned,  # ledger steps (DP-MERF: its one release)
+            # the ledger's poisson_overflow_probability_per_step (DP-MERF: no sampling)
+            "overflow_probability": 0.0 if t.sampler is None else t.sampler.overflow_probability,
             "retrain": bool(self.retrain),
         }
 
