@@ -608,8 +608,9 @@ def test_public_noise_seed_needs_the_flag(tmp_path, prepared_mnist, mnist, fid_w
     assert (tmp_path / "o" / "dp_a" / "generator.pt").is_file()
     summary = fileio.read_json(root / "privacy_summary.json")["datasets"][0]
     assert summary["no_guarantee"] == ["dp_a", "dp_b"]
-    # the person-level epsilon says so too: the trainings that held their records, named
-    assert sorted(summary["individual"]["no_guarantee"]) == ["dp_a (run t)", "dp_b (run t)"]
+    # the person-level epsilon says so too, naming the trainings that held their records
+    # (these two; the session's record store may hold other tests' public-seed trainings)
+    assert {"dp_a (run t)", "dp_b (run t)"} <= set(summary["individual"]["no_guarantee"])
     (warning,) = [w for w in summary["warnings"] if w.startswith("no guarantee for a person")]
     assert "dp_a (run t)" in warning and "public" in warning
     said = capsys.readouterr()
