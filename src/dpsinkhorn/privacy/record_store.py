@@ -365,32 +365,34 @@ def individual(store: RecordStore, data: np.ndarray, delta: float | None = None)
     }
     if not held:
         return out
-    matrix = np.stack(members, axis=1)  # [records, trainings]: how many times each held it
+    # [records, trainings]: how many times each held it, in the narrowest unsigned integer
+    # (the unique rows below sort whole rows: 1 byte a cell where no count exceeds 255)
+    dtype = np.min_scalar_type(max(int(m.max()) for m in members))
+    matrix = np.stack([m.astype(dtype) for m in members], axis=1)
     out["shared"] = int(((matrix > 0).sum(axis=1) > 1).sum())
     out["overlap"] = {t.id: int((m > 0).sum()) for t, m in zip(held, members, strict=True)}
     deltas = [float(t.meta["delta"]) for t in held]
     out["delta"] = max(deltas if delta is None else [*deltas, delta])
-    from dpsinkhorn.privacy.accounting import composed_epsilon, new_accountant  # at use: slow
+    from dpsinkhorn.privacy.accounting import new_accountant  # at use: slow
 
     # each training's RDP curve per multiplicity k: its steps Poisson-subsampled Gaussian
     # steps (group_mechanism: rate q, noise multiplier z, add/remove-one adjacency),
     # dp-accounting's RDP accountant
     signatures = np.unique(matrix, axis=0)  # [S, trainings]: how many times each held it
-    curves = {
-        (j, int(k)): new_accountant([group_mechanism(t.meta, int(k))])
-        for j, t in enumerate(held)
-        for k in np.unique(signatures[:, j])
-        if k
-    }
-    orders = next(iter(curves.values()))._orders  # noqa: SLF001  (curves add across trainings)
-    summed = np.zeros((len(signatures), len(orders)))
-    for (j, k), curve in curves.items():
-        summed[signatures[:, j] == k] += curve._rdp  # noqa: SLF001
-    worst = signatures[_worst_row(summed, orders, out["delta"])]
-    chosen = [(t, int(k)) for t, k in zip(held, worst, strict=True) if k]
-    out["epsilon_worst_off"] = composed_epsilon(
-        [group_mechanism(t.meta, k) for t, k in chosen], out["delta"]
-    )
+    rdp: dict[tuple, np.ndarray] = {}  # one accountant per distinct mechanism
+    summed = None
+    for j, t in enumerate(held):
+        for k in np.unique(signatures[:, j]):
+            if k:
+                mechanism = group_mechanism(t.meta, int(k))
+                if mechanism not in rdp:
+                    curve = new_accountant([mechanism])
+                    orders, rdp[mechanism] = curve._orders, curve._rdp  # noqa: SLF001
+                if summed is None:  # the curves add across trainings (same orders)
+                    summed = np.zeros((len(signatures), len(orders)))
+                summed[signatures[:, j] == k] += rdp[mechanism]
+    row, out["epsilon_worst_off"] = _worst_row(summed, orders, out["delta"])
+    chosen = [(t, int(k)) for t, k in zip(held, signatures[row], strict=True) if k]
     out["worst_off"] = [t for t, _ in chosen]
     # Every person is (ε_worst_off, δ + charge)-DP: their trainings' ideal mechanism is
     # (ε_worst_off, δ)-DP, and the overflow coupling over all steps of the trainings that
@@ -400,10 +402,11 @@ def individual(store: RecordStore, data: np.ndarray, delta: float | None = None)
     return out
 
 
-def _worst_row(summed: np.ndarray, orders, delta: float) -> int:
+def _worst_row(summed: np.ndarray, orders, delta: float) -> tuple[int, float]:
     """The row of ``summed`` (float [S, orders]: each set of trainings' RDP curve, summed
-    under composition) of largest ε at ``delta``; a row whose curve lies below a converted
-    one at every order is skipped (ε grows with it)."""
+    under composition) of largest ε at ``delta``, and that ε (dp-accounting's conversion,
+    as ``composed_epsilon``'s); a row whose curve lies below a converted one at every order
+    is skipped (ε grows with it)."""
     from dp_accounting.rdp.rdp_privacy_accountant import compute_epsilon
 
     left, best, best_eps = np.arange(len(summed)), 0, -1.0
@@ -411,10 +414,10 @@ def _worst_row(summed: np.ndarray, orders, delta: float) -> int:
         row = left[np.argmax(summed[left].sum(axis=1))]
         eps = compute_epsilon(orders, summed[row], delta)[0]
         if eps > best_eps:
-            best, best_eps = int(row), eps
+            best, best_eps = int(row), float(eps)
         below = (summed[left] <= summed[row]).all(axis=1)
         left = left[~below & (left != row)]  # the row itself goes, whatever its values
-    return best
+    return best, best_eps
 
 
 # ---------------------------------------------------------------- command line
