@@ -47,6 +47,23 @@ def _mechanisms(trainings) -> list[tuple[float, float, int]]:
     return [(t.meta["q"], t.meta["noise_multiplier"], t.meta["steps"]) for t in trainings]
 
 
+def _tiny_merf() -> dict:
+    """A DP-MERF experiment of two steps on a tiny generator."""
+    return config_lib.make_experiment(
+        "merf",
+        method="dpmerf",
+        generator="merf",
+        channels=[20, 8, 4],
+        latent_dim=5,
+        batch_size=100,
+        rff_features=100,
+        sigma=2.0,
+        steps=2,
+        log_every=1,
+        checkpoint_every=10,
+    )
+
+
 def _api_train(out: Path, images, labels, **kw) -> dict:
     return api.train(
         {"name": out.name, **TINY},
@@ -282,19 +299,7 @@ def test_a_sweep_and_dpmerf_put_every_training_into_the_store(tmp_path, store):
         device="cpu",
         progress=False,
     )
-    merf = config_lib.make_experiment(
-        "merf",
-        method="dpmerf",
-        generator="merf",
-        channels=[20, 8, 4],
-        latent_dim=5,
-        batch_size=100,
-        rff_features=100,
-        sigma=2.0,
-        steps=2,
-        log_every=1,
-        checkpoint_every=10,
-    )
+    merf = _tiny_merf()
     from dpsinkhorn.train.run import train
 
     merf_record = train(
@@ -375,19 +380,7 @@ def test_an_image_held_twice_by_one_training_pays_for_both_copies(tmp_path, stor
     record = _api_train(tmp_path / "run" / "dup", twice, relabelled)
     from dpsinkhorn.train.run import train
 
-    merf = config_lib.make_experiment(
-        "merf",
-        method="dpmerf",
-        generator="merf",
-        channels=[20, 8, 4],
-        latent_dim=5,
-        batch_size=100,
-        rff_features=100,
-        sigma=2.0,
-        steps=2,
-        log_every=1,
-        checkpoint_every=10,
-    )
+    merf = _tiny_merf()
     merf_record = train(
         merf, tmp_path / "merf", train_data=(twice, relabelled), device="cpu", progress=False
     )
