@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dpsinkhorn.config import check_device, experiment, load_config, make_experiment
+from dpsinkhorn.config import experiment, load_config, make_experiment
 from dpsinkhorn.data.catalog import DATASETS
 from dpsinkhorn.devices import resolve_device
 from dpsinkhorn.evaluate.pngs import save_png_dir, save_png_grid
@@ -74,7 +74,6 @@ def train(
     FileNotFoundError (no data), ``train.signals.Preempted`` (a signal stopped training;
     calling again resumes).
     """
-    check_device(device)
     config: Mapping | None = None
     if isinstance(settings, Mapping):  # its own "name" wins
         spec = make_experiment(**{"name": name or "custom", **settings})
@@ -122,7 +121,7 @@ def sample(
     """
     if num < 1:
         raise ValueError(f"num must be positive, got {num}")
-    model = load_generator(Path(generator), resolve_device(check_device(device)))
+    model = load_generator(Path(generator), resolve_device(device))
     return sample_generator(model, num, seed)
 
 

@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from dpsinkhorn.privacy.trainings import MECHANISM as MECHANISM_KEYS
-from dpsinkhorn.privacy.trainings import accounted, mechanisms, overflow_delta
+from dpsinkhorn.privacy.trainings import accounted, mechanisms, overflow_delta, overflow_terms
 
 #: Environment variable naming the store (the config key ``record_store`` wins over it).
 STORE_ENV = "DPSINKHORN_RECORD_STORE"
@@ -397,7 +397,7 @@ def individual(store: RecordStore, data: np.ndarray, delta: float | None = None)
     # Every person is (ε_worst_off, δ + charge)-DP: their trainings' ideal mechanism is
     # (ε_worst_off, δ)-DP, and the overflow coupling over all steps of the trainings that
     # held any of the records (a superset of theirs; each p bounds removing k rows) adds it.
-    charge = overflow_delta([t.meta for t in held], out["epsilon_worst_off"])
+    charge = overflow_delta(overflow_terms(t.meta for t in held), out["epsilon_worst_off"])
     out["delta_total"] = None if charge is None else out["delta"] + charge
     return out
 

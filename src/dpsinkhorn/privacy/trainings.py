@@ -150,19 +150,23 @@ def mechanisms(trainings: Iterable[Mapping]) -> list[tuple[float, float, int]]:
     return [(float(t["q"]), float(t["noise_multiplier"]), int(t["steps"])) for t in trainings]
 
 
-def overflow_delta(trainings: Iterable[Mapping], epsilon: float) -> float | None:
-    """The Poisson overflow's charge to δ of ``trainings`` composed at ``epsilon``:
-    (1 + e^ε)·Σ T_i·p_i, p_i a training's per-step ``overflow_probability`` (the ledger's,
-    for its data plus one record: a bound for every neighbour that removes records it held).
-    The coupling of ``privacy.sampler.PoissonSampler`` over all steps of all trainings (a
-    union bound); None when a training's record lacks p_i."""
+def overflow_delta(terms: Iterable[tuple[int, float | None]], epsilon: float) -> float | None:
+    """The Poisson overflow's charge to δ of trainings composed at ``epsilon``:
+    (1 + e^ε)·Σ T_i·p_i over ``terms`` (steps T_i, per-step overflow probability p_i: the
+    ledger's, for its data plus one record, a bound for every neighbour that removes records
+    it held). The coupling of ``privacy.sampler.PoissonSampler`` over all steps of all
+    trainings (a union bound); None when a p_i is unknown."""
     total = 0.0
-    for t in trainings:
-        p = t.get("overflow_probability")
+    for steps, p in terms:
         if not _number(p):
             return None
-        total += int(t["steps"]) * float(p)
-    return (1 + math.exp(min(epsilon, 700))) * total if total else 0.0
+        total += int(steps) * float(p)
+    return (1 + math.exp(min(epsilon, 700))) * total
+
+
+def overflow_terms(trainings: Iterable[Mapping]) -> list[tuple[int, float | None]]:
+    """(steps, ``overflow_probability``) of each training of the record or the store."""
+    return [(t["steps"], t.get("overflow_probability")) for t in trainings]
 
 
 def accounted(training: Mapping) -> bool:
@@ -238,7 +242,9 @@ def composed(records: list[Mapping], delta: float | None = None) -> dict:
         "retrained": sum(bool(t.get("retrain")) for t in private),
         "delta": delta,
         "epsilon_composed": eps,
-        "delta_total": None if eps is None else _plus(delta, overflow_delta(private, eps)),
+        "delta_total": None
+        if eps is None
+        else _plus(delta, overflow_delta(overflow_terms(private), eps)),
     }
 
 

@@ -90,13 +90,13 @@ def dataset_summary(config: Mapping, results: Path, dataset: str | list[str]) ->
         from dpsinkhorn.privacy.accounting import composed_epsilon  # at use: see the imports
 
         eps = composed_epsilon(record.mechanisms(ledgers.values()), delta)
-        overflow = sum(
-            int(x["steps"]) * float(x.get("poisson_overflow_probability_per_step", 0.0))
+        terms = [
+            (x["steps"], x.get("poisson_overflow_probability_per_step", 0.0))
             for x in ledgers.values()
-        )
+        ]
         summary["epsilon_composed"] = eps
         # The coupling bound of each ledger's delta_total, over all steps of all releases.
-        summary["delta_total"] = delta + (1 + math.exp(min(eps, 700))) * overflow
+        summary["delta_total"] = delta + record.overflow_delta(terms, eps)
     public = [e for e, x in ledgers.items() if no_guarantee(x)]
     if public:
         summary["no_guarantee"] = public

@@ -8,7 +8,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-import math
 from pathlib import Path
 
 import torch
@@ -17,6 +16,7 @@ from dpsinkhorn.data.catalog import DATASETS, own_layout, resize_statement
 from dpsinkhorn.fileio import sha256_of, sha256_of_bytes, torch_bytes, write_all, write_text
 from dpsinkhorn.privacy.accounting import PrivacyAccountant, paper_convention_epsilon
 from dpsinkhorn.privacy.noise import NO_GUARANTEE_PUBLIC_SEED
+from dpsinkhorn.privacy.trainings import overflow_delta
 from dpsinkhorn.train.trainer import Trainer
 
 #: The files a run publishes in its output folder.
@@ -130,7 +130,7 @@ def sinkhorn_record(trainer: Trainer, epsilon: float) -> dict:
     s = trainer.sanitizer
     overflow = trainer.sampler.overflow_probability
     # (ε, δ + (1 + e^ε)·T·p)-DP: the coupling bound in PoissonSampler's docstring.
-    delta_overflow = (1 + math.exp(min(epsilon, 700))) * trainer.step_count * overflow
+    delta_overflow = overflow_delta([(trainer.step_count, overflow)], epsilon)
     return {
         "perturbation": trainer.settings.perturbation,
         "mechanism": f"Gaussian mechanism on {MECHANISMS[trainer.settings.perturbation]}, Poisson "
